@@ -1,0 +1,1 @@
+"""Deskbox control plane and desktop driver."""

@@ -1,0 +1,71 @@
+"""Command lines of a desktop's processes, shared by every backend that starts them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["BROWSER_FLAGS", "DesktopSpec", "browser_argv", "wm_argv", "xserver_argv"]
+
+# Measured on this project's hosts (see ARCHITECTURE.md): these start Chromium as root in a
+# headless X session with no network chatter and no first-run UI.
+BROWSER_FLAGS: tuple[str, ...] = (
+    "--no-sandbox",
+    "--test-type",
+    "--disable-gpu",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--disable-quic",
+    "--password-store=basic",
+    "--use-mock-keychain",
+    "--disable-features=Translate,MediaRouter,OptimizationHints",
+    "--disable-session-crashed-bubble",
+    "--hide-crash-restore-bubble",
+    "--start-maximized",
+    "--window-position=0,0",
+)
+
+
+@dataclass(frozen=True)
+class DesktopSpec:
+    width: int = 1280
+    height: int = 800
+    dpi: int = 96
+    start_url: str = "about:blank"
+
+
+def xserver_argv(spec: DesktopSpec, displayfd: int, display: int | None = None) -> list[str]:
+    """Xvfb on a unix socket only; ``-displayfd`` tells us when it is ready and which number."""
+    argv = ["Xvfb"]
+    if display is not None:
+        argv.append(f":{display}")
+    argv += [
+        "-displayfd", str(displayfd),
+        "-screen", "0", f"{spec.width}x{spec.height}x24",
+        "-dpi", str(spec.dpi),
+        "-nolisten", "tcp",
+        "-noreset",
+        # GLX costs ~50 MiB per server and Chromium runs with --disable-gpu anyway.
+        "-extension", "GLX",
+    ]
+    return argv
+
+
+def wm_argv() -> list[str]:
+    return ["openbox", "--sm-disable"]
+
+
+def browser_argv(spec: DesktopSpec, profile_dir: str, debug_port: int = 0) -> list[str]:
+    return [
+        "chromium",
+        *BROWSER_FLAGS,
+        f"--window-size={spec.width},{spec.height}",
+        f"--user-data-dir={profile_dir}",
+        f"--remote-debugging-port={debug_port}",
+        "--remote-debugging-address=127.0.0.1",
+        "--remote-allow-origins=*",
+        spec.start_url,
+    ]

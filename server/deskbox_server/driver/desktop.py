@@ -1,0 +1,239 @@
+"""One connected desktop: executes actions and captures the screen.
+
+A ``Desktop`` holds the X connections of one display and is not thread-safe: create and use
+it on the desktop's worker thread (see ``worker.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Literal
+
+from Xlib import X
+from Xlib import display as xdisplay
+from Xlib.error import ConnectionClosedError, DisplayError, XError
+from Xlib.protocol.rq import Event
+
+from ..errors import DesktopFailed, InvalidAction
+from ..schemas import actions as a
+from ..schemas.results import Point, Size
+from .capture import Capturer
+from .images import EncodedImage, Frame, encode
+from .keyboard import Keyboard
+from .pointer import Pointer
+from .settle import SettleWatcher
+from .space import Space
+
+__all__ = ["ActionResult", "BatchResult", "Desktop", "SettleOptions"]
+
+ActionResult = EncodedImage | Point | Size | None
+HealthCheck = Callable[[], str | None]
+
+
+@dataclass(frozen=True)
+class SettleOptions:
+    """The screen counts as settled after ``quiet_s`` without damage (at most ``timeout_s``)."""
+
+    quiet_s: float = 0.05
+    timeout_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    results: list[ActionResult]
+    screenshot: EncodedImage | None
+    settled: bool
+
+
+class Desktop:
+    def __init__(
+        self,
+        display_name: str,
+        health: HealthCheck | None = None,
+        shared_memory: bool = True,
+        settle: SettleOptions | None = None,
+    ) -> None:
+        self._health = health or (lambda: None)
+        self.display_name = display_name
+        try:
+            self._x = xdisplay.Display(display_name)
+        except (DisplayError, ConnectionError, OSError) as error:
+            raise DesktopFailed(f"cannot connect to X display {display_name}: {error}") from None
+        self._x.xfixes_query_version()
+        screen = self._x.screen()
+        self.width: int = screen.width_in_pixels
+        self.height: int = screen.height_in_pixels
+        self.pointer = Pointer(self._x)
+        self.keyboard = Keyboard(self._x)
+        self.settle_options = settle or SettleOptions()
+        self._settle = SettleWatcher(self._x, self._on_event)
+        self._capturer = Capturer(display_name, self._x, shared_memory=shared_memory)
+        self._closed = False
+
+    @property
+    def x_connection(self) -> xdisplay.Display:
+        """The input connection, for readiness checks that run on the same thread."""
+        return self._x
+
+    @property
+    def capture_method(self) -> str:
+        return self._capturer.method
+
+    def _on_event(self, event: Event) -> None:
+        if event.type == X.MappingNotify:
+            self.keyboard.mapping_changed()
+
+    def space(self, view: a.CoordinateSpace | None) -> Space:
+        if view is None:
+            return Space(self.width, self.height, self.width, self.height)
+        return Space(self.width, self.height, view.width, view.height)
+
+    # -- running actions ------------------------------------------------------------------
+
+    def run(
+        self,
+        actions: Sequence[a.Action],
+        view: a.CoordinateSpace | None = None,
+        screenshot: a.Screenshot | None = None,
+    ) -> BatchResult:
+        """Run ``actions`` in order; then, if asked, a screenshot once the screen has settled."""
+        self._check_alive()
+        space = self.space(view)
+        try:
+            if screenshot is not None:
+                self._settle.arm()
+            else:
+                self._settle.pump()
+            results = [self._perform(action, space) for action in actions]
+            image = None
+            settled = True
+            if screenshot is not None:
+                self.pointer.sync()
+                settled = self._settle.wait_quiet(
+                    self.settle_options.quiet_s, self.settle_options.timeout_s
+                )
+                image = self._screenshot(screenshot, space)
+            return BatchResult(results, image, settled)
+        except (ConnectionClosedError, XError, OSError) as error:
+            raise self._failure(error) from None
+
+    def perform(self, action: a.Action, view: a.CoordinateSpace | None = None) -> ActionResult:
+        return self.run([action], view).results[0]
+
+    def _perform(self, action: a.Action, space: Space) -> ActionResult:
+        match action:
+            case a.Screenshot():
+                return self._screenshot(action, space)
+            case a.Zoom():
+                return self._zoom(action, space)
+            case a.Click():
+                self._move_if(action.x, action.y, space)
+                with self.keyboard.held(action.modifiers):
+                    self.pointer.click(action.button, action.count)
+            case a.Move():
+                self.pointer.move(*space.to_screen(action.x, action.y))
+            case a.MouseDown():
+                self._move_if(action.x, action.y, space)
+                self.pointer.down(action.button)
+            case a.MouseUp():
+                self._move_if(action.x, action.y, space)
+                self.pointer.up(action.button)
+            case a.Drag():
+                self._drag(action, space)
+            case a.Scroll():
+                self._move_if(action.x, action.y, space)
+                with self.keyboard.held(action.modifiers):
+                    self.pointer.wheel(action.dx, action.dy)
+            case a.TypeText():
+                self.keyboard.type_text(action.text)
+            case a.Key():
+                self.keyboard.press(action.keys)
+            case a.HoldKey():
+                self.keyboard.hold(action.keys, action.duration_s)
+            case a.Wait():
+                time.sleep(action.ms / 1000)
+            case a.CursorPosition():
+                x, y = space.from_screen(*self.pointer.position())
+                return Point(x=x, y=y)
+            case a.ScreenSize():
+                return Size(width=space.view_width, height=space.view_height)
+        self.pointer.sync()
+        return None
+
+    def _move_if(self, x: int | None, y: int | None, space: Space) -> None:
+        if (x is None) != (y is None):
+            raise InvalidAction("give both x and y, or neither (to act where the pointer is)")
+        if x is not None and y is not None:
+            self.pointer.move(*space.to_screen(x, y))
+
+    def _drag(self, action: a.Drag, space: Space) -> None:
+        points = [space.to_screen(x, y) for x, y in action.path]
+        self.pointer.move(*points[0])
+        self.pointer.down(action.button)
+        try:
+            for point in points[1:]:
+                self.pointer.move(*point)
+                # A round trip per point: each motion is its own event, which clients such
+                # as Chromium would otherwise merge into one jump.
+                self.pointer.sync()
+        finally:
+            self.pointer.up(action.button)
+
+    # -- screenshots ----------------------------------------------------------------------
+
+    def _screenshot(self, action: a.Screenshot, space: Space) -> EncodedImage:
+        if action.region is not None:
+            x, y, width, height = space.region_to_screen(action.region)
+            out = (action.region.width, action.region.height)
+        else:
+            x, y, width, height = 0, 0, self.width, self.height
+            out = (space.view_width, space.view_height)
+        if action.scale is not None:
+            out = (action.scale.width, action.scale.height)
+        frame = self._grab(x, y, width, height, action.cursor)
+        return encode(frame.scaled(*out), action.format, action.quality)
+
+    def _zoom(self, action: a.Zoom, space: Space) -> EncodedImage:
+        x, y, width, height = space.region_to_screen(action.region)
+        frame = self._grab(x, y, width, height, False)
+        if action.scale is not None:
+            frame = frame.scaled(action.scale.width, action.scale.height)
+        return encode(frame, action.format, action.quality)
+
+    def _grab(self, x: int, y: int, width: int, height: int, cursor: bool) -> Frame:
+        return self._capturer.grab(x, y, width, height, cursor)
+
+    def capture(
+        self,
+        fmt: Literal["jpeg", "png", "webp"] = "jpeg",
+        quality: int = 75,
+        view: a.CoordinateSpace | None = None,
+    ) -> EncodedImage:
+        """The whole screen, now (no settling): the fast path of GET /screenshot."""
+        shot = a.Screenshot(format=fmt, quality=quality)
+        return self.run([shot], view).results[0]  # type: ignore[return-value]
+
+    # -- health and teardown --------------------------------------------------------------
+
+    def _check_alive(self) -> None:
+        if self._closed:
+            raise DesktopFailed("the desktop has been stopped")
+        reason = self._health()
+        if reason is not None:
+            raise DesktopFailed(f"the desktop failed: {reason}")
+
+    def _failure(self, error: Exception) -> DesktopFailed:
+        reason = self._health() or f"lost the X connection: {error}"
+        return DesktopFailed(f"the desktop failed: {reason}")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with suppress(Exception):
+            self._capturer.close()
+        with suppress(Exception):
+            self._x.close()

@@ -1,0 +1,173 @@
+"""Keyboard input through XTEST, with any Unicode character typeable.
+
+A character the current layout has no key for is given a spare keycode (one the layout
+leaves empty) for as long as it is being typed, and the keycode is emptied again after:
+every character arrives as a real key press, so pages see keydown/keypress/input events.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+
+from Xlib import X, XK
+from Xlib.display import Display
+from Xlib.ext import xtest
+
+from ..errors import InvalidAction
+from .keys import char_keysym, parse_combo
+
+__all__ = ["Keyboard"]
+
+_SHIFT = XK.XK_Shift_L
+
+
+class Keyboard:
+    """Presses keys on one X connection; call only from the desktop's worker thread."""
+
+    def __init__(self, display: Display) -> None:
+        self._display = display
+        self._min_keycode: int = display.display.info.min_keycode
+        self._max_keycode: int = display.display.info.max_keycode
+        self._stale = True
+        self._by_keysym: dict[int, tuple[int, bool]] = {}
+        self._spare: list[int] = []
+
+    def mapping_changed(self) -> None:
+        """Someone (a program in the session, or we) changed the layout: re-read it lazily."""
+        self._stale = True
+
+    def _refresh(self) -> None:
+        if not self._stale:
+            return
+        count = self._max_keycode - self._min_keycode + 1
+        rows = self._display.get_keyboard_mapping(self._min_keycode, count)
+        by_keysym: dict[int, tuple[int, bool]] = {}
+        spare: list[int] = []
+        for offset, row in enumerate(rows):
+            keycode = self._min_keycode + offset
+            syms = list(row)
+            if not any(syms):
+                spare.append(keycode)
+                continue
+            for level, keysym in enumerate(syms[:2]):
+                if keysym and keysym not in by_keysym:
+                    by_keysym[keysym] = (keycode, level == 1)
+        self._by_keysym = by_keysym
+        # Highest first: low keycodes are the ones layouts and programs reach for.
+        self._spare = sorted(spare, reverse=True)
+        self._stale = False
+
+    def _fake(self, event_type: int, keycode: int) -> None:
+        xtest.fake_input(self._display, event_type, keycode)
+
+    def _tap(self, keycode: int, shifted: bool) -> None:
+        shift = self._by_keysym[_SHIFT][0] if shifted else 0
+        if shift:
+            self._fake(X.KeyPress, shift)
+        self._fake(X.KeyPress, keycode)
+        self._fake(X.KeyRelease, keycode)
+        if shift:
+            self._fake(X.KeyRelease, shift)
+
+    @contextmanager
+    def _temporarily_mapped(self, keysyms: Iterable[int]) -> Iterator[dict[int, int]]:
+        """Give each keysym without a key a spare keycode; empty those keycodes on exit."""
+        missing = sorted({k for k in keysyms if k not in self._by_keysym})
+        if len(missing) > len(self._spare):
+            raise InvalidAction(
+                f"{len(missing)} distinct characters have no key; at most "
+                f"{len(self._spare)} can be typed in one go"
+            )
+        assigned = dict(zip(missing, self._spare, strict=False))
+        for keysym, keycode in assigned.items():
+            self._display.change_keyboard_mapping(keycode, [(keysym, keysym)])
+        if assigned:
+            # The mapping must be in place before the first key event reaches a client.
+            self._display.sync()
+        try:
+            yield assigned
+        finally:
+            if assigned:
+                self._display.sync()
+                for keycode in assigned.values():
+                    self._display.change_keyboard_mapping(keycode, [(X.NoSymbol, X.NoSymbol)])
+                self._display.sync()
+                self._stale = True
+
+    def _chunks(self, keysyms: Sequence[int]) -> Iterator[Sequence[int]]:
+        """Split a text so that no chunk needs more unmapped keysyms than there are spares."""
+        start = 0
+        needed: set[int] = set()
+        for index, keysym in enumerate(keysyms):
+            if keysym not in self._by_keysym and keysym not in needed:
+                if len(needed) == len(self._spare):
+                    yield keysyms[start:index]
+                    start, needed = index, set()
+                needed.add(keysym)
+        yield keysyms[start:]
+
+    def type_text(self, text: str) -> None:
+        self._refresh()
+        keysyms = [char_keysym(char) for char in text if char != "\r"]
+        for chunk in self._chunks(keysyms):
+            self._refresh()
+            with self._temporarily_mapped(chunk) as assigned:
+                for keysym in chunk:
+                    if keysym in assigned:
+                        self._tap(assigned[keysym], False)
+                    else:
+                        keycode, shifted = self._by_keysym[keysym]
+                        self._tap(keycode, shifted)
+            self._display.sync()
+
+    def _combo_keycodes(self, keys: str, assigned: dict[int, int]) -> list[int]:
+        keycodes: list[int] = []
+        for keysym in parse_combo(keys):
+            if keysym in assigned:
+                keycodes.append(assigned[keysym])
+                continue
+            keycode, shifted = self._by_keysym[keysym]
+            if shifted and self._by_keysym[_SHIFT][0] not in keycodes:
+                keycodes.append(self._by_keysym[_SHIFT][0])
+            keycodes.append(keycode)
+        return keycodes
+
+    @contextmanager
+    def held(self, keys: str | Sequence[str]) -> Iterator[None]:
+        """Hold one combination ("ctrl+shift") or several key names down while inside."""
+        combo = keys if isinstance(keys, str) else "+".join(keys)
+        if not combo:
+            yield
+            return
+        self._refresh()
+        keysyms = parse_combo(combo)
+        with self._temporarily_mapped(keysyms) as assigned:
+            keycodes = self._combo_keycodes(combo, assigned)
+            pressed: list[int] = []
+            try:
+                for keycode in keycodes:
+                    self._fake(X.KeyPress, keycode)
+                    pressed.append(keycode)
+                self._display.sync()
+                yield
+            finally:
+                for keycode in reversed(pressed):
+                    self._fake(X.KeyRelease, keycode)
+                self._display.sync()
+
+    def validate(self, keys: str | Sequence[str]) -> None:
+        """Raise InvalidAction for unknown names before any key goes down."""
+        combo = keys if isinstance(keys, str) else "+".join(keys)
+        if combo:
+            parse_combo(combo)
+
+    def press(self, keys: str) -> None:
+        with self.held(keys):
+            pass
+
+    def hold(self, keys: str, duration_s: float) -> None:
+        with self.held(keys):
+            # Holding for a duration is the action itself; this runs on the worker thread.
+            time.sleep(duration_s)

@@ -1,0 +1,103 @@
+"""The one exception tree of Deskbox.
+
+Every failure the server can report is a :class:`DeskboxError`; ``api/errors.py`` maps
+each kind to the error body of API.md in one place. The tree::
+
+    DeskboxError                      kind         HTTP
+    ├── InvalidRequest                invalid_request  422
+    │   └── InvalidAction             invalid_request  422  (an action the desktop cannot do)
+    ├── Unauthorized                  unauthorized     401
+    ├── Forbidden                     forbidden        403
+    ├── NotFound                      not_found        404
+    ├── Conflict                      conflict         409
+    ├── Capacity                      capacity         429
+    ├── Timeout                       timeout          504
+    ├── SessionFailed                 session_failed   502
+    │   └── DesktopFailed             session_failed   502  (a desktop process died)
+    └── Internal                      internal         500
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "Capacity",
+    "Conflict",
+    "DesktopFailed",
+    "DeskboxError",
+    "Forbidden",
+    "Internal",
+    "InvalidAction",
+    "InvalidRequest",
+    "NotFound",
+    "SessionFailed",
+    "Timeout",
+    "Unauthorized",
+]
+
+
+class DeskboxError(Exception):
+    """Root of every error Deskbox reports; ``kind`` and ``status`` select the HTTP answer."""
+
+    kind = "internal"
+    status = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequest(DeskboxError):
+    kind = "invalid_request"
+    status = 422
+
+
+class InvalidAction(InvalidRequest):
+    """An action that is well-formed JSON but impossible on this desktop."""
+
+
+class Unauthorized(DeskboxError):
+    kind = "unauthorized"
+    status = 401
+
+
+class Forbidden(DeskboxError):
+    kind = "forbidden"
+    status = 403
+
+
+class NotFound(DeskboxError):
+    kind = "not_found"
+    status = 404
+
+
+class Conflict(DeskboxError):
+    kind = "conflict"
+    status = 409
+
+
+class Capacity(DeskboxError):
+    kind = "capacity"
+    status = 429
+
+    def __init__(self, message: str, retry_after_s: int = 5) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class Timeout(DeskboxError):
+    kind = "timeout"
+    status = 504
+
+
+class SessionFailed(DeskboxError):
+    kind = "session_failed"
+    status = 502
+
+
+class DesktopFailed(SessionFailed):
+    """A process of the desktop (X server, window manager, browser) is gone."""
+
+
+class Internal(DeskboxError):
+    kind = "internal"
+    status = 500

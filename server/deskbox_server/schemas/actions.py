@@ -1,0 +1,188 @@
+"""The action schema of API.md: a discriminated union on ``type``.
+
+These models are what the driver executes; they bound every field a client controls
+(text length, durations, path length) so that no action can make the driver work
+without limit.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+__all__ = [
+    "MAX_DRAG_POINTS",
+    "MAX_HOLD_S",
+    "MAX_TYPE_CHARS",
+    "MAX_WAIT_MS",
+    "Action",
+    "ActionAdapter",
+    "Click",
+    "CoordinateSpace",
+    "CursorPosition",
+    "Drag",
+    "HoldKey",
+    "Key",
+    "MouseButton",
+    "MouseDown",
+    "MouseUp",
+    "Move",
+    "Region",
+    "ScaleTo",
+    "Screenshot",
+    "ScreenSize",
+    "Scroll",
+    "TypeText",
+    "Wait",
+    "Zoom",
+]
+
+MAX_TYPE_CHARS = 20_000
+MAX_WAIT_MS = 60_000
+MAX_HOLD_S = 30.0
+MAX_DRAG_POINTS = 10_000
+MAX_SIDE = 16_384
+
+MouseButton = Literal["left", "right", "middle", "back", "forward"]
+ImageFormat = Literal["png", "jpeg", "webp"]
+Coordinate = Annotated[int, Field(ge=0, le=MAX_SIDE)]
+Side = Annotated[int, Field(ge=1, le=MAX_SIDE)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Region(_Strict):
+    x: Coordinate
+    y: Coordinate
+    width: Side
+    height: Side
+
+
+class ScaleTo(_Strict):
+    width: Side
+    height: Side
+
+
+class CoordinateSpace(_Strict):
+    """The W×H space a model sees; coordinates and screenshots are mapped to and from it."""
+
+    width: Side
+    height: Side
+
+
+class Screenshot(_Strict):
+    type: Literal["screenshot"] = "screenshot"
+    format: ImageFormat = "jpeg"
+    quality: Annotated[int, Field(ge=1, le=100)] = 75
+    region: Region | None = None
+    scale: ScaleTo | None = None
+    cursor: bool = False
+
+
+class Click(_Strict):
+    type: Literal["click"] = "click"
+    x: Coordinate | None = None
+    y: Coordinate | None = None
+    button: MouseButton = "left"
+    count: Annotated[int, Field(ge=1, le=3)] = 1
+    modifiers: Annotated[list[str], Field(max_length=8)] = []
+
+
+class Move(_Strict):
+    type: Literal["move"] = "move"
+    x: Coordinate
+    y: Coordinate
+
+
+class MouseDown(_Strict):
+    type: Literal["mouse_down"] = "mouse_down"
+    button: MouseButton = "left"
+    x: Coordinate | None = None
+    y: Coordinate | None = None
+
+
+class MouseUp(_Strict):
+    type: Literal["mouse_up"] = "mouse_up"
+    button: MouseButton = "left"
+    x: Coordinate | None = None
+    y: Coordinate | None = None
+
+
+class Drag(_Strict):
+    type: Literal["drag"] = "drag"
+    path: Annotated[
+        list[tuple[Coordinate, Coordinate]], Field(min_length=2, max_length=MAX_DRAG_POINTS)
+    ]
+    button: MouseButton = "left"
+
+
+class Scroll(_Strict):
+    type: Literal["scroll"] = "scroll"
+    x: Coordinate | None = None
+    y: Coordinate | None = None
+    dx: Annotated[int, Field(ge=-1000, le=1000)] = 0
+    dy: Annotated[int, Field(ge=-1000, le=1000)] = 0
+    modifiers: Annotated[list[str], Field(max_length=8)] = []
+
+
+class TypeText(_Strict):
+    type: Literal["type"] = "type"
+    text: Annotated[str, Field(max_length=MAX_TYPE_CHARS)]
+
+
+class Key(_Strict):
+    type: Literal["key"] = "key"
+    keys: Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class HoldKey(_Strict):
+    type: Literal["hold_key"] = "hold_key"
+    keys: Annotated[str, Field(min_length=1, max_length=200)]
+    duration_s: Annotated[float, Field(ge=0, le=MAX_HOLD_S)]
+
+
+class Wait(_Strict):
+    type: Literal["wait"] = "wait"
+    ms: Annotated[int, Field(ge=0, le=MAX_WAIT_MS)]
+
+
+class CursorPosition(_Strict):
+    type: Literal["cursor_position"] = "cursor_position"
+
+
+class ScreenSize(_Strict):
+    type: Literal["screen_size"] = "screen_size"
+
+
+class Zoom(_Strict):
+    """A region at full resolution: never shrunk to the coordinate space."""
+
+    type: Literal["zoom"] = "zoom"
+    region: Region
+    scale: ScaleTo | None = None
+    format: ImageFormat = "png"
+    quality: Annotated[int, Field(ge=1, le=100)] = 75
+
+
+Action = Annotated[
+    Screenshot
+    | Click
+    | Move
+    | MouseDown
+    | MouseUp
+    | Drag
+    | Scroll
+    | TypeText
+    | Key
+    | HoldKey
+    | Wait
+    | CursorPosition
+    | ScreenSize
+    | Zoom,
+    Field(discriminator="type"),
+]
+
+ActionAdapter: TypeAdapter[Action] = TypeAdapter(Action)
