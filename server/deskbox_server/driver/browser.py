@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 import urllib.request
+from contextlib import ExitStack
 from typing import Any, cast
 
 from websockets.exceptions import WebSocketException
@@ -36,9 +38,10 @@ class CdpPage:
 
     def __init__(self, ws_url: str, timeout_s: float = 10.0) -> None:
         self._timeout_s = timeout_s
+        self._stack = ExitStack()
         try:
-            self._ws: ClientConnection = connect(
-                ws_url, max_size=MAX_MESSAGE, open_timeout=timeout_s, compression=None
+            self._ws: ClientConnection = self._stack.enter_context(
+                connect(ws_url, max_size=MAX_MESSAGE, open_timeout=timeout_s, compression=None)
             )
         except (OSError, WebSocketException) as error:
             raise DesktopFailed(f"cannot reach the browser's DevTools: {error}") from None
@@ -78,18 +81,32 @@ class CdpPage:
     def navigate(self, url: str) -> None:
         self.call("Page.navigate", {"url": url})
 
-    def wait_painted(self) -> None:
-        """Resolve once the document has loaded and two frames have been drawn after it."""
-        self.evaluate(
+    def wait_painted(self, url_prefix: str = "", timeout_s: float = 10.0) -> None:
+        """Return once a document (at ``url_prefix``) has loaded and drawn two frames.
+
+        While the first page replaces about:blank its context can vanish under a call:
+        that is retried, as is a document that is not the one asked for yet.
+        """
+        deadline = time.monotonic() + timeout_s
+        script = (
             "new Promise(done => { const painted = () => requestAnimationFrame("
-            "() => requestAnimationFrame(() => done(true)));"
+            "() => requestAnimationFrame(() => done(location.href)));"
             " if (document.readyState === 'complete') painted();"
-            " else addEventListener('load', painted, {once: true}); })",
-            await_promise=True,
+            " else addEventListener('load', painted, {once: true}); })"
         )
+        while True:
+            try:
+                href = self.evaluate(script, await_promise=True)
+                if str(href).startswith(url_prefix):
+                    return
+            except DesktopFailed:
+                pass
+            if time.monotonic() > deadline:
+                raise Timeout(f"the page {url_prefix or ''} was not painted in {timeout_s} s")
+            time.sleep(0.02)
 
     def close(self) -> None:
-        self._ws.close()
+        self._stack.close()
 
     def __enter__(self) -> CdpPage:
         return self

@@ -18,7 +18,9 @@ class Capturer:
     ``shared_memory=False`` forces GetImage, for X servers we must not share memory with.
     """
 
-    def __init__(self, display_name: str, xlib_display: Display, shared_memory: bool = True) -> None:
+    def __init__(
+        self, display_name: str, xlib_display: Display, shared_memory: bool = True
+    ) -> None:
         backend = "xshmgetimage" if shared_memory else "xgetimage"
         self._mss = mss.MSS(display=display_name, backend=backend)
         self._xlib = xlib_display

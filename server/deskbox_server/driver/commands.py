@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import resources
 
-__all__ = ["BROWSER_FLAGS", "DesktopSpec", "browser_argv", "wm_argv", "xserver_argv"]
+__all__ = [
+    "BROWSER_FLAGS",
+    "DesktopSpec",
+    "browser_argv",
+    "wm_argv",
+    "wm_config_path",
+    "xserver_argv",
+]
 
 # Measured on this project's hosts (see ARCHITECTURE.md): these start Chromium as root in a
 # headless X session with no network chatter and no first-run UI.
@@ -54,8 +62,13 @@ def xserver_argv(spec: DesktopSpec, displayfd: int, display: int | None = None) 
     return argv
 
 
-def wm_argv() -> list[str]:
-    return ["openbox", "--sm-disable"]
+def wm_config_path() -> str:
+    """Our openbox rc.xml, shipped inside the package (and copied into the session image)."""
+    return str(resources.files("deskbox_server.driver") / "data" / "openbox-rc.xml")
+
+
+def wm_argv(config_path: str | None = None) -> list[str]:
+    return ["openbox", "--sm-disable", "--config-file", config_path or wm_config_path()]
 
 
 def browser_argv(spec: DesktopSpec, profile_dir: str, debug_port: int = 0) -> list[str]:

@@ -37,8 +37,9 @@ HealthCheck = Callable[[], str | None]
 class SettleOptions:
     """The screen counts as settled after ``quiet_s`` without damage (at most ``timeout_s``)."""
 
-    quiet_s: float = 0.05
+    quiet_s: float = 0.1
     timeout_s: float = 2.0
+    drag_step_s: float = 0.02
 
 
 @dataclass(frozen=True)
@@ -175,10 +176,11 @@ class Desktop:
         self.pointer.down(action.button)
         try:
             for point in points[1:]:
-                self.pointer.move(*point)
-                # A round trip per point: each motion is its own event, which clients such
-                # as Chromium would otherwise merge into one jump.
                 self.pointer.sync()
+                # Clients merge motion events that queue up together (Chromium keeps only the
+                # last), so each point gets a frame's time to be read on its own.
+                time.sleep(self.settle_options.drag_step_s)
+                self.pointer.move(*point)
         finally:
             self.pointer.up(action.button)
 

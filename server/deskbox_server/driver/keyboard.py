@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
-from Xlib import X, XK
+from Xlib import XK, X
 from Xlib.display import Display
 from Xlib.ext import xtest
 
@@ -21,6 +21,7 @@ from .keys import char_keysym, parse_combo
 __all__ = ["Keyboard"]
 
 _SHIFT = XK.XK_Shift_L
+_MAPPING_GRACE_S = 0.05
 
 
 class Keyboard:
@@ -31,6 +32,7 @@ class Keyboard:
         self._min_keycode: int = display.display.info.min_keycode
         self._max_keycode: int = display.display.info.max_keycode
         self._stale = True
+        self._rows: list[tuple[int, ...]] = []
         self._by_keysym: dict[int, tuple[int, bool]] = {}
         self._spare: list[int] = []
 
@@ -43,6 +45,7 @@ class Keyboard:
             return
         count = self._max_keycode - self._min_keycode + 1
         rows = self._display.get_keyboard_mapping(self._min_keycode, count)
+        self._rows = [tuple(row) for row in rows]
         by_keysym: dict[int, tuple[int, bool]] = {}
         spare: list[int] = []
         for offset, row in enumerate(rows):
@@ -81,20 +84,35 @@ class Keyboard:
                 f"{len(self._spare)} can be typed in one go"
             )
         assigned = dict(zip(missing, self._spare, strict=False))
+        if not assigned:
+            yield assigned
+            return
+        rows = list(self._rows)
+        width = len(rows[0])
         for keysym, keycode in assigned.items():
-            self._display.change_keyboard_mapping(keycode, [(keysym, keysym)])
-        if assigned:
-            # The mapping must be in place before the first key event reaches a client.
-            self._display.sync()
+            rows[keycode - self._min_keycode] = (keysym, keysym) + (X.NoSymbol,) * (width - 2)
+        self._write_mapping(rows)
         try:
             yield assigned
         finally:
-            if assigned:
-                self._display.sync()
-                for keycode in assigned.values():
-                    self._display.change_keyboard_mapping(keycode, [(X.NoSymbol, X.NoSymbol)])
-                self._display.sync()
-                self._stale = True
+            self._display.sync()
+            # Chromium reloads its keymap asynchronously after a MappingNotify and translates
+            # key events with whatever keymap it has at that moment: give the key events time
+            # to be read under the new mapping before taking it away again.
+            time.sleep(_MAPPING_GRACE_S)
+            self._write_mapping(self._rows)
+            self._stale = True
+
+    def _write_mapping(self, rows: list[tuple[int, ...]]) -> None:
+        """Replace the whole table in one request.
+
+        Clients such as Chromium take the keycode range of a MappingNotify as the keyboard's
+        new range: changing one keycode alone would leave them with a one-key keyboard.
+        """
+        self._display.change_keyboard_mapping(self._min_keycode, rows)
+        self._display.sync()
+        # See _temporarily_mapped: clients apply the new table asynchronously.
+        time.sleep(_MAPPING_GRACE_S)
 
     def _chunks(self, keysyms: Sequence[int]) -> Iterator[Sequence[int]]:
         """Split a text so that no chunk needs more unmapped keysyms than there are spares."""
@@ -156,6 +174,12 @@ class Keyboard:
                 for keycode in reversed(pressed):
                     self._fake(X.KeyRelease, keycode)
                 self._display.sync()
+
+    def _spare_keycodes_are_empty(self) -> bool:
+        """True when every keycode we borrow is unmapped again (the layout is as we found it)."""
+        self._stale = True
+        self._refresh()
+        return all(not any(self._rows[keycode - self._min_keycode]) for keycode in self._spare)
 
     def validate(self, keys: str | Sequence[str]) -> None:
         """Raise InvalidAction for unknown names before any key goes down."""

@@ -148,8 +148,11 @@ class LocalDesktop:
         self.devtools_port = int(port_file.read_text().split()[0])
 
     def _wait_painted(self, deadline: float) -> None:
-        with CdpPage.first(self.devtools_url, max(1.0, deadline - time.monotonic())) as page:
-            page.wait_painted()
+        remaining = max(1.0, deadline - time.monotonic())
+        with CdpPage.first(self.devtools_url, remaining) as page:
+            # Chromium may still show about:blank before it switches to the start URL.
+            start = "" if self.spec.start_url == "about:blank" else self.spec.start_url[:8]
+            page.wait_painted(url_prefix=start, timeout_s=remaining)
 
     def stop(self) -> None:
         if self.desktop is not None:

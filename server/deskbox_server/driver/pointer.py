@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from Xlib import X
 from Xlib.display import Display
 from Xlib.ext import xtest
@@ -10,6 +12,7 @@ __all__ = ["BUTTONS", "Pointer"]
 
 # X core button numbers; 8/9 are the side buttons browsers treat as back/forward.
 BUTTONS: dict[str, int] = {"left": 1, "middle": 2, "right": 3, "back": 8, "forward": 9}
+_REPEAT_GAP_S = 0.01
 _WHEEL_UP, _WHEEL_DOWN, _WHEEL_LEFT, _WHEEL_RIGHT = 4, 5, 6, 7
 
 
@@ -34,7 +37,12 @@ class Pointer:
         xtest.fake_input(self._display, X.ButtonRelease, BUTTONS[button])
 
     def click(self, button: str, count: int) -> None:
-        for _ in range(count):
+        for index in range(count):
+            if index:
+                # Clients count a repeated click only when the presses carry distinct server
+                # timestamps; two presses in the same millisecond read as one click each.
+                self.sync()
+                time.sleep(_REPEAT_GAP_S)
             self.down(button)
             self.up(button)
 

@@ -42,7 +42,7 @@ class SettleWatcher:
         self._damaged = False
 
     def wait_quiet(self, quiet_s: float, timeout_s: float) -> bool:
-        """Wait until no damage for ``quiet_s``; False if the screen kept changing past ``timeout_s``."""
+        """Wait for ``quiet_s`` without damage; False if it kept changing past ``timeout_s``."""
         start = time.monotonic()
         deadline = start + timeout_s
         last_change = start

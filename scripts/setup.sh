@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Everything Deskbox needs on a Debian 12 host, installed only where missing:
+# the desktop's Debian packages, then .venv/ with the project and its dev tools.
+# Quiet when there is nothing to do; safe to run again and again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  xvfb xauth openbox chromium x11vnc x11-utils x11-xkb-utils xkb-data
+  fonts-dejavu-core fonts-noto-cjk fonts-noto-color-emoji
+  runc mmdebstrap passt slirp4netns nftables iproute2 uidmap
+  xdotool scrot            # only for bench/: the peers' way of doing things
+  python3 python3-venv python3-dev gcc
+)
+
+missing=()
+for package in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" \
+    || missing+=("$package")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: missing Debian packages: ${missing[*]} (run as root, or install them)" >&2
+    exit 1
+  fi
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PYTHON=${PYTHON:-python3}
+stamp=.venv/.deskbox-installed
+wanted=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PYTHON" -m venv .venv
+fi
+if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
+  echo "setup: installing the project into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  echo "$wanted" > "$stamp"
+fi
