@@ -1,0 +1,67 @@
+"""The ``deskbox`` command. ``deskbox serve`` runs the server (imported only then)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="deskbox",
+    help="Disposable desktops for computer-use agents.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Deskbox command line (server and, later, client commands)."""
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
+    state_dir: Annotated[
+        Path | None, typer.Option(help="Registry, API key and caches (default: XDG state dir).")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Run the Deskbox server."""
+    import uvicorn
+
+    from deskbox_server.app import create_app
+    from deskbox_server.settings import Settings
+
+    logging.basicConfig(
+        level=log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    overrides: dict[str, object] = {"host": host, "port": port}
+    if state_dir is not None:
+        overrides["state_dir"] = state_dir
+    settings = Settings(**overrides)  # type: ignore[arg-type]
+    server_app = create_app(settings)
+    key_path = server_app.state.services.keyring.generated_path
+    if key_path is not None:
+        typer.echo(f"API key: stored in {key_path} (send it as 'Authorization: Bearer ...')",
+                   err=True)
+    uvicorn.run(
+        server_app,
+        host=settings.host,
+        port=settings.port,
+        ws="websockets-sansio",
+        # Compression costs more than it saves on JPEG frames (ARCHITECTURE.md).
+        ws_per_message_deflate=False,
+        log_level=log_level.lower(),
+        log_config=None,
+    )
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,1 @@
+"""HTTP and websocket routers: parse and validate, then call the session layer."""

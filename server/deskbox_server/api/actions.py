@@ -1,0 +1,228 @@
+"""Actions on a session: ``POST /actions``, ``GET /screenshot`` and ``WS /actions/ws``."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request, Response, WebSocket
+from pydantic import ValidationError
+from starlette.websockets import WebSocketDisconnect, WebSocketState
+
+from ..driver.desktop import ActionResult
+from ..driver.images import EncodedImage
+from ..errors import DeskboxError, Internal, InvalidRequest
+from ..schemas import actions as a
+from ..schemas.batch import (
+    ActionResultOut,
+    ActionsRequest,
+    ActionsResponse,
+    EmptyResult,
+    ImageOut,
+    WsImage,
+    WsRequest,
+)
+from ..schemas.results import Point, Size
+from .auth import authenticate
+from .deps import Caller, Services, get_services
+from .errors import deskbox_error_response, new_request_id, validation_message
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["actions"])
+
+MAX_IN_FLIGHT = 64
+_SCALE = re.compile(r"^([1-9][0-9]{0,4})x([1-9][0-9]{0,4})$")
+
+
+def _image_out(image: EncodedImage) -> ImageOut:
+    return ImageOut(
+        media_type=image.media_type,
+        data_b64=base64.b64encode(image.data).decode("ascii"),
+        width=image.width,
+        height=image.height,
+    )
+
+
+def _result_out(result: ActionResult) -> ActionResultOut:
+    if isinstance(result, EncodedImage):
+        return _image_out(result)
+    if isinstance(result, Point | Size):
+        return result
+    return EmptyResult()
+
+
+@router.post("/actions", response_model=ActionsResponse, response_model_exclude_none=True)
+async def run_actions(
+    request: Request, caller: Caller, session_id: str, body: ActionsRequest
+) -> ActionsResponse:
+    manager = get_services(request).manager
+    batch = await manager.run(
+        caller.key_id, session_id, body.actions, body.coordinate_space, body.screenshot
+    )
+    return ActionsResponse(
+        results=[_result_out(r) for r in batch.results],
+        screenshot=_image_out(batch.screenshot) if batch.screenshot else None,
+        settled=batch.settled,
+    )
+
+
+def _scale(value: str | None) -> a.ScaleTo | None:
+    if value is None:
+        return None
+    match = _SCALE.match(value)
+    if match is None:
+        raise InvalidRequest(f"scale {value!r} is not of the form WIDTHxHEIGHT (e.g. 1024x640)")
+    try:
+        return a.ScaleTo(width=int(match[1]), height=int(match[2]))
+    except ValidationError as error:
+        raise InvalidRequest(validation_message(error.errors())) from None
+
+
+@router.get(
+    "/screenshot",
+    response_class=Response,
+    responses={200: {"content": {"image/jpeg": {}, "image/png": {}, "image/webp": {}}}},
+)
+async def screenshot(
+    request: Request,
+    caller: Caller,
+    session_id: str,
+    format: Literal["jpeg", "png", "webp"] = "jpeg",  # noqa: A002 (the API's name)
+    quality: Annotated[int, Query(ge=1, le=100)] = 75,
+    scale: Annotated[str | None, Query(description="WIDTHxHEIGHT")] = None,
+) -> Response:
+    manager = get_services(request).manager
+    image = await manager.capture(caller.key_id, session_id, format, quality, _scale(scale))
+    return Response(
+        content=image.data,
+        media_type=image.media_type,
+        headers={"X-Image-Width": str(image.width), "X-Image-Height": str(image.height)},
+    )
+
+
+# -- websocket ----------------------------------------------------------------------------
+
+Reply = tuple[str, list[bytes]]
+
+
+def _error_reply(message_id: object, error: DeskboxError) -> Reply:
+    body = {"type": error.kind, "message": error.message, "request_id": new_request_id()}
+    return json.dumps({"id": message_id, "ok": False, "error": body}), []
+
+
+def _image_announcement(image: EncodedImage) -> dict[str, object]:
+    return WsImage(
+        media_type=image.media_type, width=image.width, height=image.height, size=len(image.data)
+    ).model_dump()
+
+
+def _raw_id(text: str) -> object:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    message_id = data.get("id") if isinstance(data, dict) else None
+    return message_id if isinstance(message_id, int | str) else None
+
+
+async def _handle_message(services: Services, owner: str, session_id: str, text: str) -> Reply:
+    """Parse and run one message. Up to the driver call nothing awaits: order is kept."""
+    try:
+        message = WsRequest.model_validate_json(text)
+    except ValidationError as error:
+        return _error_reply(_raw_id(text), InvalidRequest(validation_message(error.errors())))
+    try:
+        batch = await services.manager.run(
+            owner, session_id, [message.action], message.coordinate_space, message.screenshot
+        )
+    except DeskboxError as error:
+        return _error_reply(message.id, error)
+    except Exception:
+        return _error_reply(message.id, Internal("the action failed inside the server"))
+    frames: list[bytes] = []
+    reply: dict[str, object] = {"id": message.id, "ok": True}
+    result = batch.results[0]
+    if isinstance(result, EncodedImage):
+        reply["result"] = _image_announcement(result)
+        frames.append(result.data)
+    else:
+        reply["result"] = _result_out(result).model_dump()
+    if batch.screenshot is not None:
+        reply["screenshot"] = _image_announcement(batch.screenshot)
+        reply["settled"] = batch.settled
+        frames.append(batch.screenshot.data)
+    if frames:
+        reply["binary_frames"] = len(frames)
+    return json.dumps(reply), frames
+
+
+@router.websocket("/actions/ws")
+async def actions_ws(websocket: WebSocket, session_id: str) -> None:
+    """One action per text message; replies in request order; images as binary frames.
+
+    ``{"id": 7, "action": {...}}`` → ``{"id": 7, "ok": true, "result": {...}}``. A reply
+    that announces images (``"binary_frames": n``) is followed by n binary frames: the
+    action's image first, then the settled ``screenshot`` if one was asked for.
+    """
+    services = get_services(websocket)
+    try:
+        owner = authenticate(services.keyring, websocket).key_id
+        services.manager.handle(owner, session_id)
+    except DeskboxError as error:
+        services.metrics.errors.inc(error.kind)
+        await websocket.send_denial_response(deskbox_error_response(error))
+        return
+    await websocket.accept()
+    pending: asyncio.Queue[asyncio.Task[Reply] | None] = asyncio.Queue(maxsize=MAX_IN_FLIGHT)
+
+    async def send_replies() -> None:
+        while (task := await pending.get()) is not None:
+            text, frames = await task
+            await websocket.send_text(text)
+            for frame in frames:
+                await websocket.send_bytes(frame)
+
+    sender = asyncio.create_task(send_replies())
+    tasks: list[asyncio.Task[Reply]] = []
+    try:
+        while True:
+            received = await websocket.receive()
+            if received["type"] == "websocket.disconnect":
+                break
+            text = received.get("text")
+            if text is None:
+                reply = _error_reply(None, InvalidRequest("send actions as JSON text messages"))
+                task = asyncio.create_task(_immediate(reply))
+            else:
+                task = asyncio.create_task(_handle_message(services, owner, session_id, text))
+            tasks = [t for t in tasks if not t.done()] + [task]
+            # Waits while MAX_IN_FLIGHT replies are unsent: backpressure on the client.
+            put = asyncio.create_task(pending.put(task))
+            done, _ = await asyncio.wait({put, sender}, return_when=asyncio.FIRST_COMPLETED)
+            if sender in done:
+                put.cancel()
+                break
+    except WebSocketDisconnect:
+        pass
+    finally:
+        if not sender.done():
+            try:
+                pending.put_nowait(None)
+            except asyncio.QueueFull:
+                sender.cancel()
+        # Actions already handed to the desktop finish there; their replies have nowhere
+        # to go once the client is gone.
+        await asyncio.gather(sender, *tasks, return_exceptions=True)
+        if websocket.client_state is WebSocketState.CONNECTED:
+            try:
+                await websocket.close()
+            except RuntimeError:
+                pass
+
+
+async def _immediate(reply: Reply) -> Reply:
+    return reply

@@ -1,0 +1,232 @@
+"""The one place that turns failures into the error body of API.md.
+
+Every non-2xx answer is ``{"error": {"type", "message", "request_id"}}``. Sources:
+
+- :class:`~deskbox_server.errors.DeskboxError` (its ``kind`` and ``status``; ``Capacity``
+  adds ``Retry-After``),
+- FastAPI's ``RequestValidationError`` (bad JSON, wrong types, unknown fields) → 422,
+- Starlette's ``HTTPException`` (unknown path 404, wrong method 405, ...),
+- anything else → 500 ``internal`` (logged with its traceback, never shown to the client).
+
+:class:`RequestContext` gives every request an id (``X-Request-Id`` header), bounds the body
+size, and is the last resort for unexpected exceptions.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import secrets
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..errors import Capacity, DeskboxError, InvalidRequest, Unauthorized
+
+__all__ = [
+    "PayloadTooLarge",
+    "RequestContext",
+    "current_request_id",
+    "error_response",
+    "install_error_handlers",
+    "validation_message",
+]
+
+log = logging.getLogger("deskbox.api")
+
+_request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
+
+_KIND_BY_STATUS = {
+    400: "invalid_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "invalid_request",
+    422: "invalid_request",
+    429: "capacity",
+    503: "capacity",
+    504: "timeout",
+}
+
+
+_NOT_AN_OBJECT = {"dict_type", "model_type", "model_attributes_type"}
+
+
+class PayloadTooLarge(InvalidRequest):
+    status = 413
+
+
+def new_request_id() -> str:
+    return "req_" + secrets.token_hex(8)
+
+
+def current_request_id() -> str:
+    """The id of the request being handled (set by :class:`RequestContext`)."""
+    request_id = _request_id.get()
+    if not request_id:
+        request_id = new_request_id()
+        _request_id.set(request_id)
+    return request_id
+
+
+ErrorCounter = Callable[[str], None]
+
+
+def error_response(
+    status: int,
+    kind: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+    count: ErrorCounter | None = None,
+) -> JSONResponse:
+    request_id = current_request_id()
+    if count is not None:
+        count(kind)
+    return JSONResponse(
+        {"error": {"type": kind, "message": message, "request_id": request_id}},
+        status_code=status,
+        headers={**(headers or {}), "X-Request-Id": request_id},
+    )
+
+
+def deskbox_error_response(error: DeskboxError, count: ErrorCounter | None = None) -> JSONResponse:
+    headers = {}
+    if isinstance(error, Capacity):
+        headers["Retry-After"] = str(error.retry_after_s)
+    elif isinstance(error, Unauthorized):
+        headers["WWW-Authenticate"] = "Bearer"
+    return error_response(error.status, error.kind, error.message, headers, count)
+
+
+def _location(loc: Sequence[int | str]) -> str:
+    parts = [str(part) for part in loc]
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        where = parts[0]
+        parts = parts[1:]
+        return ".".join(parts) if parts else where
+    return ".".join(parts)
+
+
+def validation_message(errors: Iterable[Any], limit: int = 3) -> str:
+    """A sentence out of pydantic's error list: the first few problems, where and what."""
+    errors = list(errors)
+    for error in errors:
+        if error.get("type") == "json_invalid":
+            detail = error.get("ctx", {}).get("error", "")
+            return f"the request body is not valid JSON ({detail})" if detail else (
+                "the request body is not valid JSON"
+            )
+    parts = []
+    for error in errors:
+        if tuple(error.get("loc", ())) == ("body",) and error.get("type") in _NOT_AN_OBJECT:
+            return "the request body must be a JSON object (sent as application/json)"
+    for error in errors[:limit]:
+        where = _location(error.get("loc", ()))
+        message = str(error.get("msg", "invalid"))
+        parts.append(f"{where}: {message}" if where else message)
+    more = f" (and {len(errors) - limit} more)" if len(errors) > limit else ""
+    return "invalid request: " + "; ".join(parts) + more if parts else "invalid request"
+
+
+def install_error_handlers(app: FastAPI, count: ErrorCounter | None = None) -> None:
+    async def on_deskbox_error(_: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, DeskboxError)
+        if error.status >= 500:
+            log.warning("%s: %s", error.kind, error.message)
+        return deskbox_error_response(error, count)
+
+    async def on_validation_error(_: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, RequestValidationError)
+        return error_response(422, "invalid_request", validation_message(error.errors()),
+                              count=count)
+
+    async def on_http_error(_: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, StarletteHTTPException)
+        status = error.status_code
+        kind = _KIND_BY_STATUS.get(status, "invalid_request" if status < 500 else "internal")
+        if status == 404 and error.detail == "Not Found":
+            message = "no such path"
+        elif status == 405:
+            message = "this method is not allowed on this path"
+        else:
+            message = str(error.detail)
+        headers = dict(error.headers or {})
+        return error_response(status, kind, message, headers, count)
+
+    app.add_exception_handler(DeskboxError, on_deskbox_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+
+
+class RequestContext:
+    """Pure ASGI middleware: request id, body size cap, last-resort 500 answer."""
+
+    def __init__(
+        self, app: ASGIApp, max_body_bytes: int, count: ErrorCounter | None = None
+    ) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.count = count
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        request_id = new_request_id()
+        _request_id.set(request_id)
+        scope.setdefault("state", {})["request_id"] = request_id
+        started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal started
+            if message["type"] in ("http.response.start", "websocket.http.response.start"):
+                started = True
+                headers = list(message.get("headers", []))
+                if not any(name.lower() == b"x-request-id" for name, _ in headers):
+                    headers.append((b"x-request-id", request_id.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        if scope["type"] == "websocket":
+            await self.app(scope, receive, send_with_id)
+            return
+
+        too_large = PayloadTooLarge(
+            f"the request body is larger than {self.max_body_bytes} bytes"
+        )
+        length = dict(scope.get("headers", [])).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            await deskbox_error_response(too_large, self.count)(scope, receive, send_with_id)
+            return
+        received = 0
+
+        async def bounded_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise too_large
+            return message
+
+        try:
+            await self.app(scope, bounded_receive, send_with_id)
+        except PayloadTooLarge as error:
+            if started:
+                raise
+            await deskbox_error_response(error, self.count)(scope, receive, send_with_id)
+        except Exception:
+            log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
+            if started:
+                raise
+            response = error_response(
+                500, "internal", "the server failed to handle this request", count=self.count
+            )
+            await response(scope, receive, send_with_id)

@@ -1,0 +1,36 @@
+"""``GET /healthz`` (no auth) and ``GET /metrics`` (Prometheus text format)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse
+from pydantic import BaseModel
+
+from .deps import get_services
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["operations"])
+
+
+class Health(BaseModel):
+    status: str
+    sessions: int
+
+
+@router.get("/healthz", response_model=Health)
+async def healthz(request: Request) -> Health:
+    counts = get_services(request).manager.counts_by_state()
+    live = sum(counts[s] for s in ("starting", "running", "paused", "hibernated", "stopping"))
+    return Health(status="ok", sessions=live)
+
+
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain; version=0.0.4": {}}}},
+)
+async def metrics(request: Request) -> PlainTextResponse:
+    services = get_services(request)
+    text = services.metrics.render(services.manager.counts_by_state())
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")

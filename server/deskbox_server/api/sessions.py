@@ -1,0 +1,93 @@
+"""``/v1/sessions``: create, list, get, delete, keepalive."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+
+from ..errors import InvalidRequest
+from ..schemas.sessions import Session, SessionCreate, SessionList, SessionState, SessionUrls
+from ..sessions.lifecycle import SessionRecord
+from .deps import Caller, get_services
+
+__all__ = ["router", "to_resource"]
+
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+
+
+def to_resource(record: SessionRecord, request: Request) -> Session:
+    http = str(request.base_url).rstrip("/") + f"/v1/sessions/{record.id}"
+    ws = "ws" + http.removeprefix("http")
+    return Session(
+        id=record.id,
+        state=record.state,
+        backend=record.backend,
+        display=record.body.display,
+        browser=record.body.browser,
+        created_at=record.created_at,
+        expires_at=record.expires_at,
+        timeout_s=record.timeout_s,
+        labels=record.body.labels,
+        coordinate_space=record.body.coordinate_space,
+        failure=record.failure,
+        urls=SessionUrls(
+            actions_ws=f"{ws}/actions/ws",
+            vnc_ws=f"{ws}/vnc",
+            view=f"{http}/view",
+            cdp_http=f"{http}/cdp",
+            cdp_ws=f"{ws}/cdp",
+        ),
+    )
+
+
+def _labels(filters: list[str]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for item in filters:
+        key, sep, value = item.partition(":")
+        if not sep or not key:
+            raise InvalidRequest(f"label filter {item!r} is not of the form key:value")
+        labels[key] = value
+    return labels
+
+
+@router.post("", status_code=201, response_model=Session)
+async def create_session(
+    request: Request,
+    caller: Caller,
+    body: SessionCreate | None = None,
+    wait: Annotated[bool, Query(description="false: answer at once, in `starting`")] = True,
+) -> Session:
+    manager = get_services(request).manager
+    record = await manager.create(caller.key_id, body or SessionCreate(), wait=wait)
+    return to_resource(record, request)
+
+
+@router.get("", response_model=SessionList)
+async def list_sessions(
+    request: Request,
+    caller: Caller,
+    state: SessionState | None = None,
+    label: Annotated[list[str], Query(description="key:value; repeat to require several")] = [],  # noqa: B006
+) -> SessionList:
+    manager = get_services(request).manager
+    records = await manager.list(caller.key_id, state, _labels(label))
+    return SessionList(sessions=[to_resource(r, request) for r in records])
+
+
+@router.get("/{session_id}", response_model=Session)
+async def get_session(request: Request, caller: Caller, session_id: str) -> Session:
+    record = await get_services(request).manager.get(caller.key_id, session_id)
+    return to_resource(record, request)
+
+
+@router.delete("/{session_id}", status_code=204, response_class=Response)
+async def delete_session(request: Request, caller: Caller, session_id: str) -> Response:
+    await get_services(request).manager.delete(caller.key_id, session_id)
+    return Response(status_code=204)
+
+
+@router.post("/{session_id}/keepalive", response_model=Session)
+async def keepalive(request: Request, caller: Caller, session_id: str) -> Session:
+    record = await get_services(request).manager.keepalive(caller.key_id, session_id)
+    return to_resource(record, request)

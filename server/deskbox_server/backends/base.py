@@ -1,0 +1,96 @@
+"""The backend interface: how a session's desktop is made, reached and destroyed.
+
+Everything above this module is backend-agnostic. A backend turns a :class:`SessionSpec`
+into a :class:`DesktopHandle`; the handle gives the session layer the driver's
+:class:`~deskbox_server.driver.desktop.Desktop` through the desktop's
+:class:`~deskbox_server.driver.worker.DesktopWorker` (every X call on that one thread).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from ..driver.commands import DesktopSpec
+from ..driver.desktop import BatchResult, Desktop
+from ..driver.images import EncodedImage
+from ..driver.worker import DesktopWorker
+from ..schemas import actions as a
+from ..schemas.sessions import Network, Resources
+
+__all__ = ["Backend", "DesktopHandle", "SessionSpec"]
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """What the session layer asks a backend for (already validated wire values)."""
+
+    id: str
+    desktop: DesktopSpec
+    resources: Resources | None = None
+    network: Network | None = None
+    from_snapshot: str | None = None
+    record: bool = False
+
+
+class DesktopHandle(ABC):
+    """One live desktop. ``run`` and ``capture`` go through the worker, off the event loop."""
+
+    worker: DesktopWorker
+
+    @property
+    @abstractmethod
+    def desktop(self) -> Desktop:
+        """The driver's desktop; touch it only on ``worker``'s thread."""
+
+    @abstractmethod
+    def failure(self) -> str | None:
+        """Why the desktop is broken (a process died), or None while it is healthy.
+
+        Cheap and thread-safe: the reaper calls it from the event loop.
+        """
+
+    async def run(
+        self,
+        actions: Sequence[a.Action],
+        view: a.CoordinateSpace | None = None,
+        screenshot: a.Screenshot | None = None,
+    ) -> BatchResult:
+        return await self.worker.call(self.desktop.run, actions, view, screenshot)
+
+    async def capture(
+        self,
+        fmt: Literal["jpeg", "png", "webp"],
+        quality: int,
+        view: a.CoordinateSpace | None = None,
+        scale: a.ScaleTo | None = None,
+    ) -> EncodedImage:
+        shot = a.Screenshot(format=fmt, quality=quality, scale=scale)
+        result = await self.run([shot], view)
+        image = result.results[0]
+        assert isinstance(image, EncodedImage)
+        return image
+
+
+class Backend(ABC):
+    """Makes and destroys desktops. Implementations: ``local`` (no isolation), ``container``."""
+
+    name: ClassVar[str]
+
+    def check(self, spec: SessionSpec) -> None:
+        """Raise InvalidRequest for what this backend cannot honour, before anything starts."""
+        return None
+
+    @abstractmethod
+    async def create(self, spec: SessionSpec, timeout_s: float) -> DesktopHandle:
+        """Start a desktop and return once its start page has been painted."""
+
+    @abstractmethod
+    async def destroy(self, handle: DesktopHandle) -> None:
+        """Stop every process of the desktop; idempotent; never raises for a dead desktop."""
+
+    async def close(self) -> None:
+        """Release what the backend itself holds (called once, at server shutdown)."""
+        return None

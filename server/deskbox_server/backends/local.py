@@ -1,0 +1,89 @@
+"""The ``local`` backend: an unisolated desktop of host processes (LocalDesktop).
+
+For development and tests on a machine you trust: the desktop shares the host's network,
+users and files, so it refuses the options that promise isolation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import ClassVar
+
+from ..driver.desktop import Desktop
+from ..driver.local import LocalDesktop
+from ..driver.worker import DesktopWorker
+from ..errors import InvalidRequest
+from .base import Backend, DesktopHandle, SessionSpec
+
+__all__ = ["LocalBackend", "LocalHandle"]
+
+
+class LocalHandle(DesktopHandle):
+    def __init__(self, worker: DesktopWorker, local: LocalDesktop) -> None:
+        self.worker = worker
+        self.local = local
+
+    @property
+    def desktop(self) -> Desktop:
+        assert self.local.desktop is not None
+        return self.local.desktop
+
+    @property
+    def devtools_url(self) -> str:
+        """The browser's DevTools endpoint on the host's loopback (tests read pages with it)."""
+        return self.local.devtools_url
+
+    def failure(self) -> str | None:
+        return self.local.processes.failure()
+
+
+class LocalBackend(Backend):
+    name: ClassVar[str] = "local"
+
+    def check(self, spec: SessionSpec) -> None:
+        unsupported = "is not supported yet by the local backend"
+        if spec.from_snapshot is not None:
+            raise InvalidRequest(f"from_snapshot {unsupported} (no checkpoints)")
+        if spec.record:
+            raise InvalidRequest(f"record {unsupported}")
+        if spec.resources is not None:
+            raise InvalidRequest(f"resources {unsupported} (no cgroup limits)")
+        if spec.network is not None and spec.network.egress != "all":
+            raise InvalidRequest(
+                f"network egress {spec.network.egress!r} {unsupported}: its desktops share "
+                "the host's network; omit network or ask for egress 'all'"
+            )
+
+    async def create(self, spec: SessionSpec, timeout_s: float) -> DesktopHandle:
+        self.check(spec)
+        worker = DesktopWorker(spec.id)
+        built: list[LocalDesktop] = []
+
+        def build() -> LocalDesktop:
+            # The Desktop it holds belongs to the worker's thread: build it there.
+            local = LocalDesktop(spec.desktop, start_timeout_s=timeout_s)
+            built.append(local)
+            return local
+
+        def stop_built() -> None:
+            for local in built:
+                local.stop()
+
+        def discard() -> None:
+            # Queued behind build(), so it also stops a desktop whose start was cancelled.
+            worker.call_sync(stop_built)
+            worker.shutdown()
+
+        try:
+            local = await worker.call(build)
+        except BaseException:
+            await asyncio.to_thread(discard)
+            raise
+        return LocalHandle(worker, local)
+
+    async def destroy(self, handle: DesktopHandle) -> None:
+        assert isinstance(handle, LocalHandle)
+        try:
+            await handle.worker.call(handle.local.stop)
+        finally:
+            await asyncio.to_thread(handle.worker.shutdown)

@@ -1,0 +1,88 @@
+"""Wire models of action requests and their answers (API.md "Actions" and "Streams")."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .actions import Action, CoordinateSpace, Screenshot
+from .results import Point, Size
+
+__all__ = [
+    "MAX_BATCH",
+    "ActionResultOut",
+    "ActionsRequest",
+    "ActionsResponse",
+    "EmptyResult",
+    "ImageOut",
+    "WsImage",
+    "WsRequest",
+]
+
+MAX_BATCH = 1000
+_REQUEST_KEYS = ("screenshot", "coordinate_space")
+
+
+class ActionsRequest(BaseModel):
+    """``{"actions": [...]}``, or one action object (its ``type`` at the top level).
+
+    Either form may carry ``screenshot`` (taken once the screen has settled after the last
+    action) and ``coordinate_space``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    actions: Annotated[list[Action], Field(min_length=1, max_length=MAX_BATCH)]
+    screenshot: Screenshot | None = None
+    coordinate_space: CoordinateSpace | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _single_action(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "actions" not in data and "type" in data:
+            action = {k: v for k, v in data.items() if k not in _REQUEST_KEYS}
+            return {"actions": [action], **{k: data[k] for k in _REQUEST_KEYS if k in data}}
+        return data
+
+
+class ImageOut(BaseModel):
+    media_type: str
+    data_b64: str
+    width: int
+    height: int
+
+
+class EmptyResult(BaseModel):
+    """The result of an action that answers with nothing: ``{}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+ActionResultOut = ImageOut | Point | Size | EmptyResult
+
+
+class ActionsResponse(BaseModel):
+    results: list[ActionResultOut]
+    screenshot: ImageOut | None = None
+    settled: bool = True
+
+
+class WsRequest(BaseModel):
+    """One websocket text message: ``{"id": 7, "action": {...}}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: int | Annotated[str, Field(max_length=128)]
+    action: Action
+    screenshot: Screenshot | None = None
+    coordinate_space: CoordinateSpace | None = None
+
+
+class WsImage(BaseModel):
+    """An image announced in a websocket reply; its bytes follow as one binary frame."""
+
+    media_type: str
+    width: int
+    height: int
+    size: int

@@ -1,0 +1,120 @@
+"""Wire models of sessions (API.md "Sessions"): the create body and the Session resource."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .actions import CoordinateSpace
+
+__all__ = [
+    "MAX_START_URL",
+    "Browser",
+    "Display",
+    "Failure",
+    "Network",
+    "Resources",
+    "Session",
+    "SessionCreate",
+    "SessionList",
+    "SessionState",
+    "SessionUrls",
+]
+
+MAX_START_URL = 64 * 1024
+START_URL_SCHEMES = ("http://", "https://", "file://", "data:", "about:")
+Label = Annotated[str, Field(min_length=1, max_length=128)]
+
+
+class SessionState(StrEnum):
+    starting = "starting"
+    running = "running"
+    paused = "paused"
+    hibernated = "hibernated"
+    stopping = "stopping"
+    stopped = "stopped"
+    failed = "failed"
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Display(_Body):
+    width: Annotated[int, Field(ge=64, le=7680)] = 1280
+    height: Annotated[int, Field(ge=64, le=4320)] = 800
+    dpi: Annotated[int, Field(ge=24, le=600)] = 96
+
+
+class Browser(_Body):
+    start_url: Annotated[str, Field(min_length=1, max_length=MAX_START_URL)] = "about:blank"
+
+    @field_validator("start_url")
+    @classmethod
+    def _known_scheme(cls, url: str) -> str:
+        if not url.lower().startswith(START_URL_SCHEMES):
+            raise ValueError("start_url must be an http, https, file, data or about: URL")
+        return url
+
+
+class Resources(_Body):
+    cpus: Annotated[float, Field(gt=0, le=64)] = 1.0
+    memory_mb: Annotated[int, Field(ge=256, le=262_144)] = 2048
+    pids: Annotated[int, Field(ge=64, le=65_536)] = 1024
+
+
+class Network(_Body):
+    egress: Literal["none", "allowlist", "all"] = "none"
+    allow: Annotated[list[Annotated[str, Field(min_length=1, max_length=253)]],
+                     Field(max_length=256)] = []
+
+
+class SessionCreate(_Body):
+    """Every field is optional; unknown fields are refused (422)."""
+
+    display: Display = Display()
+    browser: Browser = Browser()
+    backend: Annotated[str, Field(min_length=1, max_length=32)] | None = None
+    from_snapshot: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    timeout_s: Annotated[int, Field(ge=1)] | None = None
+    labels: Annotated[dict[Label, Annotated[str, Field(max_length=256)]],
+                      Field(max_length=64)] = {}
+    resources: Resources | None = None
+    network: Network | None = None
+    record: bool = False
+    coordinate_space: CoordinateSpace | None = None
+
+
+class Failure(BaseModel):
+    reason: str
+    at: datetime
+
+
+class SessionUrls(BaseModel):
+    actions_ws: str
+    vnc_ws: str
+    view: str
+    cdp_http: str
+    cdp_ws: str
+
+
+class Session(BaseModel):
+    id: str
+    state: SessionState
+    backend: str
+    display: Display
+    browser: Browser
+    created_at: datetime
+    expires_at: datetime | None
+    timeout_s: int
+    labels: dict[str, str]
+    coordinate_space: CoordinateSpace | None = None
+    failure: Failure | None = None
+    urls: SessionUrls
+
+
+class SessionList(BaseModel):
+    sessions: list[Session]

@@ -1,0 +1,387 @@
+"""Sessions: create, find, act on, keep alive and stop them; caps; idle expiry.
+
+The manager owns the live sessions of this process (their backend handles) and keeps the
+registry in step with every state change. Requests reach it already parsed; it raises only
+``DeskboxError`` subclasses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Literal
+
+from ..backends.base import Backend, DesktopHandle, SessionSpec
+from ..driver.commands import DesktopSpec
+from ..driver.desktop import BatchResult
+from ..driver.images import EncodedImage
+from ..errors import (
+    Capacity,
+    Conflict,
+    DeskboxError,
+    InvalidRequest,
+    NotFound,
+    SessionFailed,
+)
+from ..metrics import Metrics
+from ..schemas import actions as a
+from ..schemas.sessions import Failure, SessionCreate, SessionState
+from ..settings import Settings
+from .lifecycle import LIVE_STATES, SessionRecord, utcnow
+from .registry import Registry
+
+__all__ = ["LiveSession", "SessionManager"]
+
+log = logging.getLogger("deskbox.sessions")
+_RECENT = 1024
+S = SessionState
+
+
+@dataclass
+class LiveSession:
+    record: SessionRecord
+    handle: DesktopHandle | None = None
+    start_task: asyncio.Task[None] | None = None
+    stop_task: asyncio.Task[None] | None = None
+    # Actions in flight: the reaper never expires a session that is busy.
+    busy: int = 0
+
+
+class SessionManager:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: Registry,
+        backends: Mapping[str, Backend],
+        metrics: Metrics,
+    ) -> None:
+        self._settings = settings
+        self._registry = registry
+        self._backends = dict(backends)
+        self._metrics = metrics
+        self._live: dict[str, LiveSession] = {}
+        self._ended: dict[SessionState, int] = {}
+        # Sessions that ended lately, so that acting on one says why without a query.
+        self._recent: OrderedDict[str, SessionRecord] = OrderedDict()
+        self._reaper: asyncio.Task[None] | None = None
+
+    # -- server lifetime ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._registry.open()
+        # This process holds no desktop yet: what the registry calls live was left by a
+        # previous server. The local backend cannot re-adopt host processes (they were
+        # stopped with that server), so those sessions are marked failed.
+        for record in await self._registry.live():
+            await self._registry.save(_failed(record, "the server restarted while it was live"))
+        self._ended = {
+            state: count
+            for state, count in (await self._registry.count_by_state()).items()
+            if state not in LIVE_STATES
+        }
+        self._reaper = asyncio.create_task(self._reap_forever(), name="deskbox-reaper")
+
+    async def shutdown(self) -> None:
+        """Stop every live session (no process left behind), then close the registry."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._reaper
+        await asyncio.gather(
+            *(self._stop(live, None) for live in list(self._live.values())),
+            return_exceptions=True,
+        )
+        for backend in self._backends.values():
+            with suppress(Exception):
+                await backend.close()
+        await self._registry.close()
+
+    # -- queries --------------------------------------------------------------------------
+
+    def counts_by_state(self) -> dict[str, int]:
+        counts = {state.value: 0 for state in S}
+        for state, count in self._ended.items():
+            counts[state.value] += count
+        for live in self._live.values():
+            counts[live.record.state.value] += 1
+        return counts
+
+    async def get(self, owner: str, session_id: str) -> SessionRecord:
+        live = self._live.get(session_id)
+        if live is not None and live.record.owner == owner:
+            return live.record
+        record = await self._registry.get(session_id)
+        if record is None or record.owner != owner:
+            raise NotFound(f"no session {session_id!r}")
+        return record
+
+    async def list(
+        self, owner: str, state: SessionState | None = None, labels: Mapping[str, str] = {}
+    ) -> list[SessionRecord]:
+        records = await self._registry.owned(owner)
+        merged = [
+            self._live[r.id].record if r.id in self._live else r for r in records
+        ]
+        return [r for r in merged if r.matches(state, dict(labels))]
+
+    def handle(self, owner: str, session_id: str) -> DesktopHandle:
+        """The desktop of a running session of ``owner`` (for tests and proxies)."""
+        return self._running(owner, session_id)[1]
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def create(self, owner: str, body: SessionCreate, wait: bool = True) -> SessionRecord:
+        backend_name = body.backend or self._settings.default_backend
+        backend = self._backends.get(backend_name)
+        if backend is None:
+            available = ", ".join(sorted(self._backends)) or "none"
+            raise InvalidRequest(
+                f"backend {backend_name!r} is not available on this server (available: "
+                f"{available})"
+            )
+        timeout_s = body.timeout_s or self._settings.idle_timeout_s
+        if timeout_s > self._settings.max_timeout_s:
+            raise InvalidRequest(
+                f"timeout_s may be at most {self._settings.max_timeout_s} on this server"
+            )
+        session_id = "ses_" + secrets.token_hex(10)
+        spec = SessionSpec(
+            id=session_id,
+            desktop=DesktopSpec(
+                width=body.display.width,
+                height=body.display.height,
+                dpi=body.display.dpi,
+                start_url=body.browser.start_url,
+            ),
+            resources=body.resources,
+            network=body.network,
+            from_snapshot=body.from_snapshot,
+            record=body.record,
+        )
+        backend.check(spec)
+        # No await between the capacity check and taking the slot.
+        self._check_capacity(owner)
+        record = SessionRecord(
+            id=session_id, owner=owner, backend=backend_name, body=body, timeout_s=timeout_s
+        )
+        live = LiveSession(record)
+        self._live[session_id] = live
+        try:
+            await self._registry.save(record)
+        except BaseException:
+            del self._live[session_id]
+            raise
+        live.start_task = asyncio.create_task(self._start(live, backend, spec))
+        if wait:
+            await asyncio.shield(live.start_task)
+            if record.state is S.failed:
+                reason = record.failure.reason if record.failure else "unknown"
+                raise SessionFailed(f"session {session_id} failed to start: {reason}")
+        return record
+
+    def _check_capacity(self, owner: str) -> None:
+        live = list(self._live.values())
+        retry = self._settings.retry_after_s
+        if len(live) >= self._settings.max_sessions:
+            raise Capacity(
+                f"the server runs its maximum of {self._settings.max_sessions} sessions",
+                retry,
+            )
+        mine = sum(1 for s in live if s.record.owner == owner)
+        if mine >= self._settings.max_sessions_per_key:
+            raise Capacity(
+                f"this API key has its maximum of {self._settings.max_sessions_per_key} "
+                "live sessions; delete one first",
+                retry,
+            )
+
+    async def _start(self, live: LiveSession, backend: Backend, spec: SessionSpec) -> None:
+        record = live.record
+        started = time.monotonic()
+        try:
+            handle = await backend.create(spec, self._settings.start_timeout_s)
+        except DeskboxError as error:
+            await self._end(live, error.message)
+            return
+        except Exception as error:
+            log.exception("session %s failed to start", record.id)
+            await self._end(live, f"the desktop did not start: {type(error).__name__}")
+            return
+        live.handle = handle
+        if record.state is not S.starting:  # failed or being stopped meanwhile
+            return
+        record.transition(S.running)
+        record.touch()
+        await self._registry.save(record)
+        log.info(
+            "session %s running (backend %s, %.2f s)",
+            record.id, record.backend, time.monotonic() - started,
+        )
+
+    async def delete(self, owner: str, session_id: str) -> None:
+        live = self._live.get(session_id)
+        if live is None or live.record.owner != owner:
+            await self.get(owner, session_id)  # 404 for ids never seen (or not this key's)
+            return
+        await self._stop(live, None)
+
+    async def keepalive(self, owner: str, session_id: str) -> SessionRecord:
+        live = self._live.get(session_id)
+        if live is None or live.record.owner != owner:
+            record = await self.get(owner, session_id)
+            raise _not_live(record)
+        if live.record.state is not S.running:
+            raise _not_live(live.record)
+        live.record.touch()
+        await self._registry.save(live.record)
+        return live.record
+
+    async def _stop(self, live: LiveSession, failure: str | None) -> None:
+        if live.start_task is not None:
+            await asyncio.shield(live.start_task)
+        if live.stop_task is None:
+            live.stop_task = asyncio.create_task(self._end(live, failure))
+        await asyncio.shield(live.stop_task)
+
+    async def _end(self, live: LiveSession, failure: str | None) -> None:
+        """Stop (``failure`` None) or fail a session, destroy its desktop, forget it."""
+        record = live.record
+        try:
+            if record.state in LIVE_STATES and record.state is not S.stopping:
+                if failure is None:
+                    record.transition(S.stopping)
+                else:
+                    record.transition(S.failed, failure)
+                    log.warning("session %s failed: %s", record.id, failure)
+                await self._registry.save(record)
+            if live.handle is not None:
+                backend = self._backends[record.backend]
+                try:
+                    await backend.destroy(live.handle)
+                except Exception:
+                    log.exception("destroying session %s", record.id)
+            if record.state is S.stopping:
+                record.transition(S.stopped)
+                await self._registry.save(record)
+        finally:
+            if self._live.pop(record.id, None) is not None:
+                self._ended[record.state] = self._ended.get(record.state, 0) + 1
+                self._recent[record.id] = record
+                while len(self._recent) > _RECENT:
+                    self._recent.popitem(last=False)
+        log.info("session %s %s", record.id, record.state.value)
+
+    # -- actions --------------------------------------------------------------------------
+
+    def _running(self, owner: str, session_id: str) -> tuple[LiveSession, DesktopHandle]:
+        live = self._live.get(session_id)
+        if live is None or live.record.owner != owner:
+            ended = self._recent.get(session_id)
+            if ended is not None and ended.owner == owner:
+                raise _not_live(ended)
+            raise NotFound(f"no running session {session_id!r}")
+        if live.record.state is not S.running or live.handle is None:
+            raise _not_live(live.record)
+        return live, live.handle
+
+    async def run(
+        self,
+        owner: str,
+        session_id: str,
+        actions: Sequence[a.Action],
+        view: a.CoordinateSpace | None = None,
+        screenshot: a.Screenshot | None = None,
+    ) -> BatchResult:
+        # Everything up to the worker call is synchronous: calls reach the desktop's worker
+        # in the order they arrive (the websocket relies on it).
+        live, handle = self._running(owner, session_id)
+        view = view or live.record.body.coordinate_space
+        kind = actions[0].type if actions else "none"
+        live.busy += 1
+        started = time.perf_counter()
+        try:
+            result = await handle.run(actions, view, screenshot)
+        except SessionFailed as error:
+            self._metrics.actions.inc(kind, "error", amount=len(actions) or 1)
+            await self._fail_soon(live, error.message)
+            raise
+        except DeskboxError:
+            self._metrics.actions.inc(kind, "error")
+            raise
+        finally:
+            live.busy -= 1
+            if live.record.state is S.running:
+                live.record.touch()
+        self._metrics.action_seconds.observe(time.perf_counter() - started, kind)
+        for action in actions:
+            self._metrics.actions.inc(action.type, "ok")
+            if isinstance(action, a.Screenshot | a.Zoom):
+                self._metrics.screenshots.inc(action.format)
+        if screenshot is not None:
+            self._metrics.screenshots.inc(screenshot.format)
+        return result
+
+    async def capture(
+        self,
+        owner: str,
+        session_id: str,
+        fmt: Literal["jpeg", "png", "webp"],
+        quality: int,
+        scale: a.ScaleTo | None = None,
+    ) -> EncodedImage:
+        shot = a.Screenshot(format=fmt, quality=quality, scale=scale)
+        image = (await self.run(owner, session_id, [shot])).results[0]
+        assert isinstance(image, EncodedImage)
+        return image
+
+    async def _fail_soon(self, live: LiveSession, reason: str) -> None:
+        if live.stop_task is None:
+            live.stop_task = asyncio.create_task(self._end(live, reason))
+
+    # -- the reaper -----------------------------------------------------------------------
+
+    async def reap(self) -> None:
+        """One pass: fail sessions whose desktop died, stop those idle past their timeout."""
+        now = utcnow()
+        for live in list(self._live.values()):
+            record = live.record
+            if record.state is not S.running or live.handle is None or live.stop_task:
+                continue
+            reason = live.handle.failure()
+            if reason is not None:
+                await self._fail_soon(live, f"the desktop failed: {reason}")
+            elif live.busy == 0 and record.expired(now):
+                log.info("session %s idle for %d s: stopping it", record.id, record.timeout_s)
+                live.stop_task = asyncio.create_task(self._end(live, None))
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.reaper_interval_s)
+            try:
+                await self.reap()
+            except Exception:
+                log.exception("reaper pass failed")
+
+
+def _failed(record: SessionRecord, reason: str) -> SessionRecord:
+    record.state = S.failed
+    record.failure = Failure(reason=reason, at=utcnow())
+    record.expires_at = None
+    return record
+
+
+def _not_live(record: SessionRecord) -> DeskboxError:
+    if record.state is S.starting:
+        return Conflict(f"session {record.id} is still starting")
+    if record.state in (S.paused, S.hibernated):
+        return Conflict(f"session {record.id} is {record.state.value}; resume it first")
+    if record.state is S.failed:
+        reason = record.failure.reason if record.failure else "unknown"
+        return SessionFailed(f"session {record.id} has failed: {reason}")
+    return NotFound(f"session {record.id} is {record.state.value}")

@@ -1,0 +1,159 @@
+"""The session registry: one SQLite file in the state directory.
+
+sqlite3 blocks, so every query runs on the registry's own thread (one connection, one
+thread, queries in order) and never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+from typing import ParamSpec, TypeVar
+
+from ..schemas.sessions import Failure, SessionCreate, SessionState
+from .lifecycle import LIVE_STATES, SessionRecord
+
+__all__ = ["Registry"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    expires_at TEXT,
+    timeout_s INTEGER NOT NULL,
+    failure TEXT,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sessions_by_owner ON sessions (owner, created_at);
+"""
+_COLUMNS = "id, owner, backend, state, created_at, expires_at, timeout_s, failure, body"
+
+
+_Row = tuple[str, str, str, str, str, str | None, int, str | None, str]
+
+
+def _row(record: SessionRecord) -> _Row:
+    return (
+        record.id,
+        record.owner,
+        record.backend,
+        record.state.value,
+        record.created_at.isoformat(),
+        record.expires_at.isoformat() if record.expires_at else None,
+        record.timeout_s,
+        record.failure.model_dump_json() if record.failure else None,
+        record.body.model_dump_json(exclude_defaults=True),
+    )
+
+
+def _record(row: sqlite3.Row) -> SessionRecord:
+    return SessionRecord(
+        id=row["id"],
+        owner=row["owner"],
+        backend=row["backend"],
+        body=SessionCreate.model_validate_json(row["body"]),
+        timeout_s=row["timeout_s"],
+        state=SessionState(row["state"]),
+        created_at=datetime.fromisoformat(row["created_at"]),
+        expires_at=datetime.fromisoformat(row["expires_at"]) if row["expires_at"] else None,
+        failure=Failure.model_validate_json(row["failure"]) if row["failure"] else None,
+    )
+
+
+class Registry:
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="registry")
+        self._db: sqlite3.Connection | None = None
+
+    async def _call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        assert self._db is not None, "the registry is not open"
+        return self._db
+
+    # -- on the registry thread -----------------------------------------------------------
+
+    def _open(self) -> None:
+        self._path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        db = sqlite3.connect(self._path, isolation_level=None)
+        db.row_factory = sqlite3.Row
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(_SCHEMA)
+        self._db = db
+
+    def _close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def _save(self, row: _Row) -> None:
+        self.db.execute(
+            f"INSERT OR REPLACE INTO sessions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row
+        )
+
+    def _get(self, session_id: str) -> SessionRecord | None:
+        row = self.db.execute(
+            f"SELECT {_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
+        ).fetchone()
+        return _record(row) if row is not None else None
+
+    def _owned(self, owner: str) -> list[SessionRecord]:
+        rows = self.db.execute(
+            f"SELECT {_COLUMNS} FROM sessions WHERE owner = ? ORDER BY created_at, id", (owner,)
+        ).fetchall()
+        return [_record(row) for row in rows]
+
+    def _live(self) -> list[SessionRecord]:
+        marks = ", ".join("?" for _ in LIVE_STATES)
+        rows = self.db.execute(
+            f"SELECT {_COLUMNS} FROM sessions WHERE state IN ({marks})",
+            [state.value for state in LIVE_STATES],
+        ).fetchall()
+        return [_record(row) for row in rows]
+
+    def _count_by_state(self) -> dict[SessionState, int]:
+        rows = self.db.execute("SELECT state, COUNT(*) FROM sessions GROUP BY state").fetchall()
+        return {SessionState(state): count for state, count in rows}
+
+    # -- from the event loop --------------------------------------------------------------
+
+    async def open(self) -> None:
+        await self._call(self._open)
+
+    async def close(self) -> None:
+        await self._call(self._close)
+        self._executor.shutdown(wait=True)
+
+    async def save(self, record: SessionRecord) -> None:
+        # Serialised here, on the loop, so the thread never sees a record being changed.
+        await self._call(self._save, _row(record))
+
+    async def get(self, session_id: str) -> SessionRecord | None:
+        return await self._call(self._get, session_id)
+
+    async def owned(self, owner: str) -> list[SessionRecord]:
+        """Every session of one API key, oldest first."""
+        return await self._call(self._owned, owner)
+
+    async def live(self) -> list[SessionRecord]:
+        """Sessions the registry believes are live (after a restart: left over)."""
+        return await self._call(self._live)
+
+    async def count_by_state(self) -> dict[SessionState, int]:
+        return await self._call(self._count_by_state)

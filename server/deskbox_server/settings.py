@@ -1,0 +1,53 @@
+"""The server's one settings object, read from ``DESKBOX_*`` variables or given directly."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+__all__ = ["Settings", "default_state_dir"]
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "deskbox"
+
+
+class Settings(BaseSettings):
+    """Constructor arguments win over ``DESKBOX_*`` environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="DESKBOX_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8765
+    state_dir: Path = Field(default_factory=default_state_dir)
+    # Comma-separated in DESKBOX_API_KEYS; empty: one key is generated into the state dir.
+    api_keys: Annotated[list[str], NoDecode, Field(repr=False)] = []
+    max_sessions: Annotated[int, Field(ge=0)] = 20
+    max_sessions_per_key: Annotated[int, Field(ge=0)] = 10
+    default_backend: str = "local"
+    idle_timeout_s: Annotated[int, Field(ge=1)] = 900
+    max_timeout_s: Annotated[int, Field(ge=1)] = 7 * 24 * 3600
+    reaper_interval_s: Annotated[float, Field(gt=0)] = 5.0
+    start_timeout_s: Annotated[float, Field(gt=0)] = 30.0
+    max_request_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+    retry_after_s: Annotated[int, Field(ge=1)] = 5
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [key.strip() for key in value.split(",") if key.strip()]
+        return value
+
+    @property
+    def database_path(self) -> Path:
+        return self.state_dir / "sessions.sqlite3"
+
+    @property
+    def api_key_path(self) -> Path:
+        return self.state_dir / "api_key"

@@ -1,0 +1,58 @@
+"""Bearer keys: none or a wrong one is 401; another key's session does not exist (404)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
+
+from .conftest import KEY_B, Server
+from .helpers import assert_error
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer nope"}, {"Authorization": "x"}])
+def test_missing_or_wrong_key_is_401(server: Server, headers: dict[str, str]) -> None:
+    with server.client(None) as http:
+        for method, path in [("GET", "/v1/sessions"), ("POST", "/v1/sessions"),
+                             ("GET", "/v1/sessions/ses_x"), ("DELETE", "/v1/sessions/ses_x")]:
+            response = http.request(method, path, headers=headers)
+            assert_error(response, 401, "unauthorized")
+            assert response.headers["www-authenticate"] == "Bearer"
+
+
+def test_healthz_needs_no_key(server: Server) -> None:
+    with server.client(None) as http:
+        response = http.get("/healthz")
+    assert response.status_code == 200
+    assert response.json()["status"] == "ok"
+
+
+def test_another_keys_session_is_not_found(server: Server, session: dict[str, Any]) -> None:
+    session_id = session["id"]
+    with server.client(KEY_B) as other:
+        assert_error(other.get(f"/v1/sessions/{session_id}"), 404, "not_found")
+        assert_error(other.delete(f"/v1/sessions/{session_id}"), 404, "not_found")
+        assert_error(other.post(f"/v1/sessions/{session_id}/keepalive"), 404, "not_found")
+        assert_error(
+            other.post(f"/v1/sessions/{session_id}/actions", json={"type": "screen_size"}),
+            404, "not_found",
+        )
+        assert_error(other.get(f"/v1/sessions/{session_id}/screenshot"), 404, "not_found")
+        listed = other.get("/v1/sessions").json()["sessions"]
+        assert session_id not in [s["id"] for s in listed]
+    # Still there for its owner.
+    with server.client() as owner:
+        assert owner.get(f"/v1/sessions/{session_id}").json()["state"] == "running"
+
+
+def test_websocket_needs_the_owners_key(server: Server, session: dict[str, Any]) -> None:
+    url = server.ws_url(session["id"])
+    for headers, status in [({}, 401), ({"Authorization": "Bearer nope"}, 401),
+                            ({"Authorization": f"Bearer {KEY_B}"}, 404)]:
+        with pytest.raises(InvalidStatus) as raised:
+            connect(url, additional_headers=headers, open_timeout=10).close()
+        response = raised.value.response
+        assert response.status_code == status
+        assert b'"request_id"' in response.body

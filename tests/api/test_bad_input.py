@@ -1,0 +1,94 @@
+"""Bad input gets the right 4xx and the error body of API.md; the session survives it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from .helpers import assert_error
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b'{"type": "click", ', "not valid JSON"),
+        (b"[1, 2]", "JSON object"),
+        (b'"click"', "JSON object"),
+        (b'{"type": "click", "x": "left"}', "x"),
+        (b'{"type": "click", "x": 1.5, "y": 2}', "x"),
+        (b'{"type": "teleport", "x": 1}', "teleport"),
+        (b'{"kind": "click"}', "actions"),
+        (b'{"actions": []}', "actions"),
+        (b'{"actions": [{"type": "click"}], "colour": 1}', "colour"),
+        (b'{"type": "click", "button": "thumb"}', "button"),
+        (b'{"type": "click", "x": -1, "y": 5}', "x"),
+        (b'{"type": "click", "x": 5000, "y": 5}', "outside the 1280x800 screen"),
+        (b'{"type": "key", "keys": "ctrl+nokey"}', "unknown key name"),
+        (b'{"type": "key", "keys": ""}', "keys"),
+        (b'{"type": "wait", "ms": 99999999}', "ms"),
+        (b'{"type": "screenshot", "region": {"x": 1200, "y": 0, "width": 200, "height": 10}}',
+         "outside"),
+    ],
+)
+def test_bad_actions_are_422(
+    client: httpx.Client, session: dict[str, Any], content: bytes, words: str
+) -> None:
+    response = client.post(
+        f"/v1/sessions/{session['id']}/actions",
+        content=content,
+        headers={"Content-Type": "application/json"},
+    )
+    error = assert_error(response, 422, "invalid_request")
+    assert words in error["message"]
+
+
+def test_batch_stops_at_the_first_error(client: httpx.Client, session: dict[str, Any]) -> None:
+    response = client.post(
+        f"/v1/sessions/{session['id']}/actions",
+        json={"actions": [{"type": "move", "x": 5, "y": 5}, {"type": "key", "keys": "nokey"},
+                          {"type": "move", "x": 50, "y": 50}]},
+    )
+    assert_error(response, 422, "invalid_request")
+    where = client.post(f"/v1/sessions/{session['id']}/actions",
+                        json={"type": "cursor_position"}).json()
+    assert where["results"] == [{"x": 5, "y": 5}]
+
+
+def test_huge_body_is_413(client: httpx.Client, session: dict[str, Any]) -> None:
+    text = "a" * (5 * 1024 * 1024)
+    response = client.post(f"/v1/sessions/{session['id']}/actions",
+                           json={"type": "type", "text": text})
+    assert_error(response, 413, "invalid_request")
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"format": "gif"}, {"quality": 0}, {"quality": "high"}, {"scale": "wide"},
+     {"scale": "0x10"}, {"scale": "99999x10"}],
+)
+def test_bad_screenshot_parameters(
+    client: httpx.Client, session: dict[str, Any], params: dict[str, Any]
+) -> None:
+    response = client.get(f"/v1/sessions/{session['id']}/screenshot", params=params)
+    assert_error(response, 422, "invalid_request")
+
+
+def test_unknown_paths_and_methods(client: httpx.Client, session: dict[str, Any]) -> None:
+    assert_error(client.get("/v1/nothing-here"), 404, "not_found")
+    assert_error(client.put("/v1/sessions"), 405, "method_not_allowed")
+    assert_error(client.get(f"/v1/sessions/{session['id']}/actions"), 405, "method_not_allowed")
+    assert_error(client.post("/v1/sessions/ses_nope/actions", json={"type": "screen_size"}),
+                 404, "not_found")
+
+
+def test_session_still_works_after_bad_input(
+    client: httpx.Client, session: dict[str, Any]
+) -> None:
+    response = client.post(f"/v1/sessions/{session['id']}/actions",
+                           json={"type": "screen_size"})
+    assert response.status_code == 200
+    assert response.json()["results"] == [{"width": 1280, "height": 800}]
+    assert response.headers["x-request-id"].startswith("req_")
+    assert client.get(f"/v1/sessions/{session['id']}").json()["state"] == "running"

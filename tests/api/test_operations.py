@@ -1,0 +1,45 @@
+"""``/metrics`` counts what happened; ``/openapi.json`` documents the paths of API.md."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+
+from .conftest import Server
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    pattern = re.escape(f"{name}{{{wanted}}}" if labels else name) + r" ([0-9.e+-]+)$"
+    match = re.search(pattern, text, re.MULTILINE)
+    assert match, f"{name} {labels} not in metrics"
+    return float(match[1])
+
+
+def test_metrics(server: Server, client: httpx.Client, session: dict[str, Any]) -> None:
+    client.post(f"/v1/sessions/{session['id']}/actions", json={"type": "screen_size"})
+    client.get(f"/v1/sessions/{session['id']}/screenshot", params={"format": "webp"})
+    client.post(f"/v1/sessions/{session['id']}/actions", json={"type": "nope"})
+    with server.client(None) as anonymous:
+        response = anonymous.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    text = response.text
+    assert metric(text, "deskbox_sessions", state="running") >= 1
+    assert metric(text, "deskbox_actions_total", type="screen_size", outcome="ok") >= 1
+    assert metric(text, "deskbox_screenshots_total", format="webp") >= 1
+    assert metric(text, "deskbox_errors_total", type="invalid_request") >= 1
+    assert metric(text, "deskbox_action_duration_seconds_count", type="screen_size") >= 1
+    assert "# TYPE deskbox_action_duration_seconds histogram" in text
+
+
+def test_openapi_lists_the_implemented_paths(client: httpx.Client) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"post", "get"} <= set(paths["/v1/sessions"])
+    assert {"get", "delete"} <= set(paths["/v1/sessions/{session_id}"])
+    for path in ("/v1/sessions/{session_id}/keepalive", "/v1/sessions/{session_id}/actions"):
+        assert "post" in paths[path]
+    assert "get" in paths["/v1/sessions/{session_id}/screenshot"]
+    assert "get" in paths["/healthz"] and "get" in paths["/metrics"]
