@@ -118,3 +118,13 @@ def test_hold_key_holds_for_the_duration(page: EventPage, desktop: Desktop) -> N
     down = page.events("keydown")[0]
     assert down["key"] == up["key"] == "Shift"
     assert up["t"] - down["t"] >= 280
+
+
+def test_shift_is_released_after_a_shifted_run(page: EventPage, desktop: Desktop) -> None:
+    page.focus_field()
+    desktop.perform(a.TypeText(text="ABC!"))
+    desktop.perform(a.TypeText(text="d"))
+    page.wait_for(lambda _: page.value() == "ABC!d")
+    assert page.value() == "ABC!d"
+    shift_downs = [e for e in page.events("keydown") if e["key"] == "Shift"]
+    assert len(shift_downs) == 1  # held across the run, not pressed per character

@@ -65,14 +65,25 @@ class Keyboard:
     def _fake(self, event_type: int, keycode: int) -> None:
         xtest.fake_input(self._display, event_type, keycode)
 
-    def _tap(self, keycode: int, shifted: bool) -> None:
-        shift = self._by_keysym[_SHIFT][0] if shifted else 0
-        if shift:
-            self._fake(X.KeyPress, shift)
-        self._fake(X.KeyPress, keycode)
-        self._fake(X.KeyRelease, keycode)
-        if shift:
-            self._fake(X.KeyRelease, shift)
+    def _tap_all(self, keys: Sequence[tuple[int, bool | None]]) -> None:
+        """Press and release each (keycode, needs shift) in turn.
+
+        Shift stays down across a run of shifted characters rather than going down and up
+        around each one: half the key events for upper-case words and symbols. ``None``
+        means the key types the same with or without Shift (a borrowed keycode).
+        """
+        shift = self._by_keysym[_SHIFT][0]
+        shift_down = False
+        try:
+            for keycode, shifted in keys:
+                if shifted is not None and shifted != shift_down:
+                    self._fake(X.KeyPress if shifted else X.KeyRelease, shift)
+                    shift_down = shifted
+                self._fake(X.KeyPress, keycode)
+                self._fake(X.KeyRelease, keycode)
+        finally:
+            if shift_down:
+                self._fake(X.KeyRelease, shift)
 
     @contextmanager
     def _temporarily_mapped(self, keysyms: Iterable[int]) -> Iterator[dict[int, int]]:
@@ -132,12 +143,12 @@ class Keyboard:
         for chunk in self._chunks(keysyms):
             self._refresh()
             with self._temporarily_mapped(chunk) as assigned:
-                for keysym in chunk:
-                    if keysym in assigned:
-                        self._tap(assigned[keysym], False)
-                    else:
-                        keycode, shifted = self._by_keysym[keysym]
-                        self._tap(keycode, shifted)
+                self._tap_all(
+                    [
+                        (assigned[keysym], None) if keysym in assigned else self._by_keysym[keysym]
+                        for keysym in chunk
+                    ]
+                )
             self._display.sync()
 
     def _combo_keycodes(self, keys: str, assigned: dict[int, int]) -> list[int]:

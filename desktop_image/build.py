@@ -1,0 +1,246 @@
+"""Build the session root filesystem with mmdebstrap, cached under the state directory.
+
+The recipe is ``packages.txt`` (Debian packages), the files under ``rootfs/`` (copied over
+the installed system: the in-sandbox launcher, /etc/hosts, ...) and this script. Images live
+in ``<state_dir>/images/<recipe-hash>/rootfs``; an image is built into a temporary
+directory next to it and renamed into place, so a half-built image is never used, and an
+image that exists is never rebuilt.
+
+Two stages keep edits to the overlay cheap: the mmdebstrap result is cached by the hash of
+its command line (``images/base-<hash>``) and the final image is a hard-linked copy of it
+with the overlay written over (every overlay file replaces its link, so the base stays
+intact). Sessions mount the final image read-only.
+
+Usage: ``python desktop_image/build.py [--state-dir DIR]``; the last line printed is the
+root filesystem's path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Recipe", "ensure_image", "image_dir", "load_recipe", "main"]
+
+RECIPE_DIR = Path(__file__).resolve().parent
+SUITE = "bookworm"
+# bookworm-security carries Chromium's security updates; bookworm-updates the point fixes.
+SOURCES = (
+    "deb http://deb.debian.org/debian bookworm main",
+    "deb http://deb.debian.org/debian bookworm-updates main",
+    "deb http://deb.debian.org/debian-security bookworm-security main",
+)
+# Documentation and translations are never read in a session; copyright files stay.
+DPKG_OPTIONS = (
+    "path-exclude=/usr/share/man/*",
+    "path-exclude=/usr/share/info/*",
+    "path-exclude=/usr/share/doc/*",
+    "path-include=/usr/share/doc/*/copyright",
+    "path-exclude=/usr/share/locale/*",
+    "path-exclude=/usr/share/lintian/*",
+)
+APT_OPTIONS = ('Acquire::Languages "none"',)
+# Files of the server package that the session needs too: (path in the repository, in image).
+SHARED_FILES = (
+    ("server/deskbox_server/driver/data/openbox-rc.xml", "etc/deskbox/openbox-rc.xml"),
+)
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything an image is made from; its hash names the image."""
+
+    packages: tuple[str, ...]
+    overlay: tuple[tuple[str, bytes, int], ...]  # (relative path, content, mode)
+    script: bytes
+
+    def mmdebstrap_argv(self, target: Path) -> list[str]:
+        argv = ["mmdebstrap", "--variant=apt", "--mode=root", "--format=directory"]
+        argv.append("--include=" + ",".join(self.packages))
+        argv += [f"--dpkgopt={option}" for option in DPKG_OPTIONS]
+        argv += [f"--aptopt={option}" for option in APT_OPTIONS]
+        argv += [SUITE, str(target), *SOURCES]
+        return argv
+
+    @property
+    def base_hash(self) -> str:
+        """Names the mmdebstrap stage: only its command line matters to it."""
+        argv = self.mmdebstrap_argv(Path("TARGET"))
+        return hashlib.sha256("\0".join(argv).encode()).hexdigest()[:16]
+
+    @property
+    def hash(self) -> str:
+        digest = hashlib.sha256()
+        digest.update(self.base_hash.encode())
+        digest.update(hashlib.sha256(self.script).digest())
+        for path, content, mode in self.overlay:
+            digest.update(f"\0{path}\0{mode:o}\0".encode())
+            digest.update(hashlib.sha256(content).digest())
+        return digest.hexdigest()[:16]
+
+
+def load_recipe(recipe_dir: Path = RECIPE_DIR) -> Recipe:
+    packages: list[str] = []
+    for line in (recipe_dir / "packages.txt").read_text().splitlines():
+        name = line.split("#", 1)[0].strip()
+        if name:
+            packages.append(name)
+    overlay_root = recipe_dir / "rootfs"
+    overlay: list[tuple[str, bytes, int]] = []
+    for path in sorted(p for p in overlay_root.rglob("*") if p.is_file()):
+        mode = 0o755 if os.access(path, os.X_OK) else 0o644
+        overlay.append((path.relative_to(overlay_root).as_posix(), path.read_bytes(), mode))
+    for source, target in SHARED_FILES:
+        overlay.append((target, (recipe_dir.parent / source).read_bytes(), 0o644))
+    script = Path(__file__).resolve().read_bytes()
+    return Recipe(tuple(sorted(set(packages))), tuple(overlay), script)
+
+
+def image_dir(state_dir: Path, recipe: Recipe) -> Path:
+    return state_dir / "images" / recipe.hash
+
+
+def ensure_image(
+    state_dir: Path, recipe: Recipe | None = None, progress: Progress = print
+) -> Path:
+    """The root filesystem of ``recipe`` (default: this directory's), built if missing."""
+    recipe = recipe or load_recipe()
+    images = state_dir / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    final = images / recipe.hash
+    if (final / "rootfs").is_dir():
+        progress(f"image {recipe.hash} is cached")
+        return final / "rootfs"
+    with _locked(images / ".lock", progress):
+        if (final / "rootfs").is_dir():  # built by whoever held the lock before us
+            return final / "rootfs"
+        base = _ensure_base(images, recipe, progress)
+        started = time.monotonic()
+        with _staging(images, recipe.hash) as staging:
+            progress(f"image {recipe.hash}: linking the base and writing the overlay")
+            subprocess.run(["cp", "-al", str(base), str(staging / "rootfs")], check=True)
+            for relative, content, mode in recipe.overlay:
+                _replace_file(staging / "rootfs" / relative, content, mode)
+            manifest = {
+                "hash": recipe.hash,
+                "base": recipe.base_hash,
+                "packages": list(recipe.packages),
+                "versions": _installed_versions(staging / "rootfs", recipe.packages),
+                "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+            (staging / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+            os.rename(staging, final)
+        progress(f"image {recipe.hash} ready in {time.monotonic() - started:.1f} s: {final}")
+    return final / "rootfs"
+
+
+def _ensure_base(images: Path, recipe: Recipe, progress: Progress) -> Path:
+    final = images / f"base-{recipe.base_hash}"
+    if (final / "rootfs").is_dir():
+        return final / "rootfs"
+    started = time.monotonic()
+    progress(f"base {recipe.base_hash}: running mmdebstrap ({len(recipe.packages)} packages)")
+    with _staging(images, f"base-{recipe.base_hash}") as staging:
+        argv = recipe.mmdebstrap_argv(staging / "rootfs")
+        with subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, errors="replace",
+        ) as process:
+            assert process.stdout is not None
+            tail: list[str] = []
+            for line in process.stdout:
+                line = line.rstrip()
+                progress(f"  mmdebstrap: {line}")
+                tail = (tail + [line])[-20:]
+        if process.returncode != 0:
+            raise RuntimeError(
+                f"mmdebstrap failed with {process.returncode}:\n" + "\n".join(tail)
+            )
+        os.rename(staging, final)
+    progress(f"base {recipe.base_hash} built in {time.monotonic() - started:.0f} s")
+    return final / "rootfs"
+
+
+@contextlib.contextmanager
+def _staging(images: Path, name: str) -> Iterator[Path]:
+    """A temporary directory next to the final one; removed unless renamed away."""
+    staging = Path(tempfile.mkdtemp(prefix=f".building-{name}-", dir=images))
+    staging.chmod(0o755)  # apt downloads as _apt and must reach the target
+    try:
+        yield staging
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _locked(path: Path, progress: Progress) -> Iterator[None]:
+    with open(path, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress("another build is running; waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _replace_file(path: Path, content: bytes, mode: int) -> None:
+    """Write a new inode (never through a hard link shared with the base image)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    path.write_bytes(content)
+    path.chmod(mode)
+
+
+def _installed_versions(rootfs: Path, packages: tuple[str, ...]) -> dict[str, str]:
+    """Versions of ``packages`` from the image's dpkg database (read, never executed)."""
+    wanted = set(packages)
+    versions: dict[str, str] = {}
+    status = (rootfs / "var/lib/dpkg/status").read_text(errors="replace")
+    for stanza in status.split("\n\n"):
+        fields = dict(
+            line.split(": ", 1) for line in stanza.splitlines() if ": " in line and line[0] != " "
+        )
+        if fields.get("Package") in wanted:
+            versions[fields["Package"]] = fields.get("Version", "?")
+    return versions
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--state-dir", type=Path,
+        default=Path(os.environ.get("DESKBOX_STATE_DIR", RECIPE_DIR.parent / ".state")),
+    )
+    parser.add_argument("--print-hash", action="store_true", help="print the recipe hash only")
+    args = parser.parse_args(argv)
+    recipe = load_recipe()
+    if args.print_hash:
+        print(recipe.hash)
+        return 0
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    rootfs = ensure_image(args.state_dir.resolve(), recipe, progress)
+    print(rootfs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

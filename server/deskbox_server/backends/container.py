@@ -1,0 +1,416 @@
+"""One session's sandbox: a runc container running Xvfb, openbox and Chromium.
+
+Layout on the host, per session (``<state>/sessions/<id>``, mode 0700)::
+
+    bundle/config.json      the OCI runtime config (oci.py); bundle/runc.log runc's messages
+    shared/                 a 256 KiB tmpfs, so the sandbox cannot fill the host's disk:
+      x11/                  bind-mounted at /tmp/.X11-unix inside: the X server's socket
+      display/X<N>          our hard link of that socket (see displays.py), and ``number``
+    /tmp/.X11-unix/X<N>     symlink to display/X<N>, so ``Desktop(":N")`` works on the host
+    /tmp/.X<N>-lock         reserves N against X servers of the host
+
+``ContainerSandbox.start`` returns once the X server answers, the window manager manages the
+screen and (unless disabled) the browser's window is viewable and drawn: each observed
+through the X connection (events, re-checked on DAMAGE), never by sleeping. ``destroy``
+leaves no container, process, cgroup, mount or file behind.
+
+The server process should be a child subreaper (``driver.processes.become_subreaper``):
+runc exits after starting a sandbox, its init is reparented to us, and ``destroy`` reaps it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import resource
+import select
+import shutil
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+from Xlib import X
+from Xlib import display as xdisplay
+from Xlib.error import DisplayConnectionError
+from Xlib.ext import damage, xfixes
+
+from ..driver.commands import DesktopSpec, browser_argv, wm_argv, xserver_argv
+from ..driver.desktop import Desktop
+from ..driver.worker import DesktopWorker
+from ..driver.xwait import top_level_clients, wait_for, window_viewable, wm_running
+from ..errors import Conflict, DesktopFailed, InvalidRequest, SessionFailed, Timeout
+from .base import Backend, DesktopHandle, SessionSpec
+from .displays import (
+    DisplayReservation,
+    mount_tmpfs,
+    peer_in_namespace,
+    unmount,
+    wait_for_file,
+)
+from .oci import Limits, SandboxConfig, write_bundle
+from .runc import Runc
+
+__all__ = [
+    "ContainerBackend",
+    "ContainerHandle",
+    "ContainerOptions",
+    "ContainerSandbox",
+    "remove_orphans",
+]
+
+_SESSION_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+LAUNCHER = "/usr/local/bin/deskbox-session"
+WM_CONFIG = "/etc/deskbox/openbox-rc.xml"  # copied into the image by desktop_image/build.py
+PROFILE_DIR = "/root/chromium"
+_DISPLAYFD = 3  # the launcher hands the X server a pipe on this descriptor
+# Chromium's tab strip and toolbar (icons, text, anti-aliasing) use dozens of colours in the
+# top rows; a mapped but unpainted window is one flat colour.
+_SHARED_DIR_OPTIONS = "size=256k,nr_inodes=64,mode=0700"
+_TOOLBAR_ROWS = 90
+_TOOLBAR_COLOURS = 16
+
+
+@dataclass(frozen=True)
+class ContainerOptions:
+    state_dir: Path
+    rootfs: Path
+    runc: Runc = field(default_factory=Runc)
+    displays: tuple[int, int] = (200, 1000)  # [first, last) display numbers for sessions
+    id_prefix: str = "deskbox-"
+
+
+class ContainerSandbox:
+    """A started sandbox. Create with :meth:`start`; always end with :meth:`destroy`."""
+
+    def __init__(self, options: ContainerOptions, session_id: str) -> None:
+        if not _SESSION_ID.match(session_id):
+            raise InvalidRequest(f"session id {session_id!r} is not usable as a container id")
+        self.options = options
+        self.session_id = session_id
+        self.container_id = options.id_prefix + session_id
+        self.session_dir = options.state_dir.resolve() / "sessions" / session_id
+        self.bundle = self.session_dir / "bundle"
+        # A small tmpfs of the host's: the sandbox can write into x11/, and must not be able
+        # to fill the host's disk through it. display/ shares its filesystem (hard links).
+        self.shared_dir = self.session_dir / "shared"
+        self.socket_dir = self.shared_dir / "x11"
+        self.display_dir = self.shared_dir / "display"
+        self.display: DisplayReservation | None = None
+        self.init_pid: int | None = None
+        self._pidfd: int | None = None
+        self.timings: dict[str, float] = {}
+
+    @property
+    def display_name(self) -> str:
+        assert self.display is not None, "the sandbox has no display yet"
+        return self.display.name
+
+    # -- start ----------------------------------------------------------------------------
+
+    @classmethod
+    def start(
+        cls,
+        options: ContainerOptions,
+        session_id: str,
+        spec: DesktopSpec | None = None,
+        limits: Limits | None = None,
+        browser: bool = True,
+        timeout_s: float = 30.0,
+    ) -> ContainerSandbox:
+        sandbox = cls(options, session_id)
+        sandbox.session_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            sandbox.session_dir.mkdir(mode=0o700)
+        except FileExistsError:
+            raise Conflict(f"a sandbox for session {session_id} exists already") from None
+        try:
+            sandbox._start(spec or DesktopSpec(), limits or Limits(), browser, timeout_s)
+        except BaseException:
+            sandbox.destroy()
+            raise
+        return sandbox
+
+    @classmethod
+    def adopt(cls, options: ContainerOptions, session_id: str) -> ContainerSandbox:
+        """Take over a sandbox a previous server process started (it must still run)."""
+        sandbox = cls(options, session_id)
+        state = options.runc.state(sandbox.container_id)
+        if state is None or state.status not in ("running", "paused"):
+            raise SessionFailed(f"the sandbox {sandbox.container_id} is not running")
+        display = DisplayReservation.find(sandbox.display_dir)
+        if display is None or not display.private_socket.exists():
+            raise SessionFailed(f"the sandbox {sandbox.container_id} has no published display")
+        display.take_over()
+        with contextlib.suppress(FileNotFoundError):
+            display.host_link.unlink()
+        display.host_link.symlink_to(display.private_socket)
+        sandbox.display = display
+        sandbox.init_pid = state.pid
+        sandbox._pidfd = os.pidfd_open(state.pid)
+        return sandbox
+
+    def _start(self, spec: DesktopSpec, limits: Limits, browser: bool, timeout_s: float) -> None:
+        started = time.monotonic()
+        deadline = started + timeout_s
+        self.shared_dir.mkdir(mode=0o700)
+        mount_tmpfs(self.shared_dir, _SHARED_DIR_OPTIONS)
+        self.socket_dir.mkdir()
+        self.socket_dir.chmod(0o1777)  # what X servers expect of /tmp/.X11-unix
+        self.display = DisplayReservation.allocate(
+            self.display_dir, *self.options.displays
+        )
+        number = self.display.number
+        env = {
+            "DESKBOX_XSERVER": json.dumps(xserver_argv(spec, _DISPLAYFD, number)),
+            "DESKBOX_WM": json.dumps(wm_argv(WM_CONFIG)),
+            "DESKBOX_BROWSER": json.dumps(browser_argv(spec, PROFILE_DIR) if browser else []),
+        }
+        config = SandboxConfig(
+            rootfs=self.options.rootfs.resolve(), socket_dir=self.socket_dir, args=(LAUNCHER,),
+            env=env, limits=limits, cgroups_path=f"/{self.container_id}",
+            nofile=min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),
+        )
+        write_bundle(self.bundle, config)
+        pid_file = self.bundle / "init.pid"
+        self.options.runc.run_detached(self.container_id, self.bundle, pid_file)
+        self.init_pid = int(pid_file.read_text())
+        self._pidfd = os.pidfd_open(self.init_pid)
+        self.timings["runc"] = time.monotonic() - started
+
+        wait_for_file(
+            self.socket_dir, f"X{number}", deadline - time.monotonic(), self.failure,
+            wake_fds=(self._pidfd,),
+        )
+        self.display.publish(self.socket_dir / f"X{number}")
+        self.timings["socket"] = time.monotonic() - started
+        self._wait_desktop(browser, deadline, started)
+
+    def _connect(self, deadline: float) -> xdisplay.Display:
+        """Connect to the display; the socket exists but may not listen for a moment yet."""
+        while True:
+            try:
+                return xdisplay.Display(self.display_name)
+            except DisplayConnectionError as error:
+                failure = self.failure()
+                if failure is not None:
+                    raise DesktopFailed(failure) from None
+                if time.monotonic() > deadline:
+                    raise Timeout(f"the sandbox's X server did not answer: {error}") from None
+                select.select([self._pidfd] if self._pidfd is not None else [], [], [], 0.005)
+
+    def _wait_desktop(self, browser: bool, deadline: float, started: float) -> None:
+        x = self._connect(deadline)
+        try:
+            assert self.init_pid is not None
+            if not peer_in_namespace(x.display.socket, self.init_pid):
+                raise DesktopFailed("the X socket does not lead to the session's X server")
+            self.timings["xserver"] = time.monotonic() - started
+            root = x.screen().root
+            x.xfixes_query_version()
+            x.xfixes_select_selection_input(
+                root, x.intern_atom("WM_S0"), xfixes.XFixesSetSelectionOwnerNotifyMask
+            )
+            root.change_attributes(event_mask=X.PropertyChangeMask | X.SubstructureNotifyMask)
+            self._wait(x, lambda: wm_running(x), deadline, "the window manager")
+            self.timings["wm"] = time.monotonic() - started
+            if browser:
+
+                def browser_window_viewable() -> bool:
+                    return any(
+                        window_viewable(w)
+                        and (w.get_wm_class() or ("", ""))[1].lower().startswith("chromium")
+                        for w in top_level_clients(x)
+                    )
+
+                self._wait(x, browser_window_viewable, deadline, "the browser window")
+                self.timings["browser"] = time.monotonic() - started
+                self._wait_toolbar_painted(x, deadline)
+                self.timings["painted"] = time.monotonic() - started
+        finally:
+            x.close()
+
+    def _wait_toolbar_painted(self, x: xdisplay.Display, deadline: float) -> None:
+        """A mapped Chromium window is blank at first: wait until its toolbar is drawn.
+
+        Re-checked on DAMAGE events (the screen changed); the check reads a strip of the top
+        of the screen, where the maximized browser draws its tab strip and toolbar.
+        """
+        x.damage_query_version()
+        root = x.screen().root
+        watch = root.damage_create(damage.DamageReportNonEmpty)
+        width = x.screen().width_in_pixels
+        height = min(_TOOLBAR_ROWS, x.screen().height_in_pixels)
+
+        def drawn() -> bool:
+            x.damage_subtract(watch)
+            strip = root.get_image(0, 0, width, height, X.ZPixmap, 0xFFFFFFFF).data
+            pixels = np.frombuffer(strip, dtype=np.uint32)
+            return len(np.unique(pixels)) >= _TOOLBAR_COLOURS
+
+        try:
+            self._wait(x, drawn, deadline, "the browser to draw its window")
+        finally:
+            x.damage_destroy(watch)
+
+    def _wait(
+        self, x: xdisplay.Display, condition: Callable[[], bool], deadline: float, what: str
+    ) -> None:
+        def ready() -> bool:
+            failure = self.failure()
+            if failure is not None:
+                raise DesktopFailed(f"{what} did not start: {failure}")
+            return bool(condition())
+
+        wait_for(x, ready, max(0.0, deadline - time.monotonic()), what)
+
+    # -- health ---------------------------------------------------------------------------
+
+    def failure(self) -> str | None:
+        """Why the sandbox is unusable (its init exited), or None while it runs. Cheap."""
+        if self._pidfd is None:
+            return "the sandbox is not running"
+        readable, _, _ = select.select([self._pidfd], [], [], 0)
+        if readable:
+            return f"the sandbox {self.container_id} exited"
+        return None
+
+    # -- destroy --------------------------------------------------------------------------
+
+    def destroy(self) -> None:
+        """Kill every process of the sandbox and remove all it had on the host. Idempotent."""
+        runc = self.options.runc
+        errors: list[str] = []
+        try:
+            runc.kill(self.container_id)
+            runc.delete(self.container_id)
+        except (SessionFailed, OSError) as error:
+            errors.append(str(error))
+        self._reap_init()
+        if self.display is not None:
+            self.display.release()
+        unmount(self.shared_dir)
+        if self.session_dir.exists():
+            shutil.rmtree(self.session_dir, ignore_errors=True)
+        if errors:
+            raise SessionFailed("; ".join(errors))
+
+    def _reap_init(self) -> None:
+        """The init may be our child (we are a subreaper, runc exited): collect it."""
+        if self._pidfd is not None:
+            select.select([self._pidfd], [], [], 5.0)
+            os.close(self._pidfd)
+            self._pidfd = None
+        if self.init_pid is not None:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.init_pid, os.WNOHANG)
+
+
+def remove_orphans(options: ContainerOptions, keep: Collection[str] = ()) -> list[str]:
+    """Destroy every sandbox of ``options`` whose session id is not in ``keep``.
+
+    For a server that restarts: what the registry does not re-adopt is killed, and its
+    directories, display symlink and lock file are removed. Returns the ids removed.
+    """
+    ids = {
+        cid[len(options.id_prefix):] for cid in options.runc.list_ids()
+        if cid.startswith(options.id_prefix)
+    }
+    sessions = options.state_dir.resolve() / "sessions"
+    if sessions.is_dir():
+        ids.update(entry.name for entry in sessions.iterdir() if entry.is_dir())
+    removed: list[str] = []
+    for session_id in sorted(ids - set(keep)):
+        if not _SESSION_ID.match(session_id):
+            continue
+        sandbox = ContainerSandbox(options, session_id)
+        sandbox.display = DisplayReservation.find(sandbox.display_dir)
+        state = options.runc.state(sandbox.container_id)
+        if state is not None and state.pid > 0:
+            # So that destroy() reaps its init if it was reparented to us.
+            with contextlib.suppress(ProcessLookupError):
+                sandbox._pidfd = os.pidfd_open(state.pid)
+                sandbox.init_pid = state.pid
+        with contextlib.suppress(SessionFailed):
+            sandbox.destroy()
+        if sandbox.display is not None:
+            sandbox.display.release(any_owner=True)
+        removed.append(session_id)
+    return removed
+
+
+# -- the backend interface ----------------------------------------------------------------
+
+
+class ContainerHandle(DesktopHandle):
+    def __init__(self, worker: DesktopWorker, sandbox: ContainerSandbox, desktop: Desktop) -> None:
+        self.worker = worker
+        self.sandbox = sandbox
+        self._desktop = desktop
+
+    @property
+    def desktop(self) -> Desktop:
+        return self._desktop
+
+    def failure(self) -> str | None:
+        return self.sandbox.failure()
+
+
+class ContainerBackend(Backend):
+    """Sessions in runc sandboxes made from the image ``options.rootfs``.
+
+    ``shared_memory`` selects MIT-SHM capture (a memfd shared with the sandbox's X server;
+    see the report on sealing it) or plain GetImage.
+    """
+
+    name: ClassVar[str] = "container"
+
+    def __init__(self, options: ContainerOptions, shared_memory: bool = False) -> None:
+        self.options = options
+        self.shared_memory = shared_memory
+
+    def check(self, spec: SessionSpec) -> None:
+        unsupported = "is not supported yet by the container backend"
+        if spec.from_snapshot is not None:
+            raise InvalidRequest(f"from_snapshot {unsupported}")
+        if spec.record:
+            raise InvalidRequest(f"record {unsupported}")
+        if spec.network is not None and spec.network.egress != "none":
+            raise InvalidRequest(f"network egress {spec.network.egress!r} {unsupported}")
+
+    async def create(self, spec: SessionSpec, timeout_s: float) -> DesktopHandle:
+        self.check(spec)
+        limits = Limits()
+        if spec.resources is not None:
+            limits = Limits(spec.resources.cpus, spec.resources.memory_mb, spec.resources.pids)
+        started = time.monotonic()
+        sandbox = await asyncio.to_thread(
+            ContainerSandbox.start, self.options, spec.id, spec.desktop, limits, True, timeout_s
+        )
+        worker = DesktopWorker(spec.id)
+        try:
+            desktop = await worker.call(
+                Desktop, sandbox.display_name, sandbox.failure, self.shared_memory
+            )
+        except BaseException:
+            await asyncio.to_thread(self._discard, worker, sandbox)
+            raise
+        sandbox.timings["desktop"] = time.monotonic() - started
+        return ContainerHandle(worker, sandbox, desktop)
+
+    @staticmethod
+    def _discard(worker: DesktopWorker, sandbox: ContainerSandbox) -> None:
+        worker.shutdown()
+        sandbox.destroy()
+
+    async def destroy(self, handle: DesktopHandle) -> None:
+        assert isinstance(handle, ContainerHandle)
+        try:
+            await handle.worker.call(handle.desktop.close)
+        finally:
+            await asyncio.to_thread(self._discard, handle.worker, handle.sandbox)

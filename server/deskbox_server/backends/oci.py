@@ -1,0 +1,209 @@
+"""The OCI runtime ``config.json`` of one session sandbox.
+
+What a sandbox gets, and why:
+
+- the image's root filesystem, read-only; tmpfs on /tmp, /run, /root (the home), /dev/shm,
+  so everything a session writes lives in its own memory (charged to its cgroup) and
+  disappears with it;
+- one host path: the session's socket directory, at /tmp/.X11-unix, where the X server's
+  socket appears for the host's driver;
+- its own pid, mount, ipc, uts and network namespaces. The network namespace is empty
+  (loopback only): egress ``none``. No user namespace: processes run as uid 0 of the host
+  without any capability, which CRIU needs to checkpoint them on this host;
+- cgroup limits on cpu, memory and pids; no capabilities; no_new_privileges; the seccomp
+  profile of ``seccomp.py``; the masked and read-only /proc paths of runc's default spec.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypedDict
+
+from .seccomp import SeccompProfile, seccomp_profile
+
+__all__ = [
+    "MASKED_PATHS",
+    "READONLY_PATHS",
+    "SOCKET_DIR",
+    "Limits",
+    "SandboxConfig",
+    "config_json",
+    "write_bundle",
+]
+
+SOCKET_DIR = "/tmp/.X11-unix"
+
+# runc's default spec, plus what Docker also hides.
+MASKED_PATHS: tuple[str, ...] = (
+    "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+    "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
+    "/sys/firmware", "/sys/devices/virtual/powercap",
+)
+READONLY_PATHS: tuple[str, ...] = (
+    "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+)
+
+_CPU_PERIOD_US = 100_000
+
+
+@dataclass(frozen=True)
+class Limits:
+    """cgroup limits; the defaults are API.md's."""
+
+    cpus: float = 1.0
+    memory_mb: int = 2048
+    pids: int = 1024
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    rootfs: Path
+    socket_dir: Path  # on the host; mounted at SOCKET_DIR
+    args: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    limits: Limits = Limits()
+    cgroups_path: str = ""
+    hostname: str = "deskbox"
+    home: str = "/root"
+    # tmpfs sizes in MiB; their pages count against the memory limit as well.
+    tmp_mb: int = 512
+    home_mb: int = 512
+    run_mb: int = 64
+    shm_mb: int = 64
+    # At most the caller's hard limit: raising it needs CAP_SYS_RESOURCE, which the host's
+    # root may lack.
+    nofile: int = 65536
+
+
+class Mount(TypedDict, total=False):
+    destination: str
+    type: str
+    source: str
+    options: list[str]
+
+
+class _Process(TypedDict):
+    terminal: bool
+    user: dict[str, int]
+    args: list[str]
+    env: list[str]
+    cwd: str
+    capabilities: dict[str, list[str]]
+    rlimits: list[dict[str, str | int]]
+    noNewPrivileges: bool
+    oomScoreAdj: int
+
+
+class _Resources(TypedDict):
+    devices: list[dict[str, str | bool]]
+    memory: dict[str, int]
+    cpu: dict[str, int]
+    pids: dict[str, int]
+
+
+class _Linux(TypedDict):
+    namespaces: list[dict[str, str]]
+    cgroupsPath: str
+    resources: _Resources
+    seccomp: SeccompProfile
+    maskedPaths: list[str]
+    readonlyPaths: list[str]
+
+
+class RuntimeConfig(TypedDict):
+    ociVersion: str
+    process: _Process
+    root: dict[str, str | bool]
+    hostname: str
+    mounts: list[Mount]
+    linux: _Linux
+
+
+def _tmpfs(destination: str, size_mb: int, mode: str, *extra: str) -> Mount:
+    return {
+        "destination": destination, "type": "tmpfs", "source": "tmpfs",
+        "options": ["nosuid", "nodev", *extra, f"mode={mode}", f"size={size_mb}m"],
+    }
+
+
+def runtime_config(config: SandboxConfig) -> RuntimeConfig:
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": config.home, "LANG": "C.UTF-8"}
+    env.update(config.env)
+    limits = config.limits
+    memory = limits.memory_mb * 1024 * 1024
+    mounts: list[Mount] = [
+        {"destination": "/proc", "type": "proc", "source": "proc",
+         "options": ["nosuid", "noexec", "nodev"]},
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+         "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+        {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+         "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
+        _tmpfs("/dev/shm", config.shm_mb, "1777", "noexec"),
+        {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
+         "options": ["nosuid", "noexec", "nodev"]},
+        {"destination": "/sys", "type": "sysfs", "source": "sysfs",
+         "options": ["nosuid", "noexec", "nodev", "ro"]},
+        _tmpfs("/tmp", config.tmp_mb, "1777"),
+        _tmpfs("/run", config.run_mb, "755"),
+        _tmpfs(config.home, config.home_mb, "700"),
+        # The only host path: the X server puts its socket here, the host's driver finds it.
+        {"destination": SOCKET_DIR, "type": "bind", "source": str(config.socket_dir),
+         "options": ["rbind", "rw", "nosuid", "nodev", "noexec"]},
+    ]
+    return {
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": False,
+            "user": {"uid": 0, "gid": 0},
+            "args": list(config.args),
+            "env": [f"{key}={value}" for key, value in env.items()],
+            "cwd": config.home,
+            # uid 0 without a user namespace (CRIU needs it), so: no capability at all.
+            "capabilities": {
+                "bounding": [], "effective": [], "inheritable": [], "permitted": [],
+                "ambient": [],
+            },
+            "rlimits": [
+                {"type": "RLIMIT_NOFILE", "hard": config.nofile, "soft": config.nofile},
+                {"type": "RLIMIT_CORE", "hard": 0, "soft": 0},
+            ],
+            "noNewPrivileges": True,
+            # If the host runs out of memory, a session goes before the control plane.
+            "oomScoreAdj": 500,
+        },
+        "root": {"path": str(config.rootfs), "readonly": True},
+        "hostname": config.hostname,
+        "mounts": mounts,
+        "linux": {
+            "namespaces": [
+                {"type": kind} for kind in ("pid", "mount", "ipc", "uts", "network")
+            ],
+            "cgroupsPath": config.cgroups_path,
+            "resources": {
+                "devices": [{"allow": False, "access": "rwm"}],
+                "memory": {"limit": memory},
+                "cpu": {
+                    "quota": max(1000, int(limits.cpus * _CPU_PERIOD_US)),
+                    "period": _CPU_PERIOD_US,
+                },
+                "pids": {"limit": limits.pids},
+            },
+            "seccomp": seccomp_profile(),
+            "maskedPaths": list(MASKED_PATHS),
+            "readonlyPaths": list(READONLY_PATHS),
+        },
+    }
+
+
+def config_json(config: SandboxConfig) -> str:
+    return json.dumps(runtime_config(config), indent=2)
+
+
+def write_bundle(bundle_dir: Path, config: SandboxConfig) -> Path:
+    """Write ``config.json`` into ``bundle_dir`` (created, mode 0700); returns its path."""
+    bundle_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = bundle_dir / "config.json"
+    path.write_text(config_json(config))
+    return path

@@ -1,0 +1,96 @@
+"""Real sandboxes (runc, the cached session image) for the isolation tests.
+
+The image is built once if the cache has none (several minutes, progress on stderr) and
+reused by every later run; sessions live in a temporary state directory of their own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deskbox_server.backends.container import ContainerOptions, ContainerSandbox
+from deskbox_server.backends.runc import Runc
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE_STATE_DIR = Path(os.environ.get("DESKBOX_IMAGE_STATE_DIR", REPO / ".state"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "isolation: starts real runc sandboxes from the session image (root, runc, mmdebstrap)",
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.isolation)
+            item.add_marker(pytest.mark.slow)
+
+
+def _build_image() -> Path:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "desktop_image" / "build.py"),
+         "--state-dir", str(IMAGE_STATE_DIR)],
+        stdout=subprocess.PIPE, stderr=None, text=True, timeout=1800, check=True,
+    )
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the image (minutes, once) before any test runs, outside every test's timeout."""
+    here = Path(__file__).parent
+    if any(here in Path(str(item.fspath)).parents for item in session.items):
+        _build_image()
+
+
+@pytest.fixture(scope="session")
+def image_rootfs() -> Path:
+    """The session root filesystem of the current recipe (cached by now)."""
+    return _build_image()
+
+
+@pytest.fixture(scope="session")
+def runc() -> Runc:
+    return Runc()
+
+
+@pytest.fixture(scope="session")
+def options(
+    image_rootfs: Path, runc: Runc, tmp_path_factory: pytest.TempPathFactory
+) -> ContainerOptions:
+    return ContainerOptions(
+        state_dir=tmp_path_factory.mktemp("state"), rootfs=image_rootfs, runc=runc,
+    )
+
+
+@pytest.fixture(scope="module")
+def sandbox(
+    options: ContainerOptions, request: pytest.FixtureRequest
+) -> Iterator[ContainerSandbox]:
+    """One running sandbox with a browser for a whole test module."""
+    name = request.module.__name__.rsplit(".", 1)[-1].replace("_", "-")
+    box = ContainerSandbox.start(options, f"t-{name}-{os.getpid()}")
+    try:
+        yield box
+    finally:
+        box.destroy()
+
+
+def exec_in(
+    sandbox: ContainerSandbox, *argv: str, timeout_s: float = 30.0
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` inside the sandbox as its processes run (same caps, seccomp, user)."""
+    return subprocess.run(
+        [*sandbox.options.runc.command(), "exec", sandbox.container_id, *argv],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s,
+        check=False,
+    )

@@ -1,0 +1,110 @@
+"""From inside a session: no host processes, a read-only root, no network, no privileges."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from deskbox_server.backends.container import ContainerSandbox
+
+from .conftest import exec_in
+
+
+def test_host_processes_are_invisible(sandbox: ContainerSandbox) -> None:
+    done = exec_in(sandbox, "sh", "-c", "for p in /proc/[0-9]*; do cat $p/comm; done")
+    assert done.returncode == 0, done.stderr
+    names = done.stdout.split()
+    assert "deskbox-session" in names and "Xvfb" in names
+    assert "pytest" not in names and "python" not in [n for n in names if n != "python3"]
+    inside = exec_in(sandbox, "cat", "/proc/1/cmdline").stdout
+    assert "deskbox-session" in inside
+    assert len(names) < 40
+
+
+def test_pid_namespace_is_its_own(sandbox: ContainerSandbox) -> None:
+    assert sandbox.init_pid is not None
+    ns = os.readlink(f"/proc/{sandbox.init_pid}/ns/pid")
+    assert ns != os.readlink("/proc/self/ns/pid")
+    for kind in ("ipc", "mnt", "uts", "net"):
+        inside = os.readlink(f"/proc/{sandbox.init_pid}/ns/{kind}")
+        assert inside != os.readlink(f"/proc/self/ns/{kind}")
+    # No user namespace: uid 0 inside is uid 0 outside (CRIU needs it), hence no capabilities.
+    assert os.readlink(f"/proc/{sandbox.init_pid}/ns/user") == os.readlink("/proc/self/ns/user")
+
+
+def test_root_filesystem_is_read_only(sandbox: ContainerSandbox) -> None:
+    for path in ("/usr/bin/evil", "/etc/evil", "/evil"):
+        done = exec_in(sandbox, "touch", path)
+        assert done.returncode != 0
+        assert "Read-only file system" in done.stderr
+    assert exec_in(sandbox, "touch", "/tmp/ok", "/root/ok", "/run/ok").returncode == 0
+
+
+def test_only_loopback_network(sandbox: ContainerSandbox) -> None:
+    done = exec_in(sandbox, "ls", "/sys/class/net")
+    assert done.stdout.split() == ["lo"]
+    code = (
+        "import socket\n"
+        "s = socket.socket(); s.settimeout(2)\n"
+        "try:\n s.connect(('1.1.1.1', 80)); print('connected')\n"
+        "except OSError as e: print('refused', e.errno)\n"
+    )
+    assert exec_in(sandbox, "python3", "-c", code).stdout.startswith("refused")
+
+
+def test_no_capabilities_no_new_privileges_seccomp(sandbox: ContainerSandbox) -> None:
+    status = exec_in(sandbox, "cat", "/proc/1/status").stdout
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(fields[cap], 16) == 0, (cap, fields[cap])
+    assert fields["NoNewPrivs"].strip() == "1"
+    assert fields["Seccomp"].strip() == "2"
+
+
+def test_denied_syscalls(sandbox: ContainerSandbox) -> None:
+    userns = exec_in(sandbox, "unshare", "--user", "--map-root-user", "true")
+    assert userns.returncode != 0 and "Operation not permitted" in userns.stderr
+    mount = exec_in(sandbox, "mount", "-t", "tmpfs", "none", "/mnt")
+    assert mount.returncode != 0
+    add_key = (
+        "import ctypes; libc = ctypes.CDLL(None, use_errno=True)\n"
+        "r = libc.syscall(248, b'user', b'k', b'v', 1, -2); print(r, ctypes.get_errno())"
+    )
+    keys = exec_in(sandbox, "python3", "-c", add_key)
+    assert keys.stdout.split() == ["-1", "1"]  # add_key: EPERM
+
+
+def test_host_files_outside_the_image_are_absent(sandbox: ContainerSandbox) -> None:
+    # The state directory (and thus any API key in it) is not mounted.
+    state = str(sandbox.options.state_dir)
+    assert exec_in(sandbox, "ls", state).returncode != 0
+    mounts = exec_in(sandbox, "cat", "/proc/self/mountinfo").stdout
+    binds = [line for line in mounts.splitlines() if " /tmp/.X11-unix " in line]
+    assert len(binds) == 1
+
+
+def test_socket_directory_cannot_fill_the_host_disk(sandbox: ContainerSandbox) -> None:
+    fill = exec_in(sandbox, "sh", "-c", "head -c 8M /dev/zero > /tmp/.X11-unix/fill")
+    assert fill.returncode != 0 and "No space left on device" in fill.stderr
+    assert exec_in(sandbox, "rm", "/tmp/.X11-unix/fill").returncode == 0
+
+
+def test_host_loopback_is_unreachable(sandbox: ContainerSandbox) -> None:
+    """A service on the host's 127.0.0.1 (the control plane's port) cannot be reached."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        code = (
+            "import socket\n"
+            f"try:\n socket.create_connection(('127.0.0.1', {port}), timeout=2); print('reached')\n"
+            "except OSError as e: print('refused', e.errno)\n"
+        )
+        assert exec_in(sandbox, "python3", "-c", code).stdout.startswith("refused")
+
+
+def test_proc_paths_are_masked_and_read_only(sandbox: ContainerSandbox) -> None:
+    assert exec_in(sandbox, "cat", "/proc/keys", "/proc/timer_list").stdout == ""
+    write = exec_in(sandbox, "sh", "-c", "echo core > /proc/sys/kernel/core_pattern")
+    assert write.returncode != 0 and "Read-only file system" in write.stderr
+    assert exec_in(sandbox, "ls", "/sys/firmware").stdout == ""
