@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import io
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +13,7 @@ from PIL import Image
 
 from deskbox_server.driver.desktop import Desktop
 from deskbox_server.driver.images import EncodedImage
+from deskbox_server.driver.shm import MEMFD_NAME, SEALS
 from deskbox_server.schemas import actions as a
 from deskbox_server.schemas.results import Point, Size
 
@@ -122,3 +126,40 @@ def test_screenshot_after_actions_waits_for_the_screen_to_settle(
     assert result.screenshot is not None
     bx, by = page.to_screen(200, 150)
     assert close_to(pixels(result.screenshot)[by - 5 : by + 5, bx - 5 : bx + 5], (0, 0, 0), 0)
+
+
+def test_shared_memory_buffer_is_sealed(desktop: Desktop) -> None:
+    """A hostile X server must not be able to shrink the buffer we read (SIGBUS)."""
+    desktop.perform(a.Screenshot())
+    assert desktop.capture_method == "xshm"
+    mappings = [
+        line.split()[0]
+        for line in Path("/proc/self/maps").read_text().splitlines()
+        if MEMFD_NAME in line
+    ]
+    assert mappings
+    for span in mappings:
+        # Root may open a mapping's file through map_files, as the X server's side could.
+        fd = os.open(f"/proc/self/map_files/{span}", os.O_RDWR)
+        try:
+            assert fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SEALS == SEALS
+            with pytest.raises(PermissionError):
+                os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)
+
+
+def test_getimage_capture_without_shared_memory(page: EventPage, local_desktop: object) -> None:
+    from deskbox_server.driver.local import LocalDesktop
+
+    assert isinstance(local_desktop, LocalDesktop)
+    plain = Desktop(local_desktop.display_name, shared_memory=False)
+    try:
+        x, y = page.to_screen(100, 100)
+        region = a.Region(x=x, y=y, width=200, height=100)
+        shot = plain.perform(a.Screenshot(format="png", region=region))
+        assert isinstance(shot, EncodedImage)
+        assert plain.capture_method == "getimage"
+        assert close_to(pixels(shot), RED, 0)
+    finally:
+        plain.close()

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import mss
 import numpy as np
+from mss.linux.xgetimage import MSSImplXGetImage
 from Xlib.display import Display
 from Xlib.error import XError
 
 from .images import Frame
+from .shm import SealedShmCapture
 
 __all__ = ["Capturer"]
 
@@ -21,8 +22,11 @@ class Capturer:
     def __init__(
         self, display_name: str, xlib_display: Display, shared_memory: bool = True
     ) -> None:
-        backend = "xshmgetimage" if shared_memory else "xgetimage"
-        self._mss = mss.MSS(display=display_name, backend=backend)
+        self._mss: SealedShmCapture | MSSImplXGetImage = (
+            SealedShmCapture(display=display_name)
+            if shared_memory
+            else MSSImplXGetImage(display=display_name)
+        )
         self._xlib = xlib_display
         self._root = xlib_display.screen().root
 
@@ -32,8 +36,8 @@ class Capturer:
         return "xshm" if "MIT-SHM is working" in status else "getimage"
 
     def grab(self, x: int, y: int, width: int, height: int, cursor: bool = False) -> Frame:
-        shot = self._mss.grab({"left": x, "top": y, "width": width, "height": height})
-        pixels = np.frombuffer(shot.raw, dtype=np.uint8).reshape(height, width, 4)
+        raw = self._mss.grab({"left": x, "top": y, "width": width, "height": height})
+        pixels = np.frombuffer(raw, dtype=np.uint8).reshape(height, width, 4)
         if cursor:
             pixels = pixels.copy()
             self._draw_cursor(pixels, x, y)
