@@ -11,9 +11,11 @@ import select
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from Xlib import X
+from Xlib.display import Display
 from Xlib.ext import xfixes
 
 from ..errors import DesktopFailed, Timeout
@@ -72,7 +74,7 @@ class LocalDesktop:
             raise
 
     @property
-    def x(self):  # type: ignore[no-untyped-def]
+    def x(self) -> Display:
         assert self.desktop is not None
         return self.desktop.x_connection
 
@@ -118,7 +120,7 @@ class LocalDesktop:
             if write_fd >= 0:
                 os.close(write_fd)
 
-    def _wait(self, condition, deadline: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    def _wait(self, condition: Callable[[], object], deadline: float, what: str) -> None:
         def ready() -> bool:
             failure = self.processes.failure()
             if failure is not None:
