@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 from typing import Any
 
 import httpx
+
+from deskbox_server.logs import JsonFormatter
 
 from .conftest import Server
 
@@ -43,3 +47,29 @@ def test_openapi_lists_the_implemented_paths(client: httpx.Client) -> None:
         assert "post" in paths[path]
     assert "get" in paths["/v1/sessions/{session_id}/screenshot"]
     assert "get" in paths["/healthz"] and "get" in paths["/metrics"]
+
+
+def test_access_log_is_json_and_never_holds_the_query_string(
+    server: Server, client: httpx.Client
+) -> None:
+    lines: list[str] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(JsonFormatter().format(record))
+
+    handler = Capture()
+    access = logging.getLogger("deskbox.access")
+    access.addHandler(handler)
+    access.setLevel(logging.INFO)
+    try:
+        response = client.get("/v1/sessions", params={"token": "s3cr3t-token-value"})
+        assert response.status_code == 200
+    finally:
+        access.removeHandler(handler)
+    entries = [json.loads(line) for line in lines]
+    mine = [e for e in entries if e["request_id"] == response.headers["x-request-id"]]
+    assert len(mine) == 1
+    assert mine[0]["message"] == "GET /v1/sessions 200"
+    assert mine[0]["status"] == 200 and mine[0]["duration_ms"] >= 0
+    assert not any("s3cr3t" in line for line in lines)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -31,17 +30,16 @@ def serve(
         Path | None, typer.Option(help="Registry, API key and caches (default: XDG state dir).")
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    log_format: Annotated[str, typer.Option(help="json (one object per line) or text.")] = "json",
 ) -> None:
     """Run the Deskbox server."""
     import uvicorn
 
     from deskbox_server.app import create_app
+    from deskbox_server.logs import configure_logging
     from deskbox_server.settings import Settings
 
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    configure_logging(log_level, json_lines=log_format == "json")
     overrides: dict[str, object] = {"host": host, "port": port}
     if state_dir is not None:
         overrides["state_dir"] = state_dir
@@ -60,6 +58,7 @@ def serve(
         ws_per_message_deflate=False,
         log_level=log_level.lower(),
         log_config=None,
+        access_log=False,
     )
 
 

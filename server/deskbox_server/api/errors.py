@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import secrets
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -38,6 +39,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("deskbox.api")
+access_log = logging.getLogger("deskbox.access")
 
 _request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
 
@@ -183,17 +185,39 @@ class RequestContext:
         _request_id.set(request_id)
         scope.setdefault("state", {})["request_id"] = request_id
         started = False
+        began = time.monotonic()
+        status = 0
 
         async def send_with_id(message: Message) -> None:
-            nonlocal started
+            nonlocal started, status
             if message["type"] in ("http.response.start", "websocket.http.response.start"):
                 started = True
+                status = int(message.get("status", 0))
                 headers = list(message.get("headers", []))
                 if not any(name.lower() == b"x-request-id" for name, _ in headers):
                     headers.append((b"x-request-id", request_id.encode()))
                 message = {**message, "headers": headers}
             await send(message)
 
+        try:
+            await self._serve(scope, receive, send_with_id, lambda: started)
+        finally:
+            # The path only: query strings can carry session tokens.
+            access_log.info(
+                "%s %s %s",
+                scope.get("method", "WS"),
+                scope.get("path", ""),
+                status or ("ws" if scope["type"] == "websocket" else 0),
+                extra={
+                    "request_id": request_id,
+                    "status": status,
+                    "duration_ms": round((time.monotonic() - began) * 1000, 2),
+                },
+            )
+
+    async def _serve(
+        self, scope: Scope, receive: Receive, send_with_id: Send, started: Callable[[], bool]
+    ) -> None:
         if scope["type"] == "websocket":
             await self.app(scope, receive, send_with_id)
             return
@@ -219,12 +243,12 @@ class RequestContext:
         try:
             await self.app(scope, bounded_receive, send_with_id)
         except PayloadTooLarge as error:
-            if started:
+            if started():
                 raise
             await deskbox_error_response(error, self.count)(scope, receive, send_with_id)
         except Exception:
             log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
-            if started:
+            if started():
                 raise
             response = error_response(
                 500, "internal", "the server failed to handle this request", count=self.count
