@@ -128,3 +128,19 @@ def test_shift_is_released_after_a_shifted_run(page: EventPage, desktop: Desktop
     assert page.value() == "ABC!d"
     shift_downs = [e for e in page.events("keydown") if e["key"] == "Shift"]
     assert len(shift_downs) == 1  # held across the run, not pressed per character
+
+
+def test_keys_right_after_a_click_go_where_the_click_put_the_focus(
+    page: EventPage, desktop: Desktop
+) -> None:
+    """A key must not overtake the click before it (Chromium hit-tests clicks asynchronously)."""
+    x, y = page.to_screen(900, 175)
+    elsewhere = page.to_screen(500, 450)
+    for attempt in range(8):
+        page.cdp.evaluate(f"document.getElementById('field').value = 'old {attempt}'")
+        desktop.perform(a.Click(x=elsewhere[0], y=elsewhere[1]))  # focus leaves the field
+        desktop.run(
+            [a.Click(x=x, y=y), a.Key(keys="ctrl+a"), a.TypeText(text=f"new {attempt}")]
+        )
+        page.wait_for(lambda _, n=attempt: page.value() == f"new {n}", 2.0)
+        assert page.value() == f"new {attempt}"

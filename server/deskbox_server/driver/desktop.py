@@ -30,6 +30,8 @@ from .space import Space
 __all__ = ["ActionResult", "BatchResult", "Desktop", "SettleOptions"]
 
 ActionResult = EncodedImage | Point | Size | None
+_BUTTON_ACTIONS = (a.Click, a.MouseDown, a.MouseUp, a.Drag)
+_KEYBOARD_ACTIONS = (a.TypeText, a.Key, a.HoldKey)
 HealthCheck = Callable[[], str | None]
 
 
@@ -40,6 +42,10 @@ class SettleOptions:
     quiet_s: float = 0.1
     timeout_s: float = 2.0
     drag_step_s: float = 0.02
+    # Chromium routes mouse events through an asynchronous hit test but key events straight
+    # to the focused element: a key sent right after a click can overtake it (ctrl+a hits
+    # the old focus). Keys wait until this long after the last button event.
+    click_to_key_s: float = 0.03
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,7 @@ class Desktop:
         self._settle = SettleWatcher(self._x, self._on_event)
         self._capturer = Capturer(display_name, self._x, shared_memory=shared_memory)
         self._closed = False
+        self._last_button_at = 0.0
 
     @property
     def x_connection(self) -> xdisplay.Display:
@@ -125,6 +132,20 @@ class Desktop:
         return self.run([action], view).results[0]
 
     def _perform(self, action: a.Action, space: Space) -> ActionResult:
+        if isinstance(action, _KEYBOARD_ACTIONS):
+            self._let_buttons_land()
+        result = self._dispatch(action, space)
+        if isinstance(action, _BUTTON_ACTIONS):
+            self._last_button_at = time.monotonic()
+        return result
+
+    def _let_buttons_land(self) -> None:
+        wait = self._last_button_at + self.settle_options.click_to_key_s - time.monotonic()
+        if wait > 0:
+            self.pointer.sync()
+            time.sleep(wait)
+
+    def _dispatch(self, action: a.Action, space: Space) -> ActionResult:
         match action:
             case a.Screenshot():
                 return self._screenshot(action, space)
