@@ -38,16 +38,46 @@ def _live_descendants(root: int) -> list[str]:
     return found
 
 
-@pytest.fixture(scope="session", autouse=True)
-def no_process_survives_the_suite() -> Iterator[None]:
-    """Everything a test starts must be gone at the end.
+PREFIX = "deskbox-"  # container ids, cgroups and network namespaces of sandboxes
 
-    As a subreaper, this process inherits whatever a desktop leaves orphaned, so a leak
-    shows up below us rather than vanishing under PID 1.
+
+def _sandbox_traces() -> set[str]:
+    """Sandbox state the kernel and runc keep: containers, cgroups, netns, mounts, X locks."""
+    traces: set[str] = set()
+    runc_root = Path("/run/runc")
+    if runc_root.is_dir():
+        traces |= {f"runc:{p.name}" for p in runc_root.iterdir() if p.name.startswith(PREFIX)}
+    for controller in Path("/sys/fs/cgroup").iterdir():
+        if controller.is_dir():
+            traces |= {
+                f"cgroup:{controller.name}/{p.name}"
+                for p in controller.iterdir()
+                if p.is_dir() and p.name.startswith(PREFIX)
+            }
+    netns = Path("/run/netns")
+    if netns.is_dir():
+        traces |= {f"netns:{p.name}" for p in netns.iterdir() if p.name.startswith(PREFIX)}
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        target = line.split()[1]
+        if "/sessions/" in target or PREFIX in target:
+            traces.add(f"mount:{target}")
+    return traces
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_survives_the_suite() -> Iterator[None]:
+    """Everything a test starts must be gone at the end: processes and sandbox state.
+
+    As a subreaper, this process inherits whatever a desktop leaves orphaned, so a leaked
+    process shows up below us rather than vanishing under PID 1. Sandbox state found before
+    the suite (another run on the same host) is not ours and is left out.
     """
     become_subreaper()
+    before = _sandbox_traces()
     yield
     deadline = time.monotonic() + 5
     while (left := _live_descendants(os.getpid())) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, f"processes outlived the suite: {left}"
+    traces = _sandbox_traces() - before
+    assert not traces, f"sandbox state outlived the suite: {sorted(traces)}"
