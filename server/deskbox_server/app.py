@@ -2,32 +2,76 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from collections.abc import AsyncIterator, Mapping
+import threading
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
 
 from . import __version__
-from .api import actions, health, sessions
+from .api import actions, dialects, health, sessions
+from .api import exec as exec_api
 from .api.auth import load_keyring
 from .api.deps import Services
 from .api.errors import RequestContext, install_error_handlers
 from .backends.base import Backend
+from .backends.container import ContainerBackend, ContainerOptions
+from .backends.image import build_image
 from .backends.local import LocalBackend
 from .metrics import Metrics
 from .sessions.manager import SessionManager
 from .sessions.registry import Registry
 from .settings import Settings
 
-__all__ = ["create_app", "default_backends"]
+__all__ = ["container_backend", "create_app", "default_backends"]
 
 log = logging.getLogger("deskbox.server")
+image_log = logging.getLogger("deskbox.image")
 
 
 def default_backends(settings: Settings) -> dict[str, Backend]:
-    """The backends this server offers. The container backend joins here when it lands."""
-    return {LocalBackend.name: LocalBackend()}
+    """The backends of ``settings.backends``; nothing starts before ``prepare()``."""
+    known: dict[str, Callable[[Settings], Backend]] = {
+        ContainerBackend.name: container_backend,
+        LocalBackend.name: lambda _: LocalBackend(),
+    }
+    unknown = sorted(set(settings.backends) - set(known))
+    if unknown:
+        raise ValueError(f"unknown backends {unknown} (known: {sorted(known)})")
+    if settings.default_backend not in settings.backends:
+        raise ValueError(
+            f"the default backend {settings.default_backend!r} is not among the backends "
+            f"offered ({', '.join(settings.backends)})"
+        )
+    return {name: known[name](settings) for name in settings.backends}
+
+
+def container_backend(settings: Settings) -> ContainerBackend:
+    """Sandboxes under ``state_dir``, from the image built (or found cached) by prepare()."""
+    state_dir = settings.state_dir.resolve()
+    # Container ids are global on the host (runc, cgroups): this state dir's are its own,
+    # so a server's orphan removal never touches another server's (or a test's) sandboxes.
+    prefix = "deskbox-" + hashlib.sha256(str(state_dir).encode()).hexdigest()[:8] + "-"
+    options = ContainerOptions(
+        state_dir=state_dir,
+        rootfs=settings.image_cache_dir / "images" / "unprepared",
+        displays=(settings.display_first, settings.display_last),
+        id_prefix=prefix,
+    )
+
+    def image(cancel: threading.Event) -> Path:
+        def progress(line: str) -> None:
+            image_log.info("%s", line)
+
+        image_log.info("session image: checking %s (builds take minutes the first time)",
+                       settings.image_cache_dir / "images")
+        return build_image(settings.image_cache_dir, settings.recipe_dir, progress,
+                           cancel=cancel)
+
+    return ContainerBackend(options, shared_memory=settings.capture_shared_memory, image=image)
 
 
 def create_app(
@@ -62,8 +106,13 @@ def create_app(
     app.state.services = services
     count = metrics.errors.inc
     install_error_handlers(app, count)
-    app.add_middleware(RequestContext, max_body_bytes=settings.max_request_bytes, count=count)
+    app.add_middleware(
+        RequestContext, max_body_bytes=settings.max_request_bytes, count=count,
+        body_limit=exec_api.body_limit(settings),
+    )
     app.include_router(health.router)
     app.include_router(sessions.router)
     app.include_router(actions.router)
+    app.include_router(exec_api.router)
+    app.include_router(dialects.router)
     return app

@@ -97,6 +97,16 @@ class Metrics:
         self.errors = Counter(
             "deskbox_errors_total", "Error responses, by error type.", ("type",)
         )
+        self.execs = Counter(
+            "deskbox_exec_total",
+            "Commands run in sessions, by outcome (exited, timed_out, background).",
+            ("outcome",),
+        )
+        self.file_bytes = Counter(
+            "deskbox_file_bytes_total",
+            "Bytes moved by the files endpoint, by direction (upload, download).",
+            ("direction",),
+        )
 
     def render(self, sessions_by_state: Mapping[str, int]) -> str:
         lines = [
@@ -105,6 +115,9 @@ class Metrics:
         ]
         for state, count in sorted(sessions_by_state.items()):
             lines.append(f'deskbox_sessions{{state="{_escape(state)}"}} {count}')
-        for metric in (self.actions, self.action_seconds, self.screenshots, self.errors):
+        for metric in (
+            self.actions, self.action_seconds, self.screenshots, self.errors, self.execs,
+            self.file_bytes,
+        ):
             lines += metric.render()
         return "\n".join(lines) + "\n"

@@ -9,12 +9,17 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ["Settings", "default_state_dir"]
+__all__ = ["Settings", "default_recipe_dir", "default_state_dir"]
 
 
 def default_state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "deskbox"
+
+
+def default_recipe_dir() -> Path:
+    """The repository's ``desktop_image/`` (the project is installed editable, from source)."""
+    return Path(__file__).resolve().parents[2] / "desktop_image"
 
 
 class Settings(BaseSettings):
@@ -29,15 +34,31 @@ class Settings(BaseSettings):
     api_keys: Annotated[list[str], NoDecode, Field(repr=False)] = []
     max_sessions: Annotated[int, Field(ge=0)] = 20
     max_sessions_per_key: Annotated[int, Field(ge=0)] = 10
-    default_backend: str = "local"
+    default_backend: str = "container"
+    # The backends this server offers (DESKBOX_BACKENDS=container,local). "local" runs
+    # unisolated host processes: offer it only on a machine you trust.
+    backends: Annotated[list[str], NoDecode] = ["container"]
+    # Session images live in <image_state_dir>/images/<recipe hash>/; default: state_dir.
+    # DESKBOX_IMAGE_STATE_DIR lets several state dirs (tests, CI) share one image cache.
+    image_state_dir: Path | None = None
+    recipe_dir: Path = Field(default_factory=default_recipe_dir)
+    # X display numbers [display_first, display_last) for container sessions.
+    display_first: Annotated[int, Field(ge=1, le=65535)] = 200
+    display_last: Annotated[int, Field(ge=2, le=65536)] = 1000
+    # MIT-SHM capture through a sealed memfd (driver/shm.py); False: plain GetImage.
+    capture_shared_memory: bool = True
     idle_timeout_s: Annotated[int, Field(ge=1)] = 900
     max_timeout_s: Annotated[int, Field(ge=1)] = 7 * 24 * 3600
     reaper_interval_s: Annotated[float, Field(gt=0)] = 5.0
     start_timeout_s: Annotated[float, Field(gt=0)] = 30.0
     max_request_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
     retry_after_s: Annotated[int, Field(ge=1)] = 5
+    # exec and files (api/exec.py): what a sandbox may send back or be sent.
+    exec_output_max_bytes: Annotated[int, Field(ge=1)] = 1024 * 1024  # stdout, stderr each
+    exec_max_timeout_s: Annotated[float, Field(gt=0)] = 3600.0
+    file_max_bytes: Annotated[int, Field(ge=1)] = 100 * 1024 * 1024
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "backends", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):
@@ -51,3 +72,8 @@ class Settings(BaseSettings):
     @property
     def api_key_path(self) -> Path:
         return self.state_dir / "api_key"
+
+    @property
+    def image_cache_dir(self) -> Path:
+        """What ``desktop_image/build.py --state-dir`` is given: images go under its images/."""
+        return self.image_state_dir or self.state_dir

@@ -28,10 +28,23 @@ from deskbox_server.driver.browser import CdpPage
 from deskbox_server.errors import DesktopFailed
 from deskbox_server.settings import Settings
 
+from ..images import session_image
+
 KEY_A = "test-key-a-0123456789"
 KEY_B = "test-key-b-9876543210"
 EVENTS_PAGE = (Path(__file__).parent.parent / "pages" / "events.html").as_uri()
 DISPLAY = {"width": 1280, "height": 800}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the session image (minutes, once) before the sandboxed tests' timeouts start."""
+    here = Path(__file__).parent
+    if any(
+        Path(str(item.fspath)).parent == here
+        and Path(str(item.fspath)).name.startswith("test_container")
+        for item in session.items
+    ):
+        session_image()
 
 
 @dataclass
@@ -93,9 +106,13 @@ def running_server(settings: Settings) -> Iterator[Server]:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    # The unisolated local backend: its browser's DevTools let tests read the page exactly.
+    # test_container.py runs the default (container) backend on a server of its own.
     settings = Settings(
         state_dir=tmp_path_factory.mktemp("state"),
         api_keys=[KEY_A, KEY_B],
+        backends=["local"],
+        default_backend="local",
         reaper_interval_s=0.2,
         max_sessions=6,
         max_sessions_per_key=4,

@@ -46,6 +46,8 @@ def test_openapi_lists_the_implemented_paths(client: httpx.Client) -> None:
     for path in ("/v1/sessions/{session_id}/keepalive", "/v1/sessions/{session_id}/actions"):
         assert "post" in paths[path]
     assert "get" in paths["/v1/sessions/{session_id}/screenshot"]
+    for dialect in ("anthropic", "openai"):
+        assert "post" in paths[f"/v1/sessions/{{session_id}}/actions/{dialect}"]
     assert "get" in paths["/healthz"] and "get" in paths["/metrics"]
 
 

@@ -154,7 +154,8 @@ def test_seeded_state_dir_caps_and_generated_key(tmp_path: Path) -> None:
     os.chmod(key_file, 0o600)
     leftover.owner = key_id("seeded-key")
     asyncio.run(seed())
-    settings = Settings(state_dir=state_dir, api_keys=[], max_sessions=0)
+    settings = Settings(state_dir=state_dir, api_keys=[], max_sessions=0, backends=["local"],
+                        default_backend="local")
     with running_server(settings) as server, server.client("seeded-key") as http:
         failed = http.get("/v1/sessions/ses_leftover").json()
         assert failed["state"] == "failed"
@@ -164,7 +165,9 @@ def test_seeded_state_dir_caps_and_generated_key(tmp_path: Path) -> None:
         assert int(response.headers["retry-after"]) > 0
 
     fresh = tmp_path / "fresh"
-    with running_server(Settings(state_dir=fresh, api_keys=[], max_sessions=0)) as server:
+    fresh_settings = Settings(state_dir=fresh, api_keys=[], max_sessions=0, backends=["local"],
+                              default_backend="local")
+    with running_server(fresh_settings) as server:
         key_path = fresh / "api_key"
         assert stat.S_IMODE(key_path.stat().st_mode) == 0o600
         key = key_path.read_text().strip()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,8 +16,7 @@ import pytest
 from deskbox_server.backends.container import ContainerOptions, ContainerSandbox
 from deskbox_server.backends.runc import Runc
 
-REPO = Path(__file__).resolve().parents[2]
-IMAGE_STATE_DIR = Path(os.environ.get("DESKBOX_IMAGE_STATE_DIR", REPO / ".state"))
+from ..images import session_image
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -37,12 +35,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _build_image() -> Path:
-    done = subprocess.run(
-        [sys.executable, str(REPO / "desktop_image" / "build.py"),
-         "--state-dir", str(IMAGE_STATE_DIR)],
-        stdout=subprocess.PIPE, stderr=None, text=True, timeout=1800, check=True,
-    )
-    return Path(done.stdout.strip().splitlines()[-1])
+    return session_image()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

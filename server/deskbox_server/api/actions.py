@@ -30,7 +30,7 @@ from .auth import authenticate
 from .deps import Caller, Services, get_services
 from .errors import deskbox_error_response, new_request_id, validation_message
 
-__all__ = ["router"]
+__all__ = ["parse_size", "router"]
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["actions"])
 
@@ -70,14 +70,20 @@ async def run_actions(
     )
 
 
+def parse_size(value: str, name: str) -> tuple[int, int]:
+    """A ``WIDTHxHEIGHT`` query value (``scale``, ``coordinate_space``) → (width, height)."""
+    match = _SCALE.match(value)
+    if match is None:
+        raise InvalidRequest(f"{name} {value!r} is not of the form WIDTHxHEIGHT (e.g. 1024x640)")
+    return int(match[1]), int(match[2])
+
+
 def _scale(value: str | None) -> a.ScaleTo | None:
     if value is None:
         return None
-    match = _SCALE.match(value)
-    if match is None:
-        raise InvalidRequest(f"scale {value!r} is not of the form WIDTHxHEIGHT (e.g. 1024x640)")
+    width, height = parse_size(value, "scale")
     try:
-        return a.ScaleTo(width=int(match[1]), height=int(match[2]))
+        return a.ScaleTo(width=width, height=height)
     except ValidationError as error:
         raise InvalidRequest(validation_message(error.errors())) from None
 

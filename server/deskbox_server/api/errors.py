@@ -171,11 +171,17 @@ class RequestContext:
     """Pure ASGI middleware: request id, body size cap, last-resort 500 answer."""
 
     def __init__(
-        self, app: ASGIApp, max_body_bytes: int, count: ErrorCounter | None = None
+        self,
+        app: ASGIApp,
+        max_body_bytes: int,
+        count: ErrorCounter | None = None,
+        body_limit: Callable[[Scope], int | None] | None = None,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.count = count
+        # A different cap for some requests (file uploads), or None for max_body_bytes.
+        self.body_limit = body_limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -222,11 +228,11 @@ class RequestContext:
             await self.app(scope, receive, send_with_id)
             return
 
-        too_large = PayloadTooLarge(
-            f"the request body is larger than {self.max_body_bytes} bytes"
-        )
+        limit = self.body_limit(scope) if self.body_limit is not None else None
+        max_body_bytes = self.max_body_bytes if limit is None else limit
+        too_large = PayloadTooLarge(f"the request body is larger than {max_body_bytes} bytes")
         length = dict(scope.get("headers", [])).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+        if length is not None and length.isdigit() and int(length) > max_body_bytes:
             await deskbox_error_response(too_large, self.count)(scope, receive, send_with_id)
             return
         received = 0
@@ -236,7 +242,7 @@ class RequestContext:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_body_bytes:
+                if received > max_body_bytes:
                     raise too_large
             return message
 

@@ -9,7 +9,7 @@ into a :class:`DesktopHandle`; the handle gives the session layer the driver's
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import AsyncIterable, Collection, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -17,8 +17,10 @@ from ..driver.commands import DesktopSpec
 from ..driver.desktop import BatchResult, Desktop
 from ..driver.images import EncodedImage
 from ..driver.worker import DesktopWorker
+from ..errors import InvalidRequest, SessionFailed
 from ..schemas import actions as a
 from ..schemas.sessions import Network, Resources
+from .sandbox_io import ExecCommand, ExecResult, FileDownload
 
 __all__ = ["Backend", "DesktopHandle", "SessionSpec"]
 
@@ -73,11 +75,45 @@ class DesktopHandle(ABC):
         assert isinstance(image, EncodedImage)
         return image
 
+    # exec and files (API.md): only inside a sandbox. A handle without one refuses them.
+    no_sandbox: ClassVar[str] = "this session's backend has no sandbox to run them in"
+
+    def _refuse(self, what: str) -> InvalidRequest:
+        return InvalidRequest(f"{what} is not available: {self.no_sandbox}")
+
+    async def exec(self, command: ExecCommand) -> ExecResult:
+        """Run ``command`` inside the sandbox, as its processes run, with DISPLAY set."""
+        raise self._refuse("exec")
+
+    async def read_file(self, path: str, limit: int) -> FileDownload:
+        """Open the absolute ``path`` as the sandbox resolves it; FileTooLarge over ``limit``."""
+        raise self._refuse("reading files")
+
+    async def write_file(self, path: str, chunks: AsyncIterable[bytes], limit: int) -> int:
+        """Replace ``path`` inside the sandbox with ``chunks`` (at most ``limit`` bytes)."""
+        raise self._refuse("writing files")
+
 
 class Backend(ABC):
     """Makes and destroys desktops. Implementations: ``local`` (no isolation), ``container``."""
 
     name: ClassVar[str]
+
+    async def prepare(self) -> None:
+        """Get ready to serve (e.g. build the session image); called once at server start."""
+        return None
+
+    async def adopt(self, spec: SessionSpec) -> DesktopHandle:
+        """Take over a desktop that a previous server process started and left running.
+
+        Raises SessionFailed (with the reason) when it cannot: the desktop is gone, or this
+        backend's desktops do not outlive their server.
+        """
+        raise SessionFailed(f"the {self.name} backend's desktops do not outlive their server")
+
+    async def remove_orphans(self, keep: Collection[str]) -> list[str]:
+        """Destroy what previous servers left of sessions not in ``keep``; their ids."""
+        return []
 
     def check(self, spec: SessionSpec) -> None:
         """Raise InvalidRequest for what this backend cannot honour, before anything starts."""

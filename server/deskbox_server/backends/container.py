@@ -8,11 +8,14 @@ Layout on the host, per session (``<state>/sessions/<id>``, mode 0700)::
       display/X<N>          our hard link of that socket (see displays.py), and ``number``
     /tmp/.X11-unix/X<N>     symlink to display/X<N>, so ``Desktop(":N")`` works on the host
     /tmp/.X<N>-lock         reserves N against X servers of the host
+    with egress all/allowlist (network.py):
+    /run/netns/<container id>   the network namespace the sandbox joins, with its rules
+    pasta.pid               the pasta process connecting it; bundle/hosts, resolv.conf
 
 ``ContainerSandbox.start`` returns once the X server answers, the window manager manages the
 screen and (unless disabled) the browser's window is viewable and drawn: each observed
 through the X connection (events, re-checked on DAMAGE), never by sleeping. ``destroy``
-leaves no container, process, cgroup, mount or file behind.
+leaves no container, process, cgroup, mount, network namespace or file behind.
 
 The server process should be a child subreaper (``driver.processes.become_subreaper``):
 runc exits after starting a sandbox, its init is reparented to us, and ``destroy`` reaps it.
@@ -22,14 +25,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import re
 import resource
 import select
 import shutil
+import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import AsyncIterable, Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -42,9 +47,11 @@ from Xlib.ext import damage, xfixes
 
 from ..driver.commands import DesktopSpec, browser_argv, wm_argv, xserver_argv
 from ..driver.desktop import Desktop
+from ..driver.processes import become_subreaper
 from ..driver.worker import DesktopWorker
 from ..driver.xwait import top_level_clients, wait_for, window_viewable, wm_running
 from ..errors import Conflict, DesktopFailed, InvalidRequest, SessionFailed, Timeout
+from . import sandbox_files
 from .base import Backend, DesktopHandle, SessionSpec
 from .displays import (
     DisplayReservation,
@@ -53,8 +60,20 @@ from .displays import (
     unmount,
     wait_for_file,
 )
+from .network import (
+    NETNS_DIR,
+    Egress,
+    SessionNetwork,
+    check_allow,
+    hosts_file,
+    namespaces,
+    resolv_conf,
+    resolve_egress,
+)
 from .oci import Limits, SandboxConfig, write_bundle
 from .runc import Runc
+from .sandbox_exec import SandboxExec
+from .sandbox_io import ExecCommand, ExecResult, FileDownload
 
 __all__ = [
     "ContainerBackend",
@@ -104,6 +123,7 @@ class ContainerSandbox:
         self.display: DisplayReservation | None = None
         self.init_pid: int | None = None
         self._pidfd: int | None = None
+        self.network: SessionNetwork | None = None  # egress all/allowlist (network.py)
         self.timings: dict[str, float] = {}
 
     @property
@@ -122,6 +142,7 @@ class ContainerSandbox:
         limits: Limits | None = None,
         browser: bool = True,
         timeout_s: float = 30.0,
+        network: Egress | None = None,
     ) -> ContainerSandbox:
         sandbox = cls(options, session_id)
         sandbox.session_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -130,7 +151,9 @@ class ContainerSandbox:
         except FileExistsError:
             raise Conflict(f"a sandbox for session {session_id} exists already") from None
         try:
-            sandbox._start(spec or DesktopSpec(), limits or Limits(), browser, timeout_s)
+            sandbox._start(
+                spec or DesktopSpec(), limits or Limits(), browser, timeout_s, network or Egress()
+            )
         except BaseException:
             sandbox.destroy()
             raise
@@ -153,9 +176,27 @@ class ContainerSandbox:
         sandbox.display = display
         sandbox.init_pid = state.pid
         sandbox._pidfd = os.pidfd_open(state.pid)
+        if (NETNS_DIR / sandbox.container_id).exists():
+            sandbox.network = SessionNetwork.find(sandbox.container_id, sandbox.session_dir)
         return sandbox
 
-    def _start(self, spec: DesktopSpec, limits: Limits, browser: bool, timeout_s: float) -> None:
+    def _start_network(self, egress: Egress) -> tuple[Path | None, tuple[tuple[str, Path], ...]]:
+        """The namespace to join and the files to show, for egress all/allowlist."""
+        if egress.mode == "none":
+            return None, ()
+        started = time.monotonic()
+        self.network = SessionNetwork.setup(self.container_id, egress, self.session_dir)
+        self.timings["network"] = time.monotonic() - started
+        self.bundle.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (self.bundle / "hosts").write_text(hosts_file(egress, SandboxConfig.hostname))
+        (self.bundle / "resolv.conf").write_text(resolv_conf(egress))
+        files = (("/etc/hosts", self.bundle / "hosts"),
+                 ("/etc/resolv.conf", self.bundle / "resolv.conf"))
+        return self.network.path, files
+
+    def _start(
+        self, spec: DesktopSpec, limits: Limits, browser: bool, timeout_s: float, egress: Egress
+    ) -> None:
         started = time.monotonic()
         deadline = started + timeout_s
         self.shared_dir.mkdir(mode=0o700)
@@ -166,6 +207,7 @@ class ContainerSandbox:
             self.display_dir, *self.options.displays
         )
         number = self.display.number
+        netns, files = self._start_network(egress)
         env = {
             "DESKBOX_XSERVER": json.dumps(xserver_argv(spec, _DISPLAYFD, number)),
             "DESKBOX_WM": json.dumps(wm_argv(WM_CONFIG)),
@@ -175,6 +217,7 @@ class ContainerSandbox:
             rootfs=self.options.rootfs.resolve(), socket_dir=self.socket_dir, args=(LAUNCHER,),
             env=env, limits=limits, cgroups_path=f"/{self.container_id}",
             nofile=min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),
+            network_namespace=netns, files=files,
         )
         write_bundle(self.bundle, config)
         pid_file = self.bundle / "init.pid"
@@ -278,7 +321,7 @@ class ContainerSandbox:
         readable, _, _ = select.select([self._pidfd], [], [], 0)
         if readable:
             return f"the sandbox {self.container_id} exited"
-        return None
+        return self.network.failure() if self.network is not None else None
 
     # -- destroy --------------------------------------------------------------------------
 
@@ -292,6 +335,12 @@ class ContainerSandbox:
         except (SessionFailed, OSError) as error:
             errors.append(str(error))
         self._reap_init()
+        network = self.network or SessionNetwork.find(self.container_id, self.session_dir)
+        try:
+            network.teardown()
+        except SessionFailed as error:
+            errors.append(str(error))
+        self.network = None
         if self.display is not None:
             self.display.release()
         unmount(self.shared_dir)
@@ -324,6 +373,7 @@ def remove_orphans(options: ContainerOptions, keep: Collection[str] = ()) -> lis
     sessions = options.state_dir.resolve() / "sessions"
     if sessions.is_dir():
         ids.update(entry.name for entry in sessions.iterdir() if entry.is_dir())
+    ids.update(name[len(options.id_prefix):] for name in namespaces(options.id_prefix))
     removed: list[str] = []
     for session_id in sorted(ids - set(keep)):
         if not _SESSION_ID.match(session_id):
@@ -360,6 +410,26 @@ class ContainerHandle(DesktopHandle):
     def failure(self) -> str | None:
         return self.sandbox.failure()
 
+    # exec and files: inside the sandbox, through runc exec (sandbox_exec.py, sandbox_files.py)
+
+    def _runner(self) -> SandboxExec:
+        sandbox = self.sandbox
+        if sandbox.init_pid is None:
+            raise DesktopFailed(f"the sandbox {sandbox.container_id} is not running")
+        return SandboxExec(
+            sandbox.options.runc, sandbox.container_id, sandbox.bundle, sandbox.display_name,
+            sandbox.init_pid,
+        )
+
+    async def exec(self, command: ExecCommand) -> ExecResult:
+        return await self._runner().run(command)
+
+    async def read_file(self, path: str, limit: int) -> FileDownload:
+        return await sandbox_files.read_file(self._runner(), path, limit)
+
+    async def write_file(self, path: str, chunks: AsyncIterable[bytes], limit: int) -> int:
+        return await sandbox_files.write_file(self._runner(), path, chunks, limit)
+
 
 class ContainerBackend(Backend):
     """Sessions in runc sandboxes made from the image ``options.rootfs``.
@@ -370,9 +440,46 @@ class ContainerBackend(Backend):
 
     name: ClassVar[str] = "container"
 
-    def __init__(self, options: ContainerOptions, shared_memory: bool = True) -> None:
+    def __init__(
+        self,
+        options: ContainerOptions,
+        shared_memory: bool = True,
+        image: Callable[[threading.Event], Path] | None = None,
+    ) -> None:
+        """``image``, if given, finds or builds the session image (blocking; it stops when
+        its event is set): :meth:`prepare` runs it and uses its result as ``options.rootfs``.
+        """
         self.options = options
         self.shared_memory = shared_memory
+        self._image = image
+
+    async def prepare(self) -> None:
+        # runc exits once a sandbox runs: its init must reparent to us, to be reaped.
+        become_subreaper()
+        if self._image is None:
+            return
+        cancel = threading.Event()
+        try:
+            rootfs = await asyncio.to_thread(self._image, cancel)
+        except asyncio.CancelledError:
+            cancel.set()
+            raise
+        self.options = dataclasses.replace(self.options, rootfs=rootfs)
+
+    async def adopt(self, spec: SessionSpec) -> DesktopHandle:
+        sandbox = await asyncio.to_thread(ContainerSandbox.adopt, self.options, spec.id)
+        worker = DesktopWorker(spec.id)
+        try:
+            desktop = await worker.call(
+                Desktop, sandbox.display_name, sandbox.failure, self.shared_memory
+            )
+        except BaseException:
+            await asyncio.to_thread(self._discard, worker, sandbox)
+            raise
+        return ContainerHandle(worker, sandbox, desktop)
+
+    async def remove_orphans(self, keep: Collection[str]) -> list[str]:
+        return await asyncio.to_thread(remove_orphans, self.options, keep)
 
     def check(self, spec: SessionSpec) -> None:
         unsupported = "is not supported yet by the container backend"
@@ -380,8 +487,8 @@ class ContainerBackend(Backend):
             raise InvalidRequest(f"from_snapshot {unsupported}")
         if spec.record:
             raise InvalidRequest(f"record {unsupported}")
-        if spec.network is not None and spec.network.egress != "none":
-            raise InvalidRequest(f"network egress {spec.network.egress!r} {unsupported}")
+        if spec.network is not None:
+            check_allow(spec.network.egress, spec.network.allow)
 
     async def create(self, spec: SessionSpec, timeout_s: float) -> DesktopHandle:
         self.check(spec)
@@ -389,8 +496,15 @@ class ContainerBackend(Backend):
         if spec.resources is not None:
             limits = Limits(spec.resources.cpus, spec.resources.memory_mb, spec.resources.pids)
         started = time.monotonic()
+        egress = Egress()
+        if spec.network is not None and spec.network.egress != "none":
+            # Host names of an allowlist are resolved here, on the host, once.
+            egress = await asyncio.to_thread(
+                resolve_egress, spec.network.egress, spec.network.allow
+            )
         sandbox = await asyncio.to_thread(
-            ContainerSandbox.start, self.options, spec.id, spec.desktop, limits, True, timeout_s
+            ContainerSandbox.start, self.options, spec.id, spec.desktop, limits, True,
+            timeout_s, egress,
         )
         worker = DesktopWorker(spec.id)
         try:

@@ -19,6 +19,11 @@ __all__ = ["LocalBackend", "LocalHandle"]
 
 
 class LocalHandle(DesktopHandle):
+    no_sandbox: ClassVar[str] = (
+        "the local backend has no sandbox, and Deskbox never runs commands or touches "
+        "files on the host for a session; use the container backend"
+    )
+
     def __init__(self, worker: DesktopWorker, local: LocalDesktop) -> None:
         self.worker = worker
         self.local = local

@@ -8,8 +8,10 @@ What a sandbox gets, and why:
 - one host path: the session's socket directory, at /tmp/.X11-unix, where the X server's
   socket appears for the host's driver;
 - its own pid, mount, ipc, uts and network namespaces. The network namespace is empty
-  (loopback only): egress ``none``. No user namespace: processes run as uid 0 of the host
-  without any capability, which CRIU needs to checkpoint them on this host;
+  (loopback only) for egress ``none``, else the one ``network.py`` made on the host (and
+  ``/etc/hosts`` and ``/etc/resolv.conf`` are the host's files for it, read-only). No user
+  namespace: processes run as uid 0 of the host without any capability, which CRIU needs
+  to checkpoint them on this host;
 - cgroup limits on cpu, memory and pids; no capabilities; no_new_privileges; the seccomp
   profile of ``seccomp.py``; the masked and read-only /proc paths of runc's default spec.
 """
@@ -75,6 +77,10 @@ class SandboxConfig:
     # At most the caller's hard limit: raising it needs CAP_SYS_RESOURCE, which the host's
     # root may lack.
     nofile: int = 65536
+    # Egress ``all``/``allowlist``: join this host-made network namespace (network.py)
+    # instead of a new empty one, and see these host files read-only (destination, source).
+    network_namespace: Path | None = None
+    files: tuple[tuple[str, Path], ...] = ()
 
 
 class Mount(TypedDict, total=False):
@@ -152,6 +158,14 @@ def runtime_config(config: SandboxConfig) -> RuntimeConfig:
         {"destination": SOCKET_DIR, "type": "bind", "source": str(config.socket_dir),
          "options": ["rbind", "rw", "nosuid", "nodev", "noexec"]},
     ]
+    mounts += [
+        {"destination": destination, "type": "bind", "source": str(source),
+         "options": ["bind", "ro", "nosuid", "nodev", "noexec"]}
+        for destination, source in config.files
+    ]
+    namespaces = [{"type": kind} for kind in ("pid", "mount", "ipc", "uts", "network")]
+    if config.network_namespace is not None:
+        namespaces[-1]["path"] = str(config.network_namespace)
     return {
         "ociVersion": "1.0.2",
         "process": {
@@ -177,9 +191,7 @@ def runtime_config(config: SandboxConfig) -> RuntimeConfig:
         "hostname": config.hostname,
         "mounts": mounts,
         "linux": {
-            "namespaces": [
-                {"type": kind} for kind in ("pid", "mount", "ipc", "uts", "network")
-            ],
+            "namespaces": namespaces,
             "cgroupsPath": config.cgroups_path,
             "resources": {
                 "devices": [{"allow": False, "access": "rwm"}],

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
+import re
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .actions import CoordinateSpace
 
@@ -22,11 +25,13 @@ __all__ = [
     "SessionList",
     "SessionState",
     "SessionUrls",
+    "is_host_name_or_ip",
 ]
 
 MAX_START_URL = 64 * 1024
 START_URL_SCHEMES = ("http://", "https://", "file://", "data:", "about:")
 Label = Annotated[str, Field(min_length=1, max_length=128)]
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 
 
 class SessionState(StrEnum):
@@ -66,10 +71,35 @@ class Resources(_Body):
     pids: Annotated[int, Field(ge=64, le=65_536)] = 1024
 
 
+def is_host_name_or_ip(entry: str) -> bool:
+    """An IPv4/IPv6 address, or a DNS host name (RFC 1123 labels, no wildcard)."""
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(entry)
+        return True
+    name = entry[:-1] if entry.endswith(".") else entry
+    labels = name.split(".")
+    return (0 < len(name) <= 253 and all(_HOST_LABEL.match(label) for label in labels)
+            and not labels[-1].isdigit())  # 1.2.3 or 300.1.1.1: a bad IP, not a name
+
+
 class Network(_Body):
     egress: Literal["none", "allowlist", "all"] = "none"
     allow: Annotated[list[Annotated[str, Field(min_length=1, max_length=253)]],
                      Field(max_length=256)] = []
+
+    @field_validator("allow")
+    @classmethod
+    def _hosts_or_ips(cls, allow: list[str]) -> list[str]:
+        for entry in allow:
+            if not is_host_name_or_ip(entry):
+                raise ValueError(f"{entry!r} is not a host name or an IP address")
+        return allow
+
+    @model_validator(mode="after")
+    def _allow_needs_allowlist(self) -> Network:
+        if self.allow and self.egress != "allowlist":
+            raise ValueError("allow needs egress 'allowlist'")
+        return self
 
 
 class SessionCreate(_Body):

@@ -8,13 +8,16 @@ registry in step with every state change. Requests reach it already parsed; it r
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import os
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
-from contextlib import suppress
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from ..backends.base import Backend, DesktopHandle, SessionSpec
@@ -25,6 +28,7 @@ from ..errors import (
     Capacity,
     Conflict,
     DeskboxError,
+    Internal,
     InvalidRequest,
     NotFound,
     SessionFailed,
@@ -70,22 +74,72 @@ class SessionManager:
         # Sessions that ended lately, so that acting on one says why without a query.
         self._recent: OrderedDict[str, SessionRecord] = OrderedDict()
         self._reaper: asyncio.Task[None] | None = None
+        self._lock_fd: int | None = None
 
     # -- server lifetime ------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Prepare the backends (may build the session image), then recover what a previous
+        server left: running sessions whose desktop still runs are re-adopted, the other
+        live ones are marked failed, and sandboxes the registry does not know are removed.
+        """
+        self._lock_fd = await asyncio.to_thread(_lock_state_dir, self._settings.state_dir)
+        try:
+            await self._recover()
+        except BaseException:
+            for live in self._live.values():  # re-adopted: let go, leave the desktop running
+                if live.handle is not None:
+                    await asyncio.to_thread(live.handle.worker.shutdown)
+            self._live.clear()
+            await self._registry.close()
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise
+        self._reaper = asyncio.create_task(self._reap_forever(), name="deskbox-reaper")
+
+    async def _recover(self) -> None:
         await self._registry.open()
+        for backend in self._backends.values():
+            await backend.prepare()
         # This process holds no desktop yet: what the registry calls live was left by a
-        # previous server. The local backend cannot re-adopt host processes (they were
-        # stopped with that server), so those sessions are marked failed.
+        # previous server.
+        adopted: dict[str, set[str]] = {name: set() for name in self._backends}
         for record in await self._registry.live():
-            await self._registry.save(_failed(record, "the server restarted while it was live"))
+            reason = await self._adopt(record)
+            if reason is None:
+                adopted[record.backend].add(record.id)
+                continue
+            log.warning("session %s failed: %s", record.id, reason)
+            await self._registry.save(_failed(record, reason))
+        for name, backend in self._backends.items():
+            removed = await backend.remove_orphans(adopted[name])
+            if removed:
+                log.info("removed %d orphaned %s sandboxes: %s", len(removed), name,
+                         ", ".join(removed))
         self._ended = {
             state: count
             for state, count in (await self._registry.count_by_state()).items()
             if state not in LIVE_STATES
         }
-        self._reaper = asyncio.create_task(self._reap_forever(), name="deskbox-reaper")
+
+    async def _adopt(self, record: SessionRecord) -> str | None:
+        """Re-adopt a session a previous server left running; None, or why it failed."""
+        backend = self._backends.get(record.backend)
+        if backend is None:
+            return f"the server restarted without the {record.backend!r} backend"
+        if record.state is not S.running:
+            return f"the server restarted while the session was {record.state.value}"
+        spec = SessionSpec(id=record.id, desktop=_desktop_spec(record.body))
+        try:
+            handle = await backend.adopt(spec)
+        except DeskboxError as error:
+            return f"the server restarted and could not re-adopt it: {error.message}"
+        except Exception as error:
+            log.exception("re-adopting session %s", record.id)
+            return f"the server restarted and could not re-adopt it: {type(error).__name__}"
+        self._live[record.id] = LiveSession(record, handle)
+        log.info("session %s re-adopted (backend %s)", record.id, record.backend)
+        return None
 
     async def shutdown(self) -> None:
         """Stop every live session (no process left behind), then close the registry."""
@@ -101,6 +155,9 @@ class SessionManager:
             with suppress(Exception):
                 await backend.close()
         await self._registry.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the state dir's lock
+            self._lock_fd = None
 
     # -- queries --------------------------------------------------------------------------
 
@@ -153,12 +210,7 @@ class SessionManager:
         session_id = "ses_" + secrets.token_hex(10)
         spec = SessionSpec(
             id=session_id,
-            desktop=DesktopSpec(
-                width=body.display.width,
-                height=body.display.height,
-                dpi=body.display.dpi,
-                start_url=body.browser.start_url,
-            ),
+            desktop=_desktop_spec(body),
             resources=body.resources,
             network=body.network,
             from_snapshot=body.from_snapshot,
@@ -340,6 +392,24 @@ class SessionManager:
         assert isinstance(image, EncodedImage)
         return image
 
+    @asynccontextmanager
+    async def using(self, owner: str, session_id: str) -> AsyncIterator[DesktopHandle]:
+        """The handle of a running session, marked busy (never reaped) while in use.
+
+        For exec and files (api/exec.py); a SessionFailed raised inside fails the session.
+        """
+        live, handle = self._running(owner, session_id)
+        live.busy += 1
+        try:
+            yield handle
+        except SessionFailed as error:
+            await self._fail_soon(live, error.message)
+            raise
+        finally:
+            live.busy -= 1
+            if live.record.state is S.running:
+                live.record.touch()
+
     async def _fail_soon(self, live: LiveSession, reason: str) -> None:
         if live.stop_task is None:
             live.stop_task = asyncio.create_task(self._end(live, reason))
@@ -367,6 +437,30 @@ class SessionManager:
                 await self.reap()
             except Exception:
                 log.exception("reaper pass failed")
+
+
+def _lock_state_dir(state_dir: Path) -> int:
+    """Hold ``state_dir/server.lock`` while we serve: one server per state dir.
+
+    A second server would re-adopt (and at its shutdown destroy) the first one's sessions.
+    """
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(state_dir / "server.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise Internal(f"another Deskbox server is using the state dir {state_dir}") from None
+    return fd
+
+
+def _desktop_spec(body: SessionCreate) -> DesktopSpec:
+    return DesktopSpec(
+        width=body.display.width,
+        height=body.display.height,
+        dpi=body.display.dpi,
+        start_url=body.browser.start_url,
+    )
 
 
 def _failed(record: SessionRecord, reason: str) -> SessionRecord:

@@ -1,0 +1,118 @@
+"""Vendor dialects of ``POST /actions``: ``/actions/anthropic`` and ``/actions/openai``.
+
+The body is the vendor's tool input; the answer is what the vendor expects back (see
+``dialects/``). Both take the same query options:
+
+- ``coordinate_space=WxH``: coordinates in and images out are in that space (default: the
+  session's ``coordinate_space``, else screen pixels) — the display size given to the model,
+- ``format`` (``png`` by default, ``jpeg``, ``webp``) and ``quality`` of the images.
+
+Answers that are a settled screenshot carry ``X-Deskbox-Settled: true|false`` (false when
+the screen was still changing when the wait for it to settle timed out).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Body, Query, Request, Response
+from pydantic import ValidationError
+
+from ..dialects import anthropic, openai
+from ..dialects.plan import Plan
+from ..driver.images import EncodedImage
+from ..errors import Internal, InvalidRequest
+from ..schemas import actions as a
+from ..schemas.results import Point
+from .actions import parse_size
+from .deps import Caller, get_services
+from .errors import validation_message
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1/sessions/{session_id}/actions", tags=["actions"])
+
+SpaceQuery = Annotated[
+    str | None,
+    Query(description="WIDTHxHEIGHT: the coordinate space of the model (the display size "
+                      "it was told); default: the session's"),
+]
+FormatQuery = Annotated[Literal["png", "jpeg", "webp"], Query(description="image format")]
+QualityQuery = Annotated[int, Query(ge=1, le=100, description="jpeg/webp quality")]
+SETTLED_HEADER = "X-Deskbox-Settled"
+
+
+def _view(value: str | None) -> a.CoordinateSpace | None:
+    if value is None:
+        return None
+    width, height = parse_size(value, "coordinate_space")
+    try:
+        return a.CoordinateSpace(width=width, height=height)
+    except ValidationError as error:
+        raise InvalidRequest(validation_message(error.errors())) from None
+
+
+async def _answer(
+    request: Request,
+    response: Response,
+    caller: Caller,
+    session_id: str,
+    plan: Plan,
+    view: a.CoordinateSpace | None,
+) -> EncodedImage | Point:
+    """Run the plan through the session's worker, as ``POST /actions`` does."""
+    manager = get_services(request).manager
+    batch = await manager.run(caller.key_id, session_id, plan.actions, view, plan.screenshot)
+    if plan.screenshot is not None and batch.screenshot is not None:
+        response.headers[SETTLED_HEADER] = "true" if batch.settled else "false"
+        return batch.screenshot
+    last = batch.results[-1] if batch.results else None
+    if isinstance(last, EncodedImage | Point):
+        return last
+    raise Internal("the desktop answered without the image the action asked for")
+
+
+@router.post(
+    "/anthropic",
+    response_model=list[anthropic.ContentBlock],
+    summary="Run one input of Anthropic's computer tool; answer with tool_result content",
+)
+async def run_anthropic(
+    request: Request,
+    response: Response,
+    caller: Caller,
+    session_id: str,
+    tool_input: Annotated[anthropic.ComputerInput, Body()],
+    coordinate_space: SpaceQuery = None,
+    format: FormatQuery = "png",  # noqa: A002 (the API's name)
+    quality: QualityQuery = 75,
+) -> list[anthropic.TextBlock | anthropic.ImageBlock]:
+    """The ``input`` of a ``computer`` tool_use block (computer_20250124 / 20251124)."""
+    view = _view(coordinate_space)
+    plan = anthropic.to_plan(tool_input, a.Screenshot(format=format, quality=quality))
+    return anthropic.render(await _answer(request, response, caller, session_id, plan, view))
+
+
+@router.post(
+    "/openai",
+    response_model=openai.ComputerCallOutput,
+    response_model_exclude_none=True,
+    summary="Run an OpenAI computer_call action; answer with its computer_call_output",
+)
+async def run_openai(
+    request: Request,
+    response: Response,
+    caller: Caller,
+    session_id: str,
+    call: Annotated[openai.ComputerCall, Body()],
+    coordinate_space: SpaceQuery = None,
+    format: FormatQuery = "png",  # noqa: A002 (the API's name)
+    quality: QualityQuery = 75,
+) -> openai.ComputerCallOutput:
+    """The ``action`` of a ``computer_call``, or ``{"call_id", "action" | "actions"}``."""
+    view = _view(coordinate_space)
+    plan = openai.to_plan(call, a.Screenshot(format=format, quality=quality))
+    answer = await _answer(request, response, caller, session_id, plan, view)
+    if not isinstance(answer, EncodedImage):
+        raise Internal("the desktop answered without a screenshot")
+    return openai.render(answer, call.call_id)

@@ -1,0 +1,95 @@
+"""The session image: ``desktop_image/build.py`` run as a subprocess, its progress relayed.
+
+The build is cached by recipe hash under ``<image_state_dir>/images/`` (a cached image is
+found in ~0.1 s; a cold build takes minutes). The server (``ContainerBackend.prepare``) and
+the test suites call :func:`build_image` alike, so they find the same cache.
+Blocking: call it off the event loop.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import Internal
+
+__all__ = ["build_image"]
+
+Progress = Callable[[str], None]
+_TAIL_LINES = 20
+
+
+def build_image(
+    image_state_dir: Path,
+    recipe_dir: Path,
+    progress: Progress,
+    timeout_s: float = 3600.0,
+    cancel: threading.Event | None = None,
+) -> Path:
+    """The root filesystem of ``recipe_dir``'s recipe, built first if the cache lacks it.
+
+    Every line the build writes to stderr goes to ``progress`` as it comes. Setting
+    ``cancel`` (or ``timeout_s`` passing) kills the build.
+    """
+    script = recipe_dir / "build.py"
+    if not script.is_file():
+        raise Internal(
+            f"the session image recipe {script} is missing: set DESKBOX_RECIPE_DIR to the "
+            "desktop_image/ directory of a Deskbox source tree"
+        )
+    tail: list[str] = []
+    out: list[str] = []
+    stopped: list[str] = []
+    done = threading.Event()
+    with subprocess.Popen(
+        [sys.executable, str(script), "--state-dir", str(image_state_dir)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, errors="replace",
+    ) as process:
+        assert process.stdout is not None and process.stderr is not None
+        stdout = process.stdout
+        reader = threading.Thread(
+            target=lambda: out.append(stdout.read()), name="image-build-stdout", daemon=True
+        )
+        reader.start()
+
+        def watch() -> None:
+            deadline = time.monotonic() + timeout_s
+            while not done.wait(0.2):
+                if cancel is not None and cancel.is_set():
+                    stopped.append("was cancelled")
+                elif time.monotonic() > deadline:
+                    stopped.append(f"took over {timeout_s:.0f} s")
+                else:
+                    continue
+                process.kill()
+                return
+
+        watchdog = threading.Thread(target=watch, name="image-build-watch", daemon=True)
+        watchdog.start()
+        try:
+            for line in process.stderr:
+                line = line.rstrip()
+                tail.append(line)
+                del tail[:-_TAIL_LINES]
+                progress(line)
+            process.wait()
+        finally:
+            done.set()
+            watchdog.join()
+            reader.join()
+    if stopped:
+        raise Internal(f"building the session image {stopped[0]}")
+    stdout_text = "".join(out)
+    lines = stdout_text.strip().splitlines()
+    if process.returncode != 0 or not lines:
+        detail = "\n".join(tail) or "no output"
+        raise Internal(f"building the session image failed ({process.returncode}):\n{detail}")
+    rootfs = Path(lines[-1])
+    if not rootfs.is_dir():
+        raise Internal(f"the image build reported {rootfs}, which is not a directory")
+    return rootfs

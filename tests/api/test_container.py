@@ -1,0 +1,206 @@
+"""The default backend end to end: a server whose sessions are runc sandboxes.
+
+One sandboxed session serves the module (sandboxes cost CPU; the machine has two cores):
+input through REST and websocket lands in its page, screenshots show the page, and
+deleting it leaves no container, process, cgroup, mount or file behind.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from websockets.sync.client import connect
+
+from deskbox_server.api.auth import key_id
+from deskbox_server.backends.container import ContainerHandle
+from deskbox_server.backends.runc import Runc
+from deskbox_server.settings import Settings
+
+from ..images import IMAGE_STATE_DIR
+from .conftest import DISPLAY, KEY_A, Server, running_server
+from .helpers import decode, near
+from .sandbox_page import SandboxPage, events_data_url
+
+pytestmark = pytest.mark.slow
+
+RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)
+
+
+def cgroup_dirs(container_id: str) -> list[Path]:
+    root = Path("/sys/fs/cgroup")
+    return [p for pattern in (f"*/{container_id}", f"*/*/{container_id}", container_id)
+            for p in root.glob(pattern) if p.exists()]
+
+
+def cgroup_pids(container_id: str) -> set[int]:
+    pids: set[int] = set()
+    for directory in cgroup_dirs(container_id):
+        procs = directory / "cgroup.procs"
+        if procs.exists():
+            pids.update(int(pid) for pid in procs.read_text().split())
+    return pids
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2 :].split()[0] != b"Z"
+
+
+def mounts_mentioning(text: str) -> list[str]:
+    return [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if text in line]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server with the default settings but its state dir and keys (container backend)."""
+    settings = Settings(
+        state_dir=tmp_path_factory.mktemp("container-state"),
+        api_keys=[KEY_A],
+        image_state_dir=IMAGE_STATE_DIR,
+        reaper_interval_s=0.5,
+    )
+    assert settings.default_backend == "container" and settings.backends == ["container"]
+    with running_server(settings) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> Iterator[httpx.Client]:
+    with server.client() as http:
+        yield http
+
+
+@pytest.fixture(scope="module")
+def session(client: httpx.Client) -> Iterator[dict[str, Any]]:
+    response = client.post(
+        "/v1/sessions", json={"display": DISPLAY, "browser": {"start_url": events_data_url()}}
+    )
+    assert response.status_code == 201, response.text
+    body: dict[str, Any] = response.json()
+    try:
+        yield body
+    finally:
+        client.delete(f"/v1/sessions/{body['id']}")
+
+
+@pytest.fixture(scope="module")
+def handle(server: Server, session: dict[str, Any]) -> ContainerHandle:
+    found = server.services.manager.handle(key_id(KEY_A), session["id"])
+    assert isinstance(found, ContainerHandle)
+    return found
+
+
+@pytest.fixture(scope="module")
+def page(handle: ContainerHandle) -> Iterator[SandboxPage]:
+    with SandboxPage(handle.sandbox.display_name) as page:
+        page.wait(lambda state: state["clicks"] == 0)  # the page has loaded
+        yield page
+
+
+@pytest.fixture(scope="module")
+def origin(client: httpx.Client, session: dict[str, Any], page: SandboxPage) -> tuple[int, int]:
+    """Where the page's (0, 0) is on screen, from one click through the API."""
+    response = client.post(f"/v1/sessions/{session['id']}/actions",
+                           json={"type": "click", "x": 640, "y": 700})
+    assert response.status_code == 200, response.text
+    click = page.wait(lambda state: state["clicks"] >= 1)["click"]
+    return click[2] - click[0], click[3] - click[1]
+
+
+def act(client: httpx.Client, session: dict[str, Any], body: dict[str, Any]) -> Any:
+    response = client.post(f"/v1/sessions/{session['id']}/actions", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_the_default_backend_is_a_runc_sandbox(
+    session: dict[str, Any], handle: ContainerHandle
+) -> None:
+    assert session["backend"] == "container" and session["state"] == "running"
+    state = Runc().state(handle.sandbox.container_id)
+    assert state is not None and state.status == "running"
+    assert handle.sandbox.container_id.endswith(session["id"])
+
+
+def test_click_and_text_land_in_the_page(
+    client: httpx.Client, session: dict[str, Any], page: SandboxPage, origin: tuple[int, int]
+) -> None:
+    before = page.wait(lambda state: True)["clicks"]
+    act(client, session, {"type": "click", "x": origin[0] + 150, "y": origin[1] + 150})
+    state = page.wait(lambda state: state["clicks"] > before)
+    assert state["click"][:2] == [150, 150] and state["click"][4] == 0
+
+    text = "Hello, wörld — ✓ 日本 ~!@#$%^&*()"
+    field = {"type": "click", "x": origin[0] + 900, "y": origin[1] + 175}
+    act(client, session, {"actions": [field, {"type": "key", "keys": "ctrl+a"},
+                                      {"type": "key", "keys": "BackSpace"},
+                                      {"type": "type", "text": text}]})
+    assert page.wait(lambda state: state["value"] == text)["value"] == text
+
+
+def test_screenshot_shows_the_page(
+    client: httpx.Client, session: dict[str, Any], origin: tuple[int, int],
+    handle: ContainerHandle,
+) -> None:
+    ox, oy = origin
+    response = client.get(f"/v1/sessions/{session['id']}/screenshot", params={"format": "png"})
+    assert response.status_code == 200 and response.headers["content-type"] == "image/png"
+    image = decode(response.content)
+    assert image.size == (1280, 800)
+    assert image.getpixel((ox + 200, oy + 150)) == RED
+    assert image.getpixel((ox + 500, oy + 150)) == GREEN
+    assert image.getpixel((ox + 200, oy + 350)) == BLUE
+    # Captured through the sealed shared-memory buffer, the default.
+    method = handle.worker.call_sync(lambda: handle.desktop.capture_method)
+    assert method == "xshm"
+
+
+def test_websocket_click_and_screenshot(
+    session: dict[str, Any], page: SandboxPage, origin: tuple[int, int]
+) -> None:
+    ox, oy = origin
+    before = page.wait(lambda state: True)["clicks"]
+    with connect(session["urls"]["actions_ws"], compression=None, open_timeout=10,
+                 additional_headers={"Authorization": f"Bearer {KEY_A}"}) as ws:
+        ws.send(json.dumps({"id": 1, "action": {"type": "click", "x": ox + 250, "y": oy + 120}}))
+        ws.send(json.dumps({"id": 2, "action": {"type": "screenshot", "format": "jpeg"}}))
+        assert json.loads(ws.recv(timeout=20)) == {"id": 1, "ok": True, "result": {}}
+        reply = json.loads(ws.recv(timeout=20))
+        assert reply["id"] == 2 and reply["ok"] is True
+        frame = ws.recv(timeout=20)
+        assert isinstance(frame, bytes)
+    assert near(decode(frame).getpixel((ox + 200, oy + 150)), RED)
+    state = page.wait(lambda state: state["clicks"] > before)
+    assert state["click"][:2] == [250, 120]
+
+
+def test_delete_leaves_nothing(
+    client: httpx.Client, session: dict[str, Any], handle: ContainerHandle, page: SandboxPage
+) -> None:
+    sandbox = handle.sandbox
+    container_id, session_dir = sandbox.container_id, sandbox.session_dir
+    assert sandbox.display is not None
+    number = sandbox.display.number
+    pids = cgroup_pids(container_id)
+    assert len(pids) >= 3 and all(running(pid) for pid in pids)  # X, openbox, Chromium, ...
+    assert cgroup_dirs(container_id) and mounts_mentioning(str(session_dir))
+    page.close()
+
+    assert client.delete(f"/v1/sessions/{session['id']}").status_code == 204
+    assert client.get(f"/v1/sessions/{session['id']}").json()["state"] == "stopped"
+    assert Runc().state(container_id) is None
+    assert not [pid for pid in pids if running(pid)]
+    assert not cgroup_dirs(container_id)
+    assert not mounts_mentioning(str(session_dir))
+    assert not session_dir.exists()
+    assert not Path(f"/tmp/.X11-unix/X{number}").is_symlink()
+    assert not Path(f"/tmp/.X{number}-lock").exists()

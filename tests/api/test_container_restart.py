@@ -1,0 +1,177 @@
+"""A server killed outright and started again on its state dir: what still runs is re-adopted.
+
+The servers run as ``deskbox serve`` subprocesses (SIGKILL is the point). Their sandboxes'
+inits reparent to this process (a subreaper, see tests/conftest.py) when a server dies; the
+test reaps them once the second server has destroyed them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from deskbox_server.app import container_backend
+from deskbox_server.backends.container import remove_orphans
+from deskbox_server.backends.runc import Runc
+from deskbox_server.settings import Settings
+
+from ..images import IMAGE_STATE_DIR
+from .helpers import decode
+from .sandbox_page import SandboxPage, events_data_url, read_display_number
+from .test_container import RED, cgroup_dirs, mounts_mentioning, running
+
+pytestmark = pytest.mark.slow
+
+KEY = "restart-test-key-0123456789"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def serve(state_dir: Path, log: Path) -> Iterator[tuple[subprocess.Popen[bytes], httpx.Client]]:
+    """``deskbox serve`` on a free loopback port; killed at the end if still running."""
+    port = free_port()
+    env = {**os.environ, "DESKBOX_API_KEYS": KEY, "DESKBOX_IMAGE_STATE_DIR": str(IMAGE_STATE_DIR),
+           "DESKBOX_REAPER_INTERVAL_S": "0.5"}
+    with open(log, "ab") as output:
+        process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "deskbox"), "serve", "--host", "127.0.0.1",
+             "--port", str(port), "--state-dir", str(state_dir)],
+            env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
+        )
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60,
+                          headers={"Authorization": f"Bearer {KEY}"}) as http:
+            deadline = time.monotonic() + 60
+            while True:
+                assert process.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, "the server did not start"
+                try:
+                    if http.get("/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.05)
+            yield process, http
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def container_of(session_id: str) -> str:
+    ids = [cid for cid in Runc().list_ids() if cid.endswith("-" + session_id)]
+    assert len(ids) == 1, ids
+    return ids[0]
+
+
+def create(http: httpx.Client) -> dict[str, Any]:
+    response = http.post("/v1/sessions", json={"browser": {"start_url": events_data_url()}})
+    assert response.status_code == 201, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def reap(pids: list[int], timeout_s: float = 10.0) -> None:
+    """Collect sandbox inits that reparented to us when their server was killed."""
+    deadline = time.monotonic() + timeout_s
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                break  # not ours (reaped elsewhere) or gone
+            if done:
+                break
+            time.sleep(0.05)
+
+
+def test_restart_readopts_running_sessions(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    log = tmp_path / "server.log"
+    runc = Runc()
+    inits: list[int] = []
+    with serve(state_dir, log) as (first, http):
+        kept, lost = create(http), create(http)
+        kept_container, lost_container = container_of(kept["id"]), container_of(lost["id"])
+        for container in (kept_container, lost_container):
+            state = runc.state(container)
+            assert state is not None
+            inits.append(state.pid)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    try:
+        # While no server runs: one sandbox dies, and a stray directory appears.
+        os.kill(inits[1], signal.SIGKILL)
+        reap(inits[1:])
+        stray = state_dir / "sessions" / "ses_stray"
+        stray.mkdir()
+        kept_dir = state_dir / "sessions" / kept["id"]
+        number = read_display_number(kept_dir)
+        os.unlink(f"/tmp/.X11-unix/X{number}")  # as if /tmp had been cleaned meanwhile
+
+        with serve(state_dir, log) as (second, http):
+            body = http.get(f"/v1/sessions/{kept['id']}").json()
+            assert body["state"] == "running", body
+            failed = http.get(f"/v1/sessions/{lost['id']}").json()
+            assert failed["state"] == "failed", failed
+            assert "not running" in failed["failure"]["reason"]
+            assert not stray.exists()
+            assert runc.state(lost_container) is None
+
+            # The re-adopted session still works: input lands, screenshots show the page.
+            with SandboxPage(f":{number}") as page:
+                page.wait(lambda state: state["clicks"] == 0)
+                response = http.post(f"/v1/sessions/{kept['id']}/actions",
+                                     json={"type": "click", "x": 640, "y": 700})
+                assert response.status_code == 200, response.text
+                click = page.wait(lambda state: state["clicks"] == 1)["click"]
+                assert (click[2], click[3]) == (640, 700)
+                ox, oy = click[2] - click[0], click[3] - click[1]
+            shot = http.get(f"/v1/sessions/{kept['id']}/screenshot", params={"format": "png"})
+            assert shot.status_code == 200
+            assert decode(shot.content).getpixel((ox + 200, oy + 150)) == RED
+
+            pids = [int(pid) for directory in cgroup_dirs(kept_container)
+                    for pid in (directory / "cgroup.procs").read_text().split()
+                    if (directory / "cgroup.procs").exists()]
+            assert pids
+            assert http.delete(f"/v1/sessions/{kept['id']}").status_code == 204
+            assert http.delete(f"/v1/sessions/{lost['id']}").status_code == 204
+            assert http.get(f"/v1/sessions/{kept['id']}").json()["state"] == "stopped"
+            second.terminate()
+            assert second.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises it
+            assert "deskbox stopped every session" in log.read_text()
+        reap(inits[:1])
+        assert not [pid for pid in pids if running(pid)]
+        assert runc.state(kept_container) is None
+        assert not cgroup_dirs(kept_container)
+        assert not mounts_mentioning(str(state_dir))
+        assert not list((state_dir / "sessions").iterdir())
+        assert not os.path.lexists(f"/tmp/.X11-unix/X{number}")
+        assert not os.path.exists(f"/tmp/.X{number}-lock")
+    finally:
+        # Whatever happened above: no sandbox of this state dir outlives the test.
+        options = container_backend(Settings(state_dir=state_dir)).options
+        remove_orphans(options, keep=())
+        reap(inits)

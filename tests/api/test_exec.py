@@ -1,0 +1,446 @@
+"""``exec`` and ``files`` end to end: a real server, real runc sandboxes, real HTTP.
+
+Commands and file I/O run inside the session's sandbox only; what the sandbox sends back
+is capped. The isolation checks that need a command (the server's state dir and API key,
+the control plane's port, the read-only root) run through the API, as an agent would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from deskbox_server.api.auth import key_id
+from deskbox_server.backends.container import ContainerHandle
+from deskbox_server.backends.runc import Runc
+from deskbox_server.settings import Settings
+
+from ..images import IMAGE_STATE_DIR, session_image
+from .conftest import Server, running_server
+from .helpers import assert_error
+
+pytestmark = pytest.mark.slow
+
+OUTPUT_CAP = 64 * 1024
+FILE_CAP = 6 * 1024 * 1024  # above max_request_bytes (4 MiB): uploads have their own cap
+
+
+@pytest.fixture(scope="module")
+def box_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A container-backend server whose API key is generated into its state dir."""
+    session_image()
+    settings = Settings(
+        state_dir=tmp_path_factory.mktemp("exec-state"),
+        api_keys=[],
+        backends=["container"],
+        default_backend="container",
+        image_state_dir=IMAGE_STATE_DIR,
+        exec_output_max_bytes=OUTPUT_CAP,
+        exec_max_timeout_s=120,
+        file_max_bytes=FILE_CAP,
+    )
+    with running_server(settings) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def api_key(box_server: Server) -> str:
+    return box_server.settings.api_key_path.read_text().strip()
+
+
+@pytest.fixture(scope="module")
+def box_client(box_server: Server, api_key: str) -> Iterator[httpx.Client]:
+    with box_server.client(api_key) as http:
+        yield http
+
+
+def new_session(client: httpx.Client) -> str:
+    response = client.post(
+        "/v1/sessions", json={"display": {"width": 800, "height": 600}, "timeout_s": 600}
+    )
+    assert response.status_code == 201, response.text
+    session_id: str = response.json()["id"]
+    return session_id
+
+
+@pytest.fixture(scope="module")
+def box(box_client: httpx.Client) -> Iterator[str]:
+    session_id = new_session(box_client)
+    try:
+        yield session_id
+    finally:
+        box_client.delete(f"/v1/sessions/{session_id}")
+
+
+def run(client: httpx.Client, session_id: str, *cmd: str, **fields: Any) -> dict[str, Any]:
+    response = client.post(f"/v1/sessions/{session_id}/exec", json={"cmd": list(cmd), **fields})
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def sandbox_process_names(client: httpx.Client, session_id: str) -> list[str]:
+    script = "for p in /proc/[0-9]*; do cat $p/comm 2>/dev/null; done"
+    return str(run(client, session_id, "sh", "-c", script)["stdout"]).split()
+
+
+# -- exec -----------------------------------------------------------------------------------
+
+
+def test_exec_output_and_exit_codes(box_client: httpx.Client, box: str) -> None:
+    body = run(box_client, box, "sh", "-c", "echo out; echo err >&2; exit 3")
+    assert body["exit_code"] == 3
+    assert body["stdout"] == "out\n" and body["stderr"] == "err\n"
+    assert body["stdout_truncated"] is False and body["stderr_truncated"] is False
+    assert body["timed_out"] is False and body["pid"] is None
+    assert run(box_client, box, "true")["exit_code"] == 0
+    killed = run(box_client, box, "sh", "-c", "kill -9 $$")
+    assert killed["exit_code"] == 128 + 9
+    missing = run(box_client, box, "no-such-program")
+    assert missing["exit_code"] == 127 and "no-such-program" in missing["stderr"]
+
+
+def test_exec_is_argv_only(box_client: httpx.Client, box: str) -> None:
+    body = run(box_client, box, "echo", "$HOME; touch /tmp/pwned", "`id`")
+    assert body["stdout"] == "$HOME; touch /tmp/pwned `id`\n"
+    assert run(box_client, box, "test", "-e", "/tmp/pwned")["exit_code"] == 1
+
+
+def test_exec_environment(box_client: httpx.Client, box: str, box_server: Server,
+                          api_key: str) -> None:
+    handle = box_server.services.manager.handle(key_id(api_key), box)
+    assert isinstance(handle, ContainerHandle)
+    code = "import os; print(os.environ['DISPLAY'], os.environ['GREETING'], os.getuid())"
+    body = run(box_client, box, "python3", "-c", code, env={"GREETING": "hello world"})
+    assert body["stdout"].split() == [handle.sandbox.display_name, "hello", "world", "0"]
+    # The launcher's own variables are not passed on.
+    assert "DESKBOX_" not in run(box_client, box, "env")["stdout"]
+    # It reaches the session's X server through DISPLAY.
+    xcheck = (
+        "import socket, os; s = socket.socket(socket.AF_UNIX);"
+        "s.connect('/tmp/.X11-unix/X' + os.environ['DISPLAY'][1:]); print('ok')"
+    )
+    assert run(box_client, box, "python3", "-c", xcheck)["stdout"] == "ok\n"
+
+
+def test_exec_runs_confined(box_client: httpx.Client, box: str) -> None:
+    status = run(box_client, box, "cat", "/proc/self/status")["stdout"]
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(fields[cap], 16) == 0, (cap, fields[cap])
+    assert fields["NoNewPrivs"].strip() == "1" and fields["Seccomp"].strip() == "2"
+    names = sandbox_process_names(box_client, box)
+    assert "deskbox-session" in names and "Xvfb" in names
+    assert "pytest" not in names and "runc" not in names
+
+
+def test_exec_output_is_capped_and_flagged(box_client: httpx.Client, box: str) -> None:
+    body = run(box_client, box, "sh", "-c",
+               f"head -c {OUTPUT_CAP * 4} /dev/zero | tr '\\0' x; echo small >&2")
+    assert body["exit_code"] == 0
+    assert body["stdout"] == "x" * OUTPUT_CAP and body["stdout_truncated"] is True
+    assert body["stderr"] == "small\n" and body["stderr_truncated"] is False
+
+
+def test_exec_timeout_kills_the_process_tree(box_client: httpx.Client, box: str) -> None:
+    started = time.monotonic()
+    body = run(box_client, box, "sh", "-c",
+               "sleep 300 & sh -c 'sleep 301' & echo started; sleep 302", timeout_s=1)
+    assert time.monotonic() - started < 10
+    assert body["timed_out"] is True and body["exit_code"] is None
+    assert body["stdout"] == "started\n"
+    assert "sleep" not in sandbox_process_names(box_client, box)
+
+
+def test_exec_timeout_returns_even_if_a_leftover_holds_the_output(
+    box_client: httpx.Client, box: str
+) -> None:
+    # A daemon that left the command's session keeps stdout open: we stop reading anyway.
+    started = time.monotonic()
+    body = run(box_client, box, "sh", "-c", "setsid sleep 30 & echo done", timeout_s=20)
+    assert time.monotonic() - started < 5
+    assert body["exit_code"] == 0 and body["stdout"] == "done\n"
+    run(box_client, box, "pkill", "-x", "sleep")
+
+
+def test_exec_background(box_client: httpx.Client, box: str) -> None:
+    started = time.monotonic()
+    body = run(box_client, box, "sleep", "600", background=True)
+    assert time.monotonic() - started < 5
+    assert body["exit_code"] is None and body["timed_out"] is False
+    pid = body["pid"]
+    assert isinstance(pid, int) and pid > 1
+    comm = run(box_client, box, "cat", f"/proc/{pid}/comm")["stdout"]
+    assert comm == "sleep\n"
+    ppid = run(box_client, box, "sh", "-c", f"grep PPid /proc/{pid}/status")["stdout"].split()
+    assert ppid == ["PPid:", "1"]  # the sandbox's init reaps it, not the host
+    assert run(box_client, box, "kill", str(pid))["exit_code"] == 0
+    missing = run(box_client, box, "no-such-program", background=True)
+    assert missing["exit_code"] == 127 and missing["pid"] is None
+
+
+def test_background_processes_end_with_the_session(
+    box_server: Server, box_client: httpx.Client, api_key: str
+) -> None:
+    session_id = new_session(box_client)
+    try:
+        handle = box_server.services.manager.handle(key_id(api_key), session_id)
+        assert isinstance(handle, ContainerHandle)
+        container_id = handle.sandbox.container_id
+        body = run(box_client, session_id, "sh", "-c", "sleep 700 & sleep 701", background=True)
+        assert body["pid"] is not None
+        deadline = time.monotonic() + 5
+        while len(host_pids_named("sleep", container_id)) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        assert box_client.delete(f"/v1/sessions/{session_id}").status_code == 204
+    assert Runc().state(container_id) is None
+    assert host_pids_named("sleep", container_id) == []
+
+
+def host_pids_named(name: str, container_id: str) -> list[int]:
+    """Live host processes called ``name`` in the cgroup of ``container_id``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+            cgroup = (entry / "cgroup").read_text()
+            state = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if comm == name and container_id in cgroup and state != b"Z":
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"cmd": []},
+        {"cmd": [""]},
+        {"cmd": "echo hi"},
+        {"cmd": ["echo"], "shell": True},
+        {"cmd": ["echo", "a\u0000b"]},
+        {"cmd": ["echo"], "timeout_s": 0},
+        {"cmd": ["echo"], "timeout_s": 121},
+        {"cmd": ["echo"], "env": {"BAD NAME": "x"}},
+        {"cmd": ["echo"], "env": {f"V{i}": "x" for i in range(200)}},
+        {"cmd": ["echo"], "env": {"BIG": "x" * 70_000}},
+        {"cmd": ["echo", "x" * 140_000]},
+        {"cmd": ["echo"], "background": "sometimes"},
+    ],
+)
+def test_exec_rejects_bad_bodies(box_client: httpx.Client, box: str, body: Any) -> None:
+    response = box_client.post(f"/v1/sessions/{box}/exec", json=body)
+    assert_error(response, 422, "invalid_request")
+
+
+def test_exec_on_a_missing_session(box_client: httpx.Client) -> None:
+    response = box_client.post("/v1/sessions/ses_nope/exec", json={"cmd": ["true"]})
+    assert_error(response, 404, "not_found")
+    assert_error(box_client.get("/v1/sessions/ses_nope/files", params={"path": "/etc/hostname"}),
+                 404, "not_found")
+
+
+# -- files ----------------------------------------------------------------------------------
+
+
+def files_url(session_id: str) -> str:
+    return f"/v1/sessions/{session_id}/files"
+
+
+def test_upload_then_download_round_trips_bytes(box_client: httpx.Client, box: str) -> None:
+    data = bytes(range(256)) * 16 + os.urandom(FILE_CAP - 4096)  # exactly the cap
+    put = box_client.put(files_url(box), params={"path": "/tmp/data.bin"}, content=data)
+    assert put.status_code == 200, put.text
+    assert put.json() == {"path": "/tmp/data.bin", "size": len(data)}
+    inside = run(box_client, box, "sha256sum", "/tmp/data.bin")["stdout"].split()[0]
+    assert inside == hashlib.sha256(data).hexdigest()
+    got = box_client.get(files_url(box), params={"path": "/tmp/data.bin"})
+    assert got.status_code == 200
+    assert got.headers["content-type"] == "application/octet-stream"
+    assert got.content == data
+    # Streamed uploads (no Content-Length) and empty files work too; a replaced file keeps
+    # its mode.
+    run(box_client, box, "chmod", "0750", "/tmp/data.bin")
+
+    def pieces() -> Iterator[bytes]:
+        yield b"first "
+        yield b"second"
+
+    streamed = box_client.put(files_url(box), params={"path": "/tmp/data.bin"}, content=pieces())
+    assert streamed.json()["size"] == 12
+    assert run(box_client, box, "stat", "-c", "%a", "/tmp/data.bin")["stdout"] == "750\n"
+    assert box_client.get(files_url(box), params={"path": "/tmp/data.bin"}).content == (
+        b"first second"
+    )
+    assert box_client.put(files_url(box), params={"path": "/root/empty"}, content=b"").json() == {
+        "path": "/root/empty", "size": 0
+    }
+    assert box_client.get(files_url(box), params={"path": "/root/empty"}).content == b""
+
+
+def test_upload_over_the_cap(box_client: httpx.Client, box: str) -> None:
+    too_big = b"x" * (FILE_CAP + 1)
+    response = box_client.put(files_url(box), params={"path": "/tmp/big"}, content=too_big)
+    assert_error(response, 413, "invalid_request")
+
+    def pieces() -> Iterator[bytes]:  # no Content-Length: caught while streaming
+        for _ in range(FILE_CAP // (1024 * 1024) + 1):
+            yield b"y" * (1024 * 1024)
+
+    run(box_client, box, "sh", "-c", "echo old > /tmp/kept")
+    response = box_client.put(files_url(box), params={"path": "/tmp/kept"}, content=pieces())
+    assert_error(response, 413, "invalid_request")
+    # The old file is intact, no temporary file is left over.
+    assert run(box_client, box, "cat", "/tmp/kept")["stdout"] == "old\n"
+    assert "deskbox-upload" not in run(box_client, box, "ls", "-A", "/tmp")["stdout"]
+    assert run(box_client, box, "test", "-e", "/tmp/big")["exit_code"] == 1
+
+
+def test_download_over_the_cap(box_client: httpx.Client, box: str) -> None:
+    run(box_client, box, "sh", "-c", f"head -c {FILE_CAP + 1} /dev/zero > /tmp/huge")
+    response = box_client.get(files_url(box), params={"path": "/tmp/huge"})
+    assert_error(response, 413, "invalid_request")
+    run(box_client, box, "rm", "/tmp/huge")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "kind"),
+    [
+        ("GET", "tmp/relative", 422, "invalid_request"),
+        ("PUT", "relative.txt", 422, "invalid_request"),
+        ("GET", "", 422, "invalid_request"),
+        ("GET", "/tmp/no-such-file", 404, "not_found"),
+        ("PUT", "/no-such-dir/file", 404, "not_found"),
+        ("GET", "/tmp", 422, "invalid_request"),
+        ("PUT", "/tmp", 422, "invalid_request"),
+        ("GET", "/dev/zero", 422, "invalid_request"),
+        ("PUT", "/etc/evil", 403, "forbidden"),
+        ("PUT", "/evil", 403, "forbidden"),
+        ("PUT", "/usr/bin/python3", 403, "forbidden"),
+    ],
+)
+def test_file_errors(
+    box_client: httpx.Client, box: str, method: str, path: str, status: int, kind: str
+) -> None:
+    response = box_client.request(method, files_url(box), params={"path": path},
+                                  content=b"data" if method == "PUT" else None)
+    error = assert_error(response, status, kind)
+    if status == 403:
+        assert "Read-only file system" in error["message"]
+
+
+def test_file_path_parameter_is_required(box_client: httpx.Client, box: str) -> None:
+    assert_error(box_client.get(files_url(box)), 422, "invalid_request")
+
+
+def test_paths_resolve_inside_the_sandbox(
+    box_client: httpx.Client, box: str, tmp_path: Path, box_server: Server
+) -> None:
+    image = session_image()
+    # .. stays inside: this is the image's /etc/passwd, not the host's.
+    got = box_client.get(files_url(box), params={"path": "/tmp/../../etc/passwd"})
+    assert got.status_code == 200
+    assert got.content == (image / "etc" / "passwd").read_bytes()
+
+    secret = "host-secret-" + secrets.token_hex(16)
+    host_file = tmp_path / "secret.txt"
+    host_file.write_text(secret)
+    state_dir = box_server.settings.state_dir.resolve()
+    links = {
+        "/tmp/to-host": str(host_file),
+        "/tmp/to-host-via-proc": f"/proc/1/root{host_file}",
+        "/tmp/to-self-root": f"/proc/self/root{host_file}",
+        "/tmp/to-key": str(box_server.settings.api_key_path.resolve()),
+        "/tmp/to-db": str(state_dir / "sessions.sqlite3"),
+    }
+    for link, target in links.items():
+        assert run(box_client, box, "ln", "-sfn", target, link)["exit_code"] == 0
+        response = box_client.get(files_url(box), params={"path": link})
+        assert secret.encode() not in response.content
+        assert_error(response, 404, "not_found")
+        direct = box_client.get(files_url(box), params={"path": target})
+        assert_error(direct, 404, "not_found")
+    # Writing through a link to a host path does not reach the host either.
+    put = box_client.put(files_url(box), params={"path": "/tmp/to-host"}, content=b"overwritten")
+    assert put.status_code == 404
+    assert host_file.read_text() == secret
+    key = box_server.settings.api_key_path
+    key_before = key.read_bytes()
+    box_client.put(files_url(box), params={"path": str(key)}, content=b"stolen")
+    assert key.read_bytes() == key_before
+
+
+# -- isolation checks that need a command ---------------------------------------------------
+
+
+def test_server_state_dir_and_api_key_are_unreadable(
+    box_client: httpx.Client, box: str, box_server: Server, api_key: str
+) -> None:
+    state_dir = str(box_server.settings.state_dir.resolve())
+    key_path = str(box_server.settings.api_key_path.resolve())
+    for argv in (["ls", state_dir], ["cat", key_path], ["cat", state_dir + "/sessions.sqlite3"]):
+        body = run(box_client, box, *argv)
+        assert body["exit_code"] != 0 and "No such file or directory" in body["stderr"]
+        assert api_key not in body["stdout"]
+    found = run(box_client, box, "grep", "-rIl", api_key, "/tmp", "/root", "/run", "/etc")
+    assert found["stdout"] == ""
+
+
+def test_control_plane_port_is_unreachable(
+    box_client: httpx.Client, box: str, box_server: Server
+) -> None:
+    port = urlsplit(box_server.url).port
+    code = (
+        "import socket\n"
+        f"try:\n socket.create_connection(('127.0.0.1', {port}), timeout=3); print('reached')\n"
+        "except OSError as e: print('refused', e.errno)\n"
+    )
+    assert run(box_client, box, "python3", "-c", code)["stdout"].startswith("refused")
+    assert run(box_client, box, "ls", "/sys/class/net")["stdout"].split() == ["lo"]
+
+
+def test_root_filesystem_is_read_only(box_client: httpx.Client, box: str) -> None:
+    for path in ("/evil", "/etc/evil", "/usr/bin/evil"):
+        body = run(box_client, box, "touch", path)
+        assert body["exit_code"] != 0 and "Read-only file system" in body["stderr"]
+    assert run(box_client, box, "touch", "/tmp/ok", "/root/ok", "/run/ok")["exit_code"] == 0
+
+
+def test_metrics_count_exec_and_files(box_client: httpx.Client, box: str) -> None:
+    run(box_client, box, "true")
+    text = box_client.get("/metrics").text
+    assert 'deskbox_exec_total{outcome="exited"}' in text
+    assert 'deskbox_file_bytes_total{direction="upload"}' in text
+
+
+# -- the unisolated local backend refuses ---------------------------------------------------
+
+
+def test_local_backend_refuses_exec_and_files(
+    client: httpx.Client, session: dict[str, Any], tmp_path: Path
+) -> None:
+    marker = tmp_path / "must-not-exist"
+    response = client.post(f"/v1/sessions/{session['id']}/exec",
+                           json={"cmd": ["touch", str(marker)]})
+    error = assert_error(response, 422, "invalid_request")
+    assert "local backend has no sandbox" in error["message"]
+    assert not marker.exists()
+    put = client.put(files_url(session["id"]), params={"path": str(marker)}, content=b"x")
+    assert "local backend has no sandbox" in assert_error(put, 422, "invalid_request")["message"]
+    assert not marker.exists()
+    get = client.get(files_url(session["id"]), params={"path": "/etc/hostname"})
+    assert_error(get, 422, "invalid_request")

@@ -1,0 +1,106 @@
+"""The exec and file machinery of the container backend, against a real sandbox.
+
+The HTTP side is tested in tests/api/test_exec.py; here, what the host does: it signals
+only processes of the sandbox, it stops reading output it does not need, and nothing it
+starts outlives a command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import subprocess
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from deskbox_server.backends.container import ContainerSandbox
+from deskbox_server.backends.process_tree import kill_process_tree
+from deskbox_server.backends.sandbox_exec import SandboxExec
+from deskbox_server.backends.sandbox_files import FileTooLarge, read_file, write_file
+from deskbox_server.backends.sandbox_io import ExecCommand
+from deskbox_server.errors import NotFound
+
+from .conftest import exec_in
+
+
+def runner(sandbox: ContainerSandbox) -> SandboxExec:
+    assert sandbox.init_pid is not None
+    return SandboxExec(sandbox.options.runc, sandbox.container_id, sandbox.bundle,
+                       sandbox.display_name, sandbox.init_pid)
+
+
+def names_inside(sandbox: ContainerSandbox) -> list[str]:
+    script = "for p in /proc/[0-9]*; do cat $p/comm 2>/dev/null; done"
+    return exec_in(sandbox, "sh", "-c", script).stdout.split()
+
+
+def test_timeout_kills_nested_children(sandbox: ContainerSandbox) -> None:
+    command = ExecCommand(
+        ["sh", "-c", "sh -c 'sleep 300 & sleep 301' & sleep 302 & echo up; sleep 303"],
+        timeout_s=1.0,
+    )
+    result = asyncio.run(runner(sandbox).run(command))
+    assert result.timed_out and result.exit_code is None and result.stdout == b"up\n"
+    assert "sleep" not in names_inside(sandbox)
+    assert not list(sandbox.bundle.glob("exec-*")), "per-command files are removed"
+
+
+def test_a_daemon_holding_stdout_does_not_hold_the_command(sandbox: ContainerSandbox) -> None:
+    started = time.monotonic()
+    command = ExecCommand(["sh", "-c", "setsid sleep 60 & echo done; exit 5"], timeout_s=30)
+    result = asyncio.run(runner(sandbox).run(command))
+    assert time.monotonic() - started < 5
+    assert result.exit_code == 5 and result.stdout == b"done\n"
+    assert exec_in(sandbox, "pkill", "-x", "sleep").returncode == 0
+
+
+def test_kill_process_tree_never_signals_host_processes(sandbox: ContainerSandbox) -> None:
+    assert sandbox.init_pid is not None
+    sandbox_ns = os.readlink(f"/proc/{sandbox.init_pid}/ns/pid")
+    host = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        # A host session leader, asked to be killed as if it were in the sandbox: untouched.
+        assert kill_process_tree(host.pid, sandbox_ns) == 0
+        assert host.poll() is None
+    finally:
+        host.kill()
+        host.wait()
+
+
+def test_files_round_trip_and_caps(sandbox: ContainerSandbox) -> None:
+    data = os.urandom(300_000)
+
+    async def chunks(payload: bytes) -> AsyncIterator[bytes]:
+        for start in range(0, len(payload), 65536):
+            yield payload[start:start + 65536]
+
+    async def scenario() -> None:
+        run = runner(sandbox)
+        assert await write_file(run, "/root/blob", chunks(data), len(data)) == len(data)
+        download = await read_file(run, "/root/blob", len(data))
+        try:
+            assert download.size == len(data)
+            assert b"".join([piece async for piece in download.chunks()]) == data
+        finally:
+            await download.aclose()
+        with pytest.raises(FileTooLarge):
+            await read_file(run, "/root/blob", len(data) - 1)
+        with pytest.raises(FileTooLarge):
+            await write_file(run, "/root/blob", chunks(data + b"!"), len(data))
+        with pytest.raises(NotFound):
+            await read_file(run, "/root/no-such-file", 10)
+        # /proc files say size 0: read up to the cap, never past it.
+        download = await read_file(run, "/proc/self/status", 1 << 20)
+        try:
+            status = b"".join([piece async for piece in download.chunks()])
+        finally:
+            await download.aclose()
+        assert b"NoNewPrivs:\t1" in status
+
+    asyncio.run(scenario())
+    digest = exec_in(sandbox, "sha256sum", "/root/blob").stdout.split()[0]
+    assert digest == hashlib.sha256(data).hexdigest()  # the failed upload left it intact
+    assert "deskbox-upload" not in exec_in(sandbox, "ls", "-A", "/root").stdout

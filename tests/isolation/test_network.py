@@ -1,0 +1,416 @@
+"""Egress ``none``, ``all`` and ``allowlist`` from inside real sandboxes.
+
+Nothing here leaves this machine. The "outside world" is a network namespace the tests make
+(``peer``): a veth pair from the host into it, with two HTTP services on two addresses of a
+10.x subnet. ``all`` reaches both, ``allowlist`` only the one allowed (by a name the test
+maps itself, never a public name), ``none`` neither. In every mode a service on the host's
+loopback (where the control plane listens) and one on every host address are unreachable.
+No sandbox here runs a browser, which would talk to the internet on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from deskbox_server.backends.base import SessionSpec
+from deskbox_server.backends.container import (
+    ContainerBackend,
+    ContainerHandle,
+    ContainerOptions,
+    ContainerSandbox,
+    remove_orphans,
+)
+from deskbox_server.backends.network import (
+    NETNS_DIR,
+    TABLE,
+    Egress,
+    HostAddresses,
+    namespaces,
+    resolve_egress,
+)
+from deskbox_server.driver.commands import DesktopSpec
+from deskbox_server.errors import SessionFailed
+from deskbox_server.schemas.sessions import Network
+
+from .conftest import exec_in
+
+# One HTTP/1.0 service per address given, all on one port; prints that port when listening.
+_SERVER = r"""
+import socket, sys, threading
+port = 0
+def answer(c):
+    with c:
+        c.settimeout(10)
+        try:
+            c.recv(4096)
+            c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        except OSError:
+            pass
+def serve(s):
+    while True:
+        threading.Thread(target=answer, args=(s.accept()[0],), daemon=True).start()
+for address in sys.argv[1:]:
+    s = socket.socket()
+    s.bind((address, port))
+    s.listen()
+    port = s.getsockname()[1]
+    threading.Thread(target=serve, args=(s,), daemon=True).start()
+print(port, flush=True)
+sys.stdin.read()
+"""
+
+# Run inside a sandbox: connect to each target, report what happened and how fast.
+_PROBE = r"""
+import json, socket, sys, time
+out = {}
+for target in json.loads(sys.argv[1]):
+    host, port = target.rsplit(":", 1)
+    start = time.monotonic()
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=5) as c:
+            c.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            c.settimeout(5)
+            out[target] = ["ok", c.recv(4096).decode(errors="replace")[-2:]]
+    except OSError as e:
+        out[target] = [type(e).__name__, e.errno]
+    out[target].append(round(time.monotonic() - start, 3))
+print(json.dumps(out))
+"""
+
+# Run inside a sandbox: ask nf_tables (netlink) to delete our table; prints the kernel's errno.
+_DELETE_TABLE = r"""
+import socket, struct, sys
+s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 12)  # NETLINK_NETFILTER
+s.bind((0, 0))
+def msg(kind, flags, seq, family, res_id, payload=b""):
+    body = struct.pack("=BBH", family, 0, socket.htons(res_id)) + payload
+    return struct.pack("=IHHII", 16 + len(body), kind, flags, seq, 0) + body
+name = sys.argv[1].encode() + b"\0"
+attr = struct.pack("=HH", 4 + len(name), 1) + name + b"\0" * (-len(name) % 4)
+# batch begin, NFT_MSG_DELTABLE (inet) with an ack, batch end
+s.send(msg(0x10, 1, 1, 0, 10) + msg((10 << 8) | 2, 1 | 4, 2, 1, 0, attr) + msg(0x11, 1, 3, 0, 10))
+reply = s.recv(65536)
+print(struct.unpack("=i", reply[16:20])[0])
+"""
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Two services beyond the host, on this machine: ``allowed`` and ``other``."""
+
+    host_side: str  # the host's own address on the veth: a host address, never reachable
+    allowed: str
+    other: str
+    port: int
+
+
+def _ip(*argv: str) -> None:
+    subprocess.run(["ip", *argv], check=True, capture_output=True, timeout=10)
+
+
+@pytest.fixture(scope="module")
+def peer() -> Iterator[Peer]:
+    tag = os.getpid() % 100_000
+    subnet = f"10.213.{20 + os.getpid() % 200}"
+    name, host_if, peer_if = f"dbxt-peer-{tag}", f"dbxh{tag}", f"dbxp{tag}"
+    _ip("netns", "add", name)
+    server: subprocess.Popen[str] | None = None
+    try:
+        _ip("link", "add", host_if, "type", "veth", "peer", "name", peer_if, "netns", name)
+        _ip("address", "add", f"{subnet}.1/24", "dev", host_if)
+        _ip("link", "set", host_if, "up")
+        for last in (2, 3):
+            _ip("-n", name, "address", "add", f"{subnet}.{last}/24", "dev", peer_if)
+        _ip("-n", name, "link", "set", peer_if, "up")
+        _ip("-n", name, "link", "set", "lo", "up")
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", name, sys.executable, "-c", _SERVER,
+             f"{subnet}.2", f"{subnet}.3"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        yield Peer(f"{subnet}.1", f"{subnet}.2", f"{subnet}.3", port)
+    finally:
+        if server is not None:
+            with server:
+                server.kill()
+        if Path(f"/sys/class/net/{host_if}").exists():
+            _ip("link", "delete", host_if)  # and its peer
+        _ip("netns", "delete", name)
+
+
+@dataclass(frozen=True)
+class HostServices:
+    loopback_port: int  # like the control plane: 127.0.0.1
+    any_port: int  # bound to every host address
+
+
+@pytest.fixture(scope="module")
+def host_services() -> Iterator[HostServices]:
+    import socket
+
+    with socket.socket() as loopback, socket.socket() as anywhere:
+        loopback.bind(("127.0.0.1", 0))
+        loopback.listen()
+        anywhere.bind(("0.0.0.0", 0))
+        anywhere.listen()
+        yield HostServices(loopback.getsockname()[1], anywhere.getsockname()[1])
+
+
+def _start(options: ContainerOptions, tag: str, egress: Egress) -> ContainerSandbox:
+    return ContainerSandbox.start(
+        options, f"t-net-{tag}-{os.getpid()}", browser=False, timeout_s=30, network=egress
+    )
+
+
+@pytest.fixture(scope="module")
+def sandboxes(
+    options: ContainerOptions, peer: Peer
+) -> Iterator[dict[str, ContainerSandbox]]:
+    """One sandbox per mode; the allowlist allows ``peer.test``, which maps to ``allowed``."""
+    allowlist = resolve_egress(
+        "allowlist", ["peer.test"], resolver=lambda name: [peer.allowed] if name == "peer.test"
+        else []
+    )
+    boxes: dict[str, ContainerSandbox] = {}
+    try:
+        for mode, egress in (("none", Egress()), ("all", Egress("all")),
+                             ("allowlist", allowlist)):
+            boxes[mode] = _start(options, mode, egress)
+        yield boxes
+    finally:
+        failures = []
+        for box in boxes.values():
+            try:
+                box.destroy()
+            except SessionFailed as error:
+                failures.append(error)
+        assert not failures
+
+
+def _probe(sandbox: ContainerSandbox, *targets: str) -> dict[str, list[object]]:
+    done = exec_in(sandbox, "python3", "-c", _PROBE, json.dumps(targets))
+    assert done.returncode == 0, done.stderr
+    result: dict[str, list[object]] = json.loads(done.stdout)
+    return result
+
+
+def _host_targets(services: HostServices, peer: Peer) -> list[str]:
+    """Every way to the host's own services: loopback, each host address (incl. the veth)."""
+    targets = [f"127.0.0.1:{services.loopback_port}", f"127.0.0.1:{services.any_port}",
+               f"[::1]:{services.any_port}", f"{peer.host_side}:{services.any_port}"]
+    for address in HostAddresses.read().local:
+        if address.startswith(("127.", "::1", "fe80:")):
+            continue
+        host = f"[{address}]" if ":" in address else address
+        targets.append(f"{host}:{services.any_port}")
+    return targets
+
+
+def test_all_reaches_services_beyond_the_host(
+    sandboxes: dict[str, ContainerSandbox], peer: Peer
+) -> None:
+    box = sandboxes["all"]
+    result = _probe(box, f"{peer.allowed}:{peer.port}", f"{peer.other}:{peer.port}")
+    assert [r[:2] for r in result.values()] == [["ok", "ok"], ["ok", "ok"]], result
+    assert exec_in(box, "cat", "/etc/resolv.conf").stdout.startswith("nameserver 169.254.1.1")
+    # Figures: namespace + rules + pasta up, and the whole start without a browser.
+    print(f"network setup {box.timings['network'] * 1000:.0f} ms, "
+          f"runc {box.timings['runc'] * 1000:.0f} ms")
+    assert box.timings["network"] < 2.0
+
+
+def test_allowlist_reaches_only_the_allowed_service(
+    sandboxes: dict[str, ContainerSandbox], peer: Peer
+) -> None:
+    box = sandboxes["allowlist"]
+    result = _probe(box, f"peer.test:{peer.port}", f"{peer.other}:{peer.port}")
+    assert result[f"peer.test:{peer.port}"][:2] == ["ok", "ok"], result
+    refused = result[f"{peer.other}:{peer.port}"]
+    assert refused[0] == "ConnectionRefusedError", result  # a TCP reset: fails fast
+    assert isinstance(refused[2], float) and refused[2] < 1.0
+    # Names are what the host resolved at create time; nothing else resolves (and no
+    # query leaves the sandbox: it has no nameserver).
+    lookup = exec_in(box, "python3", "-c",
+                     "import socket; print(socket.gethostbyname('peer.test'))\n"
+                     "try: socket.gethostbyname('other.test')\n"
+                     "except OSError as e: print(type(e).__name__)")
+    assert lookup.stdout.split() == [peer.allowed, "gaierror"], lookup
+
+
+@pytest.mark.parametrize("mode", ["none", "all", "allowlist"])
+def test_the_host_and_its_loopback_are_unreachable(
+    sandboxes: dict[str, ContainerSandbox], peer: Peer, host_services: HostServices,
+    mode: str,
+) -> None:
+    box = sandboxes[mode]
+    result = _probe(box, *_host_targets(host_services, peer))
+    for target, outcome in result.items():
+        assert outcome[0] != "ok", (target, outcome)
+        assert isinstance(outcome[2], float) and outcome[2] < 1.0, (target, outcome)
+    if mode == "none":
+        assert exec_in(box, "ls", "/sys/class/net").stdout.split() == ["lo"]
+        beyond = _probe(box, f"{peer.allowed}:{peer.port}")
+        assert beyond[f"{peer.allowed}:{peer.port}"][0] != "ok"
+
+
+@pytest.mark.parametrize("mode", ["all", "allowlist"])
+def test_gateways_and_host_addresses_are_in_the_blocked_sets(
+    sandboxes: dict[str, ContainerSandbox], mode: str, peer: Peer
+) -> None:
+    """The gateway is never contacted by a test (it is outside this machine): read the rules."""
+    network = sandboxes[mode].network
+    assert network is not None
+    rules = network.list_rules()
+    host = HostAddresses.read()
+    for address in (*host.gateways, peer.host_side):
+        assert address in rules, address
+    assert "--no-map-gw" in Path(f"/proc/{network.pasta_pid}/cmdline").read_text()
+
+
+@pytest.mark.parametrize("mode", ["all", "allowlist"])
+def test_the_sandbox_cannot_change_its_rules(
+    sandboxes: dict[str, ContainerSandbox], mode: str
+) -> None:
+    box = sandboxes[mode]
+    assert box.network is not None and box.init_pid is not None
+    before = box.network.list_rules()
+    status = exec_in(box, "cat", "/proc/self/status").stdout
+    eff = next(line for line in status.splitlines() if line.startswith("CapEff:"))
+    assert int(eff.split()[1], 16) & (1 << 12) == 0  # no CAP_NET_ADMIN
+    done = exec_in(box, "python3", "-c", _DELETE_TABLE, TABLE)
+    assert done.stdout.split() == ["-1"], (done.stdout, done.stderr)  # -EPERM
+    assert box.network.list_rules() == before
+
+
+def test_the_sandbox_joins_the_host_made_namespace(
+    sandboxes: dict[str, ContainerSandbox],
+) -> None:
+    for mode in ("all", "allowlist"):
+        box = sandboxes[mode]
+        assert box.network is not None and box.init_pid is not None
+        assert os.stat(f"/proc/{box.init_pid}/ns/net").st_ino == os.stat(box.network.path).st_ino
+    none = sandboxes["none"]
+    assert none.network is None and not (NETNS_DIR / none.container_id).exists()
+
+
+def test_another_session_is_unreachable(
+    options: ContainerOptions, sandboxes: dict[str, ContainerSandbox]
+) -> None:
+    """A service inside one ``all`` session, probed from another at every address it has."""
+    listener = subprocess.Popen(
+        [*options.runc.command(), "exec", sandboxes["all"].container_id, "python3", "-c",
+         _SERVER, "0.0.0.0"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert listener.stdout is not None
+        port = int(listener.stdout.readline())
+        # pasta gives each namespace the host's addresses: the listener's are those.
+        # (No name lookups here: in an ``all`` sandbox they would go to the real resolver.)
+        targets = [f"{a}:{port}" for a in {*HostAddresses.read().local, "127.0.0.1"}
+                   if "." in a]
+        for mode in ("none", "allowlist"):
+            for target, outcome in _probe(sandboxes[mode], *targets).items():
+                assert outcome[0] != "ok", (mode, target, outcome)
+    finally:
+        # End it from inside (stdin closes): a killed ``runc exec`` would leave the server
+        # as our zombie, and the sandbox's init waits for it before it can exit.
+        with listener:
+            pass
+
+
+def _pasta_pids() -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if cmdline.startswith(b"pasta\0"):
+                found.add(int(entry.name))
+    return found
+
+
+def test_destroy_and_failed_starts_leave_nothing(
+    options: ContainerOptions, peer: Peer, tmp_path: Path
+) -> None:
+    before = _pasta_pids()
+    box = _start(options, "gone", Egress("all"))
+    assert box.network is not None
+    pid, path = box.network.pasta_pid, box.network.path
+    assert pid is not None and pid in _pasta_pids() - before and path.exists()
+    started = time.monotonic()
+    box.destroy()
+    print(f"destroy with network {(time.monotonic() - started) * 1000:.0f} ms")
+    assert not path.exists() and _pasta_pids() <= before
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # reaped, not a zombie
+    # A start that fails after the network is up (runc cannot find the image).
+    broken = ContainerOptions(state_dir=tmp_path, rootfs=tmp_path / "missing", runc=options.runc)
+    with pytest.raises(SessionFailed):
+        _start(broken, "broken", Egress("all"))
+    assert _pasta_pids() <= before
+    assert not (NETNS_DIR / f"{broken.id_prefix}t-net-broken-{os.getpid()}").exists()
+
+
+def test_remove_orphans_ends_pasta_and_the_namespace(
+    options: ContainerOptions, tmp_path: Path
+) -> None:
+    """A server that died left a sandbox with its network: the next one removes it all."""
+    own = ContainerOptions(
+        state_dir=tmp_path, rootfs=options.rootfs, runc=options.runc, id_prefix="dbxorphan-"
+    )
+    box = _start(own, "orphan", Egress("allowlist"))
+    assert box.network is not None and box.network.pasta_pid is not None
+    pid, path = box.network.pasta_pid, box.network.path
+    box.network.forget()  # what a dead server held is gone; the pid file stays
+    assert remove_orphans(own) == [box.session_id]
+    assert not path.exists() and pid not in _pasta_pids()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # reaped
+    assert namespaces(own.id_prefix) == []
+
+
+def test_the_backend_creates_an_allowlisted_session_with_a_browser(
+    options: ContainerOptions, peer: Peer
+) -> None:
+    """Through ContainerBackend.create: the browser opens the allowed service's page.
+
+    Safe with a browser: whatever else Chromium tries is refused inside the sandbox, and it
+    has no DNS server to ask.
+    """
+    backend = ContainerBackend(options)
+    allowed = f"http://{peer.allowed}:{peer.port}/"
+    spec = SessionSpec(
+        id=f"t-net-backend-{os.getpid()}", desktop=DesktopSpec(start_url=allowed),
+        network=Network(egress="allowlist", allow=[peer.allowed]),
+    )
+    backend.check(spec)
+
+    async def scenario() -> dict[str, list[object]]:
+        handle = await backend.create(spec, 30.0)
+        try:
+            assert isinstance(handle, ContainerHandle)
+            return await asyncio.to_thread(
+                _probe, handle.sandbox, f"{peer.allowed}:{peer.port}",
+                f"{peer.other}:{peer.port}",
+            )
+        finally:
+            await backend.destroy(handle)
+
+    result = asyncio.run(scenario())
+    assert [r[0] for r in result.values()] == ["ok", "ConnectionRefusedError"], result
+    assert not (NETNS_DIR / f"{options.id_prefix}{spec.id}").exists()
