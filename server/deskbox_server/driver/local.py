@@ -85,7 +85,12 @@ class LocalDesktop:
     def _env(self) -> dict[str, str]:
         home = self._workdir / "home"
         home.mkdir(exist_ok=True)
+        tmp = self._workdir / "tmp"
+        tmp.mkdir(exist_ok=True)
         return {
+            # Chromium leaves its singleton and shared-memory dirs in TMPDIR when killed:
+            # keep them inside what stop() removes.
+            "TMPDIR": str(tmp),
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "DISPLAY": self.display_name,
             "HOME": str(home),
