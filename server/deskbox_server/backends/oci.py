@@ -47,7 +47,7 @@ READONLY_PATHS: tuple[str, ...] = (
     "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
 )
 
-_CPU_PERIOD_US = 100_000
+CPU_PERIOD_US = 100_000
 
 
 @dataclass(frozen=True)
@@ -197,8 +197,8 @@ def runtime_config(config: SandboxConfig) -> RuntimeConfig:
                 "devices": [{"allow": False, "access": "rwm"}],
                 "memory": {"limit": memory},
                 "cpu": {
-                    "quota": max(1000, int(limits.cpus * _CPU_PERIOD_US)),
-                    "period": _CPU_PERIOD_US,
+                    "quota": max(1000, int(limits.cpus * CPU_PERIOD_US)),
+                    "period": CPU_PERIOD_US,
                 },
                 "pids": {"limit": limits.pids},
             },

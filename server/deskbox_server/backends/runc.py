@@ -78,6 +78,16 @@ class Runc:
         raw = json.loads(done.stdout[:_OUTPUT_LIMIT] or b"null") or []
         return [str(item["id"]) for item in raw]
 
+    def set_cpus(self, container_id: str, cpus: float, period_us: int) -> None:
+        """``runc update``: the sandbox's CPU quota, in CPUs, from now on."""
+        quota = max(1000, int(cpus * period_us))
+        done = self._run(
+            ["update", "--cpu-period", str(period_us), "--cpu-quota", str(quota), container_id]
+        )
+        if done.returncode != 0:
+            message = done.stderr[-2000:].decode(errors="replace").strip()
+            raise SessionFailed(f"runc could not limit the CPU of {container_id}: {message}")
+
     def kill(self, container_id: str, signal: str = "KILL") -> None:
         self._run(["kill", "--all", container_id, signal])
 
