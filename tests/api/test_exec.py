@@ -444,3 +444,49 @@ def test_local_backend_refuses_exec_and_files(
     assert not marker.exists()
     get = client.get(files_url(session["id"]), params={"path": "/etc/hostname"})
     assert_error(get, 422, "invalid_request")
+
+
+# -- a hostile neighbour ----------------------------------------------------------------------
+
+FORK_BOMB = (
+    "import os, time\n"
+    "forked = refused = 0\n"
+    "for _ in range(400):\n"
+    "    try:\n"
+    "        if os.fork() == 0:\n"
+    "            time.sleep(30)\n"
+    "            os._exit(0)\n"
+    "        forked += 1\n"
+    "    except BlockingIOError:\n"
+    "        refused += 1\n"
+    "print(forked, refused)\n"
+)
+MEMORY_HOG = "b = bytearray(600 << 20); b[::4096] = b'x' * len(b[::4096]); print('survived')"
+
+
+def test_fork_bomb_and_memory_hog_leave_the_server_and_other_sessions_alone(
+    box_server: Server, box_client: httpx.Client, box: str
+) -> None:
+    response = box_client.post(
+        "/v1/sessions",
+        json={"display": {"width": 800, "height": 600},
+              "resources": {"pids": 128, "memory_mb": 384, "cpus": 0.5}},
+    )
+    assert response.status_code == 201, response.text
+    hostile = response.json()["id"]
+    try:
+        bomb = run(box_client, hostile, "python3", "-c", FORK_BOMB, timeout_s=60)
+        forked, refused = map(int, str(bomb["stdout"]).split())
+        assert forked < 128 and refused > 0  # the pids limit held
+        hog = run(box_client, hostile, "python3", "-c", MEMORY_HOG, timeout_s=60)
+        assert hog["exit_code"] != 0 and "survived" not in hog["stdout"]  # OOM-killed
+        # The server, the neighbour and the hostile session itself keep answering.
+        with box_server.client(None) as anonymous:
+            assert anonymous.get("/healthz").status_code == 200
+        assert run(box_client, box, "true")["exit_code"] == 0
+        shot = box_client.get(f"/v1/sessions/{box}/screenshot", params={"format": "png"})
+        assert shot.status_code == 200 and shot.content.startswith(b"\x89PNG")
+        state = box_client.get(f"/v1/sessions/{hostile}").json()["state"]
+        assert state == "running"
+    finally:
+        assert box_client.delete(f"/v1/sessions/{hostile}").status_code == 204
