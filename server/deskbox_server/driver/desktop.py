@@ -19,8 +19,9 @@ from Xlib.protocol.rq import Event
 
 from ..errors import DesktopFailed, InvalidAction
 from ..schemas import actions as a
-from ..schemas.results import Point, Size
+from ..schemas.results import ClipboardText, Point, Size
 from .capture import Capturer
+from .clipboard import Clipboard
 from .images import EncodedImage, Frame, encode
 from .keyboard import Keyboard
 from .pointer import Pointer
@@ -29,7 +30,7 @@ from .space import Space
 
 __all__ = ["ActionResult", "BatchResult", "Desktop", "SettleOptions"]
 
-ActionResult = EncodedImage | Point | Size | None
+ActionResult = EncodedImage | Point | Size | ClipboardText | None
 _BUTTON_ACTIONS = (a.Click, a.MouseDown, a.MouseUp, a.Drag)
 _KEYBOARD_ACTIONS = (a.TypeText, a.Key, a.HoldKey)
 HealthCheck = Callable[[], str | None]
@@ -46,6 +47,9 @@ class SettleOptions:
     # to the focused element: a key sent right after a click can overtake it (ctrl+a hits
     # the old focus). Keys wait until this long after the last button event.
     click_to_key_s: float = 0.03
+    # How long the screen must stay unchanged after typing borrowed keys before the
+    # keyboard mapping is restored (see Keyboard._temporarily_mapped).
+    typing_quiet_s: float = 0.05
 
 
 @dataclass(frozen=True)
@@ -74,12 +78,13 @@ class Desktop:
         self.width: int = screen.width_in_pixels
         self.height: int = screen.height_in_pixels
         self.pointer = Pointer(self._x)
-        self.keyboard = Keyboard(self._x)
         self.settle_options = settle or SettleOptions()
         self._settle = SettleWatcher(self._x, self._on_event)
+        self.keyboard = Keyboard(self._x, self._typing_shown)
         self._capturer = Capturer(display_name, self._x, shared_memory=shared_memory)
         self._closed = False
         self._last_button_at = 0.0
+        self.clipboard = Clipboard(display_name)  # its own X connections, made when used
 
     @property
     def x_connection(self) -> xdisplay.Display:
@@ -134,10 +139,16 @@ class Desktop:
     def _perform(self, action: a.Action, space: Space) -> ActionResult:
         if isinstance(action, _KEYBOARD_ACTIONS):
             self._let_buttons_land()
+            # Damage from here on is the keys' doing: _typing_shown waits for it to stop.
+            self._settle.arm()
         result = self._dispatch(action, space)
         if isinstance(action, _BUTTON_ACTIONS):
             self._last_button_at = time.monotonic()
         return result
+
+    def _typing_shown(self) -> None:
+        """Until the screen has been quiet for a moment after typing (bounded)."""
+        self._settle.wait_quiet(self.settle_options.typing_quiet_s, 1.0)
 
     def _let_buttons_land(self) -> None:
         wait = self._last_button_at + self.settle_options.click_to_key_s - time.monotonic()
@@ -182,6 +193,10 @@ class Desktop:
                 return Point(x=x, y=y)
             case a.ScreenSize():
                 return Size(width=space.view_width, height=space.view_height)
+            case a.ClipboardGet():
+                return ClipboardText(text=self.clipboard.get())
+            case a.ClipboardSet():
+                self.clipboard.set(action.text)
         self.pointer.sync()
         return None
 
@@ -258,5 +273,7 @@ class Desktop:
         self._closed = True
         with suppress(Exception):
             self._capturer.close()
+        with suppress(Exception):
+            self.clipboard.close()
         with suppress(Exception):
             self._x.close()

@@ -8,7 +8,7 @@ every character arrives as a real key press, so pages see keydown/keypress/input
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 from Xlib import XK, X
@@ -21,14 +21,19 @@ from .keys import char_keysym, parse_combo
 __all__ = ["Keyboard"]
 
 _SHIFT = XK.XK_Shift_L
-_MAPPING_GRACE_S = 0.05
+_MAPPING_GRACE_S = 0.1
 
 
 class Keyboard:
     """Presses keys on one X connection; call only from the desktop's worker thread."""
 
-    def __init__(self, display: Display) -> None:
+    def __init__(
+        self, display: Display, await_delivery: Callable[[], object] | None = None
+    ) -> None:
+        """``await_delivery`` returns once clients have handled the keys sent so far (the
+        desktop waits for the screen to settle); by default a fixed grace period."""
         self._display = display
+        self._await_delivery = await_delivery or (lambda: time.sleep(_MAPPING_GRACE_S))
         self._min_keycode: int = display.display.info.min_keycode
         self._max_keycode: int = display.display.info.max_keycode
         self._stale = True
@@ -103,14 +108,18 @@ class Keyboard:
         for keysym, keycode in assigned.items():
             rows[keycode - self._min_keycode] = (keysym, keysym) + (X.NoSymbol,) * (width - 2)
         self._write_mapping(rows)
+        # Chromium fetches a changed table asynchronously and translates the keys it reads
+        # meanwhile with the old one: nothing on the X side says when it has the new one.
+        time.sleep(_MAPPING_GRACE_S)
         try:
             yield assigned
         finally:
             self._display.sync()
-            # Chromium reloads its keymap asynchronously after a MappingNotify and translates
-            # key events with whatever keymap it has at that moment: give the key events time
-            # to be read under the new mapping before taking it away again.
-            time.sleep(_MAPPING_GRACE_S)
+            # A client translates a key with the mapping it knows when it reads the event,
+            # and a busy Chromium reads the last keys and our restoring MappingNotify in one
+            # batch: the last characters would come out empty. So the mapping stays until
+            # the typing has shown on screen (the screen is quiet again), then goes.
+            self._await_delivery()
             self._write_mapping(self._rows)
             self._stale = True
 
@@ -122,8 +131,6 @@ class Keyboard:
         """
         self._display.change_keyboard_mapping(self._min_keycode, rows)
         self._display.sync()
-        # See _temporarily_mapped: clients apply the new table asynchronously.
-        time.sleep(_MAPPING_GRACE_S)
 
     def _chunks(self, keysyms: Sequence[int]) -> Iterator[Sequence[int]]:
         """Split a text so that no chunk needs more unmapped keysyms than there are spares."""
