@@ -1,7 +1,9 @@
 """The session image for tests that start real sandboxes: one cache, found like the server.
 
-``DESKBOX_IMAGE_STATE_DIR`` (the server's setting of that name) picks the cache; tests
-default to the repository's ``.state/``, so every run after the first reuses one image.
+``DESKBOX_IMAGE_STATE_DIR`` (the server's setting of that name) picks the cache. Tests
+default to ``/var/cache/deskbox`` when it can be written (as root), so every checkout on a
+machine shares one image and only the first run builds it (a few minutes); otherwise to
+the repository's ``.state/``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from deskbox_server.settings import default_recipe_dir
 __all__ = ["IMAGE_STATE_DIR", "session_image"]
 
 REPO = Path(__file__).resolve().parents[1]
-IMAGE_STATE_DIR = Path(os.environ.get("DESKBOX_IMAGE_STATE_DIR", REPO / ".state"))
+_SHARED_CACHE = Path("/var/cache/deskbox")
+_DEFAULT_CACHE = _SHARED_CACHE if os.access(_SHARED_CACHE.parent, os.W_OK) else REPO / ".state"
+IMAGE_STATE_DIR = Path(os.environ.get("DESKBOX_IMAGE_STATE_DIR", _DEFAULT_CACHE))
 
 
 def _progress(line: str) -> None:
