@@ -22,6 +22,7 @@ test: lint
 bench: setup
 	$(BIN)/python bench/driver.py
 	$(BIN)/python bench/api.py
+	$(BIN)/python bench/vnc.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
   xvfb xauth openbox chromium x11vnc x11-utils x11-xkb-utils xkb-data
+  novnc                    # the live view's browser client, served from /usr/share/novnc
   fonts-dejavu-core fonts-noto-cjk fonts-noto-color-emoji
   runc mmdebstrap passt slirp4netns nftables iproute2 uidmap
   xdotool scrot            # only for bench/: the peers' way of doing things

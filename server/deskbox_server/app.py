@@ -12,8 +12,10 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from . import __version__
-from .api import actions, dialects, health, sessions
+from .api import actions, cdp, dialects, events, health, sessions
 from .api import exec as exec_api
+from .api import tokens as tokens_api
+from .api import vnc as vnc_api
 from .api.auth import load_keyring
 from .api.deps import Services
 from .api.errors import RequestContext, install_error_handlers
@@ -94,6 +96,7 @@ def create_app(
         try:
             yield
         finally:
+            await services.vnc.close()
             await manager.shutdown()
             log.info("deskbox stopped every session")
 
@@ -115,4 +118,9 @@ def create_app(
     app.include_router(actions.router)
     app.include_router(exec_api.router)
     app.include_router(dialects.router)
+    app.include_router(cdp.router)
+    app.include_router(events.router)
+    app.include_router(tokens_api.router)
+    app.include_router(vnc_api.router)
+    vnc_api.mount_assets(app, settings.novnc_dir)
     return app

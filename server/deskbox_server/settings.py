@@ -47,6 +47,8 @@ class Settings(BaseSettings):
     display_last: Annotated[int, Field(ge=2, le=65536)] = 1000
     # MIT-SHM capture through a sealed memfd (driver/shm.py); False: plain GetImage.
     capture_shared_memory: bool = True
+    # The noVNC client served with the live view (Debian's novnc package).
+    novnc_dir: Path = Path("/usr/share/novnc")
     idle_timeout_s: Annotated[int, Field(ge=1)] = 900
     max_timeout_s: Annotated[int, Field(ge=1)] = 7 * 24 * 3600
     reaper_interval_s: Annotated[float, Field(gt=0)] = 5.0
@@ -57,6 +59,8 @@ class Settings(BaseSettings):
     exec_output_max_bytes: Annotated[int, Field(ge=1)] = 1024 * 1024  # stdout, stderr each
     exec_max_timeout_s: Annotated[float, Field(gt=0)] = 3600.0
     file_max_bytes: Annotated[int, Field(ge=1)] = 100 * 1024 * 1024
+    # The CDP proxy (api/cdp.py): a larger DevTools message closes the connection (1009).
+    cdp_max_message_bytes: Annotated[int, Field(ge=64 * 1024)] = 64 * 1024 * 1024
 
     @field_validator("api_keys", "backends", mode="before")
     @classmethod

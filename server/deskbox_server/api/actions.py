@@ -25,7 +25,7 @@ from ..schemas.batch import (
     WsImage,
     WsRequest,
 )
-from ..schemas.results import Point, Size
+from ..schemas.results import ClipboardText, Point, Size
 from .auth import authenticate
 from .deps import Caller, Services, get_services
 from .errors import deskbox_error_response, new_request_id, validation_message
@@ -50,7 +50,7 @@ def _image_out(image: EncodedImage) -> ImageOut:
 def _result_out(result: ActionResult) -> ActionResultOut:
     if isinstance(result, EncodedImage):
         return _image_out(result)
-    if isinstance(result, Point | Size):
+    if isinstance(result, Point | Size | ClipboardText):
         return result
     return EmptyResult()
 

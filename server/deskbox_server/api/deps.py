@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -10,7 +10,9 @@ from starlette.requests import HTTPConnection
 
 from ..metrics import Metrics
 from ..sessions.manager import SessionManager
+from ..sessions.tokens import TokenStore
 from ..settings import Settings
+from ..vnc.hub import VncHub
 from .auth import KeyRing, Principal, authenticate
 
 __all__ = ["Caller", "Services", "get_services", "require_key"]
@@ -22,6 +24,8 @@ class Services:
     keyring: KeyRing
     manager: SessionManager
     metrics: Metrics
+    tokens: TokenStore = field(default_factory=TokenStore)  # session tokens (api/tokens.py)
+    vnc: VncHub = field(default_factory=VncHub)  # VNC servers of the live view
 
 
 def get_services(connection: HTTPConnection) -> Services:

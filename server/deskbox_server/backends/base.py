@@ -20,7 +20,9 @@ from ..driver.worker import DesktopWorker
 from ..errors import InvalidRequest, SessionFailed
 from ..schemas import actions as a
 from ..schemas.sessions import Network, Resources
+from .devtools import DevtoolsSocket
 from .sandbox_io import ExecCommand, ExecResult, FileDownload
+from .vnc_server import VncServer
 
 __all__ = ["Backend", "DesktopHandle", "SessionSpec"]
 
@@ -92,6 +94,17 @@ class DesktopHandle(ABC):
     async def write_file(self, path: str, chunks: AsyncIterable[bytes], limit: int) -> int:
         """Replace ``path`` inside the sandbox with ``chunks`` (at most ``limit`` bytes)."""
         raise self._refuse("writing files")
+
+    async def start_vnc(self) -> VncServer:
+        """Start a VNC server on this desktop that only the host can reach (vnc_server.py)."""
+        raise InvalidRequest("this session's backend offers no live view")
+
+    async def open_devtools(self) -> DevtoolsSocket:
+        """A new connection to the browser's DevTools server (backends/devtools.py).
+
+        BrowserUnavailable while the browser does not accept connections.
+        """
+        raise InvalidRequest("this session's backend offers no DevTools connection")
 
 
 class Backend(ABC):

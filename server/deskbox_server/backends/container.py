@@ -53,6 +53,7 @@ from ..driver.xwait import top_level_clients, wait_for, window_viewable, wm_runn
 from ..errors import Conflict, DesktopFailed, InvalidRequest, SessionFailed, Timeout
 from . import sandbox_files
 from .base import Backend, DesktopHandle, SessionSpec
+from .devtools import DEVTOOLS_PORT, BrowserUnavailable, DevtoolsSocket, connect_in_netns
 from .displays import (
     DisplayReservation,
     mount_tmpfs,
@@ -74,6 +75,7 @@ from .oci import CPU_PERIOD_US, Limits, SandboxConfig, write_bundle
 from .runc import Runc
 from .sandbox_exec import SandboxExec
 from .sandbox_io import ExecCommand, ExecResult, FileDownload
+from .vnc_server import SandboxVnc, VncServer
 
 __all__ = [
     "ContainerBackend",
@@ -211,7 +213,9 @@ class ContainerSandbox:
         env = {
             "DESKBOX_XSERVER": json.dumps(xserver_argv(spec, _DISPLAYFD, number)),
             "DESKBOX_WM": json.dumps(wm_argv(WM_CONFIG)),
-            "DESKBOX_BROWSER": json.dumps(browser_argv(spec, PROFILE_DIR) if browser else []),
+            "DESKBOX_BROWSER": json.dumps(
+                browser_argv(spec, PROFILE_DIR, DEVTOOLS_PORT) if browser else []
+            ),
         }
         # Start-up runs at the host's full CPU: under a 1-CPU quota Chromium alone takes
         # ~0.5 s longer to show its window. The session's own quota applies once it is ready.
@@ -435,6 +439,22 @@ class ContainerHandle(DesktopHandle):
 
     async def write_file(self, path: str, chunks: AsyncIterable[bytes], limit: int) -> int:
         return await sandbox_files.write_file(self._runner(), path, chunks, limit)
+
+    async def start_vnc(self) -> VncServer:
+        """x11vnc inside the sandbox, on a unix socket in its socket directory."""
+        return await SandboxVnc.start(
+            self._runner(), self.sandbox.socket_dir, self.sandbox.display_dir
+        )
+
+    async def open_devtools(self) -> DevtoolsSocket:
+        """Into the sandbox's own network namespace: the port is reachable nowhere else."""
+        sandbox = self.sandbox
+        pid = sandbox.init_pid
+        if pid is None or sandbox.failure() is not None:
+            raise BrowserUnavailable(f"the sandbox {sandbox.container_id} is not running")
+        return await connect_in_netns(
+            f"/proc/{pid}/ns/net", DEVTOOLS_PORT, alive=lambda: sandbox.failure() is None
+        )
 
 
 class ContainerBackend(Backend):

@@ -14,6 +14,8 @@ from ..driver.local import LocalDesktop
 from ..driver.worker import DesktopWorker
 from ..errors import InvalidRequest
 from .base import Backend, DesktopHandle, SessionSpec
+from .devtools import BrowserUnavailable, DevtoolsSocket, connect_tcp
+from .vnc_server import LocalVnc, VncServer
 
 __all__ = ["LocalBackend", "LocalHandle"]
 
@@ -40,6 +42,15 @@ class LocalHandle(DesktopHandle):
 
     def failure(self) -> str | None:
         return self.local.processes.failure()
+
+    async def start_vnc(self) -> VncServer:
+        return await LocalVnc.start(self.local.display_name)
+
+    async def open_devtools(self) -> DevtoolsSocket:
+        port = self.local.devtools_port
+        if port is None:
+            raise BrowserUnavailable("this desktop has no browser")
+        return await connect_tcp(port)
 
 
 class LocalBackend(Backend):

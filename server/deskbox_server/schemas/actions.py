@@ -13,11 +13,14 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 __all__ = [
     "MAX_DRAG_POINTS",
+    "MAX_CLIPBOARD_CHARS",
     "MAX_HOLD_S",
     "MAX_TYPE_CHARS",
     "MAX_WAIT_MS",
     "Action",
     "ActionAdapter",
+    "ClipboardGet",
+    "ClipboardSet",
     "Click",
     "CoordinateSpace",
     "CursorPosition",
@@ -39,6 +42,7 @@ __all__ = [
 ]
 
 MAX_TYPE_CHARS = 20_000
+MAX_CLIPBOARD_CHARS = 200_000
 MAX_WAIT_MS = 60_000
 MAX_HOLD_S = 30.0
 MAX_DRAG_POINTS = 10_000
@@ -167,6 +171,19 @@ class Zoom(_Strict):
     quality: Annotated[int, Field(ge=1, le=100)] = 75
 
 
+class ClipboardGet(_Strict):
+    """The text on the session's clipboard (X ``CLIPBOARD``) → ``{"text": ...}``."""
+
+    type: Literal["clipboard_get"] = "clipboard_get"
+
+
+class ClipboardSet(_Strict):
+    """Put ``text`` on the session's clipboard (then e.g. ``key ctrl+v`` pastes it)."""
+
+    type: Literal["clipboard_set"] = "clipboard_set"
+    text: Annotated[str, Field(max_length=MAX_CLIPBOARD_CHARS)]
+
+
 Action = Annotated[
     Screenshot
     | Click
@@ -181,7 +198,9 @@ Action = Annotated[
     | Wait
     | CursorPosition
     | ScreenSize
-    | Zoom,
+    | Zoom
+    | ClipboardGet
+    | ClipboardSet,
     Field(discriminator="type"),
 ]
 

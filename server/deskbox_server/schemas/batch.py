@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .actions import Action, CoordinateSpace, Screenshot
-from .results import Point, Size
+from .results import ClipboardText, Point, Size
 
 __all__ = [
     "MAX_BATCH",
@@ -59,7 +59,7 @@ class EmptyResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-ActionResultOut = ImageOut | Point | Size | EmptyResult
+ActionResultOut = ImageOut | Point | Size | ClipboardText | EmptyResult
 
 
 class ActionsResponse(BaseModel):

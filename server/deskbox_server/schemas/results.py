@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["Point", "Size"]
+__all__ = ["ClipboardText", "Point", "Size"]
 
 
 class Point(BaseModel):
@@ -17,3 +17,8 @@ class Size(BaseModel):
     model_config = ConfigDict(frozen=True)
     width: int
     height: int
+
+
+class ClipboardText(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    text: str

@@ -37,6 +37,8 @@ from ..metrics import Metrics
 from ..schemas import actions as a
 from ..schemas.sessions import Failure, SessionCreate, SessionState
 from ..settings import Settings
+from .browser_watch import BrowserWatch
+from .events import EventLog
 from .lifecycle import LIVE_STATES, SessionRecord, utcnow
 from .registry import Registry
 
@@ -75,6 +77,9 @@ class SessionManager:
         self._recent: OrderedDict[str, SessionRecord] = OrderedDict()
         self._reaper: asyncio.Task[None] | None = None
         self._lock_fd: int | None = None
+        # GET /v1/sessions/{id}/events: state changes, browser exits and restarts.
+        self.events = EventLog()
+        self._browsers = BrowserWatch(self.events)
 
     # -- server lifetime ------------------------------------------------------------------
 
@@ -88,6 +93,7 @@ class SessionManager:
             await self._recover()
         except BaseException:
             for live in self._live.values():  # re-adopted: let go, leave the desktop running
+                await self._browsers.stop(live.record.id)
                 if live.handle is not None:
                     await asyncio.to_thread(live.handle.worker.shutdown)
             self._live.clear()
@@ -138,6 +144,7 @@ class SessionManager:
             log.exception("re-adopting session %s", record.id)
             return f"the server restarted and could not re-adopt it: {type(error).__name__}"
         self._live[record.id] = LiveSession(record, handle)
+        self._browsers.start(record.id, handle)
         log.info("session %s re-adopted (backend %s)", record.id, record.backend)
         return None
 
@@ -229,6 +236,7 @@ class SessionManager:
         except BaseException:
             del self._live[session_id]
             raise
+        self._publish_state(record)
         live.start_task = asyncio.create_task(self._start(live, backend, spec))
         if wait:
             await asyncio.shield(live.start_task)
@@ -271,6 +279,8 @@ class SessionManager:
         record.transition(S.running)
         record.touch()
         await self._registry.save(record)
+        self._publish_state(record)
+        self._browsers.start(record.id, handle)
         log.info(
             "session %s running (backend %s, %.2f s)",
             record.id, record.backend, time.monotonic() - started,
@@ -305,6 +315,7 @@ class SessionManager:
         """Stop (``failure`` None) or fail a session, destroy its desktop, forget it."""
         record = live.record
         try:
+            await self._browsers.stop(record.id)  # before the browser goes with the desktop
             if record.state in LIVE_STATES and record.state is not S.stopping:
                 if failure is None:
                     record.transition(S.stopping)
@@ -312,6 +323,7 @@ class SessionManager:
                     record.transition(S.failed, failure)
                     log.warning("session %s failed: %s", record.id, failure)
                 await self._registry.save(record)
+                self._publish_state(record)
             if live.handle is not None:
                 backend = self._backends[record.backend]
                 try:
@@ -321,7 +333,9 @@ class SessionManager:
             if record.state is S.stopping:
                 record.transition(S.stopped)
                 await self._registry.save(record)
+                self._publish_state(record)
         finally:
+            self.events.end(record.id)
             if self._live.pop(record.id, None) is not None:
                 self._ended[record.state] = self._ended.get(record.state, 0) + 1
                 self._recent[record.id] = record
@@ -409,6 +423,15 @@ class SessionManager:
             live.busy -= 1
             if live.record.state is S.running:
                 live.record.touch()
+
+    def touch(self, owner: str, session_id: str) -> None:
+        """Note use of a running session that goes around ``run`` (CDP traffic): the reaper
+        counts its idle time from now."""
+        self._running(owner, session_id)[0].record.touch()
+
+    def _publish_state(self, record: SessionRecord) -> None:
+        reason = record.failure.reason if record.failure and record.state is S.failed else None
+        self.events.publish(record.id, "state", state=record.state, reason=reason)
 
     async def _fail_soon(self, live: LiveSession, reason: str) -> None:
         if live.stop_task is None:

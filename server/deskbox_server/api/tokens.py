@@ -1,0 +1,93 @@
+"""``/v1/sessions/{id}/tokens`` and how routers accept a session token.
+
+``POST`` issues a token (the API key must own the session); ``DELETE .../{token_id}``
+revokes it. Routers that browsers or Playwright open (VNC, the view page, CDP) call
+:func:`authorize`: a session token from ``?token=`` or the bearer header, or the owner's API
+key in the bearer header (which holds every scope).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Request, Response
+from starlette.requests import HTTPConnection
+
+from ..errors import Unauthorized
+from ..schemas.tokens import TokenCreate, TokenIssued
+from ..sessions.tokens import Scope, looks_like_token
+from .deps import Caller, Services, get_services
+
+__all__ = ["Grant", "authorize", "presented_token", "router"]
+
+router = APIRouter(prefix="/v1/sessions/{session_id}/tokens", tags=["tokens"])
+
+
+@router.post("", status_code=201, response_model=TokenIssued)
+async def issue_token(
+    request: Request, caller: Caller, session_id: str, body: TokenCreate
+) -> TokenIssued:
+    services = get_services(request)
+    await services.manager.get(caller.key_id, session_id)  # 404 unless the caller owns it
+    token, record = services.tokens.issue(caller.key_id, session_id, body.scope, body.ttl_s)
+    return TokenIssued(
+        id=record.id, token=token, scope=record.scope, session_id=session_id,
+        expires_at=record.expires_at_utc,
+    )
+
+
+@router.delete("/{token_id}", status_code=204, response_class=Response)
+async def revoke_token(
+    request: Request, caller: Caller, session_id: str, token_id: str
+) -> Response:
+    services = get_services(request)
+    await services.manager.get(caller.key_id, session_id)
+    services.tokens.revoke(caller.key_id, session_id, token_id)
+    return Response(status_code=204)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Who may do what on a session: the owner's key id and the scope granted."""
+
+    owner: str
+    scope: Scope
+    token_id: str | None  # None: the owner's API key itself
+
+
+def presented_token(connection: HTTPConnection) -> str | None:
+    """``?token=`` if given, else the bearer credential, else None."""
+    token = connection.query_params.get("token")
+    if token:
+        return token
+    scheme, _, credential = connection.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and credential.strip():
+        return credential.strip()
+    return None
+
+
+def authorize(
+    services: Services, connection: HTTPConnection, session_id: str,
+    scopes: Scope | Collection[Scope],
+) -> Grant:
+    """A session token for ``session_id`` and one of ``scopes``, or the owner's API key.
+
+    Raises Unauthorized/Forbidden (never mentioning the credential). An API key is accepted
+    only in the header; whether the key owns the session is the caller's check (the
+    session manager's lookups by owner answer 404 otherwise).
+    """
+    wanted: tuple[Scope, ...] = (scopes,) if isinstance(scopes, str) else tuple(scopes)
+    credential = presented_token(connection)
+    if credential is None:
+        raise Unauthorized("missing token: add ?token=<session token> (or a bearer header)")
+    if looks_like_token(credential):
+        record = services.tokens.verify(credential, session_id, wanted)
+        return Grant(record.owner, record.scope, record.id)
+    if connection.query_params.get("token"):
+        raise Unauthorized("invalid session token (unknown, revoked or expired)")
+    principal = services.keyring.identify(credential)
+    if principal is None:
+        raise Unauthorized("invalid API key or session token")
+    best: Scope = "control" if "control" in wanted else wanted[0]
+    return Grant(principal.key_id, best, None)

@@ -1,0 +1,144 @@
+"""The live view: ``WS /vnc`` (RFB over websocket), ``GET /view`` (the noVNC page) and
+``GET /view/status`` (what the page shows of the session's state).
+
+Every one of them takes a ``view`` or ``control`` session token (``?token=`` or bearer
+header) or the owner's API key (bearer header), checked before the websocket upgrade:
+a refused viewer gets an HTTP error and never an RFB byte. The noVNC client is Debian's
+``novnc`` package (``settings.novnc_dir``), served under ``/vnc/novnc``; our page's own
+script and style under ``/vnc/static``.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+from pathlib import Path
+
+from fastapi import APIRouter, FastAPI, Request, WebSocket
+from fastapi.responses import HTMLResponse
+from pydantic import BaseModel
+from starlette.staticfiles import StaticFiles
+
+from ..errors import DeskboxError, Internal, SessionFailed
+from ..schemas.sessions import SessionState
+from ..sessions.tokens import Scope
+from ..vnc.proxy import handshake_server, run_proxy
+from ..vnc.rfb import RfbError
+from .deps import get_services
+from .errors import deskbox_error_response
+from .tokens import authorize
+
+__all__ = ["NOVNC_PATH", "STATIC_PATH", "ViewStatus", "mount_assets", "router"]
+
+log = logging.getLogger("deskbox.vnc")
+router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["live view"])
+
+NOVNC_PATH = "/vnc/novnc"
+STATIC_PATH = "/vnc/static"
+_STATIC_DIR = Path(__file__).resolve().parent.parent / "vnc" / "static"
+_VIEW_SCOPES: tuple[Scope, ...] = ("view", "control")
+_PAGE_HEADERS = {
+    "Cache-Control": "no-store",
+    "Referrer-Policy": "no-referrer",  # the page's URL carries the token
+    "X-Content-Type-Options": "nosniff",
+    "Content-Security-Policy": (
+        "default-src 'self'; connect-src 'self'; img-src 'self' data: blob:; "
+        "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+}
+
+
+def mount_assets(app: FastAPI, novnc_dir: Path) -> None:
+    """noVNC (Debian's files, read-only) and the page's script, as static routes."""
+    app.mount(NOVNC_PATH, StaticFiles(directory=novnc_dir, check_dir=False), name="novnc")
+    app.mount(STATIC_PATH, StaticFiles(directory=_STATIC_DIR), name="vnc-static")
+
+
+class ViewStatus(BaseModel):
+    session_id: str
+    state: SessionState
+    scope: Scope
+
+
+@router.get("/view/status", response_model=ViewStatus)
+async def view_status(request: Request, session_id: str) -> ViewStatus:
+    services = get_services(request)
+    grant = authorize(services, request, session_id, _VIEW_SCOPES)
+    record = await services.manager.get(grant.owner, session_id)
+    return ViewStatus(session_id=session_id, state=record.state, scope=grant.scope)
+
+
+@router.get("/view", response_class=HTMLResponse)
+async def view_page(request: Request, session_id: str) -> HTMLResponse:
+    services = get_services(request)
+    grant = authorize(services, request, session_id, _VIEW_SCOPES)
+    await services.manager.get(grant.owner, session_id)
+    if not (services.settings.novnc_dir / "core" / "rfb.js").is_file():
+        raise Internal(
+            f"noVNC is not installed on this server ({services.settings.novnc_dir}); "
+            "install Debian's novnc package"
+        )
+    return HTMLResponse(_page(session_id), headers=_PAGE_HEADERS)
+
+
+def _page(session_id: str) -> str:
+    sid = html.escape(session_id, quote=True)
+    return f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="referrer" content="no-referrer">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Deskbox {sid}</title>
+<link rel="stylesheet" href="{STATIC_PATH}/view.css">
+<script type="module" src="{STATIC_PATH}/view.js"></script>
+</head>
+<body data-session="{sid}" data-novnc="{NOVNC_PATH}">
+<header id="bar">
+  <span id="title">{sid}</span>
+  <span id="state" class="connecting">connecting</span>
+  <span id="scope"></span>
+  <button id="clip-toggle" type="button">Clipboard</button>
+</header>
+<aside id="clip" hidden>
+  <textarea id="clip-text" rows="6" spellcheck="false"
+    placeholder="Text copied in the session appears here"></textarea>
+  <button id="clip-send" type="button">Paste into the session</button>
+</aside>
+<main id="screen"></main>
+</body>
+</html>
+"""
+
+
+@router.websocket("/vnc")
+async def vnc_ws(websocket: WebSocket, session_id: str) -> None:
+    """RFB over websocket (subprotocol ``binary`` when offered); many viewers at once."""
+    services = get_services(websocket)
+    accepted = False
+    try:
+        grant = authorize(services, websocket, session_id, _VIEW_SCOPES)
+        handle = services.manager.handle(grant.owner, session_id)
+        async with services.vnc.viewer(session_id, handle.start_vnc) as server:
+            reader, writer = await server.connect()
+            try:
+                await handshake_server(reader, writer)
+            except (RfbError, TimeoutError) as error:
+                writer.close()
+                raise SessionFailed(f"the session's VNC server failed: {error}") from None
+            offered = websocket.scope.get("subprotocols") or []
+            await websocket.accept(subprotocol="binary" if "binary" in offered else None)
+            accepted = True
+            stats = await run_proxy(
+                websocket, reader, writer, allow_input=grant.scope == "control"
+            )
+            log.info(
+                "session %s: %s viewer left (%d messages forwarded, %d input dropped)",
+                session_id, grant.scope, stats.messages, stats.dropped,
+            )
+    except DeskboxError as error:
+        services.metrics.errors.inc(error.kind)
+        if not accepted:
+            await websocket.send_denial_response(deskbox_error_response(error))
+        else:
+            log.warning("session %s: live view ended: %s", session_id, error.message)

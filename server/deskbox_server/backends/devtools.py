@@ -1,0 +1,289 @@
+"""Reaching a session browser's DevTools server, which listens only inside its sandbox.
+
+Chromium listens on ``127.0.0.1:DEVTOOLS_PORT`` of the sandbox's own network namespace
+(every sandbox has its own loopback, so the port is the same in all of them). Nothing on the
+host listens for it and no port is forwarded to it: the only way in is a socket *created in
+that namespace*. :func:`socket_in_netns` makes one from a short-lived thread that enters the
+namespace (``setns``), creates the socket and leaves; a socket keeps the namespace it was
+created in, so it is then connected and used from the event loop like any other.
+
+The browser is hostile like everything in the sandbox: replies are read with a size limit,
+with a timeout, and parsed strictly (:func:`get_json`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import re
+import socket
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidStatus, WebSocketException
+
+from ..errors import Conflict, DeskboxError, NotFound, Timeout
+
+__all__ = [
+    "DEVTOOLS_PORT",
+    "MAX_LISTING",
+    "BrowserUnavailable",
+    "DevtoolsSocket",
+    "Opener",
+    "browser_path",
+    "connect_in_netns",
+    "connect_tcp",
+    "get_json",
+    "open_websocket",
+    "socket_in_netns",
+]
+
+DEVTOOLS_PORT = 9222  # on the sandbox's own loopback
+CLONE_NEWNET = 0x40000000
+MAX_HEADERS = 64 * 1024
+MAX_LISTING = 4 * 1024 * 1024  # /json/version, /json/list
+CONNECT_TIMEOUT_S = 5.0
+_BROWSER_PATH = re.compile(r"^/devtools/browser/[A-Za-z0-9-]{1,64}$")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class BrowserUnavailable(Conflict):
+    """The session runs but its browser does not answer (it is restarting, or gone)."""
+
+
+@dataclass
+class DevtoolsSocket:
+    """A TCP connection to a browser's DevTools server; ``host`` is its ``Host:`` value."""
+
+    sock: socket.socket
+    host: str
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"setns: {os.strerror(error)}")
+
+
+def socket_in_netns(netns_path: str, alive: Callable[[], bool] = lambda: True) -> socket.socket:
+    """A new (unconnected, non-blocking) TCP socket of the network namespace ``netns_path``.
+
+    A thread of its own enters the namespace, so no thread that runs anything else ever
+    changes namespace; if it could not switch back it ends anyway. ``alive`` is checked
+    once the namespace file is open: for ``/proc/<pid>/ns/net``, that ``pid`` was still the
+    process it should be (not a reused pid) when we opened its namespace.
+    """
+    made: list[socket.socket] = []
+    failed: list[BaseException] = []
+
+    def enter_and_create() -> None:
+        try:
+            own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                target = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    if not alive():
+                        raise BrowserUnavailable("the sandbox is not running")
+                    _setns(target)
+                    try:
+                        made.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    finally:
+                        _setns(own)  # raises if it cannot: the thread ends here anyway
+                finally:
+                    os.close(target)
+            finally:
+                os.close(own)
+        except BaseException as error:  # handed to the caller's thread
+            failed.append(error)
+
+    thread = threading.Thread(target=enter_and_create, name="deskbox-netns", daemon=True)
+    thread.start()
+    thread.join()
+    if failed:
+        for sock in made:
+            sock.close()
+        error = failed[0]
+        if isinstance(error, DeskboxError):
+            raise error
+        raise BrowserUnavailable(f"cannot enter the sandbox's network: {error}")
+    sock = made[0]
+    sock.setblocking(False)
+    return sock
+
+
+async def _connect(sock: socket.socket, port: int, timeout_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(timeout_s):
+            await loop.sock_connect(sock, ("127.0.0.1", port))
+    except TimeoutError:
+        sock.close()
+        message = f"the browser's DevTools did not accept a connection in {timeout_s} s"
+        raise Timeout(message) from None
+    except OSError as error:
+        sock.close()
+        raise BrowserUnavailable(
+            f"the session's browser does not accept DevTools connections ({error.strerror}); "
+            "if it just exited, the session restarts it: retry shortly"
+        ) from None
+    except BaseException:  # cancelled
+        sock.close()
+        raise
+
+
+def _close_made(making: asyncio.Future[socket.socket]) -> None:
+    if not making.cancelled() and making.exception() is None:
+        making.result().close()
+
+
+async def connect_in_netns(
+    netns_path: str,
+    port: int = DEVTOOLS_PORT,
+    alive: Callable[[], bool] = lambda: True,
+    timeout_s: float = CONNECT_TIMEOUT_S,
+) -> DevtoolsSocket:
+    """A connection to ``127.0.0.1:port`` as seen from inside the namespace ``netns_path``."""
+    making = asyncio.ensure_future(asyncio.to_thread(socket_in_netns, netns_path, alive))
+    try:
+        sock = await asyncio.shield(making)
+    except asyncio.CancelledError:
+        making.add_done_callback(_close_made)  # the thread finishes anyway: drop its socket
+        raise
+    await _connect(sock, port, timeout_s)
+    return DevtoolsSocket(sock, f"127.0.0.1:{port}")
+
+
+async def connect_tcp(port: int, timeout_s: float = CONNECT_TIMEOUT_S) -> DevtoolsSocket:
+    """A connection to ``127.0.0.1:port`` of the host (the unisolated local backend)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    await _connect(sock, port, timeout_s)
+    return DevtoolsSocket(sock, f"127.0.0.1:{port}")
+
+
+def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        raise BrowserUnavailable("the browser's DevTools answered something that is not HTTP")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    return int(parts[1]), headers
+
+
+async def get_json(
+    devtools: DevtoolsSocket, path: str, limit: int, timeout_s: float = 10.0
+) -> object:
+    """``GET path`` on the DevTools HTTP server; the JSON body (at most ``limit`` bytes).
+
+    Consumes (and closes) the connection. BrowserUnavailable for a non-200 answer, a body
+    that is too large or not JSON.
+    """
+    try:
+        reader, writer = await asyncio.open_connection(sock=devtools.sock, limit=MAX_HEADERS)
+    except OSError as error:
+        devtools.close()
+        raise BrowserUnavailable(f"the browser's DevTools connection failed: {error}") from None
+    except BaseException:
+        devtools.close()
+        raise
+    try:
+        async with asyncio.timeout(timeout_s):
+            writer.write(
+                f"GET {path} HTTP/1.1\r\nHost: {devtools.host}\r\nAccept: application/json\r\n"
+                "Connection: close\r\n\r\n".encode("ascii")
+            )
+            await writer.drain()
+            head = await reader.readuntil(b"\r\n\r\n")
+            status, headers = _parse_head(head[:-4])
+            length = headers.get("content-length")
+            if length is not None:
+                if not length.isdigit() or int(length) > limit:
+                    raise BrowserUnavailable(f"the browser's answer to {path} is too large")
+                body = await reader.readexactly(int(length))
+            else:
+                body = b""
+                while len(body) <= limit and (chunk := await reader.read(limit + 1 - len(body))):
+                    body += chunk
+                if len(body) > limit:
+                    raise BrowserUnavailable(f"the browser's answer to {path} is too large")
+    except TimeoutError:
+        raise Timeout(f"the browser's DevTools did not answer {path} in {timeout_s} s") from None
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError) as error:
+        message = f"the browser's DevTools answer was cut short: {error!r}"
+        raise BrowserUnavailable(message) from None
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+    if status != 200:
+        raise BrowserUnavailable(f"the browser's DevTools answered {path} with HTTP {status}")
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise BrowserUnavailable(f"the browser's answer to {path} is not JSON") from None
+
+
+Opener = Callable[[], Awaitable[DevtoolsSocket]]
+"""Makes a new connection to one browser's DevTools (``DesktopHandle.open_devtools``)."""
+
+
+async def browser_path(open_devtools: Opener) -> str:
+    """The path of the browser-level DevTools websocket, from ``/json/version``."""
+    version = await get_json(await open_devtools(), "/json/version", MAX_LISTING)
+    url = version.get("webSocketDebuggerUrl") if isinstance(version, dict) else None
+    path = urlsplit(url).path if isinstance(url, str) else ""
+    if not _BROWSER_PATH.match(path):
+        raise BrowserUnavailable("the browser's /json/version names no browser websocket")
+    return path
+
+
+async def open_websocket(
+    open_devtools: Opener, path: str, max_size: int, timeout_s: float = 10.0
+) -> ClientConnection:
+    """A DevTools websocket at ``path``; messages larger than ``max_size`` close it (1009).
+
+    NotFound when the browser refuses the path (no such target), BrowserUnavailable when it
+    cannot be reached.
+    """
+    devtools = await open_devtools()
+    try:
+        return await connect(
+            f"ws://{devtools.host}{path}",
+            sock=devtools.sock,
+            max_size=max_size,
+            compression=None,
+            open_timeout=timeout_s,
+            ping_interval=None,  # a process on the same machine: a dead one resets the socket
+            max_queue=4,
+            user_agent_header=None,
+        )
+    except InvalidStatus as error:
+        devtools.close()
+        status = error.response.status_code
+        if status == 404 or status == 500:
+            raise NotFound(f"the browser has no DevTools target at {path}") from None
+        message = f"the browser refused the DevTools websocket: HTTP {status}"
+        raise BrowserUnavailable(message) from None
+    except TimeoutError:
+        devtools.close()
+        raise Timeout(f"the browser's DevTools websocket did not open in {timeout_s} s") from None
+    except (OSError, WebSocketException) as error:
+        devtools.close()
+        raise BrowserUnavailable(f"the browser's DevTools websocket failed: {error}") from None
+    except BaseException:  # cancelled
+        devtools.close()
+        raise

@@ -1,0 +1,101 @@
+"""What happened to each session, kept briefly in memory for ``GET .../events`` (SSE).
+
+The manager publishes state changes, the browser watch (browser_watch.py) the browser's
+exits and restarts. Each session keeps its last :data:`KEEP_PER_SESSION` events; ended
+sessions keep theirs until :data:`KEEP_ENDED` newer ones have ended. A server that restarts
+starts with empty logs. Used from the event loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from ..schemas.events import EventType, SessionEvent
+from ..schemas.sessions import SessionState
+from .lifecycle import utcnow
+
+__all__ = ["KEEP_ENDED", "KEEP_PER_SESSION", "EventLog"]
+
+KEEP_PER_SESSION = 256
+KEEP_ENDED = 1024
+
+
+@dataclass
+class _Stream:
+    events: deque[SessionEvent] = field(default_factory=lambda: deque(maxlen=KEEP_PER_SESSION))
+    next_id: int = 1
+    ended: bool = False
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def wake(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+
+class EventLog:
+    def __init__(self) -> None:
+        self._live: dict[str, _Stream] = {}
+        self._ended: OrderedDict[str, _Stream] = OrderedDict()
+
+    def publish(
+        self,
+        session_id: str,
+        event_type: EventType,
+        *,
+        state: SessionState | None = None,
+        reason: str | None = None,
+        browser_restarts: int | None = None,
+    ) -> SessionEvent:
+        stream = self._live.get(session_id)
+        if stream is None:
+            stream = self._live[session_id] = _Stream()
+        event = SessionEvent(
+            id=stream.next_id, type=event_type, at=utcnow(), session_id=session_id,
+            state=state, reason=reason, browser_restarts=browser_restarts,
+        )
+        stream.next_id += 1
+        stream.events.append(event)
+        stream.wake()
+        return event
+
+    def history(self, session_id: str) -> list[SessionEvent]:
+        stream = self._live.get(session_id) or self._ended.get(session_id)
+        return list(stream.events) if stream is not None else []
+
+    def end(self, session_id: str) -> None:
+        """The session is over: followers get what is left, then their stream ends."""
+        stream = self._live.pop(session_id, None)
+        if stream is None:
+            return
+        stream.ended = True
+        stream.wake()
+        self._ended[session_id] = stream
+        while len(self._ended) > KEEP_ENDED:
+            self._ended.popitem(last=False)
+
+    async def follow(
+        self, session_id: str, after: int = 0, heartbeat_s: float | None = None
+    ) -> AsyncIterator[SessionEvent | None]:
+        """The kept events with an id above ``after``, then new ones as they come.
+
+        Yields None every ``heartbeat_s`` without news (so a stream can send a comment and
+        notice a client that left); ends once the session has ended and all was yielded.
+        """
+        stream = self._live.get(session_id) or self._ended.get(session_id)
+        if stream is None:
+            stream = self._live[session_id] = _Stream()  # a live session with no news yet
+        while True:
+            changed = stream.changed
+            for event in list(stream.events):
+                if event.id > after:
+                    after = event.id
+                    yield event
+            if stream.ended:
+                return
+            try:
+                await asyncio.wait_for(changed.wait(), heartbeat_s)
+            except TimeoutError:
+                yield None

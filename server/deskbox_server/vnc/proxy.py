@@ -1,0 +1,177 @@
+"""RFB between a websocket viewer and the session's VNC server, with the viewer's input
+filtered by its scope.
+
+The proxy speaks each handshake itself: with the VNC server (RFB 3.8, security None: only
+the host reaches its socket) before the websocket is accepted, then with the viewer
+(RFB 3.3, 3.7 or 3.8, security None: the token was checked before the upgrade). It always
+asks the server for a shared session, so viewers never disconnect each other. After
+ClientInit the server's bytes pass through unchanged and the viewer's are framed and
+filtered by :class:`~deskbox_server.vnc.rfb.ClientMessages`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+from dataclasses import dataclass
+
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from .rfb import SECURITY_NONE, ClientMessages, RfbError, client_version, parse_server_version
+
+__all__ = ["HANDSHAKE_TIMEOUT_S", "ProxyStats", "handshake_server", "run_proxy"]
+
+log = logging.getLogger("deskbox.vnc")
+
+HANDSHAKE_TIMEOUT_S = 10.0
+_CHUNK = 256 * 1024
+_REASON_LIMIT = 1024
+_CLOSE_POLICY = 1008
+_CLOSE_SERVER_GONE = 1011
+
+
+@dataclass
+class ProxyStats:
+    to_viewer: int = 0
+    to_server: int = 0
+    messages: int = 0
+    dropped: int = 0
+
+
+async def _exactly(reader: asyncio.StreamReader, size: int) -> bytes:
+    try:
+        return await reader.readexactly(size)
+    except asyncio.IncompleteReadError:
+        raise RfbError("the VNC server closed the connection during the handshake") from None
+
+
+async def handshake_server(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Up to ServerInit (excluded): version 3.8, security None, result OK."""
+    async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+        parse_server_version(await _exactly(reader, 12))
+        writer.write(b"RFB 003.008\n")
+        count = (await _exactly(reader, 1))[0]
+        if count == 0:
+            (length,) = struct.unpack(">I", await _exactly(reader, 4))
+            reason = await _exactly(reader, min(length, _REASON_LIMIT))
+            raise RfbError(f"the VNC server refused: {reason.decode(errors='replace')}")
+        types = await _exactly(reader, count)
+        if SECURITY_NONE not in types:
+            raise RfbError(f"the VNC server offers no security type we use ({list(types)})")
+        writer.write(bytes([SECURITY_NONE]))
+        (result,) = struct.unpack(">I", await _exactly(reader, 4))
+        if result != 0:
+            raise RfbError("the VNC server refused the connection")
+
+
+class _ViewerStream:
+    """Bytes from the websocket's binary messages."""
+
+    def __init__(self, websocket: WebSocket) -> None:
+        self._websocket = websocket
+        self._buffer = bytearray()
+
+    async def _more(self) -> None:
+        message = await self._websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            raise WebSocketDisconnect(int(message.get("code", 1000)))
+        data = message.get("bytes")
+        if data is None:
+            raise RfbError("viewers send RFB in binary messages, not text")
+        self._buffer += data
+
+    async def read(self, size: int) -> bytes:
+        while len(self._buffer) < size:
+            await self._more()
+        data = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        return data
+
+    async def chunk(self) -> bytes:
+        """Whatever has arrived (at least one message's worth)."""
+        if not self._buffer:
+            await self._more()
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        return data
+
+
+async def _handshake_viewer(websocket: WebSocket, viewer: _ViewerStream) -> None:
+    async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+        await websocket.send_bytes(b"RFB 003.008\n")
+        minor = client_version(await viewer.read(12))
+        if minor == 3:
+            await websocket.send_bytes(struct.pack(">I", SECURITY_NONE))
+        else:
+            await websocket.send_bytes(bytes([1, SECURITY_NONE]))
+            choice = (await viewer.read(1))[0]
+            if choice != SECURITY_NONE:
+                if minor == 8:
+                    reason = b"only security type None (1) is offered"
+                    await websocket.send_bytes(struct.pack(">II", 1, len(reason)) + reason)
+                raise RfbError(f"the viewer chose security type {choice}")
+            if minor == 8:
+                await websocket.send_bytes(struct.pack(">I", 0))
+        await viewer.read(1)  # ClientInit: the server is always asked for a shared session
+
+
+async def run_proxy(
+    websocket: WebSocket,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    allow_input: bool,
+    max_cut_text: int = 1 << 20,
+) -> ProxyStats:
+    """Serve one accepted websocket until either side closes; closes both."""
+    stats = ProxyStats()
+    viewer = _ViewerStream(websocket)
+    messages = ClientMessages(allow_input=allow_input, max_cut_text=max_cut_text)
+    close_code = 1000
+
+    async def upstream() -> None:
+        while True:
+            data = messages.feed(await viewer.chunk())
+            if data:
+                stats.to_server += len(data)
+                writer.write(data)
+                await writer.drain()
+
+    async def downstream() -> None:
+        while chunk := await reader.read(_CHUNK):
+            stats.to_viewer += len(chunk)
+            await websocket.send_bytes(chunk)
+
+    try:
+        await _handshake_viewer(websocket, viewer)
+        writer.write(b"\x01")  # ClientInit, shared
+        up = asyncio.create_task(upstream())
+        down = asyncio.create_task(downstream())
+        try:
+            await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            up.cancel()
+            down.cancel()
+            await asyncio.gather(up, down, return_exceptions=True)
+        for task in (up, down):
+            error = None if task.cancelled() else task.exception()
+            if isinstance(error, RfbError):
+                raise error
+        if not down.cancelled() and down.exception() is None:
+            close_code = _CLOSE_SERVER_GONE  # the server ended the stream (session over)
+    except RfbError as error:
+        log.info("vnc viewer closed: %s", error)
+        close_code = _CLOSE_POLICY
+    except (WebSocketDisconnect, ConnectionError, TimeoutError):
+        pass
+    finally:
+        stats.messages = messages.forwarded
+        stats.dropped = sum(messages.dropped.values())
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+        if websocket.client_state is WebSocketState.CONNECTED:
+            with contextlib.suppress(Exception):
+                await websocket.close(code=close_code)
+    return stats

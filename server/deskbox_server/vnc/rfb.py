@@ -1,0 +1,150 @@
+"""The RFB protocol (RFC 6143) as the proxy needs it: handshakes and client messages.
+
+Sans I/O: :class:`ClientMessages` is fed the bytes a viewer sends after its ClientInit
+and returns the bytes to pass on to the VNC server. It frames every message by its type
+and length, drops input (KeyEvent, PointerEvent, ClientCutText) from read-only viewers,
+drops SetDesktopSize from everyone (viewers do not resize the session's screen) and
+raises :class:`RfbError` for anything it does not know, so that the proxy closes.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass, field
+
+__all__ = [
+    "INPUT_TYPES",
+    "SECURITY_NONE",
+    "ClientMessages",
+    "RfbError",
+    "client_version",
+    "parse_server_version",
+]
+
+SECURITY_NONE = 1
+SET_PIXEL_FORMAT = 0
+SET_ENCODINGS = 2
+FRAMEBUFFER_UPDATE_REQUEST = 3
+KEY_EVENT = 4
+POINTER_EVENT = 5
+CLIENT_CUT_TEXT = 6
+ENABLE_CONTINUOUS_UPDATES = 150
+CLIENT_FENCE = 248
+SET_DESKTOP_SIZE = 251
+INPUT_TYPES = frozenset({KEY_EVENT, POINTER_EVENT, CLIENT_CUT_TEXT})
+MAX_ENCODINGS = 1024
+MAX_FENCE_PAYLOAD = 64
+MAX_SCREENS = 64
+_VERSION = re.compile(rb"^RFB ([0-9]{3})\.([0-9]{3})\n$")
+
+
+class RfbError(Exception):
+    """The peer broke the protocol (or asked for what we refuse): close the connection."""
+
+
+def _version(data: bytes) -> tuple[int, int]:
+    match = _VERSION.match(data)
+    if match is None:
+        raise RfbError("not an RFB ProtocolVersion message")
+    return int(match[1]), int(match[2])
+
+
+def parse_server_version(data: bytes) -> tuple[int, int]:
+    major, minor = _version(data)
+    if (major, minor) < (3, 8):
+        raise RfbError(f"the VNC server speaks RFB {major}.{minor}; 3.8 is needed")
+    return major, minor
+
+
+def client_version(data: bytes) -> int:
+    """The minor version (3, 7 or 8) a viewer chose; others map as RFC 6143 says."""
+    major, minor = _version(data)
+    if major != 3:
+        raise RfbError(f"unsupported RFB version {major}.{minor}")
+    if minor >= 8:
+        return 8  # 3.889 (Apple) and later minors behave as 3.8
+    if minor == 7:
+        return 7
+    return 3  # 3.3, and what RFC 6143 says to treat as 3.3
+
+
+@dataclass
+class ClientMessages:
+    """Frames and filters the viewer's messages (after ClientInit)."""
+
+    allow_input: bool
+    max_cut_text: int = 1 << 20
+    dropped: dict[int, int] = field(default_factory=dict)
+    forwarded: int = 0
+    _buffer: bytearray = field(default_factory=bytearray)
+
+    def feed(self, data: bytes) -> bytes:
+        """Bytes to pass to the server (whole messages only); RfbError on a bad message."""
+        self._buffer += data
+        out = bytearray()
+        while self._buffer:
+            size = self._message_size()
+            if size is None or len(self._buffer) < size:
+                break
+            kind = self._buffer[0]
+            message = bytes(self._buffer[:size])
+            del self._buffer[:size]
+            if kind == SET_DESKTOP_SIZE or (kind in INPUT_TYPES and not self.allow_input):
+                self.dropped[kind] = self.dropped.get(kind, 0) + 1
+                continue
+            out += message
+            self.forwarded += 1
+        return bytes(out)
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an incomplete message held back."""
+        return len(self._buffer)
+
+    def _message_size(self) -> int | None:
+        """The whole size of the message at the head of the buffer; None: need more."""
+        buf = self._buffer
+        kind = buf[0]
+        if kind == SET_PIXEL_FORMAT:
+            return 20
+        if kind == FRAMEBUFFER_UPDATE_REQUEST:
+            return 10
+        if kind == KEY_EVENT:
+            return 8
+        if kind == POINTER_EVENT:
+            return 6
+        if kind == ENABLE_CONTINUOUS_UPDATES:
+            return 10
+        if kind == SET_ENCODINGS:
+            if len(buf) < 4:
+                return None
+            count = int(struct.unpack_from(">H", buf, 2)[0])
+            if count > MAX_ENCODINGS:
+                raise RfbError(f"SetEncodings with {count} encodings")
+            return 4 + 4 * count
+        if kind == CLIENT_CUT_TEXT:
+            if len(buf) < 8:
+                return None
+            length = int(struct.unpack_from(">i", buf, 4)[0])
+            # A negative length is the extended clipboard's (its payload is -length bytes):
+            # noVNC answers the capabilities libvncserver announces.
+            size = abs(length)
+            if size > self.max_cut_text:
+                raise RfbError(f"ClientCutText of {size} bytes")
+            return 8 + size
+        if kind == CLIENT_FENCE:
+            if len(buf) < 9:
+                return None
+            length = int(buf[8])
+            if length > MAX_FENCE_PAYLOAD:
+                raise RfbError(f"ClientFence with a {length}-byte payload")
+            return 9 + length
+        if kind == SET_DESKTOP_SIZE:
+            if len(buf) < 8:
+                return None
+            screens = int(buf[6])
+            if screens > MAX_SCREENS:
+                raise RfbError(f"SetDesktopSize with {screens} screens")
+            return 8 + 16 * screens
+        raise RfbError(f"unknown client message type {kind}")

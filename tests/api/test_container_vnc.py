@@ -1,0 +1,244 @@
+"""The live view of a sandboxed (container) session, end to end.
+
+x11vnc runs inside the sandbox on a unix socket of its socket directory; a headless
+Chromium on the host opens the view link (noVNC from Debian's package) and its canvas shows
+the session's page; a real VNC client library (vncdotool) goes through the websocket proxy;
+a view token's crafted input changes nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from deskbox_server.api.auth import key_id
+from deskbox_server.backends.container import ContainerHandle
+from deskbox_server.driver.browser import CdpPage
+from deskbox_server.settings import Settings
+
+from ..headless import headless_chromium, websocket_bridge
+from ..images import IMAGE_STATE_DIR
+from ..rfb_client import RfbViewer
+from .conftest import DISPLAY, KEY_A, Server, running_server
+from .sandbox_page import SandboxPage, events_data_url
+
+pytestmark = pytest.mark.slow
+
+RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    settings = Settings(
+        state_dir=tmp_path_factory.mktemp("vnc-state"),
+        api_keys=[KEY_A],
+        image_state_dir=IMAGE_STATE_DIR,
+        reaper_interval_s=0.5,
+    )
+    with running_server(settings) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> Iterator[httpx.Client]:
+    with server.client() as http:
+        yield http
+
+
+@pytest.fixture(scope="module")
+def session(client: httpx.Client) -> Iterator[dict[str, Any]]:
+    response = client.post(
+        "/v1/sessions", json={"display": DISPLAY, "browser": {"start_url": events_data_url()}}
+    )
+    assert response.status_code == 201, response.text
+    body: dict[str, Any] = response.json()
+    try:
+        yield body
+    finally:
+        client.delete(f"/v1/sessions/{body['id']}")
+
+
+@pytest.fixture(scope="module")
+def handle(server: Server, session: dict[str, Any]) -> ContainerHandle:
+    found = server.services.manager.handle(key_id(KEY_A), session["id"])
+    assert isinstance(found, ContainerHandle)
+    return found
+
+
+@pytest.fixture(scope="module")
+def page(handle: ContainerHandle) -> Iterator[SandboxPage]:
+    with SandboxPage(handle.sandbox.display_name) as page:
+        page.wait(lambda state: state["clicks"] == 0)
+        yield page
+
+
+@pytest.fixture(scope="module")
+def origin(client: httpx.Client, session: dict[str, Any], page: SandboxPage) -> tuple[int, int]:
+    response = client.post(f"/v1/sessions/{session['id']}/actions",
+                           json={"type": "click", "x": 640, "y": 700})
+    assert response.status_code == 200, response.text
+    click = page.wait(lambda state: state["clicks"] >= 1)["click"]
+    return click[2] - click[0], click[3] - click[1]
+
+
+def token(client: httpx.Client, session: dict[str, Any], scope: str) -> str:
+    response = client.post(f"/v1/sessions/{session['id']}/tokens", json={"scope": scope})
+    assert response.status_code == 201, response.text
+    value: str = response.json()["token"]
+    return value
+
+
+def vnc_url(session: dict[str, Any], value: str) -> str:
+    return f"{session['urls']['vnc_ws']}?token={value}"
+
+
+_PIXEL = """(() => {{
+  const view = window.__deskbox, canvas = document.querySelector('#screen canvas');
+  if (!view || !view.connected || !canvas || canvas.width < {x}) return null;
+  const d = canvas.getContext('2d').getImageData({x}, {y}, 1, 1).data;
+  return [d[0], d[1], d[2]];
+}})()"""
+
+
+def canvas_pixel(cdp: CdpPage, x: int, y: int, expected: tuple[int, int, int]) -> Any:
+    deadline = time.monotonic() + 20
+    while (pixel := cdp.evaluate(_PIXEL.format(x=x, y=y))) != list(expected):
+        if time.monotonic() > deadline:
+            return pixel
+        time.sleep(0.05)
+    return pixel
+
+
+def test_x11vnc_listens_only_on_a_unix_socket(
+    server: Server, client: httpx.Client, session: dict[str, Any], handle: ContainerHandle
+) -> None:
+    with RfbViewer(vnc_url(session, token(client, session, "view"))):
+        vnc = server.services.vnc.server(session["id"])
+        assert vnc is not None and vnc.failure() is None
+        pid = handle.sandbox.init_pid
+        # No VNC port listens, even in the sandbox's own network namespace (the browser's
+        # DevTools port is the CDP proxy's business)...
+        for table in ("tcp", "tcp6"):
+            rows = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+            listening = [int(row.split()[1].rsplit(":", 1)[1], 16) for row in rows
+                         if row.split()[3] == "0A"]
+            assert not [port for port in listening if 5800 <= port < 6000], (table, listening)
+        # ...and the socket the host uses is its own hard link, not the sandbox's file.
+        sockets = list((handle.sandbox.display_dir).glob("vnc-*"))
+        assert len(sockets) == 1 and sockets[0].is_socket()
+    deadline = time.monotonic() + 10
+    while server.services.vnc.server(session["id"]) is not None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert not list((handle.sandbox.display_dir).glob("vnc-*"))
+
+
+def test_view_link_in_headless_chromium(
+    tmp_path: Path, client: httpx.Client, session: dict[str, Any], origin: tuple[int, int],
+    page: SandboxPage,
+) -> None:
+    ox, oy = origin
+    link = f"{session['urls']['view']}?token={token(client, session, 'view')}"
+    with headless_chromium(tmp_path / "viewer") as devtools, CdpPage.first(devtools) as cdp:
+        cdp.navigate(link)
+        assert canvas_pixel(cdp, ox + 200, oy + 150, RED) == list(RED)
+        assert canvas_pixel(cdp, ox + 500, oy + 150, GREEN) == list(GREEN)
+        assert canvas_pixel(cdp, ox + 200, oy + 350, BLUE) == list(BLUE)
+        state = cdp.evaluate("[window.__deskbox.scope, window.__deskbox.state, "
+                             "window.__deskbox.rfb.viewOnly]")
+        assert state == ["view", "running", True]
+        # noVNC scaled the desktop to the window (1280 wide, minus nothing; 800 - the bar).
+        scaled = cdp.evaluate("document.querySelector('#screen canvas')"
+                              ".getBoundingClientRect().height")
+        assert scaled <= 860 - 28 + 1
+
+
+def test_control_viewer_in_chromium_clicks_the_page(
+    tmp_path: Path, client: httpx.Client, session: dict[str, Any], origin: tuple[int, int],
+    page: SandboxPage,
+) -> None:
+    ox, oy = origin
+    link = f"{session['urls']['view']}?token={token(client, session, 'control')}"
+    before = page.wait(lambda state: True)["clicks"]
+    with headless_chromium(tmp_path / "controller") as devtools, CdpPage.first(devtools) as cdp:
+        cdp.navigate(link)
+        assert canvas_pixel(cdp, ox + 200, oy + 150, RED) == list(RED)
+        assert cdp.evaluate("window.__deskbox.rfb.viewOnly") is False
+        box = cdp.evaluate("""(() => { const c = document.querySelector('#screen canvas');
+            const r = c.getBoundingClientRect();
+            return [r.left, r.top, r.width / c.width]; })()""")
+        x, y = box[0] + (ox + 150) * box[2], box[1] + (oy + 150) * box[2]
+        for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
+            cdp.call("Input.dispatchMouseEvent", {"type": kind, "x": x, "y": y,
+                                                  "button": "left", "clickCount": 1})
+        state = page.wait(lambda state: state["clicks"] > before)
+    assert state["clicks"] == before + 1
+    assert abs(state["click"][0] - 150) <= 2 and abs(state["click"][1] - 150) <= 2
+
+
+def test_view_token_crafted_input_changes_nothing(
+    client: httpx.Client, session: dict[str, Any], origin: tuple[int, int], page: SandboxPage
+) -> None:
+    ox, oy = origin
+    before = page.wait(lambda state: True)
+    with RfbViewer(vnc_url(session, token(client, session, "view"))) as viewer:
+        viewer.full_frame()
+        viewer.click(ox + 150, oy + 150)
+        viewer.pointer(ox + 900, oy + 175, 1)
+        viewer.pointer(ox + 900, oy + 175, 0)
+        for keysym in (0x68, 0x69):
+            viewer.key(keysym, True)
+            viewer.key(keysym, False)
+        viewer.full_frame()
+    time.sleep(1.0)
+    after = page.wait(lambda state: True)
+    assert (after["clicks"], after["value"]) == (before["clicks"], before["value"])
+
+
+def test_two_viewers_and_an_agent_at_once(
+    client: httpx.Client, session: dict[str, Any], origin: tuple[int, int], page: SandboxPage
+) -> None:
+    ox, oy = origin
+    before = page.wait(lambda state: True)["clicks"]
+    with RfbViewer(vnc_url(session, token(client, session, "view"))) as one, \
+            RfbViewer(vnc_url(session, token(client, session, "control"))) as two:
+        for viewer in (one, two):
+            assert tuple(viewer.full_frame()[oy + 150, ox + 200]) == RED
+        response = client.post(f"/v1/sessions/{session['id']}/actions", json={"actions": [
+            {"type": "click", "x": ox + 250, "y": oy + 130}]})
+        assert response.status_code == 200
+        two.click(ox + 260, oy + 140)
+        state = page.wait(lambda state: state["clicks"] >= before + 2)
+        assert state["clicks"] == before + 2
+        for viewer in (one, two):
+            assert tuple(viewer.full_frame()[oy + 350, ox + 200]) == BLUE
+
+
+def test_vncdotool_through_the_websocket_proxy(
+    tmp_path: Path, client: httpx.Client, session: dict[str, Any], origin: tuple[int, int],
+    page: SandboxPage,
+) -> None:
+    from vncdotool import api
+
+    ox, oy = origin
+    before = page.wait(lambda state: True)["clicks"]
+    with websocket_bridge(vnc_url(session, token(client, session, "control"))) as port:
+        vnc = api.connect(f"127.0.0.1::{port}", password=None, timeout=30)
+        try:
+            vnc.captureScreen(str(tmp_path / "screen.png"))
+            vnc.mouseMove(ox + 170, oy + 160)
+            vnc.mousePress(1)
+        finally:
+            vnc.disconnect()
+    from PIL import Image
+
+    image = Image.open(tmp_path / "screen.png").convert("RGB")
+    assert image.size == (1280, 800)
+    assert image.getpixel((ox + 200, oy + 150)) == RED
+    state = page.wait(lambda state: state["clicks"] > before)
+    assert state["click"][:2] == [170, 160]

@@ -1,0 +1,335 @@
+"""The live view on the shared local-backend server: tokens, the RFB proxy and its filter.
+
+A raw RFB viewer (tests/rfb_client.py) goes through ``WS /v1/sessions/{id}/vnc``; the
+page's DevTools tell exactly what input reached it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+
+from deskbox_server.logs import RedactTokens
+
+from ..rfb_client import RfbViewer
+from .conftest import KEY_A, KEY_B, EventPage, Server
+from .helpers import assert_error
+
+RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)
+
+
+def vnc_url(session: dict[str, Any], token: str) -> str:
+    return f"{session['urls']['vnc_ws']}?token={token}"
+
+
+def issue(client: httpx.Client, session_id: str, scope: str, ttl_s: int = 600) -> dict[str, Any]:
+    response = client.post(f"/v1/sessions/{session_id}/tokens",
+                           json={"scope": scope, "ttl_s": ttl_s})
+    assert response.status_code == 201, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+@pytest.fixture(scope="module")
+def origin(client: httpx.Client, session: dict[str, Any], page: EventPage) -> tuple[int, int]:
+    page.clear()
+    response = client.post(f"/v1/sessions/{session['id']}/actions",
+                           json={"type": "click", "x": 640, "y": 700})
+    assert response.status_code == 200, response.text
+    click = page.wait_for("click")[0]
+    page.clear()
+    return click["screenX"] - click["clientX"], click["screenY"] - click["clientY"]
+
+
+@pytest.fixture
+def captured_log() -> Iterator[list[str]]:
+    """Every log record of the server (this process's server-side loggers) during the test,
+    formatted with its arguments and extra fields. The test's own HTTP clients log the URLs
+    they open: those are the client's logs, not the server's."""
+    lines: list[str] = []
+    server_side = ("deskbox", "uvicorn", "fastapi", "starlette", "websockets.server")
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.name.startswith(server_side):
+                lines.append(self.format(record) + " " + repr(record.__dict__))
+
+    handler = Keep(level=logging.DEBUG)
+    handler.addFilter(RedactTokens())  # as configure_logging() installs it
+    root = logging.getLogger()
+    uvicorn = logging.getLogger("uvicorn.error")  # its "WebSocket /path?query" lines
+    old_levels = root.level, uvicorn.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    uvicorn.setLevel(logging.DEBUG)
+    try:
+        yield lines
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_levels[0])
+        uvicorn.setLevel(old_levels[1])
+
+
+def refused(url: str, **kwargs: Any) -> int:
+    """The HTTP status of a refused websocket upgrade (no RFB byte was ever sent)."""
+    with pytest.raises(InvalidStatus) as info:
+        with connect(url, open_timeout=10, **kwargs):
+            pass
+    return info.value.response.status_code
+
+
+# -- tokens -------------------------------------------------------------------------------
+
+
+def test_issue_and_revoke_a_token(client: httpx.Client, session: dict[str, Any]) -> None:
+    body = issue(client, session["id"], "view", ttl_s=60)
+    assert set(body) == {"id", "token", "scope", "session_id", "expires_at"}
+    assert body["scope"] == "view" and body["session_id"] == session["id"]
+    assert body["id"].startswith("tok_") and body["token"].startswith("dbt_")
+    status = client.get(f"/v1/sessions/{session['id']}/view/status",
+                        params={"token": body["token"]})
+    assert status.status_code == 200 and status.json()["scope"] == "view"
+    gone = client.delete(f"/v1/sessions/{session['id']}/tokens/{body['id']}")
+    assert gone.status_code == 204
+    assert_error(client.get(f"/v1/sessions/{session['id']}/view/status",
+                            params={"token": body["token"]}), 401, "unauthorized")
+    assert_error(client.delete(f"/v1/sessions/{session['id']}/tokens/{body['id']}"),
+                 404, "not_found")
+
+
+def test_token_requests_are_validated(
+    server: Server, client: httpx.Client, session: dict[str, Any]
+) -> None:
+    path = f"/v1/sessions/{session['id']}/tokens"
+    assert_error(client.post(path, json={"scope": "admin"}), 422, "invalid_request")
+    assert_error(client.post(path, json={"scope": "view", "ttl_s": 0}), 422, "invalid_request")
+    with server.client(KEY_B) as other:  # another key does not see the session
+        assert_error(other.post(path, json={"scope": "view"}), 404, "not_found")
+    with server.client(None) as anonymous:
+        assert_error(anonymous.post(path, json={"scope": "view"}), 401, "unauthorized")
+
+
+def test_bad_tokens_are_refused_before_any_rfb_byte(
+    server: Server, client: httpx.Client, session: dict[str, Any]
+) -> None:
+    sid = session["id"]
+    # another session of the same key
+    other = client.post("/v1/sessions", json={"display": {"width": 320, "height": 240},
+                                              "browser": {"start_url": "about:blank"}})
+    assert other.status_code == 201, other.text
+    try:
+        foreign = issue(client, other.json()["id"], "control")["token"]
+        assert refused(vnc_url(session, foreign)) == 403
+    finally:
+        client.delete(f"/v1/sessions/{other.json()['id']}")
+    assert refused(vnc_url(session, issue(client, sid, "cdp")["token"])) == 403
+    expired = issue(client, sid, "control", ttl_s=1)["token"]
+    revoked = issue(client, sid, "control")
+    client.delete(f"/v1/sessions/{sid}/tokens/{revoked['id']}")
+    assert refused(vnc_url(session, revoked["token"])) == 401
+    assert refused(vnc_url(session, "dbt_" + "x" * 43)) == 401
+    assert refused(vnc_url(session, KEY_A)) == 401  # API keys only in the header
+    assert refused(session["urls"]["vnc_ws"]) == 401
+    time.sleep(1.1)
+    assert refused(vnc_url(session, expired)) == 401
+    assert refused(session["urls"]["vnc_ws"],
+                   additional_headers={"Authorization": f"Bearer {KEY_B}"}) == 404
+    assert server.services.vnc.viewers(sid) == 0
+
+
+# -- the proxy ----------------------------------------------------------------------------
+
+
+def test_control_viewer_sees_the_page_and_clicks(
+    client: httpx.Client, session: dict[str, Any], page: EventPage, origin: tuple[int, int]
+) -> None:
+    ox, oy = origin
+    token = issue(client, session["id"], "control")["token"]
+    with RfbViewer(vnc_url(session, token)) as viewer:
+        assert (viewer.width, viewer.height) == (1280, 800)
+        frame = viewer.full_frame()
+        assert tuple(frame[oy + 150, ox + 200]) == RED
+        assert tuple(frame[oy + 150, ox + 500]) == GREEN
+        assert tuple(frame[oy + 350, ox + 200]) == BLUE
+        page.clear()
+        viewer.click(ox + 150, oy + 150)
+        clicks = page.wait_for("click")
+    assert clicks and (clicks[0]["clientX"], clicks[0]["clientY"]) == (150, 150)
+
+
+def test_view_token_input_is_dropped(
+    server: Server, client: httpx.Client, session: dict[str, Any], page: EventPage,
+    origin: tuple[int, int],
+) -> None:
+    ox, oy = origin
+    token = issue(client, session["id"], "view")["token"]
+    page.clear()
+    with RfbViewer(vnc_url(session, token)) as viewer:
+        # A modified client: pointer, keys and cut text straight onto the wire.
+        viewer.click(ox + 150, oy + 150)
+        viewer.pointer(ox + 800, oy + 400, 4)
+        viewer.key(0x61, True)
+        viewer.key(0x61, False)
+        viewer.cut_text_to_server(b"from a viewer")
+        frame = viewer.full_frame()  # the connection is still served...
+        assert tuple(frame[oy + 150, ox + 200]) == RED
+    time.sleep(0.5)
+    assert page.events("mousedown", "mouseup", "click", "keydown", "wheel") == []
+    # ...and the same bytes from a control viewer do land (the test can see a click).
+    control = issue(client, session["id"], "control")["token"]
+    with RfbViewer(vnc_url(session, control)) as viewer:
+        viewer.click(ox + 150, oy + 150)
+        assert page.wait_for("click")
+
+
+def test_unknown_client_message_closes(client: httpx.Client, session: dict[str, Any]) -> None:
+    token = issue(client, session["id"], "control")["token"]
+    with RfbViewer(vnc_url(session, token)) as viewer:
+        viewer.send_raw(b"\xff\x00\x00\x00")  # QEMU client message: never announced
+        with pytest.raises(ConnectionClosed) as info:
+            for _ in range(100):
+                viewer.ws.recv(timeout=10)
+        assert info.value.rcvd is not None and info.value.rcvd.code == 1008
+
+
+def test_many_viewers_share_one_server_that_stops_with_the_last(
+    server: Server, client: httpx.Client, session: dict[str, Any], page: EventPage,
+    origin: tuple[int, int],
+) -> None:
+    ox, oy = origin
+    hub = server.services.vnc
+    token = issue(client, session["id"], "view")["token"]
+    with RfbViewer(vnc_url(session, token)) as one, RfbViewer(vnc_url(session, token)) as two:
+        assert hub.viewers(session["id"]) == 2
+        first = hub.server(session["id"])
+        assert first is not None and first.failure() is None
+        one.full_frame()
+        two.full_frame()
+        page.clear()
+        response = client.post(f"/v1/sessions/{session['id']}/actions",
+                               json={"type": "click", "x": ox + 500, "y": oy + 450})
+        assert response.status_code == 200
+        assert page.wait_for("click")
+        for viewer in (one, two):
+            assert np.array_equal(viewer.full_frame()[oy + 150, ox + 200], RED)
+    deadline = time.monotonic() + 5
+    while hub.server(session["id"]) is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert hub.viewers(session["id"]) == 0 and hub.server(session["id"]) is None
+    assert first.failure() == "the VNC server was stopped"
+
+
+def test_view_page_is_served(client: httpx.Client, session: dict[str, Any]) -> None:
+    token = issue(client, session["id"], "view")["token"]
+    view = session["urls"]["view"]
+    response = httpx.get(view, params={"token": token})
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/html")
+    assert response.headers["cache-control"] == "no-store"
+    assert response.headers["referrer-policy"] == "no-referrer"
+    assert token not in response.text
+    assert "/vnc/static/view.js" in response.text
+    base = view.split("/v1/")[0]
+    assert httpx.get(base + "/vnc/novnc/core/rfb.js").status_code == 200
+    assert httpx.get(base + "/vnc/static/view.js").status_code == 200
+    assert_error(httpx.get(view), 401, "unauthorized")
+
+
+def test_tokens_never_reach_the_log(
+    captured_log: list[str], client: httpx.Client, session: dict[str, Any]
+) -> None:
+    issued = client.post(f"/v1/sessions/{session['id']}/tokens", json={"scope": "control"})
+    token = issued.json()["token"]
+    with RfbViewer(vnc_url(session, token)) as viewer:
+        viewer.full_frame()
+    httpx.get(session["urls"]["view"], params={"token": token})
+    httpx.get(session["urls"]["view"] + "/status", params={"token": token + "x"})
+    refused(vnc_url(session, token + "x"))
+    client.delete(f"/v1/sessions/{session['id']}/tokens/{issued.json()['id']}")
+    refused(vnc_url(session, token))
+    text = "\n".join(captured_log)
+    assert "/vnc" in text and "/view" in text  # the requests were logged...
+    assert token not in text and token[4:20] not in text  # ...without the token
+
+
+# -- the clipboard ------------------------------------------------------------------------
+
+
+def actions(client: httpx.Client, session: dict[str, Any], *batch: dict[str, Any]) -> Any:
+    response = client.post(f"/v1/sessions/{session['id']}/actions", json={"actions": list(batch)})
+    assert response.status_code == 200, response.text
+    return response.json()["results"]
+
+
+def test_clipboard_set_paste_copy_get(
+    client: httpx.Client, session: dict[str, Any], page: EventPage, origin: tuple[int, int]
+) -> None:
+    ox, oy = origin
+    text = "Ñandú — 美しい 👍 clip"
+    field = {"type": "click", "x": ox + 900, "y": oy + 175}
+    results = actions(client, session, {"type": "clipboard_set", "text": text},
+                      {"type": "clipboard_get"})
+    assert results == [{}, {"text": text}]
+    actions(client, session, field, {"type": "key", "keys": "ctrl+a"},
+            {"type": "key", "keys": "BackSpace"}, {"type": "key", "keys": "ctrl+v"})
+    assert page.wait_value(text) == text
+    # Copied in the session (the browser owns the clipboard now): read back through X.
+    actions(client, session, field, {"type": "key", "keys": "ctrl+a"},
+            {"type": "type", "text": "copied 123"}, {"type": "key", "keys": "ctrl+a"},
+            {"type": "key", "keys": "ctrl+c"})
+    deadline = time.monotonic() + 5
+    while (got := actions(client, session, {"type": "clipboard_get"})[0]["text"]) != (
+        "copied 123"
+    ) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert got == "copied 123"
+
+
+def test_clipboard_is_bounded(client: httpx.Client, session: dict[str, Any]) -> None:
+    response = client.post(f"/v1/sessions/{session['id']}/actions",
+                           json={"type": "clipboard_set", "text": "x" * 200_001})
+    assert_error(response, 422, "invalid_request")
+
+
+def test_clipboard_reaches_viewers_and_back(
+    client: httpx.Client, session: dict[str, Any]
+) -> None:
+    token = issue(client, session["id"], "control")["token"]
+    with RfbViewer(vnc_url(session, token)) as viewer:
+        viewer.full_frame()
+        actions(client, session, {"type": "clipboard_set", "text": "to the viewer"})
+        # x11vnc may first pass on what was on the clipboard when the viewer came, and it
+        # passes the first change after it started only ~15 s later (measured; later ones
+        # in ~20 ms).
+        seen: list[bytes] = []
+        deadline = time.monotonic() + 25
+        while b"to the viewer" not in seen:
+            assert time.monotonic() < deadline, seen
+            seen.append(viewer.wait_cut_text(timeout_s=deadline - time.monotonic()))
+        viewer.cut_text_to_server(b"from the viewer")
+        deadline = time.monotonic() + 20
+        while (got := actions(client, session, {"type": "clipboard_get"})[0]["text"]) != (
+            "from the viewer"
+        ) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert got == "from the viewer"
+
+
+def test_uvicorn_websocket_lines_are_redacted() -> None:
+    """uvicorn logs 'WebSocket /path?query [accepted]' (its own logger, not the access log)."""
+    record = logging.makeLogRecord({
+        "name": "uvicorn.error", "levelno": logging.INFO, "msg": '%s - "WebSocket %s" [accepted]',
+        "args": ("127.0.0.1:5", "/v1/sessions/ses_1/vnc?token=dbt_abcDEF-123_x&x=1"),
+        "color_message": "WebSocket /v1/sessions/ses_1/vnc?token=dbt_abcDEF-123_x",
+    })
+    assert RedactTokens().filter(record)
+    assert "dbt_abc" not in record.getMessage() and "token=[redacted]&x=1" in record.getMessage()
+    assert "dbt_abc" not in record.color_message

@@ -1,0 +1,87 @@
+"""The RFB client-message filter and the token store, without I/O."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from deskbox_server.errors import Forbidden, NotFound, Unauthorized
+from deskbox_server.sessions.tokens import TokenStore
+from deskbox_server.vnc.rfb import ClientMessages, RfbError, client_version
+
+PIXEL_FORMAT = b"\x00\x00\x00\x00" + bytes(16)
+ENCODINGS = struct.pack(">BxHii", 2, 2, 0, 7)
+UPDATE = struct.pack(">BBHHHH", 3, 1, 0, 0, 100, 100)
+KEY = struct.pack(">BBxxI", 4, 1, 0x61)
+POINTER = struct.pack(">BBHH", 5, 1, 10, 20)
+CUT = struct.pack(">BxxxI", 6, 5) + b"hello"
+EXTENDED_CUT = struct.pack(">Bxxxi", 6, -8) + bytes(8)
+
+
+def test_control_passes_everything_in_order() -> None:
+    stream = PIXEL_FORMAT + ENCODINGS + UPDATE + KEY + POINTER + CUT + EXTENDED_CUT
+    assert ClientMessages(allow_input=True).feed(stream) == stream
+
+
+def test_view_drops_input_and_keeps_the_rest() -> None:
+    messages = ClientMessages(allow_input=False)
+    out = messages.feed(KEY + UPDATE + POINTER + CUT + ENCODINGS + EXTENDED_CUT)
+    assert out == UPDATE + ENCODINGS
+    assert messages.dropped == {4: 1, 5: 1, 6: 2}
+
+
+def test_messages_split_anywhere_are_framed() -> None:
+    stream = ENCODINGS + POINTER + CUT + UPDATE
+    messages = ClientMessages(allow_input=False)
+    out = b"".join(messages.feed(stream[i : i + 1]) for i in range(len(stream)))
+    assert out == ENCODINGS + UPDATE and messages.pending == 0
+
+
+def test_set_desktop_size_is_dropped_for_everyone() -> None:
+    resize = struct.pack(">BxHHBx", 251, 800, 600, 1) + bytes(16)
+    assert ClientMessages(allow_input=True).feed(resize + UPDATE) == UPDATE
+
+
+@pytest.mark.parametrize("bad", [
+    b"\xff\x00\x00\x00",  # QEMU: never announced
+    b"\x07",  # unknown type
+    struct.pack(">BxxxI", 6, 10_000_000),  # cut text over the cap
+    struct.pack(">BxH", 2, 5000),  # too many encodings
+])
+def test_unknown_or_oversized_messages_raise(bad: bytes) -> None:
+    with pytest.raises(RfbError):
+        ClientMessages(allow_input=True).feed(bad)
+
+
+def test_client_versions() -> None:
+    assert client_version(b"RFB 003.008\n") == 8
+    assert client_version(b"RFB 003.007\n") == 7
+    assert client_version(b"RFB 003.003\n") == 3
+    assert client_version(b"RFB 003.889\n") == 8
+    with pytest.raises(RfbError):
+        client_version(b"GET / HTTP/1.1\r\n")
+
+
+def test_tokens_are_scoped_expire_and_revoke() -> None:
+    now = [1000.0]
+    store = TokenStore(clock=lambda: now[0])
+    token, record = store.issue("key_a", "ses_1", "view", ttl_s=60)
+    assert token not in repr(record) and store.verify(token, "ses_1", "view") == record
+    assert store.verify(token, "ses_1", ("view", "control")).scope == "view"
+    with pytest.raises(Forbidden):
+        store.verify(token, "ses_1", "control")
+    with pytest.raises(Forbidden):
+        store.verify(token, "ses_2", "view")
+    with pytest.raises(Unauthorized):
+        store.verify(token + "x", "ses_1", "view")
+    with pytest.raises(NotFound):
+        store.revoke("key_b", "ses_1", record.id)
+    store.revoke("key_a", "ses_1", record.id)
+    with pytest.raises(Unauthorized):
+        store.verify(token, "ses_1", "view")
+    short, _ = store.issue("key_a", "ses_1", "control", ttl_s=5)
+    now[0] += 5
+    with pytest.raises(Unauthorized):
+        store.verify(short, "ses_1", "control")
+    assert len(store) == 0
