@@ -159,10 +159,7 @@ class SandboxVnc(VncServer):
     def failure(self) -> str | None:
         if self._stopped:
             return "the VNC server was stopped"
-        if self._launch.returncode is not None:
-            said = self._log.value().decode(errors="replace").strip().splitlines()[-3:]
-            return f"x11vnc exited ({self._launch.returncode}): {' | '.join(said)}"[:1000]
-        return None
+        return _exit_failure(self._launch.returncode, self._log.value())
 
     async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         failure = self.failure()
@@ -234,10 +231,7 @@ class LocalVnc(VncServer):
     def failure(self) -> str | None:
         if self._stopped:
             return "the VNC server was stopped"
-        if self._child.returncode is not None:
-            said = self._log.value().decode(errors="replace").strip().splitlines()[-3:]
-            return f"x11vnc exited ({self._child.returncode}): {' | '.join(said)}"[:1000]
-        return None
+        return _exit_failure(self._child.returncode, self._log.value())
 
     async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         failure = self.failure()
@@ -261,3 +255,11 @@ class LocalVnc(VncServer):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._drain
             shutil.rmtree(self._directory, ignore_errors=True)
+
+
+def _exit_failure(returncode: int | None, log: bytes) -> str | None:
+    """Why x11vnc is gone (its exit code and last log lines), or None while it runs."""
+    if returncode is None:
+        return None
+    said = log.decode(errors="replace").strip().splitlines()[-3:]
+    return f"x11vnc exited ({returncode}): {' | '.join(said)}"[:1000]
