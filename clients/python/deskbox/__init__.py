@@ -1,7 +1,90 @@
-"""Deskbox: disposable desktops for computer-use agents (Python client and CLI)."""
+"""Deskbox: disposable desktops for computer-use agents (Python client and CLI).
+
+::
+
+    from deskbox import Deskbox
+
+    with Deskbox() as box:                      # DESKBOX_URL / DESKBOX_API_KEY, or arguments
+        with box.sessions.create() as session:  # deleted when the block ends
+            session.click(640, 400)
+            session.type("hello")
+            png = session.screenshot()
+
+:class:`AsyncDeskbox` has the same methods, awaited. Errors are :class:`DeskboxError`\\ s
+(see ``deskbox._errors`` for the tree).
+"""
 
 from __future__ import annotations
 
-__all__ = ["__version__"]
+from ._async import AsyncActionsSocket, AsyncDeskbox, AsyncSession, AsyncSessions
+from ._errors import (
+    APIConnectionError,
+    APIError,
+    APITimeoutError,
+    BadRequest,
+    Conflict,
+    DeskboxError,
+    Forbidden,
+    GatewayTimeout,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    RateLimited,
+    ServerError,
+    ServiceUnavailable,
+    SessionFailed,
+    Unauthorized,
+    UnprocessableEntity,
+)
+from ._models import (
+    ActionsResult,
+    Display,
+    ExecResult,
+    Screenshot,
+    SessionData,
+    SessionUrls,
+    Snapshot,
+    Token,
+    Upload,
+)
+from ._sync import ActionsSocket, Deskbox, Session, Sessions
+
+__all__ = [
+    "APIConnectionError",
+    "APIError",
+    "APITimeoutError",
+    "ActionsResult",
+    "ActionsSocket",
+    "AsyncActionsSocket",
+    "AsyncDeskbox",
+    "AsyncSession",
+    "AsyncSessions",
+    "BadRequest",
+    "Conflict",
+    "Deskbox",
+    "DeskboxError",
+    "Display",
+    "ExecResult",
+    "Forbidden",
+    "GatewayTimeout",
+    "MethodNotAllowed",
+    "NotFound",
+    "PayloadTooLarge",
+    "RateLimited",
+    "Screenshot",
+    "ServerError",
+    "ServiceUnavailable",
+    "Session",
+    "SessionData",
+    "SessionFailed",
+    "SessionUrls",
+    "Sessions",
+    "Snapshot",
+    "Token",
+    "Unauthorized",
+    "UnprocessableEntity",
+    "Upload",
+    "__version__",
+]
 
 __version__ = "0.1.0"

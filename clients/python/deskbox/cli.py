@@ -1,4 +1,5 @@
-"""The ``deskbox`` command. ``deskbox serve`` runs the server (imported only then)."""
+"""The ``deskbox`` command. ``deskbox serve`` runs the server (imported only then); the
+client commands (``create``, ``ls``, ``act``, ...) and their exit codes are in ``_commands``."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from ._commands import register
 
 __all__ = ["app", "main"]
 
@@ -19,7 +22,7 @@ app = typer.Typer(
 
 @app.callback()
 def _root() -> None:
-    """Deskbox command line (server and, later, client commands)."""
+    """Deskbox command line: the server (serve) and client commands."""
 
 
 @app.command()
@@ -60,6 +63,9 @@ def serve(
         log_config=None,
         access_log=False,
     )
+
+
+register(app)
 
 
 def main() -> None:

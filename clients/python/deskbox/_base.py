@@ -1,0 +1,444 @@
+"""What the sync and async clients share, with no I/O: configuration, the requests each call
+makes (:class:`Call`), how answers are read, and the actions' JSON.
+
+:class:`~deskbox.Deskbox` and :class:`~deskbox.AsyncDeskbox` only send a :class:`Call`
+(httpx) and hand the answer back here; the websocket fast path likewise only moves frames.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+from urllib.parse import quote
+
+import httpx
+
+from ._errors import APIConnectionError, APIError, APITimeoutError, error_for_status
+from ._errors import status_for_kind as _status_for_kind
+from ._models import ExecResult, Screenshot, SessionData, Snapshot, Token, Upload
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "DEFAULT_URL",
+    "BaseClient",
+    "Call",
+    "SessionBase",
+    "ws_error",
+]
+
+DEFAULT_URL = "http://127.0.0.1:8765"
+DEFAULT_TIMEOUT = 60.0
+#: Extra seconds an ``exec`` call waits beyond the command's own ``timeout_s``.
+EXEC_GRACE_S = 15.0
+
+Action = Mapping[str, Any]
+ScreenshotOption = bool | Mapping[str, Any] | None
+TokenScope = Literal["view", "control", "cdp"]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One HTTP request, described: what the sync and async clients send."""
+
+    method: str
+    path: str
+    params: list[tuple[str, str]] = field(default_factory=list)
+    json: Any = None
+    content: bytes | None = None
+    timeout: float | None = None
+    expect_json: bool = True
+
+
+class BaseClient:
+    """Configuration and answer handling. Arguments win over ``DESKBOX_URL`` and
+    ``DESKBOX_API_KEY``; the URL defaults to ``http://127.0.0.1:8765``."""
+
+    def __init__(
+        self, base_url: str | None, api_key: str | None, timeout: float
+    ) -> None:
+        url = base_url or os.environ.get("DESKBOX_URL") or DEFAULT_URL
+        self.base_url = url.rstrip("/")
+        self.api_key = api_key if api_key is not None else os.environ.get("DESKBOX_API_KEY")
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(base_url={self.base_url!r})"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        headers = {"User-Agent": "deskbox-python"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+    def _timeout_for(self, call: Call) -> float:
+        return self.timeout if call.timeout is None else call.timeout
+
+    @staticmethod
+    def _read(call: Call, response: httpx.Response) -> Any:
+        """The decoded answer (JSON, or bytes), or the :class:`APIError` of its status."""
+        if response.status_code >= 400:
+            raise api_error(response)
+        if not call.expect_json:
+            return response.content
+        if response.status_code == 204 or not response.content:
+            return None
+        return response.json()
+
+
+def api_error(response: httpx.Response) -> APIError:
+    """The exception of an error answer, read from the error body of API.md if it has one."""
+    body: Any = None
+    kind, message, request_id = "", "", response.headers.get("x-request-id")
+    try:
+        body = response.json()
+    except ValueError:
+        body = response.text
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        error = body["error"]
+        kind = str(error.get("type") or "")
+        message = str(error.get("message") or "")
+        request_id = error.get("request_id") or request_id
+    elif isinstance(body, dict) and "detail" in body:  # a route the server does not have
+        message = str(body["detail"])
+    retry_after: float | None = None
+    if "retry-after" in response.headers:
+        try:
+            retry_after = float(response.headers["retry-after"])
+        except ValueError:
+            retry_after = None
+    return error_for_status(
+        response.status_code,
+        kind or _kind_for(response.status_code),
+        message or response.reason_phrase or "error",
+        request_id,
+        body,
+        retry_after,
+    )
+
+
+def _kind_for(status: int) -> str:
+    return {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
+            409: "conflict", 413: "too_large", 422: "invalid_request", 429: "capacity"}.get(
+        status, "internal" if status >= 500 else "bad_request")
+
+
+def transport_error(error: httpx.TransportError | OSError | TimeoutError) -> APIConnectionError:
+    if isinstance(error, httpx.TimeoutException | TimeoutError):
+        return APITimeoutError(f"no answer in time: {error}")
+    return APIConnectionError(f"could not reach the Deskbox server: {error}")
+
+
+def ws_error(error: Mapping[str, Any]) -> APIError:
+    """The exception of a websocket ``{"ok": false, "error": {...}}`` reply."""
+    kind = str(error.get("type") or "internal")
+    return error_for_status(
+        _status_for_kind(kind), kind, str(error.get("message") or ""),
+        error.get("request_id"), {"error": dict(error)},
+    )
+
+
+# -- actions ------------------------------------------------------------------------------
+
+
+def _drop_none(**fields: Any) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def screenshot_option(screenshot: ScreenshotOption) -> dict[str, Any] | None:
+    """``act(..., screenshot=True)`` → the API's ``{"format": "jpeg", "quality": 75}``."""
+    if screenshot is None or screenshot is False:
+        return None
+    if screenshot is True:
+        return {"format": "jpeg", "quality": 75}
+    return dict(screenshot)
+
+
+def screenshot_action(
+    format: str,  # noqa: A002
+    quality: int | None,
+    region: Mapping[str, int] | None,
+    scale: tuple[int, int] | None,
+) -> dict[str, Any]:
+    return _drop_none(
+        type="screenshot", format=format, quality=quality,
+        region=dict(region) if region else None,
+        scale={"width": scale[0], "height": scale[1]} if scale else None,
+    )
+
+
+C = TypeVar("C", bound=BaseClient)
+
+
+class SessionBase(Generic[C]):
+    """What a session is and the calls it makes, without making them.
+
+    ``Session`` and ``AsyncSession`` add one thin method per call. Attributes read the
+    session as last described by the server; ``refresh()`` asks again.
+    """
+
+    def __init__(self, client: C, data: SessionData | Mapping[str, Any]) -> None:
+        self._client = client
+        self._data = data if isinstance(data, SessionData) else SessionData.from_json(data)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(id={self.id!r}, state={self.state!r})"
+
+    @property
+    def data(self) -> SessionData:
+        return self._data
+
+    @property
+    def id(self) -> str:
+        return self._data.id
+
+    @property
+    def state(self) -> str:
+        return self._data.state
+
+    @property
+    def urls(self) -> Any:
+        return self._data.urls
+
+    @property
+    def display(self) -> Any:
+        return self._data.display
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self._data.labels
+
+    @property
+    def _path(self) -> str:
+        return f"/v1/sessions/{quote(self.id, safe='')}"
+
+    def _update(self, body: Any) -> None:
+        if isinstance(body, dict) and "id" in body and "state" in body:
+            self._data = SessionData.from_json(body)
+
+    # calls -----------------------------------------------------------------------------
+
+    def _get_call(self, timeout: float | None) -> Call:
+        return Call("GET", self._path, timeout=timeout)
+
+    def _act_call(
+        self,
+        actions: Action | Sequence[Action],
+        screenshot: ScreenshotOption,
+        coordinate_space: tuple[int, int] | None,
+        timeout: float | None,
+    ) -> Call:
+        body: dict[str, Any] = {"actions": action_list(actions)}
+        if (shot := screenshot_option(screenshot)) is not None:
+            body["screenshot"] = shot
+        if coordinate_space is not None:
+            body["coordinate_space"] = {
+                "width": coordinate_space[0], "height": coordinate_space[1]
+            }
+        return Call("POST", f"{self._path}/actions", json=body, timeout=timeout)
+
+    def _screenshot_call(
+        self, format: str, quality: int | None, scale: tuple[int, int] | None,  # noqa: A002
+        timeout: float | None,
+    ) -> Call:
+        params = [("format", format)]
+        if quality is not None:
+            params.append(("quality", str(quality)))
+        if scale is not None:
+            params.append(("scale", f"{scale[0]}x{scale[1]}"))
+        return Call("GET", f"{self._path}/screenshot", params=params, timeout=timeout,
+                    expect_json=False)
+
+    def _exec_call(
+        self, cmd: str | Sequence[str], timeout_s: float, env: Mapping[str, str] | None,
+        background: bool, timeout: float | None,
+    ) -> Call:
+        argv = ["sh", "-c", cmd] if isinstance(cmd, str) else [str(a) for a in cmd]
+        body = {"cmd": argv, "timeout_s": timeout_s, "env": dict(env or {}),
+                "background": background}
+        wait = timeout if timeout is not None else max(self._client.timeout,
+                                                       timeout_s + EXEC_GRACE_S)
+        return Call("POST", f"{self._path}/exec", json=body, timeout=wait)
+
+    def _upload_call(self, path: str, data: bytes, timeout: float | None) -> Call:
+        return Call("PUT", f"{self._path}/files", params=[("path", path)], content=data,
+                    timeout=timeout)
+
+    def _download_call(self, path: str, timeout: float | None) -> Call:
+        return Call("GET", f"{self._path}/files", params=[("path", path)], timeout=timeout,
+                    expect_json=False)
+
+    def _pause_call(self, mode: str, timeout: float | None) -> Call:
+        return Call("POST", f"{self._path}/pause", json={"mode": mode}, timeout=timeout)
+
+    def _resume_call(self, timeout: float | None) -> Call:
+        return Call("POST", f"{self._path}/resume", timeout=timeout)
+
+    def _snapshot_call(self, timeout: float | None) -> Call:
+        return Call("POST", f"{self._path}/snapshots", timeout=timeout)
+
+    def _fork_call(self, count: int, timeout: float | None) -> Call:
+        return Call("POST", f"{self._path}/fork", json={"count": count}, timeout=timeout)
+
+    def _keepalive_call(self, timeout: float | None) -> Call:
+        return Call("POST", f"{self._path}/keepalive", timeout=timeout)
+
+    def _token_call(self, scope: TokenScope, ttl_s: int, timeout: float | None) -> Call:
+        return Call("POST", f"{self._path}/tokens", json={"scope": scope, "ttl_s": ttl_s},
+                    timeout=timeout)
+
+    def _delete_call(self, timeout: float | None) -> Call:
+        return Call("DELETE", self._path, timeout=timeout)
+
+    # answers ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _exec_result(body: Any) -> ExecResult:
+        return ExecResult.from_json(body)
+
+    @staticmethod
+    def _upload_result(body: Any) -> Upload:
+        return Upload(str(body["path"]), int(body["size"]))
+
+    @staticmethod
+    def _token(body: Any) -> Token:
+        return Token(str(body["id"]), str(body["token"]), str(body["scope"]),
+                     str(body["expires_at"]))
+
+    @staticmethod
+    def _snapshot(body: Any) -> Snapshot:
+        return Snapshot(str(body["id"]), dict(body))
+
+    @staticmethod
+    def _forks(body: Any) -> list[dict[str, Any]]:
+        items = body.get("sessions", []) if isinstance(body, dict) else body
+        return [dict(item) for item in items]
+
+    def _view_url(self, token: Token) -> str:
+        return f"{self.urls.view}?token={quote(token.token, safe='')}"
+
+    def _cdp_url(self, token: Token) -> str:
+        return f"{self.urls.cdp_http}?token={quote(token.token, safe='')}"
+
+    def _actions_ws_url(self) -> str:
+        url: str = self.urls.actions_ws
+        if not url:
+            base = self._client.base_url
+            url = "ws" + base.removeprefix("http") + f"{self._path}/actions/ws"
+        return url
+
+
+def action_list(actions: Action | Sequence[Action]) -> list[dict[str, Any]]:
+    if isinstance(actions, Mapping):
+        return [dict(actions)]
+    return [dict(a) for a in actions]
+
+
+def click(x: int | None, y: int | None, button: str, count: int,
+          modifiers: Sequence[str] | None) -> dict[str, Any]:
+    return _drop_none(type="click", x=x, y=y, button=button, count=count,
+                      modifiers=list(modifiers) if modifiers else None)
+
+
+def move(x: int, y: int) -> dict[str, Any]:
+    return {"type": "move", "x": x, "y": y}
+
+
+def type_text(text: str) -> dict[str, Any]:
+    return {"type": "type", "text": text}
+
+
+def key(keys: str) -> dict[str, Any]:
+    return {"type": "key", "keys": keys}
+
+
+def scroll(x: int | None, y: int | None, dx: int, dy: int,
+           modifiers: Sequence[str] | None) -> dict[str, Any]:
+    return _drop_none(type="scroll", x=x, y=y, dx=dx, dy=dy,
+                      modifiers=list(modifiers) if modifiers else None)
+
+
+def drag(path: Sequence[tuple[int, int]], button: str) -> dict[str, Any]:
+    return {"type": "drag", "path": [[int(x), int(y)] for x, y in path], "button": button}
+
+
+def ws_message(message_id: int, action: Action, screenshot: ScreenshotOption,
+               coordinate_space: tuple[int, int] | None) -> str:
+    message: dict[str, Any] = {"id": message_id, "action": dict(action)}
+    if (shot := screenshot_option(screenshot)) is not None:
+        message["screenshot"] = shot
+    if coordinate_space is not None:
+        message["coordinate_space"] = {"width": coordinate_space[0],
+                                       "height": coordinate_space[1]}
+    return json.dumps(message)
+
+
+def ws_result(
+    reply: Mapping[str, Any], frames: list[bytes]
+) -> tuple[dict[str, Any] | Screenshot, Screenshot | None]:
+    """One websocket reply and its binary frames → (the action's result, its screenshot)."""
+    if not reply.get("ok"):
+        raise ws_error(reply.get("error") or {})
+    frames = list(frames)
+    raw = reply.get("result") or {}
+    result: dict[str, Any] | Screenshot = dict(raw)
+    if "media_type" in raw and "size" in raw:
+        result = Screenshot(frames.pop(0), raw["media_type"], raw["width"], raw["height"])
+    shot = reply.get("screenshot")
+    screenshot = None
+    if shot:
+        screenshot = Screenshot(frames.pop(0), shot["media_type"], shot["width"], shot["height"])
+    return result, screenshot
+
+
+def describe_cmd(cmd: str | Sequence[str]) -> str:
+    return cmd if isinstance(cmd, str) else shlex.join(cmd)
+
+
+
+# -- session collection calls -------------------------------------------------------------
+
+
+def create_call(
+    display: Mapping[str, int] | None, start_url: str | None, backend: str | None,
+    from_snapshot: str | None, timeout_s: int | None, labels: Mapping[str, str] | None,
+    resources: Mapping[str, Any] | None, network: Mapping[str, Any] | None,
+    record: bool | None, coordinate_space: tuple[int, int] | None, wait: bool,
+    timeout: float | None,
+) -> Call:
+    body = _drop_none(
+        display=dict(display) if display else None,
+        browser={"start_url": start_url} if start_url else None,
+        backend=backend, from_snapshot=from_snapshot, timeout_s=timeout_s,
+        labels=dict(labels) if labels else None,
+        resources=dict(resources) if resources else None,
+        network=dict(network) if network else None, record=record,
+        coordinate_space={"width": coordinate_space[0], "height": coordinate_space[1]}
+        if coordinate_space else None,
+    )
+    params = [] if wait else [("wait", "false")]
+    return Call("POST", "/v1/sessions", params=params, json=body, timeout=timeout)
+
+
+def get_call(session_id: str, timeout: float | None) -> Call:
+    return Call("GET", f"/v1/sessions/{quote(session_id, safe='')}", timeout=timeout)
+
+
+def list_call(state: str | None, labels: Mapping[str, str] | None,
+              timeout: float | None) -> Call:
+    params = [("state", state)] if state else []
+    params += [("label", f"{k}:{v}") for k, v in (labels or {}).items()]
+    return Call("GET", "/v1/sessions", params=params, timeout=timeout)
+
+
+def delete_call(session_id: str, timeout: float | None) -> Call:
+    return Call("DELETE", f"/v1/sessions/{quote(session_id, safe='')}", timeout=timeout)
+
+
+def handshake_error(status: int, headers: Sequence[tuple[str, str]], body: bytes) -> APIError:
+    """The exception of a refused websocket handshake (its answer has the error body)."""
+    return api_error(httpx.Response(status, headers=list(headers), content=body))

@@ -1,0 +1,183 @@
+"""Errors the SDK raises. Every one of them is a :class:`DeskboxError`::
+
+    DeskboxError                      anything this SDK raises
+    ├── APIConnectionError            the server could not be reached (or the socket broke)
+    │   └── APITimeoutError           no answer within the call's timeout
+    └── APIError                      the server answered with an error body (API.md)
+        ├── BadRequest                400
+        ├── Unauthorized              401  missing or wrong API key / token
+        ├── Forbidden                 403
+        ├── NotFound                  404  unknown session, or a route this server lacks
+        ├── MethodNotAllowed          405  a route this server lacks for this method
+        ├── Conflict                  409  e.g. acting on a starting or paused session
+        ├── PayloadTooLarge           413  an upload over the server's cap
+        ├── UnprocessableEntity       422  invalid request (``invalid_request``)
+        ├── RateLimited               429  ``capacity``; ``retry_after`` in seconds
+        └── ServerError               5xx
+            ├── SessionFailed         502  the session's desktop failed
+            ├── ServiceUnavailable    503  ``capacity``; ``retry_after`` in seconds
+            └── GatewayTimeout        504  ``timeout``
+
+An :class:`APIError` carries ``status``, ``type`` (the error body's kind), ``message``,
+``request_id`` and the decoded ``body``. Errors reported over the actions websocket have
+no HTTP status of their own; they are mapped by kind to the status the HTTP API would use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "APIConnectionError",
+    "APIError",
+    "APITimeoutError",
+    "BadRequest",
+    "Conflict",
+    "DeskboxError",
+    "Forbidden",
+    "GatewayTimeout",
+    "MethodNotAllowed",
+    "NotFound",
+    "PayloadTooLarge",
+    "RateLimited",
+    "ServerError",
+    "ServiceUnavailable",
+    "SessionFailed",
+    "Unauthorized",
+    "UnprocessableEntity",
+    "error_for_status",
+    "status_for_kind",
+]
+
+
+class DeskboxError(Exception):
+    """Root of every error the Deskbox SDK raises."""
+
+
+class APIConnectionError(DeskboxError):
+    """The request did not get an answer: connection refused, reset, or a broken socket."""
+
+
+class APITimeoutError(APIConnectionError):
+    """No answer within the timeout of the call (or of the client)."""
+
+
+class APIError(DeskboxError):
+    """The server answered with an error status and (usually) the error body of API.md."""
+
+    def __init__(
+        self,
+        status: int,
+        type: str,  # noqa: A002 (the error body's name)
+        message: str,
+        request_id: str | None = None,
+        body: Any = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(f"{status} {type}: {message}" + (f" [{request_id}]" if request_id else ""))
+        self.status = status
+        self.type = type
+        self.message = message
+        self.request_id = request_id
+        self.body = body
+        self.retry_after = retry_after
+
+
+class BadRequest(APIError):
+    """400."""
+
+
+class Unauthorized(APIError):
+    """401: a missing or wrong API key or token."""
+
+
+class Forbidden(APIError):
+    """403."""
+
+
+class NotFound(APIError):
+    """404: an unknown session, snapshot or path (or a route this server does not have)."""
+
+
+class MethodNotAllowed(APIError):
+    """405: a route this server does not have for this method."""
+
+
+class Conflict(APIError):
+    """409: the session is in the wrong state (starting, paused, ...)."""
+
+
+class PayloadTooLarge(APIError):
+    """413: an upload over the server's size cap."""
+
+
+class UnprocessableEntity(APIError):
+    """422: the request is invalid (``invalid_request``)."""
+
+
+class RateLimited(APIError):
+    """429: out of capacity; ``retry_after`` says when to try again (seconds) if known."""
+
+
+class ServerError(APIError):
+    """5xx."""
+
+
+class SessionFailed(ServerError):
+    """502: the session's desktop failed."""
+
+
+class ServiceUnavailable(ServerError):
+    """503: out of capacity; ``retry_after`` says when to try again (seconds) if known."""
+
+
+class GatewayTimeout(ServerError):
+    """504: the server gave up waiting (``timeout``)."""
+
+
+_BY_STATUS: dict[int, type[APIError]] = {
+    400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    405: MethodNotAllowed,
+    409: Conflict,
+    413: PayloadTooLarge,
+    422: UnprocessableEntity,
+    429: RateLimited,
+    502: SessionFailed,
+    503: ServiceUnavailable,
+    504: GatewayTimeout,
+}
+
+_STATUS_BY_KIND: dict[str, int] = {
+    "unauthorized": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "conflict": 409,
+    "invalid_request": 422,
+    "capacity": 429,
+    "session_failed": 502,
+    "timeout": 504,
+    "internal": 500,
+}
+
+
+def status_for_kind(kind: str) -> int:
+    """The HTTP status the API uses for an error ``kind`` (500 if unknown)."""
+    return _STATUS_BY_KIND.get(kind, 500)
+
+
+def error_for_status(
+    status: int,
+    type: str,  # noqa: A002
+    message: str,
+    request_id: str | None = None,
+    body: Any = None,
+    retry_after: float | None = None,
+) -> APIError:
+    """The exception of ``status`` (its class, else ServerError for 5xx, else APIError)."""
+    cls = _BY_STATUS.get(status)
+    if cls is None:
+        cls = ServerError if status >= 500 else APIError
+    return cls(status, type, message, request_id, body, retry_after)

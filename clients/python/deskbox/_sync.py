@@ -1,0 +1,404 @@
+"""The synchronous client: :class:`Deskbox`, its :class:`Sessions` and :class:`Session`.
+
+Each method describes its request with the shared base (``_base.py``) and sends it with
+httpx; :class:`ActionsSocket` is the websocket fast path (``Session.actions_ws()``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, overload
+
+import httpx
+from websockets.exceptions import InvalidStatus, WebSocketException
+from websockets.sync.client import ClientConnection, connect
+
+from . import _base as b
+from ._base import Action, BaseClient, Call, ScreenshotOption, SessionBase, TokenScope
+from ._errors import APIConnectionError
+from ._models import (
+    ActionsResult,
+    ExecResult,
+    Screenshot,
+    SessionData,
+    Snapshot,
+    Token,
+    Upload,
+    to_image,
+)
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+__all__ = ["ActionsSocket", "Deskbox", "Session", "Sessions"]
+
+
+class Deskbox(BaseClient):
+    """A Deskbox server, synchronously::
+
+        with Deskbox() as box:                      # DESKBOX_URL, DESKBOX_API_KEY
+            with box.sessions.create() as session:  # deleted on leaving the block
+                session.click(100, 200)
+                png = session.screenshot()
+
+    ``timeout`` (seconds) applies to every call unless the call passes its own.
+    ``transport`` swaps httpx's network layer (tests: ``httpx.MockTransport``).
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = b.DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        super().__init__(base_url, api_key, timeout)
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport
+        )
+        self.sessions = Sessions(self)
+
+    def __enter__(self) -> Deskbox:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection pool (sessions stay: delete them with ``session.close()``)."""
+        self._http.close()
+
+    def health(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """``GET /healthz`` (no key needed)."""
+        body: dict[str, Any] = self._send(Call("GET", "/healthz", timeout=timeout))
+        return body
+
+    def _send(self, call: Call) -> Any:
+        try:
+            response = self._http.request(
+                call.method, call.path, params=tuple(call.params), json=call.json,
+                content=call.content, timeout=self._timeout_for(call),
+            )
+        except httpx.TransportError as error:
+            raise b.transport_error(error) from error
+        return self._read(call, response)
+
+
+class Sessions:
+    """``box.sessions``: create, get and list sessions."""
+
+    def __init__(self, client: Deskbox) -> None:
+        self._client = client
+
+    def create(
+        self,
+        *,
+        display: Mapping[str, int] | None = None,
+        start_url: str | None = None,
+        backend: str | None = None,
+        from_snapshot: str | None = None,
+        timeout_s: int | None = None,
+        labels: Mapping[str, str] | None = None,
+        resources: Mapping[str, Any] | None = None,
+        network: Mapping[str, Any] | None = None,
+        record: bool | None = None,
+        coordinate_space: tuple[int, int] | None = None,
+        wait: bool = True,
+        timeout: float | None = None,
+    ) -> Session:
+        """A new session (``POST /v1/sessions``), running unless ``wait=False``."""
+        call = b.create_call(display, start_url, backend, from_snapshot, timeout_s, labels,
+                             resources, network, record, coordinate_space, wait, timeout)
+        return Session(self._client, self._client._send(call))
+
+    def get(self, session_id: str, *, timeout: float | None = None) -> Session:
+        return Session(self._client, self._client._send(b.get_call(session_id, timeout)))
+
+    def list(
+        self, *, state: str | None = None, labels: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> list[Session]:
+        body = self._client._send(b.list_call(state, labels, timeout))
+        return [Session(self._client, item) for item in body["sessions"]]
+
+    def delete(self, session_id: str, *, timeout: float | None = None) -> None:
+        """Destroy a session by id (idempotent, like ``DELETE /v1/sessions/{id}``)."""
+        self._client._send(b.delete_call(session_id, timeout))
+
+
+class Session(SessionBase[Deskbox]):
+    """One desktop. Actions go over HTTP, or over the actions websocket while one is open
+    (``with session.actions_ws(): ...``). As a context manager it deletes the session."""
+
+    def __init__(self, client: Deskbox, data: SessionData | Mapping[str, Any]) -> None:
+        super().__init__(client, data)
+        self._socket: ActionsSocket | None = None
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def refresh(self, *, timeout: float | None = None) -> Session:
+        """Read the session again (its ``state`` above all)."""
+        self._update(self._client._send(self._get_call(timeout)))
+        return self
+
+    # actions ---------------------------------------------------------------------------
+
+    def act(
+        self,
+        actions: Action | Sequence[Action],
+        *,
+        screenshot: ScreenshotOption = None,
+        coordinate_space: tuple[int, int] | None = None,
+        timeout: float | None = None,
+    ) -> ActionsResult:
+        """Run one action or a list in order (API.md "Actions"); ``screenshot=True`` (or a
+        ``{"format", "quality"}`` dict) adds a screenshot taken once the screen settled."""
+        if self._socket is not None:
+            return self._socket.act(actions, screenshot=screenshot,
+                                    coordinate_space=coordinate_space, timeout=timeout)
+        call = self._act_call(actions, screenshot, coordinate_space, timeout)
+        return ActionsResult.from_json(self._client._send(call))
+
+    def click(
+        self, x: int | None = None, y: int | None = None, *, button: str = "left",
+        count: int = 1, modifiers: Sequence[str] | None = None, timeout: float | None = None,
+    ) -> None:
+        self.act(b.click(x, y, button, count, modifiers), timeout=timeout)
+
+    def move(self, x: int, y: int, *, timeout: float | None = None) -> None:
+        self.act(b.move(x, y), timeout=timeout)
+
+    def type(self, text: str, *, timeout: float | None = None) -> None:
+        self.act(b.type_text(text), timeout=timeout)
+
+    def key(self, keys: str, *, timeout: float | None = None) -> None:
+        """``keys`` like ``"ctrl+shift+t"``, ``"Enter"``."""
+        self.act(b.key(keys), timeout=timeout)
+
+    def scroll(
+        self, x: int | None = None, y: int | None = None, *, dx: int = 0, dy: int = 0,
+        modifiers: Sequence[str] | None = None, timeout: float | None = None,
+    ) -> None:
+        """Wheel notches; ``dy > 0`` scrolls down."""
+        self.act(b.scroll(x, y, dx, dy, modifiers), timeout=timeout)
+
+    def drag(
+        self, path: Sequence[tuple[int, int]], *, button: str = "left",
+        timeout: float | None = None,
+    ) -> None:
+        self.act(b.drag(path, button), timeout=timeout)
+
+    @overload
+    def screenshot(
+        self, *, format: str = ..., quality: int | None = ...,  # noqa: A002
+        region: Mapping[str, int] | None = ..., scale: tuple[int, int] | None = ...,
+        as_image: Literal[False] = ..., timeout: float | None = ...,
+    ) -> bytes: ...
+
+    @overload
+    def screenshot(
+        self, *, format: str = ..., quality: int | None = ...,  # noqa: A002
+        region: Mapping[str, int] | None = ..., scale: tuple[int, int] | None = ...,
+        as_image: Literal[True], timeout: float | None = ...,
+    ) -> Image: ...
+
+    def screenshot(
+        self, *, format: str = "png", quality: int | None = None,  # noqa: A002
+        region: Mapping[str, int] | None = None, scale: tuple[int, int] | None = None,
+        as_image: bool = False, timeout: float | None = None,
+    ) -> bytes | Image:
+        """The screen as image bytes (PNG by default), or a PIL image with ``as_image``."""
+        if self._socket is not None or region is not None:
+            action = b.screenshot_action(format, quality, region, scale)
+            result = self.act(action, timeout=timeout).results[0]
+            assert isinstance(result, Screenshot)
+            data = result.data
+        else:
+            data = self._client._send(self._screenshot_call(format, quality, scale, timeout))
+        return to_image(data) if as_image else data
+
+    def actions_ws(self, *, timeout: float | None = None) -> ActionsSocket:
+        """Open the actions websocket; until it closes, this session's actions use it::
+
+            with session.actions_ws():
+                for _ in range(100):
+                    session.click(10, 10)   # one websocket message each, no HTTP round trip
+        """
+        socket = ActionsSocket(self, timeout)
+        self._socket = socket
+        return socket
+
+    # sandbox ---------------------------------------------------------------------------
+
+    def exec(
+        self, cmd: str | Sequence[str], *, timeout_s: float = 30,
+        env: Mapping[str, str] | None = None, background: bool = False,
+        timeout: float | None = None,
+    ) -> ExecResult:
+        """Run a command in the sandbox: an argv list, or a string run by ``sh -c``."""
+        call = self._exec_call(cmd, timeout_s, env, background, timeout)
+        return self._exec_result(self._client._send(call))
+
+    def upload(
+        self, path: str, data: bytes | str | os.PathLike[str], *, timeout: float | None = None,
+    ) -> Upload:
+        """Write ``data`` (bytes, or a local file's path) to ``path`` in the sandbox."""
+        content = data if isinstance(data, bytes) else Path(data).read_bytes()
+        return self._upload_result(self._client._send(self._upload_call(path, content, timeout)))
+
+    def download(self, path: str, *, timeout: float | None = None) -> bytes:
+        data: bytes = self._client._send(self._download_call(path, timeout))
+        return data
+
+    # lifecycle -------------------------------------------------------------------------
+
+    def pause(self, *, timeout: float | None = None) -> Session:
+        """Freeze the session (memory kept)."""
+        self._update(self._client._send(self._pause_call("freeze", timeout)))
+        return self
+
+    def hibernate(self, *, timeout: float | None = None) -> Session:
+        """Checkpoint the session to disk and free its memory."""
+        self._update(self._client._send(self._pause_call("hibernate", timeout)))
+        return self
+
+    def resume(self, *, timeout: float | None = None) -> Session:
+        self._update(self._client._send(self._resume_call(timeout)))
+        return self
+
+    def keepalive(self, *, timeout: float | None = None) -> Session:
+        """Extend the idle timeout."""
+        self._update(self._client._send(self._keepalive_call(timeout)))
+        return self
+
+    def snapshot(self, *, timeout: float | None = None) -> Snapshot:
+        return self._snapshot(self._client._send(self._snapshot_call(timeout)))
+
+    def fork(self, n: int = 1, *, timeout: float | None = None) -> list[Session]:
+        body = self._client._send(self._fork_call(n, timeout))
+        return [Session(self._client, item) for item in self._forks(body)]
+
+    def token(
+        self, scope: TokenScope = "view", *, ttl_s: int = 600, timeout: float | None = None,
+    ) -> Token:
+        """A session token (``view``, ``control`` or ``cdp``) for URLs opened elsewhere."""
+        return self._token(self._client._send(self._token_call(scope, ttl_s, timeout)))
+
+    def view_url(
+        self, scope: Literal["view", "control"] = "view", *, ttl_s: int = 600,
+        timeout: float | None = None,
+    ) -> str:
+        """A link to the live view (read-only with ``view``), carrying a fresh token."""
+        return self._view_url(self.token(scope, ttl_s=ttl_s, timeout=timeout))
+
+    def cdp_url(self, *, ttl_s: int = 600, timeout: float | None = None) -> str:
+        """For ``playwright.chromium.connect_over_cdp(url)``, carrying a fresh cdp token."""
+        return self._cdp_url(self.token("cdp", ttl_s=ttl_s, timeout=timeout))
+
+    def close(self, *, timeout: float | None = None) -> None:
+        """Destroy the session (idempotent)."""
+        if self._socket is not None:
+            self._socket.close()
+        self._client._send(self._delete_call(timeout))
+
+
+class ActionsSocket:
+    """``WS /v1/sessions/{id}/actions/ws``: one action per message, no HTTP round trip.
+
+    Opened by :meth:`Session.actions_ws`; a context manager. ``act`` sends the actions one
+    after the other and stops at the first error, like ``POST /actions``.
+    """
+
+    def __init__(self, session: Session, timeout: float | None) -> None:
+        self._session = session
+        self._timeout = session._client.timeout if timeout is None else timeout
+        self._next_id = 0
+        try:
+            self._ws: ClientConnection = connect(
+                session._actions_ws_url(),
+                additional_headers=session._client.headers,
+                compression=None,
+                open_timeout=self._timeout,
+                max_size=None,
+            )
+            # Entered as a context manager (websockets ≥ 17.1 warns about bare connections).
+            self._ws.__enter__()
+        except InvalidStatus as error:
+            response = error.response
+            raise b.handshake_error(
+                response.status_code, list(response.headers.raw_items()),
+                bytes(response.body or b""),
+            ) from error
+        except (OSError, TimeoutError, WebSocketException) as error:
+            raise APIConnectionError(f"could not open the actions websocket: {error}") from error
+
+    def __enter__(self) -> ActionsSocket:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._session._socket is self:
+            self._session._socket = None
+        self._ws.close()
+
+    def act(
+        self,
+        actions: Action | Sequence[Action],
+        *,
+        screenshot: ScreenshotOption = None,
+        coordinate_space: tuple[int, int] | None = None,
+        timeout: float | None = None,
+    ) -> ActionsResult:
+        items = b.action_list(actions)
+        results: list[dict[str, Any] | Screenshot] = []
+        shot: Screenshot | None = None
+        for index, action in enumerate(items):
+            last = index == len(items) - 1
+            self._next_id += 1
+            self._send(b.ws_message(self._next_id, action, screenshot if last else None,
+                                    coordinate_space))
+            result, shot = b.ws_result(*self._reply(timeout))
+            results.append(result)
+        return ActionsResult(results, shot)
+
+    def _send(self, text: str) -> None:
+        try:
+            self._ws.send(text)
+        except WebSocketException as error:
+            raise APIConnectionError(f"the actions websocket broke: {error}") from error
+
+    def _reply(self, timeout: float | None) -> tuple[dict[str, Any], list[bytes]]:
+        wait = self._timeout if timeout is None else timeout
+        try:
+            text = self._ws.recv(timeout=wait)
+            reply: dict[str, Any] = json.loads(text)
+            frames = []
+            for _ in range(int(reply.get("binary_frames", 0))):
+                frame = self._ws.recv(timeout=wait)
+                frames.append(frame if isinstance(frame, bytes) else frame.encode())
+        except TimeoutError as error:
+            raise b.transport_error(error) from error
+        except WebSocketException as error:
+            raise APIConnectionError(f"the actions websocket broke: {error}") from error
+        return reply, frames
+

@@ -1,0 +1,311 @@
+"""The Python SDK against a real server (local backend): sessions, actions, errors.
+
+Every session a test creates is deleted by the test's own ``with`` block or finalizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from PIL import Image
+
+import deskbox
+from deskbox import (
+    APIConnectionError,
+    APIError,
+    AsyncDeskbox,
+    Conflict,
+    Deskbox,
+    DeskboxError,
+    NotFound,
+    RateLimited,
+    ServiceUnavailable,
+    Session,
+    Unauthorized,
+    UnprocessableEntity,
+)
+
+from .conftest import KEY_A, Server
+
+DISPLAY = {"width": 800, "height": 600}
+PAGE = (
+    "data:text/html,<body style='margin:0;background:rgb(0,0,255)'>"
+    "<input id=f style='width:400px;height:40px'></body>"
+)
+
+# -- the two clients mirror each other --------------------------------------------------
+
+PAIRS = [
+    (deskbox.Deskbox, deskbox.AsyncDeskbox),
+    (deskbox.Sessions, deskbox.AsyncSessions),
+    (deskbox.Session, deskbox.AsyncSession),
+    (deskbox.ActionsSocket, deskbox.AsyncActionsSocket),
+]
+# Protocol methods that differ by nature: (a)enter/(a)exit.
+CONTEXT = {"__enter__", "__exit__", "__aenter__", "__aexit__"}
+
+
+def _public(cls: type) -> dict[str, Any]:
+    return {
+        name: member for name, member in inspect.getmembers(cls)
+        if callable(member) and not name.startswith("_")
+    }
+
+
+def _normalized(sig: inspect.Signature) -> str:
+    return str(sig).replace("Async", "").replace("httpx.BaseTransport", "Transport").replace(
+        "httpx.AsyncBaseTransport", "Transport")
+
+
+@pytest.mark.parametrize(("sync", "async_"), PAIRS, ids=lambda c: c.__name__)
+def test_sync_and_async_expose_the_same_methods(sync: type, async_: type) -> None:
+    sync_methods, async_methods = _public(sync), _public(async_)
+    # AsyncActionsSocket has connect() (sync sockets connect when made): nothing else differs.
+    assert set(sync_methods) == set(async_methods) - {"connect"}
+    for name, method in sync_methods.items():
+        assert _normalized(inspect.signature(method)) == _normalized(
+            inspect.signature(async_methods[name])), name
+    assert _normalized(inspect.signature(sync.__init__)) == _normalized(
+        inspect.signature(async_.__init__))
+    # Every I/O method of the async client is a coroutine function.
+    for name in set(async_methods) - {"actions_ws"}:
+        assert inspect.iscoroutinefunction(async_methods[name]), name
+    assert {"__enter__", "__exit__"} <= set(dir(sync)) or sync is deskbox.Sessions
+    assert {"__aenter__", "__aexit__"} <= set(dir(async_)) or async_ is deskbox.AsyncSessions
+
+
+def test_every_error_is_a_deskbox_error() -> None:
+    for name in deskbox.__all__:
+        obj = getattr(deskbox, name)
+        if isinstance(obj, type) and issubclass(obj, BaseException):
+            assert issubclass(obj, DeskboxError), name
+
+
+def test_exported_names() -> None:
+    assert {"Deskbox", "AsyncDeskbox", "Session", "DeskboxError", "APIError"} <= set(
+        deskbox.__all__)
+    assert all(hasattr(deskbox, name) for name in deskbox.__all__)
+
+
+# -- configuration and error mapping without a server ------------------------------------
+
+
+def test_arguments_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DESKBOX_URL", "http://127.0.0.1:1/")
+    monkeypatch.setenv("DESKBOX_API_KEY", "from-env")
+    with Deskbox() as box:
+        assert box.base_url == "http://127.0.0.1:1" and box.api_key == "from-env"
+    with Deskbox("http://127.0.0.1:2", "from-arg") as box:
+        assert box.base_url == "http://127.0.0.1:2" and box.api_key == "from-arg"
+    monkeypatch.delenv("DESKBOX_URL")
+    with Deskbox() as box:
+        assert box.base_url == "http://127.0.0.1:8765"
+
+
+def _answer(status: int, kind: str, headers: dict[str, str] | None = None) -> httpx.Response:
+    body = {"error": {"type": kind, "message": "m", "request_id": "req_1"}}
+    return httpx.Response(status, json=body, headers=headers)
+
+
+def test_capacity_errors_carry_retry_after() -> None:
+    answers = iter([_answer(429, "capacity", {"Retry-After": "3"}),
+                    _answer(503, "capacity", {"Retry-After": "7"})])
+    transport = httpx.MockTransport(lambda request: next(answers))
+    with Deskbox("http://deskbox.test", "k", transport=transport) as box:
+        with pytest.raises(RateLimited) as limited:
+            box.sessions.create()
+        assert limited.value.retry_after == 3.0 and limited.value.request_id == "req_1"
+        with pytest.raises(ServiceUnavailable) as unavailable:
+            box.sessions.list()
+        assert unavailable.value.retry_after == 7.0 and unavailable.value.status == 503
+
+
+def test_transport_failures_are_deskbox_errors() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("slow", request=request)
+
+    with Deskbox("http://deskbox.test", "k", transport=httpx.MockTransport(refuse)) as box:
+        with pytest.raises(APIConnectionError):
+            box.sessions.list()
+    with Deskbox("http://deskbox.test", "k", transport=httpx.MockTransport(slow)) as box:
+        with pytest.raises(deskbox.APITimeoutError):
+            box.sessions.get("x", timeout=0.5)
+
+
+def test_requests_carry_the_key_and_the_per_call_timeout() -> None:
+    seen: list[httpx.Request] = []
+
+    def record(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"sessions": []})
+
+    with Deskbox("http://deskbox.test", "k1", transport=httpx.MockTransport(record)) as box:
+        assert box.sessions.list(labels={"a": "b"}, state="running", timeout=3) == []
+    assert seen[0].headers["authorization"] == "Bearer k1"
+    assert seen[0].url.params.get_list("label") == ["a:b"]
+    assert seen[0].extensions["timeout"]["read"] == 3
+
+
+# -- against a real server ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def box(local_server: Server) -> Iterator[Deskbox]:
+    with Deskbox(local_server.url, KEY_A) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def session(box: Deskbox) -> Iterator[Session]:
+    created = box.sessions.create(display=DISPLAY, start_url=PAGE, labels={"suite": "sdk"})
+    with created:
+        yield created
+
+
+def test_error_mapping(local_server: Server, box: Deskbox, session: Session) -> None:
+    with Deskbox(local_server.url, "wrong-key") as stranger:
+        with pytest.raises(Unauthorized) as unauthorized:
+            stranger.sessions.list()
+    assert unauthorized.value.status == 401 and unauthorized.value.type == "unauthorized"
+    assert unauthorized.value.request_id and unauthorized.value.request_id.startswith("req_")
+    assert unauthorized.value.body["error"]["type"] == "unauthorized"
+
+    with pytest.raises(NotFound) as missing:
+        box.sessions.get("ses_does_not_exist")
+    assert missing.value.status == 404 and missing.value.type == "not_found"
+
+    with pytest.raises(UnprocessableEntity) as invalid:
+        box.sessions.create(display={"width": -5, "height": 10})
+    assert invalid.value.status == 422 and invalid.value.type == "invalid_request"
+
+    with pytest.raises(UnprocessableEntity):
+        session.act({"type": "no_such_action"})
+    # The local backend has no sandbox: exec and files are refused with 422 (API.md).
+    with pytest.raises(UnprocessableEntity):
+        session.exec(["true"])
+    assert isinstance(missing.value, APIError) and isinstance(missing.value, DeskboxError)
+
+
+def test_acting_on_a_starting_session_is_a_conflict(box: Deskbox) -> None:
+    starting = box.sessions.create(display=DISPLAY, wait=False)
+    with starting:
+        assert starting.state == "starting"
+        with pytest.raises(Conflict) as conflict:
+            starting.click(10, 10)
+        assert conflict.value.status == 409 and conflict.value.type == "conflict"
+
+
+def test_lifecycle_calls_this_server_lacks_map_to_api_errors(session: Session) -> None:
+    """pause/resume/hibernate/snapshot/fork: answered, or refused with a typed error."""
+    for call in (session.pause, session.resume, session.hibernate, session.snapshot,
+                 lambda: session.fork(1)):
+        try:
+            result = call()
+        except APIError as error:
+            assert error.status in (404, 405, 409, 422), error
+        else:
+            for fork in result if isinstance(result, list) else []:
+                fork.close()
+    session.refresh()
+    if session.state == "paused":
+        session.resume()
+
+
+def test_create_act_screenshot_delete(box: Deskbox, session: Session) -> None:
+    assert session.state == "running" and session.display.width == 800
+    assert any(s.id == session.id for s in box.sessions.list(labels={"suite": "sdk"}))
+    assert box.sessions.get(session.id).labels == {"suite": "sdk"}
+
+    session.click(200, 20)
+    session.type("héllo")
+    session.key("ctrl+a")
+    session.move(300, 300)
+    session.scroll(300, 300, dy=1)
+    session.drag([(10, 300), (50, 320)])
+    result = session.act(
+        [{"type": "move", "x": 50, "y": 320}, {"type": "cursor_position"},
+         {"type": "screen_size"}],
+        screenshot=True,
+    )
+    assert result.results == [{}, {"x": 50, "y": 320}, {"width": 800, "height": 600}]
+    assert result.screenshot is not None and result.screenshot.media_type == "image/jpeg"
+    assert result.screenshot.image().size == (800, 600)
+
+    png = session.screenshot()
+    assert png.startswith(b"\x89PNG")
+    image = session.screenshot(as_image=True)
+    assert image.size == (800, 600)
+    assert image.convert("RGB").getpixel((700, 500)) == (0, 0, 255)
+    region = session.screenshot(region={"x": 0, "y": 0, "width": 100, "height": 50})
+    assert Image.open(io.BytesIO(region)).size == (100, 50)
+    small = session.screenshot(format="jpeg", scale=(400, 300))
+    assert Image.open(io.BytesIO(small)).size == (400, 300)
+
+
+def test_links_carry_session_tokens(session: Session) -> None:
+    view = session.view_url()
+    assert "?token=" in view and view.startswith("http://127.0.0.1")
+    assert httpx.get(view, timeout=10).status_code == 200
+    cdp = session.cdp_url()
+    base, _, token = cdp.partition("?token=")
+    version = httpx.get(f"{base}/json/version", params={"token": token}, timeout=10)
+    assert version.status_code == 200 and "webSocketDebuggerUrl" in version.json()
+
+
+def test_websocket_fast_path(session: Session) -> None:
+    with session.actions_ws() as ws:
+        for _ in range(5):
+            session.move(100, 100)
+        session.click(120, 130)
+        result = session.act({"type": "cursor_position"}, screenshot=True)
+        assert result.results == [{"x": 120, "y": 130}]
+        assert result.screenshot is not None and result.screenshot.data[:2] == b"\xff\xd8"
+        assert session.screenshot(as_image=True).size == (800, 600)
+        with pytest.raises(UnprocessableEntity):
+            ws.act({"type": "move"})  # no coordinates
+        assert ws.act({"type": "screen_size"}).results == [{"width": 800, "height": 600}]
+    assert session.act({"type": "cursor_position"}).results == [{"x": 120, "y": 130}]
+
+
+def test_closing_is_idempotent_and_a_closed_session_is_gone(box: Deskbox) -> None:
+    created = box.sessions.create(display=DISPLAY)
+    created.close()
+    created.close()
+    assert created.refresh().state in ("stopped", "stopping")
+    with pytest.raises((NotFound, Conflict)):
+        created.click(1, 1)
+
+
+async def test_async_client(local_server: Server) -> None:
+    async with AsyncDeskbox(local_server.url, KEY_A) as box:
+        async with await box.sessions.create(display=DISPLAY, start_url=PAGE) as session:
+            assert session.state == "running"
+            await session.click(10, 10)
+            await session.type("x")
+            result = await session.act({"type": "cursor_position"}, screenshot=True)
+            assert result.results == [{"x": 10, "y": 10}] and result.screenshot is not None
+            assert (await session.screenshot()).startswith(b"\x89PNG")
+            assert (await session.screenshot(as_image=True)).size == (800, 600)
+            async with session.actions_ws():
+                await asyncio.gather(*[session.move(20 + i, 20) for i in range(1)])
+                shot = await session.screenshot(format="jpeg")
+                assert shot[:2] == b"\xff\xd8"
+            assert (await session.act({"type": "cursor_position"})).results == [
+                {"x": 20, "y": 20}]
+            assert "?token=" in await session.view_url("control")
+            assert [s.id for s in await box.sessions.list() if s.id == session.id]
+            with pytest.raises(UnprocessableEntity):
+                await session.exec("true")  # the local backend has no sandbox
+        with pytest.raises(NotFound):
+            await box.sessions.get("ses_nope")
+        with pytest.raises(NotFound):
+            await session.click(1, 1)  # deleted on leaving the block

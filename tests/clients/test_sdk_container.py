@@ -1,0 +1,79 @@
+"""The SDK on the container backend (the default): exec and files, sync and async."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from deskbox import AsyncDeskbox, Deskbox, NotFound, Session, UnprocessableEntity
+from deskbox_server.settings import Settings
+
+from ..api.conftest import KEY_A, Server, running_server
+from ..images import IMAGE_STATE_DIR, session_image
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def container_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    session_image()
+    settings = Settings(
+        state_dir=tmp_path_factory.mktemp("client-container-state"),
+        api_keys=[KEY_A],
+        image_state_dir=IMAGE_STATE_DIR,
+        reaper_interval_s=0.5,
+    )
+    with running_server(settings) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def session(container_server: Server) -> Iterator[Session]:
+    with Deskbox(container_server.url, KEY_A) as box:
+        with box.sessions.create(display={"width": 800, "height": 600}) as created:
+            yield created
+
+
+def test_exec_and_files(session: Session, tmp_path_factory: pytest.TempPathFactory) -> None:
+    assert session.data.backend == "container"
+    done = session.exec(["sh", "-c", "echo out; echo err >&2; exit 3"])
+    assert (done.exit_code, done.stdout, done.stderr, done.ok) == (3, "out\n", "err\n", False)
+    assert session.exec("echo $DISPLAY").stdout.strip().startswith(":")
+    slow = session.exec(["sleep", "5"], timeout_s=1)
+    assert slow.timed_out and slow.exit_code is None
+
+    uploaded = session.upload("/tmp/hello.txt", b"hello\n")
+    assert (uploaded.path, uploaded.size) == ("/tmp/hello.txt", 6)
+    assert session.exec(["cat", "/tmp/hello.txt"]).stdout == "hello\n"
+    assert session.download("/tmp/hello.txt") == b"hello\n"
+    local = tmp_path_factory.mktemp("upload") / "local.bin"
+    local.write_bytes(bytes(range(256)))
+    session.upload("/tmp/local.bin", local)
+    assert session.download("/tmp/local.bin") == bytes(range(256))
+    with pytest.raises(NotFound):
+        session.download("/tmp/missing")
+    with pytest.raises(UnprocessableEntity):
+        session.download("relative/path")
+    assert session.screenshot(as_image=True).size == (800, 600)
+
+
+async def test_async_exec_and_files(container_server: Server, session: Session) -> None:
+    async with AsyncDeskbox(container_server.url, KEY_A) as box:
+        same = await box.sessions.get(session.id)
+        assert (await same.exec(["echo", "hi"])).stdout == "hi\n"
+        await same.upload("/tmp/async.txt", b"async")
+        assert await same.download("/tmp/async.txt") == b"async"
+
+
+def test_cli_exec_round(container_server: Server, session: Session) -> None:
+    from .test_cli import deskbox
+
+    done = deskbox(container_server, "exec", session.id, "--", "sh", "-c",
+                   "echo hi; echo oops >&2; exit 3")
+    assert (done.returncode, done.stdout, done.stderr) == (3, "hi\n", "oops\n")
+    listed = deskbox(container_server, "exec", session.id, "--json", "--", "ls", "-d", "/tmp")
+    assert listed.returncode == 0 and json.loads(listed.stdout)["stdout"] == "/tmp\n"
+    timed = deskbox(container_server, "exec", session.id, "--timeout-s", "1", "--", "sleep", "9")
+    assert timed.returncode == 124
