@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   xvfb xauth openbox chromium x11vnc x11-utils x11-xkb-utils xkb-data
   novnc                    # the live view's browser client, served from /usr/share/novnc
+  tigervnc-standalone-server  # only for bench/vnc.py: Xvnc, measured against x11vnc
   fonts-dejavu-core fonts-noto-cjk fonts-noto-color-emoji
   runc mmdebstrap passt slirp4netns nftables iproute2 uidmap
   xdotool scrot            # only for bench/: the peers' way of doing things
@@ -29,6 +30,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# CRIU 4.1 from Debian 13 in a private root, for hibernate (scripts/criu.sh).
+scripts/criu.sh || echo "setup: without CRIU, pause mode hibernate will be refused" >&2
 
 PYTHON=${PYTHON:-python3}
 stamp=.venv/.deskbox-installed

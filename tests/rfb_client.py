@@ -2,11 +2,13 @@
 
 It speaks the client side of RFB 3.8 (security None), asks for raw 32-bit pixels and keeps
 a framebuffer, and can send any message, including the input a read-only viewer must not
-get through.
+get through. ``unix:/path`` instead of a websocket URL speaks RFB straight to a server's unix
+socket (bench/vnc.py compares VNC servers without the proxy).
 """
 
 from __future__ import annotations
 
+import socket
 import struct
 import time
 from typing import Any
@@ -14,17 +16,47 @@ from typing import Any
 import numpy as np
 from websockets.sync.client import ClientConnection, connect
 
-__all__ = ["RfbViewer"]
+__all__ = ["RfbViewer", "UnixLink"]
 
 _PIXEL_FORMAT = struct.pack(">BBBBHHHBBB3x", 32, 24, 0, 1, 255, 255, 255, 16, 8, 0)
 
 
+class UnixLink:
+    """A unix stream socket with the websocket connection's send/recv/close."""
+
+    def __init__(self, path: str, timeout_s: float) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout_s)
+        try:
+            self.sock.connect(path)
+        except BaseException:
+            self.sock.close()
+            raise
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def recv(self, timeout: float | None = None) -> bytes:
+        self.sock.settimeout(timeout)
+        data = self.sock.recv(1 << 20)
+        if not data:
+            raise ConnectionError("the VNC server closed the connection")
+        return data
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 class RfbViewer:
     def __init__(self, url: str, timeout_s: float = 20.0, **connect_args: Any) -> None:
-        self.ws: ClientConnection = connect(
-            url, subprotocols=["binary"], compression=None, open_timeout=timeout_s,  # type: ignore[list-item]
-            max_size=None, **connect_args,
-        ).__enter__()
+        self.ws: ClientConnection | UnixLink
+        if url.startswith("unix:"):
+            self.ws = UnixLink(url.removeprefix("unix:"), timeout_s)
+        else:
+            self.ws = connect(
+                url, subprotocols=["binary"], compression=None, open_timeout=timeout_s,  # type: ignore[list-item]
+                max_size=None, **connect_args,
+            ).__enter__()
         self.timeout_s = timeout_s
         self._buffer = bytearray()
         self.cut_text: list[bytes] = []

@@ -26,6 +26,7 @@ from ..schemas.batch import (
     WsRequest,
 )
 from ..schemas.results import ClipboardText, Point, Size
+from ..sessions.pause import FROZEN_HEADER
 from .auth import authenticate
 from .deps import Caller, Services, get_services
 from .errors import deskbox_error_response, new_request_id, validation_message
@@ -102,12 +103,17 @@ async def screenshot(
     scale: Annotated[str | None, Query(description="WIDTHxHEIGHT")] = None,
 ) -> Response:
     manager = get_services(request).manager
-    image = await manager.capture(caller.key_id, session_id, format, quality, _scale(scale))
-    return Response(
-        content=image.data,
-        media_type=image.media_type,
-        headers={"X-Image-Width": str(image.width), "X-Image-Height": str(image.height)},
+    headers: dict[str, str] = {}
+    # A paused session's X server is frozen: its last frame, captured when it was paused.
+    image = await manager.frozen_screenshot(
+        caller.key_id, session_id, format, quality, _scale(scale)
     )
+    if image is not None:
+        headers[FROZEN_HEADER] = "true"
+    else:
+        image = await manager.capture(caller.key_id, session_id, format, quality, _scale(scale))
+    headers |= {"X-Image-Width": str(image.width), "X-Image-Height": str(image.height)}
+    return Response(content=image.data, media_type=image.media_type, headers=headers)
 
 
 # -- websocket ----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""``/v1/sessions``: create, list, get, delete, keepalive."""
+"""``/v1/sessions``: create, list, get, delete, pause, resume, keepalive."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 
 from ..errors import InvalidRequest
+from ..schemas.pause import PauseRequest
 from ..schemas.sessions import Session, SessionCreate, SessionList, SessionState, SessionUrls
 from ..sessions.lifecycle import SessionRecord
 from .deps import Caller, get_services
@@ -85,6 +86,22 @@ async def get_session(request: Request, caller: Caller, session_id: str) -> Sess
 async def delete_session(request: Request, caller: Caller, session_id: str) -> Response:
     await get_services(request).manager.delete(caller.key_id, session_id)
     return Response(status_code=204)
+
+
+@router.post("/{session_id}/pause", response_model=Session)
+async def pause(
+    request: Request, caller: Caller, session_id: str, body: PauseRequest | None = None
+) -> Session:
+    """Freeze the session (409 `conflict` for actions until resumed); see API.md."""
+    mode = (body or PauseRequest()).mode
+    record = await get_services(request).manager.pause(caller.key_id, session_id, mode)
+    return to_resource(record, request)
+
+
+@router.post("/{session_id}/resume", response_model=Session)
+async def resume(request: Request, caller: Caller, session_id: str) -> Session:
+    record = await get_services(request).manager.resume(caller.key_id, session_id)
+    return to_resource(record, request)
 
 
 @router.post("/{session_id}/keepalive", response_model=Session)

@@ -140,6 +140,29 @@ class Backend(ABC):
     async def destroy(self, handle: DesktopHandle) -> None:
         """Stop every process of the desktop; idempotent; never raises for a dead desktop."""
 
+    async def freeze(self, handle: DesktopHandle) -> None:
+        """Stop every process of the desktop where it stands (pause mode "freeze").
+
+        The caller makes no X call on the desktop until :meth:`thaw`; :meth:`destroy` must
+        work on a frozen desktop.
+        """
+        raise InvalidRequest(f"the {self.name} backend cannot freeze sessions")
+
+    async def thaw(self, handle: DesktopHandle) -> None:
+        """Let a frozen desktop run again."""
+        raise InvalidRequest(f"the {self.name} backend cannot freeze sessions")
+
+    async def hibernate(self, handle: DesktopHandle) -> None:
+        """Checkpoint the desktop to disk and free its memory (pause mode "hibernate").
+
+        Raises InvalidRequest naming the cause where it cannot.
+        """
+        raise InvalidRequest(f"the {self.name} backend cannot hibernate sessions")
+
+    async def restore(self, handle: DesktopHandle) -> None:
+        """Bring a hibernated desktop back, with the driver connected again."""
+        raise InvalidRequest(f"the {self.name} backend cannot hibernate sessions")
+
     async def close(self) -> None:
         """Release what the backend itself holds (called once, at server shutdown)."""
         return None

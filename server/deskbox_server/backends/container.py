@@ -51,8 +51,9 @@ from ..driver.processes import become_subreaper
 from ..driver.worker import DesktopWorker
 from ..driver.xwait import top_level_clients, wait_for, window_viewable, wm_running
 from ..errors import Conflict, DesktopFailed, InvalidRequest, SessionFailed, Timeout
-from . import sandbox_files
+from . import freezer, sandbox_files
 from .base import Backend, DesktopHandle, SessionSpec
+from .checkpoint import Criu, hibernate_sandbox, restore_sandbox
 from .devtools import DEVTOOLS_PORT, BrowserUnavailable, DevtoolsSocket, connect_in_netns
 from .displays import (
     DisplayReservation,
@@ -322,6 +323,16 @@ class ContainerSandbox:
 
         wait_for(x, ready, max(0.0, deadline - time.monotonic()), what)
 
+    def adopt_init(self, pid: int) -> None:
+        """The sandbox's init is now ``pid`` (restored from a checkpoint, checkpoint.py)."""
+        self.init_pid = pid
+        self._pidfd = os.pidfd_open(pid)
+
+    def release_init(self) -> None:
+        """The sandbox's processes ended (checkpointed): reap its init, forget it."""
+        self._reap_init()
+        self.init_pid = None
+
     # -- health ---------------------------------------------------------------------------
 
     def failure(self) -> str | None:
@@ -339,6 +350,8 @@ class ContainerSandbox:
         """Kill every process of the sandbox and remove all it had on the host. Idempotent."""
         runc = self.options.runc
         errors: list[str] = []
+        with contextlib.suppress(SessionFailed):  # a frozen sandbox could not die
+            freezer.thaw(self.container_id)
         try:
             runc.kill(self.container_id)
             runc.delete(self.container_id)
@@ -548,8 +561,48 @@ class ContainerBackend(Backend):
         worker.shutdown()
         sandbox.destroy()
 
+    async def freeze(self, handle: DesktopHandle) -> None:
+        assert isinstance(handle, ContainerHandle)
+        await asyncio.to_thread(freezer.freeze, handle.sandbox.container_id)
+
+    async def thaw(self, handle: DesktopHandle) -> None:
+        assert isinstance(handle, ContainerHandle)
+        await asyncio.to_thread(freezer.thaw, handle.sandbox.container_id)
+
+    async def hibernate(self, handle: DesktopHandle) -> None:
+        """Checkpoint the sandbox into its session directory; its processes end.
+
+        The driver's X connections lead out of the sandbox, which CRIU cannot dump: they
+        are closed first, and made again if the checkpoint fails (the sandbox runs on).
+        """
+        assert isinstance(handle, ContainerHandle)
+        sandbox = handle.sandbox
+        await handle.worker.call(handle.desktop.close)
+        try:
+            stats = await asyncio.to_thread(hibernate_sandbox, sandbox, Criu())
+        except BaseException:
+            await self._reconnect(handle)
+            raise
+        await asyncio.to_thread(sandbox.release_init)
+        sandbox.timings["hibernate"] = stats.seconds
+
+    async def restore(self, handle: DesktopHandle) -> None:
+        assert isinstance(handle, ContainerHandle)
+        seconds = await asyncio.to_thread(restore_sandbox, handle.sandbox, Criu())
+        handle.sandbox.timings["restore"] = seconds
+        await self._reconnect(handle)
+
+    async def _reconnect(self, handle: ContainerHandle) -> None:
+        sandbox = handle.sandbox
+        handle._desktop = await handle.worker.call(
+            Desktop, sandbox.display_name, sandbox.failure, self.shared_memory
+        )
+
     async def destroy(self, handle: DesktopHandle) -> None:
         assert isinstance(handle, ContainerHandle)
+        # Closing the driver talks to the X server: a frozen one would never answer.
+        with contextlib.suppress(SessionFailed):
+            await asyncio.to_thread(freezer.thaw, handle.sandbox.container_id)
         try:
             await handle.worker.call(handle.desktop.close)
         finally:

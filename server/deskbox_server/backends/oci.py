@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 from .seccomp import SeccompProfile, seccomp_profile
 
@@ -125,6 +125,7 @@ class RuntimeConfig(TypedDict):
     hostname: str
     mounts: list[Mount]
     linux: _Linux
+    annotations: NotRequired[dict[str, str]]
 
 
 def _tmpfs(destination: str, size_mb: int, mode: str, *extra: str) -> Mount:
@@ -213,9 +214,16 @@ def config_json(config: SandboxConfig) -> str:
     return json.dumps(runtime_config(config), indent=2)
 
 
+# CRIU reads its options for `runc checkpoint`/`restore` of this sandbox from this file of
+# the bundle (the annotation below; backends/checkpoint.py writes it).
+CRIU_CONFIG = "criu.conf"
+
+
 def write_bundle(bundle_dir: Path, config: SandboxConfig) -> Path:
     """Write ``config.json`` into ``bundle_dir`` (created, mode 0700); returns its path."""
     bundle_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = bundle_dir / "config.json"
-    path.write_text(config_json(config))
+    raw = runtime_config(config)
+    raw["annotations"] = {"org.criu.config": str(bundle_dir.resolve() / CRIU_CONFIG)}
+    path.write_text(json.dumps(raw, indent=2))
     return path

@@ -21,6 +21,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import signal
 import socket
 import stat
 import tempfile
@@ -39,6 +40,10 @@ __all__ = ["LocalVnc", "SandboxVnc", "VncServer", "x11vnc_argv"]
 
 START_TIMEOUT_S = 15.0
 _CONNECT_TIMEOUT_S = 5.0
+# x11vnc frees its 42 SysV shared memory segments (≈ 7.5 MB at 1280x800) only when it exits
+# on a signal it handles: SIGKILL leaks them (on the host, until shmmni's 4096 runs out and
+# every x11vnc fails with "shmget(scanline) failed"). So SIGTERM first, SIGKILL after this.
+_TERM_GRACE_S = 2.0
 _LOG_LIMIT = 16 * 1024
 
 
@@ -51,6 +56,10 @@ def x11vnc_argv(display: str, socket_path: str) -> list[str]:
         "-nolookup", "-nocmds", "-noremote", "-nossl", "-q",
         "-noxrecord",  # XRECORD's polling is not needed with XDAMAGE on Xvfb
         "-nonap",  # no longer naps between screen polls when the screen is idle
+        # x11vnc creates its selection window (and starts XFIXES) only ~8-45 s after the
+        # first viewer came, "to get past a display manager": until then a viewer's paste
+        # cannot own CLIPBOARD/PRIMARY and the selections are not polled. No DM here.
+        "-env", "X11VNC_AVOID_WINDOWS=never",
     ]
 
 
@@ -174,6 +183,14 @@ class SandboxVnc(VncServer):
             return
         self._stopped = True
         try:
+            leader = self._launch.leader()
+            if leader is not None and self._launch.returncode is None:
+                with contextlib.suppress(OSError):
+                    # Still runc's child (not reaped), and checked to be the sandbox's.
+                    if os.readlink(f"/proc/{leader}/ns/pid") == self._launch.pidns:
+                        os.kill(leader, signal.SIGTERM)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self._exited), _TERM_GRACE_S)
             await self._launch.kill()
             await self._exited
         finally:
@@ -244,6 +261,11 @@ class LocalVnc(VncServer):
             return
         self._stopped = True
         try:
+            if self._child.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self._child.pid, signal.SIGTERM)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self._exited), _TERM_GRACE_S)
             if self._child.returncode is None:
                 self._child.kill()
                 try:

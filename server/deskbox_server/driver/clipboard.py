@@ -5,7 +5,9 @@ caller's thread, the desktop's worker). Owning it means answering other clients'
 ``SelectionRequest`` events for as long as we own it, whenever they ask (a paste in the
 browser, x11vnc passing it to viewers), so the owner has its own X connection served by a
 small thread, started on the first ``set``; it also writes the root window's CUT_BUFFER0, which
-x11vnc passes to viewers (as Latin-1). Both directions are bounded by
+x11vnc passes to viewers (as Latin-1), and writes it once more a second later (x11vnc drops
+a CUT_BUFFER0 change that lands while it syncs its clock, as it does just after a viewer
+came, and would otherwise pass the text on only ~15 s later). Both directions are bounded by
 ``MAX_CLIPBOARD_BYTES`` (no INCR transfers).
 """
 
@@ -31,6 +33,7 @@ __all__ = ["MAX_CLIPBOARD_BYTES", "Clipboard"]
 MAX_CLIPBOARD_BYTES = 200_000
 _READ_TIMEOUT_S = 2.0
 _TEXT_TARGETS = ("UTF8_STRING", "text/plain;charset=utf-8", "STRING", "TEXT")
+_REPUBLISH_AFTER_S = 1.0
 
 
 def _wait_event(
@@ -62,6 +65,7 @@ class _Owner(threading.Thread):
         self._text = b""
         self._owned = False
         self._closing = False
+        self._republish: tuple[float, bytes] | None = None  # (when, CUT_BUFFER0 text)
 
     def owned_text(self) -> bytes | None:
         with self._lock:
@@ -91,13 +95,18 @@ class _Owner(threading.Thread):
         x = self._x
         try:
             while not self._closing:
-                readable, _, _ = select.select([x.fileno(), self._wake_r], [], [], 1.0)
+                timeout = 1.0
+                if self._republish is not None:
+                    timeout = min(timeout, max(0.0, self._republish[0] - time.monotonic()))
+                readable, _, _ = select.select([x.fileno(), self._wake_r], [], [], timeout)
                 if self._wake_r in readable:
                     with suppress(BlockingIOError):
                         os.read(self._wake_r, 64)
                     self._take_pending()
                 while x.pending_events():
                     self._handle(x.next_event())
+                if self._republish is not None and time.monotonic() >= self._republish[0]:
+                    self._republish_cut_buffer()
         except Exception:  # the display went away: nothing left to own
             with self._lock:
                 self._owned = False
@@ -121,10 +130,24 @@ class _Owner(threading.Thread):
         latin = text.decode("utf-8").encode("latin-1", errors="replace")
         self._x.screen().root.change_property(Xatom.CUT_BUFFER0, Xatom.STRING, 8, latin)
         self._x.flush()
+        self._republish = (time.monotonic() + _REPUBLISH_AFTER_S, latin)
         with self._lock:
             self._text, self._owned = text, owned
         result.append(owned)
         done.set()
+
+    def _republish_cut_buffer(self) -> None:
+        """CUT_BUFFER0 written again, unless someone changed it or took the clipboard."""
+        assert self._republish is not None
+        latin, self._republish = self._republish[1], None
+        if self.owned_text() is None:
+            return
+        root = self._x.screen().root
+        reply = root.get_property(Xatom.CUT_BUFFER0, Xatom.STRING, 0, len(latin) // 4 + 1)
+        value = reply.value if reply is not None else b""
+        if (value.encode("latin-1") if isinstance(value, str) else bytes(value)) == latin:
+            root.change_property(Xatom.CUT_BUFFER0, Xatom.STRING, 8, latin)
+            self._x.flush()
 
     def _handle(self, event: Event) -> None:
         if event.type == X.SelectionClear:

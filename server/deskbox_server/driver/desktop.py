@@ -24,6 +24,7 @@ from .capture import Capturer
 from .clipboard import Clipboard
 from .images import EncodedImage, Frame, encode
 from .keyboard import Keyboard
+from .keymap_watch import KeymapWatch
 from .pointer import Pointer
 from .settle import SettleWatcher
 from .space import Space
@@ -80,7 +81,8 @@ class Desktop:
         self.pointer = Pointer(self._x)
         self.settle_options = settle or SettleOptions()
         self._settle = SettleWatcher(self._x, self._on_event)
-        self.keyboard = Keyboard(self._x, self._typing_shown)
+        self._keymap_watch = self._watch_keymap_reads()
+        self.keyboard = Keyboard(self._x, self._typing_shown, self._keymap_reread)
         self._capturer = Capturer(display_name, self._x, shared_memory=shared_memory)
         self._closed = False
         self._last_button_at = 0.0
@@ -145,6 +147,19 @@ class Desktop:
         if isinstance(action, _BUTTON_ACTIONS):
             self._last_button_at = time.monotonic()
         return result
+
+    def _watch_keymap_reads(self) -> KeymapWatch | None:
+        try:
+            return KeymapWatch(self.display_name, self._x)
+        except Exception:  # noqa: BLE001 (no RECORD extension: Keyboard falls back to a grace)
+            return None
+
+    def _keymap_reread(self, since: float) -> None:
+        """Until the clients have re-read a keyboard mapping changed at ``since`` (≤ 1 s)."""
+        if self._keymap_watch is None:
+            time.sleep(0.1)
+        else:
+            self._keymap_watch.wait_reread(since, timeout_s=1.0)
 
     def _typing_shown(self) -> None:
         """Until the screen has been quiet for a moment after typing (bounded)."""
@@ -241,6 +256,14 @@ class Desktop:
             frame = frame.scaled(action.scale.width, action.scale.height)
         return encode(frame, action.format, action.quality)
 
+    def grab_screen(self) -> Frame:
+        """The whole screen's pixels, now (kept as the last frame of a paused session)."""
+        self._check_alive()
+        try:
+            return self._grab(0, 0, self.width, self.height, False)
+        except (ConnectionClosedError, XError, OSError) as error:
+            raise self._failure(error) from None
+
     def _grab(self, x: int, y: int, width: int, height: int, cursor: bool) -> Frame:
         return self._capturer.grab(x, y, width, height, cursor)
 
@@ -275,5 +298,7 @@ class Desktop:
             self._capturer.close()
         with suppress(Exception):
             self.clipboard.close()
+        if self._keymap_watch is not None:
+            self._keymap_watch.close()
         with suppress(Exception):
             self._x.close()

@@ -21,19 +21,25 @@ from .keys import char_keysym, parse_combo
 __all__ = ["Keyboard"]
 
 _SHIFT = XK.XK_Shift_L
-_MAPPING_GRACE_S = 0.1
+_MAPPING_GRACE_S = 0.1  # only where the X server has no RECORD extension
 
 
 class Keyboard:
     """Presses keys on one X connection; call only from the desktop's worker thread."""
 
     def __init__(
-        self, display: Display, await_delivery: Callable[[], object] | None = None
+        self,
+        display: Display,
+        await_delivery: Callable[[], object] | None = None,
+        await_reread: Callable[[float], object] | None = None,
     ) -> None:
         """``await_delivery`` returns once clients have handled the keys sent so far (the
-        desktop waits for the screen to settle); by default a fixed grace period."""
+        desktop waits for the screen to settle); ``await_reread(since)`` once clients have
+        re-read a mapping changed at ``since`` (the desktop watches with RECORD). Both
+        default to a fixed grace period."""
         self._display = display
         self._await_delivery = await_delivery or (lambda: time.sleep(_MAPPING_GRACE_S))
+        self._await_reread = await_reread or (lambda _since: time.sleep(_MAPPING_GRACE_S))
         self._min_keycode: int = display.display.info.min_keycode
         self._max_keycode: int = display.display.info.max_keycode
         self._stale = True
@@ -107,10 +113,11 @@ class Keyboard:
         width = len(rows[0])
         for keysym, keycode in assigned.items():
             rows[keycode - self._min_keycode] = (keysym, keysym) + (X.NoSymbol,) * (width - 2)
+        since = time.monotonic()
         self._write_mapping(rows)
         # Chromium fetches a changed table asynchronously and translates the keys it reads
-        # meanwhile with the old one: nothing on the X side says when it has the new one.
-        time.sleep(_MAPPING_GRACE_S)
+        # meanwhile with the old one: wait until the clients have re-read it.
+        self._await_reread(since)
         try:
             yield assigned
         finally:

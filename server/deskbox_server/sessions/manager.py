@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -35,11 +35,13 @@ from ..errors import (
 )
 from ..metrics import Metrics
 from ..schemas import actions as a
+from ..schemas.pause import PauseMode
 from ..schemas.sessions import Failure, SessionCreate, SessionState
 from ..settings import Settings
 from .browser_watch import BrowserWatch
 from .events import EventLog
 from .lifecycle import LIVE_STATES, SessionRecord, utcnow
+from .pause import DRAIN_TIMEOUT_S, LastFrame, drain, frozen_image
 from .registry import Registry
 
 __all__ = ["LiveSession", "SessionManager"]
@@ -57,6 +59,9 @@ class LiveSession:
     stop_task: asyncio.Task[None] | None = None
     # Actions in flight: the reaper never expires a session that is busy.
     busy: int = 0
+    # Pause and resume, one at a time; the screen when it was paused (pause.py).
+    changing: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_frame: LastFrame | None = None
 
 
 class SessionManager:
@@ -298,7 +303,7 @@ class SessionManager:
         if live is None or live.record.owner != owner:
             record = await self.get(owner, session_id)
             raise _not_live(record)
-        if live.record.state is not S.running:
+        if live.record.state not in (S.running, S.paused):
             raise _not_live(live.record)
         live.record.touch()
         await self._registry.save(live.record)
@@ -342,6 +347,109 @@ class SessionManager:
                 while len(self._recent) > _RECENT:
                     self._recent.popitem(last=False)
         log.info("session %s %s", record.id, record.state.value)
+
+    # -- pause and resume (pause.py) ------------------------------------------------------
+
+    def _owned(self, owner: str, session_id: str) -> LiveSession:
+        live = self._live.get(session_id)
+        if live is None or live.record.owner != owner:
+            ended = self._recent.get(session_id)
+            if ended is not None and ended.owner == owner:
+                raise _not_live(ended)
+            raise NotFound(f"no live session {session_id!r}")
+        return live
+
+    async def pause(self, owner: str, session_id: str, mode: PauseMode) -> SessionRecord:
+        """Freeze or hibernate a running session (pause.py); pausing it again changes
+        nothing. Its state changes first, so no new work reaches the desktop; then what is
+        in flight finishes, the last frame is kept, and the sandbox is frozen (or
+        checkpointed: backends/checkpoint.py). On failure it runs on as before."""
+        live = self._owned(owner, session_id)
+        record = live.record
+        target = S.paused if mode == "freeze" else S.hibernated
+        async with live.changing:
+            if record.state is target:
+                return record
+            handle = live.handle
+            if record.state is not S.running or handle is None:
+                raise _not_live(record)
+            backend = self._backends[record.backend]
+            record.transition(target)
+
+            def still_pausing() -> bool:  # a delete may come while pause waits
+                return record.state is target
+
+            try:
+                await drain(lambda: live.busy, record.id, DRAIN_TIMEOUT_S)
+                if still_pausing():
+                    frame = await handle.worker.call(handle.desktop.grab_screen)
+                if not still_pausing():
+                    raise Conflict(f"session {record.id} was {record.state.value} meanwhile")
+                # Its DevTools connection would time out on a frozen browser, and leads out
+                # of the sandbox (CRIU cannot dump it): no watch meanwhile.
+                await self._browsers.stop(record.id)
+                if mode == "freeze":
+                    await backend.freeze(handle)
+                else:
+                    await backend.hibernate(handle)
+            except BaseException:
+                if still_pausing():
+                    record.transition(S.running)
+                    self._browsers.start(record.id, handle)
+                raise
+            live.last_frame = LastFrame(frame, utcnow())
+            record.touch()  # a paused session expires too, timeout_s after its pause
+            await self._registry.save(record)
+            self._publish_state(record)
+        log.info("session %s %s", record.id, record.state.value)
+        return record
+
+    async def resume(self, owner: str, session_id: str) -> SessionRecord:
+        """Thaw a paused session or restore a hibernated one; a running one stays as is."""
+        live = self._owned(owner, session_id)
+        record = live.record
+        async with live.changing:
+            if record.state is S.running:
+                return record
+            handle = live.handle
+            if record.state not in (S.paused, S.hibernated) or handle is None:
+                raise _not_live(record)
+            backend = self._backends[record.backend]
+            if record.state is S.paused:
+                await backend.thaw(handle)
+            else:
+                try:
+                    await backend.restore(handle)
+                except SessionFailed as error:
+                    await self._fail_soon(live, error.message)
+                    raise
+            live.last_frame = None
+            record.transition(S.running)
+            record.touch()
+            await self._registry.save(record)
+            self._publish_state(record)
+            self._browsers.start(record.id, handle)
+        log.info("session %s resumed", record.id)
+        return record
+
+    async def frozen_screenshot(
+        self,
+        owner: str,
+        session_id: str,
+        fmt: Literal["jpeg", "png", "webp"],
+        quality: int,
+        scale: a.ScaleTo | None = None,
+    ) -> EncodedImage | None:
+        """The last frame of a paused or hibernated session, encoded; None otherwise."""
+        live = self._live.get(session_id)
+        frozen = (S.paused, S.hibernated)
+        if live is None or live.record.owner != owner or live.record.state not in frozen:
+            return None
+        last = live.last_frame
+        if last is None:  # still pausing: the screen is not frozen yet
+            raise Conflict(f"session {session_id} is being paused; try again in a moment")
+        view = live.record.body.coordinate_space
+        return await asyncio.to_thread(frozen_image, last, fmt, quality, view, scale)
 
     # -- actions --------------------------------------------------------------------------
 
@@ -444,7 +552,9 @@ class SessionManager:
         now = utcnow()
         for live in list(self._live.values()):
             record = live.record
-            if record.state is not S.running or live.handle is None or live.stop_task:
+            if record.state not in (S.running, S.paused) or live.handle is None:
+                continue
+            if live.stop_task or live.changing.locked():
                 continue
             reason = live.handle.failure()
             if reason is not None:

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# CRIU 4.1 for hibernate/snapshots (issue 6), installed where missing; safe to run again.
+#
+# Debian 12's CRIU 3.17 fails on this kernel ("vdso: Unexpected rt vDSO area bounds").
+# CRIU 4.1 from Debian 13 (trixie) works; it is installed with mmdebstrap into a private
+# root (its own libc and libraries, nothing of the host's changed) and run through that
+# root's own loader by a wrapper, which is what the server gives runc as `--criu`:
+#   $DESKBOX_CRIU_ROOT      default /opt/deskbox/criu-root
+#   $DESKBOX_CRIU_WRAPPER   default /opt/deskbox/bin/criu
+#
+# Linux 6.16 and later refuse SO_PASSCRED/SO_PASSSEC on non-unix sockets, and CRIU 4.1.1
+# fails on every TCP socket there (a browser's DevTools listener). Debian 13's own CRIU
+# source is therefore rebuilt with scripts/criu-sockopt.patch (treat EOPNOTSUPP as "not
+# set") in a throw-away build root (~1 GB, 2-3 minutes), and that binary replaces the
+# packaged one in the private root. DESKBOX_CRIU_PATCH=0 keeps the packaged binary.
+set -euo pipefail
+cd "$(dirname "$0")"
+PATCH="$PWD/criu-sockopt.patch"
+PATCHED=${DESKBOX_CRIU_PATCH:-1}
+want_stamp=packaged
+[ "$PATCHED" = 1 ] && want_stamp="patched $(sha256sum "$PATCH" | cut -d' ' -f1)"
+
+ROOT=${DESKBOX_CRIU_ROOT:-/opt/deskbox/criu-root}
+WRAPPER=${DESKBOX_CRIU_WRAPPER:-/opt/deskbox/bin/criu}
+SUITE=${DESKBOX_CRIU_SUITE:-trixie}
+MIRROR=${DESKBOX_CRIU_MIRROR:-http://deb.debian.org/debian}
+
+# CRIU locks a sandbox's network namespace with iptables-restore, which the host lacks:
+# the root's own (iptables-nft) is run the same way, through helpers in $HELPERS.
+HELPERS="$(dirname "$WRAPPER")/criu-helpers"
+if [ -x "$ROOT/usr/sbin/criu" ] && [ -x "$ROOT/usr/sbin/xtables-nft-multi" ] \
+    && [ -x "$HELPERS/iptables-restore" ] && [ -x "$WRAPPER" ] \
+    && [ "$(cat "$ROOT/.deskbox-criu" 2>/dev/null)" = "$want_stamp" ] \
+    && "$WRAPPER" --version >/dev/null 2>&1; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup: CRIU is missing and installing it needs root (run scripts/criu.sh as root)" >&2
+  exit 1
+fi
+if [ ! -x "$ROOT/usr/sbin/criu" ] || [ ! -x "$ROOT/usr/sbin/xtables-nft-multi" ] \
+    || { [ "$PATCHED" != 1 ] && grep -q '^patched' "$ROOT/.deskbox-criu" 2>/dev/null; }; then
+  echo "setup: installing CRIU from Debian $SUITE into $ROOT (mmdebstrap, ~1 minute)"
+  tmp="$ROOT.tmp.$$"
+  rm -rf "$tmp"
+  mkdir -p "$(dirname "$ROOT")"
+  trap 'rm -rf "$tmp"' EXIT
+  # extract: criu and its dependencies unpacked, no maintainer scripts run.
+  mmdebstrap --variant=extract --include=criu,iptables --skip=check/empty \
+    --aptopt='Acquire::Retries "3"' "$SUITE" "$tmp" "$MIRROR" 2>&1 \
+    | sed -u 's/^/setup:   /'
+  [ -x "$tmp/usr/sbin/criu" ] || { echo "setup: mmdebstrap did not install criu" >&2; exit 1; }
+  rm -rf "$ROOT"
+  mkdir -p "$(dirname "$ROOT")"
+  mv "$tmp" "$ROOT"
+  trap - EXIT
+fi
+if [ "$(cat "$ROOT/.deskbox-criu" 2>/dev/null)" != "$want_stamp" ]; then
+  if [ "$PATCHED" = 1 ]; then
+    build="$(dirname "$ROOT")/criu-build.$$"
+    trap 'rm -rf "$build"' EXIT
+    echo "setup: building Debian $SUITE's CRIU with criu-sockopt.patch (2-3 minutes)"
+    mmdebstrap --variant=buildd --include=pkgconf,libprotobuf-c-dev,protobuf-c-compiler,\
+libprotobuf-dev,protobuf-compiler,python3-protobuf,libnl-3-dev,libnet1-dev,libcap-dev,\
+libaio-dev,libbsd-dev,libgnutls28-dev,libnftables-dev,uuid-dev,python3,dpkg-dev \
+      --aptopt='Acquire::Retries "3"' \
+      --setup-hook="echo 'deb-src $MIRROR $SUITE main' >> \"\$1/etc/apt/sources.list\"" \
+      "$SUITE" "$build" "$MIRROR" 2>&1 | sed -u 's/^/setup:   /'
+    cp "$PATCH" "$build/root/criu-sockopt.patch"
+    chroot "$build" sh -ec '
+      cd /root
+      apt-get update -qq
+      # The upstream tarball is what is built; a mirror may lack the .dsc (then apt fails).
+      apt-get source -qq --download-only criu || ls criu_*.orig.tar.* >/dev/null
+      mkdir src
+      tar -C src --strip-components=1 -xf criu_*.orig.tar.*
+      cd src
+      patch -p1 < /root/criu-sockopt.patch
+      make -j"$(nproc)" criu >/dev/null
+    ' 2>&1 | sed -u 's/^/setup:   /'
+    [ -x "$build/root/src/criu/criu" ] || { echo "setup: the CRIU build failed" >&2; exit 1; }
+    install -m 0755 "$build/root/src/criu/criu" "$ROOT/usr/sbin/criu"
+    rm -rf "$build"
+    trap - EXIT
+  fi
+  echo "$want_stamp" > "$ROOT/.deskbox-criu"
+fi
+
+# Debian 13 is merged-/usr; the extract variant makes no /lib64 symlink: find the loader.
+loader=
+for candidate in lib64 usr/lib64 usr/lib/x86_64-linux-gnu; do
+  if [ -e "$ROOT/$candidate/ld-linux-x86-64.so.2" ]; then
+    loader="$ROOT/$candidate/ld-linux-x86-64.so.2"
+    break
+  fi
+done
+[ -n "$loader" ] || { echo "setup: no ld-linux-x86-64.so.2 in $ROOT" >&2; exit 1; }
+libs="$ROOT/lib/x86_64-linux-gnu:$ROOT/usr/lib/x86_64-linux-gnu"
+mkdir -p "$HELPERS"
+for tool in iptables-restore ip6tables-restore iptables-save ip6tables-save; do
+  cat > "$HELPERS/$tool" <<TOOL
+#!/bin/sh
+exec env XTABLES_LIBDIR="$ROOT/usr/lib/x86_64-linux-gnu/xtables" "$loader" --argv0 $tool \\
+  --library-path "$libs" "$ROOT/usr/sbin/xtables-nft-multi" "\$@"
+TOOL
+  chmod 0755 "$HELPERS/$tool"
+done
+cat > "$WRAPPER.tmp" <<WRAP
+#!/bin/sh
+# CRIU from $ROOT, run through that root's own loader and libraries (scripts/criu.sh).
+PATH="$HELPERS:\$PATH"
+export PATH
+exec "$loader" \\
+  --library-path "$ROOT/lib/x86_64-linux-gnu:$ROOT/usr/lib/x86_64-linux-gnu" \\
+  "$ROOT/usr/sbin/criu" "\$@"
+WRAP
+chmod 0755 "$WRAPPER.tmp"
+if ! version=$("$WRAPPER.tmp" --version 2>&1); then
+  rm -f "$WRAPPER.tmp"
+  echo "setup: the CRIU of $ROOT does not run: $version" >&2
+  exit 1
+fi
+mv "$WRAPPER.tmp" "$WRAPPER"
+echo "setup: CRIU ready: $(echo "$version" | head -1) ($WRAPPER)"

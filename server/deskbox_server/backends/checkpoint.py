@@ -1,0 +1,211 @@
+"""Checkpoints of a sandbox with CRIU, through ``runc checkpoint``/``restore`` (pause mode
+"hibernate").
+
+CRIU comes from Debian 13 and runs from a private root through a wrapper that
+scripts/criu.sh installs (Debian 12's CRIU 3.17 fails on this kernel). On Linux 6.16 and
+later the packaged 4.1.1 fails on every TCP socket (the kernel refuses ``SO_PASSCRED`` on
+non-unix sockets and CRIU reads it), so scripts/criu.sh rebuilds Debian's source with
+scripts/criu-sockopt.patch. runc is given the wrapper as ``--criu``; CRIU reads its further
+options from the bundle's ``criu.conf`` (the ``org.criu.config`` annotation oci.py writes).
+``network-lock`` must not appear there (CRIU 4.1.1 crashes parsing it in RPC mode): the
+wrapper puts an ``iptables-restore`` of the private root on CRIU's PATH instead.
+
+Images are packed into one zstd tar (mode 0600) in the session directory (mode 0700).
+Where CRIU cannot work, :func:`hibernate_sandbox` raises an error that names the cause, read
+from CRIU's own log; the sandbox then runs on.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import InvalidRequest, SessionFailed
+from .oci import CRIU_CONFIG
+from .runc import Runc
+
+if TYPE_CHECKING:
+    from .container import ContainerSandbox
+
+__all__ = [
+    "CRIU_WRAPPER",
+    "CheckpointUnavailable",
+    "Criu",
+    "DumpStats",
+    "archive_path",
+    "hibernate_sandbox",
+    "restore_sandbox",
+]
+
+CRIU_WRAPPER = Path(os.environ.get("DESKBOX_CRIU_WRAPPER", "/opt/deskbox/bin/criu"))
+# Options for every dump and restore (ARCHITECTURE.md: a desktop needs a large ghost limit).
+CRIU_OPTIONS = "ghost-limit 128M\n"
+_LOG_LIMIT = 1 << 20
+_NOISE = ("rlimit:", "Dumping FAILED", "failed with -1", "exited, status")
+_FOREIGN_UNIX = re.compile(r"Unix socket \S+ not found")
+_SOCKOPT = re.compile(r"Can't get (\d+):(\d+) opt: Operation not supported")
+
+
+class CheckpointUnavailable(InvalidRequest):
+    """CRIU cannot checkpoint this sandbox here; the message says why."""
+
+
+@dataclass(frozen=True)
+class Criu:
+    wrapper: Path = CRIU_WRAPPER
+
+    def missing(self) -> str | None:
+        """Why CRIU cannot be run at all, or None."""
+        if not os.access(self.wrapper, os.X_OK):
+            return (f"CRIU 4.1 is not installed ({self.wrapper} is missing): run "
+                    "scripts/criu.sh (make setup) as root")
+        return None
+
+
+def _explain(log: Path, stderr: bytes) -> str:
+    try:
+        text = log.read_bytes()[-_LOG_LIMIT:].decode(errors="replace")
+    except OSError:
+        text = ""
+    # The first specific error: not the rlimit warning CRIU logs as one, nor its summaries.
+    errors = [
+        line for line in text.splitlines()
+        if "Error (" in line and not any(noise in line for noise in _NOISE)
+    ]
+    for line in errors:
+        if _FOREIGN_UNIX.search(line):
+            return (
+                "CRIU cannot checkpoint the sandbox while a process outside it holds a "
+                "connection to it (an X client of the host such as a live viewer): "
+                + line.split("): ", 1)[-1]
+            )
+        match = _SOCKOPT.search(line)
+        if match:
+            kernel = os.uname().release
+            return (
+                "CRIU cannot checkpoint this sandbox on this kernel: this CRIU reads "
+                f"socket option {match.group(1)}:{match.group(2)} (SO_PASSCRED) of every "
+                "socket, and Linux 6.16 and later (here "
+                f"{kernel}) refuse it on non-unix sockets, such as the browser's DevTools "
+                "TCP listener; scripts/criu.sh installs a CRIU patched for this "
+                "(scripts/criu-sockopt.patch)"
+            )
+    if errors:
+        return "CRIU could not checkpoint the sandbox: " + errors[0].split("): ", 1)[-1]
+    message = stderr[-2000:].decode(errors="replace").strip() or "no log"
+    return f"CRIU could not checkpoint the sandbox: {message}"
+
+
+# -- hibernate and restore a sandbox -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DumpStats:
+    seconds: float
+    raw_bytes: int
+    compressed_bytes: int
+
+
+def archive_path(sandbox: ContainerSandbox) -> Path:
+    """Where a hibernated sandbox's images are kept (zstd tar, mode 0600): in its session
+    directory (mode 0700), so that destroying the session removes them."""
+    return sandbox.session_dir / "hibernate" / "images.tar.zst"
+
+
+def _runc_criu(runc: Runc, criu: Criu, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [*runc.command(), "--criu", str(criu.wrapper), *args],
+        stdin=subprocess.DEVNULL, capture_output=True, timeout=300, check=False,
+    )
+
+
+def hibernate_sandbox(sandbox: ContainerSandbox, criu: Criu) -> DumpStats:
+    """``runc checkpoint`` the sandbox (its processes end), then compress the images.
+
+    Nothing outside the sandbox may hold a connection into it (close the driver first).
+    On failure the sandbox runs on (CRIU resumes it) and CheckpointUnavailable says why.
+    """
+    reason = criu.missing()
+    if reason is not None:
+        raise CheckpointUnavailable(reason)
+    (sandbox.bundle / CRIU_CONFIG).write_text(CRIU_OPTIONS)
+    archive = archive_path(sandbox)
+    archive.parent.mkdir(mode=0o700, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="dump-", dir=archive.parent))
+    try:
+        images, logs = scratch / "images", scratch / "work"
+        images.mkdir(mode=0o700)
+        logs.mkdir(mode=0o700)
+        started = time.monotonic()
+        done = _runc_criu(sandbox.options.runc, criu, "checkpoint", "--file-locks",
+                          "--image-path", str(images), "--work-path", str(logs),
+                          sandbox.container_id)
+        if done.returncode != 0:
+            raise CheckpointUnavailable(_explain(logs / "dump.log", done.stderr))
+        raw = sum(f.stat().st_size for f in images.rglob("*") if f.is_file())
+        partial = archive.with_suffix(".partial")
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.close(fd)
+        packed = subprocess.run(
+            ["tar", "-C", str(images), "-I", "zstd -1 -T0 -q", "-cf", str(partial), "."],
+            stdin=subprocess.DEVNULL, capture_output=True, timeout=300, check=False,
+        )
+        if packed.returncode != 0:
+            raise SessionFailed("could not compress the checkpoint: "
+                                + packed.stderr[-2000:].decode(errors="replace"))
+        os.chmod(partial, 0o600)
+        os.replace(partial, archive)
+        return DumpStats(time.monotonic() - started, raw, archive.stat().st_size)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def restore_sandbox(sandbox: ContainerSandbox, criu: Criu) -> float:
+    """``runc restore`` the sandbox from its archive and publish its X socket again.
+
+    The archive is removed once the sandbox runs. SessionFailed (naming CRIU's error) if it
+    cannot; the archive then stays, and the sandbox is not running.
+    """
+    archive = archive_path(sandbox)
+    if not archive.is_file():
+        raise SessionFailed(f"the checkpoint of {sandbox.container_id} is missing ({archive})")
+    reason = criu.missing()
+    if reason is not None:
+        raise SessionFailed(reason)
+    scratch = Path(tempfile.mkdtemp(prefix="restore-", dir=archive.parent))
+    try:
+        images, logs = scratch / "images", scratch / "work"
+        images.mkdir(mode=0o700)
+        logs.mkdir(mode=0o700)
+        started = time.monotonic()
+        unpacked = subprocess.run(
+            ["tar", "-C", str(images), "-I", "zstd -q", "-xf", str(archive)],
+            stdin=subprocess.DEVNULL, capture_output=True, timeout=300, check=False,
+        )
+        if unpacked.returncode != 0:
+            raise SessionFailed("the checkpoint is corrupted: "
+                                + unpacked.stderr[-2000:].decode(errors="replace").strip())
+        pid_file = sandbox.bundle / "init.pid"
+        pid_file.unlink(missing_ok=True)
+        done = _runc_criu(sandbox.options.runc, criu, "restore", "--detach", "--file-locks",
+                          "--image-path", str(images), "--work-path", str(logs),
+                          "--bundle", str(sandbox.bundle), "--pid-file", str(pid_file),
+                          sandbox.container_id)
+        if done.returncode != 0:
+            raise SessionFailed(
+                _explain(logs / "restore.log", done.stderr).replace("checkpoint", "restore")
+            )
+        sandbox.adopt_init(int(pid_file.read_text()))
+        assert sandbox.display is not None
+        sandbox.display.publish(sandbox.socket_dir / f"X{sandbox.display.number}")
+        archive.unlink()
+        return time.monotonic() - started
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -1,0 +1,66 @@
+"""What pausing a session needs besides the state machine: quiet, a last frame, its image.
+
+A session is paused in this order (``SessionManager.pause``): its state becomes ``paused``
+first, so no new action, exec or file transfer reaches the desktop (409 ``conflict``);
+the work already in flight is let finish (:func:`drain`); the screen is grabbed once, on
+the desktop's worker, as the *last frame*; only then is the sandbox frozen. While frozen
+nothing makes an X call (a frozen X server answers nothing), and ``GET /screenshot`` is
+answered from the last frame (:func:`frozen_image`) with ``X-Deskbox-Frozen: true``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from ..driver.images import EncodedImage, Frame, encode
+from ..errors import Conflict
+from ..schemas import actions as a
+
+__all__ = ["DRAIN_TIMEOUT_S", "FROZEN_HEADER", "LastFrame", "drain", "frozen_image"]
+
+FROZEN_HEADER = "X-Deskbox-Frozen"
+# How long pause waits for actions and commands in flight before it answers 409.
+DRAIN_TIMEOUT_S = 10.0
+_DRAIN_POLL_S = 0.005
+
+
+@dataclass(frozen=True)
+class LastFrame:
+    """The screen of a paused session as it was when it was paused."""
+
+    frame: Frame
+    at: datetime
+
+
+async def drain(busy: Callable[[], int], session_id: str, timeout_s: float) -> None:
+    """Wait until nothing is in flight on the session (``busy()`` is 0), or Conflict."""
+    deadline = time.monotonic() + timeout_s
+    while busy() > 0:
+        if time.monotonic() > deadline:
+            raise Conflict(
+                f"session {session_id} is busy ({busy()} actions or commands still running "
+                f"after {timeout_s:g} s); try pausing it again once they are done"
+            )
+        await asyncio.sleep(_DRAIN_POLL_S)
+
+
+def frozen_image(
+    last: LastFrame,
+    fmt: Literal["jpeg", "png", "webp"],
+    quality: int,
+    view: a.CoordinateSpace | None = None,
+    scale: a.ScaleTo | None = None,
+) -> EncodedImage:
+    """The last frame encoded as a screenshot of the live screen would have been."""
+    frame = last.frame
+    width, height = frame.width, frame.height
+    if view is not None:
+        width, height = view.width, view.height
+    if scale is not None:
+        width, height = scale.width, scale.height
+    return encode(frame.scaled(width, height), fmt, quality)

@@ -1,0 +1,284 @@
+"""Pause mode "freeze" end to end, on a runc sandbox: the cgroup freezer stops the whole
+desktop; every way of acting on it answers 409 ``conflict``; the screenshot is the last
+frame, flagged; resume brings back the same page, which takes input again; a paused
+session survives the reaper and can be deleted.
+"""
+
+from __future__ import annotations
+
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from PIL import Image, ImageChops
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
+
+from deskbox_server.api.auth import key_id
+from deskbox_server.backends.checkpoint import Criu, archive_path
+from deskbox_server.backends.container import ContainerHandle
+from deskbox_server.backends.runc import Runc
+from deskbox_server.settings import Settings
+
+from ..images import IMAGE_STATE_DIR
+from .conftest import DISPLAY, KEY_A, Server, running_server
+from .helpers import assert_error, decode
+from .sandbox_page import SandboxPage, events_data_url
+from .test_container import cgroup_dirs, cgroup_pids, running
+
+pytestmark = pytest.mark.slow
+
+TEXT = "typed before the pause"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    settings = Settings(
+        state_dir=tmp_path_factory.mktemp("pause-state"),
+        api_keys=[KEY_A],
+        image_state_dir=IMAGE_STATE_DIR,
+        reaper_interval_s=0.2,
+    )
+    with running_server(settings) as running_:
+        yield running_
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> Iterator[httpx.Client]:
+    with server.client() as http:
+        yield http
+
+
+def new_session(client: httpx.Client, **body: Any) -> dict[str, Any]:
+    response = client.post(
+        "/v1/sessions",
+        json={"display": DISPLAY, "browser": {"start_url": events_data_url()}, **body},
+    )
+    assert response.status_code == 201, response.text
+    created: dict[str, Any] = response.json()
+    return created
+
+
+@pytest.fixture(scope="module")
+def session(client: httpx.Client) -> Iterator[dict[str, Any]]:
+    body = new_session(client)
+    try:
+        yield body
+    finally:
+        client.delete(f"/v1/sessions/{body['id']}")
+
+
+@pytest.fixture(scope="module")
+def handle(server: Server, session: dict[str, Any]) -> ContainerHandle:
+    found = server.services.manager.handle(key_id(KEY_A), session["id"])
+    assert isinstance(found, ContainerHandle)
+    return found
+
+
+@pytest.fixture(scope="module")
+def page(handle: ContainerHandle) -> Iterator[SandboxPage]:
+    # Reads over its own X connection: used only while the sandbox runs.
+    with SandboxPage(handle.sandbox.display_name) as page:
+        page.wait(lambda state: state["clicks"] == 0)
+        yield page
+
+
+@pytest.fixture(scope="module")
+def origin(client: httpx.Client, session: dict[str, Any], page: SandboxPage) -> tuple[int, int]:
+    act(client, session, {"type": "click", "x": 640, "y": 700})
+    click = page.wait(lambda state: state["clicks"] >= 1)["click"]
+    return click[2] - click[0], click[3] - click[1]
+
+
+def act(client: httpx.Client, session: dict[str, Any], body: dict[str, Any]) -> Any:
+    response = client.post(f"/v1/sessions/{session['id']}/actions", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def changed_pixels(first: Image.Image, second: Image.Image) -> int:
+    assert first.size == second.size
+    diff = ImageChops.difference(first, second).convert("L").point(lambda v: 255 if v else 0)
+    return int(sum(diff.histogram()[255:]))
+
+
+def freezer_state(container_id: str) -> str:
+    return Path(f"/sys/fs/cgroup/freezer/{container_id}/freezer.state").read_text().strip()
+
+
+def test_freeze_refuses_actions_and_serves_the_last_frame(
+    client: httpx.Client, session: dict[str, Any], handle: ContainerHandle,
+    page: SandboxPage, origin: tuple[int, int],
+) -> None:
+    sid = session["id"]
+    ox, oy = origin
+    field = {"type": "click", "x": ox + 900, "y": oy + 175}
+    act(client, session, {"actions": [field, {"type": "type", "text": TEXT}]})
+    page.wait(lambda state: state["value"] == TEXT)
+    clicks = page.wait(lambda state: True)["clicks"]
+    before = client.get(f"/v1/sessions/{sid}/screenshot", params={"format": "png"})
+    assert before.status_code == 200 and "x-deskbox-frozen" not in before.headers
+
+    paused = client.post(f"/v1/sessions/{sid}/pause", json={"mode": "freeze"})
+    assert paused.status_code == 200, paused.text
+    assert paused.json()["state"] == "paused"
+    assert client.get(f"/v1/sessions/{sid}").json()["state"] == "paused"
+    container_id = handle.sandbox.container_id
+    assert freezer_state(container_id) == "FROZEN"
+    state = Runc().state(container_id)
+    assert state is not None and state.status == "paused"
+    # Pausing again changes nothing.
+    assert client.post(f"/v1/sessions/{sid}/pause", json={}).json()["state"] == "paused"
+
+    # Every way of acting answers 409 with the error body, without reaching the desktop.
+    click = {"type": "click", "x": ox + 150, "y": oy + 150}
+    error = assert_error(client.post(f"/v1/sessions/{sid}/actions", json=click), 409, "conflict")
+    assert "paused" in error["message"] and "resume" in error["message"]
+    assert_error(client.post(f"/v1/sessions/{sid}/actions/anthropic",
+                             json={"action": "left_click", "coordinate": [10, 10]}),
+                 409, "conflict")
+    assert_error(client.post(f"/v1/sessions/{sid}/exec", json={"cmd": ["true"]}), 409, "conflict")
+    assert_error(client.get(f"/v1/sessions/{sid}/files", params={"path": "/etc/hostname"}),
+                 409, "conflict")
+    with pytest.raises(InvalidStatus) as denied:
+        connect(session["urls"]["actions_ws"], open_timeout=10,
+                additional_headers={"Authorization": f"Bearer {KEY_A}"})
+    assert denied.value.response.status_code == 409
+
+    # The screenshot is the frame captured at pause time, and says so.
+    frozen = client.get(f"/v1/sessions/{sid}/screenshot", params={"format": "png"})
+    assert frozen.status_code == 200, frozen.text
+    assert frozen.headers["x-deskbox-frozen"] == "true"
+    assert decode(frozen.content).tobytes() == decode(before.content).tobytes()
+    small = client.get(f"/v1/sessions/{sid}/screenshot",
+                       params={"format": "jpeg", "scale": "640x400"})
+    assert small.status_code == 200 and small.headers["x-deskbox-frozen"] == "true"
+    assert decode(small.content).size == (640, 400)
+
+    # Idle sessions are reaped; a paused one is neither reaped early nor failed.
+    time.sleep(1.0)
+    assert client.get(f"/v1/sessions/{sid}").json()["state"] == "paused"
+    assert client.post(f"/v1/sessions/{sid}/keepalive").status_code == 200
+
+    resumed = client.post(f"/v1/sessions/{sid}/resume")
+    assert resumed.status_code == 200, resumed.text
+    assert resumed.json()["state"] == "running"
+    assert freezer_state(container_id) == "THAWED"
+    assert client.post(f"/v1/sessions/{sid}/resume").json()["state"] == "running"
+
+    # The page is the one we left, and takes input again.
+    assert page.wait(lambda state: True)["value"] == TEXT
+    act(client, session, click)
+    landed = page.wait(lambda state: state["clicks"] > clicks)
+    assert landed["click"][:2] == [150, 150]
+    after = client.get(f"/v1/sessions/{sid}/screenshot", params={"format": "png"})
+    assert "x-deskbox-frozen" not in after.headers
+
+
+def test_pause_waits_for_actions_in_flight(
+    client: httpx.Client, session: dict[str, Any]
+) -> None:
+    sid = session["id"]
+    done: list[float] = []
+
+    def slow_action() -> None:
+        act(client, session, {"type": "wait", "ms": 600})
+        done.append(time.monotonic())
+
+    thread = threading.Thread(target=slow_action)
+    thread.start()
+    time.sleep(0.2)
+    asked = time.monotonic()
+    response = client.post(f"/v1/sessions/{sid}/pause", json={"mode": "freeze"})
+    waited = time.monotonic() - asked
+    thread.join()
+    assert response.status_code == 200, response.text
+    assert done, "the action in flight failed"  # act() asserted its 200
+    assert waited >= 0.3, waited  # the pause waited for the rest of the 600 ms action
+    assert client.post(f"/v1/sessions/{sid}/resume").json()["state"] == "running"
+
+
+def test_delete_of_a_paused_session_leaves_nothing(client: httpx.Client, server: Server) -> None:
+    body = new_session(client)
+    sid = body["id"]
+    try:
+        found = server.services.manager.handle(key_id(KEY_A), sid)
+        assert isinstance(found, ContainerHandle)
+        container_id = found.sandbox.container_id
+        pids = cgroup_pids(container_id)
+        assert len(pids) >= 3
+        paused = client.post(f"/v1/sessions/{sid}/pause", json={"mode": "freeze"})
+        assert paused.status_code == 200, paused.text
+    finally:
+        assert client.delete(f"/v1/sessions/{sid}").status_code == 204
+    assert client.get(f"/v1/sessions/{sid}").json()["state"] == "stopped"
+    assert Runc().state(container_id) is None
+    assert not [pid for pid in pids if running(pid)]
+    assert not cgroup_dirs(container_id)
+
+
+@pytest.mark.skipif(Criu().missing() is not None,
+                    reason="CRIU 4.1 is not installed (scripts/criu.sh)")
+def test_hibernate_frees_the_sandbox_and_resume_restores_it(
+    client: httpx.Client, server: Server
+) -> None:
+    """Typed text, the screen and input survive hibernate; the sandbox's cgroup is gone
+    meanwhile. No test X connection may be open during the dump (CRIU refuses a sandbox
+    that a host process is connected to), so the page is read before and after only."""
+    sid = new_session(client)["id"]
+    try:
+        found = server.services.manager.handle(key_id(KEY_A), sid)
+        assert isinstance(found, ContainerHandle)
+        sandbox = found.sandbox
+        container_id, display = sandbox.container_id, sandbox.display_name
+        with SandboxPage(display) as page:
+            page.wait(lambda state: state["clicks"] == 0)
+            act(client, {"id": sid}, {"type": "click", "x": 640, "y": 700})
+            click = page.wait(lambda state: state["clicks"] >= 1)["click"]
+            ox, oy = click[2] - click[0], click[3] - click[1]
+            act(client, {"id": sid}, {"actions": [
+                {"type": "click", "x": ox + 900, "y": oy + 175},
+                {"type": "type", "text": TEXT},
+            ]})
+            page.wait(lambda state: state["value"] == TEXT)
+        before = client.get(f"/v1/sessions/{sid}/screenshot", params={"format": "png"})
+
+        response = client.post(f"/v1/sessions/{sid}/pause", json={"mode": "hibernate"})
+        assert response.status_code == 200, response.text
+        assert response.json()["state"] == "hibernated"
+        assert Runc().state(container_id) is None
+        assert not cgroup_dirs(container_id)  # every process ended, the memory is free
+        archive = archive_path(sandbox)
+        assert stat.S_IMODE(archive.stat().st_mode) == 0o600
+        click = {"type": "click", "x": ox + 150, "y": oy + 150}
+        error = assert_error(client.post(f"/v1/sessions/{sid}/actions", json=click),
+                             409, "conflict")
+        assert "hibernated" in error["message"]
+        frozen = client.get(f"/v1/sessions/{sid}/screenshot", params={"format": "png"})
+        assert frozen.headers["x-deskbox-frozen"] == "true"
+        assert decode(frozen.content).tobytes() == decode(before.content).tobytes()
+
+        response = client.post(f"/v1/sessions/{sid}/resume")
+        assert response.status_code == 200, response.text
+        assert response.json()["state"] == "running"
+        assert not archive.exists()
+        after = client.get(f"/v1/sessions/{sid}/screenshot", params={"format": "png"})
+        assert "x-deskbox-frozen" not in after.headers
+        # The same screen, but for the text caret, which blinks on.
+        assert changed_pixels(decode(before.content), decode(after.content)) <= 40
+        with SandboxPage(display) as page:
+            state = page.wait(lambda state: True)
+            assert state["value"] == TEXT
+            act(client, {"id": sid}, click)
+            landed = page.wait(lambda s: s["clicks"] > state["clicks"])
+            assert landed["click"][:2] == [150, 150]
+        assert_error(client.post(f"/v1/sessions/{sid}/pause", json={"mode": "nap"}),
+                     422, "invalid_request")
+    finally:
+        assert client.delete(f"/v1/sessions/{sid}").status_code == 204
+    assert Runc().state(container_id) is None

@@ -1,0 +1,41 @@
+"""Where CRIU cannot work, the error names the cause (backends/checkpoint.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deskbox_server.backends.checkpoint import Criu, _explain
+
+
+def test_missing_criu_says_how_to_install_it(tmp_path: Path) -> None:
+    reason = Criu(tmp_path / "criu").missing()
+    assert reason is not None and "scripts/criu.sh" in reason
+
+
+def test_kernel_refusing_so_passcred_is_named(tmp_path: Path) -> None:
+    log = tmp_path / "dump.log"
+    log.write_text(
+        "(00.07) Error (criu/util.c:1533): rlimit: Can't setup RLIMIT_NOFILE for self\n"
+        "(00.39) Error (criu/sockets.c:628): sockets: Can't get 1:16 opt: "
+        "Operation not supported\n"
+        "(00.48) Error (criu/cr-dump.c:2111): Dumping FAILED.\n"
+    )
+    message = _explain(log, b"")
+    assert "SO_PASSCRED" in message and "6.16" in message
+
+
+def test_a_host_connection_into_the_sandbox_is_named(tmp_path: Path) -> None:
+    log = tmp_path / "dump.log"
+    log.write_text(
+        "(00.26) Error (criu/sk-unix.c:351): unix: Unix socket 866285 not found\n"
+        "(00.26) Error (criu/cr-dump.c:1681): Dump files (pid: 17413) failed with -1\n"
+    )
+    assert "outside it holds a connection" in _explain(log, b"")
+
+
+def test_other_failures_quote_the_first_specific_error(tmp_path: Path) -> None:
+    log = tmp_path / "dump.log"
+    log.write_text("(00.1) Error (criu/x.c:1): something specific\n"
+                   "(00.2) Error (criu/cr-dump.c:2111): Dumping FAILED.\n")
+    assert _explain(log, b"").endswith("something specific")
+    assert "runc said" in _explain(tmp_path / "missing.log", b"runc said")
