@@ -16,15 +16,20 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from deskbox_server.api.auth import key_id
 from deskbox_server.backends.container import ContainerHandle
 from deskbox_server.backends.runc import Runc
-from deskbox_server.settings import Settings
 
-from ..images import IMAGE_STATE_DIR
-from .conftest import DISPLAY, KEY_A, Server, running_server
+from .conftest import KEY_A, Server
+from .containers import (
+    act,
+    container_server,
+    open_session,
+    page_origin,
+    sandbox_handle,
+    sandbox_page,
+)
 from .helpers import decode, near
-from .sandbox_page import SandboxPage, events_data_url
+from .sandbox_page import SandboxPage
 
 pytestmark = pytest.mark.slow
 
@@ -62,14 +67,9 @@ def mounts_mentioning(text: str) -> list[str]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A server with the default settings but its state dir and keys (container backend)."""
-    settings = Settings(
-        state_dir=tmp_path_factory.mktemp("container-state"),
-        api_keys=[KEY_A],
-        image_state_dir=IMAGE_STATE_DIR,
-        reaper_interval_s=0.5,
-    )
-    assert settings.default_backend == "container" and settings.backends == ["container"]
-    with running_server(settings) as running:
+    with container_server(tmp_path_factory, "container") as running:
+        assert running.settings.default_backend == "container"
+        assert running.settings.backends == ["container"]
         yield running
 
 
@@ -81,45 +81,24 @@ def client(server: Server) -> Iterator[httpx.Client]:
 
 @pytest.fixture(scope="module")
 def session(client: httpx.Client) -> Iterator[dict[str, Any]]:
-    response = client.post(
-        "/v1/sessions", json={"display": DISPLAY, "browser": {"start_url": events_data_url()}}
-    )
-    assert response.status_code == 201, response.text
-    body: dict[str, Any] = response.json()
-    try:
+    with open_session(client) as body:
         yield body
-    finally:
-        client.delete(f"/v1/sessions/{body['id']}")
 
 
 @pytest.fixture(scope="module")
 def handle(server: Server, session: dict[str, Any]) -> ContainerHandle:
-    found = server.services.manager.handle(key_id(KEY_A), session["id"])
-    assert isinstance(found, ContainerHandle)
-    return found
+    return sandbox_handle(server, session)
 
 
 @pytest.fixture(scope="module")
 def page(handle: ContainerHandle) -> Iterator[SandboxPage]:
-    with SandboxPage(handle.sandbox.display_name) as page:
-        page.wait(lambda state: state["clicks"] == 0)  # the page has loaded
+    with sandbox_page(handle) as page:
         yield page
 
 
 @pytest.fixture(scope="module")
 def origin(client: httpx.Client, session: dict[str, Any], page: SandboxPage) -> tuple[int, int]:
-    """Where the page's (0, 0) is on screen, from one click through the API."""
-    response = client.post(f"/v1/sessions/{session['id']}/actions",
-                           json={"type": "click", "x": 640, "y": 700})
-    assert response.status_code == 200, response.text
-    click = page.wait(lambda state: state["clicks"] >= 1)["click"]
-    return click[2] - click[0], click[3] - click[1]
-
-
-def act(client: httpx.Client, session: dict[str, Any], body: dict[str, Any]) -> Any:
-    response = client.post(f"/v1/sessions/{session['id']}/actions", json=body)
-    assert response.status_code == 200, response.text
-    return response.json()
+    return page_origin(client, session, page)
 
 
 def test_the_default_backend_is_a_runc_sandbox(

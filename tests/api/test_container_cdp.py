@@ -25,10 +25,9 @@ from deskbox.pixels import screen_point
 from deskbox_server.api.auth import key_id
 from deskbox_server.backends.container import ContainerHandle
 from deskbox_server.backends.devtools import DEVTOOLS_PORT
-from deskbox_server.settings import Settings
 
-from ..images import IMAGE_STATE_DIR
-from .conftest import KEY_A, Server, running_server
+from .conftest import KEY_A, Server
+from .containers import container_server, open_session
 from .helpers import assert_error, decode, near
 
 pytestmark = pytest.mark.slow
@@ -60,14 +59,7 @@ PAGE_URL = "data:text/html;base64," + base64.b64encode(PAGE.encode()).decode()
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    settings = Settings(
-        state_dir=tmp_path_factory.mktemp("cdp-state"),
-        api_keys=[KEY_A],
-        image_state_dir=IMAGE_STATE_DIR,
-        reaper_interval_s=0.5,
-        cdp_max_message_bytes=MAX_MESSAGE,
-    )
-    with running_server(settings) as running:
+    with container_server(tmp_path_factory, "cdp", cdp_max_message_bytes=MAX_MESSAGE) as running:
         yield running
 
 
@@ -79,15 +71,8 @@ def client(server: Server) -> Iterator[httpx.Client]:
 
 @pytest.fixture(scope="module")
 def session(client: httpx.Client) -> Iterator[dict[str, Any]]:
-    response = client.post(
-        "/v1/sessions", json={"display": DISPLAY, "browser": {"start_url": PAGE_URL}}
-    )
-    assert response.status_code == 201, response.text
-    body: dict[str, Any] = response.json()
-    try:
+    with open_session(client, browser={"start_url": PAGE_URL}) as body:
         yield body
-    finally:
-        client.delete(f"/v1/sessions/{body['id']}")
 
 
 @pytest.fixture(scope="module")

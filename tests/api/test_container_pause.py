@@ -23,10 +23,16 @@ from deskbox_server.api.auth import key_id
 from deskbox_server.backends.checkpoint import Criu, archive_path
 from deskbox_server.backends.container import ContainerHandle
 from deskbox_server.backends.runc import Runc
-from deskbox_server.settings import Settings
 
-from ..images import IMAGE_STATE_DIR
-from .conftest import DISPLAY, KEY_A, Server, running_server
+from .conftest import DISPLAY, KEY_A, Server
+from .containers import (
+    act,
+    container_server,
+    open_session,
+    page_origin,
+    sandbox_handle,
+    sandbox_page,
+)
 from .helpers import assert_error, decode
 from .sandbox_page import SandboxPage, events_data_url
 from .test_container import cgroup_dirs, cgroup_pids, running
@@ -38,13 +44,7 @@ TEXT = "typed before the pause"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    settings = Settings(
-        state_dir=tmp_path_factory.mktemp("pause-state"),
-        api_keys=[KEY_A],
-        image_state_dir=IMAGE_STATE_DIR,
-        reaper_interval_s=0.2,
-    )
-    with running_server(settings) as running_:
+    with container_server(tmp_path_factory, "pause", reaper_interval_s=0.2) as running_:
         yield running_
 
 
@@ -66,39 +66,25 @@ def new_session(client: httpx.Client, **body: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def session(client: httpx.Client) -> Iterator[dict[str, Any]]:
-    body = new_session(client)
-    try:
+    with open_session(client) as body:
         yield body
-    finally:
-        client.delete(f"/v1/sessions/{body['id']}")
 
 
 @pytest.fixture(scope="module")
 def handle(server: Server, session: dict[str, Any]) -> ContainerHandle:
-    found = server.services.manager.handle(key_id(KEY_A), session["id"])
-    assert isinstance(found, ContainerHandle)
-    return found
+    return sandbox_handle(server, session)
 
 
 @pytest.fixture(scope="module")
 def page(handle: ContainerHandle) -> Iterator[SandboxPage]:
     # Reads over its own X connection: used only while the sandbox runs.
-    with SandboxPage(handle.sandbox.display_name) as page:
-        page.wait(lambda state: state["clicks"] == 0)
+    with sandbox_page(handle) as page:
         yield page
 
 
 @pytest.fixture(scope="module")
 def origin(client: httpx.Client, session: dict[str, Any], page: SandboxPage) -> tuple[int, int]:
-    act(client, session, {"type": "click", "x": 640, "y": 700})
-    click = page.wait(lambda state: state["clicks"] >= 1)["click"]
-    return click[2] - click[0], click[3] - click[1]
-
-
-def act(client: httpx.Client, session: dict[str, Any], body: dict[str, Any]) -> Any:
-    response = client.post(f"/v1/sessions/{session['id']}/actions", json=body)
-    assert response.status_code == 200, response.text
-    return response.json()
+    return page_origin(client, session, page)
 
 
 def changed_pixels(first: Image.Image, second: Image.Image) -> int:
@@ -245,7 +231,7 @@ def test_hibernate_frees_the_sandbox_and_resume_restores_it(
                 {"type": "click", "x": ox + 900, "y": oy + 175},
                 {"type": "type", "text": TEXT},
             ]})
-            page.wait(lambda state: state["value"] == TEXT)
+            assert page.wait(lambda state: state["value"] == TEXT)["value"] == TEXT
         before = client.get(f"/v1/sessions/{sid}/screenshot", params={"format": "png"})
 
         response = client.post(f"/v1/sessions/{sid}/pause", json={"mode": "hibernate"})

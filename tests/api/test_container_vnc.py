@@ -16,16 +16,20 @@ from typing import Any
 import httpx
 import pytest
 
-from deskbox_server.api.auth import key_id
 from deskbox_server.backends.container import ContainerHandle
 from deskbox_server.driver.browser import CdpPage
-from deskbox_server.settings import Settings
 
 from ..headless import headless_chromium, websocket_bridge
-from ..images import IMAGE_STATE_DIR
 from ..rfb_client import RfbViewer
-from .conftest import DISPLAY, KEY_A, Server, running_server
-from .sandbox_page import SandboxPage, events_data_url
+from .conftest import Server
+from .containers import (
+    container_server,
+    open_session,
+    page_origin,
+    sandbox_handle,
+    sandbox_page,
+)
+from .sandbox_page import SandboxPage
 
 pytestmark = pytest.mark.slow
 
@@ -34,13 +38,7 @@ RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    settings = Settings(
-        state_dir=tmp_path_factory.mktemp("vnc-state"),
-        api_keys=[KEY_A],
-        image_state_dir=IMAGE_STATE_DIR,
-        reaper_interval_s=0.5,
-    )
-    with running_server(settings) as running:
+    with container_server(tmp_path_factory, "vnc") as running:
         yield running
 
 
@@ -52,38 +50,24 @@ def client(server: Server) -> Iterator[httpx.Client]:
 
 @pytest.fixture(scope="module")
 def session(client: httpx.Client) -> Iterator[dict[str, Any]]:
-    response = client.post(
-        "/v1/sessions", json={"display": DISPLAY, "browser": {"start_url": events_data_url()}}
-    )
-    assert response.status_code == 201, response.text
-    body: dict[str, Any] = response.json()
-    try:
+    with open_session(client) as body:
         yield body
-    finally:
-        client.delete(f"/v1/sessions/{body['id']}")
 
 
 @pytest.fixture(scope="module")
 def handle(server: Server, session: dict[str, Any]) -> ContainerHandle:
-    found = server.services.manager.handle(key_id(KEY_A), session["id"])
-    assert isinstance(found, ContainerHandle)
-    return found
+    return sandbox_handle(server, session)
 
 
 @pytest.fixture(scope="module")
 def page(handle: ContainerHandle) -> Iterator[SandboxPage]:
-    with SandboxPage(handle.sandbox.display_name) as page:
-        page.wait(lambda state: state["clicks"] == 0)
+    with sandbox_page(handle) as page:
         yield page
 
 
 @pytest.fixture(scope="module")
 def origin(client: httpx.Client, session: dict[str, Any], page: SandboxPage) -> tuple[int, int]:
-    response = client.post(f"/v1/sessions/{session['id']}/actions",
-                           json={"type": "click", "x": 640, "y": 700})
-    assert response.status_code == 200, response.text
-    click = page.wait(lambda state: state["clicks"] >= 1)["click"]
-    return click[2] - click[0], click[3] - click[1]
+    return page_origin(client, session, page)
 
 
 def token(client: httpx.Client, session: dict[str, Any], scope: str) -> str:
@@ -240,5 +224,6 @@ def test_vncdotool_through_the_websocket_proxy(
     image = Image.open(tmp_path / "screen.png").convert("RGB")
     assert image.size == (1280, 800)
     assert image.getpixel((ox + 200, oy + 150)) == RED
-    state = page.wait(lambda state: state["clicks"] > before)
+    # The title mirrors events one at a time: wait for the state that shows this click.
+    state = page.wait(lambda state: state["clicks"] > before and state["click"][:2] == [170, 160])
     assert state["click"][:2] == [170, 160]

@@ -34,6 +34,8 @@ __all__ = ["ActionResult", "BatchResult", "Desktop", "SettleOptions"]
 ActionResult = EncodedImage | Point | Size | ClipboardText | None
 _BUTTON_ACTIONS = (a.Click, a.MouseDown, a.MouseUp, a.Drag)
 _KEYBOARD_ACTIONS = (a.TypeText, a.Key, a.HoldKey)
+_BUTTON_RECENT_S = 1.0  # a key later than this after a click is not racing it
+_BUTTON_LAND_MAX_S = 0.5
 HealthCheck = Callable[[], str | None]
 
 
@@ -46,11 +48,13 @@ class SettleOptions:
     drag_step_s: float = 0.02
     # Chromium routes mouse events through an asynchronous hit test but key events straight
     # to the focused element: a key sent right after a click can overtake it (ctrl+a hits
-    # the old focus). Keys wait until this long after the last button event.
+    # the old focus). Keys right after a button event wait until the screen has been quiet
+    # this long (at most 0.5 s).
     click_to_key_s: float = 0.03
     # How long the screen must stay unchanged after typing borrowed keys before the
-    # keyboard mapping is restored (see Keyboard._temporarily_mapped).
-    typing_quiet_s: float = 0.05
+    # keyboard mapping is restored (see Keyboard._temporarily_mapped). Longer than a CFS
+    # period (100 ms): a CPU-capped browser stalls that long while keys are still queued.
+    typing_quiet_s: float = 0.2
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,9 @@ class Desktop:
             self._let_buttons_land()
             # Damage from here on is the keys' doing: _typing_shown waits for it to stop.
             self._settle.arm()
+        if isinstance(action, _BUTTON_ACTIONS):
+            # Damage from here on is the click's doing: _let_buttons_land waits for it.
+            self._settle.arm()
         result = self._dispatch(action, space)
         if isinstance(action, _BUTTON_ACTIONS):
             self._last_button_at = time.monotonic()
@@ -166,10 +173,14 @@ class Desktop:
         self._settle.wait_quiet(self.settle_options.typing_quiet_s, 1.0)
 
     def _let_buttons_land(self) -> None:
-        wait = self._last_button_at + self.settle_options.click_to_key_s - time.monotonic()
-        if wait > 0:
+        """After a recent button event, until the screen has reacted to it and gone quiet.
+
+        A click that moves the focus repaints (focus ring, caret) once the browser has
+        handled it; a busy, CPU-capped browser takes longer, and the wait grows with it.
+        """
+        if time.monotonic() - self._last_button_at < _BUTTON_RECENT_S:
             self.pointer.sync()
-            time.sleep(wait)
+            self._settle.wait_quiet(self.settle_options.click_to_key_s, _BUTTON_LAND_MAX_S)
 
     def _dispatch(self, action: a.Action, space: Space) -> ActionResult:
         match action:
