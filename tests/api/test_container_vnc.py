@@ -217,6 +217,8 @@ def test_vncdotool_through_the_websocket_proxy(
             vnc.captureScreen(str(tmp_path / "screen.png"))
             vnc.mouseMove(ox + 170, oy + 160)
             vnc.mousePress(1)
+            # One more round trip: x11vnc has handled the click before we hang up.
+            vnc.captureScreen(str(tmp_path / "after.png"))
         finally:
             vnc.disconnect()
     from PIL import Image
