@@ -250,7 +250,8 @@ def test_hibernate_frees_the_sandbox_and_resume_restores_it(
         assert "hibernated" in error["message"]
         frozen = client.get(f"/v1/sessions/{sid}/screenshot", params={"format": "png"})
         assert frozen.headers["x-deskbox-frozen"] == "true"
-        assert decode(frozen.content).tobytes() == decode(before.content).tobytes()
+        # The screen as it was when it was dumped (but for the blinking caret).
+        assert changed_pixels(decode(frozen.content), decode(before.content)) <= 40
 
         response = client.post(f"/v1/sessions/{sid}/resume")
         assert response.status_code == 200, response.text
