@@ -1,5 +1,6 @@
-"""The ``deskbox`` command. ``deskbox serve`` runs the server (imported only then); the
-client commands (``create``, ``ls``, ``act``, ...) and their exit codes are in ``_commands``."""
+"""The ``deskbox`` command. ``deskbox serve`` runs the server (imported only then), ``deskbox
+mcp`` the MCP server (``mcp_server``); the client commands (``create``, ``ls``, ``act``, ...)
+and their exit codes are in ``_commands``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ._commands import register
+from ._commands import ApiKey, Url, register
 
 __all__ = ["app", "main"]
 
@@ -63,6 +64,18 @@ def serve(
         log_config=None,
         access_log=False,
     )
+
+
+@app.command("mcp")
+def mcp_command(
+    url: Url = None,
+    api_key: ApiKey = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for each server call.")] = 60,
+) -> None:
+    """Run an MCP server on stdin/stdout: Deskbox tools for MCP clients (Claude Desktop, ...)."""
+    from .mcp_server import serve as serve_mcp  # the MCP SDK is loaded only here
+
+    serve_mcp(url, api_key, timeout)
 
 
 register(app)
