@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -65,13 +65,24 @@ def free_port() -> int:
         return port
 
 
+def interrupt_on_sigterm() -> None:
+    """SIGTERM (make, a CI timeout) unwinds like Ctrl-C, so every session is deleted."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 @contextmanager
-def server(state_dir: Path) -> Iterator[httpx.Client]:
+def server(state_dir: Path, extra_env: Mapping[str, str] | None = None) -> Iterator[httpx.Client]:
+    """``deskbox serve`` on a free loopback port; ``extra_env`` adds ``DESKBOX_*`` settings."""
     port = free_port()
     env = {
         **os.environ,
         "DESKBOX_API_KEYS": KEY,
         "DESKBOX_IMAGE_STATE_DIR": os.environ.get("DESKBOX_IMAGE_STATE_DIR", str(REPO / ".state")),
+        **(extra_env or {}),
     }
     state_dir.mkdir(parents=True, exist_ok=True)
     with open(state_dir.parent / "server.out", "wb") as output:
@@ -101,6 +112,19 @@ def server(state_dir: Path) -> Iterator[httpx.Client]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def server_pid(http: httpx.Client) -> int:
+    """The pid of the ``deskbox serve`` process that :func:`server` started for ``http``."""
+    port = str(http.base_url.port).encode()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue  # exited meanwhile
+        if b"serve" in argv and b"--port" in argv and argv[argv.index(b"--port") + 1] == port:
+            return int(cmdline.parent.name)
+    raise SystemExit(f"no deskbox server process on port {port.decode()}")
 
 
 def create(http: httpx.Client, start_url: str = "about:blank") -> str:

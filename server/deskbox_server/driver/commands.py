@@ -29,7 +29,12 @@ BROWSER_FLAGS: tuple[str, ...] = (
     "--disable-quic",
     "--password-store=basic",
     "--use-mock-keychain",
-    "--disable-features=Translate,MediaRouter,OptimizationHints",
+    # WebUIOmniboxPopup, WebUIOmniboxAimPopup: Chromium 156 keeps a renderer with the WebUI
+    # address-bar popup loaded all the time; without them the popup is drawn natively and
+    # works the same. Measured with 3 idle sessions: -38 MiB private memory and -44 MiB PSS
+    # per session on the host, -43 MiB PSS per session in sandboxes (bench/density.py).
+    "--disable-features=Translate,MediaRouter,OptimizationHints,WebUIOmniboxPopup,"
+    "WebUIOmniboxAimPopup",
     "--disable-session-crashed-bubble",
     "--hide-crash-restore-bubble",
     "--start-maximized",
