@@ -1,7 +1,8 @@
 # make run   — set up (if needed) and start the server on 127.0.0.1:8765
 # make test  — set up (if needed), lint, type-check and run the whole suite
-# make bench — set up (if needed) and print the benchmark tables
-.PHONY: setup run test lint bench clean
+# make bench — set up (if needed), run every benchmark, write bench/results/DATE.md
+# make fuzz  — set up (if needed) and fuzz the API long (tests/fuzz/, Schemathesis)
+.PHONY: setup run test lint bench fuzz clean
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -19,10 +20,23 @@ lint: setup
 test: lint
 	$(BIN)/pytest
 
+# Each script prints markdown tables; bench/report.py runs them in turn and collects the
+# tables in bench/results/YYYY-MM-DD.md. `make bench BENCH_ARGS=--quick`: small sizes.
+BENCHES := driver.py api.py vnc.py state.py container_start.py peers.py startup.py density.py \
+	load.py
+BENCH_ARGS ?=
+
 bench: setup
-	$(BIN)/python bench/driver.py
-	$(BIN)/python bench/api.py
-	$(BIN)/python bench/vnc.py
+	$(BIN)/python bench/report.py $(BENCH_ARGS) $(BENCHES)
+
+# `make test` fuzzes briefly (12 cases per operation); this runs every phase, coverage
+# included, with many more. DESKBOX_FUZZ_EXAMPLES=N to change the count.
+DESKBOX_FUZZ_EXAMPLES ?= 300
+
+fuzz: setup
+	DESKBOX_FUZZ_EXAMPLES=$(DESKBOX_FUZZ_EXAMPLES) \
+	DESKBOX_FUZZ_PHASES=examples,coverage,fuzzing,stateful \
+	$(BIN)/pytest tests/fuzz -p no:cacheprovider
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache bench/.peers

@@ -14,9 +14,12 @@ Starts ``deskbox serve`` as bench/api.py does, creates one session with a page t
   (the pause includes draining, grabbing the last frame and saving the state);
 - ``--hibernations`` cycles of ``POST /pause {"mode": "hibernate"}`` (CRIU dump + zstd) and
   ``POST /resume`` (unpack + restore + reconnect), and the checkpoint's size raw and
-  compressed (needs scripts/criu.sh).
+  compressed (needs scripts/criu.sh);
+- ``--snapshots`` rounds of ``POST /snapshots`` and a create ``from_snapshot``, and
+  ``--forks`` calls of ``POST /fork {"count": --fork}`` (all copies running when it answers).
 
-Prints a markdown table with the issue's targets (freeze ≤ 10 ms, restore ≤ 0.5 s). The
+Prints a markdown table with the issue's targets (freeze ≤ 10 ms, restore ≤ 0.5 s,
+fork ×4 ≤ 2 s). The
 session is deleted and the server stopped on exit.
 """
 
@@ -31,6 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import httpx
 from api import create, p95, server, verdict  # bench/api.py (this script's directory)
 
 from deskbox_server.backends import freezer
@@ -87,10 +91,47 @@ def tar_bytes(archive: Path) -> int:
     return sum(int(line.split()[2]) for line in listed.stdout.splitlines() if line)
 
 
+def timed(call: Callable[[], httpx.Response], status: int) -> tuple[float, httpx.Response]:
+    started = time.perf_counter()
+    response = call()
+    elapsed = (time.perf_counter() - started) * 1000
+    assert response.status_code == status, response.text
+    return elapsed, response
+
+
+def snapshot_and_fork(
+    http: httpx.Client, session_id: str, args: argparse.Namespace
+) -> tuple[list[float], list[float], list[float]]:
+    """Snapshot the session and make a copy of it, ``--snapshots`` times; then fork it
+    ``--fork`` ways, ``--forks`` times. Every copy is deleted before the next round."""
+    snapshots: list[float] = []
+    restores: list[float] = []
+    forks: list[float] = []
+    for _ in range(args.snapshots):
+        elapsed, taken = timed(lambda: http.post(f"/v1/sessions/{session_id}/snapshots"), 201)
+        snapshots.append(elapsed)
+        snap_id = taken.json()["id"]
+        elapsed, copy = timed(
+            lambda: http.post("/v1/sessions", json={"from_snapshot": snap_id}), 201)  # noqa: B023
+        restores.append(elapsed)
+        http.delete(f"/v1/sessions/{copy.json()['id']}")
+        http.delete(f"/v1/snapshots/{snap_id}")
+    for _ in range(args.forks):
+        elapsed, made = timed(lambda: http.post(f"/v1/sessions/{session_id}/fork",
+                                                json={"count": args.fork}), 201)
+        forks.append(elapsed)
+        for copy in made.json()["sessions"]:
+            http.delete(f"/v1/sessions/{copy['id']}")
+    return snapshots, restores, forks
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cycles", type=int, default=20)
     parser.add_argument("--hibernations", type=int, default=3)
+    parser.add_argument("--snapshots", type=int, default=3)
+    parser.add_argument("--fork", type=int, default=4, help="copies per fork")
+    parser.add_argument("--forks", type=int, default=2, help="fork calls")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="deskbox-bench-state-") as tmp, \
             server(Path(tmp) / "state") as http:
@@ -123,6 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             hibernated = cycles(hibernate, resume, args.hibernations)
             frozen_shot = http.get(f"/v1/sessions/{session_id}/screenshot")  # sanity
             assert "x-deskbox-frozen" not in frozen_shot.headers
+            snapshots, restores, forks = snapshot_and_fork(http, session_id, args)
         finally:
             http.delete(f"/v1/sessions/{session_id}")
     print(f"\n{args.cycles} freeze/thaw cycles of one session animating a canvas (ms)\n")
@@ -136,6 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(row("POST /resume (API)", api[1]))
     print(row("POST /pause hibernate (API)", hibernated[0], 0))
     print(row("POST /resume from hibernate (API)", hibernated[1], 500.0))
+    print(row("POST /snapshots (API, session runs on)", snapshots, 0))
+    print(row("create from_snapshot (API, to running)", restores, 500.0))
+    print(row(f"POST /fork count={args.fork} (API, all running)", forks, 2000.0))
     raw, packed = sizes[-1]
     print(f"\ncheckpoint of that session: {raw / 2**20:.0f} MiB raw, "
           f"{packed / 2**20:.1f} MiB with zstd -1")

@@ -12,15 +12,17 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from . import __version__
-from .api import actions, cdp, dialects, events, health, sessions
+from .api import actions, cdp, dialects, events, health, sessions, snapshots
 from .api import exec as exec_api
 from .api import tokens as tokens_api
 from .api import vnc as vnc_api
 from .api.auth import load_keyring
 from .api.deps import Services
 from .api.errors import RequestContext, install_error_handlers
+from .api.openapi import install_openapi
 from .backends.base import Backend
-from .backends.container import ContainerBackend, ContainerOptions
+from .backends.container import ContainerOptions
+from .backends.container_backend import ContainerBackend
 from .backends.image import build_image
 from .backends.local import LocalBackend
 from .metrics import Metrics
@@ -109,12 +111,15 @@ def create_app(
     app.state.services = services
     count = metrics.errors.inc
     install_error_handlers(app, count)
+    install_openapi(app)
     app.add_middleware(
         RequestContext, max_body_bytes=settings.max_request_bytes, count=count,
         body_limit=exec_api.body_limit(settings),
+        body_idle_timeout_s=settings.body_idle_timeout_s,
     )
     app.include_router(health.router)
     app.include_router(sessions.router)
+    app.include_router(snapshots.router)
     app.include_router(actions.router)
     app.include_router(exec_api.router)
     app.include_router(dialects.router)

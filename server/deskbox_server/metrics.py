@@ -107,17 +107,31 @@ class Metrics:
             "Bytes moved by the files endpoint, by direction (upload, download).",
             ("direction",),
         )
+        self.slow_clients = Counter(
+            "deskbox_slow_clients_dropped_total",
+            "Clients dropped for not taking what was sent to them, by stream (actions, vnc).",
+            ("stream",),
+        )
 
-    def render(self, sessions_by_state: Mapping[str, int]) -> str:
+    def render(
+        self, sessions_by_state: Mapping[str, int], pool_ready: Mapping[str, int] | None = None
+    ) -> str:
         lines = [
             "# HELP deskbox_sessions Sessions known to the server, by state.",
             "# TYPE deskbox_sessions gauge",
         ]
         for state, count in sorted(sessions_by_state.items()):
             lines.append(f'deskbox_sessions{{state="{_escape(state)}"}} {count}')
+        if pool_ready is not None:
+            lines += [
+                "# HELP deskbox_pool_ready Ready desktops in the warm pool, by display size.",
+                "# TYPE deskbox_pool_ready gauge",
+            ]
+            for display, count in sorted(pool_ready.items()):
+                lines.append(f'deskbox_pool_ready{{display="{_escape(display)}"}} {count}')
         for metric in (
             self.actions, self.action_seconds, self.screenshots, self.errors, self.execs,
-            self.file_bytes,
+            self.file_bytes, self.slow_clients,
         ):
             lines += metric.render()
         return "\n".join(lines) + "\n"

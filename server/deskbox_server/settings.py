@@ -61,6 +61,30 @@ class Settings(BaseSettings):
     file_max_bytes: Annotated[int, Field(ge=1)] = 100 * 1024 * 1024
     # The CDP proxy (api/cdp.py): a larger DevTools message closes the connection (1009).
     cdp_max_message_bytes: Annotated[int, Field(ge=64 * 1024)] = 64 * 1024 * 1024
+    # Slow or stalled clients (api/errors.py, api/actions.py, vnc/proxy.py): a request body
+    # that stops arriving for body_idle_timeout_s is answered 408; a websocket client that
+    # takes no reply for ws_send_timeout_s is dropped; a live-view viewer more than
+    # vnc_viewer_buffer_bytes behind the VNC server is dropped.
+    body_idle_timeout_s: Annotated[float, Field(gt=0)] = 30.0
+    ws_send_timeout_s: Annotated[float, Field(gt=0)] = 30.0
+    vnc_viewer_buffer_bytes: Annotated[int, Field(ge=1024 * 1024)] = 32 * 1024 * 1024
+
+    # The warm pool (sessions/pool.py): this many ready sessions of the default backend per
+    # display size in pool_displays (DESKBOX_POOL_DISPLAYS=1280x800,1024x768); 0: no pool.
+    pool_size: Annotated[int, Field(ge=0, le=64)] = 0
+    pool_displays: Annotated[list[str], NoDecode] = ["1280x800"]
+
+    @field_validator("pool_displays", mode="before")
+    @classmethod
+    def _split_displays(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [item.strip() for item in value.split(",") if item.strip()]
+        if isinstance(value, list):
+            for item in value:
+                width, _, height = str(item).partition("x")
+                if not (width.isdigit() and height.isdigit()):
+                    raise ValueError(f"pool display {item!r} is not WIDTHxHEIGHT")
+        return value
 
     @field_validator("api_keys", "backends", mode="before")
     @classmethod

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from deskbox_server.api.auth import key_id
-from deskbox_server.backends.container import ContainerHandle
+from deskbox_server.backends.container_backend import ContainerHandle
 from deskbox_server.settings import Settings
 
 from ..images import IMAGE_STATE_DIR

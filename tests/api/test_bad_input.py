@@ -28,6 +28,8 @@ from .helpers import assert_error
         (b'{"type": "key", "keys": "ctrl+nokey"}', "unknown key name"),
         (b'{"type": "key", "keys": ""}', "keys"),
         (b'{"type": "wait", "ms": 99999999}', "ms"),
+        (b'{"actions": [{"type": "wait", "ms": 60000}, {"type": "hold_key", "keys": "a", '
+         b'"duration_s": 1}]}', "add up to 60 s"),
         (b'{"type": "screenshot", "region": {"x": 1200, "y": 0, "width": 200, "height": 10}}',
          "outside"),
     ],

@@ -23,7 +23,7 @@ from websockets.sync.client import connect
 
 from deskbox.pixels import screen_point
 from deskbox_server.api.auth import key_id
-from deskbox_server.backends.container import ContainerHandle
+from deskbox_server.backends.container_backend import ContainerHandle
 from deskbox_server.backends.devtools import DEVTOOLS_PORT
 
 from .conftest import KEY_A, Server

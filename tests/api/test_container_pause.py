@@ -21,7 +21,7 @@ from websockets.sync.client import connect
 
 from deskbox_server.api.auth import key_id
 from deskbox_server.backends.checkpoint import Criu, archive_path
-from deskbox_server.backends.container import ContainerHandle
+from deskbox_server.backends.container_backend import ContainerHandle
 from deskbox_server.backends.runc import Runc
 
 from .conftest import DISPLAY, KEY_A, Server

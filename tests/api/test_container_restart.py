@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -106,6 +107,44 @@ def reap(pids: list[int], timeout_s: float = 10.0) -> None:
             time.sleep(0.05)
 
 
+class Load(threading.Thread):
+    """Clicks and screenshots on a session, one after the other, until the server dies."""
+
+    def __init__(self, base_url: str, session_id: str) -> None:
+        super().__init__(daemon=True)
+        self.base_url, self.session_id = base_url, session_id
+        self.count = 0
+        self.ended = threading.Event()
+
+    def run(self) -> None:
+        try:
+            with httpx.Client(base_url=self.base_url, timeout=30,
+                              headers={"Authorization": f"Bearer {KEY}"}) as http:
+                while True:
+                    response = http.post(f"/v1/sessions/{self.session_id}/actions", json={
+                        "actions": [{"type": "click", "x": 640, "y": 700}],
+                        "screenshot": {"format": "jpeg"}})
+                    assert response.status_code == 200, response.text
+                    self.count += 1
+        except httpx.TransportError:
+            pass  # the server was killed
+        finally:
+            self.ended.set()
+
+    def wait(self, timeout_s: float) -> bool:
+        return self.ended.wait(timeout_s)
+
+
+def under_load(http: httpx.Client, session_id: str) -> Load:
+    load = Load(str(http.base_url), session_id)
+    load.start()
+    deadline = time.monotonic() + 30
+    while load.count < 3:
+        assert not load.ended.is_set() and time.monotonic() < deadline, "no load"
+        time.sleep(0.05)
+    return load
+
+
 def test_restart_readopts_running_sessions(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
     log = tmp_path / "server.log"
@@ -118,8 +157,14 @@ def test_restart_readopts_running_sessions(tmp_path: Path) -> None:
             state = runc.state(container)
             assert state is not None
             inits.append(state.pid)
+        # Killed under load: actions in flight on one session, another one starting.
+        acted = under_load(http, kept["id"])
+        starting = http.post("/v1/sessions", params={"wait": "false"}, json={})
+        assert starting.status_code == 201 and starting.json()["state"] == "starting"
+        time.sleep(0.3)
         first.send_signal(signal.SIGKILL)
         first.wait()
+        assert acted.wait(30) and acted.count > 0
     try:
         # While no server runs: one sandbox dies, and a stray directory appears.
         os.kill(inits[1], signal.SIGKILL)
@@ -138,6 +183,13 @@ def test_restart_readopts_running_sessions(tmp_path: Path) -> None:
             assert "not running" in failed["failure"]["reason"]
             assert not stray.exists()
             assert runc.state(lost_container) is None
+            half = http.get(f"/v1/sessions/{starting.json()['id']}").json()
+            assert half["state"] == "failed", half
+            assert "while the session was starting" in half["failure"]["reason"]
+            assert not [c for c in runc.list_ids() if c.endswith(starting.json()["id"])]
+            listed = {s["id"]: s["state"] for s in http.get("/v1/sessions").json()["sessions"]}
+            assert listed == {kept["id"]: "running", lost["id"]: "failed",
+                              starting.json()["id"]: "failed"}
 
             # The re-adopted session still works: input lands, screenshots show the page.
             with SandboxPage(f":{number}") as page:
@@ -158,6 +210,7 @@ def test_restart_readopts_running_sessions(tmp_path: Path) -> None:
             assert pids
             assert http.delete(f"/v1/sessions/{kept['id']}").status_code == 204
             assert http.delete(f"/v1/sessions/{lost['id']}").status_code == 204
+            assert http.delete(f"/v1/sessions/{starting.json()['id']}").status_code == 204
             assert http.get(f"/v1/sessions/{kept['id']}").json()["state"] == "stopped"
             second.terminate()
             assert second.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises it

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from deskbox_server.backends.container import ContainerHandle
+from deskbox_server.backends.container_backend import ContainerHandle
 from deskbox_server.driver.browser import CdpPage
 
 from ..headless import headless_chromium, websocket_bridge

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from deskbox_server.api.auth import key_id
-from deskbox_server.backends.container import ContainerHandle
+from deskbox_server.backends.container_backend import ContainerHandle
 from deskbox_server.backends.runc import Runc
 from deskbox_server.settings import Settings
 

@@ -123,7 +123,6 @@ def test_no_wait_then_idle_expiry(client: httpx.Client) -> None:
         ({"backend": "vm"}, "not available"),
         ({"network": {"egress": "allowlist", "allow": ["example.org"]}}, "not supported yet"),
         ({"network": {"egress": "none"}}, "not supported yet"),
-        ({"from_snapshot": "snap_1"}, "not supported yet"),
         ({"record": True}, "not supported yet"),
         ({"resources": {"cpus": 1}}, "not supported yet"),
     ],
@@ -133,6 +132,12 @@ def test_create_refuses_what_it_cannot_do(
 ) -> None:
     error = assert_error(client.post("/v1/sessions", json=body), 422, "invalid_request")
     assert words in error["message"]
+
+
+def test_create_from_an_unknown_snapshot_is_404(client: httpx.Client) -> None:
+    error = assert_error(client.post("/v1/sessions", json={"from_snapshot": "snap_1"}),
+                         404, "not_found")
+    assert "no snapshot" in error["message"]
 
 
 def test_seeded_state_dir_caps_and_generated_key(tmp_path: Path) -> None:

@@ -44,6 +44,7 @@ PAGE = (
 PAIRS = [
     (deskbox.Deskbox, deskbox.AsyncDeskbox),
     (deskbox.Sessions, deskbox.AsyncSessions),
+    (deskbox.Snapshots, deskbox.AsyncSnapshots),
     (deskbox.Session, deskbox.AsyncSession),
     (deskbox.ActionsSocket, deskbox.AsyncActionsSocket),
 ]
@@ -76,8 +77,10 @@ def test_sync_and_async_expose_the_same_methods(sync: type, async_: type) -> Non
     # Every I/O method of the async client is a coroutine function.
     for name in set(async_methods) - {"actions_ws"}:
         assert inspect.iscoroutinefunction(async_methods[name]), name
-    assert {"__enter__", "__exit__"} <= set(dir(sync)) or sync is deskbox.Sessions
-    assert {"__aenter__", "__aexit__"} <= set(dir(async_)) or async_ is deskbox.AsyncSessions
+    collections = (deskbox.Sessions, deskbox.Snapshots)
+    assert {"__enter__", "__exit__"} <= set(dir(sync)) or sync in collections
+    async_collections = (deskbox.AsyncSessions, deskbox.AsyncSnapshots)
+    assert {"__aenter__", "__aexit__"} <= set(dir(async_)) or async_ in async_collections
 
 
 def test_every_error_is_a_deskbox_error() -> None:

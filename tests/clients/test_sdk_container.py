@@ -7,7 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from deskbox import AsyncDeskbox, Deskbox, NotFound, Session, UnprocessableEntity
+from deskbox import AsyncDeskbox, Conflict, Deskbox, NotFound, Session, UnprocessableEntity
+from deskbox_server.backends.checkpoint import Criu
 from deskbox_server.settings import Settings
 
 from ..api.conftest import KEY_A, Server, running_server
@@ -77,3 +78,40 @@ def test_cli_exec_round(container_server: Server, session: Session) -> None:
     assert listed.returncode == 0 and json.loads(listed.stdout)["stdout"] == "/tmp\n"
     timed = deskbox(container_server, "exec", session.id, "--timeout-s", "1", "--", "sleep", "9")
     assert timed.returncode == 124
+
+
+@pytest.mark.skipif(Criu().missing() is not None,
+                    reason="CRIU 4.1 is not installed (scripts/criu.sh)")
+def test_pause_hibernate_snapshot_and_fork(container_server: Server) -> None:
+    with Deskbox(container_server.url, KEY_A) as box, box.sessions.create(
+        display={"width": 800, "height": 600},
+        start_url="data:text/html,<title>sdk</title><input autofocus>",
+    ) as session:
+        session.type("forked text")
+        assert session.pause().state == "paused"
+        with pytest.raises(Conflict):
+            session.click(10, 10)
+        assert session.resume().state == "running"
+        assert session.hibernate().state == "hibernated"
+        assert session.resume().state == "running"
+
+        snapshot = session.snapshot()
+        assert snapshot.id.startswith("snap_")
+        assert box.snapshots.get(snapshot.id).raw["session_id"] == session.id
+        assert snapshot.id in [s.id for s in box.snapshots.list()]
+        with box.sessions.create(from_snapshot=snapshot.id) as copy:
+            assert copy.state == "running" and copy.id != session.id
+            assert copy.data.display.width == 800
+        box.snapshots.delete(snapshot.id)
+        with pytest.raises(NotFound):
+            box.snapshots.get(snapshot.id)
+
+        copies = session.fork(2)
+        try:
+            assert len({c.id for c in copies} | {session.id}) == 3
+            assert all(c.state == "running" for c in copies)
+            shots = [c.screenshot(as_image=True) for c in copies]
+            assert all(shot.size == (800, 600) for shot in shots)
+        finally:
+            for copy in copies:
+                copy.close()

@@ -7,7 +7,8 @@ import os
 import pytest
 
 from deskbox_server.backends.base import SessionSpec
-from deskbox_server.backends.container import ContainerBackend, ContainerHandle, ContainerOptions
+from deskbox_server.backends.container import ContainerOptions
+from deskbox_server.backends.container_backend import ContainerBackend, ContainerHandle
 from deskbox_server.driver.commands import DesktopSpec
 from deskbox_server.driver.images import EncodedImage
 

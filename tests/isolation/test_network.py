@@ -24,12 +24,11 @@ import pytest
 
 from deskbox_server.backends.base import SessionSpec
 from deskbox_server.backends.container import (
-    ContainerBackend,
-    ContainerHandle,
     ContainerOptions,
     ContainerSandbox,
     remove_orphans,
 )
+from deskbox_server.backends.container_backend import ContainerBackend, ContainerHandle
 from deskbox_server.backends.network import (
     NETNS_DIR,
     TABLE,

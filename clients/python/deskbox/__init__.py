@@ -16,7 +16,13 @@
 
 from __future__ import annotations
 
-from ._async import AsyncActionsSocket, AsyncDeskbox, AsyncSession, AsyncSessions
+from ._async import (
+    AsyncActionsSocket,
+    AsyncDeskbox,
+    AsyncSession,
+    AsyncSessions,
+    AsyncSnapshots,
+)
 from ._errors import (
     APIConnectionError,
     APIError,
@@ -30,6 +36,7 @@ from ._errors import (
     NotFound,
     PayloadTooLarge,
     RateLimited,
+    RequestTimeout,
     ServerError,
     ServiceUnavailable,
     SessionFailed,
@@ -47,7 +54,7 @@ from ._models import (
     Token,
     Upload,
 )
-from ._sync import ActionsSocket, Deskbox, Session, Sessions
+from ._sync import ActionsSocket, Deskbox, Session, Sessions, Snapshots
 
 __all__ = [
     "APIConnectionError",
@@ -59,6 +66,7 @@ __all__ = [
     "AsyncDeskbox",
     "AsyncSession",
     "AsyncSessions",
+    "AsyncSnapshots",
     "BadRequest",
     "Conflict",
     "Deskbox",
@@ -71,6 +79,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "RateLimited",
+    "RequestTimeout",
     "Screenshot",
     "ServerError",
     "ServiceUnavailable",
@@ -79,6 +88,7 @@ __all__ = [
     "SessionFailed",
     "SessionUrls",
     "Sessions",
+    "Snapshots",
     "Snapshot",
     "Token",
     "Unauthorized",

@@ -64,6 +64,7 @@ class AsyncDeskbox(BaseClient):
             base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport
         )
         self.sessions = AsyncSessions(self)
+        self.snapshots = AsyncSnapshots(self)
 
     async def __aenter__(self) -> AsyncDeskbox:
         return self
@@ -92,6 +93,24 @@ class AsyncDeskbox(BaseClient):
         except httpx.TransportError as error:
             raise b.transport_error(error) from error
         return self._read(call, response)
+
+
+class AsyncSnapshots:
+    """``box.snapshots``: inspect, list and delete snapshots (``session.snapshot()`` takes
+    one; ``box.sessions.create(from_snapshot=...)`` and ``session.fork(n)`` restore)."""
+
+    def __init__(self, client: AsyncDeskbox) -> None:
+        self._client = client
+
+    async def get(self, snapshot_id: str, *, timeout: float | None = None) -> Snapshot:
+        body = await self._client._send(b.snapshot_get_call(snapshot_id, timeout))
+        return Snapshot(str(body["id"]), dict(body))
+
+    async def list(self, *, timeout: float | None = None) -> list[Snapshot]:
+        return b.snapshots_of(await self._client._send(b.snapshot_list_call(timeout)))
+
+    async def delete(self, snapshot_id: str, *, timeout: float | None = None) -> None:
+        await self._client._send(b.snapshot_delete_call(snapshot_id, timeout))
 
 
 class AsyncSessions:

@@ -439,6 +439,22 @@ def delete_call(session_id: str, timeout: float | None) -> Call:
     return Call("DELETE", f"/v1/sessions/{quote(session_id, safe='')}", timeout=timeout)
 
 
+def snapshot_get_call(snapshot_id: str, timeout: float | None) -> Call:
+    return Call("GET", f"/v1/snapshots/{quote(snapshot_id, safe='')}", timeout=timeout)
+
+
+def snapshot_list_call(timeout: float | None) -> Call:
+    return Call("GET", "/v1/snapshots", timeout=timeout)
+
+
+def snapshot_delete_call(snapshot_id: str, timeout: float | None) -> Call:
+    return Call("DELETE", f"/v1/snapshots/{quote(snapshot_id, safe='')}", timeout=timeout)
+
+
+def snapshots_of(body: Any) -> list[Snapshot]:
+    return [Snapshot(str(item["id"]), dict(item)) for item in body["snapshots"]]
+
+
 def handshake_error(status: int, headers: Sequence[tuple[str, str]], body: bytes) -> APIError:
     """The exception of a refused websocket handshake (its answer has the error body)."""
     return api_error(httpx.Response(status, headers=list(headers), content=body))

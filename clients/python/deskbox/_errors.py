@@ -40,6 +40,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "RateLimited",
+    "RequestTimeout",
     "ServerError",
     "ServiceUnavailable",
     "SessionFailed",
@@ -103,6 +104,10 @@ class MethodNotAllowed(APIError):
     """405: a route this server does not have for this method."""
 
 
+class RequestTimeout(APIError):
+    """408: the request's body stopped arriving; the server gave up reading it."""
+
+
 class Conflict(APIError):
     """409: the session is in the wrong state (starting, paused, ...)."""
 
@@ -141,6 +146,7 @@ _BY_STATUS: dict[int, type[APIError]] = {
     403: Forbidden,
     404: NotFound,
     405: MethodNotAllowed,
+    408: RequestTimeout,
     409: Conflict,
     413: PayloadTooLarge,
     422: UnprocessableEntity,

@@ -62,6 +62,7 @@ class Deskbox(BaseClient):
             base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport
         )
         self.sessions = Sessions(self)
+        self.snapshots = Snapshots(self)
 
     def __enter__(self) -> Deskbox:
         return self
@@ -90,6 +91,24 @@ class Deskbox(BaseClient):
         except httpx.TransportError as error:
             raise b.transport_error(error) from error
         return self._read(call, response)
+
+
+class Snapshots:
+    """``box.snapshots``: inspect, list and delete snapshots (``session.snapshot()`` takes
+    one; ``box.sessions.create(from_snapshot=...)`` and ``session.fork(n)`` restore)."""
+
+    def __init__(self, client: Deskbox) -> None:
+        self._client = client
+
+    def get(self, snapshot_id: str, *, timeout: float | None = None) -> Snapshot:
+        body = self._client._send(b.snapshot_get_call(snapshot_id, timeout))
+        return Snapshot(str(body["id"]), dict(body))
+
+    def list(self, *, timeout: float | None = None) -> list[Snapshot]:
+        return b.snapshots_of(self._client._send(b.snapshot_list_call(timeout)))
+
+    def delete(self, snapshot_id: str, *, timeout: float | None = None) -> None:
+        self._client._send(b.snapshot_delete_call(snapshot_id, timeout))
 
 
 class Sessions:

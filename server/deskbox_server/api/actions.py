@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import re
 from typing import Annotated, Literal
@@ -31,12 +32,17 @@ from .auth import authenticate
 from .deps import Caller, Services, get_services
 from .errors import deskbox_error_response, new_request_id, validation_message
 
-__all__ = ["parse_size", "router"]
+__all__ = [
+    "CLOSE_STALLED", "MAX_IN_FLIGHT", "SIZE_PATTERN", "ClientStalled", "parse_size", "router",
+]
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["actions"])
 
 MAX_IN_FLIGHT = 64
-_SCALE = re.compile(r"^([1-9][0-9]{0,4})x([1-9][0-9]{0,4})$")
+CLOSE_STALLED = 1008  # policy violation: the client must read its replies
+_CLOSE_TIMEOUT_S = 1.0
+SIZE_PATTERN = r"^([1-9][0-9]{0,4})x([1-9][0-9]{0,4})$"  # documented; parse_size() checks
+_SCALE = re.compile(SIZE_PATTERN)
 
 
 def _image_out(image: EncodedImage) -> ImageOut:
@@ -100,7 +106,8 @@ async def screenshot(
     session_id: str,
     format: Literal["jpeg", "png", "webp"] = "jpeg",  # noqa: A002 (the API's name)
     quality: Annotated[int, Query(ge=1, le=100)] = 75,
-    scale: Annotated[str | None, Query(description="WIDTHxHEIGHT")] = None,
+    scale: Annotated[str | None, Query(description="WIDTHxHEIGHT",
+                                       json_schema_extra={"pattern": SIZE_PATTERN})] = None,
 ) -> Response:
     manager = get_services(request).manager
     headers: dict[str, str] = {}
@@ -190,37 +197,32 @@ async def actions_ws(websocket: WebSocket, session_id: str) -> None:
         return
     await websocket.accept()
     pending: asyncio.Queue[asyncio.Task[Reply] | None] = asyncio.Queue(maxsize=MAX_IN_FLIGHT)
+    tasks: set[asyncio.Task[Reply]] = set()
+    timeout_s = services.settings.ws_send_timeout_s
 
-    async def send_replies() -> None:
-        while (task := await pending.get()) is not None:
-            text, frames = await task
-            await websocket.send_text(text)
-            for frame in frames:
-                await websocket.send_bytes(frame)
+    async def handle(text: str | None) -> Reply:
+        if text is None:
+            return _error_reply(None, InvalidRequest("send actions as JSON text messages"))
+        return await _handle_message(services, owner, session_id, text)
 
-    sender = asyncio.create_task(send_replies())
-    tasks: list[asyncio.Task[Reply]] = []
-    try:
+    async def read_requests() -> None:
         while True:
             received = await websocket.receive()
             if received["type"] == "websocket.disconnect":
-                break
-            text = received.get("text")
-            if text is None:
-                reply = _error_reply(None, InvalidRequest("send actions as JSON text messages"))
-                task = asyncio.create_task(_immediate(reply))
-            else:
-                task = asyncio.create_task(_handle_message(services, owner, session_id, text))
-            tasks = [t for t in tasks if not t.done()] + [task]
-            # Waits while MAX_IN_FLIGHT replies are unsent: backpressure on the client.
-            put = asyncio.create_task(pending.put(task))
-            done, _ = await asyncio.wait({put, sender}, return_when=asyncio.FIRST_COMPLETED)
-            if sender in done:
-                put.cancel()
-                break
-    except WebSocketDisconnect:
-        pass
+                return
+            task = asyncio.create_task(handle(received.get("text")))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            # Waits while MAX_IN_FLIGHT replies are unsent: the client's requests stay in
+            # its socket (uvicorn reads one message at a time), not in our memory.
+            await pending.put(task)
+
+    sender = asyncio.create_task(_send_replies(websocket, pending, timeout_s))
+    reader = asyncio.create_task(read_requests())
+    try:
+        await asyncio.wait({reader, sender}, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        reader.cancel()
         if not sender.done():
             try:
                 pending.put_nowait(None)
@@ -228,13 +230,37 @@ async def actions_ws(websocket: WebSocket, session_id: str) -> None:
                 sender.cancel()
         # Actions already handed to the desktop finish there; their replies have nowhere
         # to go once the client is gone.
-        await asyncio.gather(sender, *tasks, return_exceptions=True)
+        await asyncio.gather(reader, sender, *tasks, return_exceptions=True)
+        stalled = not sender.cancelled() and isinstance(sender.exception(), ClientStalled)
+        if stalled:
+            services.metrics.slow_clients.inc("actions")
         if websocket.client_state is WebSocketState.CONNECTED:
-            try:
-                await websocket.close()
-            except RuntimeError:
-                pass
+            code, reason = 1000, ""
+            if stalled:
+                code, reason = CLOSE_STALLED, f"no reply taken for {timeout_s:g} s"
+            # A stalled client cannot take the close frame either: give up on it after a
+            # moment (the socket and its buffer go when the client reads or leaves).
+            with contextlib.suppress(RuntimeError, TimeoutError, WebSocketDisconnect):
+                async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+                    await websocket.close(code, reason)
 
 
-async def _immediate(reply: Reply) -> Reply:
-    return reply
+class ClientStalled(Exception):
+    """The client took no reply for ``ws_send_timeout_s`` while replies waited."""
+
+
+async def _send_replies(
+    websocket: WebSocket, pending: asyncio.Queue[asyncio.Task[Reply] | None], timeout_s: float
+) -> None:
+    """Replies in request order. A send waits while the socket's buffer is full (uvicorn's
+    flow control): a client that reads nothing for ``timeout_s`` is given up on, and with
+    it the replies it holds (at most MAX_IN_FLIGHT of them)."""
+    while (task := await pending.get()) is not None:
+        text, frames = await task
+        try:
+            async with asyncio.timeout(timeout_s):
+                await websocket.send_text(text)
+                for frame in frames:
+                    await websocket.send_bytes(frame)
+        except TimeoutError:
+            raise ClientStalled(f"no reply taken for {timeout_s:g} s") from None

@@ -40,7 +40,8 @@ from ..backends.devtools import (
     get_json,
     open_websocket,
 )
-from ..errors import Capacity, DeskboxError, InvalidRequest
+from ..errors import Capacity, Conflict, DeskboxError, InvalidRequest
+from ..sessions.links import RESTART_CLOSE_CODE
 from .deps import Services, get_services
 from .errors import deskbox_error_response
 from .tokens import authorize
@@ -181,9 +182,17 @@ async def _proxy(websocket: WebSocket, session_id: str, target_id: str | None) -
             services.metrics.errors.inc(error.kind)
             await websocket.send_denial_response(deskbox_error_response(error))
             return
+        async def close_for_checkpoint() -> None:
+            # The client sees the browser's side close (1001) and may reconnect.
+            await upstream.close(RESTART_CLOSE_CODE, "session checkpoint")
+
         try:
-            await websocket.accept()
-            await _relay(websocket, upstream, services, owner, session_id, limit)
+            async with services.manager.links.hold(session_id, close_for_checkpoint):
+                await websocket.accept()
+                await _relay(websocket, upstream, services, owner, session_id, limit)
+        except Conflict as error:  # refused by hold(): the session is being checkpointed
+            services.metrics.errors.inc(error.kind)
+            await websocket.send_denial_response(deskbox_error_response(error))
         finally:
             await upstream.close()
     finally:

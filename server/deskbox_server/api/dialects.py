@@ -24,7 +24,7 @@ from ..driver.images import EncodedImage
 from ..errors import Internal, InvalidRequest
 from ..schemas import actions as a
 from ..schemas.results import Point
-from .actions import parse_size
+from .actions import SIZE_PATTERN, parse_size
 from .deps import Caller, get_services
 from .errors import validation_message
 
@@ -35,7 +35,8 @@ router = APIRouter(prefix="/v1/sessions/{session_id}/actions", tags=["actions"])
 SpaceQuery = Annotated[
     str | None,
     Query(description="WIDTHxHEIGHT: the coordinate space of the model (the display size "
-                      "it was told); default: the session's"),
+                      "it was told); default: the session's",
+          json_schema_extra={"pattern": SIZE_PATTERN}),
 ]
 FormatQuery = Annotated[Literal["png", "jpeg", "webp"], Query(description="image format")]
 QualityQuery = Annotated[int, Query(ge=1, le=100, description="jpeg/webp quality")]

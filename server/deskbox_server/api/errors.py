@@ -9,13 +9,17 @@ Every non-2xx answer is ``{"error": {"type", "message", "request_id"}}``. Source
 - anything else → 500 ``internal`` (logged with its traceback, never shown to the client).
 
 :class:`RequestContext` gives every request an id (``X-Request-Id`` header), bounds the body
-size, and is the last resort for unexpected exceptions.
+size and the wait for each piece of it (408 ``timeout`` when a client stops sending: a stalled
+upload must not hold its connection and the sandbox's writer forever), and is the last
+resort for unexpected exceptions.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
+import re
 import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -27,11 +31,13 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import Capacity, DeskboxError, InvalidRequest, Unauthorized
+from ..errors import Capacity, DeskboxError, InvalidRequest, Timeout, Unauthorized
 
 __all__ = [
+    "BodyTimeout",
     "PayloadTooLarge",
     "RequestContext",
+    "allowed_methods",
     "current_request_id",
     "error_response",
     "install_error_handlers",
@@ -49,6 +55,7 @@ _KIND_BY_STATUS = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "timeout",
     409: "conflict",
     413: "invalid_request",
     422: "invalid_request",
@@ -59,10 +66,17 @@ _KIND_BY_STATUS = {
 
 
 _NOT_AN_OBJECT = {"dict_type", "model_type", "model_attributes_type"}
+_UNPARSABLE = "There was an error parsing the body"  # FastAPI's 400 detail
 
 
 class PayloadTooLarge(InvalidRequest):
     status = 413
+
+
+class BodyTimeout(Timeout):
+    """The client stopped sending its request body (a stalled or too slow upload)."""
+
+    status = 408
 
 
 def new_request_id() -> str:
@@ -137,6 +151,26 @@ def validation_message(errors: Iterable[Any], limit: int = 3) -> str:
     return "invalid request: " + "; ".join(parts) + more if parts else "invalid request"
 
 
+def allowed_methods(request: Request) -> list[str]:
+    """Every method the API documents on this path (Starlette names only one route's).
+
+    Read from the OpenAPI document: FastAPI's router nests included routers in private
+    types, the document is public and lists each path's methods.
+    """
+    app = request.app
+    assert isinstance(app, FastAPI)
+    path = request.url.path
+    methods: set[str] = set()
+    for template, operations in app.openapi().get("paths", {}).items():
+        pattern = "".join(
+            "[^/]+" if part.startswith("{") else re.escape(part)
+            for part in re.split(r"(\{[^}]+\})", template)
+        )
+        if re.fullmatch(pattern, path):
+            methods |= {method.upper() for method in operations}
+    return sorted(methods)
+
+
 def install_error_handlers(app: FastAPI, count: ErrorCounter | None = None) -> None:
     async def on_deskbox_error(_: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, DeskboxError)
@@ -149,17 +183,25 @@ def install_error_handlers(app: FastAPI, count: ErrorCounter | None = None) -> N
         return error_response(422, "invalid_request", validation_message(error.errors()),
                               count=count)
 
-    async def on_http_error(_: Request, error: Exception) -> JSONResponse:
+    async def on_http_error(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, StarletteHTTPException)
+        if isinstance(error.__cause__, DeskboxError):
+            # FastAPI wraps whatever reading the body raised, e.g. RequestContext's
+            # PayloadTooLarge for a chunked body past the cap, into a 400.
+            return deskbox_error_response(error.__cause__, count)
         status = error.status_code
-        kind = _KIND_BY_STATUS.get(status, "invalid_request" if status < 500 else "internal")
-        if status == 404 and error.detail == "Not Found":
+        headers = dict(error.headers or {})
+        if status == 400 and error.detail == _UNPARSABLE:
+            # A body json.loads could not even decode (not UTF-8): bad JSON, like any other.
+            status, message = 422, "the request body is not valid JSON (it must be UTF-8 text)"
+        elif status == 404 and error.detail == "Not Found":
             message = "no such path"
         elif status == 405:
             message = "this method is not allowed on this path"
+            headers["Allow"] = ", ".join(allowed_methods(request)) or headers.get("Allow", "")
         else:
             message = str(error.detail)
-        headers = dict(error.headers or {})
+        kind = _KIND_BY_STATUS.get(status, "invalid_request" if status < 500 else "internal")
         return error_response(status, kind, message, headers, count)
 
     app.add_exception_handler(DeskboxError, on_deskbox_error)
@@ -168,7 +210,7 @@ def install_error_handlers(app: FastAPI, count: ErrorCounter | None = None) -> N
 
 
 class RequestContext:
-    """Pure ASGI middleware: request id, body size cap, last-resort 500 answer."""
+    """Pure ASGI middleware: request id, body size and idle caps, last-resort 500 answer."""
 
     def __init__(
         self,
@@ -176,9 +218,11 @@ class RequestContext:
         max_body_bytes: int,
         count: ErrorCounter | None = None,
         body_limit: Callable[[Scope], int | None] | None = None,
+        body_idle_timeout_s: float = 30.0,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_idle_timeout_s = body_idle_timeout_s
         self.count = count
         # A different cap for some requests (file uploads), or None for max_body_bytes.
         self.body_limit = body_limit
@@ -236,19 +280,33 @@ class RequestContext:
             await deskbox_error_response(too_large, self.count)(scope, receive, send_with_id)
             return
         received = 0
+        body_done = False
+        idle_s = self.body_idle_timeout_s
 
         async def bounded_receive() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, body_done
+            if body_done:
+                # After the body only the disconnect comes, however late (streamed answers).
+                return await receive()
+            try:
+                async with asyncio.timeout(idle_s):
+                    message = await receive()
+            except TimeoutError:
+                raise BodyTimeout(
+                    f"the request body stopped arriving (nothing for {idle_s:g} s)"
+                ) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > max_body_bytes:
                     raise too_large
+                body_done = not message.get("more_body", False)
+            else:
+                body_done = True
             return message
 
         try:
             await self.app(scope, bounded_receive, send_with_id)
-        except PayloadTooLarge as error:
+        except (PayloadTooLarge, BodyTimeout) as error:
             if started():
                 raise
             await deskbox_error_response(error, self.count)(scope, receive, send_with_id)

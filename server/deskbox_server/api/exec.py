@@ -40,6 +40,8 @@ SandboxPath = Annotated[
         min_length=1,
         max_length=MAX_PATH_BYTES,
         description="Absolute path inside the session's sandbox (resolved in there).",
+        # Documented only: check_sandbox_path() says better than pydantic what is wrong.
+        json_schema_extra={"pattern": "^/"},
     ),
 ]
 

@@ -32,5 +32,8 @@ async def healthz(request: Request) -> Health:
 )
 async def metrics(request: Request) -> PlainTextResponse:
     services = get_services(request)
-    text = services.metrics.render(services.manager.counts_by_state())
+    pool = services.manager.pool
+    text = services.metrics.render(
+        services.manager.counts_by_state(), pool.ready_by_display() if pool else None
+    )
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -10,6 +10,7 @@ script and style under ``/vnc/static``.
 
 from __future__ import annotations
 
+import asyncio
 import html
 import logging
 from pathlib import Path
@@ -119,8 +120,19 @@ async def vnc_ws(websocket: WebSocket, session_id: str) -> None:
     try:
         grant = authorize(services, websocket, session_id, _VIEW_SCOPES)
         handle = services.manager.handle(grant.owner, session_id)
-        async with services.vnc.viewer(session_id, handle.start_vnc) as server:
+        upstream: list[asyncio.StreamWriter] = []
+
+        async def close_for_checkpoint() -> None:
+            # The viewer sees the server end the stream (1011) and may reconnect.
+            for writer in upstream:
+                writer.close()
+
+        async with (
+            services.manager.links.hold(session_id, close_for_checkpoint),
+            services.vnc.viewer(session_id, handle.start_vnc) as server,
+        ):
             reader, writer = await server.connect()
+            upstream.append(writer)
             try:
                 await handshake_server(reader, writer)
             except (RfbError, TimeoutError) as error:
@@ -130,11 +142,16 @@ async def vnc_ws(websocket: WebSocket, session_id: str) -> None:
             await websocket.accept(subprotocol="binary" if "binary" in offered else None)
             accepted = True
             stats = await run_proxy(
-                websocket, reader, writer, allow_input=grant.scope == "control"
+                websocket, reader, writer, allow_input=grant.scope == "control",
+                max_buffer=services.settings.vnc_viewer_buffer_bytes,
+                send_timeout_s=services.settings.ws_send_timeout_s,
             )
+            if stats.too_slow:
+                services.metrics.slow_clients.inc("vnc")
             log.info(
-                "session %s: %s viewer left (%d messages forwarded, %d input dropped)",
-                session_id, grant.scope, stats.messages, stats.dropped,
+                "session %s: %s viewer %s (%d messages forwarded, %d input dropped)",
+                session_id, grant.scope, "dropped: too slow" if stats.too_slow else "left",
+                stats.messages, stats.dropped,
             )
     except DeskboxError as error:
         services.metrics.errors.inc(error.kind)

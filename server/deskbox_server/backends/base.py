@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterable, Collection, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar, Literal
 
 from ..driver.commands import DesktopSpec
@@ -24,7 +25,7 @@ from .devtools import DevtoolsSocket
 from .sandbox_io import ExecCommand, ExecResult, FileDownload
 from .vnc_server import VncServer
 
-__all__ = ["Backend", "DesktopHandle", "SessionSpec"]
+__all__ = ["Backend", "DesktopHandle", "SessionSpec", "SnapshotInfo"]
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,19 @@ class SessionSpec:
     desktop: DesktopSpec
     resources: Resources | None = None
     network: Network | None = None
-    from_snapshot: str | None = None
+    # A snapshot's directory (the session layer found it and checked it is the caller's).
+    from_snapshot: Path | None = None
     record: bool = False
+    # Started ahead of demand (the warm pool): no start-up boost that could slow the
+    # sessions that run.
+    background: bool = False
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    seconds: float
+    raw_bytes: int
+    compressed_bytes: int | None  # None: the images were left raw (a fork's)
 
 
 class DesktopHandle(ABC):
@@ -124,6 +136,18 @@ class Backend(ABC):
         """
         raise SessionFailed(f"the {self.name} backend's desktops do not outlive their server")
 
+    async def adopt_hibernated(self, spec: SessionSpec) -> DesktopHandle:
+        """Take over a desktop a previous server hibernated (:meth:`restore` brings it back).
+
+        Raises SessionFailed (with the reason) when its checkpoint is gone or unusable.
+        """
+        raise SessionFailed(f"the {self.name} backend cannot hibernate sessions")
+
+    async def release(self, handle: DesktopHandle) -> None:
+        """Let go of a hibernated desktop at server shutdown, keeping its checkpoint for
+        :meth:`adopt_hibernated` by the next server."""
+        await self.destroy(handle)
+
     async def remove_orphans(self, keep: Collection[str]) -> list[str]:
         """Destroy what previous servers left of sessions not in ``keep``; their ids."""
         return []
@@ -162,6 +186,17 @@ class Backend(ABC):
     async def restore(self, handle: DesktopHandle) -> None:
         """Bring a hibernated desktop back, with the driver connected again."""
         raise InvalidRequest(f"the {self.name} backend cannot hibernate sessions")
+
+    async def snapshot(
+        self, handle: DesktopHandle, directory: Path, packed: bool = True
+    ) -> SnapshotInfo:
+        """Checkpoint the running desktop into the new ``directory``; it keeps running.
+
+        ``packed``: compressed, to keep; else raw, for copies made at once (a fork).
+        :meth:`create` with ``SessionSpec.from_snapshot`` makes a copy from it. Raises
+        InvalidRequest naming the cause where it cannot.
+        """
+        raise InvalidRequest(f"the {self.name} backend cannot snapshot sessions")
 
     async def close(self) -> None:
         """Release what the backend itself holds (called once, at server shutdown)."""

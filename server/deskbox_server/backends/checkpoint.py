@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InvalidRequest, SessionFailed
+from .network import bring_up_loopback
 from .oci import CRIU_CONFIG
 from .runc import Runc
 
@@ -40,13 +41,19 @@ __all__ = [
     "Criu",
     "DumpStats",
     "archive_path",
+    "dump",
     "hibernate_sandbox",
+    "pack",
+    "restore",
     "restore_sandbox",
+    "unpack",
 ]
 
 CRIU_WRAPPER = Path(os.environ.get("DESKBOX_CRIU_WRAPPER", "/opt/deskbox/bin/criu"))
 # Options for every dump and restore (ARCHITECTURE.md: a desktop needs a large ghost limit).
-CRIU_OPTIONS = "ghost-limit 128M\n"
+# CRIU's default log level (4, debug) writes ~70,000 lines per desktop and costs a restore
+# ~0.5 s; level 1 keeps the errors, which is what _explain reads.
+CRIU_OPTIONS = "ghost-limit 128M\nverbosity=1\n"
 _LOG_LIMIT = 1 << 20
 _NOISE = ("rlimit:", "Dumping FAILED", "failed with -1", "exited, status")
 _FOREIGN_UNIX = re.compile(r"Unix socket \S+ not found")
@@ -103,7 +110,7 @@ def _explain(log: Path, stderr: bytes) -> str:
     return f"CRIU could not checkpoint the sandbox: {message}"
 
 
-# -- hibernate and restore a sandbox -------------------------------------------------------
+# -- the steps: dump, pack, unpack, restore ------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -126,85 +133,133 @@ def _runc_criu(runc: Runc, criu: Criu, *args: str) -> subprocess.CompletedProces
     )
 
 
-def hibernate_sandbox(sandbox: ContainerSandbox, criu: Criu) -> DumpStats:
-    """``runc checkpoint`` the sandbox (its processes end), then compress the images.
+def _scratch(parent: Path, prefix: str) -> tuple[Path, Path, Path]:
+    """A private scratch directory under ``parent`` with ``images/`` and ``work/`` in it."""
+    parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    images, logs = scratch / "images", scratch / "work"
+    images.mkdir(mode=0o700)
+    logs.mkdir(mode=0o700)
+    return scratch, images, logs
 
-    Nothing outside the sandbox may hold a connection into it (close the driver first).
-    On failure the sandbox runs on (CRIU resumes it) and CheckpointUnavailable says why.
+
+def dump(
+    sandbox: ContainerSandbox, criu: Criu, images: Path, logs: Path, leave_running: bool
+) -> int:
+    """``runc checkpoint`` the sandbox into ``images``; the raw size in bytes.
+
+    Without ``leave_running`` its processes end. Nothing outside the sandbox may hold a
+    connection into it (close the driver first). On failure the sandbox runs on and
+    CheckpointUnavailable says why.
     """
     reason = criu.missing()
     if reason is not None:
         raise CheckpointUnavailable(reason)
     (sandbox.bundle / CRIU_CONFIG).write_text(CRIU_OPTIONS)
-    archive = archive_path(sandbox)
-    archive.parent.mkdir(mode=0o700, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="dump-", dir=archive.parent))
-    try:
-        images, logs = scratch / "images", scratch / "work"
-        images.mkdir(mode=0o700)
-        logs.mkdir(mode=0o700)
-        started = time.monotonic()
-        done = _runc_criu(sandbox.options.runc, criu, "checkpoint", "--file-locks",
-                          "--image-path", str(images), "--work-path", str(logs),
-                          sandbox.container_id)
-        if done.returncode != 0:
-            raise CheckpointUnavailable(_explain(logs / "dump.log", done.stderr))
-        raw = sum(f.stat().st_size for f in images.rglob("*") if f.is_file())
-        partial = archive.with_suffix(".partial")
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.close(fd)
-        packed = subprocess.run(
-            ["tar", "-C", str(images), "-I", "zstd -1 -T0 -q", "-cf", str(partial), "."],
-            stdin=subprocess.DEVNULL, capture_output=True, timeout=300, check=False,
+    extra = ("--leave-running",) if leave_running else ()
+    done = _runc_criu(sandbox.options.runc, criu, "checkpoint", *extra, "--file-locks",
+                      "--image-path", str(images), "--work-path", str(logs),
+                      sandbox.container_id)
+    if done.returncode != 0:
+        raise CheckpointUnavailable(_explain(logs / "dump.log", done.stderr))
+    return sum(f.stat().st_size for f in images.rglob("*") if f.is_file())
+
+
+def pack(images: Path, archive: Path) -> int:
+    """Compress ``images`` into ``archive`` (zstd tar, mode 0600, replaced atomically)."""
+    partial = archive.with_suffix(".partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.close(fd)
+    packed = subprocess.run(
+        ["tar", "-C", str(images), "-I", "zstd -1 -T0 -q", "-cf", str(partial), "."],
+        stdin=subprocess.DEVNULL, capture_output=True, timeout=300, check=False,
+    )
+    if packed.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise SessionFailed("could not compress the checkpoint: "
+                            + packed.stderr[-2000:].decode(errors="replace"))
+    os.chmod(partial, 0o600)
+    os.replace(partial, archive)
+    return archive.stat().st_size
+
+
+def unpack(archive: Path, images: Path) -> None:
+    """Unpack ``archive`` into ``images``; SessionFailed if it is missing or corrupted."""
+    if not archive.is_file():
+        raise SessionFailed(f"the checkpoint {archive} is missing")
+    unpacked = subprocess.run(
+        ["tar", "-C", str(images), "-I", "zstd -q", "-xf", str(archive)],
+        stdin=subprocess.DEVNULL, capture_output=True, timeout=300, check=False,
+    )
+    if unpacked.returncode != 0:
+        raise SessionFailed("the checkpoint is corrupted: "
+                            + unpacked.stderr[-2000:].decode(errors="replace").strip())
+    if not (images / "inventory.img").is_file():
+        raise SessionFailed("the checkpoint is corrupted: it holds no CRIU inventory")
+
+
+def restore(sandbox: ContainerSandbox, criu: Criu, images: Path, logs: Path) -> float:
+    """``runc restore`` the sandbox's bundle from ``images`` and publish its X socket.
+
+    The sandbox may be another one than the dumped one (a fork): its bundle names its own
+    socket directory, cgroup and limits; the X server inside keeps its display number
+    (``sandbox.inner_display``). SessionFailed, naming CRIU's error, if it cannot; nothing
+    of the sandbox then runs.
+    """
+    reason = criu.missing()
+    if reason is not None:
+        raise SessionFailed(reason)
+    (sandbox.bundle / CRIU_CONFIG).write_text(CRIU_OPTIONS)
+    started = time.monotonic()
+    pid_file = sandbox.bundle / "init.pid"
+    pid_file.unlink(missing_ok=True)
+    done = _runc_criu(sandbox.options.runc, criu, "restore", "--detach", "--file-locks",
+                      "--image-path", str(images), "--work-path", str(logs),
+                      "--bundle", str(sandbox.bundle), "--pid-file", str(pid_file),
+                      sandbox.container_id)
+    if done.returncode != 0:
+        raise SessionFailed(
+            _explain(logs / "restore.log", done.stderr).replace("checkpoint", "restore")
         )
-        if packed.returncode != 0:
-            raise SessionFailed("could not compress the checkpoint: "
-                                + packed.stderr[-2000:].decode(errors="replace"))
-        os.chmod(partial, 0o600)
-        os.replace(partial, archive)
-        return DumpStats(time.monotonic() - started, raw, archive.stat().st_size)
+    sandbox.adopt_init(int(pid_file.read_text()))
+    bring_up_loopback(int(pid_file.read_text()))
+    assert sandbox.display is not None
+    sandbox.display.publish(sandbox.socket_dir / f"X{sandbox.inner_display}")
+    return time.monotonic() - started
+
+
+# -- hibernate: dump + pack; resume: unpack + restore --------------------------------------
+
+
+def hibernate_sandbox(sandbox: ContainerSandbox, criu: Criu) -> DumpStats:
+    """Checkpoint the sandbox (its processes end) into its archive (:func:`archive_path`).
+
+    On failure the sandbox runs on (CRIU resumes it) and CheckpointUnavailable says why.
+    """
+    archive = archive_path(sandbox)
+    scratch, images, logs = _scratch(archive.parent, "dump-")
+    try:
+        started = time.monotonic()
+        raw = dump(sandbox, criu, images, logs, leave_running=False)
+        compressed = pack(images, archive)
+        return DumpStats(time.monotonic() - started, raw, compressed)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
 def restore_sandbox(sandbox: ContainerSandbox, criu: Criu) -> float:
-    """``runc restore`` the sandbox from its archive and publish its X socket again.
+    """Restore a hibernated sandbox from its archive, which is removed once it runs.
 
-    The archive is removed once the sandbox runs. SessionFailed (naming CRIU's error) if it
-    cannot; the archive then stays, and the sandbox is not running.
+    SessionFailed (naming the cause) if it cannot; the archive then stays.
     """
     archive = archive_path(sandbox)
     if not archive.is_file():
         raise SessionFailed(f"the checkpoint of {sandbox.container_id} is missing ({archive})")
-    reason = criu.missing()
-    if reason is not None:
-        raise SessionFailed(reason)
-    scratch = Path(tempfile.mkdtemp(prefix="restore-", dir=archive.parent))
+    scratch, images, logs = _scratch(archive.parent, "restore-")
     try:
-        images, logs = scratch / "images", scratch / "work"
-        images.mkdir(mode=0o700)
-        logs.mkdir(mode=0o700)
         started = time.monotonic()
-        unpacked = subprocess.run(
-            ["tar", "-C", str(images), "-I", "zstd -q", "-xf", str(archive)],
-            stdin=subprocess.DEVNULL, capture_output=True, timeout=300, check=False,
-        )
-        if unpacked.returncode != 0:
-            raise SessionFailed("the checkpoint is corrupted: "
-                                + unpacked.stderr[-2000:].decode(errors="replace").strip())
-        pid_file = sandbox.bundle / "init.pid"
-        pid_file.unlink(missing_ok=True)
-        done = _runc_criu(sandbox.options.runc, criu, "restore", "--detach", "--file-locks",
-                          "--image-path", str(images), "--work-path", str(logs),
-                          "--bundle", str(sandbox.bundle), "--pid-file", str(pid_file),
-                          sandbox.container_id)
-        if done.returncode != 0:
-            raise SessionFailed(
-                _explain(logs / "restore.log", done.stderr).replace("checkpoint", "restore")
-            )
-        sandbox.adopt_init(int(pid_file.read_text()))
-        assert sandbox.display is not None
-        sandbox.display.publish(sandbox.socket_dir / f"X{sandbox.display.number}")
+        unpack(archive, images)
+        restore(sandbox, criu, images, logs)
         archive.unlink()
         return time.monotonic() - started
     finally:

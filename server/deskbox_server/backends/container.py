@@ -23,7 +23,6 @@ runc exits after starting a sandbox, its init is reparented to us, and ``destroy
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import json
@@ -32,12 +31,10 @@ import re
 import resource
 import select
 import shutil
-import threading
 import time
-from collections.abc import AsyncIterable, Callable, Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 from Xlib import X
@@ -46,15 +43,10 @@ from Xlib.error import DisplayConnectionError
 from Xlib.ext import damage, xfixes
 
 from ..driver.commands import DesktopSpec, browser_argv, wm_argv, xserver_argv
-from ..driver.desktop import Desktop
-from ..driver.processes import become_subreaper
-from ..driver.worker import DesktopWorker
 from ..driver.xwait import top_level_clients, wait_for, window_viewable, wm_running
 from ..errors import Conflict, DesktopFailed, InvalidRequest, SessionFailed, Timeout
-from . import freezer, sandbox_files
-from .base import Backend, DesktopHandle, SessionSpec
-from .checkpoint import Criu, hibernate_sandbox, restore_sandbox
-from .devtools import DEVTOOLS_PORT, BrowserUnavailable, DevtoolsSocket, connect_in_netns
+from . import freezer
+from .devtools import DEVTOOLS_PORT
 from .displays import (
     DisplayReservation,
     mount_tmpfs,
@@ -66,21 +58,14 @@ from .network import (
     NETNS_DIR,
     Egress,
     SessionNetwork,
-    check_allow,
     hosts_file,
     namespaces,
     resolv_conf,
-    resolve_egress,
 )
-from .oci import CPU_PERIOD_US, Limits, SandboxConfig, write_bundle
+from .oci import CPU_PERIOD_US, Limits, SandboxConfig, SandboxTemplate, write_bundle, write_config
 from .runc import Runc
-from .sandbox_exec import SandboxExec
-from .sandbox_io import ExecCommand, ExecResult, FileDownload
-from .vnc_server import SandboxVnc, VncServer
 
 __all__ = [
-    "ContainerBackend",
-    "ContainerHandle",
     "ContainerOptions",
     "ContainerSandbox",
     "remove_orphans",
@@ -95,6 +80,8 @@ _DISPLAYFD = 3  # the launcher hands the X server a pipe on this descriptor
 # top rows; a mapped but unpainted window is one flat colour.
 _SHARED_DIR_OPTIONS = "size=256k,nr_inodes=64,mode=0700"
 _TOOLBAR_ROWS = 90
+# In the session directory: the X server's display number inside, where not the host's.
+_INNER_DISPLAY = "inner-display"
 _TOOLBAR_COLOURS = 16
 
 
@@ -146,7 +133,9 @@ class ContainerSandbox:
         browser: bool = True,
         timeout_s: float = 30.0,
         network: Egress | None = None,
+        boost: bool = True,
     ) -> ContainerSandbox:
+        """``boost``: start at the host's full CPU, then apply ``limits.cpus``."""
         sandbox = cls(options, session_id)
         sandbox.session_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
@@ -155,7 +144,8 @@ class ContainerSandbox:
             raise Conflict(f"a sandbox for session {session_id} exists already") from None
         try:
             sandbox._start(
-                spec or DesktopSpec(), limits or Limits(), browser, timeout_s, network or Egress()
+                spec or DesktopSpec(), limits or Limits(), browser, timeout_s,
+                network or Egress(), boost,
             )
         except BaseException:
             sandbox.destroy()
@@ -183,6 +173,113 @@ class ContainerSandbox:
             sandbox.network = SessionNetwork.find(sandbox.container_id, sandbox.session_dir)
         return sandbox
 
+    def _prepare_host_side(self) -> None:
+        """The shared tmpfs, the socket directory and a display number of the host."""
+        self.shared_dir.mkdir(mode=0o700)
+        mount_tmpfs(self.shared_dir, _SHARED_DIR_OPTIONS)
+        self.socket_dir.mkdir()
+        self.socket_dir.chmod(0o1777)  # what X servers expect of /tmp/.X11-unix
+        self.display = DisplayReservation.allocate(
+            self.display_dir, *self.options.displays
+        )
+
+    @property
+    def inner_display(self) -> int:
+        """The display number the X server uses inside the sandbox.
+
+        The host's number (``display.number``) unless the sandbox was restored from another
+        one's checkpoint (a fork): its X server kept the number it had there.
+        """
+        try:
+            return int((self.session_dir / _INNER_DISPLAY).read_text())
+        except FileNotFoundError:
+            assert self.display is not None, "the sandbox has no display yet"
+            return self.display.number
+
+    @classmethod
+    def restore_copy(
+        cls,
+        options: ContainerOptions,
+        session_id: str,
+        template: SandboxTemplate,
+        restore: Callable[[ContainerSandbox], object],
+        limits: Limits | None = None,
+        timeout_s: float = 30.0,
+    ) -> ContainerSandbox:
+        """A new sandbox running a copy of another one's checkpointed processes.
+
+        Its bundle is the dumped sandbox's config (``template``) with this sandbox's own
+        socket directory, cgroup and ``limits``; ``restore`` runs CRIU on it
+        (sandbox_snapshot.py). Returns once its X server answers; destroyed on failure.
+        """
+        sandbox = cls(options, session_id)
+        sandbox.session_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            sandbox.session_dir.mkdir(mode=0o700)
+        except FileExistsError:
+            raise Conflict(f"a sandbox for session {session_id} exists already") from None
+        try:
+            started = time.monotonic()
+            sandbox._prepare_host_side()
+            (sandbox.session_dir / _INNER_DISPLAY).write_text(f"{template.inner_display}\n")
+            write_config(
+                sandbox.bundle,
+                template.for_copy(sandbox.socket_dir, f"/{sandbox.container_id}",
+                                  limits or Limits()),
+            )
+            restore(sandbox)
+            sandbox.timings["restore"] = time.monotonic() - started
+            x = sandbox._connect(started + timeout_s)
+            try:
+                assert sandbox.init_pid is not None
+                if not peer_in_namespace(x.display.socket, sandbox.init_pid):
+                    raise DesktopFailed("the X socket does not lead to the session's X server")
+            finally:
+                x.close()
+        except BaseException:
+            sandbox.destroy()
+            raise
+        return sandbox
+
+    def pin_inner_display(self) -> None:
+        """Record the inner display number in the session directory, so that a server that
+        restarts while the sandbox is checkpointed can restore it on any host number."""
+        path = self.session_dir / _INNER_DISPLAY
+        if not path.exists():
+            path.write_text(f"{self.inner_display}\n")
+
+    def release_host_side(self) -> None:
+        """Give back the display number and the shared tmpfs of a checkpointed sandbox
+        (server shutdown); :meth:`adopt_checkpointed` makes them again."""
+        if self.display is not None:
+            self.display.release()
+            self.display = None
+        unmount(self.shared_dir)
+        shutil.rmtree(self.shared_dir, ignore_errors=True)
+
+    @classmethod
+    def adopt_checkpointed(cls, options: ContainerOptions, session_id: str) -> ContainerSandbox:
+        """Take over a hibernated sandbox a previous server left (checkpoint.py restores it).
+
+        Its host side is made again where it is gone (the host rebooted meanwhile).
+        """
+        sandbox = cls(options, session_id)
+        if not (sandbox.session_dir / _INNER_DISPLAY).is_file():
+            raise SessionFailed(f"the sandbox {sandbox.container_id} was not checkpointed")
+        state = options.runc.state(sandbox.container_id)
+        if state is not None and state.status != "stopped":
+            raise SessionFailed(f"the sandbox {sandbox.container_id} runs: it is no checkpoint")
+        if state is not None:
+            options.runc.delete(sandbox.container_id)
+        display = DisplayReservation.find(sandbox.display_dir)
+        if display is None:
+            sandbox.release_host_side()
+            sandbox._prepare_host_side()
+        else:
+            display.take_over()
+            sandbox.display = display
+        return sandbox
+
     def _start_network(self, egress: Egress) -> tuple[Path | None, tuple[tuple[str, Path], ...]]:
         """The namespace to join and the files to show, for egress all/allowlist."""
         if egress.mode == "none":
@@ -198,17 +295,13 @@ class ContainerSandbox:
         return self.network.path, files
 
     def _start(
-        self, spec: DesktopSpec, limits: Limits, browser: bool, timeout_s: float, egress: Egress
+        self, spec: DesktopSpec, limits: Limits, browser: bool, timeout_s: float, egress: Egress,
+        boost: bool,
     ) -> None:
         started = time.monotonic()
         deadline = started + timeout_s
-        self.shared_dir.mkdir(mode=0o700)
-        mount_tmpfs(self.shared_dir, _SHARED_DIR_OPTIONS)
-        self.socket_dir.mkdir()
-        self.socket_dir.chmod(0o1777)  # what X servers expect of /tmp/.X11-unix
-        self.display = DisplayReservation.allocate(
-            self.display_dir, *self.options.displays
-        )
+        self._prepare_host_side()
+        assert self.display is not None
         number = self.display.number
         netns, files = self._start_network(egress)
         env = {
@@ -220,7 +313,7 @@ class ContainerSandbox:
         }
         # Start-up runs at the host's full CPU: under a 1-CPU quota Chromium alone takes
         # ~0.5 s longer to show its window. The session's own quota applies once it is ready.
-        host_cpus = float(os.cpu_count() or 1)
+        host_cpus = float(os.cpu_count() or 1) if boost else limits.cpus
         startup_limits = dataclasses.replace(limits, cpus=max(limits.cpus, host_cpus))
         config = SandboxConfig(
             rootfs=self.options.rootfs.resolve(), socket_dir=self.socket_dir, args=(LAUNCHER,),
@@ -415,195 +508,3 @@ def remove_orphans(options: ContainerOptions, keep: Collection[str] = ()) -> lis
             sandbox.display.release(any_owner=True)
         removed.append(session_id)
     return removed
-
-
-# -- the backend interface ----------------------------------------------------------------
-
-
-class ContainerHandle(DesktopHandle):
-    def __init__(self, worker: DesktopWorker, sandbox: ContainerSandbox, desktop: Desktop) -> None:
-        self.worker = worker
-        self.sandbox = sandbox
-        self._desktop = desktop
-
-    @property
-    def desktop(self) -> Desktop:
-        return self._desktop
-
-    def failure(self) -> str | None:
-        return self.sandbox.failure()
-
-    # exec and files: inside the sandbox, through runc exec (sandbox_exec.py, sandbox_files.py)
-
-    def _runner(self) -> SandboxExec:
-        sandbox = self.sandbox
-        if sandbox.init_pid is None:
-            raise DesktopFailed(f"the sandbox {sandbox.container_id} is not running")
-        return SandboxExec(
-            sandbox.options.runc, sandbox.container_id, sandbox.bundle, sandbox.display_name,
-            sandbox.init_pid,
-        )
-
-    async def exec(self, command: ExecCommand) -> ExecResult:
-        return await self._runner().run(command)
-
-    async def read_file(self, path: str, limit: int) -> FileDownload:
-        return await sandbox_files.read_file(self._runner(), path, limit)
-
-    async def write_file(self, path: str, chunks: AsyncIterable[bytes], limit: int) -> int:
-        return await sandbox_files.write_file(self._runner(), path, chunks, limit)
-
-    async def start_vnc(self) -> VncServer:
-        """x11vnc inside the sandbox, on a unix socket in its socket directory."""
-        return await SandboxVnc.start(
-            self._runner(), self.sandbox.socket_dir, self.sandbox.display_dir
-        )
-
-    async def open_devtools(self) -> DevtoolsSocket:
-        """Into the sandbox's own network namespace: the port is reachable nowhere else."""
-        sandbox = self.sandbox
-        pid = sandbox.init_pid
-        if pid is None or sandbox.failure() is not None:
-            raise BrowserUnavailable(f"the sandbox {sandbox.container_id} is not running")
-        return await connect_in_netns(
-            f"/proc/{pid}/ns/net", DEVTOOLS_PORT, alive=lambda: sandbox.failure() is None
-        )
-
-
-class ContainerBackend(Backend):
-    """Sessions in runc sandboxes made from the image ``options.rootfs``.
-
-    ``shared_memory`` selects MIT-SHM capture (a sealed memfd shared with the sandbox's X
-    server, see ``driver/shm.py``; ~4x faster) or plain GetImage.
-    """
-
-    name: ClassVar[str] = "container"
-
-    def __init__(
-        self,
-        options: ContainerOptions,
-        shared_memory: bool = True,
-        image: Callable[[threading.Event], Path] | None = None,
-    ) -> None:
-        """``image``, if given, finds or builds the session image (blocking; it stops when
-        its event is set): :meth:`prepare` runs it and uses its result as ``options.rootfs``.
-        """
-        self.options = options
-        self.shared_memory = shared_memory
-        self._image = image
-
-    async def prepare(self) -> None:
-        # runc exits once a sandbox runs: its init must reparent to us, to be reaped.
-        become_subreaper()
-        if self._image is None:
-            return
-        cancel = threading.Event()
-        try:
-            rootfs = await asyncio.to_thread(self._image, cancel)
-        except asyncio.CancelledError:
-            cancel.set()
-            raise
-        self.options = dataclasses.replace(self.options, rootfs=rootfs)
-
-    async def adopt(self, spec: SessionSpec) -> DesktopHandle:
-        sandbox = await asyncio.to_thread(ContainerSandbox.adopt, self.options, spec.id)
-        worker = DesktopWorker(spec.id)
-        try:
-            desktop = await worker.call(
-                Desktop, sandbox.display_name, sandbox.failure, self.shared_memory
-            )
-        except BaseException:
-            await asyncio.to_thread(self._discard, worker, sandbox)
-            raise
-        return ContainerHandle(worker, sandbox, desktop)
-
-    async def remove_orphans(self, keep: Collection[str]) -> list[str]:
-        return await asyncio.to_thread(remove_orphans, self.options, keep)
-
-    def check(self, spec: SessionSpec) -> None:
-        unsupported = "is not supported yet by the container backend"
-        if spec.from_snapshot is not None:
-            raise InvalidRequest(f"from_snapshot {unsupported}")
-        if spec.record:
-            raise InvalidRequest(f"record {unsupported}")
-        if spec.network is not None:
-            check_allow(spec.network.egress, spec.network.allow)
-
-    async def create(self, spec: SessionSpec, timeout_s: float) -> DesktopHandle:
-        self.check(spec)
-        limits = Limits()
-        if spec.resources is not None:
-            limits = Limits(spec.resources.cpus, spec.resources.memory_mb, spec.resources.pids)
-        started = time.monotonic()
-        egress = Egress()
-        if spec.network is not None and spec.network.egress != "none":
-            # Host names of an allowlist are resolved here, on the host, once.
-            egress = await asyncio.to_thread(
-                resolve_egress, spec.network.egress, spec.network.allow
-            )
-        sandbox = await asyncio.to_thread(
-            ContainerSandbox.start, self.options, spec.id, spec.desktop, limits, True,
-            timeout_s, egress,
-        )
-        worker = DesktopWorker(spec.id)
-        try:
-            desktop = await worker.call(
-                Desktop, sandbox.display_name, sandbox.failure, self.shared_memory
-            )
-        except BaseException:
-            await asyncio.to_thread(self._discard, worker, sandbox)
-            raise
-        sandbox.timings["desktop"] = time.monotonic() - started
-        return ContainerHandle(worker, sandbox, desktop)
-
-    @staticmethod
-    def _discard(worker: DesktopWorker, sandbox: ContainerSandbox) -> None:
-        worker.shutdown()
-        sandbox.destroy()
-
-    async def freeze(self, handle: DesktopHandle) -> None:
-        assert isinstance(handle, ContainerHandle)
-        await asyncio.to_thread(freezer.freeze, handle.sandbox.container_id)
-
-    async def thaw(self, handle: DesktopHandle) -> None:
-        assert isinstance(handle, ContainerHandle)
-        await asyncio.to_thread(freezer.thaw, handle.sandbox.container_id)
-
-    async def hibernate(self, handle: DesktopHandle) -> None:
-        """Checkpoint the sandbox into its session directory; its processes end.
-
-        The driver's X connections lead out of the sandbox, which CRIU cannot dump: they
-        are closed first, and made again if the checkpoint fails (the sandbox runs on).
-        """
-        assert isinstance(handle, ContainerHandle)
-        sandbox = handle.sandbox
-        await handle.worker.call(handle.desktop.close)
-        try:
-            stats = await asyncio.to_thread(hibernate_sandbox, sandbox, Criu())
-        except BaseException:
-            await self._reconnect(handle)
-            raise
-        await asyncio.to_thread(sandbox.release_init)
-        sandbox.timings["hibernate"] = stats.seconds
-
-    async def restore(self, handle: DesktopHandle) -> None:
-        assert isinstance(handle, ContainerHandle)
-        seconds = await asyncio.to_thread(restore_sandbox, handle.sandbox, Criu())
-        handle.sandbox.timings["restore"] = seconds
-        await self._reconnect(handle)
-
-    async def _reconnect(self, handle: ContainerHandle) -> None:
-        sandbox = handle.sandbox
-        handle._desktop = await handle.worker.call(
-            Desktop, sandbox.display_name, sandbox.failure, self.shared_memory
-        )
-
-    async def destroy(self, handle: DesktopHandle) -> None:
-        assert isinstance(handle, ContainerHandle)
-        # Closing the driver talks to the X server: a frozen one would never answer.
-        with contextlib.suppress(SessionFailed):
-            await asyncio.to_thread(freezer.thaw, handle.sandbox.container_id)
-        try:
-            await handle.worker.call(handle.desktop.close)
-        finally:
-            await asyncio.to_thread(self._discard, handle.worker, handle.sandbox)

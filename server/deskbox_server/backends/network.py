@@ -56,6 +56,7 @@ __all__ = [
     "Egress",
     "HostAddresses",
     "SessionNetwork",
+    "bring_up_loopback",
     "check_allow",
     "hosts_file",
     "namespaces",
@@ -257,6 +258,16 @@ def ruleset(egress: Egress, host: HostAddresses) -> str:
         "}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def bring_up_loopback(pid: int) -> None:
+    """Set ``lo`` up in the network namespace of ``pid`` (which gives it 127.0.0.1 and ::1).
+
+    runc restores a sandbox's own network namespace empty (CRIU's ``--empty-ns network``,
+    for runtimes whose network hooks configure it again), so after a restore its loopback is
+    down and the browser's DevTools listener on 127.0.0.1 unreachable.
+    """
+    _run(["nsenter", "--target", str(pid), "--net", "ip", "link", "set", "lo", "up"])
 
 
 def namespaces(prefix: str) -> list[str]:

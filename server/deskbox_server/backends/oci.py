@@ -31,8 +31,10 @@ __all__ = [
     "SOCKET_DIR",
     "Limits",
     "SandboxConfig",
+    "SandboxTemplate",
     "config_json",
     "write_bundle",
+    "write_config",
 ]
 
 SOCKET_DIR = "/tmp/.X11-unix"
@@ -221,9 +223,64 @@ CRIU_CONFIG = "criu.conf"
 
 def write_bundle(bundle_dir: Path, config: SandboxConfig) -> Path:
     """Write ``config.json`` into ``bundle_dir`` (created, mode 0700); returns its path."""
+    return write_config(bundle_dir, runtime_config(config))
+
+
+def write_config(bundle_dir: Path, raw: RuntimeConfig) -> Path:
     bundle_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = bundle_dir / "config.json"
-    raw = runtime_config(config)
     raw["annotations"] = {"org.criu.config": str(bundle_dir.resolve() / CRIU_CONFIG)}
     path.write_text(json.dumps(raw, indent=2))
     return path
+
+
+@dataclass(frozen=True)
+class SandboxTemplate:
+    """What restoring a checkpoint into a new sandbox needs besides CRIU's images.
+
+    CRIU restores the processes into the mounts and namespaces they had, so the copy's
+    config is the dumped sandbox's own; only the host-side paths and the cgroup are the
+    copy's (:meth:`for_copy`). Its X server keeps its display number (``inner_display``).
+    """
+
+    config: RuntimeConfig
+    inner_display: int
+
+    @classmethod
+    def of_bundle(cls, bundle_dir: Path, inner_display: int) -> SandboxTemplate:
+        config: RuntimeConfig = json.loads((bundle_dir / "config.json").read_text())
+        return cls(config, inner_display)
+
+    def to_json(self) -> str:
+        return json.dumps({"config": self.config, "inner_display": self.inner_display})
+
+    @classmethod
+    def from_json(cls, text: str) -> SandboxTemplate:
+        raw = json.loads(text)
+        return cls(raw["config"], int(raw["inner_display"]))
+
+    @property
+    def network_namespace(self) -> str | None:
+        """The host-made network namespace the dumped sandbox joined, if any."""
+        for namespace in self.config["linux"]["namespaces"]:
+            if namespace["type"] == "network":
+                return namespace.get("path")
+        return None
+
+    @property
+    def rootfs(self) -> Path:
+        return Path(str(self.config["root"]["path"]))
+
+    def for_copy(self, socket_dir: Path, cgroups_path: str, limits: Limits) -> RuntimeConfig:
+        config: RuntimeConfig = json.loads(json.dumps(self.config))
+        for mount in config["mounts"]:
+            if mount["destination"] == SOCKET_DIR:
+                mount["source"] = str(socket_dir)
+        config["linux"]["cgroupsPath"] = cgroups_path
+        resources = config["linux"]["resources"]
+        resources["memory"] = {"limit": limits.memory_mb * 1024 * 1024}
+        resources["cpu"] = {"quota": max(1000, int(limits.cpus * CPU_PERIOD_US)),
+                            "period": CPU_PERIOD_US}
+        resources["pids"] = {"limit": limits.pids}
+        config.pop("annotations", None)
+        return config

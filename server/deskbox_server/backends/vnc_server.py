@@ -84,11 +84,28 @@ async def _open(path: Path, check: Callable[[socket.socket], bool] | None = None
 ]:
     loop = asyncio.get_running_loop()
     deadline = time.monotonic() + _CONNECT_TIMEOUT_S
+    # A unix socket's address is at most 107 bytes; a deep state dir makes a longer path.
+    # The directory, opened, gives a short one: /proc/self/fd/<fd>/<name>.
+    try:
+        directory = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise SessionFailed(f"the VNC server's socket directory {path.parent} is gone") from None
+    try:
+        return await _connect_loop(loop, f"/proc/self/fd/{directory}/{path.name}", deadline,
+                                   check)
+    finally:
+        os.close(directory)
+
+
+async def _connect_loop(
+    loop: asyncio.AbstractEventLoop, address: str, deadline: float,
+    check: Callable[[socket.socket], bool] | None,
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         sock.setblocking(False)
         try:
-            await loop.sock_connect(sock, str(path))
+            await loop.sock_connect(sock, address)
         except (ConnectionRefusedError, FileNotFoundError) as error:
             sock.close()
             # The socket file appears at bind(); listen() follows a moment later.

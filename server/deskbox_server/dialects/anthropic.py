@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..driver.images import EncodedImage
 from ..schemas import actions as a
 from ..schemas.results import Point
+from ..schemas.scalars import IntOnly, NumberOnly
 from .plan import Plan, build, check_keys
 
 __all__ = [
@@ -91,7 +92,7 @@ class MouseButtonInput(_Input):
 class ScrollInput(_Input):
     action: Literal["scroll"]
     scroll_direction: Literal["up", "down", "left", "right"]
-    scroll_amount: Annotated[int, Field(ge=0, le=MAX_NOTCHES)]
+    scroll_amount: Annotated[int, Field(ge=0, le=MAX_NOTCHES), IntOnly]
     coordinate: Coordinate | None = None
     text: Annotated[str | None, Field(max_length=200, description="modifier keys to hold")] = (
         None
@@ -111,12 +112,12 @@ class KeyInput(_Input):
 class HoldKeyInput(_Input):
     action: Literal["hold_key"]
     text: Annotated[str, Field(min_length=1, max_length=200)]
-    duration: Annotated[float, Field(ge=0, le=a.MAX_HOLD_S)]
+    duration: Annotated[float, Field(ge=0, le=a.MAX_HOLD_S), NumberOnly]
 
 
 class WaitInput(_Input):
     action: Literal["wait"]
-    duration: Annotated[float, Field(ge=0, le=a.MAX_WAIT_MS / 1000)] = 1.0
+    duration: Annotated[float, Field(ge=0, le=a.MAX_WAIT_MS / 1000), NumberOnly] = 1.0
 
 
 class CursorPositionInput(_Input):

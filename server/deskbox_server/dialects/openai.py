@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..driver.images import EncodedImage
 from ..errors import InvalidRequest
 from ..schemas import actions as a
+from ..schemas.scalars import IntOnly
 from .plan import Plan, build, check_keys
 
 __all__ = [
@@ -60,7 +61,7 @@ _BUTTONS: dict[str, a.MouseButton] = {
 
 KeyName = Annotated[str, Field(min_length=1, max_length=40)]
 Keys = Annotated[list[KeyName] | None, Field(max_length=8)]
-ScrollPx = Annotated[int, Field(ge=-MAX_SCROLL_PX, le=MAX_SCROLL_PX)]
+ScrollPx = Annotated[int, Field(ge=-MAX_SCROLL_PX, le=MAX_SCROLL_PX), IntOnly]
 
 
 class _Action(BaseModel):

@@ -7,14 +7,17 @@ without limit.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+
+from .scalars import Bool, IntOnly, NumberOnly
 
 __all__ = [
     "MAX_DRAG_POINTS",
     "MAX_CLIPBOARD_CHARS",
     "MAX_HOLD_S",
+    "MAX_PIXELS",
     "MAX_TYPE_CHARS",
     "MAX_WAIT_MS",
     "Action",
@@ -47,11 +50,15 @@ MAX_WAIT_MS = 60_000
 MAX_HOLD_S = 30.0
 MAX_DRAG_POINTS = 10_000
 MAX_SIDE = 16_384
+# No image larger than the largest display (schemas/sessions.py): a 16384x16384 scale would
+# make the server allocate gigabytes for one screenshot.
+MAX_PIXELS = 7680 * 4320
 
 MouseButton = Literal["left", "right", "middle", "back", "forward"]
 ImageFormat = Literal["png", "jpeg", "webp"]
-Coordinate = Annotated[int, Field(ge=0, le=MAX_SIDE)]
-Side = Annotated[int, Field(ge=1, le=MAX_SIDE)]
+Coordinate = Annotated[int, Field(ge=0, le=MAX_SIDE), IntOnly]
+Side = Annotated[int, Field(ge=1, le=MAX_SIDE), IntOnly]
+Quality = Annotated[int, Field(ge=1, le=100), IntOnly]
 
 
 class _Strict(BaseModel):
@@ -65,25 +72,35 @@ class Region(_Strict):
     height: Side
 
 
-class ScaleTo(_Strict):
+class _ImageSize(_Strict):
     width: Side
     height: Side
 
+    @model_validator(mode="after")
+    def _area(self) -> Self:
+        if self.width * self.height > MAX_PIXELS:
+            raise ValueError(
+                f"{self.width}x{self.height} is more than {MAX_PIXELS} pixels (7680x4320)"
+            )
+        return self
 
-class CoordinateSpace(_Strict):
-    """The W×H space a model sees; coordinates and screenshots are mapped to and from it."""
 
-    width: Side
-    height: Side
+class ScaleTo(_ImageSize):
+    """The size of the image out (at most 7680x4320 pixels in all)."""
+
+
+class CoordinateSpace(_ImageSize):
+    """The W×H space a model sees; coordinates and screenshots are mapped to and from it
+    (at most 7680x4320 pixels in all: screenshots come out at this size)."""
 
 
 class Screenshot(_Strict):
     type: Literal["screenshot"] = "screenshot"
     format: ImageFormat = "jpeg"
-    quality: Annotated[int, Field(ge=1, le=100)] = 75
+    quality: Quality = 75
     region: Region | None = None
     scale: ScaleTo | None = None
-    cursor: bool = False
+    cursor: Bool = False
 
 
 class Click(_Strict):
@@ -91,7 +108,7 @@ class Click(_Strict):
     x: Coordinate | None = None
     y: Coordinate | None = None
     button: MouseButton = "left"
-    count: Annotated[int, Field(ge=1, le=3)] = 1
+    count: Annotated[int, Field(ge=1, le=3), IntOnly] = 1
     modifiers: Annotated[list[str], Field(max_length=8)] = []
 
 
@@ -127,8 +144,8 @@ class Scroll(_Strict):
     type: Literal["scroll"] = "scroll"
     x: Coordinate | None = None
     y: Coordinate | None = None
-    dx: Annotated[int, Field(ge=-1000, le=1000)] = 0
-    dy: Annotated[int, Field(ge=-1000, le=1000)] = 0
+    dx: Annotated[int, Field(ge=-1000, le=1000), IntOnly] = 0
+    dy: Annotated[int, Field(ge=-1000, le=1000), IntOnly] = 0
     modifiers: Annotated[list[str], Field(max_length=8)] = []
 
 
@@ -145,12 +162,12 @@ class Key(_Strict):
 class HoldKey(_Strict):
     type: Literal["hold_key"] = "hold_key"
     keys: Annotated[str, Field(min_length=1, max_length=200)]
-    duration_s: Annotated[float, Field(ge=0, le=MAX_HOLD_S)]
+    duration_s: Annotated[float, Field(ge=0, le=MAX_HOLD_S), NumberOnly]
 
 
 class Wait(_Strict):
     type: Literal["wait"] = "wait"
-    ms: Annotated[int, Field(ge=0, le=MAX_WAIT_MS)]
+    ms: Annotated[int, Field(ge=0, le=MAX_WAIT_MS), IntOnly]
 
 
 class CursorPosition(_Strict):
@@ -168,7 +185,7 @@ class Zoom(_Strict):
     region: Region
     scale: ScaleTo | None = None
     format: ImageFormat = "png"
-    quality: Annotated[int, Field(ge=1, le=100)] = 75
+    quality: Quality = 75
 
 
 class ClipboardGet(_Strict):

@@ -6,8 +6,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .actions import Action, CoordinateSpace, Screenshot
+from .actions import MAX_WAIT_MS, Action, CoordinateSpace, HoldKey, Screenshot, Wait
 from .results import ClipboardText, Point, Size
+from .scalars import IntOnly
 
 __all__ = [
     "MAX_BATCH",
@@ -36,6 +37,20 @@ class ActionsRequest(BaseModel):
     actions: Annotated[list[Action], Field(min_length=1, max_length=MAX_BATCH)]
     screenshot: Screenshot | None = None
     coordinate_space: CoordinateSpace | None = None
+
+    @model_validator(mode="after")
+    def _bounded_waits(self) -> ActionsRequest:
+        # Each wait and hold is capped; so is their sum, or 1,000 of them would hold the
+        # session's worker (and every later action) for hours.
+        waited_ms = sum(
+            action.ms if isinstance(action, Wait) else action.duration_s * 1000
+            for action in self.actions if isinstance(action, Wait | HoldKey)
+        )
+        if waited_ms > MAX_WAIT_MS:
+            raise ValueError(
+                f"the waits and holds of a batch may add up to {MAX_WAIT_MS // 1000} s at most"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -73,7 +88,7 @@ class WsRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    id: int | Annotated[str, Field(max_length=128)]
+    id: Annotated[int, IntOnly] | Annotated[str, Field(max_length=128)]
     action: Action
     screenshot: Screenshot | None = None
     coordinate_space: CoordinateSpace | None = None

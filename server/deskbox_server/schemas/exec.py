@@ -4,18 +4,36 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from .scalars import Bool, NumberOnly
 
 __all__ = ["ExecRequest", "ExecResponse", "FileWritten", "MAX_ARGV_BYTES", "MAX_ENV_BYTES"]
 
 MAX_ARGV_BYTES = 128 * 1024  # the whole command line (Linux allows a few MiB; agents need less)
 MAX_ENV_BYTES = 64 * 1024
 MAX_ENV_ENTRIES = 128
-_NO_NUL = r"^[^\x00]*$"
 
-Arg = Annotated[str, Field(max_length=MAX_ARGV_BYTES, pattern=_NO_NUL)]
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("a NUL character cannot be passed to a program")
+    return value
+
+
+# Documented as `not: {pattern: NUL}` rather than `pattern: ^[^\x00]*$`: the same strings,
+# but generators (tests/fuzz/) make long strings for it fifty times faster.
+_NO_NUL = (AfterValidator(_no_nul), Field(json_schema_extra={"not": {"pattern": "\\x00"}}))
+Arg = Annotated[str, Field(max_length=MAX_ARGV_BYTES), *_NO_NUL]
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")]
-EnvValue = Annotated[str, Field(max_length=MAX_ENV_BYTES, pattern=_NO_NUL)]
+EnvValue = Annotated[str, Field(max_length=MAX_ENV_BYTES), *_NO_NUL]
 
 
 class ExecRequest(BaseModel):
@@ -24,9 +42,9 @@ class ExecRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     cmd: Annotated[list[Arg], Field(min_length=1, max_length=4096)]
-    timeout_s: Annotated[float, Field(gt=0)] = 30.0
+    timeout_s: Annotated[float, Field(gt=0), NumberOnly] = 30.0
     env: Annotated[dict[EnvName, EnvValue], Field(max_length=MAX_ENV_ENTRIES)] = {}
-    background: bool = False
+    background: Bool = False
 
     @field_validator("cmd")
     @classmethod

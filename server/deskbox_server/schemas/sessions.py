@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .actions import CoordinateSpace
+from .scalars import Bool, IntOnly, NumberOnly
 
 __all__ = [
     "MAX_START_URL",
@@ -49,9 +50,9 @@ class _Body(BaseModel):
 
 
 class Display(_Body):
-    width: Annotated[int, Field(ge=64, le=7680)] = 1280
-    height: Annotated[int, Field(ge=64, le=4320)] = 800
-    dpi: Annotated[int, Field(ge=24, le=600)] = 96
+    width: Annotated[int, Field(ge=64, le=7680), IntOnly] = 1280
+    height: Annotated[int, Field(ge=64, le=4320), IntOnly] = 800
+    dpi: Annotated[int, Field(ge=24, le=600), IntOnly] = 96
 
 
 class Browser(_Body):
@@ -66,9 +67,9 @@ class Browser(_Body):
 
 
 class Resources(_Body):
-    cpus: Annotated[float, Field(gt=0, le=64)] = 1.0
-    memory_mb: Annotated[int, Field(ge=256, le=262_144)] = 2048
-    pids: Annotated[int, Field(ge=64, le=65_536)] = 1024
+    cpus: Annotated[float, Field(gt=0, le=64), NumberOnly] = 1.0
+    memory_mb: Annotated[int, Field(ge=256, le=262_144), IntOnly] = 2048
+    pids: Annotated[int, Field(ge=64, le=65_536), IntOnly] = 1024
 
 
 def is_host_name_or_ip(entry: str) -> bool:
@@ -109,12 +110,12 @@ class SessionCreate(_Body):
     browser: Browser = Browser()
     backend: Annotated[str, Field(min_length=1, max_length=32)] | None = None
     from_snapshot: Annotated[str, Field(min_length=1, max_length=128)] | None = None
-    timeout_s: Annotated[int, Field(ge=1)] | None = None
+    timeout_s: Annotated[int, Field(ge=1), IntOnly] | None = None
     labels: Annotated[dict[Label, Annotated[str, Field(max_length=256)]],
                       Field(max_length=64)] = {}
     resources: Resources | None = None
     network: Network | None = None
-    record: bool = False
+    record: Bool = False
     coordinate_space: CoordinateSpace | None = None
 
 

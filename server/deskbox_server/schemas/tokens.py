@@ -7,6 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .scalars import IntOnly
+
 __all__ = ["TokenCreate", "TokenIssued"]
 
 MAX_TTL_S = 7 * 24 * 3600
@@ -16,7 +18,7 @@ class TokenCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     scope: Literal["view", "control", "cdp"]
-    ttl_s: Annotated[int, Field(ge=1, le=MAX_TTL_S)] = 600
+    ttl_s: Annotated[int, Field(ge=1, le=MAX_TTL_S), IntOnly] = 600
 
 
 class TokenIssued(BaseModel):

@@ -11,12 +11,10 @@ import asyncio
 import fcntl
 import logging
 import os
-import secrets
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -35,14 +33,18 @@ from ..errors import (
 )
 from ..metrics import Metrics
 from ..schemas import actions as a
-from ..schemas.pause import PauseMode
 from ..schemas.sessions import Failure, SessionCreate, SessionState
 from ..settings import Settings
 from .browser_watch import BrowserWatch
 from .events import EventLog
 from .lifecycle import LIVE_STATES, SessionRecord, utcnow
-from .pause import DRAIN_TIMEOUT_S, LastFrame, drain, frozen_image
+from .links import SessionLinks
+from .live import LiveSession, not_live
+from .pause import FrameStore
+from .pool import PoolKey, WarmPool, new_session_id
 from .registry import Registry
+from .snapshots import SnapshotStore
+from .state_changes import StateChanges
 
 __all__ = ["LiveSession", "SessionManager"]
 
@@ -51,20 +53,7 @@ _RECENT = 1024
 S = SessionState
 
 
-@dataclass
-class LiveSession:
-    record: SessionRecord
-    handle: DesktopHandle | None = None
-    start_task: asyncio.Task[None] | None = None
-    stop_task: asyncio.Task[None] | None = None
-    # Actions in flight: the reaper never expires a session that is busy.
-    busy: int = 0
-    # Pause and resume, one at a time; the screen when it was paused (pause.py).
-    changing: asyncio.Lock = field(default_factory=asyncio.Lock)
-    last_frame: LastFrame | None = None
-
-
-class SessionManager:
+class SessionManager(StateChanges):
     def __init__(
         self,
         settings: Settings,
@@ -85,6 +74,15 @@ class SessionManager:
         # GET /v1/sessions/{id}/events: state changes, browser exits and restarts.
         self.events = EventLog()
         self._browsers = BrowserWatch(self.events)
+        # VNC viewers and DevTools sockets, closed before a checkpoint (links.py).
+        self.links = SessionLinks()
+        self.snapshots = SnapshotStore(settings.state_dir / "snapshots")
+        self._frames = FrameStore(settings.state_dir / "frames")
+        pool_backend = self._backends.get(settings.default_backend)
+        self.pool = WarmPool(
+            pool_backend, [PoolKey.parse(d) for d in settings.pool_displays],
+            settings.pool_size, settings.start_timeout_s,
+        ) if pool_backend is not None and settings.pool_size else None
 
     # -- server lifetime ------------------------------------------------------------------
 
@@ -107,9 +105,13 @@ class SessionManager:
             self._lock_fd = None
             raise
         self._reaper = asyncio.create_task(self._reap_forever(), name="deskbox-reaper")
+        if self.pool is not None:
+            self.pool.start()
 
     async def _recover(self) -> None:
         await self._registry.open()
+        await asyncio.to_thread(self.snapshots.open)
+        await asyncio.to_thread(self._frames.open)
         for backend in self._backends.values():
             await backend.prepare()
         # This process holds no desktop yet: what the registry calls live was left by a
@@ -138,19 +140,26 @@ class SessionManager:
         backend = self._backends.get(record.backend)
         if backend is None:
             return f"the server restarted without the {record.backend!r} backend"
-        if record.state is not S.running:
+        if record.state not in (S.running, S.hibernated):
             return f"the server restarted while the session was {record.state.value}"
         spec = SessionSpec(id=record.id, desktop=_desktop_spec(record.body))
+        last_frame = None
         try:
-            handle = await backend.adopt(spec)
+            if record.state is S.hibernated:
+                handle = await backend.adopt_hibernated(spec)
+                last_frame = await asyncio.to_thread(self._frames.load, record.id)
+            else:
+                handle = await backend.adopt(spec)
         except DeskboxError as error:
             return f"the server restarted and could not re-adopt it: {error.message}"
         except Exception as error:
             log.exception("re-adopting session %s", record.id)
             return f"the server restarted and could not re-adopt it: {type(error).__name__}"
-        self._live[record.id] = LiveSession(record, handle)
-        self._browsers.start(record.id, handle)
-        log.info("session %s re-adopted (backend %s)", record.id, record.backend)
+        self._live[record.id] = LiveSession(record, handle, last_frame=last_frame)
+        if record.state is S.running:
+            self._browsers.start(record.id, handle)
+        log.info("session %s re-adopted (backend %s, %s)", record.id, record.backend,
+                 record.state.value)
         return None
 
     async def shutdown(self) -> None:
@@ -159,8 +168,12 @@ class SessionManager:
             self._reaper.cancel()
             with suppress(asyncio.CancelledError):
                 await self._reaper
+        if self.pool is not None:
+            await self.pool.close()
+        # Hibernated sessions stay on disk for the next server; the others stop.
         await asyncio.gather(
-            *(self._stop(live, None) for live in list(self._live.values())),
+            *(self._stop(live, None) if live.record.state is not S.hibernated
+              else self._let_go(live) for live in list(self._live.values())),
             return_exceptions=True,
         )
         for backend in self._backends.values():
@@ -170,6 +183,19 @@ class SessionManager:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the state dir's lock
             self._lock_fd = None
+
+    async def _let_go(self, live: LiveSession) -> None:
+        async with live.changing:  # not while a resume restores it
+            if live.record.state is S.hibernated and live.stop_task is None:
+                self._live.pop(live.record.id, None)
+                if live.handle is not None:
+                    try:
+                        await self._backends[live.record.backend].release(live.handle)
+                    except Exception:
+                        log.exception("releasing hibernated session %s", live.record.id)
+                log.info("session %s stays hibernated for the next server", live.record.id)
+                return
+        await self._stop(live, None)
 
     # -- queries --------------------------------------------------------------------------
 
@@ -206,6 +232,41 @@ class SessionManager:
     # -- lifecycle ------------------------------------------------------------------------
 
     async def create(self, owner: str, body: SessionCreate, wait: bool = True) -> SessionRecord:
+        if body.from_snapshot is None:
+            return await self._create(owner, body, wait)
+        snapshot, directory = self.snapshots.acquire(owner, body.from_snapshot)
+        try:
+            if "backend" in body.model_fields_set and body.backend != snapshot.backend:
+                raise InvalidRequest(
+                    f"snapshot {snapshot.id} is of the {snapshot.backend!r} backend"
+                )
+            for name in ("display", "browser"):
+                if name in body.model_fields_set and getattr(body, name) != getattr(
+                    snapshot.body, name
+                ):
+                    raise InvalidRequest(
+                        f"a session made from a snapshot has the snapshot's {name}; leave "
+                        f"{name} out"
+                    )
+            body = body.model_copy(update={
+                "backend": snapshot.backend, "display": snapshot.body.display,
+                "browser": snapshot.body.browser,
+            })
+            record = await self._create(owner, body, wait, directory)
+        except BaseException:
+            self.snapshots.release(snapshot.id)
+            raise
+        # Restoring reads the snapshot: it is kept from deletion until the copy runs.
+        start_task = self._live[record.id].start_task if record.id in self._live else None
+        if start_task is None or start_task.done():
+            self.snapshots.release(snapshot.id)
+        else:
+            start_task.add_done_callback(lambda _: self.snapshots.release(snapshot.id))
+        return record
+
+    async def _create(
+        self, owner: str, body: SessionCreate, wait: bool, snapshot: Path | None = None
+    ) -> SessionRecord:
         backend_name = body.backend or self._settings.default_backend
         backend = self._backends.get(backend_name)
         if backend is None:
@@ -219,13 +280,21 @@ class SessionManager:
             raise InvalidRequest(
                 f"timeout_s may be at most {self._settings.max_timeout_s} on this server"
             )
-        session_id = "ses_" + secrets.token_hex(10)
+        if snapshot is None and self.pool is not None:
+            key = PoolKey.of_body(body, self._settings.default_backend)
+            if key is not None:
+                self._check_capacity(owner)
+                claimed = self.pool.claim(key)
+                if claimed is not None:
+                    return await self._adopt_from_pool(owner, body, backend_name, timeout_s,
+                                                       *claimed)
+        session_id = new_session_id()
         spec = SessionSpec(
             id=session_id,
             desktop=_desktop_spec(body),
             resources=body.resources,
             network=body.network,
-            from_snapshot=body.from_snapshot,
+            from_snapshot=snapshot,
             record=body.record,
         )
         backend.check(spec)
@@ -250,16 +319,39 @@ class SessionManager:
                 raise SessionFailed(f"session {session_id} failed to start: {reason}")
         return record
 
-    def _check_capacity(self, owner: str) -> None:
+    async def _adopt_from_pool(
+        self, owner: str, body: SessionCreate, backend_name: str, timeout_s: int,
+        session_id: str, handle: DesktopHandle,
+    ) -> SessionRecord:
+        """Make a ready pool desktop the caller's session: running at once."""
+        record = SessionRecord(
+            id=session_id, owner=owner, backend=backend_name, body=body, timeout_s=timeout_s
+        )
+        live = LiveSession(record, handle)
+        self._live[session_id] = live
+        record.transition(S.running)
+        record.touch()
+        try:
+            await self._registry.save(record)
+        except BaseException:
+            del self._live[session_id]
+            await self._backends[backend_name].destroy(handle)
+            raise
+        self._publish_state(record)
+        self._browsers.start(record.id, handle)
+        log.info("session %s running (backend %s, from the warm pool)", record.id, backend_name)
+        return record
+
+    def _check_capacity(self, owner: str, count: int = 1) -> None:
         live = list(self._live.values())
         retry = self._settings.retry_after_s
-        if len(live) >= self._settings.max_sessions:
+        if len(live) + count > self._settings.max_sessions:
             raise Capacity(
                 f"the server runs its maximum of {self._settings.max_sessions} sessions",
                 retry,
             )
         mine = sum(1 for s in live if s.record.owner == owner)
-        if mine >= self._settings.max_sessions_per_key:
+        if mine + count > self._settings.max_sessions_per_key:
             raise Capacity(
                 f"this API key has its maximum of {self._settings.max_sessions_per_key} "
                 "live sessions; delete one first",
@@ -302,9 +394,9 @@ class SessionManager:
         live = self._live.get(session_id)
         if live is None or live.record.owner != owner:
             record = await self.get(owner, session_id)
-            raise _not_live(record)
+            raise not_live(record)
         if live.record.state not in (S.running, S.paused):
-            raise _not_live(live.record)
+            raise not_live(live.record)
         live.record.touch()
         await self._registry.save(live.record)
         return live.record
@@ -340,6 +432,8 @@ class SessionManager:
                 await self._registry.save(record)
                 self._publish_state(record)
         finally:
+            with suppress(OSError):
+                await asyncio.to_thread(self._frames.forget, record.id)
             self.events.end(record.id)
             if self._live.pop(record.id, None) is not None:
                 self._ended[record.state] = self._ended.get(record.state, 0) + 1
@@ -348,108 +442,14 @@ class SessionManager:
                     self._recent.popitem(last=False)
         log.info("session %s %s", record.id, record.state.value)
 
-    # -- pause and resume (pause.py) ------------------------------------------------------
-
     def _owned(self, owner: str, session_id: str) -> LiveSession:
         live = self._live.get(session_id)
         if live is None or live.record.owner != owner:
             ended = self._recent.get(session_id)
             if ended is not None and ended.owner == owner:
-                raise _not_live(ended)
+                raise not_live(ended)
             raise NotFound(f"no live session {session_id!r}")
         return live
-
-    async def pause(self, owner: str, session_id: str, mode: PauseMode) -> SessionRecord:
-        """Freeze or hibernate a running session (pause.py); pausing it again changes
-        nothing. Its state changes first, so no new work reaches the desktop; then what is
-        in flight finishes, the last frame is kept, and the sandbox is frozen (or
-        checkpointed: backends/checkpoint.py). On failure it runs on as before."""
-        live = self._owned(owner, session_id)
-        record = live.record
-        target = S.paused if mode == "freeze" else S.hibernated
-        async with live.changing:
-            if record.state is target:
-                return record
-            handle = live.handle
-            if record.state is not S.running or handle is None:
-                raise _not_live(record)
-            backend = self._backends[record.backend]
-            record.transition(target)
-
-            def still_pausing() -> bool:  # a delete may come while pause waits
-                return record.state is target
-
-            try:
-                await drain(lambda: live.busy, record.id, DRAIN_TIMEOUT_S)
-                if still_pausing():
-                    frame = await handle.worker.call(handle.desktop.grab_screen)
-                if not still_pausing():
-                    raise Conflict(f"session {record.id} was {record.state.value} meanwhile")
-                # Its DevTools connection would time out on a frozen browser, and leads out
-                # of the sandbox (CRIU cannot dump it): no watch meanwhile.
-                await self._browsers.stop(record.id)
-                if mode == "freeze":
-                    await backend.freeze(handle)
-                else:
-                    await backend.hibernate(handle)
-            except BaseException:
-                if still_pausing():
-                    record.transition(S.running)
-                    self._browsers.start(record.id, handle)
-                raise
-            live.last_frame = LastFrame(frame, utcnow())
-            record.touch()  # a paused session expires too, timeout_s after its pause
-            await self._registry.save(record)
-            self._publish_state(record)
-        log.info("session %s %s", record.id, record.state.value)
-        return record
-
-    async def resume(self, owner: str, session_id: str) -> SessionRecord:
-        """Thaw a paused session or restore a hibernated one; a running one stays as is."""
-        live = self._owned(owner, session_id)
-        record = live.record
-        async with live.changing:
-            if record.state is S.running:
-                return record
-            handle = live.handle
-            if record.state not in (S.paused, S.hibernated) or handle is None:
-                raise _not_live(record)
-            backend = self._backends[record.backend]
-            if record.state is S.paused:
-                await backend.thaw(handle)
-            else:
-                try:
-                    await backend.restore(handle)
-                except SessionFailed as error:
-                    await self._fail_soon(live, error.message)
-                    raise
-            live.last_frame = None
-            record.transition(S.running)
-            record.touch()
-            await self._registry.save(record)
-            self._publish_state(record)
-            self._browsers.start(record.id, handle)
-        log.info("session %s resumed", record.id)
-        return record
-
-    async def frozen_screenshot(
-        self,
-        owner: str,
-        session_id: str,
-        fmt: Literal["jpeg", "png", "webp"],
-        quality: int,
-        scale: a.ScaleTo | None = None,
-    ) -> EncodedImage | None:
-        """The last frame of a paused or hibernated session, encoded; None otherwise."""
-        live = self._live.get(session_id)
-        frozen = (S.paused, S.hibernated)
-        if live is None or live.record.owner != owner or live.record.state not in frozen:
-            return None
-        last = live.last_frame
-        if last is None:  # still pausing: the screen is not frozen yet
-            raise Conflict(f"session {session_id} is being paused; try again in a moment")
-        view = live.record.body.coordinate_space
-        return await asyncio.to_thread(frozen_image, last, fmt, quality, view, scale)
 
     # -- actions --------------------------------------------------------------------------
 
@@ -458,10 +458,15 @@ class SessionManager:
         if live is None or live.record.owner != owner:
             ended = self._recent.get(session_id)
             if ended is not None and ended.owner == owner:
-                raise _not_live(ended)
+                raise not_live(ended)
             raise NotFound(f"no running session {session_id!r}")
         if live.record.state is not S.running or live.handle is None:
-            raise _not_live(live.record)
+            raise not_live(live.record)
+        if live.checkpointing:
+            raise Conflict(
+                f"session {session_id} is being checkpointed (snapshot or fork); try again "
+                "in a moment"
+            )
         return live, live.handle
 
     async def run(
@@ -549,14 +554,17 @@ class SessionManager:
 
     async def reap(self) -> None:
         """One pass: fail sessions whose desktop died, stop those idle past their timeout."""
+        if self.pool is not None:
+            self.pool.check()
         now = utcnow()
         for live in list(self._live.values()):
             record = live.record
-            if record.state not in (S.running, S.paused) or live.handle is None:
+            if record.state not in (S.running, S.paused, S.hibernated) or live.handle is None:
                 continue
             if live.stop_task or live.changing.locked():
                 continue
-            reason = live.handle.failure()
+            # A hibernated desktop runs no process that could have failed.
+            reason = None if record.state is S.hibernated else live.handle.failure()
             if reason is not None:
                 await self._fail_soon(live, f"the desktop failed: {reason}")
             elif live.busy == 0 and record.expired(now):
@@ -601,14 +609,3 @@ def _failed(record: SessionRecord, reason: str) -> SessionRecord:
     record.failure = Failure(reason=reason, at=utcnow())
     record.expires_at = None
     return record
-
-
-def _not_live(record: SessionRecord) -> DeskboxError:
-    if record.state is S.starting:
-        return Conflict(f"session {record.id} is still starting")
-    if record.state in (S.paused, S.hibernated):
-        return Conflict(f"session {record.id} is {record.state.value}; resume it first")
-    if record.state is S.failed:
-        reason = record.failure.reason if record.failure else "unknown"
-        return SessionFailed(f"session {record.id} has failed: {reason}")
-    return NotFound(f"session {record.id} is {record.state.value}")

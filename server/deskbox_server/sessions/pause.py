@@ -11,17 +11,24 @@ answered from the last frame (:func:`frozen_image`) with ``X-Deskbox-Frozen: tru
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Literal
+
+import numpy as np
 
 from ..driver.images import EncodedImage, Frame, encode
 from ..errors import Conflict
 from ..schemas import actions as a
 
-__all__ = ["DRAIN_TIMEOUT_S", "FROZEN_HEADER", "LastFrame", "drain", "frozen_image"]
+__all__ = [
+    "DRAIN_TIMEOUT_S", "FROZEN_HEADER", "FrameStore", "LastFrame", "drain", "frozen_image",
+]
 
 FROZEN_HEADER = "X-Deskbox-Frozen"
 # How long pause waits for actions and commands in flight before it answers 409.
@@ -64,3 +71,44 @@ def frozen_image(
     if scale is not None:
         width, height = scale.width, scale.height
     return encode(frame.scaled(width, height), fmt, quality)
+
+
+_SESSION_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class FrameStore:
+    """Last frames of hibernated sessions on disk (``<state>/frames/<id>.npy``, mode 0600),
+    so that a server that restarts still answers their screenshots until they resume."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def open(self) -> None:
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    def _path(self, session_id: str) -> Path:
+        if not _SESSION_ID.match(session_id):
+            raise ValueError(f"not a session id: {session_id!r}")
+        return self.root / f"{session_id}.npy"
+
+    def save(self, session_id: str, frame: Frame) -> None:
+        path = self._path(session_id)
+        partial = path.with_suffix(".partial")
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as file:
+            np.save(file, frame.pixels, allow_pickle=False)
+        os.replace(partial, path)
+
+    def load(self, session_id: str) -> LastFrame | None:
+        path = self._path(session_id)
+        try:
+            pixels = np.load(path, allow_pickle=False)
+            at = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+        except (OSError, ValueError):
+            return None
+        if pixels.ndim != 3 or pixels.shape[2] != 4 or pixels.dtype != np.uint8:
+            return None
+        return LastFrame(Frame(pixels), at)
+
+    def forget(self, session_id: str) -> None:
+        self._path(session_id).unlink(missing_ok=True)

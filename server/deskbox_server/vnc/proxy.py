@@ -7,6 +7,11 @@ the host reaches its socket) before the websocket is accepted, then with the vie
 asks the server for a shared session, so viewers never disconnect each other. After
 ClientInit the server's bytes pass through unchanged and the viewer's are framed and
 filtered by :class:`~deskbox_server.vnc.rfb.ClientMessages`.
+
+The server's bytes are always read at once into the viewer's outbox, never left in the VNC
+server's socket: x11vnc writes to its clients one at a time, so a viewer that stops reading
+would otherwise stall every other viewer of the session. A viewer whose outbox grows past
+``max_buffer`` bytes, or that takes nothing for ``send_timeout_s``, is closed (1008).
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from .rfb import SECURITY_NONE, ClientMessages, RfbError, client_version, parse_server_version
 
-__all__ = ["HANDSHAKE_TIMEOUT_S", "ProxyStats", "handshake_server", "run_proxy"]
+__all__ = ["CLOSE_TOO_SLOW", "HANDSHAKE_TIMEOUT_S", "ProxyStats", "handshake_server",
+           "run_proxy"]
 
 log = logging.getLogger("deskbox.vnc")
 
@@ -30,6 +36,8 @@ _CHUNK = 256 * 1024
 _REASON_LIMIT = 1024
 _CLOSE_POLICY = 1008
 _CLOSE_SERVER_GONE = 1011
+CLOSE_TOO_SLOW = _CLOSE_POLICY
+_CLOSE_TIMEOUT_S = 1.0
 
 
 @dataclass
@@ -38,6 +46,35 @@ class ProxyStats:
     to_server: int = 0
     messages: int = 0
     dropped: int = 0
+    too_slow: bool = False  # closed because the viewer fell behind
+
+
+class ViewerTooSlow(Exception):
+    """The viewer took too little of what the VNC server sent (see run_proxy)."""
+
+
+class _Outbox:
+    """Bytes for the viewer, at most ``limit`` of them waiting."""
+
+    def __init__(self, limit: int) -> None:
+        self._chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._limit = limit
+        self.waiting = 0
+
+    def put(self, chunk: bytes) -> None:
+        self.waiting += len(chunk)
+        if self.waiting > self._limit:
+            raise ViewerTooSlow(f"the viewer is more than {self._limit} bytes behind")
+        self._chunks.put_nowait(chunk)
+
+    def end(self) -> None:
+        self._chunks.put_nowait(None)
+
+    async def get(self) -> bytes | None:
+        chunk = await self._chunks.get()
+        if chunk is not None:
+            self.waiting -= len(chunk)
+        return chunk
 
 
 async def _exactly(reader: asyncio.StreamReader, size: int) -> bytes:
@@ -123,12 +160,15 @@ async def run_proxy(
     writer: asyncio.StreamWriter,
     allow_input: bool,
     max_cut_text: int = 1 << 20,
+    max_buffer: int = 32 << 20,
+    send_timeout_s: float = 30.0,
 ) -> ProxyStats:
     """Serve one accepted websocket until either side closes; closes both."""
     stats = ProxyStats()
     viewer = _ViewerStream(websocket)
     messages = ClientMessages(allow_input=allow_input, max_cut_text=max_cut_text)
-    close_code = 1000
+    outbox = _Outbox(max_buffer)
+    close_code, reason = 1000, ""
 
     async def upstream() -> None:
         while True:
@@ -141,28 +181,47 @@ async def run_proxy(
     async def downstream() -> None:
         while chunk := await reader.read(_CHUNK):
             stats.to_viewer += len(chunk)
-            await websocket.send_bytes(chunk)
+            outbox.put(chunk)
+        outbox.end()
+
+    async def deliver() -> None:
+        while (chunk := await outbox.get()) is not None:
+            try:
+                async with asyncio.timeout(send_timeout_s):
+                    await websocket.send_bytes(chunk)
+            except TimeoutError:
+                raise ViewerTooSlow(f"the viewer took nothing for {send_timeout_s:g} s") from None
 
     try:
         await _handshake_viewer(websocket, viewer)
         writer.write(b"\x01")  # ClientInit, shared
         up = asyncio.create_task(upstream())
         down = asyncio.create_task(downstream())
+        out = asyncio.create_task(deliver())
         try:
-            await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+            running = {up, down, out}
+            while running:
+                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                # The server's end of stream is final once the viewer has had what came before.
+                if done != {down} or down.exception() is not None:
+                    break
         finally:
-            up.cancel()
-            down.cancel()
-            await asyncio.gather(up, down, return_exceptions=True)
-        for task in (up, down):
+            for task in (up, down, out):
+                task.cancel()
+            await asyncio.gather(up, down, out, return_exceptions=True)
+        for task in (up, down, out):
             error = None if task.cancelled() else task.exception()
-            if isinstance(error, RfbError):
+            if isinstance(error, RfbError | ViewerTooSlow):
                 raise error
-        if not down.cancelled() and down.exception() is None:
+        if not out.cancelled() and out.exception() is None:
             close_code = _CLOSE_SERVER_GONE  # the server ended the stream (session over)
     except RfbError as error:
         log.info("vnc viewer closed: %s", error)
         close_code = _CLOSE_POLICY
+    except ViewerTooSlow as error:
+        log.info("vnc viewer dropped: %s", error)
+        stats.too_slow = True
+        close_code, reason = CLOSE_TOO_SLOW, "the viewer fell behind the session's screen"
     except (WebSocketDisconnect, ConnectionError, TimeoutError):
         pass
     finally:
@@ -172,6 +231,8 @@ async def run_proxy(
         with contextlib.suppress(Exception):
             await writer.wait_closed()
         if websocket.client_state is WebSocketState.CONNECTED:
+            # A stalled viewer cannot take the close frame either: give up after a moment.
             with contextlib.suppress(Exception):
-                await websocket.close(code=close_code)
+                async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+                    await websocket.close(code=close_code, reason=reason)
     return stats

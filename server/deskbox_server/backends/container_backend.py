@@ -1,0 +1,267 @@
+"""The container backend: sessions in runc sandboxes (container.py), behind the Backend
+interface of base.py, with the driver connected to each sandbox's X server.
+
+Pause, hibernate, snapshot and fork are here too; what they do to a sandbox is in
+freezer.py, checkpoint.py and sandbox_snapshot.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import threading
+import time
+from collections.abc import AsyncIterable, Callable, Collection
+from pathlib import Path
+from typing import ClassVar
+
+from ..driver.desktop import Desktop
+from ..driver.processes import become_subreaper
+from ..driver.worker import DesktopWorker
+from ..errors import DesktopFailed, InvalidRequest, SessionFailed
+from . import freezer, sandbox_files
+from .base import Backend, DesktopHandle, SessionSpec, SnapshotInfo
+from .checkpoint import Criu, hibernate_sandbox, restore_sandbox
+from .container import ContainerOptions, ContainerSandbox, remove_orphans
+from .devtools import DEVTOOLS_PORT, BrowserUnavailable, DevtoolsSocket, connect_in_netns
+from .network import Egress, check_allow, resolve_egress
+from .oci import Limits
+from .sandbox_exec import SandboxExec
+from .sandbox_io import ExecCommand, ExecResult, FileDownload
+from .sandbox_snapshot import restore_copy, take_snapshot
+from .vnc_server import SandboxVnc, VncServer
+
+__all__ = ["ContainerBackend", "ContainerHandle"]
+
+
+class ContainerHandle(DesktopHandle):
+    def __init__(
+        self, worker: DesktopWorker, sandbox: ContainerSandbox, desktop: Desktop | None
+    ) -> None:
+        self.worker = worker
+        self.sandbox = sandbox
+        # None while the sandbox is checkpointed (hibernated, also across a server restart).
+        self._desktop = desktop
+
+    @property
+    def desktop(self) -> Desktop:
+        if self._desktop is None:
+            raise DesktopFailed(f"the sandbox {self.sandbox.container_id} is not running")
+        return self._desktop
+
+    def failure(self) -> str | None:
+        return self.sandbox.failure()
+
+    # exec and files: inside the sandbox, through runc exec (sandbox_exec.py, sandbox_files.py)
+
+    def _runner(self) -> SandboxExec:
+        sandbox = self.sandbox
+        if sandbox.init_pid is None:
+            raise DesktopFailed(f"the sandbox {sandbox.container_id} is not running")
+        return SandboxExec(
+            sandbox.options.runc, sandbox.container_id, sandbox.bundle,
+            f":{sandbox.inner_display}", sandbox.init_pid,
+        )
+
+    async def exec(self, command: ExecCommand) -> ExecResult:
+        return await self._runner().run(command)
+
+    async def read_file(self, path: str, limit: int) -> FileDownload:
+        return await sandbox_files.read_file(self._runner(), path, limit)
+
+    async def write_file(self, path: str, chunks: AsyncIterable[bytes], limit: int) -> int:
+        return await sandbox_files.write_file(self._runner(), path, chunks, limit)
+
+    async def start_vnc(self) -> VncServer:
+        """x11vnc inside the sandbox, on a unix socket in its socket directory."""
+        return await SandboxVnc.start(
+            self._runner(), self.sandbox.socket_dir, self.sandbox.display_dir
+        )
+
+    async def open_devtools(self) -> DevtoolsSocket:
+        """Into the sandbox's own network namespace: the port is reachable nowhere else."""
+        sandbox = self.sandbox
+        pid = sandbox.init_pid
+        if pid is None or sandbox.failure() is not None:
+            raise BrowserUnavailable(f"the sandbox {sandbox.container_id} is not running")
+        return await connect_in_netns(
+            f"/proc/{pid}/ns/net", DEVTOOLS_PORT, alive=lambda: sandbox.failure() is None
+        )
+
+
+class ContainerBackend(Backend):
+    """Sessions in runc sandboxes made from the image ``options.rootfs``.
+
+    ``shared_memory`` selects MIT-SHM capture (a sealed memfd shared with the sandbox's X
+    server, see ``driver/shm.py``; ~4x faster) or plain GetImage.
+    """
+
+    name: ClassVar[str] = "container"
+
+    def __init__(
+        self,
+        options: ContainerOptions,
+        shared_memory: bool = True,
+        image: Callable[[threading.Event], Path] | None = None,
+        criu: Criu | None = None,
+    ) -> None:
+        """``image``, if given, finds or builds the session image (blocking; it stops when
+        its event is set): :meth:`prepare` runs it and uses its result as ``options.rootfs``.
+        """
+        self.options = options
+        self.shared_memory = shared_memory
+        self._image = image
+        self._criu = criu or Criu()
+
+    async def prepare(self) -> None:
+        # runc exits once a sandbox runs: its init must reparent to us, to be reaped.
+        become_subreaper()
+        if self._image is None:
+            return
+        cancel = threading.Event()
+        try:
+            rootfs = await asyncio.to_thread(self._image, cancel)
+        except asyncio.CancelledError:
+            cancel.set()
+            raise
+        self.options = dataclasses.replace(self.options, rootfs=rootfs)
+
+    async def adopt(self, spec: SessionSpec) -> DesktopHandle:
+        sandbox = await asyncio.to_thread(ContainerSandbox.adopt, self.options, spec.id)
+        return await self._connect(spec.id, sandbox)
+
+    async def adopt_hibernated(self, spec: SessionSpec) -> DesktopHandle:
+        sandbox = await asyncio.to_thread(
+            ContainerSandbox.adopt_checkpointed, self.options, spec.id
+        )
+        return ContainerHandle(DesktopWorker(spec.id), sandbox, None)
+
+    async def remove_orphans(self, keep: Collection[str]) -> list[str]:
+        return await asyncio.to_thread(remove_orphans, self.options, keep)
+
+    def check(self, spec: SessionSpec) -> None:
+        if spec.record:
+            raise InvalidRequest("record is not supported yet by the container backend")
+        if spec.network is not None:
+            check_allow(spec.network.egress, spec.network.allow)
+            if spec.from_snapshot is not None and spec.network.egress != "none":
+                raise InvalidRequest(
+                    "a session made from a snapshot has the snapshot's network (egress "
+                    "\"none\"); leave network out"
+                )
+
+    async def create(self, spec: SessionSpec, timeout_s: float) -> DesktopHandle:
+        self.check(spec)
+        limits = Limits()
+        if spec.resources is not None:
+            limits = Limits(spec.resources.cpus, spec.resources.memory_mb, spec.resources.pids)
+        started = time.monotonic()
+        if spec.from_snapshot is not None:
+            sandbox = await asyncio.to_thread(
+                restore_copy, self.options, spec.id, spec.from_snapshot, self._criu, limits,
+                timeout_s,
+            )
+        else:
+            egress = Egress()
+            if spec.network is not None and spec.network.egress != "none":
+                # Host names of an allowlist are resolved here, on the host, once.
+                egress = await asyncio.to_thread(
+                    resolve_egress, spec.network.egress, spec.network.allow
+                )
+            sandbox = await asyncio.to_thread(
+                ContainerSandbox.start, self.options, spec.id, spec.desktop, limits, True,
+                timeout_s, egress, not spec.background,
+            )
+        handle = await self._connect(spec.id, sandbox)
+        sandbox.timings["desktop"] = time.monotonic() - started
+        return handle
+
+    async def _connect(self, session_id: str, sandbox: ContainerSandbox) -> ContainerHandle:
+        worker = DesktopWorker(session_id)
+        try:
+            desktop = await worker.call(
+                Desktop, sandbox.display_name, sandbox.failure, self.shared_memory
+            )
+        except BaseException:
+            await asyncio.to_thread(self._discard, worker, sandbox)
+            raise
+        return ContainerHandle(worker, sandbox, desktop)
+
+    @staticmethod
+    def _discard(worker: DesktopWorker, sandbox: ContainerSandbox) -> None:
+        worker.shutdown()
+        sandbox.destroy()
+
+    async def freeze(self, handle: DesktopHandle) -> None:
+        assert isinstance(handle, ContainerHandle)
+        await asyncio.to_thread(freezer.freeze, handle.sandbox.container_id)
+
+    async def thaw(self, handle: DesktopHandle) -> None:
+        assert isinstance(handle, ContainerHandle)
+        await asyncio.to_thread(freezer.thaw, handle.sandbox.container_id)
+
+    # The driver's X connections lead out of the sandbox, which CRIU cannot dump: they are
+    # closed for a checkpoint and made again once the sandbox runs (or runs on).
+
+    async def hibernate(self, handle: DesktopHandle) -> None:
+        """Checkpoint the sandbox into its session directory; its processes end."""
+        assert isinstance(handle, ContainerHandle)
+        sandbox = handle.sandbox
+        await self._disconnect(handle)
+        try:
+            await asyncio.to_thread(sandbox.pin_inner_display)
+            stats = await asyncio.to_thread(hibernate_sandbox, sandbox, self._criu)
+        except BaseException:
+            await self._reconnect(handle)
+            raise
+        await asyncio.to_thread(sandbox.release_init)
+        sandbox.timings["hibernate"] = stats.seconds
+
+    async def restore(self, handle: DesktopHandle) -> None:
+        assert isinstance(handle, ContainerHandle)
+        seconds = await asyncio.to_thread(restore_sandbox, handle.sandbox, self._criu)
+        handle.sandbox.timings["restore"] = seconds
+        await self._reconnect(handle)
+
+    async def snapshot(
+        self, handle: DesktopHandle, directory: Path, packed: bool = True
+    ) -> SnapshotInfo:
+        assert isinstance(handle, ContainerHandle)
+        await self._disconnect(handle)
+        try:
+            stats = await asyncio.to_thread(
+                take_snapshot, handle.sandbox, self._criu, directory, packed
+            )
+        finally:
+            await self._reconnect(handle)
+        return SnapshotInfo(stats.seconds, stats.raw_bytes, stats.compressed_bytes)
+
+    async def _disconnect(self, handle: ContainerHandle) -> None:
+        desktop, handle._desktop = handle._desktop, None
+        if desktop is not None:
+            await handle.worker.call(desktop.close)
+
+    async def _reconnect(self, handle: ContainerHandle) -> None:
+        sandbox = handle.sandbox
+        handle._desktop = await handle.worker.call(
+            Desktop, sandbox.display_name, sandbox.failure, self.shared_memory
+        )
+
+    async def release(self, handle: DesktopHandle) -> None:
+        assert isinstance(handle, ContainerHandle)
+        if handle.sandbox.init_pid is not None:  # not checkpointed after all
+            await self.destroy(handle)
+            return
+        await asyncio.to_thread(handle.worker.shutdown)
+        await asyncio.to_thread(handle.sandbox.release_host_side)
+
+    async def destroy(self, handle: DesktopHandle) -> None:
+        assert isinstance(handle, ContainerHandle)
+        # Closing the driver talks to the X server: a frozen one would never answer.
+        with contextlib.suppress(SessionFailed):
+            await asyncio.to_thread(freezer.thaw, handle.sandbox.container_id)
+        try:
+            await self._disconnect(handle)
+        finally:
+            await asyncio.to_thread(self._discard, handle.worker, handle.sandbox)

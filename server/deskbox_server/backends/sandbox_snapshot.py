@@ -1,0 +1,144 @@
+"""Snapshots of a running sandbox, and new sandboxes restored from them (forks).
+
+A snapshot is a directory (mode 0700) the session layer chooses::
+
+    sandbox.json        the dumped sandbox's OCI config and inner display (oci.SandboxTemplate)
+    images.tar.zst      CRIU's images, zstd (mode 0600), for a snapshot that is kept
+    images/             or the raw images, for a fork that restores them right away
+
+The images hold the session's memory: every file is mode 0600 in a 0700 directory.
+
+:func:`take_snapshot` dumps with ``--leave-running``: the sandbox goes on where it was.
+:func:`restore_copy` makes a new sandbox (own container, cgroup, socket directory, display
+number on the host, pid and network namespaces) running a copy of the dumped processes. Any
+number of copies can be restored from one snapshot, also at once.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import SessionFailed
+from .checkpoint import CheckpointUnavailable, Criu, dump, pack, restore, unpack
+from .container import ContainerOptions, ContainerSandbox
+from .oci import Limits, SandboxTemplate
+
+__all__ = [
+    "ARCHIVE", "TEMPLATE", "SnapshotStats", "read_template", "restore_copy", "snapshot_size",
+    "take_snapshot",
+]
+
+TEMPLATE = "sandbox.json"
+ARCHIVE = "images.tar.zst"
+RAW_IMAGES = "images"
+
+
+@dataclass(frozen=True)
+class SnapshotStats:
+    seconds: float
+    raw_bytes: int
+    compressed_bytes: int | None  # None for raw images (a fork's)
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(text)
+
+
+def take_snapshot(
+    sandbox: ContainerSandbox, criu: Criu, directory: Path, packed: bool
+) -> SnapshotStats:
+    """Checkpoint the running sandbox into the new ``directory``; it keeps running.
+
+    ``packed``: compress the images (a snapshot to keep) or leave them raw (a fork that
+    restores them at once). Nothing outside the sandbox may hold a connection into it.
+    On failure ``directory`` is removed and CheckpointUnavailable says why.
+    """
+    assert sandbox.display is not None
+    template = SandboxTemplate.of_bundle(sandbox.bundle, sandbox.inner_display)
+    if template.network_namespace is not None:
+        raise CheckpointUnavailable(
+            "snapshots and forks are available for sessions with network egress \"none\" "
+            "only: a copy cannot take over the host-side network of this one"
+        )
+    directory.mkdir(mode=0o700)
+    try:
+        started = time.monotonic()
+        images = directory / RAW_IMAGES
+        images.mkdir(mode=0o700)
+        logs = Path(tempfile.mkdtemp(prefix="dump-", dir=directory))
+        raw = dump(sandbox, criu, images, logs, leave_running=True)
+        shutil.rmtree(logs)
+        compressed = None
+        if packed:
+            compressed = pack(images, directory / ARCHIVE)
+            shutil.rmtree(images)
+        _write_private(directory / TEMPLATE, template.to_json())
+        return SnapshotStats(time.monotonic() - started, raw, compressed)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+
+
+def read_template(directory: Path) -> SandboxTemplate:
+    """The snapshot's template; SessionFailed if it is missing or not one."""
+    try:
+        return SandboxTemplate.from_json((directory / TEMPLATE).read_text())
+    except FileNotFoundError:
+        raise SessionFailed(f"the snapshot in {directory} is missing its {TEMPLATE}") from None
+    except (ValueError, KeyError, TypeError) as error:
+        raise SessionFailed(f"the snapshot in {directory} is corrupted: {error}") from None
+
+
+def restore_copy(
+    options: ContainerOptions,
+    session_id: str,
+    directory: Path,
+    criu: Criu,
+    limits: Limits | None = None,
+    timeout_s: float = 30.0,
+) -> ContainerSandbox:
+    """A new sandbox for ``session_id`` running a copy of the snapshot in ``directory``.
+
+    SessionFailed naming the cause (a missing or corrupted snapshot, a session image that
+    is gone, CRIU's error) leaves nothing of the new sandbox behind.
+    """
+    template = read_template(directory)
+    if not template.rootfs.is_dir():
+        raise SessionFailed(
+            f"the session image the snapshot was taken on ({template.rootfs}) is gone"
+        )
+    raw = directory / RAW_IMAGES
+    archive = directory / ARCHIVE
+    if not raw.is_dir() and not archive.is_file():
+        raise SessionFailed(f"the snapshot in {directory} has no images")
+
+    def run_restore(sandbox: ContainerSandbox) -> None:
+        scratch = Path(tempfile.mkdtemp(prefix="restore-", dir=sandbox.session_dir))
+        try:
+            logs = scratch / "work"
+            logs.mkdir()
+            images = raw
+            if not raw.is_dir():
+                images = scratch / "images"
+                images.mkdir()
+                unpack(archive, images)
+            restore(sandbox, criu, images, logs)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    return ContainerSandbox.restore_copy(
+        options, session_id, template, run_restore, limits, timeout_s
+    )
+
+
+def snapshot_size(directory: Path) -> int:
+    """Bytes the snapshot takes on disk."""
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+

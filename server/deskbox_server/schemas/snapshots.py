@@ -1,0 +1,41 @@
+"""Snapshots and forks on the wire (API.md: ``/v1/sessions/{id}/snapshots``,
+``/v1/snapshots/{id}``, ``/v1/sessions/{id}/fork``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .sessions import Browser, Display, Session
+
+__all__ = ["MAX_FORKS", "ForkRequest", "Forks", "Snapshot", "SnapshotList"]
+
+# Copies per fork call: each is a full desktop, restored at once.
+MAX_FORKS = 16
+
+
+class Snapshot(BaseModel):
+    id: str
+    session_id: str  # the session it was taken of (which may have ended since)
+    backend: str
+    display: Display
+    browser: Browser
+    created_at: datetime
+    size_bytes: int  # on disk, compressed
+    raw_bytes: int  # the checkpoint's images before compression (about the memory it held)
+
+
+class SnapshotList(BaseModel):
+    snapshots: list[Snapshot]
+
+
+class ForkRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    count: Annotated[int, Field(ge=1, le=MAX_FORKS)] = 1
+
+
+class Forks(BaseModel):
+    sessions: list[Session]

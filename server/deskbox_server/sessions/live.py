@@ -1,0 +1,40 @@
+"""A session this server holds: its record, its desktop and what is going on with it."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from ..backends.base import DesktopHandle
+from ..errors import Conflict, DeskboxError, NotFound, SessionFailed
+from ..schemas.sessions import SessionState as S
+from .lifecycle import SessionRecord
+from .pause import LastFrame
+
+__all__ = ["LiveSession", "not_live"]
+
+
+@dataclass
+class LiveSession:
+    record: SessionRecord
+    handle: DesktopHandle | None = None
+    start_task: asyncio.Task[None] | None = None
+    stop_task: asyncio.Task[None] | None = None
+    # Actions in flight: the reaper never expires a session that is busy.
+    busy: int = 0
+    # Pause, resume, snapshot and fork, one at a time; the screen when it was paused.
+    changing: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_frame: LastFrame | None = None
+    # Set while a snapshot or fork checkpoints the running desktop: actions get 409.
+    checkpointing: bool = False
+
+
+def not_live(record: SessionRecord) -> DeskboxError:
+    if record.state is S.starting:
+        return Conflict(f"session {record.id} is still starting")
+    if record.state in (S.paused, S.hibernated):
+        return Conflict(f"session {record.id} is {record.state.value}; resume it first")
+    if record.state is S.failed:
+        reason = record.failure.reason if record.failure else "unknown"
+        return SessionFailed(f"session {record.id} has failed: {reason}")
+    return NotFound(f"session {record.id} is {record.state.value}")

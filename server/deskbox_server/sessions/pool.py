@@ -1,0 +1,173 @@
+"""The warm pool: desktops started ahead of demand, so that ``create`` takes one at once.
+
+The pool keeps ``pool_size`` ready desktops of the default backend per display size of
+``pool_displays``, each on ``about:blank`` with the default resources and no network (the
+API's defaults). A create whose body asks for nothing else (any labels and timeout; no
+start_url, resources, network, snapshot or recording) takes one (:meth:`WarmPool.claim`):
+the session manager makes it a session of the caller, and the pool starts a replacement.
+
+- Pool desktops belong to nobody: they are in no registry and no listing, and a claimed
+  one is never given back, so no state passes from one user to another.
+- Refills run one at a time, in the background, and start their sandbox at its normal CPU
+  quota (no start-up boost), so that they do not starve the sessions that run.
+- A pool desktop that dies is dropped and replaced; at shutdown the pool destroys its
+  desktops, and a server that died leaves them to the orphan removal of the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections import deque
+from collections.abc import Iterable
+from contextlib import suppress
+from dataclasses import dataclass
+
+from ..backends.base import Backend, DesktopHandle, SessionSpec
+from ..driver.commands import DesktopSpec
+from ..schemas.sessions import Browser, Display, SessionCreate
+
+__all__ = ["PoolKey", "WarmPool", "new_session_id"]
+
+log = logging.getLogger("deskbox.pool")
+_RETRY_AFTER_FAILURE_S = 5.0
+
+
+def new_session_id() -> str:
+    return "ses_" + secrets.token_hex(10)
+
+
+@dataclass(frozen=True)
+class PoolKey:
+    width: int
+    height: int
+    dpi: int
+
+    @classmethod
+    def parse(cls, text: str, dpi: int = 96) -> PoolKey:
+        width, _, height = text.partition("x")
+        return cls(int(width), int(height), dpi)
+
+    @classmethod
+    def of_body(cls, body: SessionCreate, default_backend: str) -> PoolKey | None:
+        """The pool a create body can be served from, or None (it needs a cold start)."""
+        plain = (
+            (body.backend is None or body.backend == default_backend)
+            and body.browser == Browser()
+            and body.from_snapshot is None
+            and body.resources is None
+            and (body.network is None or body.network.egress == "none")
+            and not body.record
+        )
+        if not plain:
+            return None
+        return cls(body.display.width, body.display.height, body.display.dpi)
+
+    def spec(self, session_id: str) -> SessionSpec:
+        return SessionSpec(
+            id=session_id,
+            desktop=DesktopSpec(width=self.width, height=self.height, dpi=self.dpi,
+                                start_url=Browser().start_url),
+            background=True,
+        )
+
+    @property
+    def display(self) -> Display:
+        return Display(width=self.width, height=self.height, dpi=self.dpi)
+
+
+@dataclass
+class _Ready:
+    session_id: str
+    handle: DesktopHandle
+
+
+class WarmPool:
+    def __init__(
+        self, backend: Backend, keys: Iterable[PoolKey], size: int, start_timeout_s: float
+    ) -> None:
+        self._backend = backend
+        self._size = size
+        self._timeout_s = start_timeout_s
+        self._ready: dict[PoolKey, deque[_Ready]] = {key: deque() for key in keys}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self.claimed = 0
+        self.missed = 0
+
+    def ready(self, key: PoolKey) -> int:
+        return len(self._ready.get(key, ()))
+
+    def ready_by_display(self) -> dict[str, int]:
+        """Ready desktops per ``WIDTHxHEIGHT`` (the ``deskbox_pool_ready`` gauge)."""
+        return {f"{key.width}x{key.height}": len(queue) for key, queue in self._ready.items()}
+
+    def start(self) -> None:
+        if self._size and self._ready:
+            self._task = asyncio.create_task(self._refill_forever(), name="deskbox-pool")
+
+    def claim(self, key: PoolKey | None) -> tuple[str, DesktopHandle] | None:
+        """A ready desktop for ``key`` (its session id and handle), or None. Synchronous:
+        no other create can take the same one."""
+        queue = self._ready.get(key) if key is not None else None
+        while queue:
+            ready = queue.popleft()
+            self._wake.set()
+            if ready.handle.failure() is None:
+                self.claimed += 1
+                return ready.session_id, ready.handle
+            asyncio.create_task(self._discard(ready, "it died while waiting"))
+        if key is not None and key in self._ready:
+            self.missed += 1
+        return None
+
+    def check(self) -> None:
+        """Drop ready desktops that died (the reaper calls this)."""
+        for queue in self._ready.values():
+            for ready in [r for r in queue if r.handle.failure() is not None]:
+                queue.remove(ready)
+                self._wake.set()
+                asyncio.create_task(self._discard(ready, ready.handle.failure() or "died"))
+
+    async def _discard(self, ready: _Ready, why: str) -> None:
+        log.warning("pool desktop %s dropped: %s", ready.session_id, why)
+        with suppress(Exception):
+            await self._backend.destroy(ready.handle)
+
+    async def _refill_forever(self) -> None:
+        while not self._closing:
+            for key, queue in self._ready.items():
+                while len(queue) < self._size and not self._closing:
+                    session_id = new_session_id()
+                    try:
+                        handle = await self._backend.create(key.spec(session_id), self._timeout_s)
+                    except Exception as error:
+                        log.warning("pool: starting a %dx%d desktop failed: %s", key.width,
+                                    key.height, getattr(error, "message", repr(error)))
+                        await asyncio.sleep(_RETRY_AFTER_FAILURE_S)
+                        continue
+                    queue.append(_Ready(session_id, handle))
+                    log.info("pool: %dx%d desktop %s ready (%d of %d)", key.width,
+                             key.height, session_id, len(queue), self._size)
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def close(self) -> None:
+        """Stop refilling and destroy the ready desktops. A desktop being started is let
+        finish (its start runs in a thread that cannot be cancelled) and destroyed too."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), self._timeout_s + 10)
+            except TimeoutError:
+                self._task.cancel()
+            with suppress(asyncio.CancelledError, Exception):
+                await self._task
+        ready = [r for queue in self._ready.values() for r in queue]
+        for queue in self._ready.values():
+            queue.clear()
+        await asyncio.gather(*(self._backend.destroy(r.handle) for r in ready),
+                             return_exceptions=True)

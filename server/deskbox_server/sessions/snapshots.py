@@ -1,0 +1,125 @@
+"""Snapshots on disk: ``<state>/snapshots/<id>/`` (mode 0700), one directory each.
+
+The backend writes its checkpoint into the directory (backends/sandbox_snapshot.py); this
+store adds ``snapshot.json`` (mode 0600: owner, source session, sizes) last, so a directory
+without it is a snapshot that never finished (the server died meanwhile) and is removed at
+start. Snapshots outlive the server: the directory is the whole truth, nothing else indexes
+it. Forks checkpoint into ``<state>/snapshots/.forks/`` and remove it once the copies run.
+
+The files hold the session's memory: only the server's user can read them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import shutil
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from ..errors import Conflict, NotFound
+from ..schemas.sessions import SessionCreate
+
+__all__ = ["SnapshotRecord", "SnapshotStore"]
+
+log = logging.getLogger("deskbox.sessions")
+_ID = re.compile(r"^snap_[0-9a-f]{20}$")
+_RECORD = "snapshot.json"
+_FORKS = ".forks"
+
+
+class SnapshotRecord(BaseModel):
+    id: str
+    owner: str
+    session_id: str
+    backend: str
+    body: SessionCreate  # the source session's create body: display, browser, resources
+    created_at: datetime
+    size_bytes: int
+    raw_bytes: int
+
+
+class SnapshotStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._in_use: Counter[str] = Counter()
+
+    def open(self) -> None:
+        """Create the directory; remove what a previous server left half-written."""
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)
+        shutil.rmtree(self.root / _FORKS, ignore_errors=True)
+        for entry in self.root.iterdir():
+            if entry.is_dir() and not (entry / _RECORD).is_file():
+                log.warning("removing the unfinished snapshot %s", entry.name)
+                shutil.rmtree(entry, ignore_errors=True)
+
+    def new_id(self) -> tuple[str, Path]:
+        """A fresh id and the directory (not yet made) the backend writes into."""
+        snapshot_id = "snap_" + secrets.token_hex(10)
+        return snapshot_id, self.root / snapshot_id
+
+    def fork_directory(self) -> Path:
+        """A directory (not yet made) for a fork's short-lived checkpoint."""
+        forks = self.root / _FORKS
+        forks.mkdir(mode=0o700, exist_ok=True)
+        return forks / secrets.token_hex(8)
+
+    def save(self, record: SnapshotRecord) -> None:
+        directory = self.root / record.id
+        partial = directory / (_RECORD + ".partial")
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as file:
+            file.write(record.model_dump_json())
+        os.replace(partial, directory / _RECORD)
+
+    def _read(self, snapshot_id: str) -> SnapshotRecord | None:
+        if not _ID.match(snapshot_id):
+            return None
+        try:
+            return SnapshotRecord.model_validate_json(
+                (self.root / snapshot_id / _RECORD).read_bytes()
+            )
+        except FileNotFoundError:
+            return None
+        except ValidationError:
+            log.warning("the record of snapshot %s is unreadable", snapshot_id)
+            return None
+
+    def get(self, owner: str, snapshot_id: str) -> SnapshotRecord:
+        record = self._read(snapshot_id)
+        if record is None or record.owner != owner:
+            raise NotFound(f"no snapshot {snapshot_id!r}")
+        return record
+
+    def list(self, owner: str) -> list[SnapshotRecord]:
+        records = [self._read(entry.name) for entry in self.root.iterdir()]
+        mine = [r for r in records if r is not None and r.owner == owner]
+        return sorted(mine, key=lambda r: r.created_at)
+
+    def acquire(self, owner: str, snapshot_id: str) -> tuple[SnapshotRecord, Path]:
+        """The snapshot and its directory, kept from deletion until :meth:`release`."""
+        record = self.get(owner, snapshot_id)
+        self._in_use[snapshot_id] += 1
+        return record, self.root / snapshot_id
+
+    def release(self, snapshot_id: str) -> None:
+        self._in_use[snapshot_id] -= 1
+        if self._in_use[snapshot_id] <= 0:
+            del self._in_use[snapshot_id]
+
+    def delete(self, owner: str, snapshot_id: str) -> None:
+        self.get(owner, snapshot_id)
+        if self._in_use[snapshot_id]:
+            raise Conflict(f"snapshot {snapshot_id} is being restored; delete it afterwards")
+        directory = self.root / snapshot_id
+        # Renamed first: a crash halfway leaves a directory open() removes, not half a one.
+        doomed = self.root / _FORKS / f"deleted-{snapshot_id}"
+        (self.root / _FORKS).mkdir(mode=0o700, exist_ok=True)
+        os.replace(directory, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)

@@ -1,0 +1,131 @@
+"""The warm pool (sessions/pool.py) on runc sandboxes: a plain create takes a ready desktop
+and the pool refills; pool desktops are nobody's until claimed and never shared; a create
+that asks for more than the pool has starts cold."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from deskbox_server.sessions.pool import PoolKey
+from deskbox_server.settings import Settings
+
+from ..images import IMAGE_STATE_DIR
+from .conftest import KEY_A, KEY_B, Server, running_server
+from .helpers import decode
+
+pytestmark = pytest.mark.slow
+
+KEY = PoolKey(1280, 800, 96)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    settings = Settings(
+        state_dir=tmp_path_factory.mktemp("pool-state"), api_keys=[KEY_A, KEY_B],
+        image_state_dir=IMAGE_STATE_DIR, reaper_interval_s=0.5, pool_size=1,
+        pool_displays=["1280x800"],
+    )
+    with running_server(settings) as running:
+        yield running
+
+
+def wait_ready(server: Server, count: int = 1, timeout_s: float = 90.0) -> None:
+    pool = server.services.manager.pool
+    assert pool is not None
+    deadline = time.monotonic() + timeout_s
+    while pool.ready(KEY) < count:
+        assert time.monotonic() < deadline, "the pool did not fill"
+        time.sleep(0.1)
+
+
+def test_a_plain_create_takes_a_ready_desktop_and_the_pool_refills(server: Server) -> None:
+    pool = server.services.manager.pool
+    assert pool is not None
+    wait_ready(server)
+    with server.client(KEY_A) as a, server.client(KEY_B) as b:
+        # Ready desktops are nobody's: no listing shows them; /metrics counts them.
+        assert a.get("/v1/sessions").json()["sessions"] == []
+        assert 'deskbox_pool_ready{display="1280x800"} 1' in a.get("/metrics").text
+        claimed_before = pool.claimed
+        started = time.perf_counter()
+        created = a.post("/v1/sessions", json={"labels": {"run": "1"}, "timeout_s": 60})
+        elapsed = time.perf_counter() - started
+        assert created.status_code == 201, created.text
+        first = created.json()
+        print(f"create from the pool: {elapsed * 1000:.0f} ms")
+        try:
+            assert first["state"] == "running" and first["labels"] == {"run": "1"}
+            assert pool.claimed == claimed_before + 1
+            shot = a.get(f"/v1/sessions/{first['id']}/screenshot", params={"format": "png"})
+            assert shot.status_code == 200
+            image = decode(shot.content)
+            assert image.size == (1280, 800)
+            assert len(image.crop((0, 0, 1280, 90)).getcolors(1 << 20) or []) >= 16  # toolbar
+            # What one user leaves in their desktop ...
+            wrote = a.post(f"/v1/sessions/{first['id']}/exec",
+                           json={"cmd": ["sh", "-c", "echo secret > /tmp/mine"]})
+            assert wrote.status_code == 200 and wrote.json()["exit_code"] == 0
+
+            wait_ready(server)  # refilled in the background
+            second = b.post("/v1/sessions", json={})
+            assert second.status_code == 201, second.text
+            other = second.json()
+            try:
+                assert other["id"] != first["id"]
+                assert pool.claimed == claimed_before + 2
+                # ... never reaches another's: each pool desktop is used once.
+                looked = b.post(f"/v1/sessions/{other['id']}/exec",
+                                json={"cmd": ["cat", "/tmp/mine"]})
+                assert looked.status_code == 200 and looked.json()["exit_code"] != 0
+                assert a.get(f"/v1/sessions/{other['id']}").status_code == 404
+                assert [s["id"] for s in b.get("/v1/sessions").json()["sessions"]] == [
+                    other["id"]]
+            finally:
+                b.delete(f"/v1/sessions/{other['id']}")
+        finally:
+            a.delete(f"/v1/sessions/{first['id']}")
+
+
+def test_a_create_asking_for_more_starts_cold(server: Server) -> None:
+    pool = server.services.manager.pool
+    assert pool is not None
+    wait_ready(server)
+    claimed = pool.claimed
+    with server.client(KEY_A) as a:
+        for body in ({"browser": {"start_url": "data:text/html,<h1>cold</h1>"}},
+                     {"display": {"width": 1024, "height": 768}},
+                     {"resources": {"cpus": 0.5}}):
+            created = a.post("/v1/sessions", json=body)
+            assert created.status_code == 201, created.text
+            a.delete(f"/v1/sessions/{created.json()['id']}")
+        assert pool.claimed == claimed
+        assert pool.ready(KEY) == 1
+
+
+def test_the_pool_respects_the_caps(server: Server) -> None:
+    """A full key gets 429 and the ready desktop stays in the pool."""
+    wait_ready(server)
+    settings = server.services.settings
+    pool = server.services.manager.pool
+    assert pool is not None
+    claimed = pool.claimed
+    original = settings.max_sessions_per_key
+    settings.max_sessions_per_key = 0
+    try:
+        with server.client(KEY_A) as a:
+            response = a.post("/v1/sessions", json={})
+            assert response.status_code == 429, response.text
+    finally:
+        settings.max_sessions_per_key = original
+    assert pool.claimed == claimed and pool.ready(KEY) == 1
+
+
+def test_pool_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="WIDTHxHEIGHT"):
+        Settings(pool_displays=["big"])
+    assert Settings(pool_displays="1280x800, 1024x768").pool_displays == [
+        "1280x800", "1024x768"]
+

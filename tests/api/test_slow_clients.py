@@ -1,0 +1,362 @@
+"""Slow and malicious clients: the server bounds what it holds for them and drops them,
+while everyone else is served as usual.
+
+- an actions websocket client that sends thousands of screenshot requests and reads no
+  reply: the server stops reading after MAX_IN_FLIGHT (its requests stay in the socket),
+  runs no more than that, drops the client after ``ws_send_timeout_s``;
+- a live-view viewer that asks for frames and reads none: the proxy drops it (outbox over
+  ``vnc_viewer_buffer_bytes``, or nothing taken for ``ws_send_timeout_s``) while another
+  viewer of the same session keeps getting whole frames;
+- request bodies that stop arriving (a JSON body, a file upload): 408 ``timeout`` after
+  ``body_idle_timeout_s``, the connection closed, the sandbox's writer gone.
+
+The server runs in this process (a uvicorn thread), so this process's RSS is the server's
+plus the test's own small buffers: growth is asserted with a generous margin.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from websockets.sync.client import connect
+
+from deskbox_server.api.actions import CLOSE_STALLED, MAX_IN_FLIGHT
+from deskbox_server.settings import Settings
+
+from ..images import session_image
+from ..rfb_client import RfbViewer
+from .conftest import DISPLAY, KEY_A, Server, running_server
+from .containers import container_server, open_session
+from .helpers import assert_error
+from .raw_ws import RawWebSocket
+
+MIB = 1024 * 1024
+STALL_S = 3.0  # ws_send_timeout_s and body_idle_timeout_s of these servers
+AUTH = {"Authorization": f"Bearer {KEY_A}"}
+# Random pixels: every screenshot of it is large (JPEG q90 ≈ 1 MB at 1280x800).
+_NOISE_HTML = """<!doctype html><body style="margin:0;overflow:hidden">
+<canvas id="c" width="1400" height="900"></canvas><script>
+const c = document.getElementById('c').getContext('2d'), d = c.createImageData(1400, 900);
+for (let i = 0; i < d.data.length; i++) d.data[i] = (i & 3) === 3 ? 255 : Math.random() * 256;
+c.putImageData(d, 0, 0);
+</script></body>"""
+NOISE_PAGE = "data:text/html;base64," + base64.b64encode(_NOISE_HTML.encode()).decode()
+BIG_SHOT = {"type": "screenshot", "format": "jpeg", "quality": 90}
+
+
+def rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def settle(value: Callable[[], float], quiet_s: float = 1.0, timeout_s: float = 60) -> float:
+    """``value()`` once it has stopped changing for ``quiet_s``."""
+    deadline = time.monotonic() + timeout_s
+    last, since = value(), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < deadline, "the value kept changing"
+        time.sleep(0.1)
+        if (now := value()) != last:
+            last, since = now, time.monotonic()
+    return last
+
+
+# -- an actions client that never reads ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def local_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    settings = Settings(
+        state_dir=tmp_path_factory.mktemp("slow-state"),
+        api_keys=[KEY_A],
+        backends=["local"],
+        default_backend="local",
+        ws_send_timeout_s=STALL_S,
+        body_idle_timeout_s=STALL_S,
+    )
+    with running_server(settings) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def noise_session(local_server: Server) -> Iterator[dict[str, Any]]:
+    with local_server.client() as http:
+        response = http.post("/v1/sessions", json={
+            "display": DISPLAY, "browser": {"start_url": NOISE_PAGE},
+        })
+        assert response.status_code == 201, response.text
+        session: dict[str, Any] = response.json()
+        try:
+            yield session
+        finally:
+            http.delete(f"/v1/sessions/{session['id']}")
+
+
+def ws_action(ws: Any, message_id: int, action: dict[str, Any]) -> dict[str, Any]:
+    ws.send(json.dumps({"id": message_id, "action": action}))
+    reply: dict[str, Any] = json.loads(ws.recv(timeout=20))
+    for _ in range(reply.get("binary_frames", 0)):
+        ws.recv(timeout=20)
+    return reply
+
+
+def test_actions_client_that_reads_no_reply(
+    local_server: Server, noise_session: dict[str, Any]
+) -> None:
+    url = local_server.ws_url(noise_session["id"])
+    metrics = local_server.services.metrics
+
+    def screenshots() -> float:
+        return metrics.actions.value("screenshot", "ok")
+
+    with connect(url, additional_headers=AUTH, compression=None, max_size=None) as ws:
+        for n in range(5):  # warm: the encoder's and the allocator's first buffers
+            assert ws_action(ws, n, BIG_SHOT)["ok"]
+        assert ws_action(ws, 9, BIG_SHOT)["result"]["size"] > 200_000  # the noise is there
+    before, rss_before = screenshots(), rss_bytes()
+    dropped = metrics.slow_clients.value("actions")
+
+    with RawWebSocket(url, headers=AUTH) as slow:
+        sent = 0
+        while sent < 2000 and slow.try_send_text(
+            json.dumps({"id": sent, "action": BIG_SHOT}), timeout_s=5
+        ):
+            sent += 1
+        assert sent > 2 * MAX_IN_FLIGHT
+        # The server ran what fits in its window and stopped reading; the rest of the
+        # 2000 requests wait in the sockets' buffers, not in the server.
+        ran = settle(screenshots) - before
+        assert MAX_IN_FLIGHT <= ran <= 2 * MAX_IN_FLIGHT, ran
+        rss_stalled = rss_bytes()
+
+        # Everyone else is served meanwhile, on the same session too.
+        with connect(url, additional_headers=AUTH, compression=None, max_size=None) as other:
+            for n in range(10):
+                started = time.monotonic()
+                assert ws_action(other, n, {"type": "cursor_position"})["ok"]
+                assert time.monotonic() - started < 5
+            assert ws_action(other, 10, BIG_SHOT)["ok"]
+        with local_server.client() as http:
+            assert http.get("/healthz").status_code == 200
+
+        # After ws_send_timeout_s without taking a reply, the client is dropped (reading
+        # sooner would count as taking replies): what was in flight, then the end (a 1008
+        # close, or the socket closed).
+        wait_for(lambda: metrics.slow_clients.value("actions") == dropped + 1, 60,
+                 "the stalled client dropped")
+        replies, closed = slow.drain(timeout_s=30)
+    assert closed is not None, "the server kept the stalled client"
+    assert closed.code in (None, CLOSE_STALLED), closed
+    texts = [json.loads(m) for m in replies if isinstance(m, str)]
+    assert len(texts) <= 2 * MAX_IN_FLIGHT
+    assert all(t["ok"] and t["id"] == n for n, t in enumerate(texts))
+    assert settle(screenshots) - before <= 2 * MAX_IN_FLIGHT + 1
+    # ~70 screenshots of ~1 MB were held at most; 2000 would have been ~2 GB.
+    assert rss_stalled - rss_before < 400 * MIB, (rss_before, rss_stalled)
+    assert rss_bytes() - rss_before < 400 * MIB
+
+
+def test_json_body_that_stops_arriving(
+    local_server: Server, noise_session: dict[str, Any]
+) -> None:
+    host, port = local_server.url.removeprefix("http://").split(":")
+    head = (
+        f"POST /v1/sessions/{noise_session['id']}/actions HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {KEY_A}\r\nContent-Type: application/json\r\n"
+        "Content-Length: 200\r\n\r\n"
+    ).encode()
+    started = time.monotonic()
+    status, body = stalled_request(host, int(port), head + b'{"type": "cursor_')
+    assert STALL_S - 0.5 <= time.monotonic() - started < STALL_S + 15
+    assert status == 408 and json.loads(body)["error"]["type"] == "timeout", body
+    with local_server.client() as http:  # the session is fine
+        response = http.post(f"/v1/sessions/{noise_session['id']}/actions",
+                             json={"type": "cursor_position"})
+        assert response.status_code == 200, response.text
+
+
+def stalled_request(host: str, port: int, data: bytes) -> tuple[int, bytes]:
+    """Send ``data`` (a request whose body is cut short) and wait: the status and body of
+    the answer, which must come with the connection closed."""
+    with socket.create_connection((host, port), timeout=30) as sock:
+        sock.sendall(data)
+        received = bytearray()
+        while chunk := sock.recv(65536):  # until the server closes the connection
+            received += chunk
+    head, _, body = bytes(received).partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body
+
+
+# -- container sessions: the live view and file uploads -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def container(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    session_image()  # built once per machine (minutes); found in a moment otherwise
+    with container_server(
+        tmp_path_factory, "slow", ws_send_timeout_s=STALL_S, body_idle_timeout_s=STALL_S,
+        vnc_viewer_buffer_bytes=4 * MIB,
+    ) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def container_client(container: Server) -> Iterator[httpx.Client]:
+    with container.client() as http:
+        yield http
+
+
+@pytest.fixture(scope="module")
+def sandboxed(container_client: httpx.Client) -> Iterator[dict[str, Any]]:
+    with open_session(container_client) as session:
+        yield session
+
+
+def view_url(client: httpx.Client, session: dict[str, Any]) -> str:
+    response = client.post(f"/v1/sessions/{session['id']}/tokens", json={"scope": "view"})
+    assert response.status_code == 201, response.text
+    return f"{session['urls']['vnc_ws']}?token={response.json()['token']}"
+
+
+class RawRfb:
+    """The RFB handshake over a RawWebSocket, after which the viewer only sends."""
+
+    def __init__(self, ws: RawWebSocket) -> None:
+        self.ws = ws
+        self._buffer = bytearray()
+        assert self._read(12) == b"RFB 003.008\n"
+        ws.send_binary(b"RFB 003.008\n")
+        types = self._read(self._read(1)[0])
+        assert 1 in types
+        ws.send_binary(b"\x01")
+        assert self._read(4) == b"\x00\x00\x00\x00"
+        ws.send_binary(b"\x01")  # shared
+        self.width, self.height = struct.unpack(">HH", self._read(4))
+        self._read(16)
+        self._read(struct.unpack(">I", self._read(4))[0])
+        # 32-bit pixels, Raw encoding only: every frame is width*height*4 bytes.
+        pixel_format = struct.pack(">BBBBHHHBBB3x", 32, 24, 0, 1, 255, 255, 255, 16, 8, 0)
+        ws.send_binary(b"\x00\x00\x00\x00" + pixel_format)
+        ws.send_binary(struct.pack(">BxHi", 2, 1, 0))
+
+    def _read(self, size: int) -> bytes:
+        while len(self._buffer) < size:
+            data = self.ws.recv(timeout_s=20)
+            assert isinstance(data, bytes)
+            self._buffer += data
+        out = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        return out
+
+    def ask_frames(self, count: int) -> None:
+        request = struct.pack(">BBHHHH", 3, 0, 0, 0, self.width, self.height)
+        for _ in range(count):
+            self.ws.send_binary(request)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("requests", "why"), [(1, "takes nothing"), (40, "falls MiBs behind")],
+)
+def test_vnc_viewer_that_reads_nothing(
+    container: Server, container_client: httpx.Client, sandboxed: dict[str, Any],
+    requests: int, why: str,
+) -> None:
+    """One frame is 4,096,000 bytes: under the 4 MiB outbox, so the viewer that asked for
+    one is dropped for taking nothing for STALL_S; the one that asked for 40 is dropped as
+    soon as it is 4 MiB behind. Either way the other viewer keeps getting frames."""
+    hub = container.services.vnc
+    dropped = container.services.metrics.slow_clients.value("vnc")
+    session_id = sandboxed["id"]
+    url = view_url(container_client, sandboxed)
+    with RfbViewer(url) as good:
+        good.full_frame()
+        rss_before = rss_bytes()
+        with RawWebSocket(url, subprotocol="binary") as slow:
+            RawRfb(slow).ask_frames(requests)
+            assert hub.viewers(session_id) == 2
+            for _ in range(4):
+                started = time.monotonic()
+                assert good.full_frame().shape == (DISPLAY["height"], DISPLAY["width"], 3)
+                assert time.monotonic() - started < 10
+            wait_for(lambda: hub.viewers(session_id) == 1, 30, f"a viewer that {why} dropped")
+            rss_dropped = rss_bytes()
+            _, closed = slow.drain(timeout_s=30)
+            assert closed is not None
+        for _ in range(2):
+            good.full_frame()
+        assert hub.viewers(session_id) == 1
+    assert container.services.metrics.slow_clients.value("vnc") == dropped + 1
+    # Our own socket holds a little; the proxy at most its 4 MiB outbox and a frame.
+    assert rss_dropped - rss_before < 200 * MIB, (rss_before, rss_dropped)
+
+
+def sandbox_processes(client: httpx.Client, session: dict[str, Any]) -> str:
+    program = ("import os\n"
+               "for p in os.listdir('/proc'):\n"
+               "    if p.isdigit():\n"
+               "        try: print(open(f'/proc/{p}/cmdline', 'rb').read())\n"
+               "        except OSError: pass\n")
+    response = client.post(f"/v1/sessions/{session['id']}/exec",
+                           json={"cmd": ["python3", "-c", program]})
+    assert response.status_code == 200, response.text
+    output: str = response.json()["stdout"]
+    return output
+
+
+@pytest.mark.slow
+def test_uploads_that_stop_arriving(
+    container: Server, container_client: httpx.Client, sandboxed: dict[str, Any]
+) -> None:
+    host, port = container.url.removeprefix("http://").split(":")
+    path = f"/v1/sessions/{sandboxed['id']}/files"
+    results: list[tuple[int, bytes]] = []
+
+    def upload(n: int) -> None:
+        head = (
+            f"PUT {path}?path=/tmp/stalled-{n} HTTP/1.1\r\nHost: {host}\r\n"
+            f"Authorization: Bearer {KEY_A}\r\nContent-Type: application/octet-stream\r\n"
+            "Content-Length: 10000000\r\n\r\n"
+        ).encode()
+        results.append(stalled_request(host, int(port), head + b"x" * 1000))
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=upload, args=(n,)) for n in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert STALL_S - 0.5 <= time.monotonic() - started < STALL_S + 30
+    assert len(results) == 3
+    for status, body in results:
+        assert status == 408, body
+        assert json.loads(body)["error"]["type"] == "timeout"
+    # The sandbox's writers are gone with their temporary files; nothing was written.
+    assert b"deskbox-upload" not in sandbox_processes(container_client, sandboxed).encode()
+    listing = container_client.post(f"/v1/sessions/{sandboxed['id']}/exec",
+                                    json={"cmd": ["ls", "-a", "/tmp"]}).json()["stdout"]
+    assert "stalled" not in listing and "deskbox-upload" not in listing, listing
+    # And uploads work as before.
+    response = container_client.put(path, params={"path": "/tmp/fine"}, content=b"abc")
+    assert response.status_code == 200, response.text
+    assert_error(container_client.put(path, params={"path": "tmp"}, content=b""), 422,
+                 "invalid_request")

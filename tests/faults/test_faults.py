@@ -1,0 +1,242 @@
+"""Faults in a live session (issue 9): a component of the desktop is killed from the host, or
+the session exhausts its disk, memory or pids. Each case ends in a defined state within a
+few seconds — the component restarted, or the session ``failed`` with the reason in the
+API and its events — while a neighbour session and the server keep answering.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from deskbox_server.api.auth import key_id
+from deskbox_server.backends.container_backend import ContainerHandle
+from deskbox_server.backends.runc import Runc
+
+from ..api.conftest import DISPLAY, KEY_A, Server
+from ..api.containers import container_server
+from ..api.helpers import decode
+from ..api.test_container import cgroup_pids
+from ..api.test_container_cdp import read_events
+
+pytestmark = pytest.mark.slow
+
+PAGE = "data:text/html,<body style='background:%23c33'><input id=f autofocus></body>"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with container_server(tmp_path_factory, "faults", reaper_interval_s=0.2) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> Iterator[httpx.Client]:
+    with server.client() as http:
+        http.timeout = httpx.Timeout(60)
+        yield http
+
+
+def create(client: httpx.Client) -> dict[str, Any]:
+    response = client.post("/v1/sessions", json={"display": DISPLAY,
+                                                  "browser": {"start_url": PAGE}})
+    assert response.status_code == 201, response.text
+    session: dict[str, Any] = response.json()
+    return session
+
+
+@pytest.fixture
+def session(client: httpx.Client) -> Iterator[dict[str, Any]]:
+    created = create(client)
+    yield created
+    client.delete(f"/v1/sessions/{created['id']}")
+
+
+@pytest.fixture(scope="module")
+def neighbour(client: httpx.Client) -> Iterator[dict[str, Any]]:
+    created = create(client)
+    yield created
+    client.delete(f"/v1/sessions/{created['id']}")
+
+
+def sandbox_of(server: Server, session: dict[str, Any]) -> ContainerHandle:
+    handle = server.services.manager.handle(key_id(KEY_A), session["id"])
+    assert isinstance(handle, ContainerHandle)
+    return handle
+
+
+def process(container_id: str, name: str) -> int:
+    """The pid (on the host) of the sandbox's process whose command is ``name``."""
+    for pid in sorted(cgroup_pids(container_id)):
+        try:
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        if os.path.basename(argv0).decode() == name:
+            return pid
+    raise AssertionError(f"no {name} in {container_id}")
+
+
+def eventually(check: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout_s:g} s: {what}"
+        time.sleep(0.1)
+
+
+def still_answers(client: httpx.Client, session: dict[str, Any]) -> None:
+    """The session takes a click and shows its page (the red background)."""
+    click = client.post(f"/v1/sessions/{session['id']}/actions",
+                        json={"type": "click", "x": 600, "y": 500})
+    assert click.status_code == 200, click.text
+    shot = client.get(f"/v1/sessions/{session['id']}/screenshot", params={"format": "png"})
+    assert shot.status_code == 200, shot.text
+    assert decode(shot.content).getpixel((600, 500))[:3] == (0xCC, 0x33, 0x33)
+
+
+def server_and_neighbour_answer(client: httpx.Client, neighbour: dict[str, Any]) -> None:
+    assert client.get("/healthz").status_code == 200
+    still_answers(client, neighbour)
+
+
+def exec_in(client: httpx.Client, session: dict[str, Any], *cmd: str,
+            timeout_s: float = 30) -> dict[str, Any]:
+    response = client.post(f"/v1/sessions/{session['id']}/exec",
+                           json={"cmd": list(cmd), "timeout_s": timeout_s})
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+# -- a component is killed -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("component", ["Xvfb", "sandbox"])
+def test_the_x_server_or_the_sandbox_killed_fails_the_session_with_a_reason(
+    client: httpx.Client, server: Server, session: dict[str, Any],
+    neighbour: dict[str, Any], component: str,
+) -> None:
+    container_id = sandbox_of(server, session).sandbox.container_id
+    if component == "sandbox":
+        Runc().kill(container_id)
+    else:
+        os.kill(process(container_id, component), signal.SIGKILL)
+
+    def failed() -> bool:
+        return bool(client.get(f"/v1/sessions/{session['id']}").json()["state"] == "failed")
+
+    eventually(failed, "the session is failed")
+    body = client.get(f"/v1/sessions/{session['id']}").json()
+    assert "exited" in body["failure"]["reason"], body
+    # The stream ends with the session: all of it (a browser_exited may come first).
+    states = [e for e in read_events(client, session, 100) if e["type"] == "state"]
+    assert [e["state"] for e in states] == ["starting", "running", "failed"]
+    assert states[-1]["reason"] == body["failure"]["reason"]
+    error = client.post(f"/v1/sessions/{session['id']}/actions",
+                        json={"type": "click", "x": 1, "y": 1})
+    assert error.status_code == 502 and error.json()["error"]["type"] == "session_failed"
+    eventually(lambda: not cgroup_pids(container_id), "the sandbox's processes are gone")
+    server_and_neighbour_answer(client, neighbour)
+
+
+@pytest.mark.parametrize("component", ["openbox", "chromium"])
+def test_the_window_manager_or_the_browser_killed_is_restarted(
+    client: httpx.Client, server: Server, session: dict[str, Any],
+    neighbour: dict[str, Any], component: str,
+) -> None:
+    container_id = sandbox_of(server, session).sandbox.container_id
+    killed = process(container_id, component)
+    os.kill(killed, signal.SIGKILL)
+
+    def restarted() -> bool:
+        try:
+            return process(container_id, component) != killed
+        except AssertionError:
+            return False
+
+    eventually(restarted, f"{component} runs again")
+    assert client.get(f"/v1/sessions/{session['id']}").json()["state"] == "running"
+    eventually(lambda: _answers(client, session), "the session shows its page again", 20)
+    server_and_neighbour_answer(client, neighbour)
+
+
+def _answers(client: httpx.Client, session: dict[str, Any]) -> bool:
+    try:
+        still_answers(client, session)
+    except AssertionError:
+        return False
+    return True
+
+
+def test_the_vnc_server_killed_is_started_again_for_the_next_viewer(
+    client: httpx.Client, server: Server, session: dict[str, Any],
+) -> None:
+    from ..rfb_client import RfbViewer
+
+    token = client.post(f"/v1/sessions/{session['id']}/tokens",
+                        json={"scope": "view"}).json()["token"]
+    url = f"{session['urls']['vnc_ws']}?token={token}"
+    container_id = sandbox_of(server, session).sandbox.container_id
+    with RfbViewer(url) as viewer:
+        assert viewer.full_frame()[500, 600][:3].tolist() == [0xCC, 0x33, 0x33]
+        os.kill(process(container_id, "x11vnc"), signal.SIGKILL)
+        with pytest.raises(Exception):  # noqa: B017 - the stream ends, however it says so
+            viewer.full_frame()
+    with RfbViewer(url) as viewer:
+        assert viewer.full_frame()[500, 600][:3].tolist() == [0xCC, 0x33, 0x33]
+
+
+# -- the session exhausts what it was given ------------------------------------------------
+
+
+def test_a_full_disk_fails_the_write_not_the_session(
+    client: httpx.Client, session: dict[str, Any], neighbour: dict[str, Any],
+) -> None:
+    filled = exec_in(client, session, "sh", "-c",
+                     "dd if=/dev/zero of=/tmp/fill bs=1M count=2000 2>&1; echo rc=$?")
+    assert "No space left on device" in filled["stdout"], filled
+    still_answers(client, session)
+    freed = exec_in(client, session, "rm", "/tmp/fill")
+    assert freed["exit_code"] == 0
+    server_and_neighbour_answer(client, neighbour)
+
+
+def test_a_memory_hog_is_killed_and_the_session_runs_on(
+    client: httpx.Client, session: dict[str, Any], neighbour: dict[str, Any],
+) -> None:
+    hog = exec_in(client, session, "python3", "-c",
+                  "chunks = []\nwhile True: chunks.append(bytearray(64 << 20))")
+    assert hog["exit_code"] in (-9, 137), hog  # the cgroup's OOM killer took the hog
+    assert client.get(f"/v1/sessions/{session['id']}").json()["state"] == "running"
+    eventually(lambda: _answers(client, session), "the session shows its page", 20)
+    server_and_neighbour_answer(client, neighbour)
+
+
+def test_a_fork_bomb_hits_the_pids_limit_and_the_session_runs_on(
+    client: httpx.Client, session: dict[str, Any], neighbour: dict[str, Any],
+) -> None:
+    bomb = exec_in(client, session, "python3", "-c", (
+        "import os, time\n"
+        "made = 0\n"
+        "while True:\n"
+        "    try:\n"
+        "        pid = os.fork()\n"
+        "    except OSError:\n"
+        "        break\n"
+        "    if pid == 0:\n"
+        "        time.sleep(5)\n"
+        "        os._exit(0)\n"
+        "    made += 1\n"
+        "print(made, flush=True)\n"
+    ), timeout_s=60)
+    made = int(bomb["stdout"].split()[0])
+    assert 0 < made < 1024, bomb  # stopped by the sandbox's pids limit (1024)
+    eventually(lambda: _answers(client, session), "the session answers again", 30)
+    server_and_neighbour_answer(client, neighbour)

@@ -1,0 +1,135 @@
+"""Schemathesis hooks of the fuzz run (loaded by the ``schemathesis`` CLI, not by pytest).
+
+Two things, both applied to every request just before it is sent (so the printed
+reproduction of a failure is what was really sent):
+
+- **Live session**: about half the cases on one session (chosen by a hash of the generated
+  id, so a case replays the same way) go to ``DESKBOX_FUZZ_SESSION``, a running desktop,
+  instead of an id that does not exist: the server's answers past the 404 get fuzzed too.
+  Deleting it, and its event stream (which lasts as long as the session), are left to
+  the stateful phase's own sessions.
+- **Taming**: a valid case that would keep the desktop busy for minutes (a batch of 60 s
+  waits, 20,000 characters typed one key at a time, an 8K display) is legal but tests the
+  desktop's throughput, not the API; such values are cut down to cheap ones of the same
+  shape. Start URLs become ``about:blank``: the local backend's browser shares the host's
+  network, and the fuzzer must not send traffic anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from typing import Any
+
+import schemathesis
+
+LIVE_SESSION = os.environ.get("DESKBOX_FUZZ_SESSION", "")
+_SESSION_PATH = "/v1/sessions/{session_id}"
+_START_URL_SCHEMES = ("http:", "https:", "file:", "data:", "about:")
+_CHEAP: dict[str, dict[str, float]] = {
+    # action type: {field: cap}
+    "wait": {"ms": 20},
+    "hold_key": {"duration_s": 0.02},
+}
+_MAX_TEXT = 40
+_MAX_POINTS = 8
+_MAX_BATCH = 8
+_MAX_SCREEN = (1280, 800)
+_MAX_IMAGE_SIDE = 1600
+
+
+def _capped(value: Any, cap: float) -> Any:
+    """``value`` capped when it is a number past ``cap``; anything else as it is."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > cap:
+        return type(value)(cap)
+    return value
+
+
+def _tame_size(size: Any, cap: tuple[int, int]) -> None:
+    if isinstance(size, dict):
+        for key, limit in zip(("width", "height"), cap, strict=True):
+            if key in size:
+                size[key] = _capped(size[key], limit)
+
+
+def _tame_action(action: Any) -> None:
+    if not isinstance(action, dict):
+        return
+    kind = action.get("type")
+    for field, cap in _CHEAP.get(str(kind), {}).items():
+        if field in action:
+            action[field] = _capped(action[field], cap)
+    for field in ("text",):
+        if isinstance(action.get(field), str):
+            action[field] = action[field][:_MAX_TEXT]
+    if isinstance(action.get("path"), list):
+        action["path"] = action["path"][:_MAX_POINTS]
+    for field in ("scale", "coordinate_space"):
+        _tame_size(action.get(field), (_MAX_IMAGE_SIDE, _MAX_IMAGE_SIDE))
+
+
+def _tame_actions(body: dict[str, Any]) -> None:
+    actions = body.get("actions")
+    if isinstance(actions, list):
+        del actions[_MAX_BATCH:]
+        for action in actions:
+            _tame_action(action)
+    else:
+        _tame_action(body)
+    _tame_action(body.get("screenshot"))
+    _tame_size(body.get("coordinate_space"), (_MAX_IMAGE_SIDE, _MAX_IMAGE_SIDE))
+
+
+def _tame_create(body: dict[str, Any]) -> None:
+    browser = body.get("browser")
+    if isinstance(browser, dict) and isinstance(browser.get("start_url"), str):
+        if browser["start_url"].lower().startswith(_START_URL_SCHEMES):
+            browser["start_url"] = "about:blank"
+    _tame_size(body.get("display"), _MAX_SCREEN)
+
+
+def _tame_dialect(body: dict[str, Any]) -> None:
+    """Anthropic's ``input`` / OpenAI's ``action``: the same cheap caps by field name."""
+    for holder in (body, body.get("action")):
+        if not isinstance(holder, dict):
+            continue
+        if isinstance(holder.get("text"), str):
+            holder["text"] = holder["text"][:_MAX_TEXT]
+        for field in ("duration", "ms", "scroll_amount"):
+            if field in holder:
+                holder[field] = _capped(holder[field], 1)
+        if isinstance(holder.get("path"), list):
+            holder["path"] = holder["path"][:_MAX_POINTS]
+    if isinstance(body.get("actions"), list):
+        del body["actions"][_MAX_BATCH:]
+        for action in body["actions"]:
+            if isinstance(action, dict):
+                _tame_dialect(action)
+
+
+def _use_live_session(case: Any) -> None:
+    ids = case.path_parameters
+    if not LIVE_SESSION or not isinstance(ids, dict) or "session_id" not in ids:
+        return
+    if case.method.upper() == "DELETE" and case.path == _SESSION_PATH:
+        return
+    if case.path.endswith("/events"):
+        return  # a live session's stream ends with the session: each case would time out
+    if case.meta is not None and str(case.meta.phase.name) == "stateful":
+        return  # its ids come from the sessions it created
+    if zlib.crc32(repr(ids["session_id"]).encode()) % 2 == 0:
+        ids["session_id"] = LIVE_SESSION
+
+
+@schemathesis.hook
+def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
+    _use_live_session(case)
+    body = case.body
+    if not isinstance(body, dict):
+        return
+    if case.path == "/v1/sessions" and case.method.upper() == "POST":
+        _tame_create(body)
+    elif case.path.endswith("/actions"):
+        _tame_actions(body)
+    elif case.path.endswith(("/actions/anthropic", "/actions/openai")):
+        _tame_dialect(body)

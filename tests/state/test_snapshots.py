@@ -1,0 +1,389 @@
+"""Snapshots and forks end to end, on runc sandboxes through the API (issue 6).
+
+A test X connection into a sandbox would make CRIU refuse it (a host process connected to
+the sandbox), so the page is read over X before and after a checkpoint, never during one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+from deskbox_server.api.auth import key_id
+from deskbox_server.backends.checkpoint import Criu
+from deskbox_server.backends.container_backend import ContainerHandle
+from deskbox_server.backends.runc import Runc
+from deskbox_server.settings import Settings
+
+from ..api.conftest import DISPLAY, KEY_A, Server, running_server
+from ..api.helpers import assert_error, decode
+from ..api.sandbox_page import SandboxPage, events_data_url
+from ..api.test_container import cgroup_dirs
+from ..api.test_container_pause import changed_pixels
+from ..images import IMAGE_STATE_DIR
+from ..rfb_client import RfbViewer
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(Criu().missing() is not None,
+                       reason="CRIU 4.1 is not installed (scripts/criu.sh)"),
+]
+
+TEXT = "typed before the snapshot"
+
+
+def settings(state_dir: Path, **extra: Any) -> Settings:
+    return Settings(
+        state_dir=state_dir, api_keys=[KEY_A], image_state_dir=IMAGE_STATE_DIR,
+        reaper_interval_s=0.5, max_sessions=8, max_sessions_per_key=6, **extra,
+    )
+
+
+@pytest.fixture(scope="module")
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("snapshots-state")
+
+
+@pytest.fixture(scope="module")
+def server(state_dir: Path) -> Iterator[Server]:
+    with running_server(settings(state_dir)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> Iterator[httpx.Client]:
+    with server.client() as http:
+        http.timeout = httpx.Timeout(120)
+        yield http
+
+
+def handle_of(server: Server, session_id: str) -> ContainerHandle:
+    found = server.services.manager.handle(key_id(KEY_A), session_id)
+    assert isinstance(found, ContainerHandle)
+    return found
+
+
+def act(client: httpx.Client, session_id: str, body: dict[str, Any]) -> None:
+    response = client.post(f"/v1/sessions/{session_id}/actions", json=body)
+    assert response.status_code == 200, response.text
+
+
+def page_state(server: Server, session_id: str, done: Any = lambda state: True) -> Any:
+    with SandboxPage(handle_of(server, session_id).sandbox.display_name) as page:
+        return page.wait(done)
+
+
+def field_origin(client: httpx.Client, server: Server, session_id: str) -> tuple[int, int]:
+    """Where the page's (0, 0) is on screen, from one click through the API."""
+    with SandboxPage(handle_of(server, session_id).sandbox.display_name) as page:
+        page.wait(lambda state: state["clicks"] == 0)
+        act(client, session_id, {"type": "click", "x": 640, "y": 700})
+        click = page.wait(lambda state: state["clicks"] >= 1)["click"]
+    return click[2] - click[0], click[3] - click[1]
+
+
+def type_into_field(
+    client: httpx.Client, session_id: str, origin: tuple[int, int], text: str
+) -> None:
+    ox, oy = origin
+    act(client, session_id, {"actions": [
+        {"type": "click", "x": ox + 900, "y": oy + 175},
+        {"type": "key", "keys": "End"},
+        {"type": "type", "text": text},
+    ]})
+
+
+def screenshot(client: httpx.Client, session_id: str) -> Any:
+    response = client.get(f"/v1/sessions/{session_id}/screenshot", params={"format": "png"})
+    assert response.status_code == 200, response.text
+    return decode(response.content)
+
+
+def new_session(client: httpx.Client, **body: Any) -> str:
+    response = client.post(
+        "/v1/sessions",
+        json={"display": DISPLAY, "browser": {"start_url": events_data_url()}, **body},
+    )
+    assert response.status_code == 201, response.text
+    session_id: str = response.json()["id"]
+    return session_id
+
+
+@pytest.fixture(scope="module")
+def source(client: httpx.Client, server: Server) -> Iterator[tuple[str, tuple[int, int]]]:
+    """A session with TEXT typed into the page's field, and where its page is."""
+    session_id = new_session(client)
+    try:
+        origin = field_origin(client, server, session_id)
+        type_into_field(client, session_id, origin, TEXT)
+        assert page_state(server, session_id, lambda s: s["value"] == TEXT)["value"] == TEXT
+        yield session_id, origin
+    finally:
+        client.delete(f"/v1/sessions/{session_id}")
+
+
+def netns_inode(handle: ContainerHandle) -> int:
+    assert handle.sandbox.init_pid is not None
+    return os.stat(f"/proc/{handle.sandbox.init_pid}/ns/net").st_ino
+
+
+def test_snapshot_leaves_the_session_running_and_restores_as_a_copy(
+    client: httpx.Client, server: Server, state_dir: Path,
+    source: tuple[str, tuple[int, int]],
+) -> None:
+    sid, origin = source
+    before = screenshot(client, sid)
+    response = client.post(f"/v1/sessions/{sid}/snapshots")
+    assert response.status_code == 201, response.text
+    snapshot = response.json()
+    snap_id = snapshot["id"]
+    assert snap_id.startswith("snap_") and snapshot["session_id"] == sid
+    assert snapshot["display"] == {**DISPLAY, "dpi": 96} and snapshot["backend"] == "container"
+    assert 0 < snapshot["size_bytes"] < snapshot["raw_bytes"]
+    assert client.get(f"/v1/snapshots/{snap_id}").json() == snapshot
+    assert snap_id in [s["id"] for s in client.get("/v1/snapshots").json()["snapshots"]]
+
+    # Only the server can read it: it holds the session's memory.
+    directory = state_dir / "snapshots" / snap_id
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    files = [path for path in directory.rglob("*") if path.is_file()]
+    assert files and all(stat.S_IMODE(path.stat().st_mode) == 0o600 for path in files)
+
+    # The source ran on through it and still takes input.
+    assert client.get(f"/v1/sessions/{sid}").json()["state"] == "running"
+    type_into_field(client, sid, origin, " source")
+    page_state(server, sid, lambda s: s["value"] == TEXT + " source")
+
+    created = client.post("/v1/sessions", json={"from_snapshot": snap_id, "labels": {"k": "v"}})
+    assert created.status_code == 201, created.text
+    copy = created.json()
+    try:
+        assert copy["state"] == "running" and copy["id"] != sid
+        assert copy["display"] == snapshot["display"] and copy["labels"] == {"k": "v"}
+        source_handle, copy_handle = handle_of(server, sid), handle_of(server, copy["id"])
+        assert copy_handle.sandbox.container_id != source_handle.sandbox.container_id
+        assert copy_handle.sandbox.display_name != source_handle.sandbox.display_name
+        assert netns_inode(copy_handle) != netns_inode(source_handle)
+        # The copy is the session as it was at the snapshot: the typed text, the screen.
+        assert page_state(server, copy["id"])["value"] == TEXT
+        assert changed_pixels(screenshot(client, copy["id"]), before) <= 40
+        # ... and goes its own way.
+        type_into_field(client, copy["id"], origin, " copy")
+        assert page_state(server, copy["id"], lambda s: s["value"] == TEXT + " copy")
+        assert page_state(server, sid)["value"] == TEXT + " source"
+    finally:
+        assert client.delete(f"/v1/sessions/{copy['id']}").status_code == 204
+
+    # A copy with another display or network than the snapshot's is refused up front.
+    assert_error(client.post("/v1/sessions", json={
+        "from_snapshot": snap_id, "display": {"width": 800, "height": 600}}),
+        422, "invalid_request")
+    assert_error(client.post("/v1/sessions", json={
+        "from_snapshot": snap_id, "network": {"egress": "all"}}), 422, "invalid_request")
+
+    assert client.delete(f"/v1/snapshots/{snap_id}").status_code == 204
+    assert not directory.exists()
+    assert_error(client.get(f"/v1/snapshots/{snap_id}"), 404, "not_found")
+    assert_error(client.delete(f"/v1/snapshots/{snap_id}"), 404, "not_found")
+    assert_error(client.post("/v1/sessions", json={"from_snapshot": snap_id}),
+                 404, "not_found")
+    assert_error(client.get("/v1/snapshots/..%2F..%2Fetc"), 404, "not_found")
+
+
+def test_fork_makes_independent_running_copies(
+    client: httpx.Client, server: Server, source: tuple[str, tuple[int, int]],
+) -> None:
+    sid, origin = source
+    text = page_state(server, sid)["value"]
+    response = client.post(f"/v1/sessions/{sid}/fork", json={"count": 3})
+    assert response.status_code == 201, response.text
+    copies = [s["id"] for s in response.json()["sessions"]]
+    try:
+        assert len(set(copies)) == 3 and sid not in copies
+        assert all(s["state"] == "running" for s in response.json()["sessions"])
+        handles = [handle_of(server, c) for c in [sid, *copies]]
+        assert len({h.sandbox.container_id for h in handles}) == 4
+        assert len({h.sandbox.display_name for h in handles}) == 4
+        assert len({netns_inode(h) for h in handles}) == 4
+        for index, copy in enumerate(copies):
+            assert page_state(server, copy)["value"] == text
+            type_into_field(client, copy, origin, f" fork{index}")
+        for index, copy in enumerate(copies):
+            wanted = f"{text} fork{index}"
+            assert page_state(server, copy, lambda s, w=wanted: s["value"] == w)["value"] == wanted
+        assert page_state(server, sid)["value"] == text  # the source is untouched
+
+        # Each copy has its own tokens: one made for the source opens nothing of a copy.
+        token = client.post(f"/v1/sessions/{sid}/tokens", json={"scope": "view"}).json()
+        with httpx.Client(base_url=server.url, timeout=30) as anonymous:
+            own = anonymous.get(f"/v1/sessions/{sid}/view/status",
+                                params={"token": token["token"]})
+            other = anonymous.get(f"/v1/sessions/{copies[0]}/view/status",
+                                  params={"token": token["token"]})
+        assert own.status_code == 200, own.text
+        assert other.status_code in (401, 403), other.text
+    finally:
+        for copy in copies:
+            assert client.delete(f"/v1/sessions/{copy}").status_code == 204
+    for handle in handles[1:]:
+        assert Runc().state(handle.sandbox.container_id) is None
+        assert not cgroup_dirs(handle.sandbox.container_id)
+
+
+def test_fork_refuses_what_it_cannot_do(
+    client: httpx.Client, source: tuple[str, tuple[int, int]]
+) -> None:
+    sid, _ = source
+    for count in (0, 17, "two"):
+        assert_error(client.post(f"/v1/sessions/{sid}/fork", json={"count": count}),
+                     422, "invalid_request")
+    # 6 per key: the source and 5 more at most.
+    error = assert_error(client.post(f"/v1/sessions/{sid}/fork", json={"count": 6}),
+                         429, "capacity")
+    assert "maximum" in error["message"]
+    assert_error(client.post("/v1/sessions/ses_nope/fork", json={"count": 1}),
+                 404, "not_found")
+    assert_error(client.post("/v1/sessions/ses_nope/snapshots"), 404, "not_found")
+
+
+def test_a_damaged_snapshot_gives_a_clear_error_and_no_session(
+    client: httpx.Client, state_dir: Path, source: tuple[str, tuple[int, int]],
+) -> None:
+    sid, _ = source
+    taken = client.post(f"/v1/sessions/{sid}/snapshots")
+    assert taken.status_code == 201, taken.text
+    snap_id = taken.json()["id"]
+    archive = state_dir / "snapshots" / snap_id / "images.tar.zst"
+    with open(archive, "r+b") as file:
+        file.truncate(archive.stat().st_size // 2)
+    before = {s["id"] for s in client.get("/v1/sessions").json()["sessions"]}
+    error = assert_error(client.post("/v1/sessions", json={"from_snapshot": snap_id}),
+                         502, "session_failed")
+    assert "corrupted" in error["message"], error
+    failed = [s for s in client.get("/v1/sessions").json()["sessions"]
+              if s["id"] not in before]
+    assert [s["state"] for s in failed] == ["failed"]
+    assert "corrupted" in failed[0]["failure"]["reason"]
+    assert not [cid for cid in Runc().list_ids() if failed[0]["id"] in cid]
+
+    archive.unlink()
+    error = assert_error(client.post("/v1/sessions", json={"from_snapshot": snap_id}),
+                         502, "session_failed")
+    assert "no images" in error["message"], error
+    assert client.delete(f"/v1/snapshots/{snap_id}").status_code == 204
+
+
+def test_snapshots_and_hibernated_sessions_survive_a_server_restart(
+    tmp_path: Path,
+) -> None:
+    state_dir = tmp_path / "state"
+    with running_server(settings(state_dir)) as first, first.client() as client:
+        client.timeout = httpx.Timeout(120)
+        sid = new_session(client)
+        origin = field_origin(client, first, sid)
+        type_into_field(client, sid, origin, TEXT)
+        page_state(first, sid, lambda s: s["value"] == TEXT)
+        snap_id = client.post(f"/v1/sessions/{sid}/snapshots").json()["id"]
+        before = screenshot(client, sid)
+        container_id = handle_of(first, sid).sandbox.container_id
+        paused = client.post(f"/v1/sessions/{sid}/pause", json={"mode": "hibernate"})
+        assert paused.status_code == 200, paused.text
+    # The server stopped: nothing of the session runs, its checkpoint is on disk.
+    assert Runc().state(container_id) is None
+    assert not cgroup_dirs(container_id)
+
+    with running_server(settings(state_dir)) as second, second.client() as client:
+        client.timeout = httpx.Timeout(120)
+        assert client.get(f"/v1/sessions/{sid}").json()["state"] == "hibernated"
+        frozen = client.get(f"/v1/sessions/{sid}/screenshot", params={"format": "png"})
+        assert frozen.status_code == 200 and frozen.headers["x-deskbox-frozen"] == "true"
+        assert changed_pixels(decode(frozen.content), before) <= 40
+        assert client.get(f"/v1/snapshots/{snap_id}").status_code == 200
+
+        resumed = client.post(f"/v1/sessions/{sid}/resume")
+        assert resumed.status_code == 200, resumed.text
+        assert resumed.json()["state"] == "running"
+        assert page_state(second, sid)["value"] == TEXT
+        type_into_field(client, sid, origin, " after")
+        page_state(second, sid, lambda s: s["value"] == TEXT + " after")
+
+        copy = client.post("/v1/sessions", json={"from_snapshot": snap_id})
+        assert copy.status_code == 201, copy.text
+        assert page_state(second, copy.json()["id"])["value"] == TEXT
+        for session_id in (sid, copy.json()["id"]):
+            assert client.delete(f"/v1/sessions/{session_id}").status_code == 204
+        assert client.delete(f"/v1/snapshots/{snap_id}").status_code == 204
+
+
+def test_idle_hibernated_sessions_expire(client: httpx.Client, server: Server) -> None:
+    sid = new_session(client, timeout_s=2)
+    paused = client.post(f"/v1/sessions/{sid}/pause", json={"mode": "hibernate"})
+    assert paused.status_code == 200, paused.text
+    session_dir = server.settings.state_dir / "sessions" / sid
+    assert (session_dir / "hibernate" / "images.tar.zst").is_file()
+    deadline = 30
+    started = time.monotonic()
+    while (state := client.get(f"/v1/sessions/{sid}").json()["state"]) != "stopped":
+        assert state in ("hibernated", "stopping"), state
+        assert time.monotonic() - started < deadline, "the hibernated session never expired"
+        time.sleep(0.2)
+    assert not session_dir.exists()  # its checkpoint went with it
+
+
+def test_viewers_and_devtools_clients_are_closed_for_a_checkpoint_and_reconnect(
+    client: httpx.Client, server: Server,
+) -> None:
+    """CRIU cannot dump a sandbox a host process is connected to: a VNC viewer and a
+    DevTools socket are closed first (and reconnect afterwards) instead of the checkpoint
+    being refused."""
+    sid = new_session(client)
+    session = client.get(f"/v1/sessions/{sid}").json()
+    view = client.post(f"/v1/sessions/{sid}/tokens", json={"scope": "view"}).json()
+    vnc = f"{session['urls']['vnc_ws']}?token={view['token']}"
+    target = [t for t in client.get(f"/v1/sessions/{sid}/cdp/json/list").json()
+              if t["type"] == "page"][0]
+
+    def evaluate(devtools: ClientConnection, expression: str) -> Any:
+        devtools.send(json.dumps({"id": 1, "method": "Runtime.evaluate", "params": {
+            "expression": expression, "returnByValue": True}}))
+        return json.loads(devtools.recv(timeout=10))["result"]["result"]["value"]
+
+    try:
+        for step in ("snapshot", "hibernate", "after"):
+            with ExitStack() as stack:
+                viewer = stack.enter_context(RfbViewer(vnc))
+                devtools = stack.enter_context(connect(
+                    target["webSocketDebuggerUrl"], compression=None, open_timeout=10,
+                    additional_headers={"Authorization": f"Bearer {KEY_A}"}))
+                frame = viewer.full_frame()
+                assert frame.shape[:2] == (DISPLAY["height"], DISPLAY["width"])
+                assert evaluate(devtools, "document.readyState") == "complete"
+                if step == "after":
+                    break
+                if step == "snapshot":
+                    response = client.post(f"/v1/sessions/{sid}/snapshots")
+                    assert response.status_code == 201, response.text
+                    client.delete(f"/v1/snapshots/{response.json()['id']}")
+                else:
+                    response = client.post(f"/v1/sessions/{sid}/pause",
+                                           json={"mode": "hibernate"})
+                    assert response.status_code == 200, response.text
+                    assert client.post(f"/v1/sessions/{sid}/resume").status_code == 200
+                # Both were closed by the server; the next round connects again.
+                with pytest.raises((ConnectionClosed, AssertionError, TimeoutError)):
+                    viewer.full_frame()
+                with pytest.raises(ConnectionClosed):
+                    evaluate(devtools, "1")
+    finally:
+        assert client.delete(f"/v1/sessions/{sid}").status_code == 204
