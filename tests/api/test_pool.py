@@ -9,6 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from deskbox_server.api.auth import key_id
+from deskbox_server.backends.checkpoint import Criu
 from deskbox_server.sessions.pool import PoolKey
 from deskbox_server.settings import Settings
 
@@ -129,3 +131,48 @@ def test_pool_settings_are_checked() -> None:
     assert Settings(pool_displays="1280x800, 1024x768").pool_displays == [
         "1280x800", "1024x768"]
 
+
+
+@pytest.mark.skipif(Criu().missing() is not None,
+                    reason="CRIU 4.1 is not installed (scripts/criu.sh)")
+def test_a_snapshot_pool_serves_creates_from_the_snapshot(server: Server) -> None:
+    pool = server.services.manager.pool
+    assert pool is not None
+    with server.client(KEY_A) as a, server.client(KEY_B) as b:
+        source = a.post("/v1/sessions", json={"browser": {
+            "start_url": "data:text/html,<body style='background:%2300f'>snap</body>"}})
+        assert source.status_code == 201, source.text
+        sid = source.json()["id"]
+        try:
+            snapshot = a.post(f"/v1/sessions/{sid}/snapshots").json()
+            assert snapshot["pool"] == {"size": 0, "ready": 0}
+            # Only the owner can pool it; sizes are bounded; the key's cap holds.
+            assert b.put(f"/v1/snapshots/{snapshot['id']}/pool",
+                         json={"size": 1}).status_code == 404
+            assert a.put(f"/v1/snapshots/{snapshot['id']}/pool",
+                         json={"size": 9}).status_code == 422
+            pooled = a.put(f"/v1/snapshots/{snapshot['id']}/pool", json={"size": 1})
+            assert pooled.status_code == 200, pooled.text
+            assert pooled.json()["pool"]["size"] == 1
+
+            def ready() -> bool:
+                body = a.get(f"/v1/snapshots/{snapshot['id']}").json()
+                return bool(body["pool"]["ready"] == 1)
+
+            deadline = time.monotonic() + 60
+            while not ready():
+                assert time.monotonic() < deadline, "the snapshot's pool did not fill"
+                time.sleep(0.1)
+            claimed = pool.claimed
+            copy = a.post("/v1/sessions", json={"from_snapshot": snapshot["id"]})
+            assert copy.status_code == 201, copy.text
+            assert pool.claimed == claimed + 1  # taken from the pool, not restored now
+            shot = a.get(f"/v1/sessions/{copy.json()['id']}/screenshot",
+                         params={"format": "png"})
+            assert decode(shot.content).getpixel((640, 500))[:3] == (0, 0, 255)
+            assert a.delete(f"/v1/sessions/{copy.json()['id']}").status_code == 204
+            # Deleting the snapshot empties its pool.
+            assert a.delete(f"/v1/snapshots/{snapshot['id']}").status_code == 204
+            assert not pool.snapshot_keys(key_id(KEY_A))
+        finally:
+            a.delete(f"/v1/sessions/{sid}")

@@ -34,6 +34,7 @@ _FASTAPI_ERRORS = ("HTTPValidationError", "ValidationError")
 _CREATE = ("post", "/v1/sessions")
 _TOKENS = "/v1/sessions/{session_id}/tokens"
 _TOKEN = _TOKENS + "/{token_id}"
+_SNAPSHOTS = "/v1/sessions/{session_id}/snapshots"
 _METHODS = ("get", "put", "post", "delete", "patch")
 _DESCRIPTIONS = {
     401: "unauthorized: missing or invalid API key (or session token)",
@@ -79,18 +80,23 @@ def _error_response(status: int) -> dict[str, Any]:
     return response
 
 
-def _session_links(paths: dict[str, Any]) -> dict[str, Any]:
+def _links_to(paths: dict[str, Any], parameter: str, prefix: str) -> dict[str, Any]:
+    """Links from an answer's ``id`` to every operation under ``prefix`` (its resource)."""
     links: dict[str, Any] = {}
     for path, operations in paths.items():
-        if not path.startswith("/v1/sessions/{session_id}"):
+        if not path.startswith(prefix):
             continue
         for method, operation in operations.items():
             if method in _METHODS and "operationId" in operation:
                 links[operation["operationId"]] = {
                     "operationId": operation["operationId"],
-                    "parameters": {"session_id": "$response.body#/id"},
+                    "parameters": {parameter: "$response.body#/id"},
                 }
     return links
+
+
+def _session_links(paths: dict[str, Any]) -> dict[str, Any]:
+    return _links_to(paths, "session_id", "/v1/sessions/{session_id}")
 
 
 def describe(document: dict[str, Any]) -> dict[str, Any]:
@@ -125,6 +131,9 @@ def describe(document: dict[str, Any]) -> dict[str, Any]:
     created = paths.get(_CREATE[1], {}).get(_CREATE[0], {}).get("responses", {}).get("201")
     if created is not None:
         created["links"] = _session_links(paths)
+    snapshot = paths.get(_SNAPSHOTS, {}).get("post", {}).get("responses", {}).get("201")
+    if snapshot is not None:
+        snapshot["links"] = _links_to(paths, "snapshot_id", "/v1/snapshots/{snapshot_id}")
     issued = paths.get(_TOKENS, {}).get("post", {}).get("responses", {}).get("201")
     revoke = paths.get(_TOKEN, {}).get("delete", {}).get("operationId")
     if issued is not None and revoke is not None:

@@ -8,12 +8,29 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .scalars import IntOnly
 from .sessions import Browser, Display, Session
 
-__all__ = ["MAX_FORKS", "ForkRequest", "Forks", "Snapshot", "SnapshotList"]
+__all__ = [
+    "MAX_FORKS", "MAX_SNAPSHOT_POOL", "ForkRequest", "Forks", "PoolRequest", "Snapshot",
+    "SnapshotList", "SnapshotPool",
+]
 
 # Copies per fork call: each is a full desktop, restored at once.
 MAX_FORKS = 16
+# Ready copies one snapshot may keep in the warm pool (PUT /v1/snapshots/{id}/pool).
+MAX_SNAPSHOT_POOL = 4
+
+
+class SnapshotPool(BaseModel):
+    size: int  # ready copies the warm pool keeps of this snapshot
+    ready: int  # of which are ready now
+
+
+class PoolRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    size: Annotated[int, Field(ge=0, le=MAX_SNAPSHOT_POOL), IntOnly]
 
 
 class Snapshot(BaseModel):
@@ -25,6 +42,7 @@ class Snapshot(BaseModel):
     created_at: datetime
     size_bytes: int  # on disk, compressed
     raw_bytes: int  # the checkpoint's images before compression (about the memory it held)
+    pool: SnapshotPool
 
 
 class SnapshotList(BaseModel):

@@ -41,7 +41,7 @@ from .lifecycle import LIVE_STATES, SessionRecord, utcnow
 from .links import SessionLinks
 from .live import LiveSession, not_live
 from .pause import FrameStore
-from .pool import PoolKey, WarmPool, new_session_id
+from .pool import PoolKey, SnapshotKey, WarmPool, new_session_id
 from .registry import Registry
 from .snapshots import SnapshotStore
 from .state_changes import StateChanges
@@ -82,7 +82,7 @@ class SessionManager(StateChanges):
         self.pool = WarmPool(
             pool_backend, [PoolKey.parse(d) for d in settings.pool_displays],
             settings.pool_size, settings.start_timeout_s,
-        ) if pool_backend is not None and settings.pool_size else None
+        ) if pool_backend is not None else None
 
     # -- server lifetime ------------------------------------------------------------------
 
@@ -106,6 +106,9 @@ class SessionManager(StateChanges):
             raise
         self._reaper = asyncio.create_task(self._reap_forever(), name="deskbox-reaper")
         if self.pool is not None:
+            for snapshot in await asyncio.to_thread(self.snapshots.all):
+                if snapshot.pool_size:
+                    await self.pool.set_target(self._pool_key(snapshot), snapshot.pool_size)
             self.pool.start()
 
     async def _recover(self) -> None:
@@ -280,14 +283,17 @@ class SessionManager(StateChanges):
             raise InvalidRequest(
                 f"timeout_s may be at most {self._settings.max_timeout_s} on this server"
             )
-        if snapshot is None and self.pool is not None:
+        key: PoolKey | SnapshotKey | None = None
+        if snapshot is None:
             key = PoolKey.of_body(body, self._settings.default_backend)
-            if key is not None:
-                self._check_capacity(owner)
-                claimed = self.pool.claim(key)
-                if claimed is not None:
-                    return await self._adopt_from_pool(owner, body, backend_name, timeout_s,
-                                                       *claimed)
+        elif body.from_snapshot is not None and body.resources is None and body.network is None:
+            key = SnapshotKey(body.from_snapshot, owner, snapshot)  # not a fork's copy
+        if key is not None and self.pool is not None:
+            self._check_capacity(owner)
+            claimed = self.pool.claim(key)
+            if claimed is not None:
+                return await self._adopt_from_pool(owner, body, backend_name, timeout_s,
+                                                   *claimed)
         session_id = new_session_id()
         spec = SessionSpec(
             id=session_id,

@@ -23,12 +23,13 @@ from collections import deque
 from collections.abc import Iterable
 from contextlib import suppress
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..backends.base import Backend, DesktopHandle, SessionSpec
 from ..driver.commands import DesktopSpec
 from ..schemas.sessions import Browser, Display, SessionCreate
 
-__all__ = ["PoolKey", "WarmPool", "new_session_id"]
+__all__ = ["PoolKey", "SnapshotKey", "WarmPool", "new_session_id"]
 
 log = logging.getLogger("deskbox.pool")
 _RETRY_AFTER_FAILURE_S = 5.0
@@ -76,6 +77,27 @@ class PoolKey:
     def display(self) -> Display:
         return Display(width=self.width, height=self.height, dpi=self.dpi)
 
+    @property
+    def label(self) -> str:
+        return f"{self.width}x{self.height}"
+
+
+@dataclass(frozen=True)
+class SnapshotKey:
+    """Ready copies of one snapshot, for its owner's creates ``from_snapshot``."""
+
+    snapshot_id: str
+    owner: str
+    directory: Path
+
+    def spec(self, session_id: str) -> SessionSpec:
+        return SessionSpec(id=session_id, desktop=DesktopSpec(), from_snapshot=self.directory,
+                           background=True)
+
+    @property
+    def label(self) -> str:
+        return self.snapshot_id
+
 
 @dataclass
 class _Ready:
@@ -83,32 +105,55 @@ class _Ready:
     handle: DesktopHandle
 
 
+Key = PoolKey | SnapshotKey
+
+
 class WarmPool:
     def __init__(
         self, backend: Backend, keys: Iterable[PoolKey], size: int, start_timeout_s: float
     ) -> None:
         self._backend = backend
-        self._size = size
         self._timeout_s = start_timeout_s
-        self._ready: dict[PoolKey, deque[_Ready]] = {key: deque() for key in keys}
+        # How many ready desktops each pool keeps; snapshot pools come and go at run time.
+        self._targets: dict[Key, int] = {key: size for key in keys} if size else {}
+        self._ready: dict[Key, deque[_Ready]] = {key: deque() for key in self._targets}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self.claimed = 0
         self.missed = 0
 
-    def ready(self, key: PoolKey) -> int:
+    def ready(self, key: Key) -> int:
         return len(self._ready.get(key, ()))
 
+    def target(self, key: Key) -> int:
+        return self._targets.get(key, 0)
+
     def ready_by_display(self) -> dict[str, int]:
-        """Ready desktops per ``WIDTHxHEIGHT`` (the ``deskbox_pool_ready`` gauge)."""
-        return {f"{key.width}x{key.height}": len(queue) for key, queue in self._ready.items()}
+        """Ready desktops per ``WIDTHxHEIGHT`` or snapshot id (``deskbox_pool_ready``)."""
+        return {key.label: len(queue) for key, queue in self._ready.items()}
+
+    def snapshot_keys(self, owner: str) -> list[SnapshotKey]:
+        return [k for k in self._targets if isinstance(k, SnapshotKey) and k.owner == owner]
+
+    async def set_target(self, key: SnapshotKey, size: int) -> None:
+        """Keep ``size`` ready copies of a snapshot (0: none; the ready ones are destroyed)."""
+        if size:
+            self._targets[key] = size
+            self._ready.setdefault(key, deque())
+        else:
+            self._targets.pop(key, None)
+        queue = self._ready.get(key, deque())
+        surplus = [queue.pop() for _ in range(max(0, len(queue) - size))]
+        if not size:
+            self._ready.pop(key, None)
+        self._wake.set()
+        await asyncio.gather(*(self._discard(r, "no longer wanted") for r in surplus))
 
     def start(self) -> None:
-        if self._size and self._ready:
-            self._task = asyncio.create_task(self._refill_forever(), name="deskbox-pool")
+        self._task = asyncio.create_task(self._refill_forever(), name="deskbox-pool")
 
-    def claim(self, key: PoolKey | None) -> tuple[str, DesktopHandle] | None:
+    def claim(self, key: Key | None) -> tuple[str, DesktopHandle] | None:
         """A ready desktop for ``key`` (its session id and handle), or None. Synchronous:
         no other create can take the same one."""
         queue = self._ready.get(key) if key is not None else None
@@ -132,25 +177,30 @@ class WarmPool:
                 asyncio.create_task(self._discard(ready, ready.handle.failure() or "died"))
 
     async def _discard(self, ready: _Ready, why: str) -> None:
-        log.warning("pool desktop %s dropped: %s", ready.session_id, why)
+        log.info("pool desktop %s dropped: %s", ready.session_id, why)
         with suppress(Exception):
             await self._backend.destroy(ready.handle)
 
     async def _refill_forever(self) -> None:
         while not self._closing:
-            for key, queue in self._ready.items():
-                while len(queue) < self._size and not self._closing:
+            for key in list(self._targets):
+                while (not self._closing and key in self._targets
+                       and len(self._ready[key]) < self._targets[key]):
                     session_id = new_session_id()
                     try:
                         handle = await self._backend.create(key.spec(session_id), self._timeout_s)
                     except Exception as error:
-                        log.warning("pool: starting a %dx%d desktop failed: %s", key.width,
-                                    key.height, getattr(error, "message", repr(error)))
+                        log.warning("pool: starting a desktop for %s failed: %s", key.label,
+                                    getattr(error, "message", repr(error)))
                         await asyncio.sleep(_RETRY_AFTER_FAILURE_S)
                         continue
+                    if key not in self._targets:  # the pool was dropped meanwhile
+                        await self._discard(_Ready(session_id, handle), "pool dropped")
+                        continue
+                    queue = self._ready[key]
                     queue.append(_Ready(session_id, handle))
-                    log.info("pool: %dx%d desktop %s ready (%d of %d)", key.width,
-                             key.height, session_id, len(queue), self._size)
+                    log.info("pool %s: desktop %s ready (%d of %d)", key.label, session_id,
+                             len(queue), self._targets[key])
             self._wake.clear()
             await self._wake.wait()
 

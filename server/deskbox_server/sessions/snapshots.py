@@ -42,6 +42,7 @@ class SnapshotRecord(BaseModel):
     created_at: datetime
     size_bytes: int
     raw_bytes: int
+    pool_size: int = 0  # ready copies the warm pool keeps (PUT /v1/snapshots/{id}/pool)
 
 
 class SnapshotStore:
@@ -96,6 +97,10 @@ class SnapshotStore:
         if record is None or record.owner != owner:
             raise NotFound(f"no snapshot {snapshot_id!r}")
         return record
+
+    def all(self) -> list[SnapshotRecord]:
+        records = [self._read(entry.name) for entry in self.root.iterdir()]
+        return [r for r in records if r is not None]
 
     def list(self, owner: str) -> list[SnapshotRecord]:
         records = [self._read(entry.name) for entry in self.root.iterdir()]

@@ -19,16 +19,18 @@ from typing import Literal
 
 from ..backends.base import Backend, DesktopHandle, SnapshotInfo
 from ..driver.images import EncodedImage
-from ..errors import Conflict, DeskboxError, Internal, SessionFailed
+from ..errors import Conflict, DeskboxError, Internal, InvalidRequest, SessionFailed
 from ..schemas import actions as a
 from ..schemas.pause import PauseMode
 from ..schemas.sessions import SessionCreate
 from ..schemas.sessions import SessionState as S
+from ..settings import Settings
 from .browser_watch import BrowserWatch
 from .lifecycle import SessionRecord, utcnow
 from .links import SessionLinks
 from .live import LiveSession, not_live
 from .pause import DRAIN_TIMEOUT_S, FrameStore, LastFrame, drain, frozen_image
+from .pool import SnapshotKey, WarmPool
 from .registry import Registry
 from .snapshots import SnapshotRecord, SnapshotStore
 
@@ -46,6 +48,8 @@ class StateChanges:
     _frames: FrameStore
     links: SessionLinks
     snapshots: SnapshotStore
+    pool: WarmPool | None
+    _settings: Settings
 
     def _owned(self, owner: str, session_id: str) -> LiveSession:
         raise NotImplementedError
@@ -241,7 +245,38 @@ class StateChanges:
         return await asyncio.to_thread(self.snapshots.list, owner)
 
     async def delete_snapshot(self, owner: str, snapshot_id: str) -> None:
+        snapshot = await asyncio.to_thread(self.snapshots.get, owner, snapshot_id)
+        if self.pool is not None:
+            await self.pool.set_target(self._pool_key(snapshot), 0)
         await asyncio.to_thread(self.snapshots.delete, owner, snapshot_id)
+
+    def snapshot_pool_ready(self, snapshot: SnapshotRecord) -> int:
+        return self.pool.ready(self._pool_key(snapshot)) if self.pool is not None else 0
+
+    def _pool_key(self, snapshot: SnapshotRecord) -> SnapshotKey:
+        return SnapshotKey(snapshot.id, snapshot.owner, self.snapshots.root / snapshot.id)
+
+    async def set_snapshot_pool(self, owner: str, snapshot_id: str, size: int) -> SnapshotRecord:
+        """Keep ``size`` ready copies of a snapshot for its owner's creates from it.
+
+        The copies of all of a key's snapshots count against its session cap, so that a
+        pool cannot hold more desktops than the key could run.
+        """
+        snapshot = await asyncio.to_thread(self.snapshots.get, owner, snapshot_id)
+        if self.pool is None:
+            raise InvalidRequest("this server has no warm pool for the snapshot's backend")
+        key = self._pool_key(snapshot)
+        others = sum(self.pool.target(k) for k in self.pool.snapshot_keys(owner) if k != key)
+        cap = self._settings.max_sessions_per_key
+        if others + size > cap:
+            raise InvalidRequest(
+                f"the pools of this key's snapshots may keep {cap} copies in all "
+                f"({others} kept for other snapshots)"
+            )
+        snapshot = snapshot.model_copy(update={"pool_size": size})
+        await asyncio.to_thread(self.snapshots.save, snapshot)
+        await self.pool.set_target(key, size)
+        return snapshot
 
     async def frozen_screenshot(
         self,
