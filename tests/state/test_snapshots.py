@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import time
 from collections.abc import Iterator
@@ -387,3 +388,26 @@ def test_viewers_and_devtools_clients_are_closed_for_a_checkpoint_and_reconnect(
                     evaluate(devtools, "1")
     finally:
         assert client.delete(f"/v1/sessions/{sid}").status_code == 204
+
+
+def test_a_hibernated_session_survives_a_killed_server(tmp_path: Path) -> None:
+    """SIGKILL, not a clean stop: the next server still finds and resumes it."""
+    from ..api.test_container_restart import serve
+
+    state_dir, log = tmp_path / "state", tmp_path / "server.log"
+    with serve(state_dir, log) as (first, http):
+        created = http.post("/v1/sessions", json={"display": DISPLAY})
+        assert created.status_code == 201, created.text
+        sid = created.json()["id"]
+        paused = http.post(f"/v1/sessions/{sid}/pause", json={"mode": "hibernate"},
+                           timeout=120)
+        assert paused.status_code == 200, paused.text
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    with serve(state_dir, log) as (second, http):
+        assert http.get(f"/v1/sessions/{sid}").json()["state"] == "hibernated"
+        resumed = http.post(f"/v1/sessions/{sid}/resume", timeout=120)
+        assert resumed.status_code == 200, resumed.text
+        act = http.post(f"/v1/sessions/{sid}/actions", json={"type": "click", "x": 5, "y": 5})
+        assert act.status_code == 200, act.text
+        assert http.delete(f"/v1/sessions/{sid}").status_code == 204
