@@ -116,6 +116,14 @@ class ContainerSandbox:
         self.network: SessionNetwork | None = None  # egress all/allowlist (network.py)
         self.timings: dict[str, float] = {}
 
+    def _claim_session_dir(self) -> None:
+        """Make the session directory; Conflict if another sandbox has it."""
+        self.session_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            self.session_dir.mkdir(mode=0o700)
+        except FileExistsError:
+            raise Conflict(f"a sandbox for session {self.session_id} exists already") from None
+
     @property
     def display_name(self) -> str:
         assert self.display is not None, "the sandbox has no display yet"
@@ -137,11 +145,7 @@ class ContainerSandbox:
     ) -> ContainerSandbox:
         """``boost``: start at the host's full CPU, then apply ``limits.cpus``."""
         sandbox = cls(options, session_id)
-        sandbox.session_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        try:
-            sandbox.session_dir.mkdir(mode=0o700)
-        except FileExistsError:
-            raise Conflict(f"a sandbox for session {session_id} exists already") from None
+        sandbox._claim_session_dir()
         try:
             sandbox._start(
                 spec or DesktopSpec(), limits or Limits(), browser, timeout_s,
@@ -213,11 +217,7 @@ class ContainerSandbox:
         (sandbox_snapshot.py). Returns once its X server answers; destroyed on failure.
         """
         sandbox = cls(options, session_id)
-        sandbox.session_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        try:
-            sandbox.session_dir.mkdir(mode=0o700)
-        except FileExistsError:
-            raise Conflict(f"a sandbox for session {session_id} exists already") from None
+        sandbox._claim_session_dir()
         try:
             started = time.monotonic()
             sandbox._prepare_host_side()
