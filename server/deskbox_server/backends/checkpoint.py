@@ -45,6 +45,7 @@ __all__ = [
     "hibernate_sandbox",
     "pack",
     "restore",
+    "restore_from",
     "restore_sandbox",
     "unpack",
 ]
@@ -228,6 +229,22 @@ def restore(sandbox: ContainerSandbox, criu: Criu, images: Path, logs: Path) -> 
     return time.monotonic() - started
 
 
+def restore_from(
+    sandbox: ContainerSandbox, criu: Criu, archive: Path, raw: Path | None = None
+) -> float:
+    """:func:`restore` the sandbox from the ``raw`` images if given, else from ``archive``
+    unpacked into a scratch directory of its session directory; the seconds it took."""
+    scratch, images, logs = _scratch(sandbox.session_dir, "restore-")
+    try:
+        started = time.monotonic()
+        if raw is None:
+            unpack(archive, images)
+        restore(sandbox, criu, raw or images, logs)
+        return time.monotonic() - started
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 # -- hibernate: dump + pack; resume: unpack + restore --------------------------------------
 
 
@@ -255,12 +272,6 @@ def restore_sandbox(sandbox: ContainerSandbox, criu: Criu) -> float:
     archive = archive_path(sandbox)
     if not archive.is_file():
         raise SessionFailed(f"the checkpoint of {sandbox.container_id} is missing ({archive})")
-    scratch, images, logs = _scratch(archive.parent, "restore-")
-    try:
-        started = time.monotonic()
-        unpack(archive, images)
-        restore(sandbox, criu, images, logs)
-        archive.unlink()
-        return time.monotonic() - started
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    seconds = restore_from(sandbox, criu, archive)
+    archive.unlink()
+    return seconds

@@ -180,9 +180,7 @@ class ContainerBackend(Backend):
     async def _connect(self, session_id: str, sandbox: ContainerSandbox) -> ContainerHandle:
         worker = DesktopWorker(session_id)
         try:
-            desktop = await worker.call(
-                Desktop, sandbox.display_name, sandbox.failure, self.shared_memory
-            )
+            desktop = await self._open_desktop(worker, sandbox)
         except BaseException:
             await asyncio.to_thread(self._discard, worker, sandbox)
             raise
@@ -243,8 +241,11 @@ class ContainerBackend(Backend):
             await handle.worker.call(desktop.close)
 
     async def _reconnect(self, handle: ContainerHandle) -> None:
-        sandbox = handle.sandbox
-        handle._desktop = await handle.worker.call(
+        handle._desktop = await self._open_desktop(handle.worker, handle.sandbox)
+
+    async def _open_desktop(self, worker: DesktopWorker, sandbox: ContainerSandbox) -> Desktop:
+        """The driver's connection to the sandbox's X server, made on ``worker``'s thread."""
+        return await worker.call(
             Desktop, sandbox.display_name, sandbox.failure, self.shared_memory
         )
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SessionFailed
-from .checkpoint import CheckpointUnavailable, Criu, dump, pack, restore, unpack
+from .checkpoint import CheckpointUnavailable, Criu, dump, pack, restore_from
 from .container import ContainerOptions, ContainerSandbox
 from .oci import Limits, SandboxTemplate
 
@@ -120,18 +120,7 @@ def restore_copy(
         raise SessionFailed(f"the snapshot in {directory} has no images")
 
     def run_restore(sandbox: ContainerSandbox) -> None:
-        scratch = Path(tempfile.mkdtemp(prefix="restore-", dir=sandbox.session_dir))
-        try:
-            logs = scratch / "work"
-            logs.mkdir()
-            images = raw
-            if not raw.is_dir():
-                images = scratch / "images"
-                images.mkdir()
-                unpack(archive, images)
-            restore(sandbox, criu, images, logs)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+        restore_from(sandbox, criu, archive, raw if raw.is_dir() else None)
 
     return ContainerSandbox.restore_copy(
         options, session_id, template, run_restore, limits, timeout_s

@@ -121,7 +121,6 @@ class WarmPool:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self.claimed = 0
-        self.missed = 0
 
     def ready(self, key: Key) -> int:
         return len(self._ready.get(key, ()))
@@ -164,8 +163,6 @@ class WarmPool:
                 self.claimed += 1
                 return ready.session_id, ready.handle
             asyncio.create_task(self._discard(ready, "it died while waiting"))
-        if key is not None and key in self._ready:
-            self.missed += 1
         return None
 
     def check(self) -> None:

@@ -60,10 +60,14 @@ class SnapshotStore:
                 log.warning("removing the unfinished snapshot %s", entry.name)
                 shutil.rmtree(entry, ignore_errors=True)
 
+    def directory(self, snapshot_id: str) -> Path:
+        """Where the snapshot's files are (the backend's checkpoint and our record)."""
+        return self.root / snapshot_id
+
     def new_id(self) -> tuple[str, Path]:
         """A fresh id and the directory (not yet made) the backend writes into."""
         snapshot_id = "snap_" + secrets.token_hex(10)
-        return snapshot_id, self.root / snapshot_id
+        return snapshot_id, self.directory(snapshot_id)
 
     def fork_directory(self) -> Path:
         """A directory (not yet made) for a fork's short-lived checkpoint."""
@@ -72,7 +76,7 @@ class SnapshotStore:
         return forks / secrets.token_hex(8)
 
     def save(self, record: SnapshotRecord) -> None:
-        directory = self.root / record.id
+        directory = self.directory(record.id)
         partial = directory / (_RECORD + ".partial")
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as file:
@@ -84,7 +88,7 @@ class SnapshotStore:
             return None
         try:
             return SnapshotRecord.model_validate_json(
-                (self.root / snapshot_id / _RECORD).read_bytes()
+                (self.directory(snapshot_id) / _RECORD).read_bytes()
             )
         except FileNotFoundError:
             return None
@@ -103,15 +107,14 @@ class SnapshotStore:
         return [r for r in records if r is not None]
 
     def list(self, owner: str) -> list[SnapshotRecord]:
-        records = [self._read(entry.name) for entry in self.root.iterdir()]
-        mine = [r for r in records if r is not None and r.owner == owner]
+        mine = [r for r in self.all() if r.owner == owner]
         return sorted(mine, key=lambda r: r.created_at)
 
     def acquire(self, owner: str, snapshot_id: str) -> tuple[SnapshotRecord, Path]:
         """The snapshot and its directory, kept from deletion until :meth:`release`."""
         record = self.get(owner, snapshot_id)
         self._in_use[snapshot_id] += 1
-        return record, self.root / snapshot_id
+        return record, self.directory(snapshot_id)
 
     def release(self, snapshot_id: str) -> None:
         self._in_use[snapshot_id] -= 1
@@ -122,7 +125,7 @@ class SnapshotStore:
         self.get(owner, snapshot_id)
         if self._in_use[snapshot_id]:
             raise Conflict(f"snapshot {snapshot_id} is being restored; delete it afterwards")
-        directory = self.root / snapshot_id
+        directory = self.directory(snapshot_id)
         # Renamed first: a crash halfway leaves a directory open() removes, not half a one.
         doomed = self.root / _FORKS / f"deleted-{snapshot_id}"
         (self.root / _FORKS).mkdir(mode=0o700, exist_ok=True)

@@ -254,7 +254,7 @@ class StateChanges:
         return self.pool.ready(self._pool_key(snapshot)) if self.pool is not None else 0
 
     def _pool_key(self, snapshot: SnapshotRecord) -> SnapshotKey:
-        return SnapshotKey(snapshot.id, snapshot.owner, self.snapshots.root / snapshot.id)
+        return SnapshotKey(snapshot.id, snapshot.owner, self.snapshots.directory(snapshot.id))
 
     async def set_snapshot_pool(self, owner: str, snapshot_id: str, size: int) -> SnapshotRecord:
         """Keep ``size`` ready copies of a snapshot for its owner's creates from it.
