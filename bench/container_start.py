@@ -22,9 +22,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from deskbox_server.backends.container import ContainerOptions, ContainerSandbox  # noqa: E402
+from deskbox_server.backends.image import build_image  # noqa: E402
 from deskbox_server.backends.oci import Limits  # noqa: E402
 from deskbox_server.driver.processes import become_subreaper  # noqa: E402
-from desktop_image.build import ensure_image  # noqa: E402
+from deskbox_server.settings import default_recipe_dir  # noqa: E402
 
 
 def main() -> None:
@@ -35,7 +36,9 @@ def main() -> None:
     parser.add_argument("--image-state-dir", type=Path, default=REPO / ".state")
     args = parser.parse_args()
     become_subreaper()  # sandbox inits reparent to us when runc exits: we reap them
-    rootfs = ensure_image(args.image_state_dir, progress=lambda line: print(line, file=sys.stderr))
+    rootfs = build_image(
+        args.image_state_dir, default_recipe_dir(), lambda line: print(line, file=sys.stderr)
+    )
     with tempfile.TemporaryDirectory(prefix="deskbox-bench-") as state:
         options = ContainerOptions(state_dir=Path(state), rootfs=rootfs)
         rows: list[dict[str, float]] = []

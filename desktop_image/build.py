@@ -1,18 +1,21 @@
 """Build the session root filesystem with mmdebstrap, cached under the state directory.
 
 The recipe is ``packages.txt`` (Debian packages), the files under ``rootfs/`` (copied over
-the installed system: the in-sandbox launcher, /etc/hosts, ...) and this script. Images live
-in ``<state_dir>/images/<recipe-hash>/rootfs``; an image is built into a temporary
-directory next to it and renamed into place, so a half-built image is never used, and an
-image that exists is never rebuilt.
+the installed system: the in-sandbox launcher, /etc/hosts, ...), this script and
+``image_store.py``. Images live in ``<state_dir>/images/<recipe-hash>/`` (layout in
+image_store.py); an image is built into a temporary directory next to it and renamed into
+place, so a half-built image is never used, and an image that exists is never rebuilt.
 
 Two stages keep edits to the overlay cheap: the mmdebstrap result is cached by the hash of
-its command line (``images/base-<hash>``) and the final image is a hard-linked copy of it
+its command line (``images/base-<hash>``) and the final tree is a hard-linked copy of it
 with the overlay written over (every overlay file replaces its link, so the base stays
-intact). Sessions mount the final image read-only.
+intact). That tree is packed into a read-only erofs file with a content manifest; every
+start checks the image cheaply and mounts it read-only at ``rootfs/``, which sessions use
+as their root.
 
-Usage: ``python desktop_image/build.py [--state-dir DIR]``; the last line printed is the
-root filesystem's path.
+Usage: ``python desktop_image/build.py [--state-dir DIR] [--verify]``; the last line
+printed is the mounted root filesystem's path (``--verify``: one line per file that
+differs from the build, exit status 1 if any).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import image_store
 
 __all__ = ["Recipe", "ensure_image", "image_dir", "load_recipe", "main"]
 
@@ -58,6 +63,8 @@ SHARED_FILES = (
 )
 
 Progress = Callable[[str], None]
+# The exit status of a start whose cached image fails image_store.check (image.py reads it).
+INTEGRITY_FAILED = 4
 
 
 @dataclass(frozen=True)
@@ -106,7 +113,8 @@ def load_recipe(recipe_dir: Path = RECIPE_DIR) -> Recipe:
         overlay.append((path.relative_to(overlay_root).as_posix(), path.read_bytes(), mode))
     for source, target in SHARED_FILES:
         overlay.append((target, (recipe_dir.parent / source).read_bytes(), 0o644))
-    script = Path(__file__).resolve().read_bytes()
+    here = Path(__file__).resolve()
+    script = here.read_bytes() + (here.parent / "image_store.py").read_bytes()
     return Recipe(tuple(sorted(set(packages))), tuple(overlay), script)
 
 
@@ -117,35 +125,47 @@ def image_dir(state_dir: Path, recipe: Recipe) -> Path:
 def ensure_image(
     state_dir: Path, recipe: Recipe | None = None, progress: Progress = print
 ) -> Path:
-    """The root filesystem of ``recipe`` (default: this directory's), built if missing."""
+    """The mounted root filesystem of ``recipe`` (default: this directory's), built if
+    missing; ImageIntegrityError if the cached image fails the start-up check."""
     recipe = recipe or load_recipe()
     images = state_dir / "images"
     images.mkdir(parents=True, exist_ok=True)
     final = images / recipe.hash
-    if (final / "rootfs").is_dir():
+    if (final / image_store.IMAGE_FILE).is_file():
         progress(f"image {recipe.hash} is cached")
-        return final / "rootfs"
+        return image_store.check(final)
     with _locked(images / ".lock", progress):
-        if (final / "rootfs").is_dir():  # built by whoever held the lock before us
-            return final / "rootfs"
-        base = _ensure_base(images, recipe, progress)
-        started = time.monotonic()
-        with _staging(images, recipe.hash) as staging:
-            progress(f"image {recipe.hash}: linking the base and writing the overlay")
-            subprocess.run(["cp", "-al", str(base), str(staging / "rootfs")], check=True)
-            for relative, content, mode in recipe.overlay:
-                _replace_file(staging / "rootfs" / relative, content, mode)
-            manifest = {
-                "hash": recipe.hash,
-                "base": recipe.base_hash,
-                "packages": list(recipe.packages),
-                "versions": _installed_versions(staging / "rootfs", recipe.packages),
-                "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            }
-            (staging / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-            os.rename(staging, final)
-        progress(f"image {recipe.hash} ready in {time.monotonic() - started:.1f} s: {final}")
-    return final / "rootfs"
+        if not (final / image_store.IMAGE_FILE).is_file():  # else built while we waited
+            _build(images, final, recipe, progress)
+    return image_store.check(final)
+
+
+def _build(images: Path, final: Path, recipe: Recipe, progress: Progress) -> None:
+    base = _ensure_base(images, recipe, progress)
+    started = time.monotonic()
+    with _staging(images, recipe.hash) as staging:
+        tree = staging / "tree"
+        progress(f"image {recipe.hash}: linking the base and writing the overlay")
+        subprocess.run(["cp", "-al", str(base), str(tree)], check=True)
+        for relative, content, mode in recipe.overlay:
+            _replace_file(tree / relative, content, mode)
+        progress(f"image {recipe.hash}: hashing every file for the content manifest")
+        files = image_store.write_contents(tree, staging / image_store.CONTENTS)
+        progress(f"image {recipe.hash}: packing {files} files into a read-only erofs image")
+        image = staging / image_store.IMAGE_FILE
+        image_store.make_image(tree, image)
+        manifest = {
+            "hash": recipe.hash,
+            "base": recipe.base_hash,
+            "packages": list(recipe.packages),
+            "versions": _installed_versions(tree, recipe.packages),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "image": image_store.image_record(image),
+        }
+        (staging / image_store.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        shutil.rmtree(tree)
+        os.rename(staging, final)
+    progress(f"image {recipe.hash} ready in {time.monotonic() - started:.1f} s: {final}")
 
 
 def _ensure_base(images: Path, recipe: Recipe, progress: Progress) -> Path:
@@ -228,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
         default=Path(os.environ.get("DESKBOX_STATE_DIR", RECIPE_DIR.parent / ".state")),
     )
     parser.add_argument("--print-hash", action="store_true", help="print the recipe hash only")
+    parser.add_argument(
+        "--verify", action="store_true",
+        help="compare every file of the built image with its content manifest",
+    )
     args = parser.parse_args(argv)
     recipe = load_recipe()
     if args.print_hash:
@@ -237,7 +261,23 @@ def main(argv: list[str] | None = None) -> int:
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    rootfs = ensure_image(args.state_dir.resolve(), recipe, progress)
+    final = image_dir(args.state_dir.resolve(), recipe)
+    if args.verify:
+        if not (final / image_store.IMAGE_FILE).is_file():
+            progress(f"image {recipe.hash} is not built in {final.parent}")
+            return 2
+        problems = image_store.verify(final, progress)
+        for problem in problems:
+            print(problem)
+        progress(f"image {recipe.hash}: " + (f"{len(problems)} differences" if problems
+                                            else "every file matches its build"))
+        return 1 if problems else 0
+    try:
+        rootfs = ensure_image(args.state_dir.resolve(), recipe, progress)
+    except image_store.ImageIntegrityError as error:
+        progress(f"error: {error}; run `deskbox image verify` for every difference, or "
+                 f"remove {final} to build it again")
+        return INTEGRITY_FAILED
     print(rootfs)
     return 0
 

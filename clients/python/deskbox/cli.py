@@ -78,6 +78,42 @@ def mcp_command(
     serve_mcp(url, api_key, timeout)
 
 
+image_app = typer.Typer(
+    help="The session image every sandbox runs (built by the server on first start).",
+    no_args_is_help=True,
+)
+app.add_typer(image_app, name="image")
+
+
+@image_app.command("verify")
+def image_verify(
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(help="The server's state dir, or DESKBOX_IMAGE_STATE_DIR (image cache)."),
+    ] = None,
+) -> None:
+    """Compare every file of the session image with the manifest written when it was built.
+
+    Exits 0 when the image is intact, 1 listing each difference otherwise.
+    """
+    from deskbox_server.backends.image import verify_image
+    from deskbox_server.errors import DeskboxError
+    from deskbox_server.settings import Settings
+
+    overrides: dict[str, object] = {} if state_dir is None else {"image_state_dir": state_dir}
+    settings = Settings(**overrides)  # type: ignore[arg-type]
+    try:
+        problems = verify_image(
+            settings.image_cache_dir, settings.recipe_dir, lambda line: typer.echo(line, err=True)
+        )
+    except DeskboxError as error:
+        typer.echo(f"error: {error.message}", err=True)
+        raise typer.Exit(2) from None
+    for problem in problems:
+        typer.echo(problem)
+    raise typer.Exit(1 if problems else 0)
+
+
 register(app)
 
 

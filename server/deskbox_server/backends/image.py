@@ -17,10 +17,12 @@ from pathlib import Path
 
 from ..errors import Internal
 
-__all__ = ["build_image"]
+__all__ = ["build_image", "verify_image"]
 
 Progress = Callable[[str], None]
 _TAIL_LINES = 20
+# build.py's exit status when the cached image fails its start-up integrity check.
+_INTEGRITY_FAILED = 4
 
 
 def build_image(
@@ -86,6 +88,11 @@ def build_image(
         raise Internal(f"building the session image {stopped[0]}")
     stdout_text = "".join(out)
     lines = stdout_text.strip().splitlines()
+    if process.returncode == _INTEGRITY_FAILED:
+        raise Internal(
+            "the session image failed its integrity check; no session starts from it:\n"
+            + "\n".join(tail)
+        )
     if process.returncode != 0 or not lines:
         detail = "\n".join(tail) or "no output"
         raise Internal(f"building the session image failed ({process.returncode}):\n{detail}")
@@ -93,3 +100,20 @@ def build_image(
     if not rootfs.is_dir():
         raise Internal(f"the image build reported {rootfs}, which is not a directory")
     return rootfs
+
+
+def verify_image(image_state_dir: Path, recipe_dir: Path, progress: Progress) -> list[str]:
+    """Every difference between the built image of ``recipe_dir`` and its content manifest
+    (``build.py --verify``: reads every byte, seconds). Empty when the image is intact;
+    Internal if it is not built or cannot be read."""
+    done = subprocess.run(
+        [sys.executable, str(recipe_dir / "build.py"), "--state-dir", str(image_state_dir),
+         "--verify"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        errors="replace", check=False, timeout=3600,
+    )
+    for line in done.stderr.splitlines():
+        progress(line)
+    if done.returncode not in (0, 1):
+        raise Internal(f"could not verify the session image: {done.stderr.strip()[-2000:]}")
+    return done.stdout.splitlines()
