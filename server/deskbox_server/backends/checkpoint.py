@@ -17,6 +17,8 @@ from CRIU's own log; the sandbox then runs on.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import shutil
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InvalidRequest, SessionFailed
+from . import restored
 from .network import bring_up_loopback
 from .oci import CRIU_CONFIG
 from .runc import Runc
@@ -55,6 +58,9 @@ CRIU_WRAPPER = Path(os.environ.get("DESKBOX_CRIU_WRAPPER", "/opt/deskbox/bin/cri
 # CRIU's default log level (4, debug) writes ~70,000 lines per desktop and costs a restore
 # ~0.5 s; level 1 keeps the errors, which is what _explain reads.
 CRIU_OPTIONS = "ghost-limit 128M\nverbosity=1\n"
+# A restore leaves every task stopped: restored.py repairs and checks the sandbox, and the
+# host links its X socket, before anything of the sandbox runs.
+CRIU_RESTORE_OPTIONS = CRIU_OPTIONS + "leave-stopped\n"
 _LOG_LIMIT = 1 << 20
 _NOISE = ("rlimit:", "Dumping FAILED", "failed with -1", "exited, status")
 _FOREIGN_UNIX = re.compile(r"Unix socket \S+ not found")
@@ -200,17 +206,18 @@ def unpack(archive: Path, images: Path) -> None:
 
 
 def restore(sandbox: ContainerSandbox, criu: Criu, images: Path, logs: Path) -> float:
-    """``runc restore`` the sandbox's bundle from ``images`` and publish its X socket.
+    """``runc restore`` the sandbox's bundle from ``images``, stopped; seal it
+    (restored.py), publish its X socket, then let it run.
 
     The sandbox may be another one than the dumped one (a fork): its bundle names its own
     socket directory, cgroup and limits; the X server inside keeps its display number
-    (``sandbox.inner_display``). SessionFailed, naming CRIU's error, if it cannot; nothing
-    of the sandbox then runs.
+    (``sandbox.inner_display``). SessionFailed, naming CRIU's error or the mount that
+    differs from the config, if it cannot; the caller then destroys what was restored.
     """
     reason = criu.missing()
     if reason is not None:
         raise SessionFailed(reason)
-    (sandbox.bundle / CRIU_CONFIG).write_text(CRIU_OPTIONS)
+    (sandbox.bundle / CRIU_CONFIG).write_text(CRIU_RESTORE_OPTIONS)
     started = time.monotonic()
     pid_file = sandbox.bundle / "init.pid"
     pid_file.unlink(missing_ok=True)
@@ -222,10 +229,23 @@ def restore(sandbox: ContainerSandbox, criu: Criu, images: Path, logs: Path) -> 
         raise SessionFailed(
             _explain(logs / "restore.log", done.stderr).replace("checkpoint", "restore")
         )
-    sandbox.adopt_init(int(pid_file.read_text()))
-    bring_up_loopback(int(pid_file.read_text()))
-    assert sandbox.display is not None
-    sandbox.display.publish(sandbox.socket_dir / f"X{sandbox.inner_display}")
+    pid = int(pid_file.read_text())
+    sandbox.adopt_init(pid)
+    try:
+        config = json.loads((sandbox.bundle / "config.json").read_text())
+        restored.seal(sandbox.container_id, pid, config)
+        bring_up_loopback(pid)
+        assert sandbox.display is not None
+        sandbox.display.publish(sandbox.socket_dir / f"X{sandbox.inner_display}")
+        sandbox.check_xserver_socket()
+    except BaseException:
+        # Stopped, never resumed: nothing of it ran. Kill it; its checkpoint stays.
+        sandbox.options.runc.kill(sandbox.container_id)
+        with contextlib.suppress(SessionFailed):
+            sandbox.options.runc.delete(sandbox.container_id)
+        sandbox.release_init()
+        raise
+    restored.resume(sandbox.container_id)
     return time.monotonic() - started
 
 

@@ -49,8 +49,12 @@ from . import freezer
 from .devtools import DEVTOOLS_PORT
 from .displays import (
     DisplayReservation,
+    listener_pid,
     mount_tmpfs,
+    namespace_pid,
     peer_in_namespace,
+    peer_pid,
+    same_pid_namespace,
     unmount,
     wait_for_file,
 )
@@ -82,6 +86,8 @@ _SHARED_DIR_OPTIONS = "size=256k,nr_inodes=64,mode=0700"
 _TOOLBAR_ROWS = 90
 # In the session directory: the X server's display number inside, where not the host's.
 _INNER_DISPLAY = "inner-display"
+# In the session directory: the X server's pid inside the sandbox, seen when it started.
+_XSERVER_PID = "xserver-pid"
 _TOOLBAR_COLOURS = 16
 
 
@@ -200,6 +206,36 @@ class ContainerSandbox:
             assert self.display is not None, "the sandbox has no display yet"
             return self.display.number
 
+    @property
+    def xserver_pid(self) -> int | None:
+        """The X server's pid inside the sandbox (None if it was never recorded)."""
+        try:
+            return int((self.session_dir / _XSERVER_PID).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def record_xserver(self, host_pid: int) -> None:
+        inner = namespace_pid(host_pid)
+        if inner is not None:
+            (self.session_dir / _XSERVER_PID).write_text(f"{inner}\n")
+
+    def check_xserver_socket(self) -> None:
+        """The published X socket must lead to the session's own X server: the process of
+        its pid namespace with the X server's recorded pid. DesktopFailed otherwise (a
+        process of the sandbox bound a socket of its own at the X server's path)."""
+        assert self.display is not None and self.init_pid is not None
+        try:
+            pid = listener_pid(self.display.private_socket)
+        except OSError as error:
+            raise DesktopFailed(f"the sandbox's X socket does not answer: {error}") from None
+        same_namespace = same_pid_namespace(pid, self.init_pid)
+        expected = self.xserver_pid
+        if not same_namespace or (expected is not None and namespace_pid(pid) != expected):
+            raise DesktopFailed(
+                "the sandbox's X socket does not lead to the session's X server (pid "
+                f"{namespace_pid(pid)} in the sandbox, expected {expected})"
+            )
+
     @classmethod
     def restore_copy(
         cls,
@@ -222,6 +258,8 @@ class ContainerSandbox:
             started = time.monotonic()
             sandbox._prepare_host_side()
             (sandbox.session_dir / _INNER_DISPLAY).write_text(f"{template.inner_display}\n")
+            if template.xserver_pid is not None:
+                (sandbox.session_dir / _XSERVER_PID).write_text(f"{template.xserver_pid}\n")
             write_config(
                 sandbox.bundle,
                 template.for_copy(sandbox.socket_dir, f"/{sandbox.container_id}",
@@ -357,6 +395,9 @@ class ContainerSandbox:
             assert self.init_pid is not None
             if not peer_in_namespace(x.display.socket, self.init_pid):
                 raise DesktopFailed("the X socket does not lead to the session's X server")
+            # Nothing but the launcher ran before the X server made its socket: this peer
+            # is the X server, which every restore of this sandbox must lead to again.
+            self.record_xserver(peer_pid(x.display.socket))
             self.timings["xserver"] = time.monotonic() - started
             root = x.screen().root
             x.xfixes_query_version()

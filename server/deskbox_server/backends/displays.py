@@ -34,8 +34,12 @@ from ..errors import Capacity, DesktopFailed, Timeout
 __all__ = [
     "HOST_SOCKET_DIR",
     "DisplayReservation",
+    "listener_pid",
     "mount_tmpfs",
+    "namespace_pid",
     "peer_in_namespace",
+    "peer_pid",
+    "same_pid_namespace",
     "unmount",
     "wait_for_file",
 ]
@@ -128,16 +132,56 @@ def _ensure_host_socket_dir() -> None:
     HOST_SOCKET_DIR.chmod(0o1777)  # mkdir's mode is cut by the umask
 
 
-def peer_in_namespace(sock: socket.socket, init_pid: int) -> bool:
-    """Whether the process at the other end of ``sock`` lives in ``init_pid``'s pid namespace."""
+def peer_pid(sock: socket.socket) -> int:
+    """The host pid of the process at the other end of the unix socket ``sock``."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    peer_pid, _uid, _gid = struct.unpack("3i", creds)
+    pid: int = struct.unpack("3i", creds)[0]
+    return pid
+
+
+def same_pid_namespace(pid: int, init_pid: int) -> bool:
+    """Whether host process ``pid`` lives in ``init_pid``'s pid namespace."""
     try:
-        return os.stat(f"/proc/{peer_pid}/ns/pid").st_ino == os.stat(
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino == os.stat(
             f"/proc/{init_pid}/ns/pid"
         ).st_ino
     except FileNotFoundError:
         return False
+
+
+def peer_in_namespace(sock: socket.socket, init_pid: int) -> bool:
+    """Whether the process at the other end of ``sock`` lives in ``init_pid``'s pid namespace."""
+    return same_pid_namespace(peer_pid(sock), init_pid)
+
+
+def namespace_pid(host_pid: int) -> int | None:
+    """The pid of host process ``host_pid`` in its own (innermost) pid namespace."""
+    try:
+        status = Path(f"/proc/{host_pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-1])
+    return None
+
+
+def listener_pid(socket_path: Path) -> int:
+    """The host pid of the process that listens on the unix socket ``socket_path``.
+
+    Only connects: the kernel gives the listener's credentials at once, even while the
+    listener is stopped, and no byte is exchanged.
+    """
+    # A session directory can be deeper than a unix socket address may be long; the
+    # directory, opened, gives a short path: /proc/self/fd/<fd>/<name>.
+    directory = os.open(socket_path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(2.0)
+            sock.connect(f"/proc/self/fd/{directory}/{socket_path.name}")
+            return peer_pid(sock)
+    finally:
+        os.close(directory)
 
 
 # -- the session's small host tmpfs ------------------------------------------------------

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..errors import SessionFailed
 
-__all__ = ["CGROUP_ROOT", "freeze", "frozen", "thaw"]
+__all__ = ["CGROUP_ROOT", "cgroup_procs", "freeze", "frozen", "thaw"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _SPIN_S = 0.0002  # between reads while the kernel is still freezing tasks
@@ -110,3 +110,13 @@ def frozen(container_id: str, root: Path = CGROUP_ROOT) -> bool:
         return _v2_frozen(_v2(container_id, root))
     except OSError:
         return False
+
+
+def cgroup_procs(container_id: str, root: Path = CGROUP_ROOT) -> list[int]:
+    """The host pids of every process of the sandbox (its freezer cgroup's members)."""
+    v1 = _v1(container_id, root)
+    procs = (v1.parent if v1 is not None else _v2(container_id, root).parent) / "cgroup.procs"
+    try:
+        return [int(pid) for pid in procs.read_text().split()]
+    except FileNotFoundError:
+        raise SessionFailed(f"the sandbox {container_id} has no cgroup") from None

@@ -245,19 +245,26 @@ class SandboxTemplate:
 
     config: RuntimeConfig
     inner_display: int
+    # The X server's pid inside the sandbox (kept by CRIU): a restored copy's X socket
+    # must lead to that process. None for snapshots taken before it was recorded.
+    xserver_pid: int | None = None
 
     @classmethod
-    def of_bundle(cls, bundle_dir: Path, inner_display: int) -> SandboxTemplate:
+    def of_bundle(
+        cls, bundle_dir: Path, inner_display: int, xserver_pid: int | None = None
+    ) -> SandboxTemplate:
         config: RuntimeConfig = json.loads((bundle_dir / "config.json").read_text())
-        return cls(config, inner_display)
+        return cls(config, inner_display, xserver_pid)
 
     def to_json(self) -> str:
-        return json.dumps({"config": self.config, "inner_display": self.inner_display})
+        return json.dumps({"config": self.config, "inner_display": self.inner_display,
+                           "xserver_pid": self.xserver_pid})
 
     @classmethod
     def from_json(cls, text: str) -> SandboxTemplate:
         raw = json.loads(text)
-        return cls(raw["config"], int(raw["inner_display"]))
+        pid = raw.get("xserver_pid")
+        return cls(raw["config"], int(raw["inner_display"]), None if pid is None else int(pid))
 
     @property
     def network_namespace(self) -> str | None:

@@ -61,7 +61,9 @@ def take_snapshot(
     On failure ``directory`` is removed and CheckpointUnavailable says why.
     """
     assert sandbox.display is not None
-    template = SandboxTemplate.of_bundle(sandbox.bundle, sandbox.inner_display)
+    template = SandboxTemplate.of_bundle(
+        sandbox.bundle, sandbox.inner_display, sandbox.xserver_pid
+    )
     if template.network_namespace is not None:
         raise CheckpointUnavailable(
             "snapshots and forks are available for sessions with network egress \"none\" "
