@@ -11,6 +11,7 @@ APT_PACKAGES=(
   tigervnc-standalone-server  # only for bench/vnc.py: Xvnc, measured against x11vnc
   fonts-dejavu-core fonts-noto-cjk fonts-noto-color-emoji
   runc mmdebstrap passt slirp4netns nftables iproute2 uidmap
+  golang-github-containers-common  # /usr/share/containers/seccomp.json: sandboxes' syscall allowlist
   xdotool scrot            # only for bench/: the peers' way of doing things
   x11-xserver-utils        # only for bench/peers.py: cua-computer-server needs xrandr
   python3 python3-venv python3-dev gcc
