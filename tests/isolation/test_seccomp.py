@@ -19,8 +19,10 @@ from typing import Any
 
 import pytest
 
+from deskbox_server.backends.checkpoint import Criu
 from deskbox_server.backends.container import ContainerOptions, ContainerSandbox
 from deskbox_server.backends.container_backend import ContainerBackend
+from deskbox_server.backends.sandbox_snapshot import TEMPLATE, restore_copy, take_snapshot
 from deskbox_server.backends.seccomp import (
     DENIED_SYSCALLS,
     PODMAN_PACKAGE,
@@ -330,3 +332,36 @@ def test_our_denials_win_inside(sandbox: ContainerSandbox) -> None:
                    "'import threading; t = threading.Thread(target=print, args=(\"t\",)); "
                    "t.start(); t.join()'")
     assert done.stdout.split() == ["hi", "t"], done.stderr
+
+
+@pytest.mark.skipif(Criu().missing() is not None,
+                    reason="CRIU 4.1 is not installed (scripts/criu.sh)")
+def test_a_copy_of_an_old_snapshot_execs_under_todays_filter(
+    options: ContainerOptions, tmp_path: Path
+) -> None:
+    """A snapshot taken under a default-allow filter (before this one): CRIU gives the
+    restored processes the filter they were dumped with, but what ``runc exec`` starts in
+    the copy gets today's. The copy's own processes keep a filter through the restore."""
+    original = ContainerSandbox.start(
+        dataclasses.replace(options, id_prefix="deskbox-seccomp-"), f"o{os.getpid()}",
+        browser=False,
+    )
+    snapshot = tmp_path / "snapshot"
+    try:
+        take_snapshot(original, Criu(), snapshot, packed=False)
+    finally:
+        original.destroy()
+    template = json.loads((snapshot / TEMPLATE).read_text())
+    template["config"]["linux"]["seccomp"] = {
+        "defaultAction": "SCMP_ACT_ALLOW", "architectures": ["SCMP_ARCH_X86_64"],
+        "syscalls": [],
+    }
+    (snapshot / TEMPLATE).write_text(json.dumps(template))
+    copy = restore_copy(options, f"c{os.getpid()}", snapshot, Criu())
+    try:
+        status = exec_in(copy, "cat", "/proc/1/status").stdout
+        assert "Seccomp:\t2" in status
+        calls = {"vsock": _socket(socket.AF_VSOCK), "cachestat": (451, [-1, 0, 0, 0])}
+        assert _probe(copy, calls) == {"vsock": errno.EAFNOSUPPORT, "cachestat": errno.ENOSYS}
+    finally:
+        copy.destroy()
