@@ -6,8 +6,9 @@ one Podman uses, read at run time from ``/usr/share/containers/seccomp.json`` of
 ``golang-github-containers-common`` package (scripts/setup.sh installs it): it is maintained
 upstream for ordinary Linux programs, which is what a desktop (Xvfb, openbox, x11vnc,
 Chromium with ``--no-sandbox``) and whatever an agent starts through ``exec`` are. Without
-that file no sandbox starts (:class:`~deskbox_server.errors.Internal` naming the package):
-there is no weaker fallback.
+that file there is no weaker fallback: the container backend does not prepare (the server
+does not start), and a sandbox start or restore that cannot read it fails
+(:class:`~deskbox_server.errors.Internal` naming the package; the session's failure reason).
 
 That file is in Moby's format, for any architecture and capability set; :func:`translate`
 keeps what applies to an x86-64 process holding no capability (ours hold none). Only the
@@ -22,9 +23,14 @@ allows mount, setns, unshare, ptrace and more, relying on capabilities we do not
   keyrings, perf, userfaultfd, io_uring, clock changes, handle-based opens);
 - clone and unshare fail with EPERM when asked for a user namespace (the door to every other
   namespace without capabilities); clone3 reports ENOSYS, so libc falls back to clone;
-- socket() creates only AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK sockets, socketpair()
-  only AF_UNIX ones; any other family fails with EAFNOSUPPORT. vsock above all is not
-  per network namespace: sessions would share one port space, outside the egress rules.
+- socket() creates only AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK sockets (the audit
+  netlink answers EINVAL, as in Podman's profile), socketpair() only AF_UNIX ones; any other
+  family fails with EAFNOSUPPORT. vsock above all is not per network namespace: sessions
+  would share one port space, outside the egress rules.
+
+The filter applies to the sandbox's processes and to every ``runc exec`` in it. CRIU gives
+restored processes the filter they were dumped with; a restored copy's config carries
+today's profile (``oci.SandboxTemplate.for_copy``), so what runs through ``exec`` there has it.
 """
 
 from __future__ import annotations
