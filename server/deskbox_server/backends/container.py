@@ -68,6 +68,7 @@ from .network import (
 )
 from .oci import CPU_PERIOD_US, Limits, SandboxConfig, SandboxTemplate, write_bundle, write_config
 from .runc import Runc
+from .seccomp import PODMAN_PROFILE
 
 __all__ = [
     "ContainerOptions",
@@ -98,6 +99,7 @@ class ContainerOptions:
     runc: Runc = field(default_factory=Runc)
     displays: tuple[int, int] = (200, 1000)  # [first, last) display numbers for sessions
     id_prefix: str = "deskbox-"
+    seccomp_source: Path = PODMAN_PROFILE  # seccomp.py: the allowlist sandboxes start from
 
 
 class ContainerSandbox:
@@ -263,7 +265,7 @@ class ContainerSandbox:
             write_config(
                 sandbox.bundle,
                 template.for_copy(sandbox.socket_dir, f"/{sandbox.container_id}",
-                                  limits or Limits()),
+                                  limits or Limits(), options.seccomp_source),
             )
             restore(sandbox)
             sandbox.timings["restore"] = time.monotonic() - started
@@ -357,7 +359,7 @@ class ContainerSandbox:
             rootfs=self.options.rootfs.resolve(), socket_dir=self.socket_dir, args=(LAUNCHER,),
             env=env, limits=startup_limits, cgroups_path=f"/{self.container_id}",
             nofile=min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),
-            network_namespace=netns, files=files,
+            network_namespace=netns, files=files, seccomp_source=self.options.seccomp_source,
         )
         write_bundle(self.bundle, config)
         pid_file = self.bundle / "init.pid"

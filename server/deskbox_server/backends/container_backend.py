@@ -30,6 +30,7 @@ from .oci import Limits
 from .sandbox_exec import SandboxExec
 from .sandbox_io import ExecCommand, ExecResult, FileDownload
 from .sandbox_snapshot import restore_copy, take_snapshot
+from .seccomp import seccomp_profile
 from .vnc_server import SandboxVnc, VncServer
 
 __all__ = ["ContainerBackend", "ContainerHandle"]
@@ -117,6 +118,9 @@ class ContainerBackend(Backend):
     async def prepare(self) -> None:
         # runc exits once a sandbox runs: its init must reparent to us, to be reaped.
         become_subreaper()
+        # Refuse to serve at all without the syscall allowlist (Internal, naming its
+        # package); every sandbox start reads it again, so a later loss fails that session.
+        await asyncio.to_thread(seccomp_profile, self.options.seccomp_source)
         if self._image is None:
             return
         cancel = threading.Event()

@@ -13,7 +13,9 @@ What a sandbox gets, and why:
   namespace: processes run as uid 0 of the host without any capability, which CRIU needs
   to checkpoint them on this host;
 - cgroup limits on cpu, memory and pids; no capabilities; no_new_privileges; the seccomp
-  profile of ``seccomp.py``; the masked and read-only /proc paths of runc's default spec.
+  profile of ``seccomp.py`` (an allowlist read from a Debian package: a sandbox whose
+  profile cannot be read does not start); the masked and read-only /proc paths of runc's
+  default spec.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NotRequired, TypedDict
 
-from .seccomp import SeccompProfile, seccomp_profile
+from .seccomp import PODMAN_PROFILE, SeccompProfile, seccomp_profile
 
 __all__ = [
     "MASKED_PATHS",
@@ -83,6 +85,8 @@ class SandboxConfig:
     # instead of a new empty one, and see these host files read-only (destination, source).
     network_namespace: Path | None = None
     files: tuple[tuple[str, Path], ...] = ()
+    # The Podman seccomp profile our own (seccomp.py) is made from.
+    seccomp_source: Path = PODMAN_PROFILE
 
 
 class Mount(TypedDict, total=False):
@@ -205,7 +209,7 @@ def runtime_config(config: SandboxConfig) -> RuntimeConfig:
                 },
                 "pids": {"limit": limits.pids},
             },
-            "seccomp": seccomp_profile(),
+            "seccomp": seccomp_profile(config.seccomp_source),
             "maskedPaths": list(MASKED_PATHS),
             "readonlyPaths": list(READONLY_PATHS),
         },
@@ -278,8 +282,14 @@ class SandboxTemplate:
     def rootfs(self) -> Path:
         return Path(str(self.config["root"]["path"]))
 
-    def for_copy(self, socket_dir: Path, cgroups_path: str, limits: Limits) -> RuntimeConfig:
+    def for_copy(
+        self, socket_dir: Path, cgroups_path: str, limits: Limits,
+        seccomp_source: Path = PODMAN_PROFILE,
+    ) -> RuntimeConfig:
+        """The copy's config. Its seccomp profile is today's: CRIU gives restored processes
+        the filter they were dumped with, and ``runc exec`` in the copy uses this one."""
         config: RuntimeConfig = json.loads(json.dumps(self.config))
+        config["linux"]["seccomp"] = seccomp_profile(seccomp_source)
         for mount in config["mounts"]:
             if mount["destination"] == SOCKET_DIR:
                 mount["source"] = str(socket_dir)
