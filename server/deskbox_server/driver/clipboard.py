@@ -26,6 +26,7 @@ from Xlib.protocol.rq import Event
 from Xlib.xobject.drawable import Window
 
 from ..errors import DesktopFailed, InvalidAction, Timeout
+from .xconnect import open_display
 
 __all__ = ["MAX_CLIPBOARD_BYTES", "Clipboard"]
 
@@ -55,7 +56,7 @@ class _Owner(threading.Thread):
 
     def __init__(self, display_name: str) -> None:
         super().__init__(name=f"clipboard-{display_name}", daemon=True)
-        self._x = xdisplay.Display(display_name)
+        self._x = open_display(display_name)
         self._window = self._x.screen().root.create_window(0, 0, 1, 1, 0, X.CopyFromParent)
         self._atoms = {name: self._x.intern_atom(name) for name in
                        ("CLIPBOARD", "TARGETS", "TIMESTAMP", *_TEXT_TARGETS)}
@@ -66,6 +67,7 @@ class _Owner(threading.Thread):
         self._owned = False
         self._closing = False
         self._republish: tuple[float, bytes] | None = None  # (when, CUT_BUFFER0 text)
+        self.failure: str | None = None  # why the X server's connection was closed on us
 
     def owned_text(self) -> bytes | None:
         with self._lock:
@@ -107,6 +109,10 @@ class _Owner(threading.Thread):
                     self._handle(x.next_event())
                 if self._republish is not None and time.monotonic() >= self._republish[0]:
                     self._republish_cut_buffer()
+        except DesktopFailed as error:  # the X server broke a bound (xconnect)
+            self.failure = error.message
+            with self._lock:
+                self._owned = False
         except Exception:  # the display went away: nothing left to own
             with self._lock:
                 self._owned = False
@@ -198,6 +204,7 @@ class Clipboard:
         data = text.encode("utf-8")
         if len(data) > MAX_CLIPBOARD_BYTES:
             raise InvalidAction(f"clipboard text is over {MAX_CLIPBOARD_BYTES} bytes in UTF-8")
+        self._check_owner()
         if self._owner is None or not self._owner.is_alive():
             self._owner = _Owner(self._display_name)
             self._owner.start()
@@ -205,6 +212,7 @@ class Clipboard:
 
     def get(self, timeout_s: float = _READ_TIMEOUT_S) -> str:
         """The text on the clipboard ("" when nobody owns it or it holds no text)."""
+        self._check_owner()
         if self._owner is not None:
             mine = self._owner.owned_text()
             if mine is not None:
@@ -225,6 +233,10 @@ class Clipboard:
                 return self._read_property(x, window, prop)
         return ""
 
+    def _check_owner(self) -> None:
+        if self._owner is not None and self._owner.failure is not None:
+            raise DesktopFailed(f"the desktop failed: {self._owner.failure}")
+
     def _read_property(self, x: xdisplay.Display, window: Window, prop: int) -> str:
         reply = window.get_property(prop, X.AnyPropertyType, 0, MAX_CLIPBOARD_BYTES // 4 + 1)
         window.delete_property(prop)
@@ -242,7 +254,7 @@ class Clipboard:
 
     def _reader(self) -> tuple[xdisplay.Display, Window]:
         if self._x is None or self._window is None:
-            self._x = xdisplay.Display(self._display_name)
+            self._x = open_display(self._display_name)
             self._window = self._x.screen().root.create_window(
                 0, 0, 1, 1, 0, X.CopyFromParent
             )
