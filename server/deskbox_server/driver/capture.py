@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-from mss.exception import ScreenShotError
 from mss.linux.xgetimage import MSSImplXGetImage
 from Xlib.display import Display
 from Xlib.error import XError
@@ -19,7 +18,13 @@ __all__ = ["Capturer"]
 class _GetImageCapture(MSSImplXGetImage, RelayedXcb):
     def __init__(self, display_name: str, width: int, height: int) -> None:
         self._relay_to = (display_name, width, height)
-        super().__init__()
+        try:
+            super().__init__()
+        except Exception as error:
+            if hasattr(self, "relay"):
+                RelayedXcb.close(self)
+                raise self.failure_of(error) from None
+            raise
 
 
 class Capturer:
@@ -51,9 +56,8 @@ class Capturer:
     def grab(self, x: int, y: int, width: int, height: int, cursor: bool = False) -> Frame:
         try:
             raw = self._mss.grab({"left": x, "top": y, "width": width, "height": height})
-        except ScreenShotError as error:
-            reason = self._mss.relay.failure or f"lost the capture connection: {error}"
-            raise DesktopFailed(f"the desktop failed: {reason}") from None
+        except Exception as error:
+            raise self._mss.failure_of(error) from None
         if len(raw) != width * height * 4:
             raise DesktopFailed(f"the X server sent a {len(raw)}-byte image for {width}x{height}")
         pixels = np.frombuffer(raw, dtype=np.uint8).reshape(height, width, 4)

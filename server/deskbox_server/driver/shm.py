@@ -30,7 +30,13 @@ class SealedShmCapture(MSSImplXShmGetImage, RelayedXcb):
 
     def __init__(self, display_name: str, width: int, height: int) -> None:
         self._relay_to = (display_name, width, height)
-        super().__init__()
+        try:
+            super().__init__()
+        except Exception as error:
+            if hasattr(self, "relay"):
+                RelayedXcb.close(self)
+                raise self.failure_of(error) from None
+            raise
 
     def _setup_shm(self) -> ShmStatus:
         assert self.conn is not None

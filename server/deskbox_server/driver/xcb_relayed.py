@@ -9,10 +9,12 @@ so that size bounds the shared buffer and every reply.
 
 from __future__ import annotations
 
+from contextlib import suppress
 from ctypes import CFUNCTYPE, POINTER, c_int, c_void_p
 from typing import Any
 
 from mss.base import MSSImplementation
+from mss.exception import ScreenShotError
 from mss.linux import xcb, xcbgen
 from mss.linux.base import (
     SUPPORTED_BITS_PER_PIXEL,
@@ -32,7 +34,8 @@ __all__ = ["RelayedXcb"]
 
 
 class RelayedXcb(MSSImplXCBBase):
-    """Set ``_relay_to = (display_name, width, height)`` before calling ``__init__``."""
+    """Set ``_relay_to = (display_name, width, height)`` before calling ``__init__``; if a
+    subclass's ``__init__`` fails, it calls ``RelayedXcb.close`` and raises ``failure_of``."""
 
     _relay_to: tuple[str, int, int]
 
@@ -41,12 +44,8 @@ class RelayedXcb(MSSImplXCBBase):
         name, width, height = self._relay_to
         self.relay = XRelay(name, reply_limit(width, height))
         self.conn = None
-        try:
-            self._connect(name)
-            self._check_screen(width, height)
-        except BaseException:
-            self.close()
-            raise
+        self._connect(name)
+        self._check_screen(width, height)
 
     def _connect(self, name: str) -> None:
         xcb.initialize()
@@ -94,10 +93,22 @@ class RelayedXcb(MSSImplXCBBase):
         ):
             _unsupported("the root visual is not BGRx true colour")
 
+    def failure_of(self, error: Exception) -> Exception:
+        """What to raise for ``error`` from mss: ``DesktopFailed`` if the connection is lost."""
+        if isinstance(error, DesktopFailed):
+            return error
+        if self.relay.failure is not None:
+            return DesktopFailed(f"the desktop failed: {self.relay.failure}")
+        if isinstance(error, ScreenShotError):
+            return DesktopFailed(f"the desktop failed: lost the capture connection: {error}")
+        return error
+
     def close(self) -> None:
         try:
-            super().close()
+            with suppress(ScreenShotError):  # mss reports a connection that had broken
+                super().close()
         finally:
+            self.conn = None  # xcb_disconnect has freed it, whatever mss raised
             self.relay.close()
 
 

@@ -125,6 +125,7 @@ class XRelay:
         self._framing = _ServerFraming(limit)
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self.failure: str | None = None
+        self._closed = False
         self._thread = threading.Thread(
             target=self._run, name=f"xrelay-{display_name}", daemon=True
         )
@@ -135,6 +136,9 @@ class XRelay:
         return self._client.detach()
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"q")
         self._thread.join(timeout=2)
