@@ -149,18 +149,15 @@ class _Link:
 
 
 class Impostor:
-    """Display ``name`` leads here; every connection is relayed to ``real_display``."""
+    """A listening socket at ``listen_at``; every connection is relayed to ``real_path``."""
 
-    def __init__(self, real_display: str, private_dir: Path) -> None:
-        self._real_path = f"/tmp/.X11-unix/X{real_display.lstrip(':')}"
-        self.reservation = DisplayReservation.allocate(private_dir, 700, 800)
-        self.name = self.reservation.name
+    def __init__(self, real_path: str, listen_at: Path) -> None:
+        self._real_path = real_path
+        self.path = listen_at
+        self.name = ""  # the display leading here, once published
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        path = private_dir / "impostor.sock"
-        self._listener.bind(str(path))
+        self._listener.bind(str(listen_at))
         self._listener.listen(16)
-        self.reservation.publish(path)
-        path.unlink()
         self.links: list[_Link] = []
         self._inflate: int | None = None
         self._accepting = threading.Thread(target=self._accept, daemon=True)
@@ -190,13 +187,19 @@ class Impostor:
         self._accepting.join(timeout=5)
         for link in self.links:
             link.close()
-        self.reservation.release()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
 
 
 @contextlib.contextmanager
 def impostor(real_display: str, private_dir: Path) -> Iterator[Impostor]:
-    fake = Impostor(real_display, private_dir)
+    """An impostor on a display of its own (reserved like a session's) for ``real_display``."""
+    reservation = DisplayReservation.allocate(private_dir, 700, 800)
+    fake = Impostor(f"/tmp/.X11-unix/X{real_display.lstrip(':')}", private_dir / "impostor")
     try:
+        reservation.publish(fake.path)
+        fake.name = reservation.name
         yield fake
     finally:
         fake.close()
+        reservation.release()
