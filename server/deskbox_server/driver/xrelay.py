@@ -62,14 +62,15 @@ class _ServerFraming:
         self.responses = 0
         self.sent = 0  # bytes libxcb has sent: every request is at least 4
 
-    def feed(self, data: memoryview) -> bytes:
-        out = bytearray()
+    def feed(self, data: memoryview) -> bytes | memoryview:
+        """What of ``data`` libxcb may see: often ``data`` itself, valid until the next read."""
+        parts: list[bytes | memoryview] = []
         i, n = 0, len(data)
         while i < n:
             if self._left:
                 take = min(self._left, n - i)
                 if self._forward:
-                    out += data[i : i + take]
+                    parts.append(data[i : i + take])
                 i += take
                 self._left -= take
                 continue
@@ -80,9 +81,10 @@ class _ServerFraming:
             if len(self._head) == size:
                 self._start(bytes(self._head))
                 if self._forward:
-                    out += self._head
+                    parts.append(bytes(self._head))
                 self._head.clear()
-        return bytes(out)
+        # An image's body comes in whole chunks: passed on without a copy.
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _start(self, head: bytes) -> None:
         if not self._set_up:  # at most 8 + 65535 * 4 bytes
@@ -167,7 +169,7 @@ class XRelay:
         view = memoryview(buffer)
         to_server = b""
         fds: list[int] = []
-        to_client = b""
+        to_client: bytes | memoryview = b""  # a view of buffer: read again once it is sent
         try:
             while True:
                 readers: list[int] = [self._wake_r]
