@@ -13,6 +13,7 @@ to it goes on working.
 from __future__ import annotations
 
 import os
+import struct
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -107,6 +108,19 @@ def test_xlib_oversize_reply_while_connecting(fake: Impostor) -> None:
     fake.inflate_next_reply(ATTACK)
     with measured(), pytest.raises(DesktopFailed, match=rf"sent a 300 MiB reply {LIMIT}"):
         open_display(fake.name)
+
+
+def test_xlib_reply_out_of_sequence_fails_the_connection(fake: Impostor) -> None:
+    """python-xlib raises RuntimeError ("Can't happen!") for it: a breach like the others."""
+    x = open_display(fake.name)
+    try:
+        x.sync()
+        with measured(), pytest.raises(DesktopFailed, match="malformed message"):
+            fake.attack(struct.pack("=BBHI24x", 1, 0, 0xFFFF, 0))
+            x.sync()
+    finally:
+        with suppress(ConnectionClosedError):
+            x.close()
 
 
 def test_xlib_event_flood_is_bounded(fake: Impostor) -> None:

@@ -48,7 +48,11 @@ class _BoundedDisplay(xdisplay.Display):
         # python-xlib's __init__ calls this right after the connection setup (itself at most
         # 256 KiB), for its first reply: the bound goes on before that reply is read.
         if not isinstance(self.display.parse_response, _ReadBound):
-            _ReadBound(self.display)
+            try:
+                _ReadBound(self.display)
+            except DesktopFailed as error:  # a screen larger than we ever make
+                self.display.close_internal(error.message)
+                raise
         super()._update_keymap(first_keycode, count)  # type: ignore[misc]
 
 
