@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +24,9 @@ import pytest
 from Xlib.error import ConnectionClosedError
 
 from deskbox_server.driver.capture import Capturer
+from deskbox_server.driver.clipboard import Clipboard
 from deskbox_server.driver.desktop import Desktop
+from deskbox_server.driver.keymap_watch import KeymapWatch
 from deskbox_server.driver.local import LocalDesktop
 from deskbox_server.driver.xconnect import open_display
 from deskbox_server.errors import DesktopFailed
@@ -136,6 +138,38 @@ def test_xlib_event_flood_is_bounded(fake: Impostor) -> None:
             x.close()
 
 
+def _until_raises(call: Callable[[], object], timeout_s: float = 0.9) -> None:
+    """Call until it raises: the connection's own thread meets the attack first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        call()
+        time.sleep(0.01)
+
+
+def test_clipboard_owner_breach_fails_the_next_call(fake: Impostor) -> None:
+    clipboard = Clipboard(fake.name)
+    try:
+        clipboard.set("mine")  # its owner thread now serves the selection on its connection
+        with measured(), pytest.raises(DesktopFailed, match=rf"sent a 300 MiB event {LIMIT}"):
+            fake.attack(generic_event(ATTACK), filler=ATTACK)
+            _until_raises(lambda: clipboard.set("again"))
+    finally:
+        clipboard.close()
+
+
+def test_keymap_watch_breach_fails_the_next_wait(fake: Impostor) -> None:
+    control = open_display(fake.name)
+    watch = KeymapWatch(fake.name, control)  # RECORD, on a connection and thread of its own
+    try:
+        with measured(), pytest.raises(DesktopFailed, match=rf"sent a 300 MiB event {LIMIT}"):
+            fake.attack(generic_event(ATTACK), filler=ATTACK)
+            _until_raises(lambda: watch.wait_reread(time.monotonic(), timeout_s=0.01))
+    finally:
+        watch.close()
+        with suppress(ConnectionClosedError):
+            control.close()
+
+
 # -- the capture connection (mss over libxcb, through the relay) ---------------------------
 
 
@@ -187,10 +221,7 @@ def test_capture_event_flood_is_dropped_then_fails(fake: Impostor, desktop: Desk
         flood = events(1_000_000)
         with measured(), pytest.raises(DesktopFailed, match="more than 10000 events"):
             fake.attack(flood)
-            deadline = time.monotonic() + 0.9
-            while time.monotonic() < deadline:  # the relay finds out on its own thread
-                capturer.grab(0, 0, 64, 64)
-                time.sleep(0.01)
+            _until_raises(lambda: capturer.grab(0, 0, 64, 64))  # the relay's thread finds out
     finally:
         capturer.close()
 

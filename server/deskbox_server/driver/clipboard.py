@@ -68,6 +68,7 @@ class _Owner(threading.Thread):
         self._closing = False
         self._republish: tuple[float, bytes] | None = None  # (when, CUT_BUFFER0 text)
         self.failure: str | None = None  # why the X server's connection was closed on us
+        self._stopped = False
 
     def owned_text(self) -> bytes | None:
         with self._lock:
@@ -77,10 +78,14 @@ class _Owner(threading.Thread):
         done = threading.Event()
         result: list[bool] = []
         with self._lock:
+            if self._stopped:  # the thread is gone, or going (it answers no more claims)
+                raise DesktopFailed(f"the desktop failed: {self.failure or 'no clipboard owner'}")
             self._pending = (text, done, result)
         os.write(self._wake_w, b"c")
         if not done.wait(timeout_s):
             raise Timeout("the clipboard owner did not answer")
+        if self.failure is not None:
+            raise DesktopFailed(f"the desktop failed: {self.failure}")
         if not result or not result[0]:
             raise DesktopFailed("could not take the clipboard selection")
 
@@ -110,13 +115,18 @@ class _Owner(threading.Thread):
                 if self._republish is not None and time.monotonic() >= self._republish[0]:
                     self._republish_cut_buffer()
         except DesktopFailed as error:  # the X server broke a bound (xconnect)
-            self.failure = error.message
             with self._lock:
+                self.failure = error.message
                 self._owned = False
         except Exception:  # the display went away: nothing left to own
             with self._lock:
                 self._owned = False
         finally:
+            with self._lock:
+                self._stopped = True
+                pending, self._pending = self._pending, None
+            if pending is not None:
+                pending[1].set()  # unanswered: claim() says why
             with suppress(Exception):
                 x.close()
 
@@ -126,6 +136,16 @@ class _Owner(threading.Thread):
         if pending is None:
             return
         text, done, result = pending
+        try:
+            self._own(text, result)
+        except DesktopFailed as error:
+            with self._lock:
+                self.failure = error.message  # before claim() wakes up and asks
+            raise
+        finally:
+            done.set()  # with no result if it failed: claim() then says why
+
+    def _own(self, text: bytes, result: list[bool]) -> None:
         clipboard = self._atoms["CLIPBOARD"]
         # PRIMARY too: what middle-click pastes, and what x11vnc follows most closely.
         self._window.set_selection_owner(Xatom.PRIMARY, X.CurrentTime)
@@ -140,7 +160,6 @@ class _Owner(threading.Thread):
         with self._lock:
             self._text, self._owned = text, owned
         result.append(owned)
-        done.set()
 
     def _republish_cut_buffer(self) -> None:
         """CUT_BUFFER0 written again, unless someone changed it or took the clipboard."""
