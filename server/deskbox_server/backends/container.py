@@ -39,10 +39,11 @@ from pathlib import Path
 import numpy as np
 from Xlib import X
 from Xlib import display as xdisplay
-from Xlib.error import DisplayConnectionError
+from Xlib.error import ConnectionClosedError, DisplayConnectionError
 from Xlib.ext import damage, xfixes
 
 from ..driver.commands import DesktopSpec, browser_argv, wm_argv, xserver_argv
+from ..driver.xconnect import open_display
 from ..driver.xwait import top_level_clients, wait_for, window_viewable, wm_running
 from ..errors import Conflict, DesktopFailed, InvalidRequest, SessionFailed, Timeout
 from . import freezer
@@ -382,7 +383,7 @@ class ContainerSandbox:
         """Connect to the display; the socket exists but may not listen for a moment yet."""
         while True:
             try:
-                return xdisplay.Display(self.display_name)
+                return open_display(self.display_name)
             except DisplayConnectionError as error:
                 failure = self.failure()
                 if failure is not None:
@@ -423,7 +424,8 @@ class ContainerSandbox:
                 self._wait_toolbar_painted(x, deadline)
                 self.timings["painted"] = time.monotonic() - started
         finally:
-            x.close()
+            with contextlib.suppress(ConnectionClosedError):  # closed for a breach: raised already
+                x.close()
 
     def _wait_toolbar_painted(self, x: xdisplay.Display, deadline: float) -> None:
         """A mapped Chromium window is blank at first: wait until its toolbar is drawn.

@@ -7,28 +7,46 @@ from mss.linux.xgetimage import MSSImplXGetImage
 from Xlib.display import Display
 from Xlib.error import XError
 
+from ..errors import DesktopFailed
 from .images import Frame
 from .shm import SealedShmCapture
+from .xcb_relayed import RelayedXcb
 
 __all__ = ["Capturer"]
+
+
+class _GetImageCapture(MSSImplXGetImage, RelayedXcb):
+    def __init__(self, display_name: str, width: int, height: int) -> None:
+        self._relay_to = (display_name, width, height)
+        try:
+            super().__init__()
+        except Exception as error:
+            if hasattr(self, "relay"):
+                RelayedXcb.close(self)
+                raise self.failure_of(error) from None
+            raise
 
 
 class Capturer:
     """Grabs the screen of one display; call only from the desktop's worker thread.
 
     ``shared_memory=False`` forces GetImage, for X servers we must not share memory with.
+    Its connection goes through an ``XRelay`` that bounds what the X server sends; the
+    screen is the size ``xlib_display`` (a bounded connection) reported.
     """
 
     def __init__(
         self, display_name: str, xlib_display: Display, shared_memory: bool = True
     ) -> None:
-        self._mss: SealedShmCapture | MSSImplXGetImage = (
-            SealedShmCapture(display=display_name)
+        screen = xlib_display.screen()
+        size = (screen.width_in_pixels, screen.height_in_pixels)
+        self._mss: SealedShmCapture | _GetImageCapture = (
+            SealedShmCapture(display_name, *size)
             if shared_memory
-            else MSSImplXGetImage(display=display_name)
+            else _GetImageCapture(display_name, *size)
         )
         self._xlib = xlib_display
-        self._root = xlib_display.screen().root
+        self._root = screen.root
 
     @property
     def method(self) -> str:
@@ -36,7 +54,12 @@ class Capturer:
         return "xshm" if "MIT-SHM is working" in status else "getimage"
 
     def grab(self, x: int, y: int, width: int, height: int, cursor: bool = False) -> Frame:
-        raw = self._mss.grab({"left": x, "top": y, "width": width, "height": height})
+        try:
+            raw = self._mss.grab({"left": x, "top": y, "width": width, "height": height})
+        except Exception as error:
+            raise self._mss.failure_of(error) from None
+        if len(raw) != width * height * 4:
+            raise DesktopFailed(f"the X server sent a {len(raw)}-byte image for {width}x{height}")
         pixels = np.frombuffer(raw, dtype=np.uint8).reshape(height, width, 4)
         if cursor:
             pixels = pixels.copy()

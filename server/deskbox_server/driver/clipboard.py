@@ -26,6 +26,7 @@ from Xlib.protocol.rq import Event
 from Xlib.xobject.drawable import Window
 
 from ..errors import DesktopFailed, InvalidAction, Timeout
+from .xconnect import open_display
 
 __all__ = ["MAX_CLIPBOARD_BYTES", "Clipboard"]
 
@@ -55,7 +56,7 @@ class _Owner(threading.Thread):
 
     def __init__(self, display_name: str) -> None:
         super().__init__(name=f"clipboard-{display_name}", daemon=True)
-        self._x = xdisplay.Display(display_name)
+        self._x = open_display(display_name)
         self._window = self._x.screen().root.create_window(0, 0, 1, 1, 0, X.CopyFromParent)
         self._atoms = {name: self._x.intern_atom(name) for name in
                        ("CLIPBOARD", "TARGETS", "TIMESTAMP", *_TEXT_TARGETS)}
@@ -66,6 +67,8 @@ class _Owner(threading.Thread):
         self._owned = False
         self._closing = False
         self._republish: tuple[float, bytes] | None = None  # (when, CUT_BUFFER0 text)
+        self.failure: str | None = None  # why the X server's connection was closed on us
+        self._stopped = False
 
     def owned_text(self) -> bytes | None:
         with self._lock:
@@ -75,10 +78,14 @@ class _Owner(threading.Thread):
         done = threading.Event()
         result: list[bool] = []
         with self._lock:
+            if self._stopped:  # the thread is gone, or going (it answers no more claims)
+                raise DesktopFailed(f"the desktop failed: {self.failure or 'no clipboard owner'}")
             self._pending = (text, done, result)
         os.write(self._wake_w, b"c")
         if not done.wait(timeout_s):
             raise Timeout("the clipboard owner did not answer")
+        if self.failure is not None:
+            raise DesktopFailed(f"the desktop failed: {self.failure}")
         if not result or not result[0]:
             raise DesktopFailed("could not take the clipboard selection")
 
@@ -107,10 +114,19 @@ class _Owner(threading.Thread):
                     self._handle(x.next_event())
                 if self._republish is not None and time.monotonic() >= self._republish[0]:
                     self._republish_cut_buffer()
+        except DesktopFailed as error:  # the X server broke a bound (xconnect)
+            with self._lock:
+                self.failure = error.message
+                self._owned = False
         except Exception:  # the display went away: nothing left to own
             with self._lock:
                 self._owned = False
         finally:
+            with self._lock:
+                self._stopped = True
+                pending, self._pending = self._pending, None
+            if pending is not None:
+                pending[1].set()  # unanswered: claim() says why
             with suppress(Exception):
                 x.close()
 
@@ -120,6 +136,16 @@ class _Owner(threading.Thread):
         if pending is None:
             return
         text, done, result = pending
+        try:
+            self._own(text, result)
+        except DesktopFailed as error:
+            with self._lock:
+                self.failure = error.message  # before claim() wakes up and asks
+            raise
+        finally:
+            done.set()  # with no result if it failed: claim() then says why
+
+    def _own(self, text: bytes, result: list[bool]) -> None:
         clipboard = self._atoms["CLIPBOARD"]
         # PRIMARY too: what middle-click pastes, and what x11vnc follows most closely.
         self._window.set_selection_owner(Xatom.PRIMARY, X.CurrentTime)
@@ -134,7 +160,6 @@ class _Owner(threading.Thread):
         with self._lock:
             self._text, self._owned = text, owned
         result.append(owned)
-        done.set()
 
     def _republish_cut_buffer(self) -> None:
         """CUT_BUFFER0 written again, unless someone changed it or took the clipboard."""
@@ -198,6 +223,7 @@ class Clipboard:
         data = text.encode("utf-8")
         if len(data) > MAX_CLIPBOARD_BYTES:
             raise InvalidAction(f"clipboard text is over {MAX_CLIPBOARD_BYTES} bytes in UTF-8")
+        self._check_owner()
         if self._owner is None or not self._owner.is_alive():
             self._owner = _Owner(self._display_name)
             self._owner.start()
@@ -205,6 +231,7 @@ class Clipboard:
 
     def get(self, timeout_s: float = _READ_TIMEOUT_S) -> str:
         """The text on the clipboard ("" when nobody owns it or it holds no text)."""
+        self._check_owner()
         if self._owner is not None:
             mine = self._owner.owned_text()
             if mine is not None:
@@ -225,6 +252,10 @@ class Clipboard:
                 return self._read_property(x, window, prop)
         return ""
 
+    def _check_owner(self) -> None:
+        if self._owner is not None and self._owner.failure is not None:
+            raise DesktopFailed(f"the desktop failed: {self._owner.failure}")
+
     def _read_property(self, x: xdisplay.Display, window: Window, prop: int) -> str:
         reply = window.get_property(prop, X.AnyPropertyType, 0, MAX_CLIPBOARD_BYTES // 4 + 1)
         window.delete_property(prop)
@@ -242,7 +273,7 @@ class Clipboard:
 
     def _reader(self) -> tuple[xdisplay.Display, Window]:
         if self._x is None or self._window is None:
-            self._x = xdisplay.Display(self._display_name)
+            self._x = open_display(self._display_name)
             self._window = self._x.screen().root.create_window(
                 0, 0, 1, 1, 0, X.CopyFromParent
             )

@@ -28,6 +28,7 @@ from .keymap_watch import KeymapWatch
 from .pointer import Pointer
 from .settle import SettleWatcher
 from .space import Space
+from .xconnect import open_display
 
 __all__ = ["ActionResult", "BatchResult", "Desktop", "SettleOptions"]
 
@@ -75,19 +76,28 @@ class Desktop:
         self._health = health or (lambda: None)
         self.display_name = display_name
         try:
-            self._x = xdisplay.Display(display_name)
+            self._x = open_display(display_name)
         except (DisplayError, ConnectionError, OSError) as error:
             raise DesktopFailed(f"cannot connect to X display {display_name}: {error}") from None
-        self._x.xfixes_query_version()
-        screen = self._x.screen()
-        self.width: int = screen.width_in_pixels
-        self.height: int = screen.height_in_pixels
-        self.pointer = Pointer(self._x)
-        self.settle_options = settle or SettleOptions()
-        self._settle = SettleWatcher(self._x, self._on_event)
-        self._keymap_watch = self._watch_keymap_reads()
-        self.keyboard = Keyboard(self._x, self._typing_shown, self._keymap_reread)
-        self._capturer = Capturer(display_name, self._x, shared_memory=shared_memory)
+        try:
+            self._x.xfixes_query_version()
+            screen = self._x.screen()
+            self.width: int = screen.width_in_pixels
+            self.height: int = screen.height_in_pixels
+            self.pointer = Pointer(self._x)
+            self.settle_options = settle or SettleOptions()
+            self._settle = SettleWatcher(self._x, self._on_event)
+            self._keymap_watch = self._watch_keymap_reads()
+            self.keyboard = Keyboard(self._x, self._typing_shown, self._keymap_reread)
+            self._capturer = Capturer(display_name, self._x, shared_memory=shared_memory)
+        except BaseException:
+            # Nothing of a desktop that failed to come up is left behind (connections, threads).
+            watch: KeymapWatch | None = getattr(self, "_keymap_watch", None)
+            if watch is not None:
+                watch.close()
+            with suppress(Exception):
+                self._x.close()
+            raise
         self._closed = False
         self._last_button_at = 0.0
         self.clipboard = Clipboard(display_name)  # its own X connections, made when used
@@ -158,6 +168,8 @@ class Desktop:
     def _watch_keymap_reads(self) -> KeymapWatch | None:
         try:
             return KeymapWatch(self.display_name, self._x)
+        except DesktopFailed:
+            raise
         except Exception:  # noqa: BLE001 (no RECORD extension: Keyboard falls back to a grace)
             return None
 

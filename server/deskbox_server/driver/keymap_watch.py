@@ -16,6 +16,9 @@ from contextlib import suppress
 from Xlib import display as xdisplay
 from Xlib.ext import record
 
+from ..errors import DesktopFailed
+from .xconnect import open_display
+
 __all__ = ["KeymapWatch"]
 
 _GET_KEYBOARD_MAPPING = 101
@@ -32,13 +35,14 @@ class KeymapWatch:
         self._lock = threading.Condition()
         self._fetched: dict[int, float] = {}  # client id base → last keymap fetch
         self._readers: set[int] = set()  # clients seen re-reading after one of our changes
+        self._failure: str | None = None  # why the X server's connection was closed on us
         xkb = control.query_extension("XKEYBOARD")
         xkb_requests = (
             (xkb.major_opcode, xkb.major_opcode, _XKB_GET_MAP, _XKB_GET_MAP)
             if xkb is not None and xkb.present
             else (0, 0, 0, 0)
         )
-        self._recorder = xdisplay.Display(display_name)
+        self._recorder = open_display(display_name)
         self._context = self._recorder.record_create_context(
             0,
             [record.AllClients],
@@ -60,8 +64,14 @@ class KeymapWatch:
         self._thread.start()
 
     def _run(self) -> None:
-        with suppress(Exception):  # the connection closes under us at close()
+        try:
             self._recorder.record_enable_context(self._context, self._on_data)
+        except DesktopFailed as error:  # the X server broke a bound (xconnect)
+            with self._lock:
+                self._failure = error.message
+                self._lock.notify_all()
+        except Exception:  # noqa: BLE001, S110 (the connection closes under us at close())
+            return
 
     def _on_data(self, reply: object) -> None:
         category = getattr(reply, "category", None)
@@ -83,6 +93,8 @@ class KeymapWatch:
         """
         deadline = since + timeout_s
         with self._lock:
+            if self._failure is not None:
+                raise DesktopFailed(f"the desktop failed: {self._failure}")
             if self._readers:
                 done = self._lock.wait_for(
                     lambda: all(self._fetched.get(c, 0.0) >= since for c in self._readers),

@@ -3,7 +3,8 @@
 mss shares a memfd with the X server and maps it on our side. An X server in a sandbox
 could keep that fd and shrink the file, and our next read of the mapping would die with
 SIGBUS — taking the control plane down. Sealing the memfd against shrinking and growing
-before it is handed over makes that impossible; everything else is mss's own path.
+before it is handed over makes that impossible; everything else is mss's own path, over
+a relayed connection (``xcb_relayed``).
 """
 
 from __future__ import annotations
@@ -16,14 +17,26 @@ from mss.linux import xcb, xcbgen
 from mss.linux.xcbhelpers import LIB, XError
 from mss.linux.xshmgetimage import MSSImplXShmGetImage, ShmStatus
 
+from .xcb_relayed import RelayedXcb
+
 __all__ = ["SEALS", "SealedShmCapture"]
 
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 MEMFD_NAME = "deskbox-capture"
 
 
-class SealedShmCapture(MSSImplXShmGetImage):
+class SealedShmCapture(MSSImplXShmGetImage, RelayedXcb):
     """mss's XShmGetImage backend whose shared buffer has a fixed, sealed size."""
+
+    def __init__(self, display_name: str, width: int, height: int) -> None:
+        self._relay_to = (display_name, width, height)
+        try:
+            super().__init__()
+        except Exception as error:
+            if hasattr(self, "relay"):
+                RelayedXcb.close(self)
+                raise self.failure_of(error) from None
+            raise
 
     def _setup_shm(self) -> ShmStatus:
         assert self.conn is not None
