@@ -380,11 +380,17 @@ class ContainerSandbox:
             self.options.runc.set_cpus(self.container_id, limits.cpus, CPU_PERIOD_US)
 
     def _connect(self, deadline: float) -> xdisplay.Display:
-        """Connect to the display; the socket exists but may not listen for a moment yet."""
+        """Connect to the display; the socket exists but may not listen for a moment yet.
+
+        Whether it listens is asked with a socket of our own first: python-xlib leaves its
+        socket unclosed when a connection is refused.
+        """
+        assert self.display is not None
         while True:
             try:
+                listener_pid(self.display.private_socket)
                 return open_display(self.display_name)
-            except DisplayConnectionError as error:
+            except (OSError, DisplayConnectionError) as error:
                 failure = self.failure()
                 if failure is not None:
                     raise DesktopFailed(failure) from None
