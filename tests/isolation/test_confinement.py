@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 from deskbox_server.backends.container import ContainerSandbox
 
@@ -30,6 +31,29 @@ def test_pid_namespace_is_its_own(sandbox: ContainerSandbox) -> None:
         assert inside != os.readlink(f"/proc/self/ns/{kind}")
     # No user namespace: uid 0 inside is uid 0 outside (CRIU needs it), hence no capabilities.
     assert os.readlink(f"/proc/{sandbox.init_pid}/ns/user") == os.readlink("/proc/self/ns/user")
+
+
+def cgroup_paths(sandbox: ContainerSandbox, pid: str = "self") -> list[str]:
+    """The cgroup paths of a process of the sandbox as it sees them (/proc/PID/cgroup)."""
+    done = exec_in(sandbox, "cat", f"/proc/{pid}/cgroup")
+    assert done.returncode == 0, done.stderr
+    return [line.split(":", 2)[2] for line in done.stdout.splitlines()]
+
+
+def test_cgroup_namespace_is_its_own(sandbox: ContainerSandbox) -> None:
+    assert sandbox.init_pid is not None
+    assert os.readlink(f"/proc/{sandbox.init_pid}/ns/cgroup") != os.readlink(
+        "/proc/self/ns/cgroup"
+    )
+    # The host sees the sandbox in its own cgroup...
+    host_view = Path(f"/proc/{sandbox.init_pid}/cgroup").read_text()
+    assert f"/{sandbox.container_id}" in host_view
+    # ...the sandbox sees only its root: not the host's cgroup layout nor its own id.
+    for pid in ("self", "1"):
+        paths = cgroup_paths(sandbox, pid)
+        assert paths and set(paths) == {"/"}, paths
+    mountinfo = exec_in(sandbox, "cat", "/proc/self/mountinfo").stdout
+    assert sandbox.container_id not in mountinfo
 
 
 def test_root_filesystem_is_read_only(sandbox: ContainerSandbox) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,7 +66,19 @@ def screen_and_mark(display_name: str, mark: bytes | None) -> tuple[bytes, bytes
         x.close()
 
 
+def cgroups_inside(sandbox: ContainerSandbox) -> set[str]:
+    """The cgroup paths the sandbox's init and a new process in it see (their namespace)."""
+    done = subprocess.run(
+        [*sandbox.options.runc.command(), "exec", sandbox.container_id,
+         "cat", "/proc/1/cgroup", "/proc/self/cgroup"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return {line.split(":", 2)[2] for line in done.stdout.splitlines()}
+
+
 def test_hibernate_and_restore_a_sandbox(sandbox: ContainerSandbox) -> None:
+    assert cgroups_inside(sandbox) == {"/"}
     before, mark = screen_and_mark(sandbox.display_name, b"set before the checkpoint")
     assert mark == b"set before the checkpoint"
     container_id = sandbox.container_id
@@ -86,6 +99,8 @@ def test_hibernate_and_restore_a_sandbox(sandbox: ContainerSandbox) -> None:
     state = Runc().state(container_id)
     assert state is not None and state.status == "running"
     assert not archive.exists()
+    # Restored into its own cgroup namespace again: no host cgroup path shows inside.
+    assert cgroups_inside(sandbox) == {"/"}
     after, mark = screen_and_mark(sandbox.display_name, None)
     assert mark == b"set before the checkpoint"
     assert after == before

@@ -134,6 +134,15 @@ def source(client: httpx.Client, server: Server) -> Iterator[tuple[str, tuple[in
         client.delete(f"/v1/sessions/{session_id}")
 
 
+def cgroups_seen_inside(client: httpx.Client, session_id: str) -> set[str]:
+    """The cgroup paths the session's init and an exec'd process see."""
+    response = client.post(f"/v1/sessions/{session_id}/exec",
+                           json={"cmd": ["cat", "/proc/1/cgroup", "/proc/self/cgroup"]})
+    assert response.status_code == 200, response.text
+    assert response.json()["exit_code"] == 0, response.text
+    return {line.split(":", 2)[2] for line in response.json()["stdout"].splitlines()}
+
+
 def netns_inode(handle: ContainerHandle) -> int:
     assert handle.sandbox.init_pid is not None
     return os.stat(f"/proc/{handle.sandbox.init_pid}/ns/net").st_ino
@@ -217,6 +226,9 @@ def test_fork_makes_independent_running_copies(
         assert len({h.sandbox.container_id for h in handles}) == 4
         assert len({h.sandbox.display_name for h in handles}) == 4
         assert len({netns_inode(h) for h in handles}) == 4
+        # Each copy runs in its own cgroup namespace, rooted at its own new cgroup.
+        for copy in [sid, *copies]:
+            assert cgroups_seen_inside(client, copy) == {"/"}
         for index, copy in enumerate(copies):
             assert page_state(server, copy)["value"] == text
             type_into_field(client, copy, origin, f" fork{index}")

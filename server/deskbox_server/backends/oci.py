@@ -7,7 +7,10 @@ What a sandbox gets, and why:
   disappears with it;
 - one host path: the session's socket directory, at /tmp/.X11-unix, where the X server's
   socket appears for the host's driver;
-- its own pid, mount, ipc, uts and network namespaces. The network namespace is empty
+- its own pid, mount, ipc, uts, cgroup and network namespaces. Its cgroup namespace is
+  rooted at its own cgroup, so /proc/self/cgroup shows "/" and not the host's
+  ``/deskbox-<id>`` layout (and a restored copy sees its new cgroup as "/" too). The
+  network namespace is empty
   (loopback only) for egress ``none``, else the one ``network.py`` made on the host (and
   ``/etc/hosts`` and ``/etc/resolv.conf`` are the host's files for it, read-only). No user
   namespace: processes run as uid 0 of the host without any capability, which CRIU needs
@@ -166,7 +169,9 @@ def runtime_config(config: SandboxConfig) -> RuntimeConfig:
          "options": ["bind", "ro", "nosuid", "nodev", "noexec"]}
         for destination, source in config.files
     ]
-    namespaces = [{"type": kind} for kind in ("pid", "mount", "ipc", "uts", "network")]
+    namespaces = [
+        {"type": kind} for kind in ("pid", "mount", "ipc", "uts", "cgroup", "network")
+    ]
     if config.network_namespace is not None:
         namespaces[-1]["path"] = str(config.network_namespace)
     return {
