@@ -7,6 +7,7 @@ import socket
 from pathlib import Path
 
 from deskbox_server.backends.container import ContainerSandbox
+from deskbox_server.backends.oci import SANDBOX_USER_IDS
 
 from .conftest import exec_in
 
@@ -29,8 +30,33 @@ def test_pid_namespace_is_its_own(sandbox: ContainerSandbox) -> None:
     for kind in ("ipc", "mnt", "uts", "net"):
         inside = os.readlink(f"/proc/{sandbox.init_pid}/ns/{kind}")
         assert inside != os.readlink(f"/proc/self/ns/{kind}")
-    # No user namespace: uid 0 inside is uid 0 outside (CRIU needs it), hence no capabilities.
-    assert os.readlink(f"/proc/{sandbox.init_pid}/ns/user") == os.readlink("/proc/self/ns/user")
+    assert os.readlink(f"/proc/{sandbox.init_pid}/ns/user") != os.readlink("/proc/self/ns/user")
+
+
+def host_ids(pid: int) -> tuple[list[str], list[str]]:
+    """A process's real, effective, saved and fs uids and gids as the host sees them."""
+    status = dict(line.split(":\t", 1) for line in
+                  Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line)
+    return status["Uid"].split(), status["Gid"].split()
+
+
+def test_root_inside_is_an_unprivileged_user_of_the_host(sandbox: ContainerSandbox) -> None:
+    first, count = SANDBOX_USER_IDS
+    assert first >= 65536 and count == 65536
+    inside = exec_in(sandbox, "sh", "-c", "id -u; id -g; cat /proc/self/uid_map /proc/1/gid_map")
+    assert inside.stdout.split() == ["0", "0", "0", str(first), str(count),
+                                     "0", str(first), str(count)], inside.stdout
+    # Every process of the sandbox (Xvfb, the browser, ...), seen from the host.
+    assert sandbox.init_pid is not None
+    children = Path(f"/proc/{sandbox.init_pid}/task/{sandbox.init_pid}/children").read_text()
+    pids = [sandbox.init_pid, *map(int, children.split())]
+    assert len(pids) >= 3
+    for pid in pids:
+        assert host_ids(pid) == ([str(first)] * 4, [str(first)] * 4), pid
+    # The image belongs to the host's root, which is nobody inside: even a writable mount
+    # of it would not let the sandbox change a file (issue 13, 1b).
+    owner = exec_in(sandbox, "stat", "-c", "%u", "/usr/bin/python3").stdout.strip()
+    assert owner == "65534"
 
 
 def cgroup_paths(sandbox: ContainerSandbox, pid: str = "self") -> list[str]:

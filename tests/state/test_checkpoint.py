@@ -27,6 +27,7 @@ from deskbox_server.backends.checkpoint import (
     restore_sandbox,
 )
 from deskbox_server.backends.container import ContainerOptions, ContainerSandbox
+from deskbox_server.backends.oci import SANDBOX_USER_IDS
 from deskbox_server.backends.runc import Runc
 
 from ..api.test_container import cgroup_dirs
@@ -99,8 +100,13 @@ def test_hibernate_and_restore_a_sandbox(sandbox: ContainerSandbox) -> None:
     state = Runc().state(container_id)
     assert state is not None and state.status == "running"
     assert not archive.exists()
-    # Restored into its own cgroup namespace again: no host cgroup path shows inside.
+    # Restored into its own cgroup namespace again: no host cgroup path shows inside; and
+    # into a user namespace: its root is still an unprivileged user of the host.
     assert cgroups_inside(sandbox) == {"/"}
+    assert sandbox.init_pid is not None
+    status = Path(f"/proc/{sandbox.init_pid}/status").read_text()
+    uids = next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:]
+    assert uids == [str(SANDBOX_USER_IDS[0])] * 4
     after, mark = screen_and_mark(sandbox.display_name, None)
     assert mark == b"set before the checkpoint"
     assert after == before
