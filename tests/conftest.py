@@ -57,6 +57,9 @@ def _sandbox_traces() -> set[str]:
     netns = Path("/run/netns")
     if netns.is_dir():
         traces |= {f"netns:{p.name}" for p in netns.iterdir() if p.name.startswith(PREFIX)}
+    shared = Path("/run/deskbox")  # the sandboxes' small shared tmpfs directories
+    if shared.is_dir():
+        traces |= {f"shared:{p.name}" for p in shared.iterdir() if p.name.startswith(PREFIX)}
     # Temp dirs of browsers started on the host (a killed Chromium leaves them behind).
     traces |= {f"tmp:{p.name}" for p in Path("/tmp").glob("org.chromium.Chromium.*")}
     for line in Path("/proc/self/mounts").read_text().splitlines():

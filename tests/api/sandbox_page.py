@@ -16,6 +16,7 @@ from typing import Any
 
 from Xlib import display as xdisplay
 
+from deskbox_server.backends.container import ContainerOptions
 from deskbox_server.driver.xwait import top_level_clients
 
 __all__ = ["SandboxPage", "events_data_url", "read_display_number"]
@@ -44,8 +45,11 @@ def events_data_url() -> str:
 
 
 def read_display_number(session_dir: Path) -> int:
-    """The display of a container session, from its directory in the server's state dir."""
-    return int((session_dir / "shared" / "display" / "number").read_text())
+    """The display of a container session (its directory in the server's state dir), from
+    its shared tmpfs (``/run/deskbox/<container id>``, the id ends with the session's)."""
+    found = list(ContainerOptions.shared_root.glob(f"*-{session_dir.name}/display/number"))
+    assert len(found) == 1, found
+    return int(found[0].read_text())
 
 
 class SandboxPage:

@@ -171,7 +171,7 @@ def test_delete_leaves_nothing(
     number = sandbox.display.number
     pids = cgroup_pids(container_id)
     assert len(pids) >= 3 and all(running(pid) for pid in pids)  # X, openbox, Chromium, ...
-    assert cgroup_dirs(container_id) and mounts_mentioning(str(session_dir))
+    assert cgroup_dirs(container_id) and mounts_mentioning(str(sandbox.shared_dir))
     page.close()
 
     assert client.delete(f"/v1/sessions/{session['id']}").status_code == 204
@@ -180,6 +180,7 @@ def test_delete_leaves_nothing(
     assert not [pid for pid in pids if running(pid)]
     assert not cgroup_dirs(container_id)
     assert not mounts_mentioning(str(session_dir))
-    assert not session_dir.exists()
+    assert not mounts_mentioning(str(sandbox.shared_dir))
+    assert not session_dir.exists() and not sandbox.shared_dir.exists()
     assert not Path(f"/tmp/.X11-unix/X{number}").is_symlink()
     assert not Path(f"/tmp/.X{number}-lock").exists()

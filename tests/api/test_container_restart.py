@@ -220,6 +220,7 @@ def test_restart_readopts_running_sessions(tmp_path: Path) -> None:
         assert runc.state(kept_container) is None
         assert not cgroup_dirs(kept_container)
         assert not mounts_mentioning(str(state_dir))
+        assert not mounts_mentioning(kept_container)
         assert not list((state_dir / "sessions").iterdir())
         assert not os.path.lexists(f"/tmp/.X11-unix/X{number}")
         assert not os.path.exists(f"/tmp/.X{number}-lock")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 from deskbox_server.backends.container import ContainerSandbox
+from deskbox_server.backends.oci import SANDBOX_USER_IDS
 
 from .conftest import exec_in
 
@@ -28,8 +30,56 @@ def test_pid_namespace_is_its_own(sandbox: ContainerSandbox) -> None:
     for kind in ("ipc", "mnt", "uts", "net"):
         inside = os.readlink(f"/proc/{sandbox.init_pid}/ns/{kind}")
         assert inside != os.readlink(f"/proc/self/ns/{kind}")
-    # No user namespace: uid 0 inside is uid 0 outside (CRIU needs it), hence no capabilities.
-    assert os.readlink(f"/proc/{sandbox.init_pid}/ns/user") == os.readlink("/proc/self/ns/user")
+    assert os.readlink(f"/proc/{sandbox.init_pid}/ns/user") != os.readlink("/proc/self/ns/user")
+
+
+def host_ids(pid: int) -> tuple[list[str], list[str]]:
+    """A process's real, effective, saved and fs uids and gids as the host sees them."""
+    status = dict(line.split(":\t", 1) for line in
+                  Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line)
+    return status["Uid"].split(), status["Gid"].split()
+
+
+def test_root_inside_is_an_unprivileged_user_of_the_host(sandbox: ContainerSandbox) -> None:
+    first, count = SANDBOX_USER_IDS
+    assert first >= 65536 and count == 65536
+    inside = exec_in(sandbox, "sh", "-c", "id -u; id -g; cat /proc/self/uid_map /proc/1/gid_map")
+    assert inside.stdout.split() == ["0", "0", "0", str(first), str(count),
+                                     "0", str(first), str(count)], inside.stdout
+    # Every process of the sandbox (Xvfb, the browser, ...), seen from the host.
+    assert sandbox.init_pid is not None
+    children = Path(f"/proc/{sandbox.init_pid}/task/{sandbox.init_pid}/children").read_text()
+    pids = [sandbox.init_pid, *map(int, children.split())]
+    assert len(pids) >= 3
+    for pid in pids:
+        assert host_ids(pid) == ([str(first)] * 4, [str(first)] * 4), pid
+    # The image belongs to the host's root, which is nobody inside: even a writable mount
+    # of it would not let the sandbox change a file (issue 13, 1b).
+    owner = exec_in(sandbox, "stat", "-c", "%u", "/usr/bin/python3").stdout.strip()
+    assert owner == "65534"
+
+
+def cgroup_paths(sandbox: ContainerSandbox, pid: str = "self") -> list[str]:
+    """The cgroup paths of a process of the sandbox as it sees them (/proc/PID/cgroup)."""
+    done = exec_in(sandbox, "cat", f"/proc/{pid}/cgroup")
+    assert done.returncode == 0, done.stderr
+    return [line.split(":", 2)[2] for line in done.stdout.splitlines()]
+
+
+def test_cgroup_namespace_is_its_own(sandbox: ContainerSandbox) -> None:
+    assert sandbox.init_pid is not None
+    assert os.readlink(f"/proc/{sandbox.init_pid}/ns/cgroup") != os.readlink(
+        "/proc/self/ns/cgroup"
+    )
+    # The host sees the sandbox in its own cgroup...
+    host_view = Path(f"/proc/{sandbox.init_pid}/cgroup").read_text()
+    assert f"/{sandbox.container_id}" in host_view
+    # ...the sandbox sees only its root: not the host's cgroup layout nor its own id.
+    for pid in ("self", "1"):
+        paths = cgroup_paths(sandbox, pid)
+        assert paths and set(paths) == {"/"}, paths
+    mountinfo = exec_in(sandbox, "cat", "/proc/self/mountinfo").stdout
+    assert sandbox.container_id not in mountinfo
 
 
 def test_root_filesystem_is_read_only(sandbox: ContainerSandbox) -> None:

@@ -42,6 +42,7 @@ def test_destroy_leaves_nothing(options: ContainerOptions) -> None:
     assert not Path(f"/proc/{init_pid}").exists()
     assert not _cgroup_dirs(box.container_id)
     assert not _mounts_mentioning(str(box.session_dir))
+    assert not _mounts_mentioning(str(box.shared_dir)) and not box.shared_dir.exists()
     assert not os.path.lexists(f"/tmp/.X11-unix/X{number}")
     assert not os.path.exists(f"/tmp/.X{number}-lock")
     assert not box.session_dir.exists()

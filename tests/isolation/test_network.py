@@ -343,6 +343,38 @@ def _pasta_pids() -> set[int]:
     return found
 
 
+CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
+
+
+def test_pasta_holds_only_cap_sys_admin_once_connected(
+    sandboxes: dict[str, ContainerSandbox],
+) -> None:
+    """What a reviewer checks of the process that parses every packet of the sandbox."""
+    for mode in ("all", "allowlist"):
+        network = sandboxes[mode].network
+        assert network is not None and network.pasta_pid is not None
+        pid = network.pasta_pid
+        assert pid in _pasta_pids()
+        status = dict(
+            line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+            if ":\t" in line
+        )
+        caps = {name: int(status[name], 16) for name in
+                ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
+        assert caps["CapEff"] == caps["CapPrm"] == 1 << CAP_SYS_ADMIN, caps
+        assert caps["CapBnd"] == (1 << CAP_SYS_ADMIN) | (1 << CAP_NET_ADMIN), caps
+        assert caps["CapInh"] == caps["CapAmb"] == 0, caps
+        # uid 0 of the host (it must join a namespace the host's root owns), but nothing
+        # more can be gained: no_new_privs, and pasta's own seccomp filter.
+        assert status["Uid"].split() == ["0"] * 4
+        assert status["NoNewPrivs"].strip() == "1"
+        assert status["Seccomp"].strip() == "2"
+        # Detached from the host's filesystem and processes: an empty root of its own.
+        for kind in ("mnt", "pid", "ipc", "uts"):
+            assert os.readlink(f"/proc/{pid}/ns/{kind}") != os.readlink(f"/proc/self/ns/{kind}")
+        assert os.listdir(f"/proc/{pid}/root") == []
+
+
 def test_destroy_and_failed_starts_leave_nothing(
     options: ContainerOptions, peer: Peer, tmp_path: Path
 ) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from deskbox_server.backends.checkpoint import (
     restore_sandbox,
 )
 from deskbox_server.backends.container import ContainerOptions, ContainerSandbox
+from deskbox_server.backends.oci import SANDBOX_USER_IDS
 from deskbox_server.backends.runc import Runc
 
 from ..api.test_container import cgroup_dirs
@@ -65,7 +67,19 @@ def screen_and_mark(display_name: str, mark: bytes | None) -> tuple[bytes, bytes
         x.close()
 
 
+def cgroups_inside(sandbox: ContainerSandbox) -> set[str]:
+    """The cgroup paths the sandbox's init and a new process in it see (their namespace)."""
+    done = subprocess.run(
+        [*sandbox.options.runc.command(), "exec", sandbox.container_id,
+         "cat", "/proc/1/cgroup", "/proc/self/cgroup"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return {line.split(":", 2)[2] for line in done.stdout.splitlines()}
+
+
 def test_hibernate_and_restore_a_sandbox(sandbox: ContainerSandbox) -> None:
+    assert cgroups_inside(sandbox) == {"/"}
     before, mark = screen_and_mark(sandbox.display_name, b"set before the checkpoint")
     assert mark == b"set before the checkpoint"
     container_id = sandbox.container_id
@@ -86,6 +100,13 @@ def test_hibernate_and_restore_a_sandbox(sandbox: ContainerSandbox) -> None:
     state = Runc().state(container_id)
     assert state is not None and state.status == "running"
     assert not archive.exists()
+    # Restored into its own cgroup namespace again: no host cgroup path shows inside; and
+    # into a user namespace: its root is still an unprivileged user of the host.
+    assert cgroups_inside(sandbox) == {"/"}
+    assert sandbox.init_pid is not None
+    status = Path(f"/proc/{sandbox.init_pid}/status").read_text()
+    uids = next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:]
+    assert uids == [str(SANDBOX_USER_IDS[0])] * 4
     after, mark = screen_and_mark(sandbox.display_name, None)
     assert mark == b"set before the checkpoint"
     assert after == before

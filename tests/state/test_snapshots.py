@@ -24,6 +24,7 @@ from websockets.sync.client import ClientConnection, connect
 from deskbox_server.api.auth import key_id
 from deskbox_server.backends.checkpoint import Criu
 from deskbox_server.backends.container_backend import ContainerHandle
+from deskbox_server.backends.oci import SANDBOX_USER_IDS
 from deskbox_server.backends.runc import Runc
 from deskbox_server.settings import Settings
 
@@ -134,6 +135,22 @@ def source(client: httpx.Client, server: Server) -> Iterator[tuple[str, tuple[in
         client.delete(f"/v1/sessions/{session_id}")
 
 
+def cgroups_seen_inside(client: httpx.Client, session_id: str) -> set[str]:
+    """The cgroup paths the session's init and an exec'd process see."""
+    response = client.post(f"/v1/sessions/{session_id}/exec",
+                           json={"cmd": ["cat", "/proc/1/cgroup", "/proc/self/cgroup"]})
+    assert response.status_code == 200, response.text
+    assert response.json()["exit_code"] == 0, response.text
+    return {line.split(":", 2)[2] for line in response.json()["stdout"].splitlines()}
+
+
+def host_uid(handle: ContainerHandle) -> int:
+    """The uid the host sees for the session's init (its root inside)."""
+    pid = handle.sandbox.init_pid
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
+
+
 def netns_inode(handle: ContainerHandle) -> int:
     assert handle.sandbox.init_pid is not None
     return os.stat(f"/proc/{handle.sandbox.init_pid}/ns/net").st_ino
@@ -217,6 +234,16 @@ def test_fork_makes_independent_running_copies(
         assert len({h.sandbox.container_id for h in handles}) == 4
         assert len({h.sandbox.display_name for h in handles}) == 4
         assert len({netns_inode(h) for h in handles}) == 4
+        # Each copy runs in its own cgroup namespace, rooted at its own new cgroup, and in
+        # a user namespace: its root is an unprivileged user of the host, who cannot change
+        # the image every session runs.
+        for copy in [sid, *copies]:
+            assert cgroups_seen_inside(client, copy) == {"/"}
+            assert host_uid(handle_of(server, copy)) == SANDBOX_USER_IDS[0]
+            response = client.post(f"/v1/sessions/{copy}/exec", json={"cmd": [
+                "sh", "-c", "echo evil >> /usr/local/bin/deskbox-session"]})
+            assert response.status_code == 200, response.text
+            assert response.json()["exit_code"] != 0, response.text
         for index, copy in enumerate(copies):
             assert page_state(server, copy)["value"] == text
             type_into_field(client, copy, origin, f" fork{index}")

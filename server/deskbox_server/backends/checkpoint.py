@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from ..errors import InvalidRequest, SessionFailed
 from . import restored
 from .network import bring_up_loopback
-from .oci import CRIU_CONFIG
+from .oci import CRIU_CONFIG, RuntimeConfig, host_root_gid
 from .runc import Runc
 
 if TYPE_CHECKING:
@@ -205,6 +205,19 @@ def unpack(archive: Path, images: Path) -> None:
         raise SessionFailed("the checkpoint is corrupted: it holds no CRIU inventory")
 
 
+def _share_images(images: Path, gid: int) -> None:
+    """Let the sandbox's own gid read ``images``: in a user namespace, CRIU reads most of
+    them from inside it, as the restored processes' user (the host's root can still).
+    Nothing else of the host runs as that gid, and the images are that sandbox's own."""
+    for directory, _, files in os.walk(images):
+        os.chown(directory, 0, gid)
+        os.chmod(directory, 0o750)
+        for name in files:
+            path = os.path.join(directory, name)
+            os.chown(path, 0, gid, follow_symlinks=False)
+            os.chmod(path, 0o640, follow_symlinks=False)
+
+
 def restore(sandbox: ContainerSandbox, criu: Criu, images: Path, logs: Path) -> float:
     """``runc restore`` the sandbox's bundle from ``images``, stopped; seal it
     (restored.py), publish its X socket, then let it run.
@@ -219,6 +232,10 @@ def restore(sandbox: ContainerSandbox, criu: Criu, images: Path, logs: Path) -> 
         raise SessionFailed(reason)
     (sandbox.bundle / CRIU_CONFIG).write_text(CRIU_RESTORE_OPTIONS)
     started = time.monotonic()
+    config: RuntimeConfig = json.loads((sandbox.bundle / "config.json").read_text())
+    gid = host_root_gid(config)
+    if gid is not None:
+        _share_images(images, gid)
     pid_file = sandbox.bundle / "init.pid"
     pid_file.unlink(missing_ok=True)
     done = _runc_criu(sandbox.options.runc, criu, "restore", "--detach", "--file-locks",

@@ -3,14 +3,19 @@
 Layout on the host, per session (``<state>/sessions/<id>``, mode 0700)::
 
     bundle/config.json      the OCI runtime config (oci.py); bundle/runc.log runc's messages
-    shared/                 a 256 KiB tmpfs, so the sandbox cannot fill the host's disk:
+    /run/deskbox/<container id>/  a 256 KiB tmpfs, so the sandbox cannot fill the host's disk;
+                            outside the state directory, because CRIU restores the bind
+                            mount of x11/ from inside the sandbox's user namespace: only
+                            root and the sandbox's gid can enter it (mode 0710)
       x11/                  bind-mounted at /tmp/.X11-unix inside: the X server's socket
       display/X<N>          our hard link of that socket (see displays.py), and ``number``
+      etc/                  with egress all/allowlist: the sandbox's hosts and resolv.conf
     /tmp/.X11-unix/X<N>     symlink to display/X<N>, so ``Desktop(":N")`` works on the host
     /tmp/.X<N>-lock         reserves N against X servers of the host
     with egress all/allowlist (network.py):
     /run/netns/<container id>   the network namespace the sandbox joins, with its rules
-    pasta.pid               the pasta process connecting it; bundle/hosts, resolv.conf
+    pasta.pid               the pasta process connecting it; bundle/hosts, resolv.conf (the
+                            originals of etc/, which is made again from them)
 
 ``ContainerSandbox.start`` returns once the X server answers, the window manager manages the
 screen and (unless disabled) the browser's window is viewable and drawn: each observed
@@ -67,7 +72,15 @@ from .network import (
     namespaces,
     resolv_conf,
 )
-from .oci import CPU_PERIOD_US, Limits, SandboxConfig, SandboxTemplate, write_bundle, write_config
+from .oci import (
+    CPU_PERIOD_US,
+    SANDBOX_USER_IDS,
+    Limits,
+    SandboxConfig,
+    SandboxTemplate,
+    write_bundle,
+    write_config,
+)
 from .runc import Runc
 from .seccomp import PODMAN_PROFILE
 
@@ -84,7 +97,8 @@ PROFILE_DIR = "/root/chromium"
 _DISPLAYFD = 3  # the launcher hands the X server a pipe on this descriptor
 # Chromium's tab strip and toolbar (icons, text, anti-aliasing) use dozens of colours in the
 # top rows; a mapped but unpainted window is one flat colour.
-_SHARED_DIR_OPTIONS = "size=256k,nr_inodes=64,mode=0700"
+_SHARED_DIR_OPTIONS = "size=256k,nr_inodes=64"
+_ETC_FILES = ("hosts", "resolv.conf")
 _TOOLBAR_ROWS = 90
 # In the session directory: the X server's display number inside, where not the host's.
 _INNER_DISPLAY = "inner-display"
@@ -101,6 +115,10 @@ class ContainerOptions:
     displays: tuple[int, int] = (200, 1000)  # [first, last) display numbers for sessions
     id_prefix: str = "deskbox-"
     seccomp_source: Path = PODMAN_PROFILE  # seccomp.py: the allowlist sandboxes start from
+    # (first host id, count) of the sandboxes' user namespace; None: none (oci.py).
+    user_ids: tuple[int, int] | None = SANDBOX_USER_IDS
+    # Where each sandbox's small shared tmpfs is mounted (its own directory, by container id).
+    shared_root: Path = Path("/run/deskbox")
 
 
 class ContainerSandbox:
@@ -116,7 +134,7 @@ class ContainerSandbox:
         self.bundle = self.session_dir / "bundle"
         # A small tmpfs of the host's: the sandbox can write into x11/, and must not be able
         # to fill the host's disk through it. display/ shares its filesystem (hard links).
-        self.shared_dir = self.session_dir / "shared"
+        self.shared_dir = options.shared_root / self.container_id
         self.socket_dir = self.shared_dir / "x11"
         self.display_dir = self.shared_dir / "display"
         self.display: DisplayReservation | None = None
@@ -188,13 +206,19 @@ class ContainerSandbox:
 
     def _prepare_host_side(self) -> None:
         """The shared tmpfs, the socket directory and a display number of the host."""
+        root = self.options.shared_root
+        root.mkdir(mode=0o711, parents=True, exist_ok=True)
+        root.chmod(0o711)  # entered by the sandboxes' gid on the way to their own directory
         self.shared_dir.mkdir(mode=0o700)
-        mount_tmpfs(self.shared_dir, _SHARED_DIR_OPTIONS)
+        ids = self.options.user_ids
+        mount_tmpfs(self.shared_dir, f"{_SHARED_DIR_OPTIONS},mode=0700" if ids is None
+                    else f"{_SHARED_DIR_OPTIONS},mode=0710,gid={ids[0]}")
         self.socket_dir.mkdir()
         self.socket_dir.chmod(0o1777)  # what X servers expect of /tmp/.X11-unix
         self.display = DisplayReservation.allocate(
             self.display_dir, *self.options.displays
         )
+        self._share_etc_files()  # a hibernated sandbox's, when its tmpfs is made again
 
     @property
     def inner_display(self) -> int:
@@ -331,9 +355,21 @@ class ContainerSandbox:
         self.bundle.mkdir(mode=0o700, parents=True, exist_ok=True)
         (self.bundle / "hosts").write_text(hosts_file(egress, SandboxConfig.hostname))
         (self.bundle / "resolv.conf").write_text(resolv_conf(egress))
-        files = (("/etc/hosts", self.bundle / "hosts"),
-                 ("/etc/resolv.conf", self.bundle / "resolv.conf"))
+        self._share_etc_files()
+        etc = self.shared_dir / "etc"
+        files = (("/etc/hosts", etc / "hosts"), ("/etc/resolv.conf", etc / "resolv.conf"))
         return self.network.path, files
+
+    def _share_etc_files(self) -> None:
+        """Copy the bundle's hosts and resolv.conf (egress all/allowlist) into the shared
+        tmpfs, where the sandbox's own user can reach them (CRIU opens them from inside)."""
+        if not (self.bundle / _ETC_FILES[0]).is_file():
+            return
+        etc = self.shared_dir / "etc"
+        etc.mkdir(mode=0o755, exist_ok=True)
+        for name in _ETC_FILES:
+            shutil.copyfile(self.bundle / name, etc / name)
+            (etc / name).chmod(0o644)
 
     def _start(
         self, spec: DesktopSpec, limits: Limits, browser: bool, timeout_s: float, egress: Egress,
@@ -361,6 +397,10 @@ class ContainerSandbox:
             env=env, limits=startup_limits, cgroups_path=f"/{self.container_id}",
             nofile=min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),
             network_namespace=netns, files=files, seccomp_source=self.options.seccomp_source,
+            # A user namespace only with a network namespace of its own: runc mounts a new
+            # sysfs, which the kernel allows only to a holder of CAP_SYS_ADMIN in the user
+            # namespace owning the network namespace, and the host-made one is the host's.
+            user_ids=self.options.user_ids if netns is None else None,
         )
         write_bundle(self.bundle, config)
         pid_file = self.bundle / "init.pid"
@@ -511,6 +551,8 @@ class ContainerSandbox:
         if self.display is not None:
             self.display.release()
         unmount(self.shared_dir)
+        with contextlib.suppress(FileNotFoundError):
+            self.shared_dir.rmdir()
         if self.session_dir.exists():
             shutil.rmtree(self.session_dir, ignore_errors=True)
         if errors:
@@ -541,6 +583,9 @@ def remove_orphans(options: ContainerOptions, keep: Collection[str] = ()) -> lis
     if sessions.is_dir():
         ids.update(entry.name for entry in sessions.iterdir() if entry.is_dir())
     ids.update(name[len(options.id_prefix):] for name in namespaces(options.id_prefix))
+    if options.shared_root.is_dir():
+        ids.update(entry.name[len(options.id_prefix):] for entry in options.shared_root.iterdir()
+                   if entry.name.startswith(options.id_prefix))
     removed: list[str] = []
     for session_id in sorted(ids - set(keep)):
         if not _SESSION_ID.match(session_id):

@@ -11,7 +11,9 @@ only, oci.py). For ``all`` and ``allowlist`` the host makes, per session:
   (by default pasta binds the host's listening ports inside the namespace and forwards
   them to the host's loopback); with ``--no-map-gw`` the gateway's address is not the
   host. pasta daemonizes once the namespace is configured and quits when the namespace's
-  file is removed;
+  file is removed. It runs as uid 0 of the host with CAP_SYS_ADMIN only (see
+  :data:`PASTA_PRIVILEGES`), no_new_privs, its own seccomp filter, and its own mount, pid,
+  ipc and uts namespaces with an empty root;
 - an nftables table loaded *inside* that namespace from the host. The sandbox has no
   CAP_NET_ADMIN in the namespace's owning user namespace (the host's), so it can neither
   read nor change the rules. The output chain drops by default and rejects (TCP reset,
@@ -52,6 +54,7 @@ from ..schemas.sessions import is_host_name_or_ip
 __all__ = [
     "DNS_FORWARD",
     "NETNS_DIR",
+    "PASTA_PRIVILEGES",
     "TABLE",
     "Egress",
     "HostAddresses",
@@ -76,6 +79,15 @@ TABLE = "deskbox"
 # resolver. Link-local, so it is never a real destination of the sandbox's traffic.
 DNS_FORWARD = "169.254.1.1"
 MAX_ALLOW = 256
+# What pasta may ever hold. It parses every packet of the sandbox, so it gets only the two
+# capabilities it needs: CAP_NET_ADMIN to open the tap device in the namespace and configure
+# it at start, CAP_SYS_ADMIN to setns() into the namespace for as long as it runs (it opens
+# its sockets there on demand). Debian 12's pasta then drops every capability but
+# CAP_SYS_ADMIN and CAP_NET_BIND_SERVICE itself; without the second in its bounding set it
+# keeps CAP_SYS_ADMIN alone. It stays uid 0: under any other uid pasta makes a user
+# namespace of its own, from which it cannot join a namespace the host's root owns.
+PASTA_PRIVILEGES = ("setpriv", "--bounding-set", "-all,+net_admin,+sys_admin",
+                    "--inh-caps", "-all")
 _RESOLVE_TIMEOUT_S = 10.0
 # Never reachable from a sandbox, whatever the host's configuration.
 _ALWAYS_BLOCKED = (
@@ -330,6 +342,7 @@ class SessionNetwork:
         # Rules first: the namespace has no route out before pasta configures it.
         self.load_rules(ruleset(egress, host))
         argv = [
+            *PASTA_PRIVILEGES,
             "pasta", "--quiet", "--runas", "0", "--netns-only", "--netns", str(self.path),
             "--config-net", "--no-map-gw", "--no-dhcp", "--no-dhcpv6", "--no-ra",
             "-t", "none", "-u", "none", "-T", "none", "-U", "none", "-P", str(self.pid_file),

@@ -7,11 +7,21 @@ What a sandbox gets, and why:
   disappears with it;
 - one host path: the session's socket directory, at /tmp/.X11-unix, where the X server's
   socket appears for the host's driver;
-- its own pid, mount, ipc, uts and network namespaces. The network namespace is empty
-  (loopback only) for egress ``none``, else the one ``network.py`` made on the host (and
-  ``/etc/hosts`` and ``/etc/resolv.conf`` are the host's files for it, read-only). No user
-  namespace: processes run as uid 0 of the host without any capability, which CRIU needs
-  to checkpoint them on this host;
+- its own pid, mount, ipc, uts, cgroup and network namespaces. Its cgroup namespace is
+  rooted at its own cgroup, so /proc/self/cgroup shows "/" and not the host's
+  ``/deskbox-<id>`` layout (and a restored copy sees its new cgroup as "/" too). The
+  network namespace is empty (loopback only) for egress ``none``, else the one ``network.py``
+  made on the host (and ``/etc/hosts`` and ``/etc/resolv.conf`` are the host's files for
+  it, read-only);
+- its own user namespace (``user_ids``) where the network namespace is its own too (egress
+  ``none``; container.py says why not otherwise): uid and gid 0 inside are
+  ``SANDBOX_USER_IDS[0]`` of the host, an id no host process uses, and the 65536 ids from
+  there back the rest. So a process that escaped every other bound is an unprivileged user
+  of the host, and the image (owned by the host's root, "nobody" inside) is not writable
+  to it whatever its mount flags. Per-user kernel counts (inotify instances, ...) are
+  still charged to the namespace's owner, the host's root. Every host path the sandbox's
+  processes open themselves (CRIU restores its mounts and reads its images from inside
+  the namespace) must be reachable by that gid;
 - cgroup limits on cpu, memory and pids; no capabilities; no_new_privileges; the seccomp
   profile of ``seccomp.py`` (an allowlist read from a Debian package: a sandbox whose
   profile cannot be read does not start); the masked and read-only /proc paths of runc's
@@ -30,11 +40,14 @@ from .seccomp import PODMAN_PROFILE, SeccompProfile, seccomp_profile
 __all__ = [
     "MASKED_PATHS",
     "READONLY_PATHS",
+    "RuntimeConfig",
+    "SANDBOX_USER_IDS",
     "SOCKET_DIR",
     "Limits",
     "SandboxConfig",
     "SandboxTemplate",
     "config_json",
+    "host_root_gid",
     "write_bundle",
     "write_config",
 ]
@@ -52,6 +65,8 @@ READONLY_PATHS: tuple[str, ...] = (
 )
 
 CPU_PERIOD_US = 100_000
+# (first host id, count): ids 0..count-1 inside every sandbox are these on the host.
+SANDBOX_USER_IDS = (100_000, 65_536)
 
 
 @dataclass(frozen=True)
@@ -87,6 +102,8 @@ class SandboxConfig:
     files: tuple[tuple[str, Path], ...] = ()
     # The Podman seccomp profile our own (seccomp.py) is made from.
     seccomp_source: Path = PODMAN_PROFILE
+    # None: no user namespace (uid 0 inside is the host's root, without capabilities).
+    user_ids: tuple[int, int] | None = SANDBOX_USER_IDS
 
 
 class Mount(TypedDict, total=False):
@@ -115,8 +132,16 @@ class _Resources(TypedDict):
     pids: dict[str, int]
 
 
+class IdMapping(TypedDict):
+    containerID: int
+    hostID: int
+    size: int
+
+
 class _Linux(TypedDict):
     namespaces: list[dict[str, str]]
+    uidMappings: NotRequired[list[IdMapping]]
+    gidMappings: NotRequired[list[IdMapping]]
     cgroupsPath: str
     resources: _Resources
     seccomp: SeccompProfile
@@ -170,10 +195,12 @@ def runtime_config(config: SandboxConfig) -> RuntimeConfig:
          "options": ["bind", "ro", "nosuid", "nodev", "noexec"]}
         for destination, source in config.files
     ]
-    namespaces = [{"type": kind} for kind in ("pid", "mount", "ipc", "uts", "network")]
+    namespaces = [
+        {"type": kind} for kind in ("pid", "mount", "ipc", "uts", "cgroup", "network")
+    ]
     if config.network_namespace is not None:
         namespaces[-1]["path"] = str(config.network_namespace)
-    return {
+    raw: RuntimeConfig = {
         "ociVersion": "1.0.2",
         "process": {
             "terminal": False,
@@ -181,7 +208,7 @@ def runtime_config(config: SandboxConfig) -> RuntimeConfig:
             "args": list(config.args),
             "env": [f"{key}={value}" for key, value in env.items()],
             "cwd": config.home,
-            # uid 0 without a user namespace (CRIU needs it), so: no capability at all.
+            # No capability at all, also in the sandbox's own user namespace.
             "capabilities": {
                 "bounding": [], "effective": [], "inheritable": [], "permitted": [],
                 "ambient": [],
@@ -214,6 +241,20 @@ def runtime_config(config: SandboxConfig) -> RuntimeConfig:
             "readonlyPaths": list(READONLY_PATHS),
         },
     }
+    if config.user_ids is not None:
+        first, count = config.user_ids
+        raw["linux"]["namespaces"].append({"type": "user"})
+        raw["linux"]["uidMappings"] = [{"containerID": 0, "hostID": first, "size": count}]
+        raw["linux"]["gidMappings"] = [{"containerID": 0, "hostID": first, "size": count}]
+    return raw
+
+
+def host_root_gid(config: RuntimeConfig) -> int | None:
+    """The host gid of gid 0 inside the sandbox, or None without a user namespace."""
+    for mapping in config["linux"].get("gidMappings", []):
+        if mapping["containerID"] == 0:
+            return mapping["hostID"]
+    return None
 
 
 def config_json(config: SandboxConfig) -> str:
