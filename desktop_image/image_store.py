@@ -209,7 +209,9 @@ def ensure_mounted(image_dir: Path) -> Path:
     mounted = mounted_fstype(mountpoint)
     if mounted is None:
         done = subprocess.run(
-            ["mount", "-t", "erofs", "-o", "ro,loop,nodev,nosuid",
+            # Only "ro": a restored sandbox's root inherits this mount's flags (CRIU binds
+            # it), and must have exactly those of a fresh one, which runc makes "ro".
+            ["mount", "-t", "erofs", "-o", "ro,loop",
              str(image_dir / IMAGE_FILE), str(mountpoint)],
             stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
         )

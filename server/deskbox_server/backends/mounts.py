@@ -34,6 +34,10 @@ __all__ = [
 ]
 
 _SECURITY_FLAGS = ("nosuid", "nodev", "noexec")
+# In a user namespace a sandbox cannot make device nodes: runc bind-mounts these of the
+# host instead (its default devices), and the masked files are binds of that /dev/null.
+_BOUND_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom",
+                  "/dev/tty")
 # Paths runc masks or makes read-only exist only where the kernel has them; the sandbox
 # runs on this host's kernel, so the host's own /proc and /sys say which do.
 HOST_ROOT = Path("/")
@@ -98,6 +102,9 @@ def _expected(config: RuntimeConfig, host_root: Path) -> dict[str, _Expected]:
             None if bind else mount.get("type"),
         )
     linux = config["linux"]
+    if any(namespace["type"] == "user" for namespace in linux["namespaces"]):
+        expected.update({device: _Expected(False, frozenset(), None)
+                         for device in _BOUND_DEVICES})
     for path in linux.get("readonlyPaths", []):
         if (host_root / path.lstrip("/")).exists():
             expected[path] = _Expected(True, frozenset(), None)
@@ -121,6 +128,16 @@ def _top_mounts(entries: Sequence[MountEntry]) -> tuple[dict[str, MountEntry], l
     return top, stacked
 
 
+def _null_device(top: dict[str, MountEntry]) -> tuple[str, str] | None:
+    """(device, root) that a masked file of this sandbox must be: its own /dev/null, a
+    node of its /dev or, in a user namespace, the bind runc made of the host's."""
+    null = top.get("/dev/null")
+    if null is not None:
+        return null.device, null.root
+    dev = top.get("/dev")
+    return None if dev is None else (dev.device, "/null")
+
+
 def mismatches(
     entries: Sequence[MountEntry], config: RuntimeConfig, host_root: Path = HOST_ROOT
 ) -> list[str]:
@@ -128,7 +145,7 @@ def mismatches(
     expected = _expected(config, host_root)
     top, stacked = _top_mounts(entries)
     problems = [f"{path}: mounted more than once" for path in stacked]
-    dev = top.get("/dev")
+    null = _null_device(top)
     for path, want in expected.items():
         entry = top.get(path)
         if entry is None:
@@ -142,8 +159,7 @@ def mismatches(
             problems.append(f"{path}: without {', '.join(sorted(missing))}")
         if want.fstype is not None and entry.fstype != want.fstype:
             problems.append(f"{path}: {entry.fstype}, the config says {want.fstype}")
-        if want.masks_file and (dev is None or entry.device != dev.device
-                                or entry.root != "/null"):
+        if want.masks_file and (entry.device, entry.root) != null:
             problems.append(f"{path}: masked with {entry.fstype} {entry.device} "
                             f"{entry.root}, not the sandbox's own /dev/null")
     problems += [f"{path}: mounted, the config has no such mount"
@@ -151,7 +167,8 @@ def mismatches(
     return problems
 
 
-Repair = tuple[str, str]  # ("readonly-root", "/") or ("mask", path)
+# ("readonly-root", "/", its present flags) or ("mask", path, ()).
+Repair = tuple[str, str, tuple[str, ...]]
 
 
 def repair_commands(
@@ -163,16 +180,14 @@ def repair_commands(
     repairs: list[Repair] = []
     root = top.get("/")
     if root is not None and expected["/"].read_only and not root.read_only:
-        repairs.append(("readonly-root", "/"))
-    elif root is not None and expected["/"].read_only and root.options & set(_SECURITY_FLAGS):
-        repairs.append(("readonly-root", "/"))  # the flags of a fresh root, exactly
-    dev = top.get("/dev")
+        repairs.append(("readonly-root", "/", tuple(sorted(root.options))))
+    null = _null_device(top)
     for path, want in expected.items():
         entry = top.get(path)
-        if want.masks_file and entry is not None and dev is not None and (
-            entry.device != dev.device or entry.root != "/null"
+        if want.masks_file and entry is not None and null is not None and (
+            (entry.device, entry.root) != null
         ):
-            repairs.append(("mask", path))
+            repairs.append(("mask", path, ()))
     return repairs
 
 

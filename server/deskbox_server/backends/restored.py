@@ -49,11 +49,17 @@ check(libc.setns(namespace, 0x00020000), "setns")
 os.fchdir(root)
 check(libc.chroot(b"."), "chroot")
 MS_RDONLY, MS_REMOUNT, MS_BIND, MNT_DETACH = 1, 32, 4096, 2
-for kind, path in repairs:
+KEPT = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048,
+        "strictatime": 1 << 24}
+for kind, path, options in repairs:
     target = path.encode()
     if kind == "readonly-root":
-        check(libc.mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None),
-              f"remount {path} read-only")
+        # The other flags stay: in a user namespace they are locked, and a remount that
+        # clears one is refused even to the host's root.
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+        for option in options:
+            flags |= KEPT.get(option, 0)
+        check(libc.mount(None, target, None, flags, None), f"remount {path} read-only")
     elif kind == "mask":
         check(libc.umount2(target, MNT_DETACH), f"unmount {path}")
         check(libc.mount(b"/dev/null", target, None, MS_BIND, None), f"mask {path}")
