@@ -64,6 +64,7 @@ def container_backend(settings: Settings) -> ContainerBackend:
         rootfs=settings.image_cache_dir / "images" / "unprepared",
         displays=(settings.display_first, settings.display_last),
         id_prefix=prefix,
+        max_execs=settings.exec_max_concurrent,
     )
 
     def image(cancel: threading.Event) -> Path:

@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     exec_output_max_bytes: Annotated[int, Field(ge=1)] = 1024 * 1024  # stdout, stderr each
     exec_max_timeout_s: Annotated[float, Field(gt=0)] = 3600.0
     file_max_bytes: Annotated[int, Field(ge=1)] = 100 * 1024 * 1024
+    # Commands and file transfers one session may run at once (each a host-side runc
+    # exec); more are answered 429 with Retry-After, at once.
+    exec_max_concurrent: Annotated[int, Field(ge=1, le=1024)] = 8
     # The CDP proxy (api/cdp.py): a larger DevTools message closes the connection (1009).
     cdp_max_message_bytes: Annotated[int, Field(ge=64 * 1024)] = 64 * 1024 * 1024
     # Slow or stalled clients (api/errors.py, api/actions.py, vnc/proxy.py): a request body

@@ -92,6 +92,8 @@ class ContainerOptions:
     runc: Runc = field(default_factory=Runc)
     displays: tuple[int, int] = (200, 1000)  # [first, last) display numbers for sessions
     id_prefix: str = "deskbox-"
+    # runc execs (commands, file transfers) one session may run at once (exec_slots.py).
+    max_execs: int = 8
 
 
 class ContainerSandbox:
