@@ -503,7 +503,11 @@ def host_runc_execs(container_id: str) -> int:
 
     Only its own children: for a moment, a process runc forks has runc's command line.
     """
-    count = 0
+    return len(host_runc_exec_pids(container_id))
+
+
+def host_runc_exec_pids(container_id: str) -> list[int]:
+    pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -514,8 +518,18 @@ def host_runc_execs(container_id: str) -> int:
             continue
         if (parent == os.getpid() and b"exec" in argv and container_id.encode() in argv
                 and b"runc" in argv[0]):
-            count += 1
-    return count
+            pids.append(int(entry.name))
+    return pids
+
+
+def rss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def test_concurrent_execs_are_capped_per_session(
@@ -528,13 +542,15 @@ def test_concurrent_execs_are_capped_per_session(
     assert isinstance(handle, ContainerHandle)
     container_id = handle.sandbox.container_id
     neighbour = new_session(box_client)
-    peak = 0
+    peak = peak_kib = 0
     sampling = threading.Event()
 
     def sample() -> None:
-        nonlocal peak
+        nonlocal peak, peak_kib
         while not sampling.is_set():
-            peak = max(peak, host_runc_execs(container_id))
+            pids = host_runc_exec_pids(container_id)
+            peak = max(peak, len(pids))
+            peak_kib = max(peak_kib, sum(rss_kib(pid) for pid in pids))
             time.sleep(0.02)
 
     def attack(_: int) -> tuple[httpx.Response, float]:
@@ -565,6 +581,8 @@ def test_concurrent_execs_are_capped_per_session(
         assert "at once" in error["message"]
         assert int(response.headers["retry-after"]) >= 1
         assert took < 1.5, took  # refused at once, never queued behind the sleeps
+    print(f"\n40 concurrent execs: {len(ran)} ran, {len(refused)} refused (429), at most "
+          f"{peak} host runc execs at once ({peak_kib // 1024} MiB RSS together)")
     assert 0 < peak <= cap, peak
     # Every slot came back: the session runs commands again, as many as the cap at once.
     assert handle.exec_slots.in_use == 0
