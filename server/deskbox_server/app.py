@@ -16,6 +16,7 @@ from .api import actions, cdp, dialects, events, health, sessions, snapshots
 from .api import exec as exec_api
 from .api import tokens as tokens_api
 from .api import vnc as vnc_api
+from .api.abort import ConnectionAbort
 from .api.auth import load_keyring
 from .api.deps import Services
 from .api.errors import RequestContext, install_error_handlers
@@ -64,6 +65,7 @@ def container_backend(settings: Settings) -> ContainerBackend:
         rootfs=settings.image_cache_dir / "images" / "unprepared",
         displays=(settings.display_first, settings.display_last),
         id_prefix=prefix,
+        max_execs=settings.exec_max_concurrent,
     )
 
     def image(cancel: threading.Event) -> Path:
@@ -117,6 +119,7 @@ def create_app(
         body_limit=exec_api.body_limit(settings),
         body_idle_timeout_s=settings.body_idle_timeout_s,
     )
+    app.add_middleware(ConnectionAbort)  # outermost: it needs the server's own send
     app.include_router(health.router)
     app.include_router(sessions.router)
     app.include_router(snapshots.router)

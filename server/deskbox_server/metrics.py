@@ -109,7 +109,7 @@ class Metrics:
         )
         self.slow_clients = Counter(
             "deskbox_slow_clients_dropped_total",
-            "Clients dropped for not taking what was sent to them, by stream (actions, vnc).",
+            "Clients dropped for not taking what was sent to them, by stream (actions, vnc, cdp).",
             ("stream",),
         )
 

@@ -59,8 +59,17 @@ class Settings(BaseSettings):
     exec_output_max_bytes: Annotated[int, Field(ge=1)] = 1024 * 1024  # stdout, stderr each
     exec_max_timeout_s: Annotated[float, Field(gt=0)] = 3600.0
     file_max_bytes: Annotated[int, Field(ge=1)] = 100 * 1024 * 1024
-    # The CDP proxy (api/cdp.py): a larger DevTools message closes the connection (1009).
+    # Commands and file transfers one session may run at once (each a host-side runc
+    # exec); more are answered 429 with Retry-After, at once.
+    exec_max_concurrent: Annotated[int, Field(ge=1, le=1024)] = 8
+    # The CDP proxy (api/cdp.py, cdp_relay.py): a larger DevTools message, either way,
+    # closes the connection (1009). A client more than cdp_client_buffer_bytes behind the
+    # browser (one message may always wait), or that takes nothing for ws_send_timeout_s,
+    # is dropped (1008); so is the one furthest behind when a session's clients together
+    # are more than cdp_session_buffer_bytes behind.
     cdp_max_message_bytes: Annotated[int, Field(ge=64 * 1024)] = 64 * 1024 * 1024
+    cdp_client_buffer_bytes: Annotated[int, Field(ge=64 * 1024)] = 64 * 1024 * 1024
+    cdp_session_buffer_bytes: Annotated[int, Field(ge=64 * 1024)] = 128 * 1024 * 1024
     # Slow or stalled clients (api/errors.py, api/actions.py, vnc/proxy.py): a request body
     # that stops arriving for body_idle_timeout_s is answered 408; a websocket client that
     # takes no reply for ws_send_timeout_s is dropped; a live-view viewer more than

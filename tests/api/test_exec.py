@@ -10,8 +10,10 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,6 +27,7 @@ from deskbox_server.backends.runc import Runc
 from deskbox_server.settings import Settings
 
 from ..images import IMAGE_STATE_DIR, session_image
+from ..rfb_client import RfbViewer
 from .conftest import Server, running_server
 from .helpers import assert_error
 
@@ -490,3 +493,128 @@ def test_fork_bomb_and_memory_hog_leave_the_server_and_other_sessions_alone(
         assert state == "running"
     finally:
         assert box_client.delete(f"/v1/sessions/{hostile}").status_code == 204
+
+
+# -- many concurrent commands at one session ------------------------------------------------
+
+
+def host_runc_execs(container_id: str) -> int:
+    """``runc exec`` processes the server (this process) runs for ``container_id``.
+
+    Only its own children: for a moment, a process runc forks has runc's command line.
+    """
+    return len(host_runc_exec_pids(container_id))
+
+
+def host_runc_exec_pids(container_id: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            parent = int((entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if (parent == os.getpid() and b"exec" in argv and container_id.encode() in argv
+                and b"runc" in argv[0]):
+            pids.append(int(entry.name))
+    return pids
+
+
+def rss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def test_concurrent_execs_are_capped_per_session(
+    box_server: Server, box_client: httpx.Client, box: str, api_key: str
+) -> None:
+    """40 concurrent ``sleep 2`` at one session (the attack that started 40 host runc
+    processes): at most ``exec_max_concurrent`` run, the rest get 429 at once."""
+    cap = box_server.settings.exec_max_concurrent
+    handle = box_server.services.manager.handle(key_id(api_key), box)
+    assert isinstance(handle, ContainerHandle)
+    container_id = handle.sandbox.container_id
+    neighbour = new_session(box_client)
+    peak = peak_kib = 0
+    sampling = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak, peak_kib
+        while not sampling.is_set():
+            pids = host_runc_exec_pids(container_id)
+            peak = max(peak, len(pids))
+            peak_kib = max(peak_kib, sum(rss_kib(pid) for pid in pids))
+            time.sleep(0.02)
+
+    def attack(_: int) -> tuple[httpx.Response, float]:
+        started = time.monotonic()
+        response = box_client.post(f"/v1/sessions/{box}/exec",
+                                   json={"cmd": ["sleep", "2"], "timeout_s": 30})
+        return response, time.monotonic() - started
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        with ThreadPoolExecutor(40) as pool:
+            pending = pool.map(attack, range(40))
+            # Meanwhile the neighbour's commands run as usual.
+            assert run(box_client, neighbour, "echo", "fine")["stdout"] == "fine\n"
+            answers = list(pending)
+    finally:
+        sampling.set()
+        sampler.join()
+        box_client.delete(f"/v1/sessions/{neighbour}")
+    ran = [response for response, _ in answers if response.status_code == 200]
+    refused = [(response, took) for response, took in answers if response.status_code != 200]
+    assert 1 <= len(ran) <= cap, [r.status_code for r, _ in answers]
+    assert all(r.json()["exit_code"] == 0 for r in ran)
+    assert len(ran) + len(refused) == 40
+    for response, took in refused:
+        error = assert_error(response, 429, "capacity")
+        assert "at once" in error["message"]
+        assert int(response.headers["retry-after"]) >= 1
+        assert took < 1.5, took  # refused at once, never queued behind the sleeps
+    print(f"\n40 concurrent execs: {len(ran)} ran, {len(refused)} refused (429), at most "
+          f"{peak} host runc execs at once ({peak_kib // 1024} MiB RSS together)")
+    assert 0 < peak <= cap, peak
+    # Every slot came back: the session runs commands again, as many as the cap at once.
+    assert handle.exec_slots.in_use == 0
+    with ThreadPoolExecutor(cap) as pool:
+        again = list(pool.map(attack, range(cap)))
+    assert [response.status_code for response, _ in again] == [200] * cap
+    assert host_runc_execs(container_id) == 0
+
+
+def test_file_transfers_count_and_the_live_view_does_not(
+    box_server: Server, box_client: httpx.Client, box: str, api_key: str
+) -> None:
+    cap = box_server.settings.exec_max_concurrent
+    handle = box_server.services.manager.handle(key_id(api_key), box)
+    assert isinstance(handle, ContainerHandle)
+    with ThreadPoolExecutor(cap) as pool:
+        sleeps = [pool.submit(run, box_client, box, "sleep", "4") for _ in range(cap)]
+        deadline = time.monotonic() + 20
+        while handle.exec_slots.in_use < cap:
+            assert time.monotonic() < deadline, "the sleeps did not start"
+            time.sleep(0.05)
+        upload = box_client.put(files_url(box), params={"path": "/tmp/x"}, content=b"x")
+        assert_error(upload, 429, "capacity")
+        download = box_client.get(files_url(box), params={"path": "/etc/hostname"})
+        assert_error(download, 429, "capacity")
+        # The live view starts x11vnc with a runc exec of its own, outside the cap.
+        token = box_client.post(f"/v1/sessions/{box}/tokens", json={"scope": "view"})
+        assert token.status_code == 201, token.text
+        vnc_ws = box_client.get(f"/v1/sessions/{box}").json()["urls"]["vnc_ws"]
+        with RfbViewer(f"{vnc_ws}?token={token.json()['token']}") as viewer:
+            assert viewer.full_frame().shape == (600, 800, 3)
+        for done in sleeps:
+            assert done.result()["exit_code"] == 0
+    response = box_client.put(files_url(box), params={"path": "/tmp/x"}, content=b"x")
+    assert response.status_code == 200, response.text

@@ -17,6 +17,7 @@ plus the test's own small buffers: growth is asserted with a generous margin.
 from __future__ import annotations
 
 import base64
+import ctypes
 import json
 import socket
 import struct
@@ -28,6 +29,7 @@ from typing import Any
 
 import httpx
 import pytest
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from deskbox_server.api.actions import CLOSE_STALLED, MAX_IN_FLIGHT
@@ -214,7 +216,8 @@ def container(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     session_image()  # built once per machine (minutes); found in a moment otherwise
     with container_server(
         tmp_path_factory, "slow", ws_send_timeout_s=STALL_S, body_idle_timeout_s=STALL_S,
-        vnc_viewer_buffer_bytes=4 * MIB,
+        vnc_viewer_buffer_bytes=4 * MIB, cdp_max_message_bytes=CDP_MESSAGE_CAP,
+        cdp_client_buffer_bytes=CDP_CLIENT_BUFFER, cdp_session_buffer_bytes=CDP_SESSION_BUFFER,
     ) as running:
         yield running
 
@@ -360,3 +363,198 @@ def test_uploads_that_stop_arriving(
     assert response.status_code == 200, response.text
     assert_error(container_client.put(path, params={"path": "tmp"}, content=b""), 422,
                  "invalid_request")
+
+
+# -- DevTools clients that never read, and a browser that floods them -----------------------
+
+# Runs in the sandbox as its hostile tenant would: kills the session's Chromium, takes its
+# DevTools port and answers like a browser. Every websocket gets FLOOD-byte text messages
+# as fast as it takes them; /devtools/page/huge gets one message of argv[2] bytes.
+FAKE_DEVTOOLS = r"""
+import base64, hashlib, json, os, signal, socket, struct, sys, threading, time
+flood, huge = int(sys.argv[1]), int(sys.argv[2])
+listener = socket.socket()
+listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+deadline = time.time() + 30
+while True:
+    for pid in filter(str.isdigit, os.listdir('/proc')):
+        try:
+            if b'chromium' in open(f'/proc/{pid}/cmdline', 'rb').read():
+                os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        listener.bind(('127.0.0.1', 9222))
+        break
+    except OSError:
+        if time.time() > deadline:
+            raise
+        time.sleep(0.02)
+listener.listen(64)
+
+def frame(payload):
+    n = len(payload)
+    head = struct.pack('>BB', 0x81, n) if n < 126 else (
+        struct.pack('>BBH', 0x81, 126, n) if n < 65536 else struct.pack('>BBQ', 0x81, 127, n))
+    return head + payload
+
+def serve(conn):
+    try:
+        head = b''
+        while b'\r\n\r\n' not in head:
+            chunk = conn.recv(4096)
+            if not chunk:
+                return
+            head += chunk
+        lines = head.decode('latin-1').split('\r\n')
+        path = lines[0].split(' ')[1]
+        pairs = (line.partition(':') for line in lines[1:])
+        headers = {k.strip().lower(): v.strip() for k, _, v in pairs}
+        if 'sec-websocket-key' not in headers:
+            if path.startswith('/json/version'):
+                body = json.dumps({'Browser': 'fake', 'webSocketDebuggerUrl':
+                                   'ws://127.0.0.1:9222/devtools/browser/fake-0001'}).encode()
+            else:
+                body = b'[]'
+            conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n'
+                         b'Content-Length: %d\r\nConnection: close\r\n\r\n' % len(body) + body)
+            return
+        accept = base64.b64encode(hashlib.sha1(
+            (headers['sec-websocket-key'] + '258EAFA5-E914-47DA-95CA-C5AB0DC85B11').encode()
+        ).digest())
+        conn.sendall(b'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n'
+                     b'Connection: Upgrade\r\nSec-WebSocket-Accept: ' + accept + b'\r\n\r\n')
+        if path == '/devtools/page/huge':
+            conn.sendall(frame(b'h' * huge))
+            time.sleep(30)
+            return
+        message = frame(b'{"method":"flood","params":{"pad":"' + b'f' * flood + b'"}}')
+        while True:
+            conn.sendall(message)
+    except OSError:
+        pass
+    finally:
+        conn.close()
+
+while True:
+    conn, _ = listener.accept()
+    threading.Thread(target=serve, args=(conn,), daemon=True).start()
+"""
+CDP_MESSAGE_CAP = 16 * MIB  # cdp_max_message_bytes of the container server
+CDP_CLIENT_BUFFER = 16 * MIB
+CDP_SESSION_BUFFER = 32 * MIB
+FLOOD = 8 * MIB
+
+
+def take_devtools_port(client: httpx.Client, session: dict[str, Any]) -> None:
+    """Start FAKE_DEVTOOLS in the session; return once the proxy reaches it."""
+    files = f"/v1/sessions/{session['id']}/files"
+    response = client.put(files, params={"path": "/tmp/fake_devtools.py"},
+                          content=FAKE_DEVTOOLS.encode())
+    assert response.status_code == 200, response.text
+    response = client.post(f"/v1/sessions/{session['id']}/exec", json={
+        "cmd": ["python3", "/tmp/fake_devtools.py", str(FLOOD), str(CDP_MESSAGE_CAP + 1)],
+        "background": True,
+    })
+    assert response.status_code == 200, response.text
+
+    def answers() -> bool:
+        version = client.get(f"/v1/sessions/{session['id']}/cdp/json/version")
+        return version.status_code == 200 and version.json().get("Browser") == "fake"
+
+    wait_for(answers, 30, "the fake DevTools server")
+
+
+def held_bytes() -> int:
+    """RSS once the allocator has given back its free pages: what is really held (glibc
+    keeps large freed blocks for reuse, so a past peak would stay in the RSS)."""
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return rss_bytes()
+
+
+class PeakRss:
+    """This process's highest RSS while the block runs (sampled every 20 ms)."""
+
+    def __init__(self) -> None:
+        self.peak = rss_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, rss_bytes())
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.mark.slow
+def test_devtools_clients_that_read_nothing_from_a_flooding_browser(
+    container: Server, container_client: httpx.Client
+) -> None:
+    """The review's attack: a fake DevTools server in the sandbox floods 4 CDP clients that
+    never read (it grew the server by 1.4 GB). The relay reads the browser at once into
+    each client's outbox; the session's outboxes hold at most CDP_SESSION_BUFFER together,
+    so clients are closed (1008) as they fall behind, and the server's memory stays flat."""
+    metrics = container.services.metrics
+    with open_session(container_client) as attacker, open_session(container_client) as other:
+        take_devtools_port(container_client, attacker)
+        url = attacker["urls"]["cdp_ws"]
+        shot = f"/v1/sessions/{other['id']}/screenshot"
+        assert container_client.get(shot).status_code == 200
+        dropped = metrics.slow_clients.value("cdp")
+        rss_before = held_bytes()
+        slow = [RawWebSocket(url, headers=AUTH) for _ in range(4)]
+        try:
+            with PeakRss() as peak:
+                # Meanwhile the neighbour answers as usual.
+                for _ in range(5):
+                    started = time.monotonic()
+                    assert container_client.get(shot).status_code == 200
+                    assert time.monotonic() - started < 5
+                wait_for(lambda: metrics.slow_clients.value("cdp") >= dropped + 4, 60,
+                         "the four slow DevTools clients dropped")
+            # Still connected, still reading nothing: their relays have ended (within the
+            # browser's close timeout) and nothing is counted for them any more.
+            relays = container.app.state.cdp_relays
+            wait_for(lambda: attacker["id"] not in relays, 15, "the relays ended")
+            print(f"\ncdp flood: RSS before {rss_before / MIB:.0f} MiB, peak "
+                  f"{peak.peak / MIB:.0f} MiB, after the drops {held_bytes() / MIB:.0f} MiB")
+            for ws in slow:  # their connections were aborted or closed (1008)
+                _, closed = ws.drain(timeout_s=30)
+                assert closed is not None, "the server kept a slow DevTools client"
+                assert closed.code in (None, 1008), closed
+        finally:
+            for ws in slow:
+                ws.close()
+        # At the peak: the session's budget, and per connection the message being read
+        # from the browser and the one being written, in their copies (frame bytes, text,
+        # the encoded frame, the write buffer). Unbounded (before), the four clients held
+        # more, for as long as they stayed connected, and 32 of them could stay.
+        assert peak.peak - rss_before < CDP_SESSION_BUFFER + 4 * 5 * FLOOD + 32 * MIB, (
+            rss_before, peak.peak)
+        assert container_client.get(shot).status_code == 200
+        # A client that reads gets the flood, whole messages, as fast as it takes them.
+        with connect(url, additional_headers=AUTH, max_size=None, open_timeout=10) as good:
+            for _ in range(5):
+                message = json.loads(good.recv(timeout=20))
+                assert message["method"] == "flood" and len(message["params"]["pad"]) == FLOOD
+
+
+@pytest.mark.slow
+def test_a_devtools_message_over_the_cap_from_the_browser(
+    container: Server, container_client: httpx.Client
+) -> None:
+    with open_session(container_client) as attacker:
+        take_devtools_port(container_client, attacker)
+        page = f"{attacker['urls']['cdp_ws']}/page/huge"
+        with connect(page, additional_headers=AUTH, max_size=None, open_timeout=10) as ws:
+            with pytest.raises(ConnectionClosed):
+                ws.recv(timeout=20)
+        assert ws.close_code == 1009, ws.close_code
+        assert ws.close_reason and str(CDP_MESSAGE_CAP) in ws.close_reason

@@ -10,27 +10,26 @@ again). ``devtoolsFrontendUrl`` is dropped: it names the browser's own address.
 
 Auth: a ``cdp`` session token (``?token=`` or bearer) or the owner's API key (bearer),
 checked when the request or the websocket arrives. The browser's port is reachable only
-from inside the sandbox (backends/devtools.py); the proxy relays messages one at a time,
+from inside the sandbox (backends/devtools.py); the proxy relays messages (cdp_relay.py),
 each at most ``cdp_max_message_bytes`` (larger: close 1009), at most
-:data:`MAX_SOCKETS_PER_SESSION` sockets per session. When the browser goes away (it
-exited, the session ended) the client gets a close frame: 1001 with a reason.
+:data:`MAX_SOCKETS_PER_SESSION` sockets per session, and closes a client that falls
+behind the browser (1008) with what waits for it bounded per client and per session. When
+the browser goes away (it exited, the session ended) the client gets a close frame: 1001
+with a reason.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import logging
 import re
-import time
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse
 from starlette.requests import HTTPConnection
-from starlette.websockets import WebSocketDisconnect
-from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import ConnectionClosed
 
 from ..backends.base import DesktopHandle
 from ..backends.devtools import (
@@ -42,6 +41,7 @@ from ..backends.devtools import (
 )
 from ..errors import Capacity, Conflict, DeskboxError, InvalidRequest
 from ..sessions.links import RESTART_CLOSE_CODE
+from .cdp_relay import RelayLimits, SessionBuffers, relay
 from .deps import Services, get_services
 from .errors import deskbox_error_response
 from .tokens import authorize
@@ -49,18 +49,11 @@ from .tokens import authorize
 __all__ = ["rewrite_targets", "rewrite_version", "router"]
 
 router = APIRouter(prefix="/v1/sessions/{session_id}/cdp", tags=["cdp"])
+log = logging.getLogger("deskbox.cdp")
 
 _TARGET_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 _PAGE_PATH = re.compile(r"^/devtools/page/([A-Za-z0-9_-]{1,128})$")
-CLOSE_GOING_AWAY = 1001
-CLOSE_TOO_BIG = 1009
-_TOUCH_EVERY_S = 1.0
 MAX_SOCKETS_PER_SESSION = 32
-# A close reason has at most 123 bytes.
-_BROWSER_CLOSED = (
-    "the browser closed this DevTools connection (target closed, browser restarting or "
-    "session ended)"
-)
 
 
 def _with_token(url: str, token: str | None) -> str:
@@ -147,29 +140,47 @@ async def page_socket(websocket: WebSocket, session_id: str, target_id: str) -> 
     await _proxy(websocket, session_id, target_id)
 
 
-def _open_sockets(connection: HTTPConnection) -> dict[str, int]:
-    """Proxied DevTools sockets per session, kept on the app (made on first use)."""
+@dataclass
+class _SessionRelays:
+    """One session's proxied DevTools sockets and what they hold for their clients."""
+
+    buffers: SessionBuffers
+    sockets: int = 0
+
+
+def _session_relays(connection: HTTPConnection, session_id: str, limit: int) -> _SessionRelays:
+    """Kept on the app (made on first use) while the session has sockets open."""
     state = connection.app.state
-    if not hasattr(state, "cdp_sockets"):
-        state.cdp_sockets = {}
-    counts: dict[str, int] = state.cdp_sockets
-    return counts
+    if not hasattr(state, "cdp_relays"):
+        state.cdp_relays = {}
+    relays: dict[str, _SessionRelays] = state.cdp_relays
+    if session_id not in relays:
+        relays[session_id] = _SessionRelays(SessionBuffers(limit))
+    return relays[session_id]
+
+
+def _forget_if_idle(connection: HTTPConnection, session_id: str) -> None:
+    relays: dict[str, _SessionRelays] = connection.app.state.cdp_relays
+    if session_id in relays and not relays[session_id].sockets:
+        del relays[session_id]
 
 
 async def _proxy(websocket: WebSocket, session_id: str, target_id: str | None) -> None:
     services = get_services(websocket)
-    limit = services.settings.cdp_max_message_bytes
-    counts = _open_sockets(websocket)
+    settings = services.settings
+    limit = settings.cdp_max_message_bytes
+    limits = RelayLimits(limit, settings.cdp_client_buffer_bytes, settings.ws_send_timeout_s)
+    session = _session_relays(websocket, session_id, settings.cdp_session_buffer_bytes)
     counted = False
     try:
         try:
             owner, handle = _handle(services, websocket, session_id)
-            if counts.get(session_id, 0) >= MAX_SOCKETS_PER_SESSION:
+            if session.sockets >= MAX_SOCKETS_PER_SESSION:
                 raise Capacity(
                     f"session {session_id} has {MAX_SOCKETS_PER_SESSION} DevTools connections "
-                    "open; close one first", services.settings.retry_after_s,
+                    "open; close one first", settings.retry_after_s,
                 )
-            counts[session_id] = counts.get(session_id, 0) + 1  # no await since the check
+            session.sockets += 1  # no await since the check
             counted = True
             if target_id is None:
                 path = await browser_path(handle.open_devtools)
@@ -182,14 +193,23 @@ async def _proxy(websocket: WebSocket, session_id: str, target_id: str | None) -
             services.metrics.errors.inc(error.kind)
             await websocket.send_denial_response(deskbox_error_response(error))
             return
+
         async def close_for_checkpoint() -> None:
             # The client sees the browser's side close (1001) and may reconnect.
             await upstream.close(RESTART_CLOSE_CODE, "session checkpoint")
 
+        def dropped(reason: str) -> None:
+            log.info("session %s: DevTools client dropped: %s", session_id, reason)
+            services.metrics.slow_clients.inc("cdp")
+
+        def touch() -> None:
+            with contextlib.suppress(DeskboxError):
+                services.manager.touch(owner, session_id)
+
         try:
             async with services.manager.links.hold(session_id, close_for_checkpoint):
                 await websocket.accept()
-                await _relay(websocket, upstream, services, owner, session_id, limit)
+                await relay(websocket, upstream, session.buffers, limits, touch, dropped)
         except Conflict as error:  # refused by hold(): the session is being checkpointed
             services.metrics.errors.inc(error.kind)
             await websocket.send_denial_response(deskbox_error_response(error))
@@ -197,59 +217,5 @@ async def _proxy(websocket: WebSocket, session_id: str, target_id: str | None) -
             await upstream.close()
     finally:
         if counted:
-            counts[session_id] -= 1
-            if not counts[session_id]:
-                del counts[session_id]
-
-
-async def _relay(
-    websocket: WebSocket, upstream: ClientConnection, services: Services, owner: str,
-    session_id: str, limit: int,
-) -> None:
-    """Both directions until either side closes; the other is then closed with a reason."""
-    touched = 0.0
-
-    async def from_client() -> tuple[int, str] | None:
-        nonlocal touched
-        while True:
-            message = await websocket.receive()
-            if message["type"] == "websocket.disconnect":
-                return None
-            data: str | bytes | None = message.get("text")
-            if data is None:
-                data = message.get("bytes") or b""
-            if len(data) > limit:
-                return CLOSE_TOO_BIG, f"a DevTools message may be at most {limit} bytes"
-            await upstream.send(data)
-            now = time.monotonic()
-            if now - touched > _TOUCH_EVERY_S:  # CDP use keeps the session from expiring
-                touched = now
-                with contextlib.suppress(DeskboxError):
-                    services.manager.touch(owner, session_id)
-
-    async def from_browser() -> tuple[int, str]:
-        try:
-            async for data in upstream:
-                if isinstance(data, str):
-                    await websocket.send_text(data)
-                else:
-                    await websocket.send_bytes(data)
-        except ConnectionClosed as closed:
-            if closed.sent is not None and closed.sent.code == CLOSE_TOO_BIG:
-                return CLOSE_TOO_BIG, f"the browser sent a message larger than {limit} bytes"
-        return CLOSE_GOING_AWAY, _BROWSER_CLOSED
-
-    tasks = [asyncio.create_task(from_client()), asyncio.create_task(from_browser())]
-    try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-    close: tuple[int, str] | None = None
-    for task, result in zip(tasks, results, strict=True):
-        if task in done and isinstance(result, tuple):
-            close = result
-    if close is not None:
-        with contextlib.suppress(RuntimeError, WebSocketDisconnect, OSError):
-            await websocket.close(close[0], close[1][:120])
+            session.sockets -= 1
+        _forget_if_idle(websocket, session_id)

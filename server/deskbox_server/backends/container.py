@@ -119,6 +119,8 @@ class ContainerOptions:
     user_ids: tuple[int, int] | None = SANDBOX_USER_IDS
     # Where each sandbox's small shared tmpfs is mounted (its own directory, by container id).
     shared_root: Path = Path("/run/deskbox")
+    # runc execs (commands, file transfers) one session may run at once (exec_slots.py).
+    max_execs: int = 8
 
 
 class ContainerSandbox:

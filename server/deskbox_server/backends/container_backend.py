@@ -25,6 +25,7 @@ from .base import Backend, DesktopHandle, SessionSpec, SnapshotInfo
 from .checkpoint import Criu, hibernate_sandbox, restore_sandbox
 from .container import ContainerOptions, ContainerSandbox, remove_orphans
 from .devtools import DEVTOOLS_PORT, BrowserUnavailable, DevtoolsSocket, connect_in_netns
+from .exec_slots import ExecSlots
 from .network import Egress, check_allow, resolve_egress
 from .oci import Limits
 from .sandbox_exec import SandboxExec
@@ -42,6 +43,7 @@ class ContainerHandle(DesktopHandle):
     ) -> None:
         self.worker = worker
         self.sandbox = sandbox
+        self.exec_slots = ExecSlots(sandbox.options.max_execs, sandbox.container_id)
         # None while the sandbox is checkpointed (hibernated, also across a server restart).
         self._desktop = desktop
 
@@ -56,13 +58,15 @@ class ContainerHandle(DesktopHandle):
 
     # exec and files: inside the sandbox, through runc exec (sandbox_exec.py, sandbox_files.py)
 
-    def _runner(self) -> SandboxExec:
+    def _runner(self, counted: bool = True) -> SandboxExec:
+        """``counted``: its runc execs take the session's exec slots (all but x11vnc's)."""
         sandbox = self.sandbox
         if sandbox.init_pid is None:
             raise DesktopFailed(f"the sandbox {sandbox.container_id} is not running")
         return SandboxExec(
             sandbox.options.runc, sandbox.container_id, sandbox.bundle,
             f":{sandbox.inner_display}", sandbox.init_pid,
+            self.exec_slots if counted else None,
         )
 
     async def exec(self, command: ExecCommand) -> ExecResult:
@@ -76,8 +80,10 @@ class ContainerHandle(DesktopHandle):
 
     async def start_vnc(self) -> VncServer:
         """x11vnc inside the sandbox, on a unix socket in its socket directory."""
+        # Not counted: the hub runs one per session, and a viewer is never refused
+        # because the session's commands hold every slot.
         return await SandboxVnc.start(
-            self._runner(), self.sandbox.socket_dir, self.sandbox.display_dir
+            self._runner(counted=False), self.sandbox.socket_dir, self.sandbox.display_dir
         )
 
     async def open_devtools(self) -> DevtoolsSocket:

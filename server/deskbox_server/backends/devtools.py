@@ -49,6 +49,7 @@ CLONE_NEWNET = 0x40000000
 MAX_HEADERS = 64 * 1024
 MAX_LISTING = 4 * 1024 * 1024  # /json/version, /json/list
 CONNECT_TIMEOUT_S = 5.0
+CLOSE_TIMEOUT_S = 1.0
 _BROWSER_PATH = re.compile(r"^/devtools/browser/[A-Za-z0-9-]{1,64}$")
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -237,6 +238,28 @@ async def get_json(
         raise BrowserUnavailable(f"the browser's answer to {path} is not JSON") from None
 
 
+class _DevtoolsConnection(ClientConnection):
+    """A client connection that ends ``close_timeout`` after it failed, whatever the peer.
+
+    When the browser breaks the protocol (a message over ``max_size``), websockets sends
+    its close frame and then waits for the browser to close the TCP connection, applying
+    the timeout only when we send or close. A browser that never does would keep a reader
+    waiting forever, with no close for its client: abort at the deadline instead.
+    """
+
+    _abort_at: asyncio.TimerHandle | None = None
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.close_deadline is not None and self._abort_at is None:
+            self._abort_at = self.loop.call_at(self.close_deadline, self.transport.abort)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._abort_at is not None:
+            self._abort_at.cancel()
+        super().connection_lost(exc)
+
+
 Opener = Callable[[], Awaitable[DevtoolsSocket]]
 """Makes a new connection to one browser's DevTools (``DesktopHandle.open_devtools``)."""
 
@@ -268,7 +291,13 @@ async def open_websocket(
             compression=None,
             open_timeout=timeout_s,
             ping_interval=None,  # a process on the same machine: a dead one resets the socket
-            max_queue=4,
+            # The sandbox's browser answers a close at once, or is not let hold the
+            # connection (and what it sent on it) any longer.
+            close_timeout=CLOSE_TIMEOUT_S,
+            create_connection=_DevtoolsConnection,
+            # The relay reads each message at once (api/cdp_relay.py): the library keeps at
+            # most one more, plus the frame it is reading.
+            max_queue=1,
             user_agent_header=None,
         )
     except InvalidStatus as error:

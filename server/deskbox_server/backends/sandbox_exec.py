@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Conflict, DesktopFailed, Timeout
+from .exec_slots import ExecSlot, ExecSlots
 from .pipes import CappedBuffer, PipeReader, pipe
 from .process_tree import Child, kill_process_tree
 from .runc import Runc
@@ -120,6 +121,7 @@ class Launch:
     runc: Child
     files: tuple[Path, Path, Path]  # process spec, pid file, runc log
     pidns: str
+    slot: ExecSlot | None = None
     _leader: int | None = field(default=None, init=False)
 
     @property
@@ -172,22 +174,30 @@ class Launch:
                 await self.wait()
 
     def cleanup(self) -> None:
+        """Remove runc's files and give the session's slot back (runc has exited by now)."""
         for path in self.files:
             with contextlib.suppress(OSError):
                 path.unlink()
+        if self.slot is not None:
+            self.slot.release()
 
 
 class SandboxExec:
-    """Runs commands in one sandbox (``container_id``, whose bundle is ``bundle``)."""
+    """Runs commands in one sandbox (``container_id``, whose bundle is ``bundle``).
+
+    With ``slots``, every launch takes one of them (Capacity when none is free).
+    """
 
     def __init__(
-        self, runc: Runc, container_id: str, bundle: Path, display: str, init_pid: int
+        self, runc: Runc, container_id: str, bundle: Path, display: str, init_pid: int,
+        slots: ExecSlots | None = None,
     ) -> None:
         self.runc = runc
         self.container_id = container_id
         self.bundle = bundle
         self.display = display
         self.init_pid = init_pid
+        self.slots = slots
         self._base: dict[str, Any] | None = None
 
     def _base_process(self) -> dict[str, Any]:
@@ -239,33 +249,37 @@ class SandboxExec:
         at 3, 4, ... The caller closes its copies of the ends it passed.
         """
         pidns = self._pidns()
+        slot = self.slots.take() if self.slots is not None else None
         token = secrets.token_hex(8)
         files = (
             self.bundle / f"exec-{token}.json",
             self.bundle / f"exec-{token}.pid",
             self.bundle / f"exec-{token}.log",
         )
-        fd = os.open(files[0], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w") as spec_file:
-            json.dump(self.process_spec(argv, env or {}, cwd), spec_file)
-        args = [
-            *self.runc.command(), "--log", str(files[2]), "--log-format", "json", "exec",
-            "--preserve-fds", str(len(extra)),
-            "--process", str(files[0]), "--pid-file", str(files[1]), self.container_id,
-        ]
-        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         try:
-            stdio = [null if fd is None else fd for fd in (stdin, stdout, stderr)]
-            fds = {number: fd for number, fd in enumerate([*stdio, *extra])}
-            child = Child(args, fds)
+            fd = os.open(files[0], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "w") as spec_file:
+                json.dump(self.process_spec(argv, env or {}, cwd), spec_file)
+            args = [
+                *self.runc.command(), "--log", str(files[2]), "--log-format", "json", "exec",
+                "--preserve-fds", str(len(extra)),
+                "--process", str(files[0]), "--pid-file", str(files[1]), self.container_id,
+            ]
+            null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                stdio = [null if fd is None else fd for fd in (stdin, stdout, stderr)]
+                fds = {number: fd for number, fd in enumerate([*stdio, *extra])}
+                child = Child(args, fds)
+            finally:
+                os.close(null)
         except BaseException:
             for path in files:
                 with contextlib.suppress(OSError):
                     path.unlink()
+            if slot is not None:
+                slot.release()
             raise
-        finally:
-            os.close(null)
-        return Launch(child, files, pidns)
+        return Launch(child, files, pidns, slot)
 
     def check_sandbox(self, runc_error: str) -> None:
         """Raise when runc could not exec because of the sandbox's state."""
