@@ -224,10 +224,14 @@ def wait_for_file(
     """
     fd = _libc.inotify_init1(_IN_CLOEXEC | _IN_NONBLOCK)
     if fd < 0:
-        raise OSError(ctypes.get_errno(), "inotify_init1")
+        # A session may have used up the host root's inotify instances (they are counted
+        # per user, and charged to the host's root even from a user namespace): poll.
+        _poll_for_file(directory / name, timeout_s, alive)
+        return
     try:
         if _libc.inotify_add_watch(fd, os.fsencode(directory), _IN_CREATE | _IN_MOVED_TO) < 0:
-            raise OSError(ctypes.get_errno(), f"inotify_add_watch {directory}")
+            _poll_for_file(directory / name, timeout_s, alive)  # watches used up, likewise
+            return
         deadline = time.monotonic() + timeout_s
         while not (directory / name).exists():
             failure = alive()
@@ -242,3 +246,14 @@ def wait_for_file(
                     os.read(fd, 65536)  # drain; the loop re-checks the path itself
     finally:
         os.close(fd)
+
+
+def _poll_for_file(path: Path, timeout_s: float, alive: Callable[[], str | None]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        failure = alive()
+        if failure is not None:
+            raise DesktopFailed(failure)
+        if time.monotonic() > deadline:
+            raise Timeout(f"timed out after {timeout_s:.1f} s waiting for {path}")
+        time.sleep(0.005)
