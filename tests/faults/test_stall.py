@@ -21,7 +21,7 @@ import pytest
 
 from deskbox_server.backends.runc import Runc
 
-from ..api.conftest import Server
+from ..api.conftest import DISPLAY, Server
 from ..api.containers import container_server
 from ..api.test_container import cgroup_dirs, cgroup_pids, mounts_mentioning, running
 from ..api.test_container_cdp import read_events
@@ -237,3 +237,43 @@ def test_shutdown_with_stalled_sessions_completes_and_leaves_nothing(
                            state_dir / "sessions" / sessions[stall]["id"])
     finally:
         reap(inits)
+
+
+@pytest.mark.parametrize("change", ["freeze", "hibernate", "snapshot"])
+def test_pause_or_snapshot_of_a_stalled_session_fails_it_instead_of_hanging(
+    client: httpx.Client, server: Server, session: dict[str, Any], change: str,
+) -> None:
+    """Each closes or reopens the driver's X connections (or grabs the last frame)."""
+    container_id = sandbox_of(server, session).sandbox.container_id
+    stop_x(client, session)
+    started = time.monotonic()
+    if change == "snapshot":
+        response = client.post(f"/v1/sessions/{session['id']}/snapshots")
+    else:
+        response = client.post(f"/v1/sessions/{session['id']}/pause", json={"mode": change})
+    took = time.monotonic() - started
+    assert response.status_code == 502, response.text
+    assert "did not answer" in response.json()["error"]["message"]
+    assert took < 2 * CALL_TIMEOUT_S + 5, took  # a snapshot may wait twice: close, reopen
+    body = client.get(f"/v1/sessions/{session['id']}").json()
+    assert body["state"] == "failed" and "did not answer" in body["failure"]["reason"], body
+    eventually(lambda: Runc().state(container_id) is None, "the sandbox is removed", 5)
+
+
+def test_the_reaper_stops_an_expired_session_whose_x_server_is_stopped(
+    client: httpx.Client, server: Server, neighbour: dict[str, Any],
+) -> None:
+    response = client.post("/v1/sessions", json={"display": DISPLAY, "timeout_s": 2})
+    assert response.status_code == 201, response.text
+    session = response.json()
+    sandbox = sandbox_of(server, session).sandbox
+    container_id, session_dir = sandbox.container_id, sandbox.session_dir
+    pids = cgroup_pids(container_id)
+    try:
+        stop_x(client, session)
+        eventually(lambda: client.get(f"/v1/sessions/{session['id']}").json()["state"]
+                   == "stopped", "the session is stopped", 2 + 5)
+        leaves_nothing(container_id, pids, session_dir)
+        still_answers(client, neighbour)
+    finally:
+        client.delete(f"/v1/sessions/{session['id']}")

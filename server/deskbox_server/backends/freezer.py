@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..errors import SessionFailed
 
-__all__ = ["CGROUP_ROOT", "freeze", "frozen", "thaw"]
+__all__ = ["CGROUP_ROOT", "freeze", "frozen", "stopped_tasks", "thaw"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _SPIN_S = 0.0002  # between reads while the kernel is still freezing tasks
@@ -110,3 +110,28 @@ def frozen(container_id: str, root: Path = CGROUP_ROOT) -> bool:
         return _v2_frozen(_v2(container_id, root))
     except OSError:
         return False
+
+
+def stopped_tasks(container_id: str, root: Path = CGROUP_ROOT) -> list[int]:
+    """The sandbox's processes stopped by a signal (SIGSTOP) or a tracer, as host pids.
+
+    CRIU hangs on such a process in a frozen cgroup (until runc's timeout), so a checkpoint
+    checks first. Reads only the kernel's files (cgroup.procs, /proc/<pid>/stat).
+    """
+    v1 = _v1(container_id, root)
+    procs = (v1.parent if v1 is not None else _v2(container_id, root).parent) / "cgroup.procs"
+    try:
+        pids = [int(pid) for pid in procs.read_text().split()]
+    except (OSError, ValueError):
+        return []
+    stopped: list[int] = []
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_bytes()
+        except OSError:
+            continue  # exited meanwhile
+        # The command name may hold any byte, ")" too: the state follows the last ")".
+        state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
+        if state in (b"T", b"t"):
+            stopped.append(pid)
+    return stopped

@@ -76,9 +76,15 @@ class Desktop:
         self.display_name = display_name
         try:
             self._x = xdisplay.Display(display_name)
-        except (DisplayError, ConnectionError, OSError) as error:
+        except (DisplayError, ConnectionClosedError, ConnectionError, OSError) as error:
+            # ConnectionClosedError: the server died (or was killed) during the setup.
             raise DesktopFailed(f"cannot connect to X display {display_name}: {error}") from None
-        self._x.xfixes_query_version()
+        try:
+            self._x.xfixes_query_version()
+        except (ConnectionClosedError, XError, OSError) as error:
+            with suppress(Exception):
+                self._x.close()
+            raise DesktopFailed(f"the X display {display_name} failed: {error}") from None
         screen = self._x.screen()
         self.width: int = screen.width_in_pixels
         self.height: int = screen.height_in_pixels
