@@ -9,6 +9,7 @@ answering throughout.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
 import time
@@ -19,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from deskbox_server.backends.base import Backend, DesktopHandle, SessionSpec
 from deskbox_server.backends.runc import Runc
 
 from ..api.conftest import DISPLAY, Server
@@ -31,6 +33,7 @@ from .test_faults import create, eventually, exec_in, sandbox_of, still_answers
 pytestmark = pytest.mark.slow
 
 CALL_TIMEOUT_S = 2.0  # the server's desktop_call_timeout_s here (default 30)
+STOP_TIMEOUT_S = 3.0  # its stop_timeout_s (default 20)
 
 # Raw X11 (the image has python3, not python-xlib): connection setup, GrabServer (opcode
 # 36), then GetInputFocus (43), whose reply means the grab is in force. A child keeps the
@@ -80,7 +83,8 @@ LONG_ACTION = {"type": "type", "text": "x" * 1000}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with container_server(tmp_path_factory, "stall", reaper_interval_s=0.2,
-                          desktop_call_timeout_s=CALL_TIMEOUT_S) as running:
+                          desktop_call_timeout_s=CALL_TIMEOUT_S,
+                          stop_timeout_s=STOP_TIMEOUT_S) as running:
         yield running
 
 
@@ -277,3 +281,41 @@ def test_the_reaper_stops_an_expired_session_whose_x_server_is_stopped(
         still_answers(client, neighbour)
     finally:
         client.delete(f"/v1/sessions/{session['id']}")
+
+
+class SlowRemoval(Backend):
+    """The server's own backend, whose destroy starts only after ``hold_s``."""
+
+    name = "container"
+
+    def __init__(self, real: Backend, hold_s: float) -> None:
+        self.real, self.hold_s = real, hold_s
+
+    async def create(self, spec: SessionSpec, timeout_s: float) -> DesktopHandle:
+        return await self.real.create(spec, timeout_s)
+
+    async def destroy(self, handle: DesktopHandle) -> None:
+        await asyncio.sleep(self.hold_s)
+        await self.real.destroy(handle)
+
+
+def test_a_removal_that_overruns_fails_the_session_instead_of_leaving_it_stopping(
+    client: httpx.Client, server: Server, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    session = create(client)
+    container_id = sandbox_of(server, session).sandbox.container_id
+    backends = server.services.manager._backends
+    monkeypatch.setitem(backends, "container",
+                        SlowRemoval(backends["container"], STOP_TIMEOUT_S + 2))
+    started = time.monotonic()
+    deleted = client.delete(f"/v1/sessions/{session['id']}")
+    took = time.monotonic() - started
+    assert deleted.status_code == 204, deleted.text
+    assert STOP_TIMEOUT_S <= took < STOP_TIMEOUT_S + 1.5, took
+    body = client.get(f"/v1/sessions/{session['id']}").json()
+    assert body["state"] == "failed", body
+    assert "not removed within" in body["failure"]["reason"], body
+    states = [e for e in read_events(client, session, 100) if e["type"] == "state"]
+    assert [e["state"] for e in states] == ["starting", "running", "stopping", "failed"]
+    # The removal went on in the background.
+    eventually(lambda: Runc().state(container_id) is None, "the sandbox is removed", 10)

@@ -133,14 +133,19 @@ class DesktopWorker:
         waiter = asyncio.wrap_future(job.future)  # cancelling it cancels a queued job
         while True:
             remaining = self._remaining(job, timeout_s)
+            if remaining <= 0 and job.future.done():  # returned just in time
+                return job.future.result()
             if remaining <= 0:
                 waiter.cancel()
                 if self._stalled is not None and job.started_at is None:
                     raise DesktopFailed(self._stalled)
                 raise self._stall(timeout_s)
-            # Queued jobs are re-checked at least every second, so that one failed by a
-            # stall of the call ahead of it is noticed at once (see _stall).
-            done, _ = await asyncio.wait({waiter}, timeout=min(remaining, 1.0))
+            # Re-checked at least every second: a queued job's deadline starts when it does.
+            try:
+                done, _ = await asyncio.wait({waiter}, timeout=min(remaining, 1.0))
+            except asyncio.CancelledError:
+                waiter.cancel()  # a job still queued will not run
+                raise
             if done:
                 return waiter.result()
 
