@@ -63,6 +63,9 @@ def serve(
         log_level=log_level.lower(),
         log_config=None,
         access_log=False,
+        # A request stuck on a desktop must not hold the shutdown: its session is stopped
+        # (its sandbox killed) right after.
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
     )
 
 
