@@ -23,8 +23,10 @@ read-only root cannot take the cache Python tries to write.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -206,4 +208,17 @@ def install(
     )
     if done.returncode != 0:
         raise _failed(f"byte-compiling /{AGENT_DIR}", done)
+    _make_readable(destination)
     return installed
+
+
+def _make_readable(directory: Path) -> None:
+    """Everything readable by all, whatever the umask the build ran with: inside the
+    sandbox these files belong to an id it does not map (and the root is read-only)."""
+    for parent, _dirs, files in os.walk(directory):
+        os.chmod(parent, 0o755)
+        for name in files:
+            path = os.path.join(parent, name)
+            mode = os.lstat(path).st_mode
+            if stat.S_ISREG(mode):
+                os.chmod(path, 0o755 if mode & 0o111 else 0o644)
