@@ -10,8 +10,11 @@ is all on the read-only root, and a module planted where a sandbox process can w
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
+from pathlib import Path
 
 from deskbox_server.backends.container import ContainerSandbox
 
@@ -175,3 +178,20 @@ def test_the_launcher_is_the_one_in_the_repository(sandbox: ContainerSandbox) ->
     inside = exec_in(sandbox, "cat", LAUNCHER)
     assert inside.stdout == launcher.read_text()
     assert exec_in(sandbox, "sh", "-c", f"test -x {LAUNCHER}").returncode == 0
+
+
+def test_the_content_manifest_covers_the_agent(image_rootfs: Path) -> None:
+    """Every file of the agent is in contents.jsonl with its hash, so `deskbox image verify`
+    and the restore checks of issue 13 cover it like the rest of the image."""
+    recorded: dict[str, str] = {}
+    with open(image_rootfs.parent / "contents.jsonl") as contents:
+        for line in contents:
+            path, _, digest = json.loads(line)
+            recorded[path] = digest
+    files = [LAUNCHER.lstrip("/")]
+    for directory, _, names in os.walk(image_rootfs / AGENT_DIR.lstrip("/")):
+        files += [str(Path(directory, name).relative_to(image_rootfs)) for name in names]
+    assert len(files) > 500
+    for relative in files:
+        digest = hashlib.sha256((image_rootfs / relative).read_bytes()).hexdigest()
+        assert recorded.get(relative) == digest, relative
