@@ -28,6 +28,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ._errors import (
     APIConnectionError,
@@ -44,6 +45,7 @@ from ._errors import (
 )
 from ._models import ActionsResult, Screenshot
 from ._sync import Deskbox, Session
+from ._table import render_table, terminal_width
 
 __all__ = ["EXIT_CODES", "exit_code_for", "register"]
 
@@ -140,10 +142,10 @@ def _show(session: Session) -> None:
         rows.append(("failure", str(data.failure.get("reason"))))
     rows += [(f"urls.{k}", v) for k, v in asdict(data.urls).items()]
     table = Table(show_header=False, box=None)
-    table.add_column(style="bold")
-    table.add_column()
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")  # ids and URLs whole, folded on a narrow terminal
     for key, value in rows:
-        table.add_row(key, value)
+        table.add_row(key, Text(value))
     out.print(table)
 
 
@@ -197,21 +199,22 @@ def register(app: typer.Typer) -> None:
         state: Annotated[str | None, typer.Option(help="Only sessions in this state.")] = None,
         label: Annotated[list[str] | None, typer.Option(
             help="KEY=VALUE; repeat to require several.")] = None,
+        wide: Annotated[bool, typer.Option(
+            "--wide", help="Every column, whatever the terminal's width.")] = False,
         url: Url = None, api_key: ApiKey = None, as_json: Json = False,
     ) -> None:
-        """List sessions."""
+        """List sessions (ids are never cut; narrow terminals leave columns out)."""
         with _client(url, api_key, as_json) as box:
             sessions = box.sessions.list(state=state, labels=_labels(label or []))
             if as_json:
                 _print_json([_session_json(s) for s in sessions])
                 return
-            table = Table("ID", "STATE", "BACKEND", "DISPLAY", "CREATED", "LABELS")
-            for s in sessions:
-                table.add_row(
-                    s.id, s.state, s.data.backend, f"{s.display.width}x{s.display.height}",
-                    s.data.created_at, ", ".join(f"{k}={v}" for k, v in s.labels.items()),
-                )
-            out.print(table)
+            rows = [
+                (s.id, s.state, s.data.backend, f"{s.display.width}x{s.display.height}",
+                 s.data.created_at, ", ".join(f"{k}={v}" for k, v in s.labels.items()))
+                for s in sessions
+            ]
+            render_table(sys.stdout, rows, None if wide else terminal_width())
 
     @app.command()
     def show(session_id: SessionId, url: Url = None, api_key: ApiKey = None,
