@@ -20,12 +20,15 @@ from typing import Any
 
 import httpx
 import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 from .conftest import KEY_A
 
 DESKBOX = str(Path(sys.executable).parent / "deskbox")
 TEXT_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d{3} (DEBUG|INFO|WARNING|ERROR) +[\w.]+  \S")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+TOKEN = "dbt_leakedTOKEN0123"
 
 
 class Output:
@@ -99,6 +102,12 @@ def serve(tmp_path: Path, *args: str, tty: bool,
         os.close(reader)
 
 
+def websocket_with_a_token(url: str) -> None:
+    """A live-view websocket with a session token in its query (uvicorn logs its URL)."""
+    with pytest.raises(InvalidStatus):
+        connect(f"ws{url.removeprefix('http')}/v1/sessions/ses_0123abcd/vnc?token={TOKEN}")
+
+
 def run_as_printed(command: str, env: dict[str, str] | None = None) -> Any:
     """The banner's curl through a shell, exactly as a user pastes it."""
     done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30,
@@ -126,10 +135,12 @@ def test_serve_on_a_terminal_prints_text_and_a_curl_that_works(tmp_path: Path) -
         missing = httpx.get(f"{url[1]}/v1/sessions/ses_0123abcd",
                             headers={"Authorization": f"Bearer {key_file.read_text().strip()}"})
         assert missing.status_code == 404
-        output.wait_for(lambda t: request_id in t and missing.headers["x-request-id"] in t)
+        websocket_with_a_token(url[1])
+        output.wait_for(lambda t: request_id in t and missing.headers["x-request-id"] in t
+                        and "WebSocket /v1/sessions/ses_0123abcd/vnc?token=[redacted]" in t)
     text = output.text
     key = key_file.read_text().strip()
-    assert key not in text and "dbt_leakedQUERY0123" not in text and "token=" not in text
+    assert key not in text and "dbt_leakedQUERY0123" not in text and TOKEN not in text
     logged = [line for line in text.splitlines() if line and not line.startswith(
         ("Deskbox serves ", "API key: ", "Try it: "))]
     assert logged and all(TEXT_LINE.match(line) for line in logged), logged
@@ -139,7 +150,7 @@ def test_serve_on_a_terminal_prints_text_and_a_curl_that_works(tmp_path: Path) -
     assert f"request_id={request_id}" in access[0] and "duration_ms=" in access[0]
     # A session's calls carry its id as a field, to follow one session through the log.
     assert [line for line in logged if "session_id=ses_0123abcd" in line] == [
-        line for line in logged if " GET /v1/sessions/ses_0123abcd 404 " in line]
+        line for line in logged if " deskbox.access  " in line and "/ses_0123abcd" in line]
     # The curl's own request was logged too (the banner's key file worked).
     assert sum(" GET /v1/sessions 200 " in line for line in logged) == 2
 
@@ -157,7 +168,9 @@ def test_serve_on_a_pipe_prints_json_lines(tmp_path: Path) -> None:
         missing = httpx.get(f"{start[0]['url']}/v1/sessions/ses_0123abcd",
                             headers={"Authorization": f"Bearer {KEY_A}"})
         assert missing.status_code == 404
-        output.wait_for(lambda t: missing.headers["x-request-id"] in t and t.endswith("\n"))
+        websocket_with_a_token(start[0]["url"])
+        output.wait_for(lambda t: missing.headers["x-request-id"] in t and "token=[redacted]" in t
+                        and t.endswith("\n"))
     text = output.text
     entries = [json.loads(line) for line in text.splitlines()]  # every line is JSON
     assert {"time", "level", "logger", "message"} <= set(entries[0])
@@ -165,7 +178,7 @@ def test_serve_on_a_pipe_prints_json_lines(tmp_path: Path) -> None:
     assert access[0]["message"] == "GET /v1/sessions 200"
     assert access[0]["request_id"].startswith("req_") and access[0]["status"] == 200
     assert access[1]["session_id"] == "ses_0123abcd" and "session_id" not in access[0]
-    assert KEY_A not in text
+    assert KEY_A not in text and TOKEN not in text
 
 
 @pytest.mark.parametrize(("tty", "log_format"), [(True, "json"), (False, "text")])
