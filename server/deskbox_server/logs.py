@@ -22,8 +22,10 @@ __all__ = ["JsonFormatter", "LogFormat", "RedactTokens", "TextFormatter", "confi
 LogFormat = Literal["auto", "json", "text"]
 
 # Attributes every LogRecord has; anything else was passed with ``extra=`` and is kept.
-# uvicorn's ``color_message`` repeats the message with ANSI codes: noise in either format.
-_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+# uvicorn's ``color_message`` repeats the message with ANSI codes: noise in either format
+# (RedactTokens still blanks it, for any other handler).
+_NOT_SHOWN = _STANDARD | {"color_message"}
 
 
 _TOKENS = re.compile(r"(token=)[^&\s\"']+|dbt_[A-Za-z0-9_-]+")
@@ -53,7 +55,7 @@ def _fields(record: logging.LogRecord) -> dict[str, str | int | float | bool]:
     return {
         key: value if isinstance(value, str | int | float | bool) else str(value)
         for key, value in vars(record).items()
-        if key not in _STANDARD and not key.startswith("_")
+        if key not in _NOT_SHOWN and not key.startswith("_")
     }
 
 
