@@ -9,6 +9,7 @@ import os
 import pty
 import re
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -22,6 +23,8 @@ import httpx
 import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
+
+from deskbox_server.serve import banner
 
 from .conftest import KEY_A
 
@@ -79,7 +82,8 @@ def serve(tmp_path: Path, *args: str, tty: bool,
     env.pop("NO_COLOR", None)
     if keys is not None:
         env["DESKBOX_API_KEYS"] = keys
-    argv = [DESKBOX, "serve", "--port", "0", "--state-dir", str(tmp_path / "state"), *args]
+    # A space in the path: the banner's curl must quote the key file's path.
+    argv = [DESKBOX, "serve", "--port", "0", "--state-dir", str(tmp_path / "my state"), *args]
     if tty:
         reader, writer = pty.openpty()
     else:
@@ -121,10 +125,10 @@ def test_serve_on_a_terminal_prints_text_and_a_curl_that_works(tmp_path: Path) -
         text = output.wait_for(lambda t: "\nTry it: " in t and t.endswith("\n\n"))
         url = re.search(r"^Deskbox serves (http://127\.0\.0\.1:\d+)$", text, re.M)
         assert url, text
-        key_file = (tmp_path / "state" / "api_key").resolve()
+        key_file = (tmp_path / "my state" / "api_key").resolve()
         assert f"API key: in {key_file} " in text
         curl = re.search(r"^Try it: (curl .*)$", text, re.M)
-        assert curl and f"$(cat {key_file})" in curl[1], text
+        assert curl and f"$(cat {shlex.quote(str(key_file))})" in curl[1], text
         assert run_as_printed(curl[1]) == {"sessions": []}
 
         # A request with a token in its query: its access line, without the query.
@@ -195,3 +199,11 @@ def test_log_format_overrides_the_terminal_check(
         assert any(line.startswith("Try it: curl ") for line in lines)
         assert sum(bool(TEXT_LINE.match(line)) for line in lines) >= 4
         assert not any(line.startswith("{") for line in lines)
+
+
+def test_banner_dials_loopback_for_a_wildcard_host() -> None:
+    assert banner("0.0.0.0", 8765, None).url == "http://127.0.0.1:8765"
+    assert banner("::", 8765, None).url == "http://[::1]:8765"
+    assert banner("fd00::1", 80, None).url == "http://[fd00::1]:80"
+    assert banner("deskbox.internal", 8765, None).curl == (
+        'curl -H "Authorization: Bearer $DESKBOX_API_KEY" http://deskbox.internal:8765/v1/sessions')
