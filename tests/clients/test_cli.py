@@ -88,6 +88,15 @@ def test_ls_shows_every_id_whole(local_server: Server, session_id: str, columns:
         assert rows[0].split() == [session_id, "running", "suite=cli"]
 
 
+def test_show_keeps_ids_and_urls_whole(local_server: Server, session_id: str) -> None:
+    shown = deskbox(local_server, "show", session_id, columns=40)
+    assert shown.returncode == 0, shown.stderr
+    fields = dict(line.split(None, 1) for line in shown.stdout.splitlines())
+    body = json.loads(deskbox(local_server, "show", session_id, "--json").stdout)
+    assert fields["id"] == session_id and fields["display"] == "640x480"
+    assert fields["urls.view"] == body["urls"]["view"] and len(body["urls"]["view"]) > 40
+
+
 def test_ls_on_a_narrow_terminal(local_server: Server, session_id: str) -> None:
     """A real 40-column terminal (pty), no COLUMNS: ids whole, nothing cut with '…'."""
     reader, writer = pty.openpty()

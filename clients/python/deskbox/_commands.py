@@ -27,7 +27,6 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from ._errors import (
@@ -141,12 +140,11 @@ def _show(session: Session) -> None:
     if data.failure:
         rows.append(("failure", str(data.failure.get("reason"))))
     rows += [(f"urls.{k}", v) for k, v in asdict(data.urls).items()]
-    table = Table(show_header=False, box=None)
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(overflow="fold")  # ids and URLs whole, folded on a narrow terminal
+    # Plain lines, not a table: a table cuts (or folds) ids and URLs to the terminal's width;
+    # a long line is wrapped by the terminal instead, and copies whole.
+    width = max(len(key) for key, _ in rows)
     for key, value in rows:
-        table.add_row(key, Text(value))
-    out.print(table)
+        out.print(Text.assemble((key.ljust(width), "bold"), "  ", value))
 
 
 def _state_change(action: Callable[[Session], Session], verb: str) -> Callable[..., None]:
