@@ -87,11 +87,9 @@ class _Server(uvicorn.Server):
             # Plain lines between blank ones: the curl copies as it is.
             print("", *shown.lines(), "", sep="\n", file=sys.stderr, flush=True)
         else:
-            log.info("serving %s", shown.url, extra={
-                "url": shown.url,
-                "api_key_file": str(shown.key_file) if shown.key_file else "DESKBOX_API_KEYS",
-                "curl": shown.curl,
-            })
+            keys = ({"api_key_file": str(shown.key_file)} if shown.key_file is not None
+                    else {"api_keys": "DESKBOX_API_KEYS"})
+            log.info("serving %s", shown.url, extra={"url": shown.url, **keys, "curl": shown.curl})
 
 
 def run(

@@ -164,7 +164,7 @@ def test_serve_on_a_pipe_prints_json_lines(tmp_path: Path) -> None:
         output.wait_for(lambda t: '"deskbox.serve"' in t and t.endswith("\n"))
         lines = [json.loads(line) for line in output.text.splitlines()]
         start = [entry for entry in lines if entry["logger"] == "deskbox.serve"]
-        assert len(start) == 1 and start[0]["api_key_file"] == "DESKBOX_API_KEYS"
+        assert len(start) == 1 and start[0]["api_keys"] == "DESKBOX_API_KEYS"
         assert start[0]["url"].startswith("http://127.0.0.1:")
         assert start[0]["curl"] == ('curl -H "Authorization: Bearer $DESKBOX_API_KEY" '
                                     f"{start[0]['url']}/v1/sessions")
@@ -193,8 +193,10 @@ def test_log_format_overrides_the_terminal_check(
         output.wait_for(lambda t: "/v1/sessions" in t and t.endswith("\n"))
     lines = [line for line in output.text.splitlines() if line]
     if log_format == "json":
-        assert all(json.loads(line)["logger"] for line in lines)
-        assert "deskbox.serve" in {json.loads(line)["logger"] for line in lines}
+        entries = [json.loads(line) for line in lines]
+        start = [entry for entry in entries if entry["logger"] == "deskbox.serve"]
+        assert len(start) == 1 and start[0]["api_key_file"].endswith("/my state/api_key")
+        assert start[0]["curl"].startswith('curl -H "Authorization: Bearer $(cat ')
     else:
         assert any(line.startswith("Try it: curl ") for line in lines)
         assert sum(bool(TEXT_LINE.match(line)) for line in lines) >= 4

@@ -2,8 +2,9 @@
 
 An id is what a user copies out of the table, so it is never cut. The other columns give
 way on a narrow terminal: the least useful are left out (BACKEND, then DISPLAY, then
-CREATED), LABELS wraps inside its column; if ID and STATE alone are wider than the
-terminal, the line runs on and the terminal wraps it, the id still whole. No box lines
+CREATED), LABELS wraps inside its column (and goes too when under 12 columns are left);
+if ID and STATE alone are wider than the terminal, the line runs on and the terminal wraps
+it, the id still whole. No box lines
 either: they cost three characters a column, and without them ``awk '{print $1}'`` and a
 double-click select an id. Unbounded (``--wide``, or output to a pipe without
 ``COLUMNS``), every column is shown and nothing wraps.
