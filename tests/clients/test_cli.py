@@ -28,7 +28,8 @@ DESKBOX = str(Path(sys.executable).parent / "deskbox")
 
 
 def deskbox(server: Server | None, *args: str, key: str = KEY_A,
-            url: str | None = None, columns: int = 250) -> subprocess.CompletedProcess[str]:
+            url: str | None = None, columns: int | None = 250
+            ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([DESKBOX, *args], capture_output=True, text=True,
                           env=cli_env(server, key, url, columns), timeout=60, check=False)
 
@@ -86,6 +87,19 @@ def test_ls_shows_every_id_whole(local_server: Server, session_id: str, columns:
     else:  # the less useful columns give way
         assert header.split() == ["ID", "STATE", "LABELS"]
         assert rows[0].split() == [session_id, "running", "suite=cli"]
+
+
+@pytest.mark.parametrize("args", [("--wide",), ()])
+def test_ls_wide_or_piped_shows_every_column(
+    local_server: Server, session_id: str, args: tuple[str, ...]
+) -> None:
+    """--wide on a 60-column terminal, or a pipe without COLUMNS: every column, one line each."""
+    listed = deskbox(local_server, "ls", "--label", "suite=cli", *args,
+                     columns=60 if args else None)
+    header, row = listed.stdout.splitlines()
+    assert header.split() == ["ID", "STATE", "BACKEND", "DISPLAY", "CREATED", "LABELS"]
+    assert row.split()[:4] == [session_id, "running", "local", "640x480"]
+    assert row.split()[-1] == "suite=cli"
 
 
 def test_show_keeps_ids_and_urls_whole(local_server: Server, session_id: str) -> None:
