@@ -47,11 +47,11 @@ class _Link:
         self._attack: tuple[bytes, int] | None = None  # (bytes, filler) at the next boundary
         self._inflate = inflate
         self.attacked = threading.Event()
-        self.threads = [
-            threading.Thread(target=self._upstream, daemon=True),
-            threading.Thread(target=self._downstream, daemon=True),
-        ]
-        for thread in self.threads:
+        relays = (threading.Thread(target=self._upstream, daemon=True),
+                  threading.Thread(target=self._downstream, daemon=True))
+        # A relay may start an attack (appending its sender here) before both have started.
+        self.threads = list(relays)
+        for thread in relays:
             thread.start()
 
     def attack(self, payload: bytes, filler: int = 0) -> None:
