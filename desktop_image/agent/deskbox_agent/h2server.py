@@ -176,6 +176,7 @@ class Connection:
         self.h2.max_inbound_frame_size = limits.max_frame_size
         self._streams: dict[int, Stream] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._task_of: dict[int, asyncio.Task[None]] = {}
         self._window_changed = asyncio.Event()
         self._dead = False
 
@@ -268,6 +269,7 @@ class Connection:
                 stream._feed_eof()
             task = asyncio.create_task(self._serve(stream))
             self._tasks.add(task)
+            self._task_of[sid] = task
             task.add_done_callback(self._tasks.discard)
         elif isinstance(event, h2.events.DataReceived):
             target = self._streams.get(event.stream_id or 0)
@@ -281,6 +283,9 @@ class Connection:
         elif isinstance(event, h2.events.StreamReset):
             if (target := self._streams.pop(event.stream_id or 0, None)) is not None:
                 target._gone()
+                # The host gave the call up: stop its work (an exec's finally kills it).
+                if (task := self._task_of.get(target.id)) is not None:
+                    task.cancel()
         elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
             self._window_changed.set()
         elif isinstance(event, h2.events.ConnectionTerminated):
@@ -300,8 +305,12 @@ class Connection:
             log.exception("handler of %s failed", stream.path)
             with contextlib.suppress(StreamGone):
                 await stream.error(500, "internal", f"{type(e).__name__}: {e}")
+        except asyncio.CancelledError:
+            if not stream.reset:
+                raise
         finally:
             self._streams.pop(stream.id, None)
+            self._task_of.pop(stream.id, None)
             # Whatever the host sent that nobody read still counts against the connection.
             if stream._body:
                 self.ack(stream.id, len(stream._body))

@@ -194,7 +194,6 @@ class AgentConnection:
         self.h2.local_settings = h2.settings.Settings(
             client=True,
             initial_values={
-                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 0,  # the agent opens none
                 h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_size,
                 h2.settings.SettingCodes.MAX_FRAME_SIZE: limits.max_frame_size,
                 h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: limits.stream_window,
