@@ -106,6 +106,7 @@ class AgentStream:
     async def read(self, max_bytes: int = 64 * 1024) -> bytes:
         """The next bytes of the response body; b"" at its end."""
         self._body_wanted = True
+        self._conn.check()  # a failed connection's data is not to be trusted either
         while not self._body:
             self._check()
             if self.ended:
