@@ -284,8 +284,8 @@ class Connection:
             if (target := self._streams.pop(event.stream_id or 0, None)) is not None:
                 target._gone()
                 # The host gave the call up: stop its work (an exec's finally kills it).
-                if (task := self._task_of.get(target.id)) is not None:
-                    task.cancel()
+                if (work := self._task_of.get(target.id)) is not None:
+                    work.cancel()
         elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
             self._window_changed.set()
         elif isinstance(event, h2.events.ConnectionTerminated):
