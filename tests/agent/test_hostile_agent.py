@@ -58,7 +58,7 @@ async def good_agent_works(agent_socket: Path) -> None:
 HANDSHAKE_ATTACKS = [
     ("garbage", "not HTTP/2: the first frame is not SETTINGS"),
     ("silent", "no HTTP/2 SETTINGS within 1.0 s"),
-    ("huge_frame", "announces 16777215 bytes, over the 16384 allowed"),
+    ("huge_frame", f"announces 16777215 bytes, over the {LIMITS.max_frame_size} allowed"),
     ("settings_flood", "a flood of frames without payload"),
     ("no_answer", "no answer to hello"),
     ("wrong_version", "the agent speaks protocol 2 .* this server speaks protocol 1"),

@@ -99,7 +99,7 @@ class Stream:
     # -- sending ---------------------------------------------------------------------
     async def respond(
         self, status: int, content_type: str = "application/json", end: bool = False,
-        extra: dict[str, str] | None = None,
+        extra: dict[str, str] | None = None, flush: bool = True,
     ) -> None:
         headers = [(":status", str(status)), ("content-type", content_type)]
         headers += list((extra or {}).items())
@@ -107,7 +107,8 @@ class Stream:
         self.responded = True
         self._conn.h2.send_headers(self.id, headers, end_stream=end)
         self.closed = end
-        await self._conn.flush()
+        if flush:  # else the head goes out with the first DATA, in one write
+            await self._conn.flush()
 
     async def write(self, data: bytes, end: bool = False) -> None:
         """Send ``data`` as the window allows (waits for the host to read)."""
@@ -125,7 +126,7 @@ class Stream:
             await self._conn.flush()
 
     async def json(self, status: int, value: object) -> None:
-        await self.respond(status)
+        await self.respond(status, flush=False)
         await self.write(json.dumps(value, separators=(",", ":")).encode(), end=True)
 
     async def error(self, status: int, kind: str, message: str) -> None:

@@ -92,7 +92,7 @@ class Router:
             await stream.error(e.status, e.kind, e.message)
             return
         if isinstance(result, Blob):
-            await stream.respond(200, result.content_type)
+            await stream.respond(200, result.content_type, flush=False)
             await stream.write(result.data, end=True)
         else:
             await stream.json(200, result)

@@ -184,7 +184,8 @@ class AgentClient:
         try:
             async with asyncio.timeout(timeout_s):
                 headers = [("content-type", content_type)] if body is not None else []
-                stream = await self._conn.open(method, path, headers, end=body is None)
+                stream = await self._conn.open(method, path, headers, end=body is None,
+                                               flush=body is None)
                 if body is not None:
                     await stream.send(body, end=True)
                 await self._check_status(stream)
@@ -263,7 +264,8 @@ class AgentClient:
         try:
             async with asyncio.timeout_at(deadline):
                 stream = await self._conn.open("POST", "/v1/exec",
-                                               [("content-type", "application/json")], end=False)
+                                               [("content-type", "application/json")], end=False,
+                                               flush=False)
                 await stream.send(json.dumps(request).encode(), end=True)
                 await self._check_status(stream)
             buffer = bytearray()

@@ -55,6 +55,7 @@ class AgentStream:
         self.ended = False
         self.reset: StreamReset | None = None
         self.closed = False  # we reset it or it is complete both ways
+        self.sent_end = False  # our request is complete (END_STREAM sent)
         self._body_wanted = False  # reading: a reset after a complete response is no error
 
     # -- events from the connection -------------------------------------------------
@@ -141,6 +142,7 @@ class AgentStream:
                 raise StreamReset(self.id, 0) from None
             await self._conn.flush()
             if end and not view:
+                self.sent_end = True
                 return
         if end:
             self._check()
@@ -148,6 +150,7 @@ class AgentStream:
                 self._conn.h2.end_stream(self.id)
             except h2.exceptions.StreamClosedError:
                 raise StreamReset(self.id, 0) from None
+            self.sent_end = True
             await self._conn.flush()
 
     def cancel(self) -> None:
@@ -156,6 +159,8 @@ class AgentStream:
             return
         self.closed = True
         self._conn.forget(self)
+        if self.ended and self.sent_end:
+            return  # complete both ways: nothing to cancel
         if self.reset is None and not self._conn.failed_reason:
             with contextlib.suppress(h2.exceptions.H2Error):
                 self._conn.h2.reset_stream(self.id, h2.errors.ErrorCodes.CANCEL)
@@ -296,8 +301,10 @@ class AgentConnection:
 
     async def open(
         self, method: str, path: str, headers: Sequence[tuple[str, str]] = (), end: bool = True,
+        flush: bool = True,
     ) -> AgentStream:
-        """A new stream with the request's head sent (END_STREAM when ``end``)."""
+        """A new stream with the request's head sent (END_STREAM when ``end``); without
+        ``flush`` the head waits for the body's first write (one syscall for both)."""
         while True:
             self.check()
             allowed = min(self.limits.max_streams, self.h2.remote_settings.max_concurrent_streams)
@@ -311,7 +318,9 @@ class AgentConnection:
         head = [(":method", method), (":scheme", "http"), (":authority", "agent"),
                 (":path", path), *headers]
         self.h2.send_headers(stream_id, head, end_stream=end)
-        await self.flush()
+        stream.sent_end = end
+        if flush:
+            await self.flush()
         return stream
 
     def forget(self, stream: AgentStream) -> None:

@@ -13,7 +13,7 @@ MIB = 1024 * KIB
 @dataclass(frozen=True)
 class AgentLimits:
     # HTTP/2 settings we announce; h2 enforces them and the frame guard checks them first.
-    max_frame_size: int = 16 * KIB
+    max_frame_size: int = 128 * KIB  # fewer frames for a screenshot; a frame waits whole
     max_header_list_size: int = 16 * KIB
     max_header_block: int = 32 * KIB  # compressed HEADERS + CONTINUATION bytes of one block
     stream_window: int = 1 * MIB  # what one stream may have unread here
@@ -23,7 +23,7 @@ class AgentLimits:
     # unknown types, tiny WINDOW_UPDATEs): a burst allowance and a refill rate per second.
     junk_burst: int = 1000
     junk_per_s: float = 200.0
-    read_chunk: int = 64 * KIB
+    read_chunk: int = 256 * KIB
     handshake_timeout_s: float = 5.0  # the agent's SETTINGS and the answer to /v1/hello
     write_timeout_s: float = 10.0  # an agent that stops reading what we send
     call_timeout_s: float = 30.0  # default for one RPC, head and body
