@@ -194,6 +194,8 @@ class AgentClient:
         except TimeoutError:
             raise Timeout(f"the agent did not answer {method} {path} in time") from None
         except StreamReset as e:
+            if stream is not None and stream.ended:  # it answered (e.g. 413) and cut us off
+                await self._check_status(stream)
             raise SessionFailed(f"agent: {method} {path}: {e}") from None
         finally:
             if stream is not None:
