@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from deskbox_server.agent import AgentClient, Channel
+from deskbox_server.agent import AgentClient, AgentLimits, Channel
 from deskbox_server.errors import Conflict
 
 MIB = 1024 * 1024
@@ -161,3 +161,72 @@ async def test_channel_to_nothing(client: AgentClient, tmp_path: Path) -> None:
     with pytest.raises(Conflict, match="connect_failed"):
         await client.open_tcp(port)
     assert (await client.call("echo", {})).json() == {}
+
+
+async def test_channels_nobody_reads_do_not_block_the_rest(client: AgentClient) -> None:
+    """Sockets that send without end, into channels the host never reads: each channel
+    stops at its own window, and calls and other channels on the connection go on."""
+    sending: list[asyncio.StreamWriter] = []
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sending.append(writer)
+        try:
+            while True:
+                writer.write(b"f" * 65536)
+                await writer.drain()
+        except ConnectionError:
+            pass
+
+    server = await asyncio.start_server(flood, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    channels = [await client.open_tcp(port) for _ in range(12)]  # 12 windows > connection's
+    await asyncio.sleep(1.0)
+    held = [len(c._stream._body) for c in channels]
+    assert all(h <= AgentLimits().stream_window for h in held), held
+    assert sum(held) > AgentLimits().connection_window, held  # more than one window's worth
+    async with asyncio.timeout(2):
+        assert (await client.call("blob", {"size": 3 * MIB})).body == b"\x5a" * 3 * MIB
+        assert len(await channels[0].read(10)) == 10  # and a stalled one resumes
+    for channel in channels:
+        channel.close()
+    for writer in sending:
+        writer.close()
+    server.close()
+    await server.wait_closed()
+
+
+async def test_sockets_that_do_not_read_do_not_block_the_rest(
+    client: AgentClient, echo_port: int
+) -> None:
+    """The other way: the host writes into 12 channels whose sockets never read. Each stops
+    at its own window in the agent; calls and a fresh channel go on."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    channels = [await client.open_tcp(port) for _ in range(12)]
+
+    async def fill(channel: Channel) -> None:
+        while True:
+            await channel.write(b"h" * 65536)
+
+    fillers = [asyncio.create_task(fill(c)) for c in channels]
+    await asyncio.sleep(2.0)
+    async with asyncio.timeout(2):
+        assert (await client.call("echo", {"ok": True})).json() == {"ok": True}
+        fresh = await client.open_tcp(echo_port)
+        await fresh.write(b"still flowing")
+        assert await _read_exactly(fresh, 13) == b"still flowing"
+        fresh.close()
+    for task in fillers:
+        task.cancel()
+    await asyncio.gather(*fillers, return_exceptions=True)
+    for channel in channels:
+        channel.close()
+    for writer in held:
+        writer.close()
+    server.close()
+    await server.wait_closed()

@@ -48,6 +48,7 @@ class Stream:
         self.query = dict(parse_qsl(parts.query, keep_blank_values=True))
         self.headers = headers
         self._body = bytearray()
+        self._owed = 0  # bytes read whose stream window is not handed back yet
         self._arrived = asyncio.Event()
         self.ended = False  # the host sent END_STREAM
         self.reset = False  # the host reset the stream, or the connection is gone
@@ -57,9 +58,8 @@ class Stream:
     # -- receiving -------------------------------------------------------------------
     def _feed(self, data: bytes, flow_len: int) -> None:
         self._body += data
-        padding = flow_len - len(data)
-        if padding:
-            self._conn.ack(self.id, padding)
+        self._conn.received(flow_len, len(data))
+        self._owed += flow_len - len(data)  # padding: nobody will read it
         self._arrived.set()
 
     def _feed_eof(self) -> None:
@@ -81,7 +81,7 @@ class Stream:
             await self._arrived.wait()
         chunk = bytes(self._body[:max_bytes])
         del self._body[:max_bytes]
-        self._conn.ack(self.id, len(chunk))
+        self._conn.consumed(self, len(chunk))
         await self._conn.flush()
         return chunk
 
@@ -180,12 +180,33 @@ class Connection:
         self._task_of: dict[int, asyncio.Task[None]] = {}
         self._window_changed = asyncio.Event()
         self._dead = False
+        self._owed = 0  # connection window not handed back yet
+        self._unread = 0  # bytes received for live streams that no handler took yet
 
-    def ack(self, stream_id: int, size: int) -> None:
-        if size and not self._dead:
-            # A stream that closed meanwhile still owes the connection window its bytes.
-            with contextlib.suppress(h2.exceptions.H2Error, ValueError):
-                self.h2.acknowledge_received_data(size, stream_id)
+    # Flow control, as on the host: a stream's window comes back when its handler read
+    # the data; the connection's as data arrives while all streams together hold less
+    # than ``buffer_budget`` unread, so a socket that does not read stalls only its channel.
+    def received(self, flow_len: int, data_len: int) -> None:
+        self._owed += flow_len
+        self._unread += data_len
+
+    def consumed(self, stream: Stream, size: int) -> None:
+        self._unread -= size
+        stream._owed += size
+        if not self._dead and stream._owed:
+            with contextlib.suppress(h2.exceptions.H2Error, KeyError):
+                window = self.h2.streams[stream.id].inbound_flow_control_window
+                if window <= self.limits.stream_window // 2:
+                    self.h2.increment_flow_control_window(stream._owed, stream.id)
+                    stream._owed = 0
+        self._release()
+
+    def _release(self) -> None:
+        if (not self._dead and self._unread <= self.limits.buffer_budget
+                and self._owed >= self.limits.connection_window // 4):
+            with contextlib.suppress(h2.exceptions.H2Error):
+                self.h2.increment_flow_control_window(self._owed)
+            self._owed = 0
 
     async def flush(self) -> None:
         data = self.h2.data_to_send()
@@ -244,6 +265,7 @@ class Connection:
                     break
                 for event in events:
                     self._dispatch(event)
+                self._release()
                 await self.flush()
         except (TimeoutError, StreamGone, ConnectionError, OSError) as e:
             log.info("host connection ends: %r", e)
@@ -275,7 +297,7 @@ class Connection:
         elif isinstance(event, h2.events.DataReceived):
             target = self._streams.get(event.stream_id or 0)
             if target is None:
-                self.ack(event.stream_id or 0, event.flow_controlled_length or 0)
+                self._owed += event.flow_controlled_length or 0
             else:
                 target._feed(event.data or b"", event.flow_controlled_length or 0)
         elif isinstance(event, h2.events.StreamEnded):
@@ -284,6 +306,7 @@ class Connection:
         elif isinstance(event, h2.events.StreamReset):
             if (target := self._streams.pop(event.stream_id or 0, None)) is not None:
                 target._gone()
+                self._window_changed.set()
                 # The host gave the call up: stop its work (an exec's finally kills it).
                 if (work := self._task_of.get(target.id)) is not None:
                     work.cancel()
@@ -314,7 +337,7 @@ class Connection:
             self._task_of.pop(stream.id, None)
             # Whatever the host sent that nobody read still counts against the connection.
             if stream._body:
-                self.ack(stream.id, len(stream._body))
+                self._unread -= len(stream._body)
                 stream._body.clear()
             if not stream.ended and not stream.reset and not self._dead:
                 # Answered before the body ended: tell the host to stop sending it.

@@ -17,6 +17,7 @@ class Limits:
     max_frame_size: int = 16 * KIB  # the HTTP/2 minimum: what the host must accept anyway
     stream_window: int = 1 * MIB  # per stream, both directions
     connection_window: int = 8 * MIB
+    buffer_budget: int = 32 * MIB  # unread by all handlers, past which the host must wait
     max_request_body: int = 1 * MIB  # JSON bodies of RPCs; files and channels stream
     max_file_size: int = 1024 * MIB
     max_exec_output: int = 16 * MIB  # stdout and stderr each; more is dropped, flagged

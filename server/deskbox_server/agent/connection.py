@@ -56,6 +56,7 @@ class AgentStream:
         self.reset: StreamReset | None = None
         self.closed = False  # we reset it or it is complete both ways
         self.sent_end = False  # our request is complete (END_STREAM sent)
+        self._owed = 0  # bytes read here whose stream window is not handed back yet
         self._body_wanted = False  # reading: a reset after a complete response is no error
 
     # -- events from the connection -------------------------------------------------
@@ -73,8 +74,8 @@ class AgentStream:
         self._body += data
         if len(self._body) > self._conn.limits.stream_window:
             raise AgentFailed(f"stream {self.id}: more unread data than its window")
-        if flow_len > len(data):
-            self._conn.ack(self.id, flow_len - len(data))
+        self._conn.received(flow_len, len(data))
+        self._owed += flow_len - len(data)  # padding: nobody will read it
         self._arrived.set()
 
     def _on_end(self) -> None:
@@ -116,7 +117,7 @@ class AgentStream:
             await self._arrived.wait()
         chunk = bytes(self._body[:max_bytes])
         del self._body[:max_bytes]
-        self._conn.ack(self.id, len(chunk))
+        self._conn.consumed(self, len(chunk))
         await self._conn.flush()
         return chunk
 
@@ -214,6 +215,8 @@ class AgentConnection:
         self._changed = asyncio.Event()  # a window, a stream slot or the connection state
         self._settings = asyncio.Event()  # the agent's first SETTINGS arrived
         self.failed_reason: str | None = None
+        self._owed = 0  # connection window not handed back yet
+        self._unread = 0  # bytes received for live streams that no reader took yet
         self._task: asyncio.Task[None] | None = None
         writer.transport.set_write_buffer_limits(high=256 * 1024)
 
@@ -262,10 +265,30 @@ class AgentConnection:
                 await self._task
 
     # -- writing ---------------------------------------------------------------------
-    def ack(self, stream_id: int, size: int) -> None:
-        if size and self.failed_reason is None:
-            with contextlib.suppress(h2.exceptions.H2Error, ValueError):
-                self.h2.acknowledge_received_data(size, stream_id)
+    # Flow control. A stream's window is handed back when its reader has read the data,
+    # so one stream holds at most its window. The connection's window is handed back as
+    # data arrives, as long as all streams together hold less than ``buffer_budget``
+    # unread: a channel nobody reads stalls itself, not the calls beside it.
+    def received(self, flow_len: int, data_len: int) -> None:
+        self._owed += flow_len
+        self._unread += data_len
+
+    def consumed(self, stream: AgentStream, size: int) -> None:
+        self._unread -= size
+        stream._owed += size
+        if self.failed_reason is None and stream._owed:
+            with contextlib.suppress(h2.exceptions.H2Error, KeyError):
+                window = self.h2.streams[stream.id].inbound_flow_control_window
+                if window <= self.limits.stream_window // 2:
+                    self.h2.increment_flow_control_window(stream._owed, stream.id)
+                    stream._owed = 0
+        self._release()
+
+    def _release(self) -> None:
+        if (self.failed_reason is None and self._unread <= self.limits.buffer_budget
+                and self._owed >= self.limits.connection_window // 4):
+            self.h2.increment_flow_control_window(self._owed)
+            self._owed = 0
 
     def flush_soon(self) -> None:
         data = self.h2.data_to_send()
@@ -325,9 +348,10 @@ class AgentConnection:
 
     def forget(self, stream: AgentStream) -> None:
         self._streams.pop(stream.id, None)
-        if stream._body:  # unread data still holds the connection's window
-            self.ack(stream.id, len(stream._body))
+        if stream._body:  # unread data no longer counts against the budget
+            self._unread -= len(stream._body)
             stream._body.clear()
+            self._release()
         self._changed.set()
 
     # -- reading ---------------------------------------------------------------------
@@ -352,6 +376,7 @@ class AgentConnection:
                         useful += self._dispatch(event)
                 except AgentFailed as e:
                     raise self.fail(e.reason) from None
+                self._release()
                 frames = self._guard.frames - frames_before
                 junk = max(frames - useful, self._guard.empty_data - empty_before)
                 if junk > 0 and not self._budget.spend(junk):
@@ -377,7 +402,7 @@ class AgentConnection:
         elif isinstance(event, h2.events.DataReceived):
             length = event.flow_controlled_length or 0
             if stream is None:
-                self.ack(event.stream_id or 0, length)  # for a stream we gave up
+                self._owed += length  # for a stream we gave up
                 return 0
             stream._on_data(event.data or b"", length)
             return 1 if event.data else 0
@@ -387,6 +412,7 @@ class AgentConnection:
         elif isinstance(event, h2.events.StreamReset):
             if stream is not None:
                 stream._on_reset(int(event.error_code or 0))
+                self._changed.set()  # a writer waiting for this stream's window wakes up
                 if not stream.ended:  # a complete response stays readable
                     self.forget(stream)
                 return 1

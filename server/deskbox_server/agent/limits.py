@@ -17,7 +17,10 @@ class AgentLimits:
     max_header_list_size: int = 16 * KIB
     max_header_block: int = 32 * KIB  # compressed HEADERS + CONTINUATION bytes of one block
     stream_window: int = 1 * MIB  # what one stream may have unread here
-    connection_window: int = 8 * MIB  # what all streams together may have unread here
+    connection_window: int = 8 * MIB  # what may be in flight to us on all streams at once
+    # Unread data of all streams together past which the connection window is no longer
+    # handed back: so at most this + connection_window is held here per connection.
+    buffer_budget: int = 32 * MIB
     max_streams: int = 128  # streams we open at once (fewer if the agent says so)
     # Frames that carry no payload for a live stream (SETTINGS, PING, PRIORITY, empty DATA,
     # unknown types, tiny WINDOW_UPDATEs): a burst allowance and a refill rate per second.
