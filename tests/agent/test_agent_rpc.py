@@ -191,3 +191,23 @@ async def test_file_caps_and_errors(client: AgentClient, tmp_path: Path) -> None
     with pytest.raises(InvalidRequest):
         await client.read_file("relative/path", 100)
     assert await client.read_file(str(target), 100) == b"old"
+
+
+def test_h2speed_changes_no_output() -> None:
+    """The cheaper repr of frame payloads (agent/h2speed.py) says exactly what h2's did."""
+    import binascii
+
+    from deskbox_server.agent.h2speed import short_data_repr
+
+    def original(data: bytes | None) -> str:  # hyperframe 6.1's _raw_data_repr
+        if not data:
+            return "None"
+        r = binascii.hexlify(data).decode("ascii")
+        if len(r) > 20:
+            r = r[:20] + "..."
+        return "<hex:" + r + ">"
+
+    for size in (0, 1, 9, 10, 11, 12, 100, 140 * 1024):
+        data = bytes(range(256)) * (size // 256 + 1)
+        assert short_data_repr(data[:size]) == original(data[:size])
+    assert short_data_repr(None) == original(None)

@@ -23,6 +23,7 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
+from . import h2speed
 from .limits import Limits
 
 __all__ = ["Connection", "Stream", "StreamGone", "serve_connection"]
@@ -161,7 +162,11 @@ class Connection:
         self._writer = writer
         self._handler = handler
         self.limits = limits
-        config = h2.config.H2Configuration(client_side=False, header_encoding="utf-8")
+        h2speed.install()
+        config = h2.config.H2Configuration(
+            client_side=False, header_encoding="utf-8", validate_outbound_headers=False,
+            normalize_outbound_headers=False,
+        )
         self.h2 = h2.connection.H2Connection(config)
         self.h2.local_settings = h2.settings.Settings(
             client=False,
@@ -212,6 +217,8 @@ class Connection:
         data = self.h2.data_to_send()
         if data and not self._dead:
             self._writer.write(data)
+            if not self._writer.transport.get_write_buffer_size():
+                return  # all of it went to the socket: nothing to wait for
             try:
                 await self._writer.drain()
             except (ConnectionError, OSError) as e:

@@ -27,6 +27,7 @@ import h2.exceptions
 import h2.settings
 
 from ..errors import AgentFailed
+from . import h2speed
 from .frames import FrameGuard, FrameViolation
 from .limits import AgentLimits
 
@@ -196,7 +197,12 @@ class AgentConnection:
         self._reader = reader
         self._writer = writer
         self.limits = limits
-        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
+        h2speed.install()
+        # Our own headers are well-formed by construction; everything received is checked.
+        config = h2.config.H2Configuration(
+            client_side=True, header_encoding=None, validate_outbound_headers=False,
+            normalize_outbound_headers=False,
+        )
         self.h2 = h2.connection.H2Connection(config)
         self.h2.local_settings = h2.settings.Settings(
             client=True,
@@ -297,6 +303,9 @@ class AgentConnection:
 
     async def flush(self) -> None:
         self.flush_soon()
+        if not self._writer.transport.get_write_buffer_size():
+            self.check()
+            return  # all of it went to the socket: nothing to wait for
         try:
             async with asyncio.timeout(self.limits.write_timeout_s):
                 await self._writer.drain()
