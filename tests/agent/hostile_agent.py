@@ -127,6 +127,10 @@ def attack(mode: str, peer: Peer) -> None:
     elif mode == "wrong_version":
         hello(peer, protocol=2)
         time.sleep(30)
+    elif mode == "hello_refused":
+        peer.wait_for(1)
+        peer.send(headers(1, [(":status", "404")], {"END_HEADERS", "END_STREAM"}))
+        time.sleep(30)
     hello(peer)
     peer.wait_for(3)
     if mode == "continuation_flood":
@@ -147,6 +151,12 @@ def attack(mode: str, peer: Peer) -> None:
     elif mode == "data_flood":
         peer.send(headers(3, ok_head, {"END_HEADERS"}))
         forever(peer, data(3, b"z" * 16384))
+    elif mode == "output_flood":
+        # Well-formed exec records, far more of them than the host asked for.
+        record = b"o" + (65536).to_bytes(4, "big") + b"o" * 65536
+        peer.send(headers(3, [(":status", "200")], {"END_HEADERS"}))
+        forever(peer, b"".join(data(3, record[i : i + 16384])
+                               for i in range(0, len(record), 16384)))
     elif mode == "never_answers_call":
         time.sleep(60)
     elif mode == "bad_records":

@@ -62,6 +62,7 @@ HANDSHAKE_ATTACKS = [
     ("settings_flood", "a flood of frames without payload"),
     ("no_answer", "no answer to hello"),
     ("wrong_version", "the agent speaks protocol 2 .* this server speaks protocol 1"),
+    ("hello_refused", "hello failed: agent: error"),
 ]
 
 
@@ -90,6 +91,7 @@ CALL_ATTACKS = [
     ("data_before_headers", "HTTP/2 protocol error|DATA before"),
     ("data_flood", "HTTP/2 protocol error: Flow control window|more unread data than its window"),
     ("bad_records", "exec: a bad record"),
+    ("output_flood", "exec: more output than the 1048576 asked for"),
 ]
 
 
@@ -111,7 +113,7 @@ async def test_hostile_answers(
                         break
                     await asyncio.sleep(0.02)
                 await channel.read()
-            elif mode == "bad_records":
+            elif mode in ("bad_records", "output_flood"):
                 async for _ in client.exec(["true"]):
                     pass
             else:

@@ -145,8 +145,12 @@ class AgentClient:
             hello = await client.hello(timeout_s=conn.limits.handshake_timeout_s)
         except Timeout as e:
             raise conn.fail(f"no answer to hello: {e.message}") from None
+        except AgentFailed:
+            raise
+        except DeskboxError as e:  # an error status, a reset: not an agent we can use
+            raise conn.fail(f"hello failed: {e.message}") from None
         except BaseException:
-            conn.fail("the handshake failed")
+            conn.fail("the handshake was interrupted")
             raise
         if hello.protocol != PROTOCOL:
             raise conn.fail(
