@@ -140,3 +140,28 @@ async def test_a_call_nobody_answers_times_out_alone(tmp_path: Path, agent_socke
         assert 0.5 <= time.monotonic() - started < 1.5
         await client.close()
     await good_agent_works(agent_socket)
+
+
+async def test_the_agent_survives_bad_clients(agent_socket: Path) -> None:
+    """Anything in the sandbox can reach the agent's socket too: garbage, a frame header
+    announcing 16 MiB, or a client that connects and says nothing ends only that
+    connection; the host's connection goes on answering."""
+    good = await AgentClient.connect_unix(str(agent_socket))
+    try:
+        bad = []
+        for attack in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\x00" * 4096,
+                       b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\xff\xff\xff\x00\x00\x00\x00\x00\x01"
+                       + b"x" * 65536,
+                       b""):
+            reader, writer = await asyncio.open_unix_connection(str(agent_socket))
+            writer.write(attack)
+            bad.append((reader, writer))
+        for reader, _ in bad[:2]:  # the agent hangs up on the two that spoke nonsense
+            async with asyncio.timeout(5):
+                while await reader.read(65536):
+                    pass
+        assert (await good.call("echo", {"after": "attacks"})).json() == {"after": "attacks"}
+        for _, bad_writer in bad:
+            bad_writer.close()
+    finally:
+        await good.close()

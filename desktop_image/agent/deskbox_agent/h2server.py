@@ -24,6 +24,7 @@ import h2.exceptions
 import h2.settings
 
 from . import h2speed
+from .frames import FrameGuard, FrameViolation
 from .limits import Limits
 
 __all__ = ["Connection", "Stream", "StreamGone", "serve_connection"]
@@ -179,6 +180,7 @@ class Connection:
             },
         )
         self.h2.decoder.max_header_list_size = limits.max_header_list_size
+        self._guard = FrameGuard(limits.max_frame_size, limits.max_header_list_size * 2)
         self.h2.max_inbound_frame_size = limits.max_frame_size
         self._streams: dict[int, Stream] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -265,7 +267,11 @@ class Connection:
                 if not data:
                     break
                 try:
+                    self._guard.feed(data)
                     events = self.h2.receive_data(data)
+                except FrameViolation as e:
+                    log.warning("peer is not a host speaking HTTP/2: %s", e)
+                    break
                 except h2.exceptions.ProtocolError as e:
                     log.warning("host protocol error: %s", e)
                     self.flush_soon()
