@@ -210,7 +210,7 @@ class AgentClient:
         if status == 200:
             return status
         raw = await stream.read_all(self._conn.limits.max_error_body)
-        kind, message = "error", raw.decode(errors="replace")
+        kind, message = f"status {status}", raw.decode(errors="replace") or "(no body)"
         try:
             error = json.loads(raw)["error"]
             kind, message = str(error["kind"]), str(error["message"])

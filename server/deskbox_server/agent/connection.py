@@ -33,6 +33,8 @@ from .limits import AgentLimits
 
 __all__ = ["AgentConnection", "AgentStream", "StreamReset"]
 
+FLOOD = "a flood of frames without payload (SETTINGS, PING, empty or unknown frames)"
+
 
 class StreamReset(Exception):
     """The agent reset one stream (a refused or abandoned call); the connection lives."""
@@ -248,6 +250,7 @@ class AgentConnection:
         if self.failed_reason is None:
             self.failed_reason = reason
             self._changed.set()
+            self._settings.set()  # the handshake stops waiting too
             for stream in list(self._streams.values()):
                 stream._arrived.set()
                 stream._head.set()
@@ -372,8 +375,14 @@ class AgentConnection:
                     raise self.fail("the agent closed the stream")
                 frames_before = self._guard.frames
                 empty_before = self._guard.empty_data
+                control_before = self._guard.control
                 try:
                     self._guard.feed(data)
+                    # Control frames are charged before h2 spends time on them (a SETTINGS
+                    # frame costs h2 far more to handle than its 9 bytes cost to send).
+                    control = self._guard.control - control_before
+                    if control and not self._budget.spend(control):
+                        raise self.fail(FLOOD)
                     events = self.h2.receive_data(data)
                 except FrameViolation as e:
                     raise self.fail(str(e)) from None
@@ -386,13 +395,10 @@ class AgentConnection:
                 except AgentFailed as e:
                     raise self.fail(e.reason) from None
                 self._release()
-                frames = self._guard.frames - frames_before
+                frames = self._guard.frames - frames_before - control
                 junk = max(frames - useful, self._guard.empty_data - empty_before)
                 if junk > 0 and not self._budget.spend(junk):
-                    raise self.fail(
-                        "a flood of frames without payload (SETTINGS, PING, empty or unknown "
-                        "frames)"
-                    )
+                    raise self.fail(FLOOD)
                 await self.flush()
         except AgentFailed:
             pass

@@ -14,6 +14,7 @@ __all__ = ["FrameGuard", "FrameViolation"]
 
 _DATA, _HEADERS, _SETTINGS, _PUSH_PROMISE, _CONTINUATION = 0, 1, 4, 5, 9
 _END_HEADERS, _ACK = 0x4, 0x1
+_CONTROL = (2, 4, 6)  # PRIORITY, SETTINGS, PING
 
 
 class FrameViolation(Exception):
@@ -30,6 +31,7 @@ class FrameGuard:
         self._first = True
         self.frames = 0  # complete frame headers seen so far
         self.empty_data = 0  # DATA frames without payload
+        self.control = 0  # frames that carry nothing for a stream: counted before h2 runs
 
     def feed(self, data: bytes) -> None:
         i, n = 0, len(data)
@@ -76,5 +78,7 @@ class FrameGuard:
                 self._block = None
         if kind == _DATA and length == 0:
             self.empty_data += 1
+        if kind in _CONTROL or kind > _CONTINUATION:
+            self.control += 1
         self.frames += 1
         self._left = length
