@@ -164,6 +164,13 @@ def attack(mode: str, peer: Peer) -> None:
                                for i in range(0, len(record), 16384)))
     elif mode == "never_answers_call":
         time.sleep(60)
+    elif mode == "status_no_end":
+        # A well-formed status record, then neither END_STREAM nor anything else.
+        status = json.dumps({"exit_code": 0, "signal": None, "timed_out": False,
+                             "stdout_truncated": False, "stderr_truncated": False}).encode()
+        peer.send(headers(3, [(":status", "200")], {"END_HEADERS"})
+                  + data(3, b"x" + len(status).to_bytes(4, "big") + status))
+        time.sleep(30)
     elif mode == "bad_records":
         peer.send(headers(3, [(":status", "200")], {"END_HEADERS"})
                   + data(3, b"q\xff\xff\xff\xff"))

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from deskbox_server.agent import AgentClient, AgentLimits, ExecStatus
-from deskbox_server.errors import AgentFailed, SessionFailed
+from deskbox_server.errors import AgentFailed, SessionFailed, Timeout
 
 MIB = 1024 * 1024
 FAKE = Path(__file__).with_name("hostile_agent.py")
-LIMITS = AgentLimits(handshake_timeout_s=1.0, call_timeout_s=2.0)
+LIMITS = AgentLimits(handshake_timeout_s=1.0, call_timeout_s=2.0, exec_grace_s=0.5)
 
 
 def _rss() -> int:
@@ -168,3 +168,16 @@ async def test_the_agent_survives_bad_clients(agent_socket: Path) -> None:
             bad_writer.close()
     finally:
         await good.close()
+
+
+async def test_an_exec_that_never_ends_times_out_alone(tmp_path: Path) -> None:
+    """A status record without END_STREAM after it: the exec times out at its deadline."""
+    with hostile("status_no_end", tmp_path) as path:
+        client = await AgentClient.connect_unix(path, LIMITS)
+        started = time.monotonic()
+        with pytest.raises(Timeout, match="the agent did not finish in time"):
+            async for _ in client.exec(["true"], timeout_s=0.5):
+                pass
+        assert 1.0 <= time.monotonic() - started < 2.0
+        assert client.failed_reason is None
+        await client.close()

@@ -47,7 +47,6 @@ Json: TypeAlias = None | bool | int | float | str | list["Json"] | dict[str, "Js
 
 _RECORD = struct.Struct(">cI")
 _MAX_RECORD = 64 * 1024
-_EXEC_GRACE_S = 10.0  # past the command's own timeout: the agent kills and reports
 _SMALL_BODY = 64 * 1024  # hello, health, exec status
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -265,7 +264,7 @@ class AgentClient:
         """
         request = {"cmd": list(cmd), "env": dict(env or {}), "cwd": cwd,
                    "timeout_s": timeout_s, "max_output": max_output}
-        deadline = asyncio.get_running_loop().time() + timeout_s + _EXEC_GRACE_S
+        deadline = asyncio.get_running_loop().time() + timeout_s + self._conn.limits.exec_grace_s
         stream: AgentStream | None = None
         try:
             async with asyncio.timeout_at(deadline):
@@ -295,8 +294,9 @@ class AgentClient:
                 del buffer[: _RECORD.size + length]
                 if kind == b"x":
                     status = self._exec_status(payload)
-                    if buffer or await stream.read(1):
-                        raise self._conn.fail("exec: bytes after the status record")
+                    async with asyncio.timeout_at(deadline):  # END_STREAM must follow
+                        if buffer or await stream.read(1):
+                            raise self._conn.fail("exec: bytes after the status record")
                     yield status
                     return
                 sizes[kind] += length
@@ -304,7 +304,7 @@ class AgentClient:
                     raise self._conn.fail(f"exec: more output than the {max_output} asked for")
                 yield ExecChunk("stdout" if kind == b"o" else "stderr", payload)
         except TimeoutError:
-            raise Timeout(f"exec of {_clean(cmd[0], 64)!r}: no status from the agent") from None
+            raise Timeout(f"exec of {_clean(cmd[0], 64)!r}: the agent did not finish in time") from None
         except StreamReset as e:
             raise SessionFailed(f"agent: exec: {e}") from None
         finally:

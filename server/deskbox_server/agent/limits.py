@@ -30,5 +30,6 @@ class AgentLimits:
     handshake_timeout_s: float = 5.0  # the agent's SETTINGS and the answer to /v1/hello
     write_timeout_s: float = 10.0  # an agent that stops reading what we send
     call_timeout_s: float = 30.0  # default for one RPC, head and body
+    exec_grace_s: float = 10.0  # past an exec's own timeout: for the agent to kill and report
     max_rpc_body: int = 64 * MIB  # default cap of one RPC's response body
     max_error_body: int = 4 * KIB
