@@ -304,7 +304,8 @@ class AgentClient:
                     raise self._conn.fail(f"exec: more output than the {max_output} asked for")
                 yield ExecChunk("stdout" if kind == b"o" else "stderr", payload)
         except TimeoutError:
-            raise Timeout(f"exec of {_clean(cmd[0], 64)!r}: the agent did not finish in time") from None
+            raise Timeout(
+                f"exec of {_clean(cmd[0], 64)!r}: the agent did not finish in time") from None
         except StreamReset as e:
             raise SessionFailed(f"agent: exec: {e}") from None
         finally:
