@@ -14,7 +14,7 @@ run: setup
 	$(BIN)/deskbox serve
 
 lint: setup
-	$(BIN)/ruff check server clients tests bench desktop_image/agent
+	$(BIN)/ruff check server clients tests bench desktop_image
 	$(BIN)/mypy
 
 test: lint

@@ -14,8 +14,8 @@ that shows the page painted:
   page is ``about:blank`` and the screenshot must show its white page; a fresh sandbox each;
 - warm pool (HOOK below): the default create again, on a second server started with
   ``DESKBOX_POOL_SIZE`` (Settings field ``pool_size``), once its pool is full again. The
-  pool only serves creates that ask for nothing else (README, "Warm pool"): a create with a
-  start page starts cold. Servers without that setting get a row saying so.
+  pool only serves creates that ask for nothing else (docs/API.md, "Warm pool"): a create
+  with a start page starts cold. Servers without that setting get a row saying so.
 
 Every session is deleted and every server stopped on exit (Ctrl-C too).
 """

@@ -1,10 +1,14 @@
 """Build the session root filesystem with mmdebstrap, cached under the state directory.
 
 The recipe is ``packages.txt`` (Debian packages), the files under ``rootfs/`` (copied over
-the installed system: the in-sandbox launcher, /etc/hosts, ...), this script and
-``image_store.py``. Images live in ``<state_dir>/images/<recipe-hash>/`` (layout in
-image_store.py); an image is built into a temporary directory next to it and renamed into
-place, so a half-built image is never used, and an image that exists is never rebuilt.
+the installed system: the in-sandbox launchers, /etc/hosts, ...), the desktop agent
+(``agent/requirements.txt``, its pinned wheels, and the package ``agent/deskbox_agent/``,
+installed into /usr/lib/deskbox-agent by ``agent_install.py``), this script,
+``agent_install.py`` and ``image_store.py``. Images live in
+``<state_dir>/images/<recipe-hash>/`` (layout in image_store.py); an image is built into a
+temporary directory next to it and renamed into place, so a half-built image is never
+used, and an image that exists is never rebuilt. The agent's wheels are downloaded once
+into ``<state_dir>/wheels/``.
 
 Two stages keep edits to the overlay cheap: the mmdebstrap result is cached by the hash of
 its command line (``images/base-<hash>``) and the final tree is a hard-linked copy of it
@@ -35,6 +39,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import agent_install
 import image_store
 
 __all__ = ["Recipe", "ensure_image", "image_dir", "load_recipe", "main"]
@@ -74,6 +79,8 @@ class Recipe:
     packages: tuple[str, ...]
     overlay: tuple[tuple[str, bytes, int], ...]  # (relative path, content, mode)
     script: bytes
+    requirements: bytes = b""  # agent/requirements.txt
+    agent: tuple[tuple[str, bytes], ...] = ()  # agent/deskbox_agent/: (relative path, content)
 
     def mmdebstrap_argv(self, target: Path) -> list[str]:
         argv = ["mmdebstrap", "--variant=apt", "--mode=root", "--format=directory"]
@@ -97,6 +104,10 @@ class Recipe:
         for path, content, mode in self.overlay:
             digest.update(f"\0{path}\0{mode:o}\0".encode())
             digest.update(hashlib.sha256(content).digest())
+        digest.update(b"\0agent-requirements\0" + hashlib.sha256(self.requirements).digest())
+        for path, content in self.agent:
+            digest.update(f"\0agent\0{path}\0".encode())
+            digest.update(hashlib.sha256(content).digest())
         return digest.hexdigest()[:16]
 
 
@@ -114,8 +125,26 @@ def load_recipe(recipe_dir: Path = RECIPE_DIR) -> Recipe:
     for source, target in SHARED_FILES:
         overlay.append((target, (recipe_dir.parent / source).read_bytes(), 0o644))
     here = Path(__file__).resolve()
-    script = here.read_bytes() + (here.parent / "image_store.py").read_bytes()
-    return Recipe(tuple(sorted(set(packages))), tuple(overlay), script)
+    script = b"".join(
+        (here.parent / name).read_bytes()
+        for name in (here.name, "agent_install.py", "image_store.py")
+    )
+    requirements = (recipe_dir / "agent" / "requirements.txt").read_bytes()
+    return Recipe(tuple(sorted(set(packages))), tuple(overlay), script, requirements,
+                  _agent_files(recipe_dir / "agent" / agent_install.AGENT_PACKAGE))
+
+
+def _agent_files(package: Path) -> tuple[tuple[str, bytes], ...]:
+    """The agent package's files; bytecode a test run left in the source tree is no part
+    of it (the build compiles its own)."""
+    if not package.is_dir():
+        return ()
+    return tuple(
+        (path.relative_to(package).as_posix(), path.read_bytes())
+        for path in sorted(package.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.relative_to(package).parts
+        and path.suffix not in (".pyc", ".pyo")
+    )
 
 
 def image_dir(state_dir: Path, recipe: Recipe) -> Path:
@@ -149,6 +178,7 @@ def _build(images: Path, final: Path, recipe: Recipe, progress: Progress) -> Non
         subprocess.run(["cp", "-al", str(base), str(tree)], check=True)
         for relative, content, mode in recipe.overlay:
             _replace_file(tree / relative, content, mode)
+        agent = _install_agent(images, staging, tree, recipe, progress)
         progress(f"image {recipe.hash}: hashing every file for the content manifest")
         files = image_store.write_contents(tree, staging / image_store.CONTENTS)
         progress(f"image {recipe.hash}: packing {files} files into a read-only erofs image")
@@ -159,6 +189,7 @@ def _build(images: Path, final: Path, recipe: Recipe, progress: Progress) -> Non
             "base": recipe.base_hash,
             "packages": list(recipe.packages),
             "versions": _installed_versions(tree, recipe.packages),
+            "agent": agent,
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "image": image_store.image_record(image),
         }
@@ -166,6 +197,31 @@ def _build(images: Path, final: Path, recipe: Recipe, progress: Progress) -> Non
         shutil.rmtree(tree)
         os.rename(staging, final)
     progress(f"image {recipe.hash} ready in {time.monotonic() - started:.1f} s: {final}")
+
+
+def _install_agent(
+    images: Path, staging: Path, tree: Path, recipe: Recipe, progress: Progress
+) -> dict[str, object]:
+    """The agent and its wheels into ``tree``; what manifest.json records of them."""
+    started = time.monotonic()
+    target = agent_install.image_target(tree, _installed_versions(tree, ("python3", "libc6")))
+    progress(f"image {recipe.hash}: installing deskbox-agent into /{agent_install.AGENT_DIR} "
+             f"(Python {target.python_version}, glibc {target.glibc[0]}.{target.glibc[1]})")
+    requirements = staging / "requirements.txt"
+    requirements.write_bytes(recipe.requirements)
+    # Beside images/, so that removing an image (or all of them) keeps the downloads.
+    cache = images.parent / "wheels"
+    agent_install.fetch_wheels(requirements, cache, target, progress)
+    installed = agent_install.install(
+        tree, requirements, cache, recipe.agent, target, progress
+    )
+    progress(f"  {len(installed)} wheels and {len(recipe.agent)} agent files installed in "
+             f"{time.monotonic() - started:.1f} s")
+    return {
+        "python": target.python_version,
+        "wheels": installed,
+        "package_files": len(recipe.agent),
+    }
 
 
 def _ensure_base(images: Path, recipe: Recipe, progress: Progress) -> Path:

@@ -41,7 +41,7 @@ def default_backends(settings: Settings) -> dict[str, Backend]:
     """The backends of ``settings.backends``; nothing starts before ``prepare()``."""
     known: dict[str, Callable[[Settings], Backend]] = {
         ContainerBackend.name: container_backend,
-        LocalBackend.name: lambda _: LocalBackend(),
+        LocalBackend.name: lambda s: LocalBackend(s.desktop_call_timeout_s),
     }
     unknown = sorted(set(settings.backends) - set(known))
     if unknown:
@@ -77,7 +77,8 @@ def container_backend(settings: Settings) -> ContainerBackend:
         return build_image(settings.image_cache_dir, settings.recipe_dir, progress,
                            cancel=cancel)
 
-    return ContainerBackend(options, shared_memory=settings.capture_shared_memory, image=image)
+    return ContainerBackend(options, shared_memory=settings.capture_shared_memory, image=image,
+                            call_timeout_s=settings.desktop_call_timeout_s)
 
 
 def create_app(

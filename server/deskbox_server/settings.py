@@ -53,6 +53,16 @@ class Settings(BaseSettings):
     max_timeout_s: Annotated[int, Field(ge=1)] = 7 * 24 * 3600
     reaper_interval_s: Annotated[float, Field(gt=0)] = 5.0
     start_timeout_s: Annotated[float, Field(gt=0)] = 30.0
+    # A call into a desktop (an action batch, a screenshot) that has not returned after this
+    # long, plus what the batch itself may take (its waits, holds, typing: driver/budget.py),
+    # means its X server does not answer (stopped, or held by a grab): the session fails.
+    desktop_call_timeout_s: Annotated[float, Field(gt=0)] = 30.0
+    # How long stopping a session may take (DELETE, expiry, shutdown) before it is given up
+    # as failed; the removal of what is left goes on in the background.
+    stop_timeout_s: Annotated[float, Field(gt=0)] = 20.0
+    # At shutdown (SIGTERM), requests still running get this long to finish before they are
+    # cancelled; then every session is stopped.
+    shutdown_grace_s: Annotated[int, Field(ge=1)] = 3
     max_request_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
     retry_after_s: Annotated[int, Field(ge=1)] = 5
     # exec and files (api/exec.py): what a sandbox may send back or be sent.

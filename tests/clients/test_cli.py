@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
+import io
 import json
 import os
+import pty
+import re
+import select
+import struct
 import subprocess
 import sys
+import termios
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +20,7 @@ import pytest
 from PIL import Image
 
 from deskbox._commands import EXIT_CODES
+from deskbox._table import render_table
 
 from .conftest import KEY_A, Server
 
@@ -20,13 +28,21 @@ DESKBOX = str(Path(sys.executable).parent / "deskbox")
 
 
 def deskbox(server: Server | None, *args: str, key: str = KEY_A,
-            url: str | None = None) -> subprocess.CompletedProcess[str]:
+            url: str | None = None, columns: int | None = 250
+            ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([DESKBOX, *args], capture_output=True, text=True,
+                          env=cli_env(server, key, url, columns), timeout=60, check=False)
+
+
+def cli_env(server: Server | None, key: str = KEY_A, url: str | None = None,
+            columns: int | None = 250) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DESKBOX_")}
     env["DESKBOX_URL"] = url or (server.url if server else "")
     env["DESKBOX_API_KEY"] = key
-    env["COLUMNS"] = "250"  # rich tables: no truncated ids
-    return subprocess.run([DESKBOX, *args], capture_output=True, text=True, env=env,
-                          timeout=60, check=False)
+    env.pop("COLUMNS", None)
+    if columns is not None:
+        env["COLUMNS"] = str(columns)
+    return env
 
 
 def image_info(path: Path) -> tuple[tuple[int, int], str | None]:
@@ -56,6 +72,98 @@ def test_ls_show_and_json(local_server: Server, session_id: str) -> None:
     assert shown.returncode == 0 and "640x480" in shown.stdout
     body = json.loads(deskbox(local_server, "show", session_id, "--json").stdout)
     assert body["id"] == session_id and body["display"]["width"] == 640
+
+
+@pytest.mark.parametrize("columns", [60, 200])
+def test_ls_shows_every_id_whole(local_server: Server, session_id: str, columns: int) -> None:
+    listed = deskbox(local_server, "ls", "--label", "suite=cli", columns=columns)
+    assert listed.returncode == 0, listed.stderr
+    header, *rows = listed.stdout.splitlines()
+    assert [row.split()[0] for row in rows] == [session_id]
+    assert all(len(line.rstrip()) <= columns for line in listed.stdout.splitlines())
+    if columns == 200:
+        assert header.split() == ["ID", "STATE", "BACKEND", "DISPLAY", "CREATED", "LABELS"]
+        assert rows[0].split()[1:4] == ["running", "local", "640x480"]
+    else:  # the less useful columns give way
+        assert header.split() == ["ID", "STATE", "LABELS"]
+        assert rows[0].split() == [session_id, "running", "suite=cli"]
+
+
+@pytest.mark.parametrize("args", [("--wide",), ()])
+def test_ls_wide_or_piped_shows_every_column(
+    local_server: Server, session_id: str, args: tuple[str, ...]
+) -> None:
+    """--wide on a 60-column terminal, or a pipe without COLUMNS: every column, one line each."""
+    listed = deskbox(local_server, "ls", "--label", "suite=cli", *args,
+                     columns=60 if args else None)
+    header, row = listed.stdout.splitlines()
+    assert header.split() == ["ID", "STATE", "BACKEND", "DISPLAY", "CREATED", "LABELS"]
+    assert row.split()[:4] == [session_id, "running", "local", "640x480"]
+    assert row.split()[-1] == "suite=cli"
+
+
+def test_show_keeps_ids_and_urls_whole(local_server: Server, session_id: str) -> None:
+    shown = deskbox(local_server, "show", session_id, columns=40)
+    assert shown.returncode == 0, shown.stderr
+    fields = dict(line.split(None, 1) for line in shown.stdout.splitlines())
+    body = json.loads(deskbox(local_server, "show", session_id, "--json").stdout)
+    assert fields["id"] == session_id and fields["display"] == "640x480"
+    assert fields["urls.view"] == body["urls"]["view"] and len(body["urls"]["view"]) > 40
+
+
+def test_ls_on_a_narrow_terminal(local_server: Server, session_id: str) -> None:
+    """A real 40-column terminal (pty), no COLUMNS: ids whole, nothing cut with '…'."""
+    reader, writer = pty.openpty()
+    fcntl.ioctl(writer, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 40, 0, 0))
+    try:
+        process = subprocess.Popen([DESKBOX, "ls", "--label", "suite=cli"],
+                                   env=cli_env(local_server, columns=None),
+                                   stdin=subprocess.DEVNULL, stdout=writer, stderr=writer)
+    finally:
+        os.close(writer)
+    data = b""
+    try:
+        while select.select([reader], [], [], 30)[0]:
+            try:
+                chunk = os.read(reader, 65536)
+            except OSError:  # EIO: the command exited
+                break
+            if not chunk:
+                break
+            data += chunk
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        os.close(reader)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", data.decode()).replace("\r\n", "\n")
+    lines = text.splitlines()
+    assert lines[0].split() == ["ID", "STATE"] and lines[1].split() == [session_id, "running"]
+    assert "…" not in text
+
+
+def test_ls_table_keeps_ids_whole_at_any_width() -> None:
+    rows = [
+        ("ses_032bc517f3b0123456789a", "hibernated", "container", "1280x800",
+         "2026-12-01T02:40:06.488123Z", "suite=cli, owner=alice, purpose=a long label value"),
+        ("ses_ffffffffffffffffffff", "running", "local", "640x480", "2026-12-01T02:41:06Z",
+         "[red]x=y"),
+    ]
+    for width in [*range(1, 130), 200, None]:
+        buffer = io.StringIO()
+        render_table(buffer, rows, width)
+        lines = buffer.getvalue().splitlines()
+        assert [line.split()[0] for line in lines if not line.startswith(" ")] == [
+            "ID", rows[0][0], rows[1][0]], (width, lines)
+        narrowest = len(rows[0][0]) + 2 + len("hibernated")  # ID and STATE, never left out
+        assert all(len(line.rstrip()) <= max(width or 999, narrowest) for line in lines)
+        assert "…" not in buffer.getvalue()
+        if width is None or width >= 80:
+            assert "[red]x=y" in buffer.getvalue()  # a label, not rich markup
+    whole = io.StringIO()
+    render_table(whole, rows, None)  # --wide, or a pipe: every column, one line a session
+    assert whole.getvalue().splitlines()[1].split() == [*rows[0][:5], *rows[0][5].split()]
 
 
 def test_screenshot_and_act(local_server: Server, session_id: str, tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from ._errors import (
     APIConnectionError,
@@ -44,6 +44,7 @@ from ._errors import (
 )
 from ._models import ActionsResult, Screenshot
 from ._sync import Deskbox, Session
+from ._table import render_table, terminal_width
 
 __all__ = ["EXIT_CODES", "exit_code_for", "register"]
 
@@ -139,12 +140,11 @@ def _show(session: Session) -> None:
     if data.failure:
         rows.append(("failure", str(data.failure.get("reason"))))
     rows += [(f"urls.{k}", v) for k, v in asdict(data.urls).items()]
-    table = Table(show_header=False, box=None)
-    table.add_column(style="bold")
-    table.add_column()
+    # Plain lines, not a table: a table cuts (or folds) ids and URLs to the terminal's width;
+    # a long line is wrapped by the terminal instead, and copies whole.
+    width = max(len(key) for key, _ in rows)
     for key, value in rows:
-        table.add_row(key, value)
-    out.print(table)
+        out.print(Text.assemble((key.ljust(width), "bold"), "  ", value))
 
 
 def _state_change(action: Callable[[Session], Session], verb: str) -> Callable[..., None]:
@@ -197,21 +197,22 @@ def register(app: typer.Typer) -> None:
         state: Annotated[str | None, typer.Option(help="Only sessions in this state.")] = None,
         label: Annotated[list[str] | None, typer.Option(
             help="KEY=VALUE; repeat to require several.")] = None,
+        wide: Annotated[bool, typer.Option(
+            "--wide", help="Every column, whatever the terminal's width.")] = False,
         url: Url = None, api_key: ApiKey = None, as_json: Json = False,
     ) -> None:
-        """List sessions."""
+        """List sessions (ids are never cut; narrow terminals leave columns out)."""
         with _client(url, api_key, as_json) as box:
             sessions = box.sessions.list(state=state, labels=_labels(label or []))
             if as_json:
                 _print_json([_session_json(s) for s in sessions])
                 return
-            table = Table("ID", "STATE", "BACKEND", "DISPLAY", "CREATED", "LABELS")
-            for s in sessions:
-                table.add_row(
-                    s.id, s.state, s.data.backend, f"{s.display.width}x{s.display.height}",
-                    s.data.created_at, ", ".join(f"{k}={v}" for k, v in s.labels.items()),
-                )
-            out.print(table)
+            rows = [
+                (s.id, s.state, s.data.backend, f"{s.display.width}x{s.display.height}",
+                 s.data.created_at, ", ".join(f"{k}={v}" for k, v in s.labels.items()))
+                for s in sessions
+            ]
+            render_table(sys.stdout, rows, None if wide else terminal_width())
 
     @app.command()
     def show(session_id: SessionId, url: Url = None, api_key: ApiKey = None,

@@ -4,6 +4,7 @@ and their exit codes are in ``_commands``."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -26,44 +27,32 @@ def _root() -> None:
     """Deskbox command line: the server (serve) and client commands."""
 
 
+class LogFormat(StrEnum):
+    auto = "auto"
+    json = "json"
+    text = "text"
+
+
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8765,
     state_dir: Annotated[
         Path | None, typer.Option(help="Registry, API key and caches (default: XDG state dir).")
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
-    log_format: Annotated[str, typer.Option(help="json (one object per line) or text.")] = "json",
+    log_format: Annotated[LogFormat, typer.Option(
+        help="text (readable lines), json (one object per line), or auto: text on a "
+             "terminal, else json.")] = LogFormat.auto,
 ) -> None:
-    """Run the Deskbox server."""
-    import uvicorn
-
-    from deskbox_server.app import create_app
-    from deskbox_server.logs import configure_logging
+    """Run the Deskbox server; prints its URL, where the API key is and a curl to try."""
+    from deskbox_server.serve import run
     from deskbox_server.settings import Settings
 
-    configure_logging(log_level, json_lines=log_format == "json")
     overrides: dict[str, object] = {"host": host, "port": port}
     if state_dir is not None:
         overrides["state_dir"] = state_dir
-    settings = Settings(**overrides)  # type: ignore[arg-type]
-    server_app = create_app(settings)
-    key_path = server_app.state.services.keyring.generated_path
-    if key_path is not None:
-        typer.echo(f"API key: stored in {key_path} (send it as 'Authorization: Bearer ...')",
-                   err=True)
-    uvicorn.run(
-        server_app,
-        host=settings.host,
-        port=settings.port,
-        ws="websockets-sansio",
-        # Compression costs more than it saves on JPEG frames (ARCHITECTURE.md).
-        ws_per_message_deflate=False,
-        log_level=log_level.lower(),
-        log_config=None,
-        access_log=False,
-    )
+    run(Settings(**overrides), log_level, log_format.value)  # type: ignore[arg-type]
 
 
 @app.command("mcp")

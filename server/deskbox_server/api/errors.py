@@ -66,6 +66,8 @@ _KIND_BY_STATUS = {
 
 
 _NOT_AN_OBJECT = {"dict_type", "model_type", "model_attributes_type"}
+# The session a request is about: a field of its access line, to follow one session's calls.
+_SESSION_PATH = re.compile(r"^/v1/sessions/(ses_[0-9A-Za-z]+)")
 _UNPARSABLE = "There was an error parsing the body"  # FastAPI's 400 detail
 
 
@@ -253,16 +255,20 @@ class RequestContext:
             await self._serve(scope, receive, send_with_id, lambda: started)
         finally:
             # The path only: query strings can carry session tokens.
+            path = scope.get("path", "")
+            fields: dict[str, object] = {
+                "request_id": request_id,
+                "status": status,
+                "duration_ms": round((time.monotonic() - began) * 1000, 2),
+            }
+            if session := _SESSION_PATH.match(path):
+                fields["session_id"] = session[1]
             access_log.info(
                 "%s %s %s",
                 scope.get("method", "WS"),
-                scope.get("path", ""),
+                path,
                 status or ("ws" if scope["type"] == "websocket" else 0),
-                extra={
-                    "request_id": request_id,
-                    "status": status,
-                    "duration_ms": round((time.monotonic() - began) * 1000, 2),
-                },
+                extra=fields,
             )
 
     async def _serve(

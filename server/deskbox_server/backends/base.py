@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from ..driver.budget import batch_allowance_s
 from ..driver.commands import DesktopSpec
 from ..driver.desktop import BatchResult, Desktop
 from ..driver.images import EncodedImage
@@ -74,7 +75,11 @@ class DesktopHandle(ABC):
         view: a.CoordinateSpace | None = None,
         screenshot: a.Screenshot | None = None,
     ) -> BatchResult:
-        return await self.worker.call(self.desktop.run, actions, view, screenshot)
+        """The batch on the worker, within its deadline (driver/budget.py); past it the
+        worker is stalled and DesktopFailed says so."""
+        desktop = self.desktop
+        allowance = batch_allowance_s(actions, screenshot, desktop.settle_options)
+        return await self.worker.call_within(allowance, desktop.run, actions, view, screenshot)
 
     async def capture(
         self,

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InvalidRequest, SessionFailed
-from . import restored
+from . import freezer, restored
 from .network import bring_up_loopback
 from .oci import CRIU_CONFIG, RuntimeConfig, host_root_gid
 from .runc import Runc
@@ -162,6 +162,12 @@ def dump(
     reason = criu.missing()
     if reason is not None:
         raise CheckpointUnavailable(reason)
+    stopped = freezer.stopped_tasks(sandbox.container_id)
+    if stopped:
+        raise CheckpointUnavailable(
+            f"a process of the sandbox is stopped (host pid {stopped[0]}, e.g. by SIGSTOP): "
+            "it cannot be checkpointed until it runs again"
+        )
     (sandbox.bundle / CRIU_CONFIG).write_text(CRIU_OPTIONS)
     extra = ("--leave-running",) if leave_running else ()
     done = _runc_criu(sandbox.options.runc, criu, "checkpoint", *extra, "--file-locks",

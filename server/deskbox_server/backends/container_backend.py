@@ -8,8 +8,8 @@ freezer.py, checkpoint.py and sandbox_snapshot.py.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import AsyncIterable, Callable, Collection
@@ -18,8 +18,8 @@ from typing import ClassVar
 
 from ..driver.desktop import Desktop
 from ..driver.processes import become_subreaper
-from ..driver.worker import DesktopWorker
-from ..errors import DesktopFailed, InvalidRequest, SessionFailed
+from ..driver.worker import CLOSE_TIMEOUT_S, DEFAULT_CALL_TIMEOUT_S, DesktopWorker
+from ..errors import DesktopFailed, InvalidRequest
 from . import freezer, sandbox_files
 from .base import Backend, DesktopHandle, SessionSpec, SnapshotInfo
 from .checkpoint import Criu, hibernate_sandbox, restore_sandbox
@@ -35,6 +35,8 @@ from .seccomp import seccomp_profile
 from .vnc_server import SandboxVnc, VncServer
 
 __all__ = ["ContainerBackend", "ContainerHandle"]
+
+log = logging.getLogger("deskbox.backends")
 
 
 class ContainerHandle(DesktopHandle):
@@ -112,11 +114,14 @@ class ContainerBackend(Backend):
         shared_memory: bool = True,
         image: Callable[[threading.Event], Path] | None = None,
         criu: Criu | None = None,
+        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
     ) -> None:
         """``image``, if given, finds or builds the session image (blocking; it stops when
         its event is set): :meth:`prepare` runs it and uses its result as ``options.rootfs``.
+        ``call_timeout_s``: the base deadline of every driver call (driver/worker.py).
         """
         self.options = options
+        self.call_timeout_s = call_timeout_s
         self.shared_memory = shared_memory
         self._image = image
         self._criu = criu or Criu()
@@ -145,7 +150,7 @@ class ContainerBackend(Backend):
         sandbox = await asyncio.to_thread(
             ContainerSandbox.adopt_checkpointed, self.options, spec.id
         )
-        return ContainerHandle(DesktopWorker(spec.id), sandbox, None)
+        return ContainerHandle(DesktopWorker(spec.id, self.call_timeout_s), sandbox, None)
 
     async def remove_orphans(self, keep: Collection[str]) -> list[str]:
         return await asyncio.to_thread(remove_orphans, self.options, keep)
@@ -188,7 +193,7 @@ class ContainerBackend(Backend):
         return handle
 
     async def _connect(self, session_id: str, sandbox: ContainerSandbox) -> ContainerHandle:
-        worker = DesktopWorker(session_id)
+        worker = DesktopWorker(session_id, self.call_timeout_s)
         try:
             desktop = await self._open_desktop(worker, sandbox)
         except BaseException:
@@ -198,7 +203,7 @@ class ContainerBackend(Backend):
 
     @staticmethod
     def _discard(worker: DesktopWorker, sandbox: ContainerSandbox) -> None:
-        worker.shutdown()
+        worker.shutdown()  # a call stuck on the sandbox's X server returns once it is dead
         sandbox.destroy()
 
     async def freeze(self, handle: DesktopHandle) -> None:
@@ -246,6 +251,8 @@ class ContainerBackend(Backend):
         return SnapshotInfo(stats.seconds, stats.raw_bytes, stats.compressed_bytes)
 
     async def _disconnect(self, handle: ContainerHandle) -> None:
+        """Close the driver's connections on the worker (within its deadline: DesktopFailed
+        if the X server does not answer, and then the session fails)."""
         desktop, handle._desktop = handle._desktop, None
         if desktop is not None:
             await handle.worker.call(desktop.close)
@@ -264,15 +271,21 @@ class ContainerBackend(Backend):
         if handle.sandbox.init_pid is not None:  # not checkpointed after all
             await self.destroy(handle)
             return
-        await asyncio.to_thread(handle.worker.shutdown)
+        handle.worker.shutdown()
         await asyncio.to_thread(handle.sandbox.release_host_side)
 
     async def destroy(self, handle: DesktopHandle) -> None:
+        """Kill the sandbox first, then close the driver, then remove the rest.
+
+        Never waits on the X server: a stopped, frozen or grabbed one answers nothing, and a
+        driver call stuck on it returns only once it is dead. Closing the driver waits at
+        most CLOSE_TIMEOUT_S for the worker; the worker's thread is a daemon.
+        """
         assert isinstance(handle, ContainerHandle)
-        # Closing the driver talks to the X server: a frozen one would never answer.
-        with contextlib.suppress(SessionFailed):
-            await asyncio.to_thread(freezer.thaw, handle.sandbox.container_id)
-        try:
-            await self._disconnect(handle)
-        finally:
-            await asyncio.to_thread(self._discard, handle.worker, handle.sandbox)
+        await asyncio.to_thread(handle.sandbox.kill)
+        desktop, handle._desktop = handle._desktop, None
+        if desktop is None:
+            handle.worker.shutdown()
+        elif not await handle.worker.finish(desktop.close, CLOSE_TIMEOUT_S):
+            log.warning("session %s: the driver did not close in time", handle.worker.name)
+        await asyncio.to_thread(handle.sandbox.destroy)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..errors import SessionFailed
 
-__all__ = ["CGROUP_ROOT", "cgroup_procs", "freeze", "frozen", "thaw"]
+__all__ = ["CGROUP_ROOT", "cgroup_procs", "freeze", "frozen", "stopped_tasks", "task_state", "thaw"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _SPIN_S = 0.0002  # between reads while the kernel is still freezing tasks
@@ -120,3 +120,26 @@ def cgroup_procs(container_id: str, root: Path = CGROUP_ROOT) -> list[int]:
         return [int(pid) for pid in procs.read_text().split()]
     except FileNotFoundError:
         raise SessionFailed(f"the sandbox {container_id} has no cgroup") from None
+
+
+def task_state(pid: int) -> str | None:
+    """The kernel's one-letter state of process ``pid`` ("T": stopped), None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # The command name may hold any byte, ")" too: the state follows the last ")".
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3].decode()
+
+
+def stopped_tasks(container_id: str, root: Path = CGROUP_ROOT) -> list[int]:
+    """The sandbox's processes stopped by a signal (SIGSTOP) or a tracer, as host pids.
+
+    CRIU hangs on such a process in a frozen cgroup (until runc's timeout), so a checkpoint
+    checks first. Reads only the kernel's files (cgroup.procs, /proc/<pid>/stat).
+    """
+    try:
+        pids = cgroup_procs(container_id, root)
+    except (SessionFailed, OSError, ValueError):
+        return []
+    return [pid for pid in pids if task_state(pid) in ("T", "t")]

@@ -7,17 +7,20 @@ users and files, so it refuses the options that promise isolation.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import ClassVar
 
 from ..driver.desktop import Desktop
 from ..driver.local import LocalDesktop
-from ..driver.worker import DesktopWorker
+from ..driver.worker import CLOSE_TIMEOUT_S, DEFAULT_CALL_TIMEOUT_S, DesktopWorker
 from ..errors import InvalidRequest
 from .base import Backend, DesktopHandle, SessionSpec
 from .devtools import BrowserUnavailable, DevtoolsSocket, connect_tcp
 from .vnc_server import LocalVnc, VncServer
 
 __all__ = ["LocalBackend", "LocalHandle"]
+
+log = logging.getLogger("deskbox.backends")
 
 
 class LocalHandle(DesktopHandle):
@@ -56,6 +59,9 @@ class LocalHandle(DesktopHandle):
 class LocalBackend(Backend):
     name: ClassVar[str] = "local"
 
+    def __init__(self, call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S) -> None:
+        self.call_timeout_s = call_timeout_s
+
     def check(self, spec: SessionSpec) -> None:
         unsupported = "is not supported yet by the local backend"
         if spec.from_snapshot is not None:
@@ -72,7 +78,7 @@ class LocalBackend(Backend):
 
     async def create(self, spec: SessionSpec, timeout_s: float) -> DesktopHandle:
         self.check(spec)
-        worker = DesktopWorker(spec.id)
+        worker = DesktopWorker(spec.id, self.call_timeout_s)
         built: list[LocalDesktop] = []
 
         def build() -> LocalDesktop:
@@ -91,7 +97,7 @@ class LocalBackend(Backend):
             worker.shutdown()
 
         try:
-            local = await worker.call(build)
+            local = await worker.call_within(timeout_s, build)
         except BaseException:
             await asyncio.to_thread(discard)
             raise
@@ -99,7 +105,8 @@ class LocalBackend(Backend):
 
     async def destroy(self, handle: DesktopHandle) -> None:
         assert isinstance(handle, LocalHandle)
-        try:
-            await handle.worker.call(handle.local.stop)
-        finally:
-            await asyncio.to_thread(handle.worker.shutdown)
+        # Its processes first, off the worker: a call stuck on a stalled X server returns
+        # once the server is dead; then the driver's connections close on the worker.
+        await asyncio.to_thread(handle.local.processes.stop)
+        if not await handle.worker.finish(handle.local.stop, CLOSE_TIMEOUT_S):
+            log.warning("session %s: the driver did not close in time", handle.worker.name)

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from ..errors import SessionFailed
-from .freezer import cgroup_procs
+from .freezer import cgroup_procs, task_state
 from .mounts import mismatches, parse_mountinfo, repair_commands
 from .oci import RuntimeConfig
 
@@ -66,11 +66,6 @@ for kind, path, options in repairs:
 """
 
 
-def _state(pid: int) -> str:
-    raw = Path(f"/proc/{pid}/stat").read_bytes()
-    return raw[raw.rindex(b")") + 2 :].split(b" ", 1)[0].decode()
-
-
 def _mount_table(pid: int) -> str:
     return Path(f"/proc/{pid}/mountinfo").read_text()
 
@@ -79,7 +74,7 @@ def seal(container_id: str, init_pid: int, config: RuntimeConfig) -> None:
     """Repair and check the mounts of a sandbox restored stopped; SessionFailed naming the
     difference if it cannot be made what ``config`` says (the caller destroys it)."""
     pids = cgroup_procs(container_id)
-    running = [pid for pid in pids if _state(pid) not in ("T", "t", "Z")]
+    running = [pid for pid in pids if task_state(pid) not in ("T", "t", "Z", None)]
     if init_pid not in pids or running:
         raise SessionFailed(
             f"the restored sandbox {container_id} was not left stopped (running: {running})"

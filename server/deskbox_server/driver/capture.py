@@ -17,14 +17,7 @@ __all__ = ["Capturer"]
 
 class _GetImageCapture(MSSImplXGetImage, RelayedXcb):
     def __init__(self, display_name: str, width: int, height: int) -> None:
-        self._relay_to = (display_name, width, height)
-        try:
-            super().__init__()
-        except Exception as error:
-            if hasattr(self, "relay"):
-                RelayedXcb.close(self)
-                raise self.failure_of(error) from None
-            raise
+        self._init_relayed(display_name, width, height, super().__init__)
 
 
 class Capturer:

@@ -77,7 +77,8 @@ class Desktop:
         self.display_name = display_name
         try:
             self._x = open_display(display_name)
-        except (DisplayError, ConnectionError, OSError) as error:
+        except (DisplayError, ConnectionClosedError, ConnectionError, OSError) as error:
+            # ConnectionClosedError: the server died (or was killed) during the setup.
             raise DesktopFailed(f"cannot connect to X display {display_name}: {error}") from None
         try:
             self._x.xfixes_query_version()
@@ -90,13 +91,15 @@ class Desktop:
             self._keymap_watch = self._watch_keymap_reads()
             self.keyboard = Keyboard(self._x, self._typing_shown, self._keymap_reread)
             self._capturer = Capturer(display_name, self._x, shared_memory=shared_memory)
-        except BaseException:
+        except BaseException as error:
             # Nothing of a desktop that failed to come up is left behind (connections, threads).
             watch: KeymapWatch | None = getattr(self, "_keymap_watch", None)
             if watch is not None:
                 watch.close()
             with suppress(Exception):
                 self._x.close()
+            if isinstance(error, ConnectionClosedError | XError | OSError):
+                raise DesktopFailed(f"the X display {display_name} failed: {error}") from None
             raise
         self._closed = False
         self._last_button_at = 0.0

@@ -29,14 +29,7 @@ class SealedShmCapture(MSSImplXShmGetImage, RelayedXcb):
     """mss's XShmGetImage backend whose shared buffer has a fixed, sealed size."""
 
     def __init__(self, display_name: str, width: int, height: int) -> None:
-        self._relay_to = (display_name, width, height)
-        try:
-            super().__init__()
-        except Exception as error:
-            if hasattr(self, "relay"):
-                RelayedXcb.close(self)
-                raise self.failure_of(error) from None
-            raise
+        self._init_relayed(display_name, width, height, super().__init__)
 
     def _setup_shm(self) -> ShmStatus:
         assert self.conn is not None

@@ -9,6 +9,7 @@ so that size bounds the shared buffer and every reply.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import suppress
 from ctypes import CFUNCTYPE, POINTER, c_int, c_void_p
 from typing import Any
@@ -34,10 +35,24 @@ __all__ = ["RelayedXcb"]
 
 
 class RelayedXcb(MSSImplXCBBase):
-    """Set ``_relay_to = (display_name, width, height)`` before calling ``__init__``; if a
-    subclass's ``__init__`` fails, it calls ``RelayedXcb.close`` and raises ``failure_of``."""
+    """An mss backend's xcb connection through an :class:`XRelay`. A subclass that also
+    derives from an mss backend calls :meth:`_init_relayed` from its ``__init__``."""
 
     _relay_to: tuple[str, int, int]
+
+    def _init_relayed(
+        self, display_name: str, width: int, height: int, init: Callable[[], None]
+    ) -> None:
+        """Run the mss backend's ``init`` over a relay to ``display_name``, whose screen
+        must be ``width`` x ``height``; a failure closes the relay and says why."""
+        self._relay_to = (display_name, width, height)
+        try:
+            init()
+        except Exception as error:
+            if hasattr(self, "relay"):
+                RelayedXcb.close(self)
+                raise self.failure_of(error) from None
+            raise
 
     def __init__(self, *, display: Any = None, with_cursor: bool = False) -> None:
         MSSImplementation.__init__(self, with_cursor=with_cursor)

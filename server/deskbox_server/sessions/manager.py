@@ -70,6 +70,8 @@ class SessionManager(StateChanges):
         # Sessions that ended lately, so that acting on one says why without a query.
         self._recent: OrderedDict[str, SessionRecord] = OrderedDict()
         self._reaper: asyncio.Task[None] | None = None
+        # Removals of desktops that outlasted stop_timeout_s: they go on in the background.
+        self._removals: set[asyncio.Task[None]] = set()
         self._lock_fd: int | None = None
         # GET /v1/sessions/{id}/events: state changes, browser exits and restarts.
         self.events = EventLog()
@@ -98,7 +100,7 @@ class SessionManager(StateChanges):
             for live in self._live.values():  # re-adopted: let go, leave the desktop running
                 await self._browsers.stop(live.record.id)
                 if live.handle is not None:
-                    await asyncio.to_thread(live.handle.worker.shutdown)
+                    live.handle.worker.shutdown()
             self._live.clear()
             await self._registry.close()
             os.close(self._lock_fd)
@@ -179,6 +181,8 @@ class SessionManager(StateChanges):
               else self._let_go(live) for live in list(self._live.values())),
             return_exceptions=True,
         )
+        if self._removals:  # a last chance, bounded, for removals that overran
+            await asyncio.wait(self._removals, timeout=self._settings.stop_timeout_s)
         for backend in self._backends.values():
             with suppress(Exception):
                 await backend.close()
@@ -415,10 +419,14 @@ class SessionManager(StateChanges):
         await asyncio.shield(live.stop_task)
 
     async def _end(self, live: LiveSession, failure: str | None) -> None:
-        """Stop (``failure`` None) or fail a session, destroy its desktop, forget it."""
+        """Stop (``failure`` None) or fail a session, destroy its desktop, forget it.
+
+        Bounded: a desktop not removed within stop_timeout_s leaves the session failed (its
+        removal goes on in the background), never stuck in ``stopping``.
+        """
         record = live.record
         try:
-            await self._browsers.stop(record.id)  # before the browser goes with the desktop
+            # The state changes first, with no await before it: callers see it at once.
             if record.state in LIVE_STATES and record.state is not S.stopping:
                 if failure is None:
                     record.transition(S.stopping)
@@ -427,12 +435,15 @@ class SessionManager(StateChanges):
                     log.warning("session %s failed: %s", record.id, failure)
                 await self._registry.save(record)
                 self._publish_state(record)
-            if live.handle is not None:
-                backend = self._backends[record.backend]
-                try:
-                    await backend.destroy(live.handle)
-                except Exception:
-                    log.exception("destroying session %s", record.id)
+            await self._browsers.stop(record.id)  # before the browser goes with the desktop
+            if live.handle is not None and not await self._remove(live):
+                reason = (f"the desktop was not removed within "
+                          f"{self._settings.stop_timeout_s:g} s; its removal goes on")
+                log.error("session %s: %s", record.id, reason)
+                if record.state is S.stopping:
+                    record.transition(S.failed, reason)
+                    await self._registry.save(record)
+                    self._publish_state(record)
             if record.state is S.stopping:
                 record.transition(S.stopped)
                 await self._registry.save(record)
@@ -447,6 +458,26 @@ class SessionManager(StateChanges):
                 while len(self._recent) > _RECENT:
                     self._recent.popitem(last=False)
         log.info("session %s %s", record.id, record.state.value)
+
+    async def _remove(self, live: LiveSession) -> bool:
+        """Destroy the session's desktop; False if that took more than stop_timeout_s (it
+        goes on in the background, and shutdown gives it one more bounded wait)."""
+        assert live.handle is not None
+        backend = self._backends[live.record.backend]
+        removal = asyncio.create_task(self._destroy(backend, live.handle, live.record.id))
+        done, _ = await asyncio.wait({removal}, timeout=self._settings.stop_timeout_s)
+        if done:
+            return True
+        self._removals.add(removal)
+        removal.add_done_callback(self._removals.discard)
+        return False
+
+    @staticmethod
+    async def _destroy(backend: Backend, handle: DesktopHandle, session_id: str) -> None:
+        try:
+            await backend.destroy(handle)
+        except Exception:
+            log.exception("destroying session %s", session_id)
 
     def _owned(self, owner: str, session_id: str) -> LiveSession:
         live = self._live.get(session_id)
@@ -555,6 +586,9 @@ class SessionManager(StateChanges):
     async def _fail_soon(self, live: LiveSession, reason: str) -> None:
         if live.stop_task is None:
             live.stop_task = asyncio.create_task(self._end(live, reason))
+            # Let it take its first step, the state change: the caller's error and a GET
+            # right after it then both say failed.
+            await asyncio.sleep(0)
 
     # -- the reaper -----------------------------------------------------------------------
 
@@ -569,8 +603,11 @@ class SessionManager(StateChanges):
                 continue
             if live.stop_task or live.changing.locked():
                 continue
-            # A hibernated desktop runs no process that could have failed.
-            reason = None if record.state is S.hibernated else live.handle.failure()
+            # A hibernated desktop runs no process that could have failed. A stalled worker
+            # (a call that did not return in time) means an X server that does not answer.
+            reason = None
+            if record.state is not S.hibernated:
+                reason = live.handle.failure() or live.handle.worker.stalled
             if reason is not None:
                 await self._fail_soon(live, f"the desktop failed: {reason}")
             elif live.busy == 0 and record.expired(now):

@@ -109,12 +109,14 @@ class StateChanges:
                     await asyncio.to_thread(self._frames.save, record.id, frame)
                     async with self.links.closed(record.id):
                         await backend.hibernate(handle)
-            except BaseException:
+            except BaseException as error:
                 if still_pausing():
                     record.transition(S.running)
                     self._browsers.start(record.id, handle)
                 if mode == "hibernate":
                     await asyncio.to_thread(self._frames.forget, record.id)
+                if isinstance(error, SessionFailed):  # e.g. its X server did not answer
+                    await self._fail_soon(live, error.message)
                 raise
             live.last_frame = LastFrame(frame, utcnow())
             record.touch()  # a paused session expires too, timeout_s after its pause

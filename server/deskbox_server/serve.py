@@ -1,0 +1,122 @@
+"""``deskbox serve``: logging set up for who reads it, uvicorn, and a start banner.
+
+The banner comes once the socket listens (not before the image build, which can take
+minutes): the URL, where the API key is, and a ``curl`` that works as printed. It never
+holds a key: the curl reads the key file, or ``$DESKBOX_API_KEY`` when the keys come from
+``DESKBOX_API_KEYS``. On a terminal it is plain lines (easy to copy); as JSON lines it is
+one record with the same facts as fields.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from socket import socket
+from typing import Literal
+
+import uvicorn
+
+from .app import create_app
+from .logs import LogFormat, configure_logging
+from .settings import Settings
+
+__all__ = ["Banner", "banner", "run"]
+
+log = logging.getLogger("deskbox.serve")
+
+# uvicorn's exit code when the server could not start (uvicorn.run's, kept).
+_STARTUP_FAILURE = 3
+
+
+@dataclass(frozen=True)
+class Banner:
+    url: str
+    key_file: Path | None  # None: the keys come from DESKBOX_API_KEYS
+    curl: str
+
+    def lines(self) -> list[str]:
+        where = (
+            f"API key: in {self.key_file} (send it as 'Authorization: Bearer <key>')"
+            if self.key_file is not None
+            else "API keys: from DESKBOX_API_KEYS (export one as DESKBOX_API_KEY for the curl)"
+        )
+        return [f"Deskbox serves {self.url}", where, f"Try it: {self.curl}"]
+
+
+def _client_host(host: str) -> str:
+    """The address a local client dials for ``host`` (a wildcard means every address)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host or "127.0.0.1"  # a name
+    if address.is_unspecified:
+        address = ipaddress.ip_address("::1" if address.version == 6 else "127.0.0.1")
+    return f"[{address}]" if address.version == 6 else str(address)
+
+
+def banner(host: str, port: int, key_file: Path | None) -> Banner:
+    url = f"http://{_client_host(host)}:{port}"
+    key = (
+        f"$(cat {shlex.quote(str(key_file.resolve()))})" if key_file is not None
+        else "$DESKBOX_API_KEY"
+    )
+    curl = f'curl -H "Authorization: Bearer {key}" {url}/v1/sessions'
+    return Banner(url, key_file.resolve() if key_file is not None else None, curl)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn that announces itself once it listens."""
+
+    def __init__(self, config: uvicorn.Config, key_file: Path | None, log_format: str) -> None:
+        super().__init__(config)
+        self.key_file = key_file
+        self.log_format = log_format
+
+    async def startup(self, sockets: list[socket] | None = None) -> None:
+        await super().startup(sockets)
+        if not self.started or self.should_exit:
+            return
+        listening: socket = self.servers[0].sockets[0]
+        port = int(listening.getsockname()[1])  # the real one when asked for port 0
+        shown = banner(self.config.host, port, self.key_file)
+        if self.log_format == "text":
+            # Plain lines between blank ones: the curl copies as it is.
+            print("", *shown.lines(), "", sep="\n", file=sys.stderr, flush=True)
+        else:
+            keys = ({"api_key_file": str(shown.key_file)} if shown.key_file is not None
+                    else {"api_keys": "DESKBOX_API_KEYS"})
+            log.info("serving %s", shown.url, extra={"url": shown.url, **keys, "curl": shown.curl})
+
+
+def run(
+    settings: Settings, log_level: str = "info", log_format: LogFormat = "auto"
+) -> None:
+    """Serve until SIGINT/SIGTERM; exits 3 if the server could not start."""
+    chosen: Literal["json", "text"] = configure_logging(log_level, log_format)
+    app = create_app(settings)
+    key_file = app.state.services.keyring.generated_path
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        ws="websockets-sansio",
+        # Compression costs more than it saves on JPEG frames (ARCHITECTURE.md).
+        ws_per_message_deflate=False,
+        log_level=log_level.lower(),
+        log_config=None,
+        access_log=False,
+        # A request stuck on a desktop must not hold the shutdown: its session is stopped
+        # (its sandbox killed) right after.
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
+    )
+    server = _Server(config, key_file, chosen)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    if not server.started:
+        sys.exit(_STARTUP_FAILURE)
