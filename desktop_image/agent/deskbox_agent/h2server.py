@@ -116,11 +116,11 @@ class Stream:
         """Send ``data`` as the window allows (waits for the host to read)."""
         view = memoryview(data)
         while view:
-            window = await self._conn.window(self)
+            window = await self._conn.window(self)  # flushes what is queued before waiting
             chunk, view = view[:window], view[window:]
-            self._conn.h2.send_data(self.id, bytes(chunk), end_stream=end and not view)
+            self._conn.h2.send_data(self.id, chunk, end_stream=end and not view)
             self.closed = end and not view
-            await self._conn.flush()
+        await self._conn.flush()  # all frames the window allowed in one write
         if end and not self.closed:
             self._check()
             self._conn.h2.end_stream(self.id)
@@ -246,6 +246,7 @@ class Connection:
                 raise StreamGone(f"stream {stream.id} is closed") from e
             if window > 0:
                 return window
+            await self.flush()  # the host acknowledges only what it received
             self._window_changed.clear()
             await self._window_changed.wait()
 
