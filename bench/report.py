@@ -39,6 +39,7 @@ QUICK: dict[str, list[str]] = {
     "startup.py": ["--runs", "2"],
     "density.py": ["--steps", "1,3", "--iterations", "10", "--idle-s", "3"],
     "load.py": ["--clients", "4", "--actions", "20", "--sessions", "2"],
+    "agent_protocol.py": ["--calls", "50"],
 }
 
 

@@ -13,13 +13,16 @@ each kind to the error body of API.md in one place. The tree::
     ├── Capacity                      capacity         429
     ├── Timeout                       timeout          504
     ├── SessionFailed                 session_failed   502
-    │   └── DesktopFailed             session_failed   502  (a desktop process died)
+    │   ├── DesktopFailed             session_failed   502  (a desktop process died)
+    │   └── AgentFailed               session_failed   502  (the sandbox's agent broke the
+    │                                                        protocol, went silent or away)
     └── Internal                      internal         500
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "AgentFailed",
     "Capacity",
     "Conflict",
     "DesktopFailed",
@@ -96,6 +99,18 @@ class SessionFailed(DeskboxError):
 
 class DesktopFailed(SessionFailed):
     """A process of the desktop (X server, window manager, browser) is gone."""
+
+
+class AgentFailed(SessionFailed):
+    """The connection to a sandbox's agent is unusable: ``reason`` says why.
+
+    Raised for every call of that connection once it failed; other sessions' agents are
+    not affected. The agent runs in the sandbox and is as hostile as anything there.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the session's agent failed: {reason}")
+        self.reason = reason
 
 
 class Internal(DeskboxError):

@@ -1,0 +1,137 @@
+"""``python3 -m deskbox_agent``: print the version, or serve on one listening address.
+
+``--listen unix:PATH`` and ``tcp:HOST:PORT`` accept connections (each its own HTTP/2
+connection); ``serial:PATH`` opens a character device such as a virtio-serial port, serves
+the one connection it carries and opens it again when the host goes away.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import signal
+import sys
+import termios
+import tty
+from collections.abc import Mapping
+
+from . import PROTOCOL, VERSION
+from .h2server import serve_connection
+from .limits import Limits
+from .registry import Json, Registry
+from .routes import Router
+
+__all__ = ["main"]
+
+log = logging.getLogger("deskbox_agent")
+SERIAL_RETRY_S = 0.2
+
+
+def default_registry() -> Registry:
+    """The calls every agent has; the desktop's own calls are registered by their modules."""
+    registry = Registry()
+
+    async def echo(args: Mapping[str, Json]) -> Json:  # for tests and latency figures
+        return dict(args)
+
+    registry.register("echo", echo)
+    return registry
+
+
+async def serve(address: str, limits: Limits, registry: Registry) -> None:
+    router = Router(registry, limits)
+    scheme, _, rest = address.partition(":")
+
+    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await serve_connection(reader, writer, router, limits)
+
+    if scheme == "unix":
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(rest)
+        server = await asyncio.start_unix_server(on_connection, rest, limit=limits.read_chunk)
+    elif scheme == "tcp":
+        host, _, port = rest.rpartition(":")
+        server = await asyncio.start_server(on_connection, host, int(port),
+                                            limit=limits.read_chunk)
+    elif scheme == "serial":
+        await _serve_serial(rest, router, limits)
+        return
+    else:
+        raise SystemExit(f"unknown listen address {address!r}: unix:, tcp: or serial:")
+    print(f"deskbox-agent {VERSION} listening on {address}", file=sys.stderr, flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+def _same(protocol: asyncio.StreamReaderProtocol) -> asyncio.StreamReaderProtocol:
+    return protocol
+
+
+async def _serve_serial(path: str, router: Router, limits: Limits) -> None:
+    """One connection at a time over a character device, reopened whenever it ends."""
+    loop = asyncio.get_running_loop()
+    announced = False
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            log.info("cannot open %s yet: %s", path, e)
+            await asyncio.sleep(SERIAL_RETRY_S)
+            continue
+        if os.isatty(fd):
+            tty.setraw(fd, termios.TCSANOW)  # bytes as they are: no echo, no line discipline
+        if not announced:
+            print(f"deskbox-agent {VERSION} serving {path}", file=sys.stderr, flush=True)
+            announced = True
+        reader = asyncio.StreamReader(limit=limits.read_chunk)
+        read_file = os.fdopen(fd, "rb", buffering=0)
+        write_file = os.fdopen(os.dup(fd), "wb", buffering=0)
+        protocol = asyncio.StreamReaderProtocol(reader)
+        read_transport, _ = await loop.connect_read_pipe(functools.partial(_same, protocol),
+                                                         read_file)
+        write_transport, write_protocol = await loop.connect_write_pipe(
+            asyncio.streams.FlowControlMixin, write_file
+        )
+        writer = asyncio.StreamWriter(write_transport, write_protocol, reader, loop)
+        try:
+            await serve_connection(reader, writer, router, limits)
+        finally:
+            read_transport.close()
+            write_transport.close()
+        await asyncio.sleep(SERIAL_RETRY_S)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="deskbox-agent")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    parser.add_argument("--listen", metavar="ADDRESS",
+                        help="unix:PATH, tcp:HOST:PORT or serial:PATH")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    if args.version:
+        print(f"deskbox-agent {VERSION} protocol {PROTOCOL}")
+        return 0
+    if not args.listen:
+        parser.error("--listen is required (or --version)")
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="deskbox-agent: %(message)s")
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await serve(args.listen, Limits(), default_registry())
+
+    asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

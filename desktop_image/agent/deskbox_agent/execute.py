@@ -1,0 +1,179 @@
+"""``POST /v1/exec``: a command inside the sandbox, its output streamed as it comes.
+
+The command is the session leader of its own process group (``start_new_session``), so a
+timeout or a host that stops listening kills the whole group. Output past the cap is read
+and dropped (a command never blocks on a full pipe because of the cap) and flagged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+from collections.abc import Mapping
+
+from .h2server import Stream
+from .limits import Limits
+from .records import EXIT, MAX_RECORD, STDERR, STDOUT, record
+from .registry import Json
+
+__all__ = ["ExecSpec", "parse_exec", "run_exec"]
+
+DRAIN_GRACE_S = 0.5  # output read after the command ended (a child may hold the pipe)
+_MAX_ARGS = 4096
+_MAX_ENV = 256
+
+
+class ExecSpec:
+    def __init__(
+        self, cmd: list[str], env: dict[str, str], cwd: str | None, timeout_s: float,
+        max_output: int,
+    ) -> None:
+        self.cmd = cmd
+        self.env = env
+        self.cwd = cwd
+        self.timeout_s = timeout_s
+        self.max_output = max_output
+
+
+def _strings(value: object) -> bool:
+    return isinstance(value, str) and "\x00" not in value
+
+
+def parse_exec(body: Mapping[str, Json], limits: Limits) -> ExecSpec | str:
+    """The request, or why it is refused."""
+    unknown = set(body) - {"cmd", "env", "cwd", "timeout_s", "max_output"}
+    if unknown:
+        return f"unknown fields: {sorted(unknown)}"
+    cmd = body.get("cmd")
+    if not (isinstance(cmd, list) and 0 < len(cmd) <= _MAX_ARGS and all(map(_strings, cmd))):
+        return "cmd must be a non-empty list of strings without NUL"
+    args = [str(a) for a in cmd]
+    if not args[0]:
+        return "cmd[0] may not be empty"
+    env = body.get("env", {})
+    if not (isinstance(env, dict) and len(env) <= _MAX_ENV and all(
+        _strings(k) and k and "=" not in k and _strings(v) for k, v in env.items()
+    )):
+        return "env must be an object of strings without NUL (names without '=')"
+    cwd = body.get("cwd")
+    if cwd is not None and not (_strings(cwd) and cwd):
+        return "cwd must be a non-empty string"
+    timeout = body.get("timeout_s", 30.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (
+        0 < timeout <= limits.max_exec_timeout_s
+    ):
+        return f"timeout_s must be a number in (0, {limits.max_exec_timeout_s}]"
+    cap = body.get("max_output", limits.max_exec_output)
+    if isinstance(cap, bool) or not isinstance(cap, int) or not 0 <= cap <= limits.max_exec_output:
+        return f"max_output must be an integer in [0, {limits.max_exec_output}]"
+    return ExecSpec(args, {str(k): str(v) for k, v in env.items()},
+                    None if cwd is None else str(cwd), float(timeout), cap)
+
+
+class _Pump:
+    """Reads one pipe into records; ``reading_since`` tells an idle pipe from a full queue."""
+
+    def __init__(
+        self, pipe: asyncio.StreamReader, kind: bytes, cap: int, out: asyncio.Queue[bytes | None],
+    ) -> None:
+        self.pipe, self.kind, self.cap, self.out = pipe, kind, cap, out
+        self.truncated = False
+        self.reading_since: float | None = None
+
+    async def run(self) -> None:
+        sent = 0
+        loop = asyncio.get_running_loop()
+        while True:
+            self.reading_since = loop.time()
+            chunk = await self.pipe.read(MAX_RECORD)
+            self.reading_since = None
+            if not chunk:
+                return
+            keep = chunk[: max(0, self.cap - sent)]
+            if len(keep) < len(chunk):
+                self.truncated = True
+            if keep:
+                sent += len(keep)
+                await self.out.put(record(self.kind, keep))
+
+
+async def run_exec(stream: Stream, spec: ExecSpec) -> None:
+    env = dict(os.environ)
+    env.update(spec.env)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *spec.cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=env, cwd=spec.cwd, start_new_session=True,
+            limit=MAX_RECORD,
+        )
+    except OSError as e:
+        await stream.error(422, "exec_failed", f"cannot run {spec.cmd[0]!r}: {e.strerror}")
+        return
+    assert proc.stdout is not None and proc.stderr is not None
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=4)
+    readers = [
+        _Pump(proc.stdout, STDOUT, spec.max_output, queue),
+        _Pump(proc.stderr, STDERR, spec.max_output, queue),
+    ]
+    pumps = [asyncio.create_task(r.run()) for r in readers]
+    timed_out = False
+
+    async def wait() -> None:
+        nonlocal timed_out
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(spec.timeout_s):
+                await proc.wait()
+        except TimeoutError:
+            timed_out = True
+            _kill_group(proc.pid)
+            await proc.wait()
+        # A child left behind may keep a pipe open: once the command is gone, a pipe that
+        # stays silent for DRAIN_GRACE_S is given up (a pump waiting for the host is not).
+        ended = loop.time()
+        while not all(p.done() for p in pumps):
+            await asyncio.wait(pumps, timeout=0.05)
+            for reader, pump in zip(readers, pumps, strict=True):
+                since = reader.reading_since
+                if since is not None and loop.time() - max(since, ended) >= DRAIN_GRACE_S:
+                    pump.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+        for _ in pumps:
+            await queue.put(None)
+
+    waiter = asyncio.create_task(wait())
+    try:
+        await stream.respond(200, "application/x-deskbox-records")
+        open_pipes = 2
+        while open_pipes:
+            item = await queue.get()
+            if item is None:
+                open_pipes -= 1
+            else:
+                await stream.write(item)
+        await waiter
+        code = proc.returncode
+        status = {
+            "exit_code": None if timed_out or code is None or code < 0 else code,
+            "signal": -code if code is not None and code < 0 and not timed_out else None,
+            "timed_out": timed_out,
+            "stdout_truncated": readers[0].truncated,
+            "stderr_truncated": readers[1].truncated,
+        }
+        await stream.write(record(EXIT, json.dumps(status).encode()), end=True)
+    finally:
+        if proc.returncode is None:
+            _kill_group(proc.pid)
+        for task in [*pumps, waiter]:
+            task.cancel()
+        await asyncio.gather(*pumps, waiter, return_exceptions=True)
+        with contextlib.suppress(ProcessLookupError):
+            await proc.wait()
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)

@@ -1,0 +1,125 @@
+"""``GET`` and ``PUT /v1/files?path=``: file transfer, streamed both ways, with size caps.
+
+Paths are the sandbox's own: the agent runs inside it, so ``..`` and symlinks resolve
+there by construction. A write goes to a temporary file next to the target and is renamed
+into place only when the whole body arrived: an aborted or oversized upload leaves the old
+file as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import secrets
+import stat
+
+from .h2server import Stream
+from .limits import Limits
+
+__all__ = ["get_file", "put_file"]
+
+CHUNK = 256 * 1024
+
+
+def _errno_reply(e: OSError) -> tuple[int, str, str]:
+    name = errno.errorcode.get(e.errno or 0, "EIO")
+    status = {errno.ENOENT: 404, errno.ENOTDIR: 404, errno.EACCES: 403, errno.EPERM: 403,
+              errno.EROFS: 403, errno.ENOSPC: 507, errno.EDQUOT: 507}.get(e.errno or 0, 422)
+    kind = {404: "not_found", 403: "forbidden", 507: "no_space"}.get(status, "os_error")
+    return status, kind, f"{name}: {e.strerror}"
+
+
+def _path(stream: Stream) -> str | None:
+    path = stream.query.get("path", "")
+    if not path.startswith("/") or "\x00" in path or len(path) > 4096:
+        return None
+    return path
+
+
+def _cap(stream: Stream, limits: Limits) -> int | None:
+    raw = stream.query.get("max", str(limits.max_file_size))
+    if not raw.isdigit() or int(raw) > limits.max_file_size:
+        return None
+    return int(raw)
+
+
+async def get_file(stream: Stream, limits: Limits) -> None:
+    path, cap = _path(stream), _cap(stream, limits)
+    if path is None or cap is None:
+        await stream.error(400, "bad_request", "need an absolute path= and max= within limits")
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        await stream.error(*_errno_reply(e))
+        return
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode) or not stat.S_ISREG(st.st_mode):
+            await stream.error(422, "not_a_file", f"{path} is not a regular file")
+            return
+        if st.st_size > cap:
+            await stream.error(413, "too_large", f"{path} has {st.st_size} bytes, over {cap}")
+            return
+        os.set_blocking(fd, True)
+        await stream.respond(200, "application/octet-stream",
+                             extra={"content-length": str(st.st_size)})
+        left = st.st_size  # a file that grows meanwhile is cut at its size when opened
+        while left:
+            chunk = await asyncio.to_thread(os.read, fd, min(CHUNK, left))
+            if not chunk:
+                break  # it shrank: the host sees fewer bytes than content-length
+            left -= len(chunk)
+            await stream.write(chunk)
+        await stream.write(b"", end=True)
+    finally:
+        os.close(fd)
+
+
+async def put_file(stream: Stream, limits: Limits) -> None:
+    path, cap = _path(stream), _cap(stream, limits)
+    mode_raw = stream.query.get("mode", "644")
+    if path is None or cap is None or not (
+        len(mode_raw) <= 4 and all(c in "01234567" for c in mode_raw)
+    ):
+        await stream.error(400, "bad_request", "need an absolute path=, max= and octal mode=")
+        return
+    target = await asyncio.to_thread(os.path.realpath, path)  # may read links on slow disks
+    temp = os.path.join(os.path.dirname(target), f".deskbox-upload-{secrets.token_hex(6)}")
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
+                     int(mode_raw, 8))
+    except OSError as e:
+        await stream.error(*_errno_reply(e))
+        return
+    size, done = 0, False
+    try:
+        while chunk := await stream.read(CHUNK):
+            size += len(chunk)
+            if size > cap:
+                await stream.error(413, "too_large", f"the upload exceeds {cap} bytes")
+                return
+            await asyncio.to_thread(_write_all, fd, chunk)
+        os.fchmod(fd, int(mode_raw, 8))
+        os.close(fd)
+        fd = -1
+        os.rename(temp, target)
+        done = True
+    except OSError as e:
+        await stream.error(*_errno_reply(e))
+        return
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        if not done:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+    await stream.json(200, {"size": size})
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

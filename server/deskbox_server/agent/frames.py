@@ -1,0 +1,84 @@
+"""A guard in front of h2: checks frame headers before h2 buffers a byte of the frame.
+
+h2 buffers a frame whole before it looks at its length, so a header announcing 16 MiB
+would make it hold 16 MiB. This scanner sees every 9-byte frame header as it arrives and
+refuses, before any of the payload is kept: a first frame that is not SETTINGS (the
+agent does not speak HTTP/2), a frame over our MAX_FRAME_SIZE, and a header block
+(HEADERS + CONTINUATIONs) over its cap or interleaved with other frames. It also counts
+frames, which the flood budget of the connection uses.
+"""
+
+from __future__ import annotations
+
+__all__ = ["FrameGuard", "FrameViolation"]
+
+_DATA, _HEADERS, _SETTINGS, _PUSH_PROMISE, _CONTINUATION = 0, 1, 4, 5, 9
+_END_HEADERS, _ACK = 0x4, 0x1
+_CONTROL = (2, 4, 6)  # PRIORITY, SETTINGS, PING
+
+
+class FrameViolation(Exception):
+    """The bytes are not acceptable HTTP/2 from an agent; the message says why."""
+
+
+class FrameGuard:
+    def __init__(self, max_frame_size: int, max_header_block: int) -> None:
+        self._max_frame = max_frame_size
+        self._max_block = max_header_block
+        self._head = bytearray()
+        self._left = 0  # payload bytes of the current frame still to come
+        self._block: int | None = None  # bytes of the header block in progress
+        self._first = True
+        self.frames = 0  # complete frame headers seen so far
+        self.empty_data = 0  # DATA frames without payload
+        self.control = 0  # frames that carry nothing for a stream: counted before h2 runs
+
+    def feed(self, data: bytes) -> None:
+        i, n = 0, len(data)
+        while i < n:
+            if self._left:
+                take = min(self._left, n - i)
+                self._left -= take
+                i += take
+                continue
+            need = 9 - len(self._head)
+            self._head += data[i : i + need]
+            i += need
+            if len(self._head) < 9:
+                return
+            self._check(bytes(self._head))
+            self._head.clear()
+
+    def _check(self, head: bytes) -> None:
+        length = int.from_bytes(head[:3], "big")
+        kind, flags = head[3], head[4]
+        if self._first:
+            self._first = False
+            if kind != _SETTINGS or flags & _ACK or length % 6:
+                raise FrameViolation(
+                    f"not HTTP/2: the first frame is not SETTINGS (first bytes {head!r})"
+                )
+        if length > self._max_frame:
+            raise FrameViolation(
+                f"a frame of type {kind} announces {length} bytes, over the "
+                f"{self._max_frame} allowed"
+            )
+        if self._block is not None:
+            if kind != _CONTINUATION:
+                raise FrameViolation("a frame of another type inside a header block")
+            self._block += length
+        elif kind == _CONTINUATION:
+            raise FrameViolation("CONTINUATION without HEADERS")
+        elif kind in (_HEADERS, _PUSH_PROMISE) and not flags & _END_HEADERS:
+            self._block = length
+        if self._block is not None:
+            if self._block > self._max_block:
+                raise FrameViolation(f"a header block over {self._max_block} bytes")
+            if flags & _END_HEADERS:
+                self._block = None
+        if kind == _DATA and length == 0:
+            self.empty_data += 1
+        if kind in _CONTROL or kind > _CONTINUATION:
+            self.control += 1
+        self.frames += 1
+        self._left = length

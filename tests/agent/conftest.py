@@ -1,0 +1,93 @@
+"""The real agent (a subprocess on a unix socket in tmp) and clients connected to it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from deskbox_server.agent import AgentClient, AgentLimits
+
+AGENT_DIR = Path(__file__).resolve().parents[2] / "desktop_image" / "agent"
+
+# Calls that only tests register: a blob of a given size (the latency figures use it).
+BLOB_AGENT = """
+import sys
+from deskbox_agent import __main__ as m
+from deskbox_agent.registry import Blob
+
+registry = m.default_registry()
+
+async def blob(args):
+    return Blob(b"\\x5a" * int(args.get("size", 0)), "image/jpeg")
+
+async def boom(args):
+    raise RuntimeError("a handler bug")
+
+registry.register("blob", blob)
+registry.register("boom", boom)
+m.default_registry = lambda: registry
+sys.exit(m.main(sys.argv[1:]))
+"""
+
+
+def agent_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(AGENT_DIR)}
+
+
+def start_agent(socket_path: Path) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BLOB_AGENT, "--listen", f"unix:{socket_path}"],
+        env=agent_env(), stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        with socket.socket(socket.AF_UNIX) as probe:
+            try:
+                probe.connect(str(socket_path))
+                return proc
+            except OSError:
+                pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"the agent did not start: {proc.communicate()[1]!r}")
+        time.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def agent_socket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("agent") / "agent.sock"
+    proc = start_agent(path)
+    yield path
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    assert proc.stderr is not None
+    proc.stderr.close()
+
+
+@pytest_asyncio.fixture(loop_scope="function")  # the tests' own loop runs the reader task
+async def client(agent_socket: Path) -> AsyncIterator[AgentClient]:
+    c = await AgentClient.connect_unix(str(agent_socket), AgentLimits())
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def wait_for(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
