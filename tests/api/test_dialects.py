@@ -608,6 +608,7 @@ def test_openai_whole_computer_call_and_batched_actions(
         ({"call_id": "c", "action": {"type": "wait"}, "actions": [{"type": "wait"}]},
          "either action or actions"),
         ({"call_id": "c", "actions": []}, "actions"),
+        ({"call_id": "c"}, "either action or actions"),
     ],
 )
 def test_openai_bad_input_is_422(

@@ -22,8 +22,16 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from deskbox import ActionsResult, Deskbox, Display, Screenshot, Session
-from deskbox.agents import ActionError, RunResult, fit_display
+from deskbox import (
+    AnthropicResult,
+    AsyncDeskbox,
+    Deskbox,
+    Display,
+    OpenAIResult,
+    Session,
+    UnprocessableEntity,
+)
+from deskbox.agents import RunResult, fit_display
 from deskbox.agents import anthropic as claude
 from deskbox.agents import openai as cua
 from deskbox_server.driver.browser import CdpPage
@@ -225,7 +233,10 @@ def test_anthropic_loop_on_a_real_page(session: Session, fresh: AgentPage) -> No
     off_screen, unknown = results(6)
     assert off_screen["is_error"] is True and unknown["is_error"] is True
     assert "outside the 640x400 screen" in off_screen["content"][0]["text"]
-    assert "unknown action 'teleport'" in unknown["content"][0]["text"]
+    # The server's 422, as it answered: the unknown action and the ones there are.
+    told = unknown["content"][0]["text"]
+    assert told.startswith("422 invalid_request:") and "'teleport'" in told
+    assert "'left_click'" in told and "'cursor_position'" in told
     # The pointer is where the scaled click left it, reported in model space.
     [position] = results(7)
     assert position["content"] == [{"type": "text", "text": "X=480,Y=200"}]
@@ -258,7 +269,8 @@ def test_anthropic_execute_in_your_own_loop(session: Session, fresh: AgentPage) 
     bad_input = tool.execute({"id": "toolu_5", "name": "computer",
                               "input": {"action": "left_click", "coordinate": "middle"}})
     assert bad_input["is_error"] is True
-    assert "coordinate must be [x, y]" in bad_input["content"][0]["text"]
+    told = bad_input["content"][0]["text"]
+    assert told.startswith("422 invalid_request:") and "left_click.coordinate" in told
 
 
 class ToolUse:
@@ -345,139 +357,166 @@ def test_openai_batched_actions_of_the_computer_tool(session: Session, fresh: Ag
     assert image.size == MODEL and near(image.getpixel(RIGHT_SPOT), GREEN)
 
 
-# -- offline: translation, sizes, transcripts ------------------------------------------------
+ANTHROPIC_MALFORMED = [
+    {}, {"action": "fly"}, {"action": "mouse_move"}, {"action": "left_click", "coordinate": [1]},
+    {"action": "scroll", "scroll_direction": "sideways", "scroll_amount": 1},
+    {"action": "scroll", "scroll_direction": "up"}, {"action": "type"},
+    {"action": "key", "text": "  "}, {"action": "hold_key", "text": "a"},
+    {"action": "zoom", "region": [1, 2]}, {"action": "left_click", "coordinate": [True, 2]},
+    {"action": "type", "text": 5}, {"action": "key", "text": "ctrl+a NOKEY"},
+]
+
+
+def test_anthropic_malformed_inputs_are_error_results(
+    session: Session, fresh: AgentPage,
+) -> None:
+    """The server refuses them (422) before acting; the model gets its message, nothing ran."""
+    tool = claude.ComputerTool(session, display=MODEL)
+    tool.execute({"id": "toolu_f", "name": "computer",
+                  "input": {"action": "left_click", "coordinate": list(LEFT_SPOT)}})
+    for tool_input in ANTHROPIC_MALFORMED:
+        result = tool.execute({"id": "toolu_x", "name": "computer", "input": tool_input})
+        assert result["is_error"] is True and result["tool_use_id"] == "toolu_x", tool_input
+        [told] = result["content"]
+        assert told["type"] == "text" and told["text"].startswith("422 invalid_request:")
+    assert fresh.values() == {"left": "", "right": ""}
+    not_an_object = tool.execute({"id": "toolu_y", "name": "computer", "input": ["click"]})
+    assert not_an_object["is_error"] is True
+    assert "must be an object" in not_an_object["content"][0]["text"]
+
+
+OPENAI_MALFORMED = [
+    {"type": "click", "button": "left"}, {"type": "teleport"},
+    {"type": "drag", "path": [{"x": 1, "y": 1}]}, {"type": "keypress", "keys": []},
+    {"type": "click", "button": "thumb", "x": 1, "y": 1},
+    {"type": "move", "x": 1, "y": 1, "keys": ["SHIFT"]}, {"type": "type", "text": None},
+]
+
+
+def test_openai_malformed_actions_answer_the_screen_and_say_why(
+    session: Session, fresh: AgentPage,
+) -> None:
+    tool = cua.ComputerTool(session, display=MODEL)
+    tool.execute({"type": "computer_call", "call_id": "c0",
+                  "action": {"type": "click", "button": "left", "x": 140, "y": 200}})
+    for action in OPENAI_MALFORMED:
+        output, message = tool.execute({"type": "computer_call", "call_id": "c1",
+                                        "action": action})
+        image = call_output_image(output, "c1")
+        assert image.size == MODEL and near(image.getpixel(LEFT_SPOT), GREEN)
+        [part] = message["content"]
+        assert part["text"].startswith("The computer action failed: 422 invalid_request:")
+    # A batch with one bad action runs none of them.
+    output, message = tool.execute({"type": "computer_call", "call_id": "c2", "actions": [
+        {"type": "type", "text": "zz"}, {"type": "keypress", "keys": ["NOKEY"]}]})
+    assert "NOKEY" in message["content"][0]["text"]
+    output, message = tool.execute({"type": "computer_call", "call_id": "c3"})
+    assert "either action or actions" in message["content"][0]["text"]
+    time.sleep(0.2)
+    assert fresh.values() == {"left": "", "right": ""}
+
+
+# -- the SDK's dialect calls, sync and async ------------------------------------------------
+
+
+def test_session_act_anthropic(session: Session, fresh: AgentPage) -> None:
+    clicked = session.act_anthropic({"action": "left_click", "coordinate": list(RIGHT_SPOT)},
+                                    coordinate_space=MODEL)
+    assert clicked.settled is True and clicked.cursor is None
+    assert clicked.screenshot is not None
+    assert (clicked.screenshot.width, clicked.screenshot.height) == MODEL
+    assert clicked.screenshot.media_type == "image/png"
+    assert near(clicked.screenshot.image().convert("RGB").getpixel(RIGHT_SPOT), GREEN)
+    # The content is the server's tool_result content, sent to the model as it is.
+    [block] = clicked.content
+    assert block["type"] == "image" and block["source"]["media_type"] == "image/png"
+    assert png(block["source"]["data"]).size == MODEL
+
+    session.act_anthropic({"action": "type", "text": "via sdk"})
+    assert fresh.wait_values({"left": "", "right": "via sdk"})["right"] == "via sdk"
+    where = session.act_anthropic({"action": "cursor_position"}, coordinate_space=MODEL)
+    assert where.cursor == RIGHT_SPOT and where.screenshot is None and where.settled is None
+    assert where.content == [{"type": "text", "text": f"X={RIGHT_SPOT[0]},Y={RIGHT_SPOT[1]}"}]
+    shot = session.act_anthropic({"action": "screenshot"}, format="jpeg", quality=60)
+    assert shot.screenshot is not None and shot.screenshot.media_type == "image/jpeg"
+    assert (shot.screenshot.width, shot.screenshot.height) == (1280, 800)
+    assert shot.screenshot.image().size == (1280, 800)
+
+    with pytest.raises(UnprocessableEntity) as refused:
+        session.act_anthropic({"action": "left_click", "coordinate": [700, 100]},
+                              coordinate_space=MODEL)
+    assert refused.value.type == "invalid_request"
+    assert "outside the 640x400 screen" in refused.value.message
+
+
+def test_session_act_openai(session: Session, fresh: AgentPage) -> None:
+    done = session.act_openai(
+        [{"type": "click", "button": "left", "x": 140, "y": 200},
+         {"type": "type", "text": "batch"}, {"type": "keypress", "keys": ["SHIFT", "B"]}],
+        call_id="call_1", coordinate_space=MODEL, format="webp", quality=90,
+    )
+    assert fresh.wait_values({"left": "batchB", "right": ""})["left"] == "batchB"
+    assert done.settled is True and done.output["call_id"] == "call_1"
+    assert done.output["output"]["image_url"].startswith("data:image/webp;base64,")
+    assert done.screenshot.media_type == "image/webp"
+    assert (done.screenshot.width, done.screenshot.height) == MODEL
+    image = done.screenshot.image().convert("RGB")
+    assert image.size == MODEL and near(image.getpixel(LEFT_SPOT), GREEN)
+    # One bare action, and a whole computer_call item; a screenshot-only call.
+    single = session.act_openai({"type": "wait"})
+    assert "call_id" not in single.output and single.screenshot.width == 1280
+    item = session.act_openai({"type": "computer_call", "call_id": "c9", "status": "completed",
+                               "action": {"type": "screenshot"}})
+    assert item.output["call_id"] == "c9" and item.settled is None
+    assert call_output_image(item.output, "c9").size == (1280, 800)
+    with pytest.raises(UnprocessableEntity) as refused:
+        session.act_openai({"type": "keypress", "keys": ["SUPER_BANANA"]}, call_id="c")
+    assert "unknown key name 'SUPER_BANANA'" in refused.value.message
+
+
+async def test_async_session_act_dialects(
+    local_server: Server, session: Session, fresh: AgentPage,
+) -> None:
+    async with AsyncDeskbox(local_server.url, KEY_A) as client:
+        same = await client.sessions.get(session.id)
+        clicked = await same.act_anthropic(
+            {"action": "left_click", "coordinate": list(LEFT_SPOT)}, coordinate_space=MODEL,
+            format="jpeg")
+        assert clicked.screenshot is not None and clicked.screenshot.media_type == "image/jpeg"
+        assert (clicked.screenshot.width, clicked.screenshot.height) == MODEL
+        typed = await same.act_openai({"type": "type", "text": "async"}, call_id="a1")
+        assert typed.output["call_id"] == "a1" and typed.settled is True
+        assert (typed.screenshot.width, typed.screenshot.height) == (1280, 800)
+        where = await same.act_anthropic({"action": "cursor_position"}, coordinate_space=MODEL)
+        assert where.cursor == LEFT_SPOT
+        with pytest.raises(UnprocessableEntity):
+            await same.act_openai({"type": "teleport"})
+    assert fresh.wait_values({"left": "async", "right": ""})["left"] == "async"
+
+
+# -- offline: sizes, transcripts, safety checks ---------------------------------------------
+
+
+FAKE_PNG = base64.b64encode(b"\x89PNG fake").decode("ascii")
 
 
 class FakeSession:
-    """A session at the adapters' seam (``display`` and ``act``): records, answers a PNG."""
+    """A session at the adapters' seam (``display``, ``act_anthropic``, ``act_openai``):
+    records every call, answers a fake PNG."""
 
     def __init__(self, width: int = 1280, height: int = 800) -> None:
         self.display = Display(width, height)
         self.calls: list[dict[str, Any]] = []
 
-    def act(self, actions: Any, *, screenshot: Any = None,
-            coordinate_space: tuple[int, int] | None = None,
-            timeout: float | None = None) -> ActionsResult:
-        self.calls.append({"actions": actions, "screenshot": screenshot,
-                           "coordinate_space": coordinate_space})
-        shot = Screenshot(b"\x89PNG fake", "image/png", 10, 10)
-        results: list[dict[str, Any] | Screenshot] = [
-            shot if a["type"] in ("screenshot", "zoom") else {} for a in actions]
-        return ActionsResult(results, shot if screenshot else None)
+    def act_anthropic(self, tool_input: Any, **options: Any) -> AnthropicResult:
+        self.calls.append({"input": tool_input, **options})
+        return AnthropicResult.from_json([{"type": "image", "source": {
+            "type": "base64", "media_type": "image/png", "data": FAKE_PNG}}], "true")
 
-
-@pytest.mark.parametrize(
-    ("tool_input", "actions", "answer"),
-    [
-        ({"action": "screenshot"}, [{"type": "screenshot", "format": "png"}], "result"),
-        ({"action": "cursor_position"}, [{"type": "cursor_position"}], "result"),
-        ({"action": "left_click", "coordinate": [10, 20]},
-         [{"type": "click", "button": "left", "count": 1, "x": 10, "y": 20}], "settled"),
-        ({"action": "left_click"}, [{"type": "click", "button": "left", "count": 1}], "settled"),
-        ({"action": "right_click", "coordinate": [1, 2]},
-         [{"type": "click", "button": "right", "count": 1, "x": 1, "y": 2}], "settled"),
-        ({"action": "middle_click", "coordinate": [1, 2]},
-         [{"type": "click", "button": "middle", "count": 1, "x": 1, "y": 2}], "settled"),
-        ({"action": "double_click", "coordinate": [1, 2], "text": "shift"},
-         [{"type": "click", "button": "left", "count": 2, "x": 1, "y": 2,
-           "modifiers": ["shift"]}], "settled"),
-        ({"action": "triple_click", "coordinate": [1, 2], "key": "ctrl+alt"},
-         [{"type": "click", "button": "left", "count": 3, "x": 1, "y": 2,
-           "modifiers": ["ctrl", "alt"]}], "settled"),
-        ({"action": "mouse_move", "coordinate": [5, 6]}, [{"type": "move", "x": 5, "y": 6}],
-         "settled"),
-        ({"action": "left_click_drag", "start_coordinate": [1, 2], "coordinate": [30, 40]},
-         [{"type": "drag", "path": [[1, 2], [30, 40]], "button": "left"}], "settled"),
-        ({"action": "left_mouse_down"}, [{"type": "mouse_down", "button": "left"}], "settled"),
-        ({"action": "left_mouse_up", "coordinate": [3, 4]},
-         [{"type": "mouse_up", "button": "left", "x": 3, "y": 4}], "settled"),
-        ({"action": "scroll", "coordinate": [9, 9], "scroll_direction": "up",
-          "scroll_amount": 3}, [{"type": "scroll", "dx": 0, "dy": -3, "x": 9, "y": 9}],
-         "settled"),
-        ({"action": "scroll", "scroll_direction": "right", "scroll_amount": 2, "text": "shift"},
-         [{"type": "scroll", "dx": 2, "dy": 0, "modifiers": ["shift"]}], "settled"),
-        ({"action": "type", "text": "héllo ✓"}, [{"type": "type", "text": "héllo ✓"}],
-         "settled"),
-        ({"action": "key", "text": "ctrl+l"}, [{"type": "key", "keys": "ctrl+l"}], "settled"),
-        ({"action": "key", "text": "ctrl+a Delete Return"},
-         [{"type": "key", "keys": "ctrl+a"}, {"type": "key", "keys": "Delete"},
-          {"type": "key", "keys": "Return"}], "settled"),
-        ({"action": "hold_key", "text": "shift", "duration": 0.5},
-         [{"type": "hold_key", "keys": "shift", "duration_s": 0.5}], "settled"),
-        ({"action": "wait", "duration": 2}, [{"type": "wait", "ms": 2000}], "settled"),
-        ({"action": "wait"}, [{"type": "wait", "ms": 1000}], "settled"),
-        ({"action": "zoom", "region": [10, 20, 110, 70]},
-         [{"type": "zoom", "region": {"x": 10, "y": 20, "width": 100, "height": 50},
-           "format": "png"}], "result"),
-    ],
-)
-def test_anthropic_actions_become_deskbox_actions(
-    tool_input: dict[str, Any], actions: list[dict[str, Any]], answer: str,
-) -> None:
-    step = claude.to_step(tool_input)
-    assert list(step.actions) == actions and step.answer == answer
-
-
-@pytest.mark.parametrize(
-    "tool_input",
-    [{}, {"action": "fly"}, {"action": "mouse_move"}, {"action": "left_click", "coordinate": [1]},
-     {"action": "scroll", "scroll_direction": "sideways", "scroll_amount": 1},
-     {"action": "scroll", "scroll_direction": "up"}, {"action": "type"}, {"action": "key",
-     "text": "  "}, {"action": "hold_key", "text": "a"}, {"action": "zoom", "region": [1, 2]},
-     {"action": "left_click", "coordinate": [True, 2]}],
-)
-def test_anthropic_malformed_inputs_are_action_errors(tool_input: dict[str, Any]) -> None:
-    with pytest.raises(ActionError):
-        claude.to_step(tool_input)
-    result = claude.ComputerTool(FakeSession()).execute(
-        {"id": "toolu_x", "name": "computer", "input": tool_input})
-    assert result["is_error"] is True and result["tool_use_id"] == "toolu_x"
-
-
-@pytest.mark.parametrize(
-    ("action", "ours"),
-    [
-        ({"type": "click", "button": "left", "x": 1, "y": 2},
-         [{"type": "click", "button": "left", "x": 1, "y": 2}]),
-        ({"type": "click", "button": "wheel", "x": 1, "y": 2, "keys": ["CTRL"]},
-         [{"type": "click", "button": "middle", "x": 1, "y": 2, "modifiers": ["CTRL"]}]),
-        ({"type": "click", "button": "back", "x": 1, "y": 2},
-         [{"type": "click", "button": "back", "x": 1, "y": 2}]),
-        ({"type": "double_click", "x": 3, "y": 4},
-         [{"type": "click", "button": "left", "count": 2, "x": 3, "y": 4}]),
-        ({"type": "move", "x": 5, "y": 6}, [{"type": "move", "x": 5, "y": 6}]),
-        ({"type": "drag", "path": [{"x": 1, "y": 2}, {"x": 3, "y": 4}, {"x": 5, "y": 6}]},
-         [{"type": "drag", "button": "left", "path": [[1, 2], [3, 4], [5, 6]]}]),
-        ({"type": "keypress", "keys": ["CTRL", "SHIFT", "T"]},
-         [{"type": "key", "keys": "CTRL+SHIFT+t"}]),
-        ({"type": "keypress", "keys": ["CTRL", "+"]}, [{"type": "key", "keys": "CTRL+plus"}]),
-        ({"type": "keypress", "keys": [" "]}, [{"type": "key", "keys": "space"}]),
-        ({"type": "type", "text": "hi"}, [{"type": "type", "text": "hi"}]),
-        ({"type": "scroll", "x": 7, "y": 8, "scroll_x": 0, "scroll_y": 250},
-         [{"type": "scroll", "x": 7, "y": 8, "dx": 0, "dy": 3}]),
-        ({"type": "scroll", "x": 7, "y": 8, "scroll_x": -40, "scroll_y": 0},
-         [{"type": "scroll", "x": 7, "y": 8, "dx": -1, "dy": 0}]),
-        ({"type": "wait"}, [{"type": "wait", "ms": 1000}]),
-    ],
-)
-def test_openai_actions_become_deskbox_actions(
-    action: dict[str, Any], ours: list[dict[str, Any]],
-) -> None:
-    step = cua.to_step([action])
-    assert list(step.actions) == ours and step.answer == "settled"
-
-
-def test_openai_screenshot_only_calls_and_malformed_ones() -> None:
-    step = cua.to_step([{"type": "screenshot"}])
-    assert step.actions == ({"type": "screenshot", "format": "png"},) and step.answer == "result"
-    for bad in ({"type": "click", "button": "left"}, {"type": "teleport"},
-                {"type": "drag", "path": [{"x": 1, "y": 1}]}, {"type": "keypress", "keys": []},
-                {"type": "click", "button": "thumb", "x": 1, "y": 1},
-                {"type": "move", "x": 1, "y": 1, "keys": ["SHIFT"]}):
-        with pytest.raises(ActionError):
-            cua.to_step([bad])
-    with pytest.raises(ActionError):
-        cua.call_actions({"type": "computer_call", "call_id": "c"})
+    def act_openai(self, action: Any, **options: Any) -> OpenAIResult:
+        self.calls.append({"action": action, **options})
+        return OpenAIResult.from_json({"type": "computer_call_output", "output": {
+            "type": "computer_screenshot", "image_url": f"data:image/png;base64,{FAKE_PNG}"}})
 
 
 def test_declined_safety_checks_stop_the_loop_without_acting() -> None:
@@ -544,15 +583,18 @@ def test_display_sizes_and_tool_definitions() -> None:
     assert tool.definition["display_width_px"] == 1366 and tool.beta == "computer-use-2025-01-24"
     tool.execute({"id": "t", "name": "computer", "input": {"action": "mouse_move",
                                                             "coordinate": [1, 1]}})
-    assert big.calls[-1]["coordinate_space"] == (1366, 768)
-    assert big.calls[-1]["screenshot"] == {"format": "png"}
+    assert big.calls[-1] == {"input": {"action": "mouse_move", "coordinate": [1, 1]},
+                             "coordinate_space": (1366, 768), "format": "png", "quality": None}
     with pytest.raises(ValueError):
         claude.ComputerTool(big, version="computer_20991231")  # type: ignore[arg-type]
     gpt = cua.ComputerTool(big, environment="linux", image_format="jpeg")
     assert gpt.definition == {"type": "computer_use_preview", "display_width": 1366,
                               "display_height": 768, "environment": "linux"}
-    gpt.execute({"type": "computer_call", "call_id": "c", "action": {"type": "wait"}})
-    assert big.calls[-1]["screenshot"] == {"format": "jpeg", "quality": 80}
+    [output] = gpt.execute({"type": "computer_call", "call_id": "c", "status": "completed",
+                            "action": {"type": "wait"}})
+    assert big.calls[-1] == {"action": {"call_id": "c", "action": {"type": "wait"}},
+                             "coordinate_space": (1366, 768), "format": "jpeg", "quality": 80}
+    assert output["call_id"] == "c" and output["type"] == "computer_call_output"
 
 
 def test_recorded_answers_are_read_like_sdk_objects() -> None:

@@ -312,3 +312,20 @@ async def test_async_client(local_server: Server) -> None:
             await box.sessions.get("ses_nope")
         with pytest.raises(NotFound):
             await session.click(1, 1)  # deleted on leaving the block
+
+
+@pytest.mark.parametrize(
+    ("format", "options"),
+    [("PNG", {}), ("JPEG", {"quality": 70}), ("JPEG", {"progressive": True}),
+     ("WEBP", {"quality": 80}), ("WEBP", {"lossless": True}), ("WEBP", {"alpha": True})],
+)
+def test_image_sizes_read_from_headers(format: str, options: dict[str, Any]) -> None:  # noqa: A002
+    """The dialect answers carry images without their size: the SDK reads it from the bytes."""
+    from deskbox._models import image_size
+
+    alpha = options.pop("alpha", False)
+    image = Image.new("RGBA" if alpha else "RGB", (317, 123), (10, 200, 30, 128))
+    encoded = io.BytesIO()
+    image.save(encoded, format=format, **options)
+    assert image_size(encoded.getvalue()) == (317, 123)
+    assert image_size(b"GIF89a....") == (0, 0) and image_size(b"") == (0, 0)

@@ -45,8 +45,10 @@ from ._errors import (
 )
 from ._models import (
     ActionsResult,
+    AnthropicResult,
     Display,
     ExecResult,
+    OpenAIResult,
     Screenshot,
     SessionData,
     SessionUrls,
@@ -62,6 +64,7 @@ __all__ = [
     "APITimeoutError",
     "ActionsResult",
     "ActionsSocket",
+    "AnthropicResult",
     "AsyncActionsSocket",
     "AsyncDeskbox",
     "AsyncSession",
@@ -77,6 +80,7 @@ __all__ = [
     "GatewayTimeout",
     "MethodNotAllowed",
     "NotFound",
+    "OpenAIResult",
     "PayloadTooLarge",
     "RateLimited",
     "RequestTimeout",

@@ -24,7 +24,9 @@ from ._base import Action, BaseClient, Call, ScreenshotOption, SessionBase, Toke
 from ._errors import APIConnectionError
 from ._models import (
     ActionsResult,
+    AnthropicResult,
     ExecResult,
+    OpenAIResult,
     Screenshot,
     SessionData,
     Snapshot,
@@ -224,6 +226,35 @@ class AsyncSession(SessionBase[AsyncDeskbox]):
         timeout: float | None = None,
     ) -> None:
         await self.act(b.drag(path, button), timeout=timeout)
+
+    async def act_anthropic(
+        self,
+        tool_input: Mapping[str, Any],
+        *,
+        coordinate_space: tuple[int, int] | None = None,
+        format: str = "png",  # noqa: A002 (the API's name)
+        quality: int | None = None,
+        timeout: float | None = None,
+    ) -> AnthropicResult:
+        """Run one input of Anthropic's computer tool (``POST /actions/anthropic``):
+        :meth:`deskbox.Session.act_anthropic`, awaited."""
+        call = self._anthropic_call(tool_input, coordinate_space, format, quality, timeout)
+        return self._anthropic_result(await self._client._send(call))
+
+    async def act_openai(
+        self,
+        action: Action | Sequence[Action],
+        *,
+        call_id: str | None = None,
+        coordinate_space: tuple[int, int] | None = None,
+        format: str = "png",  # noqa: A002 (the API's name)
+        quality: int | None = None,
+        timeout: float | None = None,
+    ) -> OpenAIResult:
+        """Run a ``computer_call``'s action(s) (``POST /actions/openai``):
+        :meth:`deskbox.Session.act_openai`, awaited."""
+        call = self._openai_call(action, call_id, coordinate_space, format, quality, timeout)
+        return self._openai_result(await self._client._send(call))
 
     @overload
     async def screenshot(

@@ -19,9 +19,19 @@ import httpx
 
 from ._errors import APIConnectionError, APIError, APITimeoutError, error_for_status
 from ._errors import status_for_kind as _status_for_kind
-from ._models import ExecResult, Screenshot, SessionData, Snapshot, Token, Upload
+from ._models import (
+    AnthropicResult,
+    ExecResult,
+    OpenAIResult,
+    Screenshot,
+    SessionData,
+    Snapshot,
+    Token,
+    Upload,
+)
 
 __all__ = [
+    "SETTLED_HEADER",
     "DEFAULT_TIMEOUT",
     "DEFAULT_URL",
     "BaseClient",
@@ -34,6 +44,9 @@ DEFAULT_URL = "http://127.0.0.1:8765"
 DEFAULT_TIMEOUT = 60.0
 #: Extra seconds an ``exec`` call waits beyond the command's own ``timeout_s``.
 EXEC_GRACE_S = 15.0
+
+#: Set by the dialect endpoints on a settled screenshot: false if the wait for it timed out.
+SETTLED_HEADER = "X-Deskbox-Settled"
 
 Action = Mapping[str, Any]
 ScreenshotOption = bool | Mapping[str, Any] | None
@@ -51,6 +64,16 @@ class Call:
     content: bytes | None = None
     timeout: float | None = None
     expect_json: bool = True
+    #: Answer with the decoded body and the response's headers (:class:`Answer`).
+    with_headers: bool = False
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A decoded body and the headers it came with (a :class:`Call` with ``with_headers``)."""
+
+    body: Any
+    headers: httpx.Headers
 
 
 class BaseClient:
@@ -83,6 +106,9 @@ class BaseClient:
         """The decoded answer (JSON, or bytes), or the :class:`APIError` of its status."""
         if response.status_code >= 400:
             raise api_error(response)
+        if call.with_headers:
+            body = response.json() if call.expect_json else response.content
+            return Answer(body, response.headers)
         if not call.expect_json:
             return response.content
         if response.status_code == 204 or not response.content:
@@ -241,6 +267,23 @@ class SessionBase(Generic[C]):
             }
         return Call("POST", f"{self._path}/actions", json=body, timeout=timeout)
 
+    def _anthropic_call(
+        self, tool_input: Mapping[str, Any], coordinate_space: tuple[int, int] | None,
+        format: str, quality: int | None, timeout: float | None,  # noqa: A002
+    ) -> Call:
+        return Call("POST", f"{self._path}/actions/anthropic", json=dict(tool_input),
+                    params=dialect_params(coordinate_space, format, quality), timeout=timeout,
+                    with_headers=True)
+
+    def _openai_call(
+        self, action: Action | Sequence[Action], call_id: str | None,
+        coordinate_space: tuple[int, int] | None, format: str,  # noqa: A002
+        quality: int | None, timeout: float | None,
+    ) -> Call:
+        return Call("POST", f"{self._path}/actions/openai", json=openai_body(action, call_id),
+                    params=dialect_params(coordinate_space, format, quality), timeout=timeout,
+                    with_headers=True)
+
     def _screenshot_call(
         self, format: str, quality: int | None, scale: tuple[int, int] | None,  # noqa: A002
         timeout: float | None,
@@ -297,6 +340,14 @@ class SessionBase(Generic[C]):
     # answers ---------------------------------------------------------------------------
 
     @staticmethod
+    def _anthropic_result(answer: Answer) -> AnthropicResult:
+        return AnthropicResult.from_json(answer.body, answer.headers.get(SETTLED_HEADER))
+
+    @staticmethod
+    def _openai_result(answer: Answer) -> OpenAIResult:
+        return OpenAIResult.from_json(answer.body, answer.headers.get(SETTLED_HEADER))
+
+    @staticmethod
     def _exec_result(body: Any) -> ExecResult:
         return ExecResult.from_json(body)
 
@@ -330,6 +381,29 @@ class SessionBase(Generic[C]):
             base = self._client.base_url
             url = "ws" + base.removeprefix("http") + f"{self._path}/actions/ws"
         return url
+
+
+def dialect_params(
+    coordinate_space: tuple[int, int] | None, format: str, quality: int | None,  # noqa: A002
+) -> list[tuple[str, str]]:
+    """The query of ``/actions/anthropic`` and ``/actions/openai``."""
+    params = [("format", format)]
+    if quality is not None:
+        params.append(("quality", str(quality)))
+    if coordinate_space is not None:
+        params.append(("coordinate_space", f"{coordinate_space[0]}x{coordinate_space[1]}"))
+    return params
+
+
+def openai_body(action: Action | Sequence[Action], call_id: str | None) -> dict[str, Any]:
+    """The body of ``/actions/openai``: one action (or a ``computer_call`` item, or
+    ``{"action" | "actions", ...}``) as it is, a list as the batched ``actions``."""
+    body = dict(action) if isinstance(action, Mapping) else {"actions": action_list(action)}
+    if call_id is None:
+        return body
+    if "action" in body or "actions" in body:
+        return {**body, "call_id": call_id}
+    return {"call_id": call_id, "action": body}
 
 
 def action_list(actions: Action | Sequence[Action]) -> list[dict[str, Any]]:

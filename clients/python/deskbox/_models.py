@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -13,8 +14,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ActionsResult",
+    "AnthropicResult",
     "Display",
     "ExecResult",
+    "OpenAIResult",
     "Screenshot",
     "SessionData",
     "SessionUrls",
@@ -106,6 +109,36 @@ class Screenshot:
         return to_image(self.data)
 
 
+def image_size(data: bytes) -> tuple[int, int]:
+    """(width, height) read from a PNG, JPEG or WebP header; (0, 0) for anything else.
+
+    The vendors' answers carry an image without its size, and Pillow is no dependency.
+    """
+    if data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) >= 24:
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    if data.startswith(b"RIFF") and data[8:12] == b"WEBP" and len(data) >= 30:
+        chunk = data[12:16]
+        if chunk == b"VP8 ":
+            return (int.from_bytes(data[26:28], "little") & 0x3FFF,
+                    int.from_bytes(data[28:30], "little") & 0x3FFF)
+        if chunk == b"VP8L":
+            bits = int.from_bytes(data[21:25], "little")
+            return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+        if chunk == b"VP8X":
+            return (int.from_bytes(data[24:27], "little") + 1,
+                    int.from_bytes(data[27:30], "little") + 1)
+    if data.startswith(b"\xff\xd8"):
+        at = 2
+        while at + 9 <= len(data) and data[at] == 0xFF:
+            marker, length = data[at + 1], int.from_bytes(data[at + 2:at + 4], "big")
+            # SOF0..SOF15 carry the size; C4 (DHT), C8 and CC (DAC) are not frames.
+            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+                return (int.from_bytes(data[at + 7:at + 9], "big"),
+                        int.from_bytes(data[at + 5:at + 7], "big"))
+            at += 2 + length
+    return 0, 0
+
+
 def to_image(data: bytes) -> Image:
     from PIL import Image as PILImage
 
@@ -137,6 +170,70 @@ class ActionsResult:
             Screenshot.from_json(shot) if shot else None,
             bool(data.get("settled", True)),
         )
+
+
+def _data_image(media_type: str, data_b64: str) -> Screenshot:
+    data = base64.b64decode(data_b64)
+    return Screenshot(data, media_type, *image_size(data))
+
+
+def _settled(header: str | None) -> bool | None:
+    return None if header is None else header.strip().lower() == "true"
+
+
+_POSITION = re.compile(r"X=(-?\d+),\s*Y=(-?\d+)")
+
+
+@dataclass(frozen=True)
+class AnthropicResult:
+    """What ``POST /actions/anthropic`` answered for one input of Anthropic's computer tool.
+
+    ``content`` is the ``content`` of the ``tool_result`` block, as the server sent it (send
+    it to the model as it is). Read from it: ``screenshot``, its image (the screen once it
+    settled after acting, or what ``screenshot`` / ``zoom`` asked for), or ``cursor``, the
+    pointer position that ``cursor_position`` answers. ``settled`` is False when the screen
+    was still changing when the wait for it timed out (None: no settled screenshot).
+    """
+
+    content: list[dict[str, Any]]
+    screenshot: Screenshot | None = None
+    cursor: tuple[int, int] | None = None
+    settled: bool | None = None
+
+    @classmethod
+    def from_json(cls, content: list[Any], settled: str | None = None) -> AnthropicResult:
+        blocks = [dict(block) for block in content]
+        shot: Screenshot | None = None
+        cursor: tuple[int, int] | None = None
+        for block in blocks:
+            if block.get("type") == "image":
+                source = block["source"]
+                shot = _data_image(str(source["media_type"]), str(source["data"]))
+            elif block.get("type") == "text" and (found := _POSITION.search(block["text"])):
+                cursor = int(found[1]), int(found[2])
+        return cls(blocks, shot, cursor, _settled(settled))
+
+
+@dataclass(frozen=True)
+class OpenAIResult:
+    """What ``POST /actions/openai`` answered for a ``computer_call``'s action(s).
+
+    ``output`` is the ``computer_call_output`` item to send back (``call_id`` in it when one
+    was given); ``screenshot`` its image, taken once the screen settled after the last
+    action. ``settled`` is False when the wait for that timed out (None: the call only
+    asked for a screenshot).
+    """
+
+    output: dict[str, Any]
+    screenshot: Screenshot
+    settled: bool | None = None
+
+    @classmethod
+    def from_json(cls, output: Mapping[str, Any], settled: str | None = None) -> OpenAIResult:
+        url = str(output["output"]["image_url"])
+        header, _, data_b64 = url.partition(",")
+        media_type = header.removeprefix("data:").removesuffix(";base64")
+        return cls(dict(output), _data_image(media_type, data_b64), _settled(settled))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,9 @@ from ._base import Action, BaseClient, Call, ScreenshotOption, SessionBase, Toke
 from ._errors import APIConnectionError
 from ._models import (
     ActionsResult,
+    AnthropicResult,
     ExecResult,
+    OpenAIResult,
     Screenshot,
     SessionData,
     Snapshot,
@@ -221,6 +223,45 @@ class Session(SessionBase[Deskbox]):
         timeout: float | None = None,
     ) -> None:
         self.act(b.drag(path, button), timeout=timeout)
+
+    def act_anthropic(
+        self,
+        tool_input: Mapping[str, Any],
+        *,
+        coordinate_space: tuple[int, int] | None = None,
+        format: str = "png",  # noqa: A002 (the API's name)
+        quality: int | None = None,
+        timeout: float | None = None,
+    ) -> AnthropicResult:
+        """Run one ``input`` of Anthropic's ``computer`` tool (``POST /actions/anthropic``):
+        the server translates it, acts, and answers with the ``tool_result`` content.
+
+        ``coordinate_space`` is the display size the model was told (coordinates in, images
+        out); ``format``/``quality`` those of the images. Always over HTTP. An input the
+        server refuses raises :class:`~deskbox.UnprocessableEntity` (422) before anything
+        ran; its message says what is wrong, for the model to read.
+        """
+        call = self._anthropic_call(tool_input, coordinate_space, format, quality, timeout)
+        return self._anthropic_result(self._client._send(call))
+
+    def act_openai(
+        self,
+        action: Action | Sequence[Action],
+        *,
+        call_id: str | None = None,
+        coordinate_space: tuple[int, int] | None = None,
+        format: str = "png",  # noqa: A002 (the API's name)
+        quality: int | None = None,
+        timeout: float | None = None,
+    ) -> OpenAIResult:
+        """Run a ``computer_call``'s action, or a list of them (the batched ``actions``), as
+        ``POST /actions/openai`` does; the answer carries the ``computer_call_output``.
+
+        ``action`` may also be the whole ``computer_call`` item. Options as in
+        :meth:`act_anthropic`; a refused action raises before any of the call's actions ran.
+        """
+        call = self._openai_call(action, call_id, coordinate_space, format, quality, timeout)
+        return self._openai_result(self._client._send(call))
 
     @overload
     def screenshot(

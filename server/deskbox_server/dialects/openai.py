@@ -156,7 +156,8 @@ class ComputerCall(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _bare_action(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "action" not in data and "actions" not in data:
+        # A wrapper names its call even when it lost its action: say that, not "no type".
+        if isinstance(data, dict) and not {"action", "actions", "call_id"} & data.keys():
             return {"action": data}
         return data
 

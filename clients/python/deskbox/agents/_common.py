@@ -1,21 +1,21 @@
-"""What both vendor adapters share: the model's display size, the steps a tool call becomes,
-running them on a session, and reading a vendor SDK's answers as plain JSON.
+"""What both vendor adapters share: the model's display size, the session calls they make,
+and reading a vendor SDK's answers as plain JSON.
 
-Coordinate scaling is the server's job (API.md, ``coordinate_space``): every ``act`` carries
-the size the model was told, so the server maps the model's coordinates to screen pixels,
-and shrinks the screenshots to that size, with one rounding rule for both directions.
+The translation of the vendors' tool inputs is the server's (``/actions/anthropic``,
+``/actions/openai``, API.md): the adapters post the model's input as it is, with the size
+the model was told as ``coordinate_space``, so the server maps the model's coordinates to
+screen pixels and shrinks the screenshots to that size, with one rounding rule both ways.
 """
 
 from __future__ import annotations
 
-import base64
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from .._errors import DeskboxError
-from .._models import ActionsResult, Display, Screenshot
+from .._models import AnthropicResult, Display, OpenAIResult
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
@@ -24,10 +24,9 @@ __all__ = [
     "ImageFormat",
     "RunResult",
     "SessionLike",
-    "Step",
     "as_dict",
     "fit_display",
-    "perform",
+    "image_options",
 ]
 
 #: Anthropic recommends telling the model at most about XGA/FWXGA (1366x768): bigger
@@ -40,7 +39,7 @@ JPEG_QUALITY = 80
 
 
 class ActionError(DeskboxError):
-    """A tool call the adapter cannot run (a missing or malformed field, an unknown action).
+    """A tool call the adapter cannot send (not an object, or for another tool).
 
     The adapters send it back to the model as a failed tool result; they never raise it.
     """
@@ -52,14 +51,31 @@ class SessionLike(Protocol):
     @property
     def display(self) -> Display: ...
 
-    def act(
+    def act_anthropic(
         self,
-        actions: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        tool_input: Mapping[str, Any],
         *,
-        screenshot: bool | Mapping[str, Any] | None = None,
         coordinate_space: tuple[int, int] | None = None,
+        format: str = "png",  # noqa: A002
+        quality: int | None = None,
         timeout: float | None = None,
-    ) -> ActionsResult: ...
+    ) -> AnthropicResult: ...
+
+    def act_openai(
+        self,
+        action: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        *,
+        call_id: str | None = None,
+        coordinate_space: tuple[int, int] | None = None,
+        format: str = "png",  # noqa: A002
+        quality: int | None = None,
+        timeout: float | None = None,
+    ) -> OpenAIResult: ...
+
+
+def image_options(image_format: ImageFormat) -> dict[str, Any]:
+    """``format`` and ``quality`` of the screenshots sent to the model."""
+    return {"format": image_format, "quality": None if image_format == "png" else JPEG_QUALITY}
 
 
 def fit_display(width: int, height: int, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, int]:
@@ -77,46 +93,6 @@ def fit_display(width: int, height: int, max_pixels: int = DEFAULT_MAX_PIXELS) -
     return fitted
 
 
-@dataclass(frozen=True)
-class Step:
-    """Deskbox actions for one tool call, and what answers it: a screenshot taken once the
-    screen has settled after them (``settled``), or the last action's own result
-    (``result``: a ``screenshot``'s or ``zoom``'s image, a ``cursor_position``)."""
-
-    actions: tuple[dict[str, Any], ...]
-    answer: Literal["settled", "result"] = "settled"
-
-
-def perform(
-    session: SessionLike,
-    step: Step,
-    space: tuple[int, int] | None,
-    image_format: ImageFormat,
-) -> Screenshot | dict[str, Any]:
-    """Run ``step`` in one ``act`` call, with coordinates and images in ``space``."""
-    if step.answer == "settled":
-        shot: dict[str, Any] = {"format": image_format}
-        if image_format != "png":
-            shot["quality"] = JPEG_QUALITY
-        done = session.act(list(step.actions), screenshot=shot, coordinate_space=space)
-        if done.screenshot is None:
-            raise ActionError("the server answered without the screenshot it was asked for")
-        return done.screenshot
-    done = session.act(list(step.actions), coordinate_space=space)
-    return done.results[-1]
-
-
-def screenshot_action(image_format: ImageFormat) -> dict[str, Any]:
-    action: dict[str, Any] = {"type": "screenshot", "format": image_format}
-    if image_format != "png":
-        action["quality"] = JPEG_QUALITY
-    return action
-
-
-def b64(screenshot: Screenshot) -> str:
-    return base64.b64encode(screenshot.data).decode("ascii")
-
-
 def as_dict(value: Any) -> dict[str, Any]:
     """A vendor SDK object (a pydantic model, as both SDKs return) or a mapping → a dict.
 
@@ -131,30 +107,6 @@ def as_dict(value: Any) -> dict[str, Any]:
         if isinstance(dumped, dict):
             return dumped
     raise TypeError(f"expected a mapping or a pydantic model, got {type(value).__name__}")
-
-
-def number_pair(value: Any, name: str) -> tuple[int, int]:
-    """``[x, y]`` → (x, y); anything else is the model's mistake, sent back to it."""
-    if (
-        isinstance(value, Sequence)
-        and not isinstance(value, str)
-        and len(value) == 2
-        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
-    ):
-        return round(value[0]), round(value[1])
-    raise ActionError(f"{name} must be [x, y] (integers), got {value!r}")
-
-
-def integer(value: Any, name: str) -> int:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return round(value)
-    raise ActionError(f"{name} must be a number, got {value!r}")
-
-
-def text(value: Any, name: str) -> str:
-    if isinstance(value, str):
-        return value
-    raise ActionError(f"{name} must be a string, got {value!r}")
 
 
 @dataclass

@@ -12,44 +12,33 @@
 definition (``tools=[tool.definition]``, ``betas=[tool.beta]``) and turns each ``tool_use``
 block into its ``tool_result`` block (``tool.execute(block)``).
 
-How a tool call runs: :func:`to_step` turns its ``input`` into Deskbox actions, run by one
-``session.act`` call that also returns the screenshot taken once the screen has settled.
-The server has an ``/actions/anthropic`` endpoint for this dialect, but the SDK has no call
-for it; going through ``act`` works over HTTP and over the actions websocket
-(``with session.actions_ws(): ...``) alike, and runs the same translation the server's
-dialect does. Coordinates and screenshots are in the model's display size
-(:attr:`ComputerTool.display`): the server scales them (``coordinate_space``).
+How a tool call runs: its ``input`` goes as it is to the server's ``/actions/anthropic``
+endpoint (:meth:`deskbox.Session.act_anthropic`), which translates it, acts, and answers
+with the ``tool_result`` content: the screenshot taken once the screen has settled, a
+zoomed image, or the pointer position. Coordinates and screenshots are in the model's
+display size (:attr:`ComputerTool.display`): the server scales them (``coordinate_space``).
 
 Failures the model can act on (a malformed input, an unknown key, a point off the
-screen, a paused or failed session: :class:`~deskbox.APIError`, :class:`ActionError`)
+screen, a paused or failed session: the server's error, :class:`~deskbox.APIError`)
 come back as ``is_error`` tool results; a server that cannot be reached raises
 :class:`~deskbox.APIConnectionError`, as there is nothing the model could do about it.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Mapping
 from typing import Any, Literal, Protocol
 
 from .._errors import APIError
-from .._models import Screenshot
 from ._common import (
     DEFAULT_MAX_PIXELS,
     ActionError,
     ImageFormat,
     RunResult,
     SessionLike,
-    Step,
     as_dict,
-    b64,
     fit_display,
-    integer,
-    number_pair,
-    perform,
-    screenshot_action,
-    text,
+    image_options,
 )
 
 __all__ = [
@@ -58,9 +47,7 @@ __all__ = [
     "AnthropicClient",
     "ComputerTool",
     "ToolVersion",
-    "render",
     "run",
-    "to_step",
 ]
 
 ToolVersion = Literal["computer_20250124", "computer_20251124"]
@@ -71,18 +58,6 @@ BETAS: dict[str, str] = {
 }
 DEFAULT_MODEL = "claude-sonnet-4-5"
 OMITTED_IMAGE = "(an older screenshot, left out to save context)"
-
-_CLICKS: dict[str, tuple[str, int]] = {
-    "left_click": ("left", 1),
-    "right_click": ("right", 1),
-    "middle_click": ("middle", 1),
-    "double_click": ("left", 2),
-    "triple_click": ("left", 3),
-}
-_SCROLL: dict[str, tuple[int, int]] = {
-    "up": (0, -1), "down": (0, 1), "left": (-1, 0), "right": (1, 0),
-}
-_SEPARATORS = re.compile(r"[+\s]+")
 
 
 class _Messages(Protocol):
@@ -100,103 +75,6 @@ class AnthropicClient(Protocol):
 
     @property
     def beta(self) -> _Beta: ...
-
-
-# -- translation --------------------------------------------------------------------------
-
-
-def _xy(value: Any, name: str = "coordinate") -> dict[str, int]:
-    x, y = number_pair(value, name)
-    return {"x": x, "y": y}
-
-
-def _maybe_xy(value: Any) -> dict[str, int]:
-    return {} if value is None else _xy(value)
-
-
-def _modifiers(value: Any) -> list[str]:
-    """Modifier keys held during a click or scroll: ``"ctrl+shift"`` or ``"ctrl shift"``."""
-    if value is None:
-        return []
-    return [name for name in _SEPARATORS.split(text(value, "text")) if name]
-
-
-def to_step(tool_input: Mapping[str, Any], image_format: ImageFormat = "png") -> Step:
-    """The Deskbox actions for one ``input`` of the computer tool (raises :class:`ActionError`).
-
-    ``key`` takes xdotool-style combos (``"ctrl+l"``, ``"Return"``); several separated by
-    spaces are pressed one after the other, as xdotool does.
-    """
-    action = tool_input.get("action")
-    get = tool_input.get
-    if action == "screenshot":
-        return Step((screenshot_action(image_format),), "result")
-    if action == "cursor_position":
-        return Step(({"type": "cursor_position"},), "result")
-    if action == "zoom":
-        region = get("region")
-        if not (isinstance(region, list | tuple) and len(region) == 4):
-            raise ActionError(f"region must be [x1, y1, x2, y2], got {region!r}")
-        x1, y1 = number_pair(region[:2], "region")
-        x2, y2 = number_pair(region[2:], "region")
-        box = {"x": x1, "y": y1, "width": x2 - x1, "height": y2 - y1}
-        return Step(({"type": "zoom", "region": box, "format": image_format},), "result")
-    if isinstance(action, str) and action in _CLICKS:
-        button, count = _CLICKS[action]
-        click: dict[str, Any] = {"type": "click", "button": button, "count": count,
-                                 **_maybe_xy(get("coordinate"))}
-        if held := _modifiers(get("text") or get("key")):
-            click["modifiers"] = held
-        return Step((click,))
-    if action == "mouse_move":
-        return Step(({"type": "move", **_xy(get("coordinate"))},))
-    if action == "left_click_drag":
-        start = number_pair(get("start_coordinate"), "start_coordinate")
-        end = number_pair(get("coordinate"), "coordinate")
-        return Step(({"type": "drag", "path": [list(start), list(end)], "button": "left"},))
-    if action in ("left_mouse_down", "left_mouse_up"):
-        kind = "mouse_down" if action == "left_mouse_down" else "mouse_up"
-        return Step(({"type": kind, "button": "left", **_maybe_xy(get("coordinate"))},))
-    if action == "scroll":
-        direction = get("scroll_direction")
-        if direction not in _SCROLL:
-            raise ActionError(f"scroll_direction must be up, down, left or right: {direction!r}")
-        amount = integer(get("scroll_amount"), "scroll_amount")
-        sx, sy = _SCROLL[direction]
-        scroll: dict[str, Any] = {"type": "scroll", "dx": sx * amount, "dy": sy * amount,
-                                  **_maybe_xy(get("coordinate"))}
-        if held := _modifiers(get("text")):
-            scroll["modifiers"] = held
-        return Step((scroll,))
-    if action == "type":
-        return Step(({"type": "type", "text": text(get("text"), "text")},))
-    if action == "key":
-        combos = text(get("text"), "text").split()
-        if not combos:
-            raise ActionError("key needs text: the keys to press, like 'ctrl+l'")
-        return Step(tuple({"type": "key", "keys": combo} for combo in combos))
-    if action == "hold_key":
-        keys = text(get("text"), "text").strip()
-        seconds = get("duration")
-        if not isinstance(seconds, int | float) or isinstance(seconds, bool):
-            raise ActionError(f"duration must be a number of seconds, got {seconds!r}")
-        return Step(({"type": "hold_key", "keys": keys, "duration_s": float(seconds)},))
-    if action == "wait":
-        seconds = get("duration", 1.0)
-        if not isinstance(seconds, int | float) or isinstance(seconds, bool):
-            raise ActionError(f"duration must be a number of seconds, got {seconds!r}")
-        return Step(({"type": "wait", "ms": round(seconds * 1000)},))
-    raise ActionError(f"unknown action {action!r}")
-
-
-def render(answer: Screenshot | Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The ``content`` of a ``tool_result`` for what a step answered."""
-    if isinstance(answer, Screenshot):
-        source = {"type": "base64", "media_type": answer.media_type, "data": b64(answer)}
-        return [{"type": "image", "source": source}]
-    if "x" in answer and "y" in answer:
-        return [{"type": "text", "text": f"X={answer['x']},Y={answer['y']}"}]
-    return [{"type": "text", "text": json.dumps(dict(answer))}]
 
 
 def tool_error(tool_use_id: str, message: str) -> dict[str, Any]:
@@ -273,8 +151,9 @@ class ComputerTool:
 
     def run_input(self, tool_input: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Run one tool ``input``; its ``tool_result`` content (raises on failure)."""
-        step = to_step(tool_input, self.image_format)
-        return render(perform(self.session, step, self._space, self.image_format))
+        done = self.session.act_anthropic(tool_input, coordinate_space=self._space,
+                                          **image_options(self.image_format))
+        return done.content
 
 
 # -- the loop -----------------------------------------------------------------------------

@@ -16,71 +16,48 @@ Both forms of the tool are understood: ``computer_use_preview`` (one ``action`` 
 the display size in the tool definition) and ``computer`` (a batch of ``actions`` per call;
 the model works in the pixels of the screenshots it is sent, which are :attr:`display`).
 
-How a call runs: :func:`to_step` turns its action(s) into Deskbox actions, run by one
-``session.act`` call that also returns the screenshot taken once the screen has settled.
-The server has an ``/actions/openai`` endpoint for this dialect, but the SDK has no call
-for it; going through ``act`` works over HTTP and over the actions websocket alike, and
-runs the same translation the server's dialect does. Coordinates and screenshots are in
-the model's display size: the server scales them (``coordinate_space``).
+How a call runs: its action(s) go as they are to the server's ``/actions/openai`` endpoint
+(:meth:`deskbox.Session.act_openai`), which translates them, acts, and answers with the
+``computer_call_output`` carrying the screenshot taken once the screen has settled.
+Coordinates and screenshots are in the model's display size: the server scales them
+(``coordinate_space``).
 
-A ``computer_call_output`` has no error field: when an action fails (an unknown key, a
-point off the screen, ...), :meth:`ComputerTool.execute` answers with the screen as it is
-and adds a user message that says what failed, so the model can correct itself. A server
-that cannot be reached raises :class:`~deskbox.APIConnectionError`.
+A ``computer_call_output`` has no error field: when the server refuses an action (an
+unknown key, a point off the screen, ...), :meth:`ComputerTool.execute` answers with the
+screen as it is and adds a user message with the server's error, so the model can correct
+itself. A server that cannot be reached raises :class:`~deskbox.APIConnectionError`.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 from .._errors import APIError, DeskboxError
-from .._models import Screenshot
+from .._models import OpenAIResult
 from ._common import (
     DEFAULT_MAX_PIXELS,
-    ActionError,
     ImageFormat,
     RunResult,
     SessionLike,
-    Step,
     as_dict,
-    b64,
     fit_display,
-    integer,
-    perform,
-    screenshot_action,
-    text,
+    image_options,
 )
 
 __all__ = [
     "DEFAULT_MODEL",
-    "PIXELS_PER_NOTCH",
-    "WAIT_MS",
     "ComputerTool",
     "Environment",
     "OpenAIClient",
     "SafetyCheckDeclined",
     "ToolType",
-    "key_name",
-    "notches",
     "run",
-    "to_step",
 ]
 
 ToolType = Literal["computer_use_preview", "computer"]
 Environment = Literal["browser", "linux", "ubuntu", "windows", "mac"]
 DEFAULT_MODEL = "computer-use-preview"
-#: ``scroll_x`` / ``scroll_y`` are pixels; the wheel moves in notches of about this much.
-PIXELS_PER_NOTCH = 100
-#: ``wait`` carries no duration: wait this long (as OpenAI's reference loop does).
-WAIT_MS = 1000
-
-_BUTTONS: dict[str, str] = {
-    "left": "left", "right": "right", "wheel": "middle", "middle": "middle",
-    "back": "back", "forward": "forward",
-}
-
 
 class _Responses(Protocol):
     # (*args, **kwargs) matches any signature: the SDK's fully typed create() fits.
@@ -101,114 +78,6 @@ class SafetyCheckDeclined(DeskboxError):
         names = ", ".join(str(c.get("code") or c.get("id")) for c in checks)
         super().__init__(f"safety checks declined: {names}")
         self.checks = checks
-
-
-# -- translation --------------------------------------------------------------------------
-
-
-def key_name(name: str) -> str:
-    """An OpenAI key name (``CTRL``, ``ENTER``, ``ARROWLEFT``, ``A``) → a Deskbox one.
-
-    Deskbox matches names without regard to case; a single letter is lowered so that it
-    means its key (``["SHIFT", "A"]`` is shift+a, not a capital A's keysym).
-    """
-    if name == "+":
-        return "plus"
-    if name == " ":
-        return "space"
-    if len(name) == 1 and name.isalpha():
-        return name.lower()
-    return name.strip()
-
-
-def notches(pixels: int) -> int:
-    """Pixels → wheel notches, rounded away from zero (any scroll moves at least one)."""
-    if not pixels:
-        return 0
-    return int(math.copysign(math.ceil(abs(pixels) / PIXELS_PER_NOTCH), pixels))
-
-
-def _point(action: Mapping[str, Any]) -> dict[str, int]:
-    return {"x": integer(action.get("x"), "x"), "y": integer(action.get("y"), "y")}
-
-
-def _held(action: Mapping[str, Any]) -> dict[str, Any]:
-    keys = action.get("keys")
-    if not keys:
-        return {}
-    if not isinstance(keys, list):
-        raise ActionError(f"keys must be a list of key names, got {keys!r}")
-    return {"modifiers": [key_name(text(k, "keys")) for k in keys]}
-
-
-def _translate(action: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One OpenAI action → Deskbox actions (none for ``screenshot``)."""
-    kind = action.get("type")
-    if kind == "click":
-        button = _BUTTONS.get(str(action.get("button", "left")))
-        if button is None:
-            raise ActionError(f"unknown button {action.get('button')!r}")
-        return [{"type": "click", "button": button, **_point(action), **_held(action)}]
-    if kind == "double_click":
-        return [{"type": "click", "button": "left", "count": 2, **_point(action),
-                 **_held(action)}]
-    if kind in ("move", "drag") and action.get("keys"):
-        # Deskbox moves and drags hold no keys: say so rather than drop them silently.
-        raise ActionError(f"holding keys during {kind} is not supported")
-    if kind == "move":
-        return [{"type": "move", **_point(action)}]
-    if kind == "drag":
-        path = action.get("path")
-        if not isinstance(path, list) or len(path) < 2:
-            raise ActionError(f"drag needs a path of at least two points, got {path!r}")
-        points = [_point(p) if isinstance(p, Mapping) else {} for p in path]
-        if not all(points):
-            raise ActionError(f"drag path points must be {{'x', 'y'}} objects: {path!r}")
-        return [{"type": "drag", "button": "left",
-                 "path": [[p["x"], p["y"]] for p in points]}]
-    if kind == "keypress":
-        keys = action.get("keys")
-        if not isinstance(keys, list) or not keys:
-            raise ActionError(f"keypress needs a list of keys, got {keys!r}")
-        # Pressed together, in order (then released in reverse): one Deskbox combo.
-        return [{"type": "key", "keys": "+".join(key_name(text(k, "keys")) for k in keys)}]
-    if kind == "type":
-        return [{"type": "type", "text": text(action.get("text"), "text")}]
-    if kind == "scroll":
-        dx = notches(integer(action.get("scroll_x", 0), "scroll_x"))
-        dy = notches(integer(action.get("scroll_y", 0), "scroll_y"))
-        return [{"type": "scroll", **_point(action), "dx": dx, "dy": dy, **_held(action)}]
-    if kind == "wait":
-        return [{"type": "wait", "ms": WAIT_MS}]
-    if kind == "screenshot":
-        return []
-    raise ActionError(f"unknown action type {kind!r}")
-
-
-def call_actions(call: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The actions of a ``computer_call``: its ``action``, or its batch of ``actions``."""
-    if isinstance(call.get("actions"), list):
-        actions = call["actions"]
-    elif call.get("action") is not None:
-        actions = [call["action"]]
-    else:
-        raise ActionError("the computer_call has neither action nor actions")
-    if not all(isinstance(action, Mapping) for action in actions):
-        raise ActionError(f"every action must be an object, got {actions!r}")
-    return list(actions)
-
-
-def to_step(actions: Sequence[Mapping[str, Any]], image_format: ImageFormat = "png") -> Step:
-    """Deskbox actions for a call's actions, answered by a settled screenshot (raises
-    :class:`ActionError`); only a screenshot if none of them acts."""
-    ours = tuple(step for action in actions for step in _translate(action))
-    if not ours:
-        return Step((screenshot_action(image_format),), "result")
-    return Step(ours)
-
-
-def image_url(shot: Screenshot) -> str:
-    return f"data:{shot.media_type};base64,{b64(shot)}"
 
 
 # -- the tool -----------------------------------------------------------------------------
@@ -264,18 +133,17 @@ class ComputerTool:
             declined = [check for check in checks if not self.acknowledge(check)]
             if declined:
                 raise SafetyCheckDeclined(declined)
+        call_id = str(item.get("call_id") or "")
+        # Only the action(s): the rest of the item (status, safety checks) is ours to answer.
+        body: dict[str, Any] = {k: item[k] for k in ("call_id", "action", "actions") if k in item}
         failure: str | None = None
         try:
-            shot = self._run(to_step(call_actions(item), self.image_format))
-        except (APIError, ActionError) as error:
+            done = self._act(body)
+        except APIError as error:
             failure = str(error)
             # The call still needs its screenshot; if even that fails, the desktop is gone.
-            shot = self._run(Step((screenshot_action(self.image_format),), "result"))
-        output: dict[str, Any] = {
-            "type": "computer_call_output",
-            "call_id": str(item.get("call_id") or ""),
-            "output": {"type": "computer_screenshot", "image_url": image_url(shot)},
-        }
+            done = self._act({"type": "screenshot"})
+        output = {**done.output, "call_id": call_id}
         if checks:
             output["acknowledged_safety_checks"] = checks
         if failure is None:
@@ -284,11 +152,9 @@ class ComputerTool:
             {"type": "input_text", "text": f"The computer action failed: {failure}"}]}
         return [output, message]
 
-    def _run(self, step: Step) -> Screenshot:
-        answer = perform(self.session, step, self._space, self.image_format)
-        if not isinstance(answer, Screenshot):
-            raise ActionError("the server answered without a screenshot")
-        return answer
+    def _act(self, body: dict[str, Any]) -> OpenAIResult:
+        return self.session.act_openai(body, coordinate_space=self._space,
+                                       **image_options(self.image_format))
 
 
 # -- the loop -----------------------------------------------------------------------------
