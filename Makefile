@@ -17,7 +17,9 @@ lint: setup
 	$(BIN)/ruff check server clients tests bench desktop_image
 	$(BIN)/mypy
 
+# The viewer's own logic first (vnc/test/, node's test runner; no npm packages), then pytest.
 test: lint
+	node --test vnc/test/*.test.js
 	$(BIN)/pytest
 
 # Each script prints markdown tables; bench/report.py runs them in turn and collects the

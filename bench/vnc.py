@@ -1,6 +1,6 @@
 """The live view on the container backend: what a human's browser and a VNC client see.
 
-Run from the repository root (root, runc, Debian's novnc and chromium)::
+Run from the repository root (root, runc and chromium)::
 
     .venv/bin/python bench/vnc.py [--runs 5] [--frames 20] [--seconds 5]
 

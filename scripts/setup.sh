@@ -7,7 +7,6 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
   xvfb xauth openbox chromium x11vnc x11-utils x11-xkb-utils xkb-data
-  novnc                    # the live view's browser client, served from /usr/share/novnc
   tigervnc-standalone-server  # only for bench/vnc.py: Xvnc, measured against x11vnc
   fonts-dejavu-core fonts-noto-cjk fonts-noto-color-emoji
   runc mmdebstrap passt slirp4netns nftables iproute2 uidmap
@@ -16,6 +15,7 @@ APT_PACKAGES=(
   xdotool scrot            # only for bench/: the peers' way of doing things
   x11-xserver-utils        # only for bench/peers.py: cua-computer-server needs xrandr
   python3 python3-venv python3-dev gcc
+  nodejs                   # only for make test: node --test runs vnc/test/ (the viewer's JS)
 )
 
 missing=()

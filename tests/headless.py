@@ -1,5 +1,6 @@
 """Helpers for live-view tests and the benchmark: a headless Chromium on the host (loopback
-only) driven over DevTools, and a TCP→websocket bridge for VNC clients that speak TCP."""
+only) driven over DevTools, what the live view's canvas shows, and a TCP→websocket bridge
+for VNC clients that speak TCP."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-__all__ = ["headless_chromium", "websocket_bridge"]
+from deskbox_server.driver.browser import CdpPage
+
+__all__ = ["canvas_pixel", "headless_chromium", "websocket_bridge"]
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -51,6 +55,25 @@ def headless_chromium(profile: Path, width: int = 1280, height: int = 860) -> It
             os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=10)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+_PIXEL = """(() => {{
+  const view = window.__deskbox, canvas = document.querySelector('#screen canvas');
+  if (!view || !view.connected || !canvas || canvas.width < {x}) return null;
+  const d = canvas.getContext('2d').getImageData({x}, {y}, 1, 1).data;
+  return [d[0], d[1], d[2]];
+}})()"""
+
+
+def canvas_pixel(cdp: CdpPage, x: int, y: int, expected: tuple[int, int, int]) -> Any:
+    """The live view page's canvas at desktop pixel (x, y), once it is ``expected`` or after
+    20 s (then what it was, for the assertion's message)."""
+    deadline = time.monotonic() + 20
+    while (pixel := cdp.evaluate(_PIXEL.format(x=x, y=y))) != list(expected):
+        if time.monotonic() > deadline:
+            return pixel
+        time.sleep(0.05)
+    return pixel
 
 
 @contextmanager

@@ -131,5 +131,5 @@ def create_app(
     app.include_router(events.router)
     app.include_router(tokens_api.router)
     app.include_router(vnc_api.router)
-    vnc_api.mount_assets(app, settings.novnc_dir)
+    vnc_api.mount_assets(app)
     return app

@@ -47,8 +47,6 @@ class Settings(BaseSettings):
     display_last: Annotated[int, Field(ge=2, le=65536)] = 1000
     # MIT-SHM capture through a sealed memfd (driver/shm.py); False: plain GetImage.
     capture_shared_memory: bool = True
-    # The noVNC client served with the live view (Debian's novnc package).
-    novnc_dir: Path = Path("/usr/share/novnc")
     idle_timeout_s: Annotated[int, Field(ge=1)] = 900
     max_timeout_s: Annotated[int, Field(ge=1)] = 7 * 24 * 3600
     reaper_interval_s: Annotated[float, Field(gt=0)] = 5.0

@@ -1,7 +1,7 @@
 """The live view of a sandboxed (container) session, end to end.
 
 x11vnc runs inside the sandbox on a unix socket of its socket directory; a headless
-Chromium on the host opens the view link (noVNC from Debian's package) and its canvas shows
+Chromium on the host opens the view link (the page and noVNC of vnc/) and its canvas shows
 the session's page; a real VNC client library (vncdotool) goes through the websocket proxy;
 a view token's crafted input changes nothing.
 """
@@ -19,7 +19,7 @@ import pytest
 from deskbox_server.backends.container_backend import ContainerHandle
 from deskbox_server.driver.browser import CdpPage
 
-from ..headless import headless_chromium, websocket_bridge
+from ..headless import canvas_pixel, headless_chromium, websocket_bridge
 from ..rfb_client import RfbViewer
 from .conftest import Server
 from .containers import (
@@ -79,23 +79,6 @@ def token(client: httpx.Client, session: dict[str, Any], scope: str) -> str:
 
 def vnc_url(session: dict[str, Any], value: str) -> str:
     return f"{session['urls']['vnc_ws']}?token={value}"
-
-
-_PIXEL = """(() => {{
-  const view = window.__deskbox, canvas = document.querySelector('#screen canvas');
-  if (!view || !view.connected || !canvas || canvas.width < {x}) return null;
-  const d = canvas.getContext('2d').getImageData({x}, {y}, 1, 1).data;
-  return [d[0], d[1], d[2]];
-}})()"""
-
-
-def canvas_pixel(cdp: CdpPage, x: int, y: int, expected: tuple[int, int, int]) -> Any:
-    deadline = time.monotonic() + 20
-    while (pixel := cdp.evaluate(_PIXEL.format(x=x, y=y))) != list(expected):
-        if time.monotonic() > deadline:
-            return pixel
-        time.sleep(0.05)
-    return pixel
 
 
 def test_x11vnc_listens_only_on_a_unix_socket(

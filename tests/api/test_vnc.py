@@ -1,7 +1,8 @@
 """The live view on the shared local-backend server: tokens, the RFB proxy and its filter.
 
 A raw RFB viewer (tests/rfb_client.py) goes through ``WS /v1/sessions/{id}/vnc``; the
-page's DevTools tell exactly what input reached it.
+page's DevTools tell exactly what input reached it. The view page (vnc/) runs in a headless
+Chromium.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,8 +19,10 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
+from deskbox_server.driver.browser import CdpPage
 from deskbox_server.logs import RedactTokens
 
+from ..headless import canvas_pixel, headless_chromium
 from ..rfb_client import RfbViewer
 from .conftest import KEY_A, KEY_B, EventPage, Server
 from .helpers import assert_error
@@ -237,10 +241,67 @@ def test_view_page_is_served(client: httpx.Client, session: dict[str, Any]) -> N
     assert response.headers["referrer-policy"] == "no-referrer"
     assert token not in response.text
     assert "/vnc/static/view.js" in response.text
+    assert f'data-session="{session["id"]}"' in response.text and "$" not in response.text
     base = view.split("/v1/")[0]
-    assert httpx.get(base + "/vnc/novnc/core/rfb.js").status_code == 200
-    assert httpx.get(base + "/vnc/static/view.js").status_code == 200
+    # The package's own files (vnc/): a browser runs module scripts only with a JS type.
+    for asset in ("/vnc/static/view.js", "/vnc/static/live.js", "/vnc/novnc/core/rfb.js",
+                  "/vnc/novnc/vendor/pako/lib/zlib/inflate.js"):
+        served = httpx.get(base + asset)
+        assert served.status_code == 200, asset
+        assert served.headers["content-type"].startswith("text/javascript"), asset
+    assert httpx.get(base + "/vnc/static/view.css").status_code == 200
     assert_error(httpx.get(view), 401, "unauthorized")
+
+
+@pytest.mark.slow
+def test_view_page_in_chromium_draws_the_desktop_and_shares_the_clipboard(
+    tmp_path: Path, client: httpx.Client, session: dict[str, Any], origin: tuple[int, int]
+) -> None:
+    """The page as a person opens it: a control link in a real Chromium, with noVNC of vnc/."""
+    ox, oy = origin
+    link = f"{session['urls']['view']}?token={issue(client, session['id'], 'control')['token']}"
+    with headless_chromium(tmp_path / "viewer") as devtools, CdpPage.first(devtools) as cdp:
+        cdp.navigate(link)
+        assert canvas_pixel(cdp, ox + 200, oy + 150, RED) == list(RED)
+        assert canvas_pixel(cdp, ox + 500, oy + 150, GREEN) == list(GREEN)
+        assert canvas_pixel(cdp, ox + 200, oy + 350, BLUE) == list(BLUE)
+        shown = cdp.evaluate("""[document.getElementById('state').textContent,
+            document.getElementById('scope').textContent,
+            document.getElementById('clip-send').hidden, window.__deskbox.rfb.viewOnly,
+            document.querySelector('#screen canvas').width]""")
+        assert shown == ["connected", "control", False, False, 1280]
+        # What the session copies shows in the clipboard panel (x11vnc may drop the first
+        # change after a viewer came: the owner's write is repeated a second later)...
+        actions(client, session, {"type": "clipboard_set", "text": "to the page"})
+        cdp.evaluate("document.getElementById('clip-toggle').click()")
+        deadline = time.monotonic() + 5
+        while cdp.evaluate("document.getElementById('clip-text').value") != "to the page":
+            assert time.monotonic() < deadline, "the clipboard never reached the page"
+            time.sleep(0.05)
+        assert cdp.evaluate("document.getElementById('clip').hidden") is False
+        # ...and what the viewer pastes reaches the session's clipboard.
+        cdp.evaluate("""(() => { document.getElementById('clip-text').value = 'from the page';
+            document.getElementById('clip-send').click(); })()""")
+        deadline = time.monotonic() + 5
+        while (got := actions(client, session, {"type": "clipboard_get"})[0]["text"]) != (
+            "from the page"
+        ):
+            assert time.monotonic() < deadline, got
+            time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_view_page_in_chromium_with_a_view_token(
+    tmp_path: Path, client: httpx.Client, session: dict[str, Any], origin: tuple[int, int]
+) -> None:
+    ox, oy = origin
+    link = f"{session['urls']['view']}?token={issue(client, session['id'], 'view')['token']}"
+    with headless_chromium(tmp_path / "viewer") as devtools, CdpPage.first(devtools) as cdp:
+        cdp.navigate(link)
+        assert canvas_pixel(cdp, ox + 200, oy + 350, BLUE) == list(BLUE)
+        shown = cdp.evaluate("""[document.getElementById('scope').textContent,
+            document.getElementById('clip-send').hidden, window.__deskbox.rfb.viewOnly]""")
+        assert shown == ["view only", True, True]
 
 
 def test_tokens_never_reach_the_log(

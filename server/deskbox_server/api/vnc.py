@@ -3,9 +3,10 @@
 
 Every one of them takes a ``view`` or ``control`` session token (``?token=`` or bearer
 header) or the owner's API key (bearer header), checked before the websocket upgrade:
-a refused viewer gets an HTTP error and never an RFB byte. The noVNC client is Debian's
-``novnc`` package (``settings.novnc_dir``), served under ``/vnc/novnc``; our page's own
-script and style under ``/vnc/static``.
+a refused viewer gets an HTTP error and never an RFB byte. What runs in the viewer's
+browser lives in the repository's top-level ``vnc/`` (package data: ``deskbox_server/viewer``
+links to it): the page's template ``view.html``, its script and style served under
+``/vnc/static``, and the pinned, vendored noVNC under ``/vnc/novnc``.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ import asyncio
 import html
 import logging
 from pathlib import Path
+from string import Template
 
 from fastapi import APIRouter, FastAPI, Request, WebSocket
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 from starlette.staticfiles import StaticFiles
 
-from ..errors import DeskboxError, Internal, SessionFailed
+from ..errors import DeskboxError, SessionFailed
 from ..schemas.sessions import SessionState
 from ..sessions.tokens import Scope
 from ..vnc.proxy import handshake_server, run_proxy
@@ -36,7 +38,7 @@ router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["live view"])
 
 NOVNC_PATH = "/vnc/novnc"
 STATIC_PATH = "/vnc/static"
-_STATIC_DIR = Path(__file__).resolve().parent.parent / "vnc" / "static"
+_VIEWER_DIR = Path(__file__).resolve().parent.parent / "viewer"
 _VIEW_SCOPES: tuple[Scope, ...] = ("view", "control")
 _PAGE_HEADERS = {
     "Cache-Control": "no-store",
@@ -49,10 +51,12 @@ _PAGE_HEADERS = {
 }
 
 
-def mount_assets(app: FastAPI, novnc_dir: Path) -> None:
-    """noVNC (Debian's files, read-only) and the page's script, as static routes."""
-    app.mount(NOVNC_PATH, StaticFiles(directory=novnc_dir, check_dir=False), name="novnc")
-    app.mount(STATIC_PATH, StaticFiles(directory=_STATIC_DIR), name="vnc-static")
+def mount_assets(app: FastAPI) -> None:
+    """noVNC and the page's script and style as static routes; the page's template, read
+    once here (not in a handler: no file I/O on the event loop)."""
+    app.mount(NOVNC_PATH, StaticFiles(directory=_VIEWER_DIR / "novnc"), name="novnc")
+    app.mount(STATIC_PATH, StaticFiles(directory=_VIEWER_DIR / "static"), name="vnc-static")
+    app.state.view_template = Template((_VIEWER_DIR / "view.html").read_text())
 
 
 class ViewStatus(BaseModel):
@@ -74,42 +78,11 @@ async def view_page(request: Request, session_id: str) -> HTMLResponse:
     services = get_services(request)
     grant = authorize(services, request, session_id, _VIEW_SCOPES)
     await services.manager.get(grant.owner, session_id)
-    if not (services.settings.novnc_dir / "core" / "rfb.js").is_file():
-        raise Internal(
-            f"noVNC is not installed on this server ({services.settings.novnc_dir}); "
-            "install Debian's novnc package"
-        )
-    return HTMLResponse(_page(session_id), headers=_PAGE_HEADERS)
-
-
-def _page(session_id: str) -> str:
-    sid = html.escape(session_id, quote=True)
-    return f"""<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="referrer" content="no-referrer">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>Deskbox {sid}</title>
-<link rel="stylesheet" href="{STATIC_PATH}/view.css">
-<script type="module" src="{STATIC_PATH}/view.js"></script>
-</head>
-<body data-session="{sid}" data-novnc="{NOVNC_PATH}">
-<header id="bar">
-  <span id="title">{sid}</span>
-  <span id="state" class="connecting">connecting</span>
-  <span id="scope"></span>
-  <button id="clip-toggle" type="button">Clipboard</button>
-</header>
-<aside id="clip" hidden>
-  <textarea id="clip-text" rows="6" spellcheck="false"
-    placeholder="Text copied in the session appears here"></textarea>
-  <button id="clip-send" type="button">Paste into the session</button>
-</aside>
-<main id="screen"></main>
-</body>
-</html>
-"""
+    template: Template = request.app.state.view_template
+    page = template.substitute(
+        session_id=html.escape(session_id, quote=True), static=STATIC_PATH, novnc=NOVNC_PATH
+    )
+    return HTMLResponse(page, headers=_PAGE_HEADERS)
 
 
 @router.websocket("/vnc")

@@ -1,0 +1,139 @@
+// The live view's logic, kept apart from the page and from noVNC so that node's test runner
+// can drive it (vnc/test/live.test.js): where the page connects, what the status poll shows,
+// when it (re)connects, and the clipboard panel. view.js wires it to the page.
+
+// The session token comes from the page's own URL (?token=) and goes only to this server:
+// the status poll and the websocket, on the page's own origin and path.
+export function endpoints(location) {
+  const token = new URLSearchParams(location.search).get('token') || '';
+  const base = location.pathname.replace(/\/view\/?$/, '');
+  const query = `?token=${encodeURIComponent(token)}`;
+  const scheme = location.protocol === 'https:' ? 'wss' : 'ws';
+  return {
+    status: `${base}/view/status${query}`,
+    vnc: `${scheme}://${location.host}${base}/vnc${query}`,
+  };
+}
+
+// Poll slowly while the picture is live, faster while waiting for the session to run.
+export const POLL_CONNECTED_MS = 3000;
+export const POLL_WAITING_MS = 1000;
+
+// ui: the page's elements (screen, state, scope, clip, clipToggle, clipText, clipSend);
+// RFB: noVNC's client class; fetch and setTimeout: the window's.
+export class LiveView {
+  constructor({ ui, RFB, urls, fetch, setTimeout }) {
+    Object.assign(this, { ui, RFB, urls, fetch, setTimeout });
+    // What the page shows and tests read (window.__deskbox).
+    this.state = 'connecting';
+    this.scope = null;
+    this.connected = false;
+    this.connects = 0;
+    this.disconnects = 0;
+    this.clipboard = '';
+    this.rfb = null;
+    this.connecting = false;
+    ui.clipToggle.addEventListener('click', () => { ui.clip.hidden = !ui.clip.hidden; });
+    ui.clipSend.addEventListener('click', () => this.paste());
+  }
+
+  show(text, cls) {
+    this.ui.state.textContent = text;
+    this.ui.state.className = cls;
+  }
+
+  connect() {
+    if (this.connecting || this.connected) return;
+    this.connecting = true;
+    const rfb = new this.RFB(this.ui.screen, this.urls.vnc, { wsProtocols: ['binary'], shared: true });
+    this.rfb = rfb;
+    rfb.scaleViewport = true;
+    rfb.resizeSession = false;
+    rfb.viewOnly = this.scope !== 'control'; // the server drops a view token's input anyway
+    rfb.focusOnClick = true;
+    let opened = false;
+    rfb.addEventListener('connect', () => {
+      opened = true;
+      this.connecting = false;
+      this.connected = true;
+      this.connects += 1;
+      this.show('connected', 'connected');
+    });
+    rfb.addEventListener('disconnect', () => {
+      this.connecting = false;
+      this.connected = false;
+      this.disconnects += 1;
+      if (this.rfb !== rfb) return; // the page let it go (the session is not running)
+      this.rfb = null;
+      // A live picture the server ended (a checkpoint, a pause) is looked at again at once;
+      // a connection that never opened waits for the next poll, so a failing server is not
+      // hammered.
+      if (opened) this.refresh();
+    });
+    rfb.addEventListener('clipboard', (event) => {
+      this.clipboard = event.detail.text;
+      this.ui.clipText.value = event.detail.text;
+    });
+  }
+
+  // Only a control token may paste; the button is hidden for a view token.
+  paste() {
+    if (this.rfb && this.connected && this.scope === 'control') {
+      this.rfb.clipboardPasteFrom(this.ui.clipText.value);
+    }
+  }
+
+  // One look at the session's state; false when there is nothing more to wait for.
+  async refresh() {
+    let response;
+    try {
+      response = await this.fetch(this.urls.status, { cache: 'no-store' });
+    } catch {
+      this.show('server unreachable', 'ended');
+      return true;
+    }
+    if (response.status === 401 || response.status === 403 || response.status === 404) {
+      this.state = 'ended';
+      this.disconnect();
+      this.show(response.status === 404 ? 'ended' : 'access refused', 'ended');
+      return false;
+    }
+    let status;
+    try {
+      status = response.ok ? await response.json() : null;
+    } catch {
+      status = null;
+    }
+    if (!status || typeof status.state !== 'string') {
+      this.show(`server error (${response.status})`, 'ended');
+      return true;
+    }
+    this.state = status.state;
+    this.scope = status.scope;
+    this.ui.scope.textContent = status.scope === 'control' ? 'control' : 'view only';
+    this.ui.clipSend.hidden = status.scope !== 'control';
+    if (status.state === 'running') {
+      if (!this.connected) {
+        this.show('connecting', 'connecting');
+        this.connect();
+      }
+      return true;
+    }
+    this.disconnect();
+    const ended = status.state === 'stopped' || status.state === 'failed';
+    this.show(ended ? `ended (${status.state})` : status.state, ended ? 'ended' : status.state);
+    return !ended;
+  }
+
+  disconnect() {
+    const rfb = this.rfb;
+    this.rfb = null;
+    if (rfb) rfb.disconnect();
+  }
+
+  async poll() {
+    if (await this.refresh()) {
+      this.setTimeout(() => this.poll(), this.connected ? POLL_CONNECTED_MS : POLL_WAITING_MS);
+    }
+  }
+}

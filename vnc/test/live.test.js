@@ -1,0 +1,247 @@
+// The live view's logic (static/live.js) under node's test runner: the page's seams (its
+// elements, noVNC's RFB class, fetch, setTimeout) are stand-ins; the browser tests
+// (tests/api/test_vnc.py, tests/api/test_container_vnc.py) run the real page with noVNC.
+import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
+import { readFileSync, readdirSync, statSync } from 'node:fs';
+import { test } from 'node:test';
+
+import {
+  LiveView, POLL_CONNECTED_MS, POLL_WAITING_MS, endpoints,
+} from '../static/live.js';
+
+const VNC = new URL('..', import.meta.url);
+
+class Element {
+  constructor() {
+    Object.assign(this, { textContent: '', className: '', hidden: false, value: '' });
+    this.listeners = {};
+  }
+
+  addEventListener(type, listener) {
+    (this.listeners[type] ??= []).push(listener);
+  }
+
+  dispatch(type, detail) {
+    for (const listener of this.listeners[type] ?? []) listener({ detail });
+  }
+}
+
+// noVNC's RFB as far as the page uses it; every instance is kept to be driven by the test.
+function fakeRFB() {
+  const made = [];
+  class RFB extends Element {
+    constructor(target, url, options) {
+      super();
+      Object.assign(this, { target, url, options, pasted: [], disconnected: false });
+      made.push(this);
+    }
+
+    clipboardPasteFrom(text) { this.pasted.push(text); }
+
+    disconnect() {
+      if (this.disconnected) return;
+      this.disconnected = true;
+      this.dispatch('disconnect', { clean: true });
+    }
+  }
+  return { RFB, made };
+}
+
+function response(status, body) {
+  return { status, ok: status >= 200 && status < 300, json: async () => body };
+}
+
+// A view whose status poll answers from `answers` (a response, or an Error to throw).
+function harness(answers) {
+  const ui = Object.fromEntries(
+    ['screen', 'state', 'scope', 'clip', 'clipToggle', 'clipText', 'clipSend']
+      .map((name) => [name, new Element()]),
+  );
+  ui.clip.hidden = true;
+  const { RFB, made } = fakeRFB();
+  const fetched = [];
+  const timers = [];
+  const fetch = async (url, options) => {
+    fetched.push({ url, options });
+    const answer = answers.shift() ?? new Error('a poll the test did not expect');
+    if (answer instanceof Error) throw answer;
+    return answer;
+  };
+  const urls = endpoints({
+    protocol: 'http:', host: '127.0.0.1:8765', pathname: '/v1/sessions/ses_1/view',
+    search: '?token=tok',
+  });
+  const view = new LiveView({
+    ui, RFB, urls, fetch, setTimeout: (fn, ms) => timers.push({ fn, ms }),
+  });
+  return { view, ui, made, fetched, timers };
+}
+
+const running = (scope) => response(200, { session_id: 'ses_1', state: 'running', scope });
+
+test('the token goes from the page URL to the status poll and the websocket only', () => {
+  const urls = endpoints({
+    protocol: 'https:', host: 'desk.example:8443', pathname: '/v1/sessions/ses_9/view/',
+    search: '?token=a+b/c%3D&other=1',
+  });
+  assert.deepEqual(urls, {
+    status: '/v1/sessions/ses_9/view/status?token=a%20b%2Fc%3D',
+    vnc: 'wss://desk.example:8443/v1/sessions/ses_9/vnc?token=a%20b%2Fc%3D',
+  });
+  const bare = endpoints({ protocol: 'http:', host: 'h', pathname: '/v1/sessions/s/view',
+    search: '' });
+  assert.equal(bare.vnc, 'ws://h/v1/sessions/s/vnc?token=');
+});
+
+test('a running session is connected once, view-only for a view token', async () => {
+  const { view, ui, made, fetched, timers } = harness([running('view'), running('view')]);
+  await view.poll();
+  assert.equal(fetched[0].url, '/v1/sessions/ses_1/view/status?token=tok');
+  assert.deepEqual(fetched[0].options, { cache: 'no-store' });
+  assert.equal(made.length, 1);
+  const [rfb] = made;
+  assert.equal(rfb.url, 'ws://127.0.0.1:8765/v1/sessions/ses_1/vnc?token=tok');
+  assert.equal(rfb.target, ui.screen);
+  assert.deepEqual(rfb.options, { wsProtocols: ['binary'], shared: true });
+  assert.equal(rfb.viewOnly, true);
+  assert.equal(rfb.scaleViewport, true);
+  assert.equal(ui.scope.textContent, 'view only');
+  assert.equal(ui.clipSend.hidden, true);
+  assert.equal(ui.state.textContent, 'connecting');
+  assert.equal(timers.at(-1).ms, POLL_WAITING_MS);
+
+  rfb.dispatch('connect');
+  assert.equal(view.connected, true);
+  assert.deepEqual([ui.state.textContent, ui.state.className], ['connected', 'connected']);
+  await timers.at(-1).fn(); // the next poll: still running, no second connection
+  assert.equal(made.length, 1);
+  assert.equal(timers.at(-1).ms, POLL_CONNECTED_MS);
+});
+
+test('a control token gets input and the paste button', async () => {
+  const { view, ui, made } = harness([running('control')]);
+  await view.poll();
+  assert.equal(made[0].viewOnly, false);
+  assert.equal(ui.scope.textContent, 'control');
+  assert.equal(ui.clipSend.hidden, false);
+});
+
+test('a paused session is let go and shown; running again reconnects', async () => {
+  const paused = response(200, { session_id: 'ses_1', state: 'paused', scope: 'view' });
+  const { view, ui, made, timers } = harness([running('view'), paused, running('view')]);
+  await view.poll();
+  made[0].dispatch('connect');
+  // The checkpoint closes the stream: the page looks at the state at once (no timer).
+  made[0].disconnect();
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.equal(view.connected, false);
+  assert.deepEqual([ui.state.textContent, ui.state.className], ['paused', 'paused']);
+  assert.equal(view.state, 'paused');
+  await timers.at(-1).fn();
+  assert.equal(made.length, 2);
+  assert.equal(ui.state.textContent, 'connecting');
+});
+
+test('a connection that never opened waits for the next poll', async () => {
+  const { view, made, fetched } = harness([running('view')]);
+  await view.poll();
+  made[0].disconnect(); // refused before RFB's handshake finished
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.equal(fetched.length, 1);
+  assert.equal(view.rfb, null);
+  assert.equal(view.disconnects, 1);
+});
+
+for (const [state, shown] of [['stopped', 'ended (stopped)'], ['failed', 'ended (failed)']]) {
+  test(`a ${state} session ends the page: no more polls`, async () => {
+    const over = response(200, { session_id: 'ses_1', state, scope: 'view' });
+    const { view, ui, made, fetched, timers } = harness([running('view'), over]);
+    await view.poll();
+    made[0].dispatch('connect');
+    await timers.at(-1).fn();
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.equal(made[0].disconnected, true);
+    assert.equal(view.connected, false);
+    assert.equal(fetched.length, 2); // letting go of the picture is not a reason to poll
+    assert.deepEqual([ui.state.textContent, ui.state.className], [shown, 'ended']);
+    assert.equal(timers.length, 1);
+  });
+}
+
+for (const [code, shown] of [[401, 'access refused'], [403, 'access refused'], [404, 'ended']]) {
+  test(`HTTP ${code} from the status poll ends the page`, async () => {
+    const { view, ui, made, fetched, timers } = harness([running('view'), response(code, {})]);
+    await view.poll();
+    made[0].dispatch('connect');
+    await timers.at(-1).fn();
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.equal(made[0].disconnected, true);
+    assert.equal(fetched.length, 2);
+    assert.deepEqual([ui.state.textContent, view.state], [shown, 'ended']);
+    assert.equal(timers.length, 1);
+  });
+}
+
+test('an unreachable server or a server error keeps the page polling', async () => {
+  const unavailable = response(503, { error: { type: 'unavailable' } });
+  const { view, ui, made, timers } = harness(
+    [new TypeError('fetch failed'), unavailable, running('view')],
+  );
+  await view.poll();
+  assert.equal(ui.state.textContent, 'server unreachable');
+  await timers.at(-1).fn();
+  assert.equal(ui.state.textContent, 'server error (503)');
+  assert.equal(view.state, 'connecting');
+  assert.equal(made.length, 0);
+  await timers.at(-1).fn();
+  assert.equal(made.length, 1);
+  assert.equal(timers.length, 3);
+});
+
+test('the clipboard panel: shows what the session copied, pastes only with control', async () => {
+  for (const scope of ['view', 'control']) {
+    const { view, ui, made } = harness([running(scope)]);
+    await view.poll();
+    ui.clipToggle.dispatch('click');
+    assert.equal(ui.clip.hidden, false);
+    const [rfb] = made;
+    rfb.dispatch('clipboard', { text: 'copied in the session' });
+    assert.equal(ui.clipText.value, 'copied in the session');
+    assert.equal(view.clipboard, 'copied in the session');
+    ui.clipText.value = 'from the viewer';
+    ui.clipSend.dispatch('click'); // not connected yet: nothing to paste into
+    rfb.dispatch('connect');
+    ui.clipSend.dispatch('click');
+    assert.deepEqual(rfb.pasted, scope === 'control' ? ['from the viewer'] : []);
+    ui.clipToggle.dispatch('click');
+    assert.equal(ui.clip.hidden, true);
+  }
+});
+
+test('the page template has every element view.js wires', () => {
+  const page = readFileSync(new URL('view.html', VNC), 'utf8');
+  const script = readFileSync(new URL('static/view.js', VNC), 'utf8');
+  const ids = [...script.matchAll(/\$\('([\w-]+)'\)/g)].map((match) => match[1]);
+  assert.ok(ids.length >= 7, ids);
+  for (const id of ids) assert.match(page, new RegExp(`id="${id}"`), id);
+});
+
+test('the vendored noVNC is the pinned one, unedited (vnc/update-novnc.sh)', () => {
+  const root = new URL('novnc/', VNC);
+  const pinned = readFileSync(new URL('PINNED', root), 'utf8').split('\n');
+  assert.match(pinned[0], /^@novnc\/novnc \d+\.\d+\.\d+$/);
+  assert.match(pinned[1], /^sha512-[A-Za-z0-9+/]{86}==$/);
+  const sums = readFileSync(new URL('SHA256SUMS', root), 'utf8').trim().split('\n');
+  const files = sums.map((line) => line.split(/ {2}/)[1]);
+  assert.ok(files.includes('core/rfb.js') && files.includes('LICENSE.txt'), files);
+  assert.ok(files.includes('docs/LICENSE.MPL-2.0') && files.includes('vendor/pako/LICENSE'));
+  const present = readdirSync(root, { recursive: true })
+    .filter((file) => file !== 'SHA256SUMS' && statSync(new URL(file, root)).isFile());
+  assert.deepEqual(present.sort(), [...files].sort());
+  for (const line of sums) {
+    const [sum, file] = line.split(/ {2}/);
+    const data = readFileSync(new URL(file, root));
+    assert.equal(createHash('sha256').update(data).digest('hex'), sum, file);
+  }
+});
