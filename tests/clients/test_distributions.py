@@ -110,6 +110,10 @@ def client_venv(wheels: Wheels, tmp_path_factory: pytest.TempPathFactory) -> Pat
 def test_each_wheel_holds_its_own_package(wheels: Wheels) -> None:
     assert _packages(wheels.client) == {"deskbox"}
     assert _packages(wheels.server) == {"deskbox_server"}
+    for wheel in (wheels.client, wheels.server):  # the licence travels with each
+        with zipfile.ZipFile(wheel) as archive:
+            assert any(name.endswith(".dist-info/licenses/LICENSE")
+                       for name in archive.namelist()), wheel.name
     client_requires, client_entry = _metadata(wheels.client)
     server_requires, server_entry = _metadata(wheels.server)
     assert "deskbox = deskbox.cli:main" in client_entry
