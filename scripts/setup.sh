@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything Deskbox needs on a Debian 12 host, installed only where missing:
-# the desktop's Debian packages, then .venv/ with the project and its dev tools.
+# the desktop's Debian packages, then .venv/ with both distributions (deskbox and
+# deskbox-server, editable) and the dev tools.
 # Quiet when there is nothing to do; safe to run again and again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +40,11 @@ scripts/criu.sh || echo "setup: without CRIU, pause mode hibernate will be refus
 
 PYTHON=${PYTHON:-python3}
 stamp=.venv/.deskbox-installed
-wanted=$(sha256sum pyproject.toml | cut -d' ' -f1)
+# Two distributions, both editable: deskbox (clients/python/pyproject.toml: SDK, CLI, MCP)
+# and deskbox-server (pyproject.toml: the server, and the dev tools in its [dev] extra).
+# A change to either file reinstalls.
+PYPROJECTS=(clients/python/pyproject.toml pyproject.toml)
+wanted=$(cat "${PYPROJECTS[@]}" | sha256sum | cut -d' ' -f1)
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   "$PYTHON" -m venv .venv
@@ -47,6 +52,7 @@ fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
   echo "setup: installing the project into .venv"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  # In one command, so deskbox-server's `deskbox` requirement is the editable checkout.
+  .venv/bin/python -m pip install -q -e ./clients/python -e '.[dev]'
   echo "$wanted" > "$stamp"
 fi

@@ -140,7 +140,12 @@ def image_size(data: bytes) -> tuple[int, int]:
 
 
 def to_image(data: bytes) -> Image:
-    from PIL import Image as PILImage
+    try:
+        from PIL import Image as PILImage
+    except ImportError as missing:  # Pillow is the optional extra `deskbox[images]`
+        raise ImportError(
+            "decoding a screenshot needs Pillow: pip install 'deskbox[images]'"
+        ) from missing
 
     image = PILImage.open(io.BytesIO(data))
     image.load()
