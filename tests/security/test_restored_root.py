@@ -8,6 +8,7 @@ Before the fix the copy printed ``RW`` and its root was the host's cached image 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -19,11 +20,13 @@ import httpx
 import pytest
 
 from deskbox_server.backends.checkpoint import Criu
+from deskbox_server.backends.container import ContainerOptions, ContainerSandbox
 from deskbox_server.backends.mounts import parse_mountinfo, signature
+from deskbox_server.backends.sandbox_snapshot import restore_copy, take_snapshot
 
 from ..api.conftest import KEY_A, Server
 from ..api.containers import container_server
-from ..images import IMAGE_STATE_DIR, REPO
+from ..images import IMAGE_STATE_DIR, REPO, session_image
 
 pytestmark = [
     pytest.mark.slow,
@@ -180,3 +183,35 @@ def test_the_image_matches_its_build_after_the_attacks() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout == ""
     assert "every file matches its build" in done.stderr
+
+
+def test_a_copy_without_a_user_namespace_is_repaired_before_it_runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Without a user namespace (the mode of egress all/allowlist sessions) CRIU restores
+    the root read-write and the masks on the host's /dev/null: the seal repairs both
+    (mount_repair.py) before any task runs, and the copy's mounts are the source's."""
+    options = ContainerOptions(
+        state_dir=tmp_path_factory.mktemp("no-userns-state"), rootfs=session_image(),
+        user_ids=None,
+    )
+    source = ContainerSandbox.start(options, f"no-userns-{os.getpid()}")
+    copy = None
+    try:
+        assert source.init_pid is not None
+        fresh = signature(parse_mountinfo(Path(f"/proc/{source.init_pid}/mountinfo").read_text()))
+        snapshot = tmp_path_factory.mktemp("no-userns-snapshot") / "snap"
+        take_snapshot(source, Criu(), snapshot, packed=False)
+        copy = restore_copy(options, f"no-userns-copy-{os.getpid()}", snapshot, Criu())
+        assert copy.init_pid is not None
+        table = Path(f"/proc/{copy.init_pid}/mountinfo").read_text()
+        assert signature(parse_mountinfo(table)) == fresh
+        attack = subprocess.run(
+            [*options.runc.command(), "exec", copy.container_id, "sh", "-c", ATTACK],
+            capture_output=True, text=True, timeout=30, check=False,
+        )
+        assert "RW" not in attack.stdout.split() and "WROTE" not in attack.stdout, attack
+    finally:
+        if copy is not None:
+            copy.destroy()
+        source.destroy()
