@@ -20,7 +20,7 @@ from deskbox_server.api.auth import key_id
 from deskbox_server.backends.container_backend import ContainerHandle
 from deskbox_server.backends.runc import Runc
 
-from ..api.conftest import DISPLAY, KEY_A, Server
+from ..api.conftest import KEY_A, Server
 from ..api.containers import container_server
 from ..api.helpers import decode
 from ..api.test_container import cgroup_pids
@@ -28,42 +28,12 @@ from ..api.test_container_cdp import read_events
 
 pytestmark = pytest.mark.slow
 
-PAGE = "data:text/html,<body style='background:%23c33'><input id=f autofocus></body>"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with container_server(tmp_path_factory, "faults", reaper_interval_s=0.2) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def client(server: Server) -> Iterator[httpx.Client]:
-    with server.client() as http:
-        http.timeout = httpx.Timeout(60)
-        yield http
-
-
-def create(client: httpx.Client) -> dict[str, Any]:
-    response = client.post("/v1/sessions", json={"display": DISPLAY,
-                                                  "browser": {"start_url": PAGE}})
-    assert response.status_code == 201, response.text
-    session: dict[str, Any] = response.json()
-    return session
-
-
-@pytest.fixture
-def session(client: httpx.Client) -> Iterator[dict[str, Any]]:
-    created = create(client)
-    yield created
-    client.delete(f"/v1/sessions/{created['id']}")
-
-
-@pytest.fixture(scope="module")
-def neighbour(client: httpx.Client) -> Iterator[dict[str, Any]]:
-    created = create(client)
-    yield created
-    client.delete(f"/v1/sessions/{created['id']}")
 
 
 def sandbox_of(server: Server, session: dict[str, Any]) -> ContainerHandle:

@@ -28,7 +28,8 @@ from ..api.containers import container_server
 from ..api.test_container import cgroup_dirs, cgroup_pids, mounts_mentioning, running
 from ..api.test_container_cdp import read_events
 from ..api.test_container_restart import container_of, reap, serve
-from .test_faults import create, eventually, exec_in, sandbox_of, still_answers
+from .conftest import create
+from .test_faults import eventually, exec_in, sandbox_of, still_answers
 
 pytestmark = pytest.mark.slow
 
@@ -86,27 +87,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                           desktop_call_timeout_s=CALL_TIMEOUT_S,
                           stop_timeout_s=STOP_TIMEOUT_S) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def client(server: Server) -> Iterator[httpx.Client]:
-    with server.client() as http:
-        http.timeout = httpx.Timeout(60)
-        yield http
-
-
-@pytest.fixture
-def session(client: httpx.Client) -> Iterator[dict[str, Any]]:
-    created = create(client)
-    yield created
-    client.delete(f"/v1/sessions/{created['id']}")
-
-
-@pytest.fixture(scope="module")
-def neighbour(client: httpx.Client) -> Iterator[dict[str, Any]]:
-    created = create(client)
-    yield created
-    client.delete(f"/v1/sessions/{created['id']}")
 
 
 class InFlight(threading.Thread):

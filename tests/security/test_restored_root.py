@@ -24,8 +24,7 @@ from deskbox_server.backends.container import ContainerOptions, ContainerSandbox
 from deskbox_server.backends.mounts import parse_mountinfo, signature
 from deskbox_server.backends.sandbox_snapshot import restore_copy, take_snapshot
 
-from ..api.conftest import KEY_A, Server
-from ..api.containers import container_server
+from ..api.conftest import Server
 from ..images import IMAGE_STATE_DIR, REPO, session_image
 
 pytestmark = [
@@ -43,20 +42,6 @@ ATTACK = (
     "echo pwned > /usr/local/bin/deskbox-session && echo WROTE-LAUNCHER; "
     "exit 0"
 )
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with container_server(tmp_path_factory, "restored-root", max_sessions=8,
-                          max_sessions_per_key=8) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(server: Server) -> Iterator[httpx.Client]:
-    with server.client(KEY_A) as http:
-        http.timeout = httpx.Timeout(120)
-        yield http
 
 
 def run(client: httpx.Client, session_id: str, script: str) -> dict[str, Any]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import resource
 import statistics
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -24,8 +23,6 @@ import pytest
 
 from deskbox_server.backends.checkpoint import Criu
 
-from ..api.conftest import KEY_A, Server
-from ..api.containers import container_server
 from ..api.helpers import decode
 
 pytestmark = [
@@ -69,20 +66,6 @@ while True:
     except OSError:
         pass
 """
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with container_server(tmp_path_factory, "x-impostor", max_sessions=6,
-                          max_sessions_per_key=6) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(server: Server) -> Iterator[httpx.Client]:
-    with server.client(KEY_A) as http:
-        http.timeout = httpx.Timeout(120)
-        yield http
 
 
 def create(client: httpx.Client) -> str:
