@@ -26,7 +26,7 @@ import socket
 import stat
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..errors import Capacity, DesktopFailed, Timeout
@@ -40,6 +40,7 @@ __all__ = [
     "peer_in_namespace",
     "peer_pid",
     "same_pid_namespace",
+    "short_socket_path",
     "unmount",
     "wait_for_file",
 ]
@@ -172,14 +173,23 @@ def listener_pid(socket_path: Path) -> int:
     Only connects: the kernel gives the listener's credentials at once, even while the
     listener is stopped, and no byte is exchanged.
     """
-    # A session directory can be deeper than a unix socket address may be long; the
-    # directory, opened, gives a short path: /proc/self/fd/<fd>/<name>.
-    directory = os.open(socket_path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    with short_socket_path(socket_path) as address, socket.socket(
+        socket.AF_UNIX, socket.SOCK_STREAM
+    ) as sock:
+        sock.settimeout(2.0)
+        sock.connect(address)
+        return peer_pid(sock)
+
+
+@contextlib.contextmanager
+def short_socket_path(path: Path) -> Iterator[str]:
+    """An address for the unix socket ``path`` that fits: a socket's address is at most 107
+    bytes, and a deep state dir makes longer paths. The directory, opened, gives a short
+    one, ``/proc/self/fd/<fd>/<name>``, valid inside the block. FileNotFoundError if the
+    directory is gone."""
+    directory = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(2.0)
-            sock.connect(f"/proc/self/fd/{directory}/{socket_path.name}")
-            return peer_pid(sock)
+        yield f"/proc/self/fd/{directory}/{path.name}"
     finally:
         os.close(directory)
 

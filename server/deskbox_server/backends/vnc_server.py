@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import DesktopFailed, SessionFailed, Timeout
-from .displays import peer_in_namespace, wait_for_file
+from .displays import peer_in_namespace, short_socket_path, wait_for_file
 from .pipes import CappedBuffer, PipeReader, pipe
 from .process_tree import Child
 from .sandbox_exec import Launch, SandboxExec
@@ -84,17 +84,11 @@ async def _open(path: Path, check: Callable[[socket.socket], bool] | None = None
 ]:
     loop = asyncio.get_running_loop()
     deadline = time.monotonic() + _CONNECT_TIMEOUT_S
-    # A unix socket's address is at most 107 bytes; a deep state dir makes a longer path.
-    # The directory, opened, gives a short one: /proc/self/fd/<fd>/<name>.
     try:
-        directory = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        with short_socket_path(path) as address:
+            return await _connect_loop(loop, address, deadline, check)
     except FileNotFoundError:
         raise SessionFailed(f"the VNC server's socket directory {path.parent} is gone") from None
-    try:
-        return await _connect_loop(loop, f"/proc/self/fd/{directory}/{path.name}", deadline,
-                                   check)
-    finally:
-        os.close(directory)
 
 
 async def _connect_loop(
