@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
 import pytest
@@ -32,15 +33,24 @@ async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         writer.close()
 
 
+async def _close_all(writers: Iterable[asyncio.StreamWriter]) -> None:
+    """Close the server side of test connections and wait until their sockets are: they are
+    released on the loop's next turns, and one that outlives the test's loop is collected
+    later, a ResourceWarning in whatever test runs then."""
+    for writer in writers:
+        writer.close()
+    for writer in writers:
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+
 @pytest_asyncio.fixture(loop_scope="function")
 async def echo_port() -> AsyncIterator[int]:
     server = await asyncio.start_server(_echo, "127.0.0.1", 0)
     async with server:
         yield server.sockets[0].getsockname()[1]
-    for writer in _writers:  # Python 3.11 leaves a server's connections open
-        writer.close()
+    await _close_all(list(_writers))  # Python 3.11 leaves a server's connections open
     _writers.clear()
-    await asyncio.sleep(0)
 
 
 async def _read_exactly(channel: Channel, size: int) -> bytes:
@@ -117,8 +127,7 @@ async def test_a_channel_nobody_reads_stays_within_its_window(client: AgentClien
     writer.cancel()
     await asyncio.gather(writer, return_exceptions=True)
     channel.close()
-    for w in held:
-        w.close()
+    await _close_all(held)
     server.close()
     await server.wait_closed()
     assert (await client.call("echo", {})).json() == {}
@@ -189,8 +198,7 @@ async def test_channels_nobody_reads_do_not_block_the_rest(client: AgentClient) 
         assert len(await channels[0].read(10)) == 10  # and a stalled one resumes
     for channel in channels:
         channel.close()
-    for writer in sending:
-        writer.close()
+    await _close_all(sending)
     server.close()
     await server.wait_closed()
 
@@ -226,7 +234,6 @@ async def test_sockets_that_do_not_read_do_not_block_the_rest(
     await asyncio.gather(*fillers, return_exceptions=True)
     for channel in channels:
         channel.close()
-    for writer in held:
-        writer.close()
+    await _close_all(held)
     server.close()
     await server.wait_closed()
