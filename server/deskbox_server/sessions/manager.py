@@ -60,7 +60,6 @@ class SessionManager:
         self._settings = settings
         self._registry = registry
         self._backends = dict(backends)
-        self._metrics = metrics
         self._live: dict[str, LiveSession] = {}
         self._ended: dict[SessionState, int] = {}
         # Sessions that ended lately, so that acting on one says why without a query.
