@@ -13,8 +13,11 @@ setup:
 run: setup
 	$(BIN)/deskbox serve
 
+# lint-imports: the layers of pyproject.toml's [tool.importlinter] (deskbox_agent is not
+# installed on the host: it is found through PYTHONPATH).
 lint: setup
 	$(BIN)/ruff check server clients tests bench desktop_image
+	PYTHONPATH=server:desktop_image/agent $(BIN)/lint-imports
 	$(BIN)/mypy
 
 # The viewer's own logic first (vnc/test/, node's test runner; no npm packages), then pytest.

@@ -10,6 +10,7 @@ each kind to the error body of API.md in one place. The tree::
     ├── Forbidden                     forbidden        403
     ├── NotFound                      not_found        404
     ├── Conflict                      conflict         409
+    │   └── BrowserUnavailable        conflict         409  (the browser does not answer)
     ├── Capacity                      capacity         429
     ├── Timeout                       timeout          504
     ├── SessionFailed                 session_failed   502
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 __all__ = [
     "AgentFailed",
+    "BrowserUnavailable",
     "Capacity",
     "Conflict",
     "DesktopFailed",
@@ -76,6 +78,10 @@ class NotFound(DeskboxError):
 class Conflict(DeskboxError):
     kind = "conflict"
     status = 409
+
+
+class BrowserUnavailable(Conflict):
+    """The session runs but its browser does not answer (it is restarting, or gone)."""
 
 
 class Capacity(DeskboxError):

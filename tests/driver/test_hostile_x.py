@@ -232,7 +232,7 @@ def test_capture_event_flood_is_dropped_then_fails(fake: Impostor, desktop: Desk
 def test_desktop_fails_alone_and_the_real_one_carries_on(fake: Impostor, desktop: Desktop) -> None:
     hostile = Desktop(fake.name)
     try:
-        hostile.capture()
+        hostile.perform(a.Screenshot())
         assert len(fake.links) >= 3  # input, RECORD and capture connections, all relayed
         with measured(), pytest.raises(DesktopFailed, match=rf"sent a 300 MiB event {LIMIT}"):
             fake.attack(generic_event(ATTACK), filler=ATTACK)
@@ -243,5 +243,5 @@ def test_desktop_fails_alone_and_the_real_one_carries_on(fake: Impostor, desktop
         hostile.close()
     started = time.monotonic()
     for _ in range(10):
-        desktop.capture()
+        desktop.perform(a.Screenshot())
     assert time.monotonic() - started < 2.0

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from Xlib import XK
 
-from deskbox_server.driver.keys import char_keysym, parse_combo, parse_key
 from deskbox_server.errors import InvalidAction
+from deskbox_server.keys import char_keysym, parse_combo, parse_key
 
 
 @pytest.mark.parametrize(

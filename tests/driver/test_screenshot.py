@@ -12,8 +12,8 @@ import pytest
 from PIL import Image
 
 from deskbox_server.driver.desktop import Desktop
-from deskbox_server.driver.images import EncodedImage
 from deskbox_server.driver.shm import MEMFD_NAME, SEALS
+from deskbox_server.media import EncodedImage
 from deskbox_server.schemas import actions as a
 from deskbox_server.schemas.results import Point, Size
 

@@ -10,7 +10,8 @@ from deskbox_server.backends.base import SessionSpec
 from deskbox_server.backends.container import ContainerOptions
 from deskbox_server.backends.container_backend import ContainerBackend, ContainerHandle
 from deskbox_server.driver.commands import DesktopSpec
-from deskbox_server.driver.images import EncodedImage
+from deskbox_server.media import EncodedImage
+from deskbox_server.schemas.actions import Screenshot
 
 
 @pytest.mark.parametrize("shared_memory", [False, True], ids=["getimage", "xshm"])
@@ -21,7 +22,7 @@ async def test_create_capture_destroy(options: ContainerOptions, shared_memory: 
     try:
         assert isinstance(handle, ContainerHandle)
         assert handle.failure() is None
-        image = await handle.capture("jpeg", 75)
+        image = (await handle.run([Screenshot(format="jpeg", quality=75)])).results[0]
         assert isinstance(image, EncodedImage) and (image.width, image.height) == (1280, 800)
         # MIT-SHM passes a memfd to the X server, so it works across the ipc namespace.
         method = await handle.worker.call(lambda: handle.desktop.capture_method)

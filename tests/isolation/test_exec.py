@@ -20,8 +20,8 @@ from deskbox_server.backends.container import ContainerSandbox
 from deskbox_server.backends.process_tree import kill_process_tree
 from deskbox_server.backends.sandbox_exec import SandboxExec
 from deskbox_server.backends.sandbox_files import FileTooLarge, read_file, write_file
-from deskbox_server.backends.sandbox_io import ExecCommand
 from deskbox_server.errors import NotFound
+from deskbox_server.sandbox_io import ExecCommand
 
 from .conftest import exec_in
 

@@ -13,9 +13,8 @@ from fastapi import APIRouter, Query, Request, Response, WebSocket
 from pydantic import ValidationError
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from ..driver.desktop import ActionResult
-from ..driver.images import EncodedImage
 from ..errors import DeskboxError, Internal, InvalidRequest
+from ..media import EncodedImage
 from ..schemas import actions as a
 from ..schemas.batch import (
     ActionResultOut,
@@ -26,7 +25,7 @@ from ..schemas.batch import (
     WsImage,
     WsRequest,
 )
-from ..schemas.results import ClipboardText, Point, Size
+from ..schemas.results import ActionResult, ClipboardText, Point, Size
 from ..sessions.pause import FROZEN_HEADER
 from .auth import authenticate
 from .deps import Caller, Services, get_services
@@ -66,10 +65,8 @@ def _result_out(result: ActionResult) -> ActionResultOut:
 async def run_actions(
     request: Request, caller: Caller, session_id: str, body: ActionsRequest
 ) -> ActionsResponse:
-    manager = get_services(request).manager
-    batch = await manager.run(
-        caller.key_id, session_id, body.actions, body.coordinate_space, body.screenshot
-    )
+    session = get_services(request).manager.session(caller.key_id, session_id)
+    batch = await session.act(body.actions, body.coordinate_space, body.screenshot)
     return ActionsResponse(
         results=[_result_out(r) for r in batch.results],
         screenshot=_image_out(batch.screenshot) if batch.screenshot else None,
@@ -109,16 +106,10 @@ async def screenshot(
     scale: Annotated[str | None, Query(description="WIDTHxHEIGHT",
                                        json_schema_extra={"pattern": SIZE_PATTERN})] = None,
 ) -> Response:
-    manager = get_services(request).manager
-    headers: dict[str, str] = {}
-    # A paused session's X server is frozen: its last frame, captured when it was paused.
-    image = await manager.frozen_screenshot(
-        caller.key_id, session_id, format, quality, _scale(scale)
-    )
-    if image is not None:
-        headers[FROZEN_HEADER] = "true"
-    else:
-        image = await manager.capture(caller.key_id, session_id, format, quality, _scale(scale))
+    session = get_services(request).manager.session(caller.key_id, session_id)
+    # A paused session's screen is its last frame, captured when it was paused.
+    image, frozen = await session.screenshot(format, quality, _scale(scale))
+    headers = {FROZEN_HEADER: "true"} if frozen else {}
     headers |= {"X-Image-Width": str(image.width), "X-Image-Height": str(image.height)}
     return Response(content=image.data, media_type=image.media_type, headers=headers)
 
@@ -155,9 +146,8 @@ async def _handle_message(services: Services, owner: str, session_id: str, text:
     except ValidationError as error:
         return _error_reply(_raw_id(text), InvalidRequest(validation_message(error.errors())))
     try:
-        batch = await services.manager.run(
-            owner, session_id, [message.action], message.coordinate_space, message.screenshot
-        )
+        session = services.manager.session(owner, session_id)
+        batch = await session.act([message.action], message.coordinate_space, message.screenshot)
     except DeskboxError as error:
         return _error_reply(message.id, error)
     except Exception:
@@ -190,7 +180,7 @@ async def actions_ws(websocket: WebSocket, session_id: str) -> None:
     services = get_services(websocket)
     try:
         owner = authenticate(services.keyring, websocket).key_id
-        services.manager.handle(owner, session_id)
+        services.manager.session(owner, session_id).ensure_running()
     except DeskboxError as error:
         services.metrics.errors.inc(error.kind)
         await websocket.send_denial_response(deskbox_error_response(error))

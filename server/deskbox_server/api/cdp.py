@@ -10,7 +10,7 @@ again). ``devtoolsFrontendUrl`` is dropped: it names the browser's own address.
 
 Auth: a ``cdp`` session token (``?token=`` or bearer) or the owner's API key (bearer),
 checked when the request or the websocket arrives. The browser's port is reachable only
-from inside the sandbox (backends/devtools.py); the proxy relays messages (cdp_relay.py),
+from inside the sandbox (the session opens it); the proxy relays messages (cdp_relay.py),
 each at most ``cdp_max_message_bytes`` (larger: close 1009), at most
 :data:`MAX_SOCKETS_PER_SESSION` sockets per session, and closes a client that falls
 behind the browser (1008) with what waits for it bounded per client and per session. When
@@ -31,15 +31,8 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse
 from starlette.requests import HTTPConnection
 
-from ..backends.base import DesktopHandle
-from ..backends.devtools import (
-    MAX_LISTING,
-    BrowserUnavailable,
-    browser_path,
-    get_json,
-    open_websocket,
-)
-from ..errors import Capacity, Conflict, DeskboxError, InvalidRequest
+from ..errors import BrowserUnavailable, Capacity, Conflict, DeskboxError, InvalidRequest
+from ..sessions import Session
 from ..sessions.links import RESTART_CLOSE_CODE
 from .cdp_relay import RelayLimits, SessionBuffers, relay
 from .deps import Services, get_services
@@ -95,17 +88,18 @@ def _ws_base(connection: HTTPConnection, session_id: str) -> str:
     return f"{scheme}://{http.split('://', 1)[1]}/v1/sessions/{session_id}/cdp"
 
 
-def _handle(
+def _session(
     services: Services, connection: HTTPConnection, session_id: str
-) -> tuple[str, DesktopHandle]:
+) -> tuple[str, Session]:
     grant = authorize(services, connection, session_id, "cdp")
-    return grant.owner, services.manager.handle(grant.owner, session_id)
+    session = services.manager.session(grant.owner, session_id)
+    session.ensure_running()
+    return grant.owner, session
 
 
 async def _listing(request: Request, session_id: str, path: str) -> object:
-    services = get_services(request)
-    _, handle = _handle(services, request, session_id)
-    return await get_json(await handle.open_devtools(), path, MAX_LISTING)
+    _, session = _session(get_services(request), request, session_id)
+    return await session.devtools_json(path)
 
 
 @router.get("/json/version", include_in_schema=True)
@@ -174,7 +168,7 @@ async def _proxy(websocket: WebSocket, session_id: str, target_id: str | None) -
     counted = False
     try:
         try:
-            owner, handle = _handle(services, websocket, session_id)
+            owner, browser = _session(services, websocket, session_id)
             if session.sockets >= MAX_SOCKETS_PER_SESSION:
                 raise Capacity(
                     f"session {session_id} has {MAX_SOCKETS_PER_SESSION} DevTools connections "
@@ -183,12 +177,12 @@ async def _proxy(websocket: WebSocket, session_id: str, target_id: str | None) -
             session.sockets += 1  # no await since the check
             counted = True
             if target_id is None:
-                path = await browser_path(handle.open_devtools)
+                path = await browser.devtools_browser_path()
             elif _TARGET_ID.match(target_id):
                 path = f"/devtools/page/{target_id}"
             else:
                 raise InvalidRequest(f"{target_id!r} is not a DevTools target id")
-            upstream = await open_websocket(handle.open_devtools, path, limit)
+            upstream = await browser.devtools_websocket(path, limit)
         except DeskboxError as error:
             services.metrics.errors.inc(error.kind)
             await websocket.send_denial_response(deskbox_error_response(error))
@@ -204,7 +198,7 @@ async def _proxy(websocket: WebSocket, session_id: str, target_id: str | None) -
 
         def touch() -> None:
             with contextlib.suppress(DeskboxError):
-                services.manager.touch(owner, session_id)
+                services.manager.session(owner, session_id).touch()
 
         try:
             async with services.manager.links.hold(session_id, close_for_checkpoint):

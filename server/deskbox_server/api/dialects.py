@@ -20,8 +20,8 @@ from pydantic import ValidationError
 
 from ..dialects import anthropic, openai
 from ..dialects.plan import Plan
-from ..driver.images import EncodedImage
 from ..errors import Internal, InvalidRequest
+from ..media import EncodedImage
 from ..schemas import actions as a
 from ..schemas.results import Point
 from .actions import SIZE_PATTERN, parse_size
@@ -62,8 +62,8 @@ async def _answer(
     view: a.CoordinateSpace | None,
 ) -> EncodedImage | Point:
     """Run the plan through the session's worker, as ``POST /actions`` does."""
-    manager = get_services(request).manager
-    batch = await manager.run(caller.key_id, session_id, plan.actions, view, plan.screenshot)
+    session = get_services(request).manager.session(caller.key_id, session_id)
+    batch = await session.act(plan.actions, view, plan.screenshot)
     if plan.screenshot is not None and batch.screenshot is not None:
         response.headers[SETTLED_HEADER] = "true" if batch.settled else "false"
         return batch.screenshot

@@ -1,6 +1,6 @@
 """Commands and files inside a session's sandbox: ``POST /exec``, ``PUT/GET /files``.
 
-Everything runs in the sandbox (the backend's ``exec``/``read_file``/``write_file``); a
+Everything runs in the sandbox (the session's ``exec``/``read_file``/``write_file``); a
 backend without a sandbox refuses with 422. Sizes are capped by the settings
 ``exec_output_max_bytes`` (stdout and stderr each; beyond it output is dropped and flagged),
 ``exec_max_timeout_s`` and ``file_max_bytes`` (413 over it, uploads and downloads alike).
@@ -21,8 +21,8 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from ..backends.sandbox_io import MAX_PATH_BYTES, ExecCommand, check_sandbox_path
 from ..errors import InvalidRequest
+from ..sandbox_io import MAX_PATH_BYTES, ExecCommand, check_sandbox_path
 from ..schemas.exec import ExecRequest, ExecResponse, FileWritten
 from ..settings import Settings
 from .deps import Caller, get_services
@@ -75,8 +75,7 @@ async def exec_command(
         background=body.background,
         output_limit=settings.exec_output_max_bytes,
     )
-    async with services.manager.using(caller.key_id, session_id) as handle:
-        result = await handle.exec(command)
+    result = await services.manager.session(caller.key_id, session_id).exec(command)
     outcome = "timed_out" if result.timed_out else "background" if body.background else "exited"
     services.metrics.execs.inc(outcome)
     return ExecResponse(
@@ -116,8 +115,8 @@ async def upload_file(
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise PayloadTooLarge(f"the upload is larger than this server's limit of {limit} bytes")
-    async with services.manager.using(caller.key_id, session_id) as handle:
-        size = await handle.write_file(path, request.stream(), limit)
+    session = services.manager.session(caller.key_id, session_id)
+    size = await session.write_file(path, request.stream(), limit)
     services.metrics.file_bytes.inc("upload", amount=size)
     return FileWritten(path=path, size=size)
 
@@ -154,14 +153,9 @@ async def download_file(
     services = get_services(request)
     check_sandbox_path(path)
     limit = services.settings.file_max_bytes
+    session = services.manager.session(caller.key_id, session_id)
     closer = AsyncExitStack()
-    handle = await closer.enter_async_context(services.manager.using(caller.key_id, session_id))
-    try:
-        download = await handle.read_file(path, limit)
-    except BaseException as error:
-        await closer.__aexit__(type(error), error, error.__traceback__)
-        raise
-    closer.push_async_callback(download.aclose)
+    download = await closer.enter_async_context(session.read_file(path, limit))
     metrics = services.metrics
 
     async def chunks() -> AsyncIterator[bytes]:

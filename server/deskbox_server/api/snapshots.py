@@ -24,7 +24,7 @@ router = APIRouter(tags=["snapshots"])
 
 
 def to_snapshot(record: SnapshotRecord, request: Request) -> Snapshot:
-    ready = get_services(request).manager.snapshot_pool_ready(record)
+    ready = get_services(request).manager.catalog.pool_ready(record)
     return Snapshot(
         id=record.id,
         session_id=record.session_id,
@@ -61,19 +61,19 @@ async def fork(
 
 @router.get("/v1/snapshots", response_model=SnapshotList)
 async def list_snapshots(request: Request, caller: Caller) -> SnapshotList:
-    records = await get_services(request).manager.list_snapshots(caller.key_id)
+    records = await get_services(request).manager.catalog.list(caller.key_id)
     return SnapshotList(snapshots=[to_snapshot(r, request) for r in records])
 
 
 @router.get("/v1/snapshots/{snapshot_id}", response_model=Snapshot)
 async def get_snapshot(request: Request, caller: Caller, snapshot_id: str) -> Snapshot:
-    record = await get_services(request).manager.get_snapshot(caller.key_id, snapshot_id)
+    record = await get_services(request).manager.catalog.get(caller.key_id, snapshot_id)
     return to_snapshot(record, request)
 
 
 @router.delete("/v1/snapshots/{snapshot_id}", status_code=204, response_class=Response)
 async def delete_snapshot(request: Request, caller: Caller, snapshot_id: str) -> Response:
-    await get_services(request).manager.delete_snapshot(caller.key_id, snapshot_id)
+    await get_services(request).manager.catalog.delete(caller.key_id, snapshot_id)
     return Response(status_code=204)
 
 
@@ -83,6 +83,6 @@ async def set_pool(
 ) -> Snapshot:
     """Keep ``size`` ready copies of the snapshot in the warm pool (0 to stop): a create
     ``from_snapshot`` then takes one at once. Kept over server restarts."""
-    manager = get_services(request).manager
-    record = await manager.set_snapshot_pool(caller.key_id, snapshot_id, body.size)
+    catalog = get_services(request).manager.catalog
+    record = await catalog.set_pool(caller.key_id, snapshot_id, body.size)
     return to_snapshot(record, request)

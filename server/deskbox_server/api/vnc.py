@@ -92,7 +92,8 @@ async def vnc_ws(websocket: WebSocket, session_id: str) -> None:
     accepted = False
     try:
         grant = authorize(services, websocket, session_id, _VIEW_SCOPES)
-        handle = services.manager.handle(grant.owner, session_id)
+        session = services.manager.session(grant.owner, session_id)
+        session.ensure_running()
         upstream: list[asyncio.StreamWriter] = []
 
         async def close_for_checkpoint() -> None:
@@ -102,7 +103,7 @@ async def vnc_ws(websocket: WebSocket, session_id: str) -> None:
 
         async with (
             services.manager.links.hold(session_id, close_for_checkpoint),
-            services.vnc.viewer(session_id, handle.start_vnc) as server,
+            services.vnc.viewer(session_id, session.start_vnc) as server,
         ):
             reader, writer = await server.connect()
             upstream.append(writer)

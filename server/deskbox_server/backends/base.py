@@ -12,18 +12,18 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from ..driver.budget import batch_allowance_s
 from ..driver.commands import DesktopSpec
-from ..driver.desktop import BatchResult, Desktop
-from ..driver.images import EncodedImage
+from ..driver.desktop import Desktop
 from ..driver.worker import DesktopWorker
 from ..errors import InvalidRequest, SessionFailed
+from ..sandbox_io import ExecCommand, ExecResult, FileDownload
 from ..schemas import actions as a
+from ..schemas.results import BatchResult
 from ..schemas.sessions import Network, Resources
 from .devtools import DevtoolsSocket
-from .sandbox_io import ExecCommand, ExecResult, FileDownload
 from .vnc_server import VncServer
 
 __all__ = ["Backend", "DesktopHandle", "SessionSpec", "SnapshotInfo"]
@@ -53,7 +53,7 @@ class SnapshotInfo:
 
 
 class DesktopHandle(ABC):
-    """One live desktop. ``run`` and ``capture`` go through the worker, off the event loop."""
+    """One live desktop. ``run`` goes through the worker, off the event loop."""
 
     worker: DesktopWorker
 
@@ -80,19 +80,6 @@ class DesktopHandle(ABC):
         desktop = self.desktop
         allowance = batch_allowance_s(actions, screenshot, desktop.settle_options)
         return await self.worker.call_within(allowance, desktop.run, actions, view, screenshot)
-
-    async def capture(
-        self,
-        fmt: Literal["jpeg", "png", "webp"],
-        quality: int,
-        view: a.CoordinateSpace | None = None,
-        scale: a.ScaleTo | None = None,
-    ) -> EncodedImage:
-        shot = a.Screenshot(format=fmt, quality=quality, scale=scale)
-        result = await self.run([shot], view)
-        image = result.results[0]
-        assert isinstance(image, EncodedImage)
-        return image
 
     # exec and files (API.md): only inside a sandbox. A handle without one refuses them.
     no_sandbox: ClassVar[str] = "this session's backend has no sandbox to run them in"

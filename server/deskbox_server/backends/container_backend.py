@@ -19,17 +19,17 @@ from typing import ClassVar
 from ..driver.desktop import Desktop
 from ..driver.processes import become_subreaper
 from ..driver.worker import CLOSE_TIMEOUT_S, DEFAULT_CALL_TIMEOUT_S, DesktopWorker
-from ..errors import DesktopFailed, InvalidRequest
+from ..errors import BrowserUnavailable, DesktopFailed, InvalidRequest
+from ..sandbox_io import ExecCommand, ExecResult, FileDownload
 from . import freezer, sandbox_files
 from .base import Backend, DesktopHandle, SessionSpec, SnapshotInfo
 from .checkpoint import Criu, hibernate_sandbox, restore_sandbox
 from .container import ContainerOptions, ContainerSandbox, remove_orphans
-from .devtools import DEVTOOLS_PORT, BrowserUnavailable, DevtoolsSocket, connect_in_netns
+from .devtools import DEVTOOLS_PORT, DevtoolsSocket, connect_in_netns
 from .exec_slots import ExecSlots
 from .network import Egress, check_allow, resolve_egress
 from .oci import Limits
 from .sandbox_exec import SandboxExec
-from .sandbox_io import ExecCommand, ExecResult, FileDownload
 from .sandbox_snapshot import restore_copy, take_snapshot
 from .seccomp import seccomp_profile
 from .vnc_server import SandboxVnc, VncServer

@@ -28,12 +28,11 @@ from urllib.parse import urlsplit
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus, WebSocketException
 
-from ..errors import Conflict, DeskboxError, NotFound, Timeout
+from ..errors import BrowserUnavailable, DeskboxError, NotFound, Timeout
 
 __all__ = [
     "DEVTOOLS_PORT",
     "MAX_LISTING",
-    "BrowserUnavailable",
     "DevtoolsSocket",
     "Opener",
     "browser_path",
@@ -53,10 +52,6 @@ CLOSE_TIMEOUT_S = 1.0
 _BROWSER_PATH = re.compile(r"^/devtools/browser/[A-Za-z0-9-]{1,64}$")
 
 _libc = ctypes.CDLL(None, use_errno=True)
-
-
-class BrowserUnavailable(Conflict):
-    """The session runs but its browser does not answer (it is restarting, or gone)."""
 
 
 @dataclass

@@ -13,9 +13,9 @@ from typing import ClassVar
 from ..driver.desktop import Desktop
 from ..driver.local import LocalDesktop
 from ..driver.worker import CLOSE_TIMEOUT_S, DEFAULT_CALL_TIMEOUT_S, DesktopWorker
-from ..errors import InvalidRequest
+from ..errors import BrowserUnavailable, InvalidRequest
 from .base import Backend, DesktopHandle, SessionSpec
-from .devtools import BrowserUnavailable, DevtoolsSocket, connect_tcp
+from .devtools import DevtoolsSocket, connect_tcp
 from .vnc_server import LocalVnc, VncServer
 
 __all__ = ["LocalBackend", "LocalHandle"]

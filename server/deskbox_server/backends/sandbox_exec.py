@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Conflict, DesktopFailed, Timeout
+from ..sandbox_io import ExecCommand, ExecResult
 from .exec_slots import ExecSlot, ExecSlots
 from .pipes import CappedBuffer, PipeReader, pipe
 from .process_tree import Child, kill_process_tree
 from .runc import Runc
-from .sandbox_io import ExecCommand, ExecResult
 
 __all__ = ["BACKGROUND_PROGRAM", "DRAIN_GRACE_S", "EXEC_PROGRAM", "PYTHON", "Launch",
            "SandboxExec"]

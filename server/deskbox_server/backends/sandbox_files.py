@@ -28,9 +28,9 @@ import struct
 from collections.abc import AsyncIterable, AsyncIterator
 
 from ..errors import DeskboxError, Forbidden, InvalidRequest, NotFound, Timeout
+from ..sandbox_io import FileDownload, check_sandbox_path
 from .pipes import PipeReader, PipeWriter, pipe
 from .sandbox_exec import PYTHON, Launch, SandboxExec
-from .sandbox_io import FileDownload, check_sandbox_path
 
 __all__ = ["FileTooLarge", "RuncDownload", "read_file", "write_file"]
 

@@ -25,7 +25,7 @@ from typing import Annotated, Literal, assert_never
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..driver.images import EncodedImage
+from ..media import EncodedImage
 from ..schemas import actions as a
 from ..schemas.results import Point
 from ..schemas.scalars import IntOnly, NumberOnly

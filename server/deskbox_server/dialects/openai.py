@@ -31,8 +31,8 @@ from typing import Annotated, Any, Literal, assert_never
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..driver.images import EncodedImage
 from ..errors import InvalidRequest
+from ..media import EncodedImage
 from ..schemas import actions as a
 from ..schemas.scalars import IntOnly
 from .plan import Plan, build, check_keys

@@ -8,8 +8,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from ..driver.keys import parse_combo
 from ..errors import InvalidRequest
+from ..keys import parse_combo
 from ..schemas import actions as a
 
 __all__ = ["Plan", "build", "check_keys"]

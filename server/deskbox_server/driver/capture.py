@@ -8,7 +8,7 @@ from Xlib.display import Display
 from Xlib.error import XError
 
 from ..errors import DesktopFailed
-from .images import Frame
+from ..media import Frame
 from .shm import SealedShmCapture
 from .xcb_relayed import RelayedXcb
 

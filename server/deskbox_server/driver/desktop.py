@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Literal
 
 from Xlib import X
 from Xlib import display as xdisplay
@@ -18,11 +17,11 @@ from Xlib.error import ConnectionClosedError, DisplayError, XError
 from Xlib.protocol.rq import Event
 
 from ..errors import DesktopFailed, InvalidAction
+from ..media import EncodedImage, Frame, encode
 from ..schemas import actions as a
-from ..schemas.results import ClipboardText, Point, Size
+from ..schemas.results import ActionResult, BatchResult, ClipboardText, Point, Size
 from .capture import Capturer
 from .clipboard import Clipboard
-from .images import EncodedImage, Frame, encode
 from .keyboard import Keyboard
 from .keymap_watch import KeymapWatch
 from .pointer import Pointer
@@ -30,9 +29,8 @@ from .settle import SettleWatcher
 from .space import Space
 from .xconnect import open_display
 
-__all__ = ["ActionResult", "BatchResult", "Desktop", "SettleOptions"]
+__all__ = ["Desktop", "SettleOptions"]
 
-ActionResult = EncodedImage | Point | Size | ClipboardText | None
 _BUTTON_ACTIONS = (a.Click, a.MouseDown, a.MouseUp, a.Drag)
 _KEYBOARD_ACTIONS = (a.TypeText, a.Key, a.HoldKey)
 _BUTTON_RECENT_S = 1.0  # a key later than this after a click is not racing it
@@ -56,13 +54,6 @@ class SettleOptions:
     # keyboard mapping is restored (see Keyboard._temporarily_mapped). Longer than a CFS
     # period (100 ms): a CPU-capped browser stalls that long while keys are still queued.
     typing_quiet_s: float = 0.2
-
-
-@dataclass(frozen=True)
-class BatchResult:
-    results: list[ActionResult]
-    screenshot: EncodedImage | None
-    settled: bool
 
 
 class Desktop:
@@ -292,16 +283,6 @@ class Desktop:
 
     def _grab(self, x: int, y: int, width: int, height: int, cursor: bool) -> Frame:
         return self._capturer.grab(x, y, width, height, cursor)
-
-    def capture(
-        self,
-        fmt: Literal["jpeg", "png", "webp"] = "jpeg",
-        quality: int = 75,
-        view: a.CoordinateSpace | None = None,
-    ) -> EncodedImage:
-        """The whole screen, now (no settling): the fast path of GET /screenshot."""
-        shot = a.Screenshot(format=fmt, quality=quality)
-        return self.run([shot], view).results[0]  # type: ignore[return-value]
 
     # -- health and teardown --------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from Xlib.display import Display
 from Xlib.ext import xtest
 
 from ..errors import InvalidAction
-from .keys import char_keysym, parse_combo
+from ..keys import char_keysym, parse_combo
 
 __all__ = ["Keyboard"]
 

@@ -64,7 +64,7 @@ class ExecRequest(BaseModel):
 
 
 class ExecResponse(BaseModel):
-    """How the command ended (see ``backends.sandbox_io.ExecResult``).
+    """How the command ended (see ``deskbox_server.sandbox_io.ExecResult``).
 
     ``exit_code`` is None when the command timed out (``timed_out``: it was killed with its
     process tree; the output so far is kept) or runs in the background (``pid``: its pid in

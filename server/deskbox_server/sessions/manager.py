@@ -1,50 +1,46 @@
-"""Sessions: create, find, act on, keep alive and stop them; caps; idle expiry.
+"""The table of sessions: create, find, keep alive and stop them; caps; idle expiry;
+recovery at start; snapshots and forks of a session.
 
 The manager owns the live sessions of this process (their backend handles) and keeps the
-registry in step with every state change. Requests reach it already parsed; it raises only
-``DeskboxError`` subclasses.
+registry in step with every state change. What one session does (actions, screenshots,
+exec and files, the live view, DevTools, pause and resume) is its :class:`Session`
+(session.py), which :meth:`SessionManager.session` hands out. Requests reach it already
+parsed; it raises only ``DeskboxError`` subclasses.
 """
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
+import builtins
 import logging
 import os
+import shutil
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager, suppress
+from collections.abc import Mapping
+from contextlib import suppress
 from pathlib import Path
 from typing import Literal
 
 from ..backends.base import Backend, DesktopHandle, SessionSpec
-from ..driver.commands import DesktopSpec
-from ..driver.desktop import BatchResult
-from ..driver.images import EncodedImage
-from ..errors import (
-    Capacity,
-    Conflict,
-    DeskboxError,
-    Internal,
-    InvalidRequest,
-    NotFound,
-    SessionFailed,
-)
+from ..errors import Capacity, DeskboxError, Internal, InvalidRequest, NotFound, SessionFailed
 from ..metrics import Metrics
-from ..schemas import actions as a
-from ..schemas.sessions import Failure, SessionCreate, SessionState
+from ..schemas.sessions import SessionCreate, SessionState
 from ..settings import Settings
+from . import start_stop
 from .browser_watch import BrowserWatch
+from .catalog import SnapshotCatalog
+from .context import SessionContext
 from .events import EventLog
 from .lifecycle import LIVE_STATES, SessionRecord, utcnow
 from .links import SessionLinks
 from .live import LiveSession, not_live
 from .pause import FrameStore
 from .pool import PoolKey, SnapshotKey, WarmPool, new_session_id
+from .recovery import desktop_spec, failed, lock_state_dir, readopt
 from .registry import Registry
-from .snapshots import SnapshotStore
-from .state_changes import StateChanges
+from .session import Session
+from .snapshots import SnapshotRecord, SnapshotStore
 
 __all__ = ["LiveSession", "SessionManager"]
 
@@ -53,7 +49,7 @@ _RECENT = 1024
 S = SessionState
 
 
-class SessionManager(StateChanges):
+class SessionManager:
     def __init__(
         self,
         settings: Settings,
@@ -64,7 +60,6 @@ class SessionManager(StateChanges):
         self._settings = settings
         self._registry = registry
         self._backends = dict(backends)
-        self._metrics = metrics
         self._live: dict[str, LiveSession] = {}
         self._ended: dict[SessionState, int] = {}
         # Sessions that ended lately, so that acting on one says why without a query.
@@ -85,6 +80,12 @@ class SessionManager(StateChanges):
             pool_backend, [PoolKey.parse(d) for d in settings.pool_displays],
             settings.pool_size, settings.start_timeout_s,
         ) if pool_backend is not None else None
+        # GET/DELETE /v1/snapshots and the snapshots' pools (catalog.py).
+        self.catalog = SnapshotCatalog(self.snapshots, self.pool, settings.max_sessions_per_key)
+        self._context = SessionContext(
+            registry=registry, browsers=self._browsers, links=self.links, frames=self._frames,
+            metrics=metrics, publish=self._publish_state, fail=self._fail_soon,
+        )
 
     # -- server lifetime ------------------------------------------------------------------
 
@@ -93,7 +94,7 @@ class SessionManager(StateChanges):
         server left: running sessions whose desktop still runs are re-adopted, the other
         live ones are marked failed, and sandboxes the registry does not know are removed.
         """
-        self._lock_fd = await asyncio.to_thread(_lock_state_dir, self._settings.state_dir)
+        self._lock_fd = await asyncio.to_thread(lock_state_dir, self._settings.state_dir)
         try:
             await self._recover()
         except BaseException:
@@ -110,7 +111,7 @@ class SessionManager(StateChanges):
         if self.pool is not None:
             for snapshot in await asyncio.to_thread(self.snapshots.all):
                 if snapshot.pool_size:
-                    await self.pool.set_target(self._pool_key(snapshot), snapshot.pool_size)
+                    await self.pool.set_target(self.catalog.pool_key(snapshot), snapshot.pool_size)
             self.pool.start()
 
     async def _recover(self) -> None:
@@ -128,7 +129,7 @@ class SessionManager(StateChanges):
                 adopted[record.backend].add(record.id)
                 continue
             log.warning("session %s failed: %s", record.id, reason)
-            await self._registry.save(_failed(record, reason))
+            await self._registry.save(failed(record, reason))
         for name, backend in self._backends.items():
             removed = await backend.remove_orphans(adopted[name])
             if removed:
@@ -142,27 +143,12 @@ class SessionManager(StateChanges):
 
     async def _adopt(self, record: SessionRecord) -> str | None:
         """Re-adopt a session a previous server left running; None, or why it failed."""
-        backend = self._backends.get(record.backend)
-        if backend is None:
-            return f"the server restarted without the {record.backend!r} backend"
-        if record.state not in (S.running, S.hibernated):
-            return f"the server restarted while the session was {record.state.value}"
-        spec = SessionSpec(id=record.id, desktop=_desktop_spec(record.body))
-        last_frame = None
-        try:
-            if record.state is S.hibernated:
-                handle = await backend.adopt_hibernated(spec)
-                last_frame = await asyncio.to_thread(self._frames.load, record.id)
-            else:
-                handle = await backend.adopt(spec)
-        except DeskboxError as error:
-            return f"the server restarted and could not re-adopt it: {error.message}"
-        except Exception as error:
-            log.exception("re-adopting session %s", record.id)
-            return f"the server restarted and could not re-adopt it: {type(error).__name__}"
-        self._live[record.id] = LiveSession(record, handle, last_frame=last_frame)
-        if record.state is S.running:
-            self._browsers.start(record.id, handle)
+        live = await readopt(record, self._backends.get(record.backend), self._frames)
+        if isinstance(live, str):
+            return live
+        self._live[record.id] = live
+        if record.state is S.running and live.handle is not None:
+            self._browsers.start(record.id, live.handle)
         log.info("session %s re-adopted (backend %s, %s)", record.id, record.backend,
                  record.state.value)
         return None
@@ -232,9 +218,23 @@ class SessionManager(StateChanges):
         ]
         return [r for r in merged if r.matches(state, dict(labels))]
 
+    def session(
+        self, owner: str, session_id: str, missing: Literal["live", "running"] = "running"
+    ) -> Session:
+        """A live session of ``owner``: what the API acts on (session.py). One that ended
+        lately says why; one never seen (or not this key's) is ``no {missing} session``.
+        The Session checks the state each of its calls needs."""
+        live = self._live.get(session_id)
+        if live is None or live.record.owner != owner:
+            ended = self._recent.get(session_id)
+            if ended is not None and ended.owner == owner:
+                raise not_live(ended)
+            raise NotFound(f"no {missing} session {session_id!r}")
+        return Session(live, self._backends[live.record.backend], self._context)
+
     def handle(self, owner: str, session_id: str) -> DesktopHandle:
-        """The desktop of a running session of ``owner`` (for tests and proxies)."""
-        return self._running(owner, session_id)[1]
+        """The desktop of a running session of ``owner`` (for tests)."""
+        return self.session(owner, session_id).handle
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -301,7 +301,7 @@ class SessionManager(StateChanges):
         session_id = new_session_id()
         spec = SessionSpec(
             id=session_id,
-            desktop=_desktop_spec(body),
+            desktop=desktop_spec(body),
             resources=body.resources,
             network=body.network,
             from_snapshot=snapshot,
@@ -369,29 +369,11 @@ class SessionManager(StateChanges):
             )
 
     async def _start(self, live: LiveSession, backend: Backend, spec: SessionSpec) -> None:
-        record = live.record
-        started = time.monotonic()
-        try:
-            handle = await backend.create(spec, self._settings.start_timeout_s)
-        except DeskboxError as error:
-            await self._end(live, error.message)
-            return
-        except Exception as error:
-            log.exception("session %s failed to start", record.id)
-            await self._end(live, f"the desktop did not start: {type(error).__name__}")
-            return
-        live.handle = handle
-        if record.state is not S.starting:  # failed or being stopped meanwhile
-            return
-        record.transition(S.running)
-        record.touch()
-        await self._registry.save(record)
-        self._publish_state(record)
-        self._browsers.start(record.id, handle)
-        log.info(
-            "session %s running (backend %s, %.2f s)",
-            record.id, record.backend, time.monotonic() - started,
+        failure = await start_stop.start(
+            live, backend, spec, self._context, self._settings.start_timeout_s
         )
+        if failure is not None:
+            await self._end(live, failure)
 
     async def delete(self, owner: str, session_id: str) -> None:
         live = self._live.get(session_id)
@@ -419,35 +401,14 @@ class SessionManager(StateChanges):
         await asyncio.shield(live.stop_task)
 
     async def _end(self, live: LiveSession, failure: str | None) -> None:
-        """Stop (``failure`` None) or fail a session, destroy its desktop, forget it.
-
-        Bounded: a desktop not removed within stop_timeout_s leaves the session failed (its
-        removal goes on in the background), never stuck in ``stopping``.
-        """
+        """Stop (``failure`` None) or fail a session, destroy its desktop (start_stop.py),
+        forget it."""
         record = live.record
         try:
-            # The state changes first, with no await before it: callers see it at once.
-            if record.state in LIVE_STATES and record.state is not S.stopping:
-                if failure is None:
-                    record.transition(S.stopping)
-                else:
-                    record.transition(S.failed, failure)
-                    log.warning("session %s failed: %s", record.id, failure)
-                await self._registry.save(record)
-                self._publish_state(record)
-            await self._browsers.stop(record.id)  # before the browser goes with the desktop
-            if live.handle is not None and not await self._remove(live):
-                reason = (f"the desktop was not removed within "
-                          f"{self._settings.stop_timeout_s:g} s; its removal goes on")
-                log.error("session %s: %s", record.id, reason)
-                if record.state is S.stopping:
-                    record.transition(S.failed, reason)
-                    await self._registry.save(record)
-                    self._publish_state(record)
-            if record.state is S.stopping:
-                record.transition(S.stopped)
-                await self._registry.save(record)
-                self._publish_state(record)
+            await start_stop.end(
+                live, self._backends[record.backend], self._context, failure,
+                self._settings.stop_timeout_s, self._removals,
+            )
         finally:
             with suppress(OSError):
                 await asyncio.to_thread(self._frames.forget, record.id)
@@ -459,126 +420,6 @@ class SessionManager(StateChanges):
                     self._recent.popitem(last=False)
         log.info("session %s %s", record.id, record.state.value)
 
-    async def _remove(self, live: LiveSession) -> bool:
-        """Destroy the session's desktop; False if that took more than stop_timeout_s (it
-        goes on in the background, and shutdown gives it one more bounded wait)."""
-        assert live.handle is not None
-        backend = self._backends[live.record.backend]
-        removal = asyncio.create_task(self._destroy(backend, live.handle, live.record.id))
-        done, _ = await asyncio.wait({removal}, timeout=self._settings.stop_timeout_s)
-        if done:
-            return True
-        self._removals.add(removal)
-        removal.add_done_callback(self._removals.discard)
-        return False
-
-    @staticmethod
-    async def _destroy(backend: Backend, handle: DesktopHandle, session_id: str) -> None:
-        try:
-            await backend.destroy(handle)
-        except Exception:
-            log.exception("destroying session %s", session_id)
-
-    def _owned(self, owner: str, session_id: str) -> LiveSession:
-        live = self._live.get(session_id)
-        if live is None or live.record.owner != owner:
-            ended = self._recent.get(session_id)
-            if ended is not None and ended.owner == owner:
-                raise not_live(ended)
-            raise NotFound(f"no live session {session_id!r}")
-        return live
-
-    # -- actions --------------------------------------------------------------------------
-
-    def _running(self, owner: str, session_id: str) -> tuple[LiveSession, DesktopHandle]:
-        live = self._live.get(session_id)
-        if live is None or live.record.owner != owner:
-            ended = self._recent.get(session_id)
-            if ended is not None and ended.owner == owner:
-                raise not_live(ended)
-            raise NotFound(f"no running session {session_id!r}")
-        if live.record.state is not S.running or live.handle is None:
-            raise not_live(live.record)
-        if live.checkpointing:
-            raise Conflict(
-                f"session {session_id} is being checkpointed (snapshot or fork); try again "
-                "in a moment"
-            )
-        return live, live.handle
-
-    async def run(
-        self,
-        owner: str,
-        session_id: str,
-        actions: Sequence[a.Action],
-        view: a.CoordinateSpace | None = None,
-        screenshot: a.Screenshot | None = None,
-    ) -> BatchResult:
-        # Everything up to the worker call is synchronous: calls reach the desktop's worker
-        # in the order they arrive (the websocket relies on it).
-        live, handle = self._running(owner, session_id)
-        view = view or live.record.body.coordinate_space
-        kind = actions[0].type if actions else "none"
-        live.busy += 1
-        started = time.perf_counter()
-        try:
-            result = await handle.run(actions, view, screenshot)
-        except SessionFailed as error:
-            self._metrics.actions.inc(kind, "error", amount=len(actions) or 1)
-            await self._fail_soon(live, error.message)
-            raise
-        except DeskboxError:
-            self._metrics.actions.inc(kind, "error")
-            raise
-        finally:
-            live.busy -= 1
-            if live.record.state is S.running:
-                live.record.touch()
-        self._metrics.action_seconds.observe(time.perf_counter() - started, kind)
-        for action in actions:
-            self._metrics.actions.inc(action.type, "ok")
-            if isinstance(action, a.Screenshot | a.Zoom):
-                self._metrics.screenshots.inc(action.format)
-        if screenshot is not None:
-            self._metrics.screenshots.inc(screenshot.format)
-        return result
-
-    async def capture(
-        self,
-        owner: str,
-        session_id: str,
-        fmt: Literal["jpeg", "png", "webp"],
-        quality: int,
-        scale: a.ScaleTo | None = None,
-    ) -> EncodedImage:
-        shot = a.Screenshot(format=fmt, quality=quality, scale=scale)
-        image = (await self.run(owner, session_id, [shot])).results[0]
-        assert isinstance(image, EncodedImage)
-        return image
-
-    @asynccontextmanager
-    async def using(self, owner: str, session_id: str) -> AsyncIterator[DesktopHandle]:
-        """The handle of a running session, marked busy (never reaped) while in use.
-
-        For exec and files (api/exec.py); a SessionFailed raised inside fails the session.
-        """
-        live, handle = self._running(owner, session_id)
-        live.busy += 1
-        try:
-            yield handle
-        except SessionFailed as error:
-            await self._fail_soon(live, error.message)
-            raise
-        finally:
-            live.busy -= 1
-            if live.record.state is S.running:
-                live.record.touch()
-
-    def touch(self, owner: str, session_id: str) -> None:
-        """Note use of a running session that goes around ``run`` (CDP traffic): the reaper
-        counts its idle time from now."""
-        self._running(owner, session_id)[0].record.touch()
-
     def _publish_state(self, record: SessionRecord) -> None:
         reason = record.failure.reason if record.failure and record.state is S.failed else None
         self.events.publish(record.id, "state", state=record.state, reason=reason)
@@ -589,6 +430,57 @@ class SessionManager(StateChanges):
             # Let it take its first step, the state change: the caller's error and a GET
             # right after it then both say failed.
             await asyncio.sleep(0)
+
+    # -- snapshots and forks (the checkpoint itself: Session.checkpoint) ------------------
+
+    async def snapshot(self, owner: str, session_id: str) -> SnapshotRecord:
+        """Checkpoint a running session to a snapshot; it runs on (API.md)."""
+        session = self.session(owner, session_id, "live")
+        record = session.record
+        snapshot_id, directory = self.snapshots.new_id()
+        info = await session.checkpoint(directory, packed=True)
+        snapshot = SnapshotRecord(
+            id=snapshot_id, owner=owner, session_id=record.id, backend=record.backend,
+            body=record.body.model_copy(update={"from_snapshot": None}),
+            created_at=utcnow(), size_bytes=info.compressed_bytes or info.raw_bytes,
+            raw_bytes=info.raw_bytes,
+        )
+        await asyncio.to_thread(self.snapshots.save, snapshot)
+        log.info("session %s: snapshot %s (%.2f s, %d MiB)", record.id, snapshot_id,
+                 info.seconds, snapshot.size_bytes >> 20)
+        return snapshot
+
+    async def fork(self, owner: str, session_id: str, count: int) -> builtins.list[SessionRecord]:
+        """``count`` new running sessions, each a copy of this one as it is now.
+
+        All or nothing: if one copy fails, the others are deleted and SessionFailed says why.
+        """
+        session = self.session(owner, session_id, "live")
+        record = session.record
+        self._check_capacity(owner, count)
+        directory = await asyncio.to_thread(self.snapshots.fork_directory)
+        try:
+            started = time.monotonic()
+            await session.checkpoint(directory, packed=False)
+            body = record.body.model_copy(update={"from_snapshot": None})
+            results = await asyncio.gather(
+                *(self._create(owner, body, True, directory) for _ in range(count)),
+                return_exceptions=True,
+            )
+        finally:
+            await asyncio.to_thread(shutil.rmtree, directory, True)
+        copies = [r for r in results if isinstance(r, SessionRecord)]
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            await asyncio.gather(
+                *(self.delete(owner, copy.id) for copy in copies), return_exceptions=True
+            )
+            if isinstance(errors[0], DeskboxError):
+                raise errors[0]
+            raise Internal(f"forking session {record.id} failed: {errors[0]!r}")
+        log.info("session %s forked into %s (%.2f s)", record.id,
+                 ", ".join(c.id for c in copies), time.monotonic() - started)
+        return copies
 
     # -- the reaper -----------------------------------------------------------------------
 
@@ -622,33 +514,3 @@ class SessionManager(StateChanges):
             except Exception:
                 log.exception("reaper pass failed")
 
-
-def _lock_state_dir(state_dir: Path) -> int:
-    """Hold ``state_dir/server.lock`` while we serve: one server per state dir.
-
-    A second server would re-adopt (and at its shutdown destroy) the first one's sessions.
-    """
-    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(state_dir / "server.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise Internal(f"another Deskbox server is using the state dir {state_dir}") from None
-    return fd
-
-
-def _desktop_spec(body: SessionCreate) -> DesktopSpec:
-    return DesktopSpec(
-        width=body.display.width,
-        height=body.display.height,
-        dpi=body.display.dpi,
-        start_url=body.browser.start_url,
-    )
-
-
-def _failed(record: SessionRecord, reason: str) -> SessionRecord:
-    record.state = S.failed
-    record.failure = Failure(reason=reason, at=utcnow())
-    record.expires_at = None
-    return record

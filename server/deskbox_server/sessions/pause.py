@@ -1,7 +1,7 @@
 """What pausing a session needs besides the state machine: quiet, a last frame, its image.
 
-A session is paused in this order (``SessionManager.pause``): its state becomes ``paused``
-first, so no new action, exec or file transfer reaches the desktop (409 ``conflict``);
+A session is paused in this order (state_changes.py): its state becomes ``paused`` first,
+so no new action, exec or file transfer reaches the desktop (409 ``conflict``);
 the work already in flight is let finish (:func:`drain`); the screen is grabbed once, on
 the desktop's worker, as the *last frame*; only then is the sandbox frozen. While frozen
 nothing makes an X call (a frozen X server answers nothing), and ``GET /screenshot`` is
@@ -22,8 +22,8 @@ from typing import Literal
 
 import numpy as np
 
-from ..driver.images import EncodedImage, Frame, encode
 from ..errors import Conflict
+from ..media import EncodedImage, Frame, encode
 from ..schemas import actions as a
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""Frames (raw BGRX pixels) and their encoding to JPEG, PNG and WebP."""
+"""Frames (raw BGRX pixels) and their encoding to JPEG, PNG and WebP: the images that pass
+between a desktop, the session layer and the API, whichever of them made the image."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A backend that has a sandbox runs commands and file I/O *inside* it; one without a
 sandbox (``local``) refuses them rather than touching the host (``DesktopHandle`` in
-base.py). Everything that comes back out of a sandbox is bounded here by the caller's
+backends/base.py). Everything that comes back out of a sandbox is bounded here by the caller's
 limits: output, file sizes, how long anything may take.
 """
 
@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import InvalidRequest
+from .errors import InvalidRequest
 
 __all__ = [
     "MAX_PATH_BYTES",

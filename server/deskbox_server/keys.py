@@ -1,4 +1,7 @@
-"""Key names as models write them (xdotool style and common aliases) → X keysyms."""
+"""Key names as models write them (xdotool style and common aliases) → X keysyms.
+
+The vocabulary of the `key` actions: the dialects check combos with it before anything
+runs, the driver presses what it names."""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ from functools import cache
 
 from Xlib import XK
 
-from ..errors import InvalidAction
+from .errors import InvalidAction
 
 __all__ = ["MODIFIER_KEYSYMS", "char_keysym", "parse_combo", "parse_key"]
 

@@ -1,0 +1,63 @@
+"""The snapshots a caller sees: finding, listing and deleting them, and their pools.
+
+Made snapshots come from ``SessionManager.snapshot`` (a running session's checkpoint);
+this catalog keeps the rest of their life: the store on disk (snapshots.py) and the warm
+pool's ready copies of each (pool.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from ..errors import InvalidRequest
+from .pool import SnapshotKey, WarmPool
+from .snapshots import SnapshotRecord, SnapshotStore
+
+__all__ = ["SnapshotCatalog"]
+
+
+class SnapshotCatalog:
+    def __init__(self, store: SnapshotStore, pool: WarmPool | None, cap_per_key: int) -> None:
+        self._store = store
+        self._pool = pool
+        self._cap_per_key = cap_per_key
+
+    async def get(self, owner: str, snapshot_id: str) -> SnapshotRecord:
+        return await asyncio.to_thread(self._store.get, owner, snapshot_id)
+
+    async def list(self, owner: str) -> list[SnapshotRecord]:
+        return await asyncio.to_thread(self._store.list, owner)
+
+    async def delete(self, owner: str, snapshot_id: str) -> None:
+        snapshot = await asyncio.to_thread(self._store.get, owner, snapshot_id)
+        if self._pool is not None:
+            await self._pool.set_target(self.pool_key(snapshot), 0)
+        await asyncio.to_thread(self._store.delete, owner, snapshot_id)
+
+    def pool_ready(self, snapshot: SnapshotRecord) -> int:
+        return self._pool.ready(self.pool_key(snapshot)) if self._pool is not None else 0
+
+    def pool_key(self, snapshot: SnapshotRecord) -> SnapshotKey:
+        return SnapshotKey(snapshot.id, snapshot.owner, self._store.directory(snapshot.id))
+
+    async def set_pool(self, owner: str, snapshot_id: str, size: int) -> SnapshotRecord:
+        """Keep ``size`` ready copies of a snapshot for its owner's creates from it.
+
+        The copies of all of a key's snapshots count against its session cap, so that a
+        pool cannot hold more desktops than the key could run.
+        """
+        snapshot = await asyncio.to_thread(self._store.get, owner, snapshot_id)
+        if self._pool is None:
+            raise InvalidRequest("this server has no warm pool for the snapshot's backend")
+        key = self.pool_key(snapshot)
+        others = sum(self._pool.target(k) for k in self._pool.snapshot_keys(owner) if k != key)
+        cap = self._cap_per_key
+        if others + size > cap:
+            raise InvalidRequest(
+                f"the pools of this key's snapshots may keep {cap} copies in all "
+                f"({others} kept for other snapshots)"
+            )
+        snapshot = snapshot.model_copy(update={"pool_size": size})
+        await asyncio.to_thread(self._store.save, snapshot)
+        await self._pool.set_target(key, size)
+        return snapshot

@@ -1,0 +1,34 @@
+"""What every session of a manager shares (the registry, the browser watch, the links,
+the frame store, metrics) and the two ways back to the manager: publish a state change,
+fail a session. The manager wires one; session.py, state_changes.py and start_stop.py use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from ..metrics import Metrics
+from .browser_watch import BrowserWatch
+from .lifecycle import SessionRecord
+from .links import SessionLinks
+from .live import LiveSession
+from .pause import FrameStore
+from .registry import Registry
+
+__all__ = ["SessionContext"]
+
+
+@dataclass(frozen=True)
+class SessionContext:
+    """What every session of a manager shares; wired once by the manager."""
+
+    registry: Registry
+    browsers: BrowserWatch
+    links: SessionLinks
+    frames: FrameStore
+    metrics: Metrics
+    # Publish a state change as an event (events.py).
+    publish: Callable[[SessionRecord], None]
+    # Fail the session soon (the manager ends it and takes it out of its table).
+    fail: Callable[[LiveSession, str], Awaitable[None]]

@@ -1,0 +1,78 @@
+"""What a server finds of the previous one at start: the state dir's lock, and the
+sessions it left live, re-adopted or marked failed (``SessionManager.start``)."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+from pathlib import Path
+
+from ..backends.base import Backend, SessionSpec
+from ..driver.commands import DesktopSpec
+from ..errors import DeskboxError, Internal
+from ..schemas.sessions import Failure, SessionCreate
+from ..schemas.sessions import SessionState as S
+from .lifecycle import SessionRecord, utcnow
+from .live import LiveSession
+from .pause import FrameStore
+
+__all__ = ["desktop_spec", "failed", "lock_state_dir", "readopt"]
+
+log = logging.getLogger("deskbox.sessions")
+
+
+def lock_state_dir(state_dir: Path) -> int:
+    """Hold ``state_dir/server.lock`` while we serve: one server per state dir.
+
+    A second server would re-adopt (and at its shutdown destroy) the first one's sessions.
+    """
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(state_dir / "server.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise Internal(f"another Deskbox server is using the state dir {state_dir}") from None
+    return fd
+
+
+async def readopt(
+    record: SessionRecord, backend: Backend | None, frames: FrameStore
+) -> LiveSession | str:
+    """A session a previous server left running (or hibernated), taken over; or why not."""
+    if backend is None:
+        return f"the server restarted without the {record.backend!r} backend"
+    if record.state not in (S.running, S.hibernated):
+        return f"the server restarted while the session was {record.state.value}"
+    spec = SessionSpec(id=record.id, desktop=desktop_spec(record.body))
+    last_frame = None
+    try:
+        if record.state is S.hibernated:
+            handle = await backend.adopt_hibernated(spec)
+            last_frame = await asyncio.to_thread(frames.load, record.id)
+        else:
+            handle = await backend.adopt(spec)
+    except DeskboxError as error:
+        return f"the server restarted and could not re-adopt it: {error.message}"
+    except Exception as error:
+        log.exception("re-adopting session %s", record.id)
+        return f"the server restarted and could not re-adopt it: {type(error).__name__}"
+    return LiveSession(record, handle, last_frame=last_frame)
+
+
+def desktop_spec(body: SessionCreate) -> DesktopSpec:
+    return DesktopSpec(
+        width=body.display.width,
+        height=body.display.height,
+        dpi=body.display.dpi,
+        start_url=body.browser.start_url,
+    )
+
+
+def failed(record: SessionRecord, reason: str) -> SessionRecord:
+    record.state = S.failed
+    record.failure = Failure(reason=reason, at=utcnow())
+    record.expires_at = None
+    return record

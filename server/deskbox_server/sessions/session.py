@@ -1,0 +1,211 @@
+"""One session as the API sees it: the one door through which a request reaches a desktop.
+
+``api/`` asks the manager (manager.py, the table of sessions) for a :class:`Session` and
+calls it: actions, screenshots, exec and files, the live view, DevTools, pause, resume and
+checkpoints. The Session checks the session's state, keeps its bookkeeping (busy count,
+idle clock, metrics, failing it when its desktop breaks) and delegates the work to the
+backend's handle; pause, resume and checkpoints are in state_changes.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Literal
+
+from websockets.asyncio.client import ClientConnection
+
+from ..backends.base import Backend, DesktopHandle, SnapshotInfo
+from ..backends.devtools import MAX_LISTING, browser_path, get_json, open_websocket
+from ..backends.vnc_server import VncServer
+from ..errors import Conflict, DeskboxError, SessionFailed
+from ..media import EncodedImage
+from ..sandbox_io import ExecCommand, ExecResult, FileDownload
+from ..schemas import actions as a
+from ..schemas.pause import PauseMode
+from ..schemas.results import BatchResult
+from ..schemas.sessions import SessionState as S
+from . import state_changes
+from .context import SessionContext
+from .lifecycle import SessionRecord
+from .live import LiveSession, not_live
+from .pause import frozen_image
+
+__all__ = ["Session"]
+
+
+class Session:
+    """A live session of this server; made by ``SessionManager.session`` for one caller."""
+
+    def __init__(self, live: LiveSession, backend: Backend, context: SessionContext) -> None:
+        self._live = live
+        self._backend = backend
+        self._context = context
+
+    @property
+    def record(self) -> SessionRecord:
+        return self._live.record
+
+    @property
+    def handle(self) -> DesktopHandle:
+        """The desktop of this running session (for tests, and the table's own use)."""
+        return self._running()
+
+    def _running(self) -> DesktopHandle:
+        live = self._live
+        if live.record.state is not S.running or live.handle is None:
+            raise not_live(live.record)
+        if live.checkpointing:
+            raise Conflict(
+                f"session {live.record.id} is being checkpointed (snapshot or fork); try "
+                "again in a moment"
+            )
+        return live.handle
+
+    def ensure_running(self) -> None:
+        """Conflict (or the reason it ended) unless the session runs and takes actions."""
+        self._running()
+
+    def touch(self) -> None:
+        """Note use that goes around :meth:`act` (CDP traffic): the reaper counts its idle
+        time from now."""
+        self._running()
+        self._live.record.touch()
+
+    # -- actions and screenshots ----------------------------------------------------------
+
+    async def act(
+        self,
+        actions: Sequence[a.Action],
+        view: a.CoordinateSpace | None = None,
+        screenshot: a.Screenshot | None = None,
+    ) -> BatchResult:
+        """Run a batch of actions. Everything up to the handle's call is synchronous: calls
+        reach the desktop in the order they arrive (the websocket relies on it)."""
+        handle = self._running()
+        live, metrics = self._live, self._context.metrics
+        view = view or live.record.body.coordinate_space
+        kind = actions[0].type if actions else "none"
+        live.busy += 1
+        started = time.perf_counter()
+        try:
+            result = await handle.run(actions, view, screenshot)
+        except SessionFailed as error:
+            metrics.actions.inc(kind, "error", amount=len(actions) or 1)
+            await self._context.fail(live, error.message)
+            raise
+        except DeskboxError:
+            metrics.actions.inc(kind, "error")
+            raise
+        finally:
+            live.busy -= 1
+            if live.record.state is S.running:
+                live.record.touch()
+        metrics.action_seconds.observe(time.perf_counter() - started, kind)
+        for action in actions:
+            metrics.actions.inc(action.type, "ok")
+            if isinstance(action, a.Screenshot | a.Zoom):
+                metrics.screenshots.inc(action.format)
+        if screenshot is not None:
+            metrics.screenshots.inc(screenshot.format)
+        return result
+
+    async def screenshot(
+        self,
+        fmt: Literal["jpeg", "png", "webp"],
+        quality: int,
+        scale: a.ScaleTo | None = None,
+    ) -> tuple[EncodedImage, bool]:
+        """The screen, and whether it is frozen: a paused or hibernated session's X server
+        answers nothing, so its last frame (taken when it was paused) stands in for it."""
+        live = self._live
+        if live.record.state in (S.paused, S.hibernated):
+            last = live.last_frame
+            if last is None:  # still pausing: the screen is not frozen yet
+                raise Conflict(f"session {live.record.id} is being paused; try again in a moment")
+            view = live.record.body.coordinate_space
+            image = await asyncio.to_thread(frozen_image, last, fmt, quality, view, scale)
+            return image, True
+        shot = a.Screenshot(format=fmt, quality=quality, scale=scale)
+        result = (await self.act([shot])).results[0]
+        if not isinstance(result, EncodedImage):
+            raise TypeError(f"a screenshot answered {type(result).__name__}")
+        return result, False
+
+    # -- exec and files (the sandbox's) ---------------------------------------------------
+
+    @asynccontextmanager
+    async def _using(self) -> AsyncIterator[DesktopHandle]:
+        """The handle, marked busy (never reaped) while in use; a SessionFailed raised
+        inside fails the session."""
+        handle = self._running()
+        live = self._live
+        live.busy += 1
+        try:
+            yield handle
+        except SessionFailed as error:
+            await self._context.fail(live, error.message)
+            raise
+        finally:
+            live.busy -= 1
+            if live.record.state is S.running:
+                live.record.touch()
+
+    async def exec(self, command: ExecCommand) -> ExecResult:
+        async with self._using() as handle:
+            return await handle.exec(command)
+
+    async def write_file(self, path: str, chunks: AsyncIterable[bytes], limit: int) -> int:
+        async with self._using() as handle:
+            return await handle.write_file(path, chunks, limit)
+
+    @asynccontextmanager
+    async def read_file(self, path: str, limit: int) -> AsyncIterator[FileDownload]:
+        """The file being read; the session counts as busy until the context ends."""
+        async with self._using() as handle:
+            download = await handle.read_file(path, limit)
+            try:
+                yield download
+            finally:
+                await download.aclose()
+
+    # -- the live view and DevTools (on the handle of the lookup: no state check) ---------
+
+    def _handle(self) -> DesktopHandle:
+        if self._live.handle is None:
+            raise not_live(self._live.record)
+        return self._live.handle
+
+    async def start_vnc(self) -> VncServer:
+        """Start a VNC server on this desktop that only the host can reach."""
+        return await self._handle().start_vnc()
+
+    async def devtools_json(self, path: str) -> object:
+        """The browser's ``/json/version`` or ``/json/list`` (at most MAX_LISTING bytes)."""
+        handle = self._handle()
+        return await get_json(await handle.open_devtools(), path, MAX_LISTING)
+
+    async def devtools_browser_path(self) -> str:
+        """The path of the browser-level DevTools websocket."""
+        return await browser_path(self._handle().open_devtools)
+
+    async def devtools_websocket(self, path: str, max_size: int) -> ClientConnection:
+        """A DevTools websocket at ``path``; larger messages than ``max_size`` close it."""
+        return await open_websocket(self._handle().open_devtools, path, max_size)
+
+    # -- pause, resume and checkpoints (state_changes.py) ---------------------------------
+
+    async def pause(self, mode: PauseMode) -> SessionRecord:
+        return await state_changes.pause(self._live, self._backend, self._context, mode)
+
+    async def resume(self) -> SessionRecord:
+        return await state_changes.resume(self._live, self._backend, self._context)
+
+    async def checkpoint(self, directory: Path, packed: bool) -> SnapshotInfo:
+        """Checkpoint the running desktop into ``directory``; it keeps running."""
+        return await state_changes.checkpoint(
+            self._live, self._backend, self._context, directory, packed
+        )

@@ -1,0 +1,108 @@
+"""Starting and ending one session's desktop: its state changes around the backend's
+``create`` and ``destroy``. The manager (manager.py) calls them and keeps its table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from ..backends.base import Backend, DesktopHandle, SessionSpec
+from ..errors import DeskboxError
+from ..schemas.sessions import SessionState as S
+from .context import SessionContext
+from .lifecycle import LIVE_STATES
+from .live import LiveSession
+
+__all__ = ["end", "start"]
+
+log = logging.getLogger("deskbox.sessions")
+
+
+async def start(
+    live: LiveSession, backend: Backend, spec: SessionSpec, context: SessionContext,
+    timeout_s: float,
+) -> str | None:
+    """Start the session's desktop: None once it runs (or when the session was stopped
+    meanwhile), else why it did not start (the caller ends the session)."""
+    record = live.record
+    started = time.monotonic()
+    try:
+        handle = await backend.create(spec, timeout_s)
+    except DeskboxError as error:
+        return error.message
+    except Exception as error:
+        log.exception("session %s failed to start", record.id)
+        return f"the desktop did not start: {type(error).__name__}"
+    live.handle = handle
+    if record.state is not S.starting:  # failed or being stopped meanwhile
+        return None
+    record.transition(S.running)
+    record.touch()
+    await context.registry.save(record)
+    context.publish(record)
+    context.browsers.start(record.id, handle)
+    log.info(
+        "session %s running (backend %s, %.2f s)",
+        record.id, record.backend, time.monotonic() - started,
+    )
+    return None
+
+
+async def end(
+    live: LiveSession, backend: Backend, context: SessionContext, failure: str | None,
+    stop_timeout_s: float, removals: set[asyncio.Task[None]],
+) -> None:
+    """Stop (``failure`` None) or fail a session and destroy its desktop.
+
+    Bounded: a desktop not removed within ``stop_timeout_s`` leaves the session failed (its
+    removal goes on in the background, in ``removals``), never stuck in ``stopping``.
+    """
+    record = live.record
+    # The state changes first, with no await before it: callers see it at once.
+    if record.state in LIVE_STATES and record.state is not S.stopping:
+        if failure is None:
+            record.transition(S.stopping)
+        else:
+            record.transition(S.failed, failure)
+            log.warning("session %s failed: %s", record.id, failure)
+        await context.registry.save(record)
+        context.publish(record)
+    await context.browsers.stop(record.id)  # before the browser goes with the desktop
+    if live.handle is not None and not await _remove(
+        live.handle, backend, record.id, stop_timeout_s, removals
+    ):
+        reason = (f"the desktop was not removed within {stop_timeout_s:g} s; its removal "
+                  "goes on")
+        log.error("session %s: %s", record.id, reason)
+        if record.state is S.stopping:
+            record.transition(S.failed, reason)
+            await context.registry.save(record)
+            context.publish(record)
+    if record.state is S.stopping:
+        record.transition(S.stopped)
+        await context.registry.save(record)
+        context.publish(record)
+
+
+async def _remove(
+    handle: DesktopHandle, backend: Backend, session_id: str, timeout_s: float,
+    removals: set[asyncio.Task[None]],
+) -> bool:
+    """Destroy the desktop; False if that took more than ``timeout_s`` (it goes on in the
+    background, and the manager's shutdown gives it one more bounded wait)."""
+    removal = asyncio.create_task(_destroy(backend, handle, session_id))
+    done, _ = await asyncio.wait({removal}, timeout=timeout_s)
+    if done:
+        return True
+    removals.add(removal)
+    removal.add_done_callback(removals.discard)
+    return False
+
+
+async def _destroy(backend: Backend, handle: DesktopHandle, session_id: str) -> None:
+    try:
+        await backend.destroy(handle)
+    except Exception:
+        log.exception("destroying session %s", session_id)
