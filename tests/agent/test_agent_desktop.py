@@ -9,6 +9,7 @@ import asyncio
 import io
 import os
 import signal
+import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from PIL import Image
 from deskbox_server.agent import AgentClient
 from deskbox_server.agent.desktop import AgentDesktop
 from deskbox_server.driver.browser import CdpPage
+from deskbox_server.driver.commands import DesktopSpec, xserver_argv
 from deskbox_server.driver.images import EncodedImage
 from deskbox_server.driver.local import LocalDesktop
 from deskbox_server.errors import DesktopFailed, InvalidAction
@@ -299,12 +301,13 @@ async def test_a_bad_action_is_invalid_action_with_a_clear_message(desk: AgentDe
     assert (await desk.run([a.ScreenSize()])).results == [Size(width=1280, height=800)]
 
 
-async def test_a_killed_x_server_is_desktop_failed(
+async def test_a_killed_x_server_is_desktop_failed_and_a_new_one_is_used(
     agent_site: Path, tmp_path: Path
 ) -> None:
     with LocalDesktop(browser=False) as local:
         proc = start_desktop_agent(tmp_path / "a.sock", local.display_name, agent_site)
         client = await AgentClient.connect_unix(str(tmp_path / "a.sock"))
+        again: subprocess.Popen[bytes] | None = None
         try:
             desk = AgentDesktop(client)
             assert (await desk.run([a.ScreenSize()])).results[0] == Size(width=1280, height=800)
@@ -316,6 +319,31 @@ async def test_a_killed_x_server_is_desktop_failed(
             with pytest.raises(DesktopFailed, match="cannot connect to X display"):
                 await desk.run([a.CursorPosition()])
             assert await client.health() > 0  # the agent itself goes on
+            # An X server on the same display again: the next call connects to it.
+            again = start_xserver(int(local.display_name[1:]), 1024, 768)
+            assert (await desk.info()).width == 1024
+            assert (await desk.run([a.ScreenSize()])).results[0] == Size(width=1024, height=768)
         finally:
             await client.close()
             stop_agent(proc)
+            if again is not None:
+                again.kill()
+                again.wait()
+
+
+def start_xserver(display: int, width: int, height: int) -> subprocess.Popen[bytes]:
+    """Xvfb on ``:display``, returned once it accepts connections (it says so on -displayfd)."""
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb") as ready:
+        try:
+            proc = subprocess.Popen(
+                xserver_argv(DesktopSpec(width=width, height=height), write_fd, display),
+                pass_fds=[write_fd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        finally:
+            os.close(write_fd)
+        number = ready.readline().strip()
+    if number != str(display).encode():
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"Xvfb did not start on :{display} ({number!r})")
+    return proc
