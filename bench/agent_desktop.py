@@ -103,10 +103,11 @@ def install_agent_wheels(target: Path) -> None:
         subprocess.run(install, capture_output=True, check=True)
 
 
-def start_agent(sock: Path, site: Path, display: str | None) -> subprocess.Popen[bytes]:
+def start_agent(sock: Path, site: Path, display: str | None, python: str = sys.executable,
+                ) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": f"{AGENT_DIR}{os.pathsep}{site}"}
     env.pop("DISPLAY", None)
-    argv = [sys.executable, "-m", "deskbox_agent", "--listen", f"unix:{sock}"]
+    argv = [python, "-m", "deskbox_agent", "--listen", f"unix:{sock}"]
     proc = subprocess.Popen([*argv, "--display", display] if display else argv, env=env,
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
@@ -246,18 +247,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--clicks", type=int, default=1000)
+    parser.add_argument("--python", default=sys.executable,
+                        help="the agent's interpreter (/usr/bin/python3: the image's Debian "
+                             "CPython 3.11, for memory figures like the image's)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         site = workdir / "site"
         install_agent_wheels(site)
-        plain = start_agent(workdir / "plain.sock", site, None)
+        plain = start_agent(workdir / "plain.sock", site, None, args.python)
         time.sleep(1.0)
         memory = {"idle, no display (the agent before this change)": pss_mib(plain.pid)}
         plain.terminate()
         plain.wait()
         with LocalDesktop() as local, CdpPage.first(local.devtools_url) as cdp:
-            agent = start_agent(workdir / "agent.sock", site, local.display_name)
+            agent = start_agent(workdir / "agent.sock", site, local.display_name, args.python)
             try:
                 time.sleep(1.0)
                 memory["idle, with --display (no desktop call yet)"] = pss_mib(agent.pid)
@@ -282,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for row in encode_rows:
         print(f"| {row.name} | {row.samples[0]:.2f} | {row.samples[1]:.2f} | "
               f"{(row.size or 0) / 1024:.0f} | {args.iterations} |")
-    print("\n### The agent's memory (PSS)\n")
+    print(f"\n### The agent's memory (PSS, agent under {args.python})\n")
     print("| state | PSS MiB |")
     print("|---|---|")
     for state, mib in memory.items():

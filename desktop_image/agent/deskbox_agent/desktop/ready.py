@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from contextlib import suppress
 
-import numpy as np
 from Xlib import X
 from Xlib import display as xdisplay
 from Xlib.error import ConnectionClosedError, DisplayError, XError
@@ -121,8 +120,9 @@ def _wait_toolbar_painted(x: xdisplay.Display, deadline: float) -> None:
     def drawn() -> bool:
         x.damage_subtract(watch)
         strip = root.get_image(0, 0, width, height, X.ZPixmap, 0xFFFFFFFF).data
-        pixels = np.frombuffer(strip, dtype=np.uint32)
-        return len(np.unique(pixels)) >= _TOOLBAR_COLOURS
+        data = strip.encode("latin-1") if isinstance(strip, str) else bytes(strip)
+        # 32-bit pixels; without numpy, so that waiting for a desktop does not load it.
+        return len(set(memoryview(data[: len(data) // 4 * 4]).cast("I"))) >= _TOOLBAR_COLOURS
 
     try:
         _wait(x, drawn, deadline, "the browser to draw its window")

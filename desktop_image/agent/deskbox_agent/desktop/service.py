@@ -43,7 +43,13 @@ class DesktopService:
 
     # -- plumbing ---------------------------------------------------------------------
 
+    def _first_call(self) -> None:
+        if not self._malloc_tuned:
+            _tune_malloc()
+            self._malloc_tuned = True
+
     async def _on_worker(self, work: Callable[[], T]) -> T:
+        self._first_call()
         if self._lock is None:
             self._lock = asyncio.Lock()
             self._executor = concurrent.futures.ThreadPoolExecutor(
@@ -60,9 +66,6 @@ class DesktopService:
         if self._desktop is None:
             from .desktop import Desktop
 
-            if self._executor is not None and not self._malloc_tuned:
-                _return_large_buffers()
-                self._malloc_tuned = True
             self._desktop = Desktop(self.display_name)
         return self._desktop
 
@@ -145,6 +148,7 @@ class DesktopService:
             raise CallError(422, "invalid_action", f"timeout_s must be in (0, {MAX_READY_S}]")
         from .ready import wait_ready
 
+        self._first_call()
         # Its own thread and X connection: waiting for a browser must not hold the desktop's.
         try:
             timings = await asyncio.to_thread(
@@ -154,21 +158,26 @@ class DesktopService:
         return dict(timings)
 
 
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameters (malloc.h)
+_M_ARENA_MAX = -8
 
 
-def _return_large_buffers() -> None:
-    """Make glibc give every freed buffer over 128 KiB back to the system at once.
+def _tune_malloc() -> None:
+    """Keep what glibc holds on to small: the desktop's buffers are large and short-lived.
 
-    A screenshot allocates several frame-sized buffers (4 MB at 1280x800) on the worker
-    thread. With glibc's default the mmap threshold grows after the first such buffer is
-    freed, and later ones are kept in the thread's arena: about 7 MiB of PSS that an idle
-    session would carry for good. Setting the threshold explicitly fixes it at 128 KiB.
+    A screenshot allocates several frame-sized buffers (4 MB at 1280x800). With glibc's
+    defaults the mmap threshold grows after the first such buffer is freed, so later ones
+    are carved from (and kept in) an arena, and every thread that allocates (the desktop's
+    worker, ``ready``'s) gets an arena of its own: 30 MiB of PSS an idle session would
+    carry for good. A fixed 128 KiB threshold gives every large buffer back when it is
+    freed; one arena is enough for threads that take turns.
     """
     import ctypes
 
     with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to tune
-        ctypes.CDLL(None).mallopt(ctypes.c_int(_M_MMAP_THRESHOLD), ctypes.c_int(128 * 1024))
+        libc = ctypes.CDLL(None)
+        libc.mallopt(ctypes.c_int(_M_MMAP_THRESHOLD), ctypes.c_int(128 * 1024))
+        libc.mallopt(ctypes.c_int(_M_ARENA_MAX), ctypes.c_int(1))
 
 
 def _only(args: Mapping[str, Json], allowed: tuple[str, ...]) -> None:
