@@ -25,7 +25,7 @@ from deskbox_server.driver.browser import CdpPage
 from deskbox_server.driver.commands import DesktopSpec, xserver_argv
 from deskbox_server.driver.images import EncodedImage
 from deskbox_server.driver.local import LocalDesktop
-from deskbox_server.errors import DesktopFailed, InvalidAction
+from deskbox_server.errors import DesktopFailed, InvalidAction, Timeout
 from deskbox_server.schemas import actions as a
 from deskbox_server.schemas.results import ClipboardText, Point, Size
 
@@ -301,6 +301,42 @@ async def test_a_bad_action_is_invalid_action_with_a_clear_message(desk: AgentDe
     assert (await desk.run([a.ScreenSize()])).results == [Size(width=1280, height=800)]
 
 
+@pytest.mark.parametrize(
+    ("request_body", "message"),
+    [
+        ({"actions": "nope"}, r"^actions must be a list of at most 1000 actions"),
+        ({"actions": [{"type": "click", "x": True, "y": 1}]},
+         r"^actions\[0\]: x must be an integer in \[0, 16384\]"),
+        ({"actions": [{"type": "type", "text": "a", "extra": 1}]},
+         r"^actions\[0\]: unknown field 'extra'"),
+        ({"actions": [{"type": "drag", "path": [[0, 0]] * 10001}]},
+         r"^actions\[0\]: path must be a list of 2 to 10000 points"),
+        ({"actions": [{"type": "drag", "path": [[0, 0], [1, -1]]}]},
+         r"^actions\[0\]\.path\[1\]: a point is \[x, y\]"),
+        ({"actions": [{"type": "hold_key", "keys": "a", "duration_s": float("nan")}]},
+         r"^actions\[0\]: duration_s must be a number in \[0.0, 30.0\]"),
+        ({"actions": [{"type": "wait"}]}, r"^actions\[0\]: ms is required"),
+        ({"actions": [{"type": "zoom", "region": {"x": 0, "y": 0, "width": 0, "height": 1}}]},
+         r"^actions\[0\]\.region: width must be an integer in \[1, 16384\]"),
+        ({"actions": [], "view": {"width": 7681, "height": 4321}},
+         r"^view: 7681x4321 is more than 33177600 pixels"),
+        ({"actions": [], "settle": {"quiet_s": 11}},
+         r"^settle: quiet_s must be a number in \[0.0, 10.0\]"),
+        ({"actions": [], "screenshot": {"format": "gif"}},
+         r"^screenshot: format must be one of png, jpeg, webp"),
+        ({"actions": [], "colour": "red"}, r"^unknown field 'colour'"),
+    ],
+)
+async def test_the_agent_refuses_a_malformed_act_by_field(
+    desk: AgentDesktop, request_body: dict[str, Any], message: str
+) -> None:
+    """What the host's schema refuses never reaches the agent; sent raw, it is refused there
+    too, naming the field, and the desktop goes on."""
+    with pytest.raises(InvalidAction, match=message):
+        await desk._call("act", request_body, 5, 1 << 20)
+    assert (await desk.run([a.ScreenSize()])).results == [Size(width=1280, height=800)]
+
+
 async def test_a_killed_x_server_is_desktop_failed_and_a_new_one_is_used(
     agent_site: Path, tmp_path: Path
 ) -> None:
@@ -311,6 +347,11 @@ async def test_a_killed_x_server_is_desktop_failed_and_a_new_one_is_used(
         try:
             desk = AgentDesktop(client)
             assert (await desk.run([a.ScreenSize()])).results[0] == Size(width=1280, height=800)
+            # No browser on this desktop: ready says what did not come, in time.
+            started = time.monotonic()
+            with pytest.raises(Timeout, match="waiting for the browser window"):
+                await desk.ready(browser=True, timeout_s=0.5)
+            assert time.monotonic() - started < 3
             xserver = next(c.popen for c in local.processes.children if c.name == "Xvfb")
             os.kill(xserver.pid, signal.SIGKILL)
             xserver.wait()

@@ -1,8 +1,12 @@
 """Encoding frames: JPEG with libjpeg-turbo (simplejpeg), PNG with ISA-L's deflate, WebP.
 
 PNG is the SDK's default and what Anthropic's tool returns, so it has its own fast path:
-the rows go out unfiltered (filter type 0) as 8-bit RGB, deflated by ISA-L at level 1
-(``isal_zlib``: about 7x faster than zlib level 1 on a page; see PROTOCOL.md for sizes).
+the rows go out unfiltered (filter type 0) as 8-bit RGB, deflated by ISA-L at level 1.
+On a 1280x800 page of text (bench/agent_desktop.py's) that is 3.2 ms and 296 KiB, row
+conversion included; zlib level 1 on the same rows takes 13 ms for 255 KiB, Pillow's
+PNG (zlib level 1, what the host driver does) 40 ms for 272 KiB. The Up and Sub filters
+make ISA-L's output larger (353-360 KiB) and slower (6-7 ms); levels 2 and 3 save under
+1 % for 20-100 % more time.
 """
 
 from __future__ import annotations
