@@ -23,7 +23,7 @@ from deskbox_server.agent import AgentClient
 from deskbox_server.agent.desktop import AgentDesktop
 from deskbox_server.driver.browser import CdpPage
 from deskbox_server.driver.commands import DesktopSpec, xserver_argv
-from deskbox_server.driver.images import EncodedImage
+from deskbox_server.driver.images import EncodedImage, encode
 from deskbox_server.driver.local import LocalDesktop
 from deskbox_server.errors import DesktopFailed, InvalidAction, Timeout
 from deskbox_server.schemas import actions as a
@@ -273,6 +273,9 @@ async def test_capture_and_grab(page: Page) -> None:
     assert (frame.width, frame.height) == (1280, 800)
     x, y = page.at(150, 350)
     assert tuple(frame.pixels[y, x, :3]) == (255, 0, 0)  # BGRX: the blue box
+    # What a paused session does with it: the host encodes the frozen frame itself.
+    frozen = decode(encode(frame.scaled(640, 400), "png", 75))
+    assert frozen.size == (640, 400) and len(colours(frozen)) > 16
     info = await page.desk.info()
     assert (info.width, info.height, info.capture) == (1280, 800, "xshm")
 

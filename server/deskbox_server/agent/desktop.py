@@ -9,6 +9,9 @@ part are bounded by what the request asked for (an image by its expected width Ã
 format and size asked; anything else fails the agent's connection with ``AgentFailed``.
 The agent's refusals come back as the server's errors: ``invalid_action`` as
 ``InvalidAction`` (422), ``desktop_failed`` as ``DesktopFailed``.
+
+The screen's size, which bounds full-screen images, is asked once (``info``) when first
+needed and kept: a session's X server keeps its size for life (``info()`` asks again).
 """
 
 from __future__ import annotations
