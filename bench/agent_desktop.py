@@ -40,7 +40,8 @@ from deskbox_server.schemas import actions as a
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT_DIR = ROOT / "desktop_image" / "agent"
-WHEEL_CACHE = Path(os.environ.get("DESKBOX_WHEEL_CACHE", "/var/cache/deskbox/wheels"))
+# Where the image build keeps the agent's wheels (its state directory's wheels/).
+WHEEL_CACHE = Path(os.environ.get("DESKBOX_IMAGE_STATE_DIR", "/var/cache/deskbox")) / "wheels"
 TYPED = (
     "The quick brown fox jumps over the lazy dog. 0123456789 "
     "!@#$%^&*()_+-=[]{};:'\",./<>?|\\~` ABCDEFGHIJKLMN"

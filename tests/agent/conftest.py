@@ -16,6 +16,8 @@ import pytest_asyncio
 
 from deskbox_server.agent import AgentClient, AgentLimits
 
+from ..images import IMAGE_STATE_DIR
+
 AGENT_DIR = Path(__file__).resolve().parents[2] / "desktop_image" / "agent"
 
 # Calls that only tests register: a blob of a given size (the latency figures use it).
@@ -93,7 +95,7 @@ async def wait_for(predicate: Callable[[], bool], timeout_s: float = 5.0) -> Non
         await asyncio.sleep(0.02)
 
 
-WHEEL_CACHE = Path(os.environ.get("DESKBOX_WHEEL_CACHE", "/var/cache/deskbox/wheels"))
+WHEEL_CACHE = IMAGE_STATE_DIR / "wheels"  # where the image build keeps the agent's wheels
 
 
 @pytest.fixture(scope="session")
