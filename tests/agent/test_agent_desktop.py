@@ -176,6 +176,17 @@ async def test_typing_ascii_and_unicode_reaches_the_dom_exactly(page: Page) -> N
     assert page.value() == text
 
 
+async def test_concurrent_batches_run_one_at_a_time_in_order(page: Page) -> None:
+    await page.focus_field()
+    # The first batch waits before it types: the second, sent while it waits, must not
+    # overtake it (one worker thread and a lock per desktop).
+    first = asyncio.ensure_future(page.desk.run([a.Wait(ms=300), a.TypeText(text="first ")]))
+    await asyncio.sleep(0.05)
+    second = asyncio.ensure_future(page.desk.run([a.TypeText(text="second")]))
+    await asyncio.gather(first, second)
+    await page.until("document.getElementById('field').value === 'first second'")
+
+
 async def test_keys_and_combos(page: Page) -> None:
     await page.focus_field()
     await page.desk.run([a.TypeText(text="abc def"), a.Key(keys="ctrl+a"),
