@@ -268,7 +268,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 memory["idle, with --display (no desktop call yet)"] = pss_mib(agent.pid)
                 rows, notes = asyncio.run(measure(workdir / "agent.sock", cdp, workdir,
                                                   args.iterations, args.clicks))
-                memory["after screenshots, clicks and typing"] = pss_mib(agent.pid)
+                memory["right after screenshots, clicks and typing"] = pss_mib(agent.pid)
+                time.sleep(3.0)  # the agent gives free memory back after 2 s idle
+                memory["idle again, 3 s later"] = pss_mib(agent.pid)
             finally:
                 agent.terminate()
                 agent.wait()

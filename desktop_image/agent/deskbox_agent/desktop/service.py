@@ -29,6 +29,7 @@ __all__ = ["DesktopService", "register_desktop"]
 
 T = TypeVar("T")
 MAX_READY_S = 300.0
+IDLE_TRIM_S = 2.0  # after this long without a desktop call, free memory goes back
 
 
 class DesktopService:
@@ -39,27 +40,39 @@ class DesktopService:
         self._desktop: Desktop | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._lock: asyncio.Lock | None = None
-        self._malloc_tuned = False
+        self._malloc: _Malloc | None = None
+        self._trim: asyncio.TimerHandle | None = None
 
     # -- plumbing ---------------------------------------------------------------------
 
-    def _first_call(self) -> None:
-        if not self._malloc_tuned:
-            _tune_malloc()
-            self._malloc_tuned = True
+    def _first_call(self) -> _Malloc:
+        if self._malloc is None:
+            self._malloc = _Malloc()
+        return self._malloc
 
     async def _on_worker(self, work: Callable[[], T]) -> T:
-        self._first_call()
+        malloc = self._first_call()
         if self._lock is None:
             self._lock = asyncio.Lock()
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="desktop")
-        async with self._lock:
-            loop = asyncio.get_running_loop()
-            try:
+        if self._trim is not None:
+            self._trim.cancel()
+        loop = asyncio.get_running_loop()
+        try:
+            async with self._lock:
                 return await loop.run_in_executor(self._executor, work)
-            except DesktopError as error:
-                raise CallError(error.status, error.kind, error.message) from None
+        except DesktopError as error:
+            raise CallError(error.status, error.kind, error.message) from None
+        finally:
+            # Busy, the frame buffers are reused from the heap (no page faults); idle, they
+            # go back. On the worker, so that a trim never runs beside a call's X work.
+            self._trim = loop.call_later(IDLE_TRIM_S, self._trim_idle, malloc)
+
+    def _trim_idle(self, malloc: _Malloc) -> None:
+        if self._executor is not None:
+            with contextlib.suppress(RuntimeError):  # shut down meanwhile: nothing to trim
+                self._executor.submit(malloc.trim)
 
     def _connected(self) -> Desktop:
         """The desktop, connected now if it is not (on the worker thread)."""
@@ -80,6 +93,9 @@ class DesktopService:
             raise
 
     def close(self) -> None:
+        """Ends the worker (after the call it runs); call from a thread, not the loop."""
+        if self._trim is not None:
+            self._trim.cancel()
         if self._executor is not None:
             desktop, self._desktop = self._desktop, None
             if desktop is not None:
@@ -158,26 +174,34 @@ class DesktopService:
         return dict(timings)
 
 
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameters (malloc.h)
-_M_ARENA_MAX = -8
+_M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
 
 
-def _tune_malloc() -> None:
-    """Keep what glibc holds on to small: the desktop's buffers are large and short-lived.
+class _Malloc:
+    """What glibc keeps of the desktop's memory: little while idle, quick while busy.
 
-    A screenshot allocates several frame-sized buffers (4 MB at 1280x800). With glibc's
-    defaults the mmap threshold grows after the first such buffer is freed, so later ones
-    are carved from (and kept in) an arena, and every thread that allocates (the desktop's
-    worker, ``ready``'s) gets an arena of its own: 30 MiB of PSS an idle session would
-    carry for good. A fixed 128 KiB threshold gives every large buffer back when it is
-    freed; one arena is enough for threads that take turns.
+    A screenshot allocates several frame-sized buffers (4 MB at 1280x800). glibc keeps
+    freed ones in the heap and hands them out again, which is fast (a fresh mmap for each
+    would cost 1.5-3.5 ms of page faults per screenshot) but would keep about 7 MiB for
+    good; and every thread that allocates (the desktop's worker, ``ready``'s) would get an
+    arena of its own. So: one arena for all threads (they take turns), and ``trim`` (on
+    the worker, when the desktop has been idle for a moment) gives the free pages back.
+    Not glibc: nothing to tune.
     """
-    import ctypes
 
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to tune
-        libc = ctypes.CDLL(None)
-        libc.mallopt(ctypes.c_int(_M_MMAP_THRESHOLD), ctypes.c_int(128 * 1024))
-        libc.mallopt(ctypes.c_int(_M_ARENA_MAX), ctypes.c_int(1))
+    def __init__(self) -> None:
+        import ctypes
+
+        try:
+            self._libc: ctypes.CDLL | None = ctypes.CDLL(None)
+            self._libc.mallopt(ctypes.c_int(_M_ARENA_MAX), ctypes.c_int(1))
+        except (OSError, AttributeError):
+            self._libc = None
+
+    def trim(self) -> None:
+        if self._libc is not None:
+            with contextlib.suppress(AttributeError):
+                self._libc.malloc_trim(0)
 
 
 def _only(args: Mapping[str, Json], allowed: tuple[str, ...]) -> None:
