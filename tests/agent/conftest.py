@@ -16,6 +16,8 @@ import pytest_asyncio
 
 from deskbox_server.agent import AgentClient, AgentLimits
 
+from ..images import IMAGE_STATE_DIR
+
 AGENT_DIR = Path(__file__).resolve().parents[2] / "desktop_image" / "agent"
 
 # Calls that only tests register: a blob of a given size (the latency figures use it).
@@ -91,3 +93,62 @@ async def wait_for(predicate: Callable[[], bool], timeout_s: float = 5.0) -> Non
     while not predicate():
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.02)
+
+
+WHEEL_CACHE = IMAGE_STATE_DIR / "wheels"  # where the image build keeps the agent's wheels
+
+
+@pytest.fixture(scope="session")
+def agent_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The agent's pinned wheels (requirements.txt, hash-checked), installed as the image
+    installs them, so that the agent runs with exactly its own dependencies (isal, ...)."""
+    requirements = AGENT_DIR / "requirements.txt"
+    target = tmp_path_factory.mktemp("agent-site")
+    install = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input",
+               "install", "--target", str(target), "--require-hashes", "--no-compile",
+               "--only-binary=:all:", "--requirement", str(requirements)]
+    done = subprocess.run([*install, "--no-index", "--find-links", str(WHEEL_CACHE)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:  # not cached yet: the image build would download them too
+        done = subprocess.run(install, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, f"cannot install the agent's wheels: {done.stderr[-2000:]}"
+    return target
+
+
+def start_desktop_agent(socket_path: Path, display: str, site: Path,
+                        ) -> subprocess.Popen[bytes]:
+    """The real agent, ``python -m deskbox_agent``, driving ``display``."""
+    env = {**os.environ, "PYTHONPATH": f"{AGENT_DIR}{os.pathsep}{site}"}
+    env.pop("DISPLAY", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deskbox_agent", "--listen", f"unix:{socket_path}",
+         "--display", display], env=env, stderr=subprocess.PIPE,
+    )
+    _wait_listening(proc, socket_path)
+    return proc
+
+
+def _wait_listening(proc: subprocess.Popen[bytes], socket_path: Path) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        with socket.socket(socket.AF_UNIX) as probe:
+            try:
+                probe.connect(str(socket_path))
+                return
+            except OSError:
+                pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"the agent did not start: {proc.communicate()[1]!r}")
+        time.sleep(0.01)
+
+
+def stop_agent(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stderr is not None:
+        proc.stderr.close()

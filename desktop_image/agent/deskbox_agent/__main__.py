@@ -20,6 +20,7 @@ import tty
 from collections.abc import Mapping
 
 from . import PROTOCOL, VERSION
+from .desktop import register_desktop
 from .h2server import serve_connection
 from .limits import Limits
 from .registry import Json, Registry
@@ -32,7 +33,8 @@ SERIAL_RETRY_S = 0.2
 
 
 def default_registry() -> Registry:
-    """The calls every agent has; the desktop's own calls are registered by their modules."""
+    """The calls every agent has; ``main`` adds the desktop's (desktop/service.py) when the
+    agent has a display."""
     registry = Registry()
 
     async def echo(args: Mapping[str, Json]) -> Json:  # for tests and latency figures
@@ -110,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     parser.add_argument("--listen", metavar="ADDRESS",
                         help="unix:PATH, tcp:HOST:PORT or serial:PATH")
+    parser.add_argument("--display", metavar=":N",
+                        help="the X display to drive (default: $DISPLAY; none: no desktop calls)")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     if args.version:
@@ -126,8 +130,15 @@ def main(argv: list[str] | None = None) -> int:
         assert task is not None
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
-        with contextlib.suppress(asyncio.CancelledError):
-            await serve(args.listen, Limits(), default_registry())
+        registry = default_registry()
+        display = args.display or os.environ.get("DISPLAY") or None
+        service = register_desktop(registry, display) if display else None
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                await serve(args.listen, Limits(), registry)
+        finally:
+            if service is not None:
+                await asyncio.to_thread(service.close)
 
     asyncio.run(run())
     return 0

@@ -176,6 +176,10 @@ class AgentClient:
     async def close(self) -> None:
         await self._conn.close()
 
+    def fail(self, reason: str) -> AgentFailed:
+        """Fail the whole connection (a malformed answer of a call built on this client)."""
+        return self._conn.fail(reason)
+
     # -- plumbing --------------------------------------------------------------------
     async def _request(
         self, method: str, path: str, body: bytes | None, timeout_s: float | None,

@@ -1,0 +1,297 @@
+"""One connected desktop: executes actions and captures the screen of the agent's display.
+
+A ``Desktop`` holds the X connections of one display and is not thread-safe: the service
+(``service.py``) creates and uses it on the desktop's one worker thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from contextlib import suppress
+from dataclasses import dataclass
+
+from Xlib import X
+from Xlib import display as xdisplay
+from Xlib.error import ConnectionClosedError, DisplayError, XError
+from Xlib.protocol.rq import Event
+
+from . import actions as a
+from .capture import Capturer
+from .clipboard import Clipboard
+from .encode import EncodedImage, encode
+from .errors import DesktopFailed, InvalidAction
+from .frame import Frame
+from .keyboard import Keyboard
+from .keymap_watch import KeymapWatch
+from .pointer import Pointer
+from .settle import SettleWatcher
+from .space import Space
+
+__all__ = ["ActionResult", "BatchResult", "ClipboardText", "Desktop", "Point", "Size"]
+
+_BUTTON_ACTIONS = (a.Click, a.MouseDown, a.MouseUp, a.Drag)
+_KEYBOARD_ACTIONS = (a.TypeText, a.Key, a.HoldKey)
+_BUTTON_RECENT_S = 1.0  # a key later than this after a click is not racing it
+_BUTTON_LAND_MAX_S = 0.5
+X_ERRORS = (ConnectionClosedError, XError, OSError)
+
+
+@dataclass(frozen=True)
+class Point:
+    x: int
+    y: int
+
+
+@dataclass(frozen=True)
+class Size:
+    width: int
+    height: int
+
+
+@dataclass(frozen=True)
+class ClipboardText:
+    text: str
+
+
+ActionResult = EncodedImage | Point | Size | ClipboardText | None
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    results: list[ActionResult]
+    screenshot: EncodedImage | None
+    settled: bool
+
+
+class Desktop:
+    def __init__(self, display_name: str) -> None:
+        self.display_name = display_name
+        try:
+            self._x = xdisplay.Display(display_name)
+        except (DisplayError, ConnectionClosedError, ConnectionError, OSError) as error:
+            raise DesktopFailed(f"cannot connect to X display {display_name}: {error}") from None
+        try:
+            self._x.xfixes_query_version()
+            screen = self._x.screen()
+            self.width: int = screen.width_in_pixels
+            self.height: int = screen.height_in_pixels
+            self.pointer = Pointer(self._x)
+            self.settle_options = a.SettleOptions()
+            self._settle = SettleWatcher(self._x, self._on_event)
+            self._keymap_watch = self._watch_keymap_reads()
+            self.keyboard = Keyboard(self._x, self._typing_shown, self._keymap_reread)
+            self._capturer = Capturer(display_name, self._x)
+        except BaseException as error:
+            # Nothing of a desktop that failed to come up is left behind (connections, threads).
+            watch: KeymapWatch | None = getattr(self, "_keymap_watch", None)
+            if watch is not None:
+                watch.close()
+            with suppress(Exception):
+                self._x.close()
+            if isinstance(error, X_ERRORS):
+                raise DesktopFailed(f"the X display {display_name} failed: {error}") from None
+            raise
+        self._closed = False
+        self._last_button_at = 0.0
+        self.clipboard = Clipboard(display_name)  # its own X connections, made when used
+
+    @property
+    def x_connection(self) -> xdisplay.Display:
+        return self._x
+
+    @property
+    def capture_method(self) -> str:
+        return self._capturer.method
+
+    def _on_event(self, event: Event) -> None:
+        if event.type == X.MappingNotify:
+            self.keyboard.mapping_changed()
+
+    def space(self, view: a.View | None) -> Space:
+        if view is None:
+            return Space(self.width, self.height, self.width, self.height)
+        return Space(self.width, self.height, view.width, view.height)
+
+    # -- running actions ------------------------------------------------------------------
+
+    def run(
+        self,
+        actions: Sequence[a.Action],
+        view: a.View | None = None,
+        screenshot: a.Screenshot | None = None,
+        settle: a.SettleOptions | None = None,
+    ) -> BatchResult:
+        """Run ``actions`` in order; then, if asked, a screenshot once the screen has settled."""
+        self._check_alive()
+        if settle is not None:
+            self.settle_options = settle
+        space = self.space(view)
+        try:
+            if screenshot is not None:
+                self._settle.arm()
+            else:
+                self._settle.pump()
+            results = [self._perform(action, space) for action in actions]
+            image = None
+            settled = True
+            if screenshot is not None:
+                self.pointer.sync()
+                settled = self._settle.wait_quiet(
+                    self.settle_options.quiet_s, self.settle_options.timeout_s
+                )
+                image = self._screenshot(screenshot, space)
+            return BatchResult(results, image, settled)
+        except X_ERRORS as error:
+            raise self._failure(error) from None
+
+    def _perform(self, action: a.Action, space: Space) -> ActionResult:
+        if isinstance(action, _KEYBOARD_ACTIONS):
+            self._let_buttons_land()
+            # Damage from here on is the keys' doing: _typing_shown waits for it to stop.
+            self._settle.arm()
+        if isinstance(action, _BUTTON_ACTIONS):
+            # Damage from here on is the click's doing: _let_buttons_land waits for it.
+            self._settle.arm()
+        result = self._dispatch(action, space)
+        if isinstance(action, _BUTTON_ACTIONS):
+            self._last_button_at = time.monotonic()
+        return result
+
+    def _watch_keymap_reads(self) -> KeymapWatch | None:
+        try:
+            return KeymapWatch(self.display_name, self._x)
+        except Exception:  # noqa: BLE001 (no RECORD extension: Keyboard falls back to a grace)
+            return None
+
+    def _keymap_reread(self, since: float) -> None:
+        """Until the clients have re-read a keyboard mapping changed at ``since`` (≤ 1 s)."""
+        if self._keymap_watch is None:
+            time.sleep(0.1)
+        else:
+            self._keymap_watch.wait_reread(since, timeout_s=1.0)
+
+    def _typing_shown(self) -> None:
+        """Until the screen has been quiet for a moment after typing (bounded)."""
+        self._settle.wait_quiet(self.settle_options.typing_quiet_s, 1.0)
+
+    def _let_buttons_land(self) -> None:
+        """After a recent button event, until the screen has reacted to it and gone quiet."""
+        if time.monotonic() - self._last_button_at < _BUTTON_RECENT_S:
+            self.pointer.sync()
+            self._settle.wait_quiet(self.settle_options.click_to_key_s, _BUTTON_LAND_MAX_S)
+
+    def _dispatch(self, action: a.Action, space: Space) -> ActionResult:
+        match action:
+            case a.Screenshot():
+                return self._screenshot(action, space)
+            case a.Zoom():
+                return self._zoom(action, space)
+            case a.Click():
+                self._move_if(action.x, action.y, space)
+                with self.keyboard.held(action.modifiers):
+                    self.pointer.click(action.button, action.count)
+            case a.Move():
+                self.pointer.move(*space.to_screen(action.x, action.y))
+            case a.MouseDown():
+                self._move_if(action.x, action.y, space)
+                self.pointer.down(action.button)
+            case a.MouseUp():
+                self._move_if(action.x, action.y, space)
+                self.pointer.up(action.button)
+            case a.Drag():
+                self._drag(action, space)
+            case a.Scroll():
+                self._move_if(action.x, action.y, space)
+                with self.keyboard.held(action.modifiers):
+                    self.pointer.wheel(action.dx, action.dy)
+            case a.TypeText():
+                self.keyboard.type_text(action.text)
+            case a.Key():
+                self.keyboard.press(action.keys)
+            case a.HoldKey():
+                self.keyboard.hold(action.keys, action.duration_s)
+            case a.Wait():
+                time.sleep(action.ms / 1000)
+            case a.CursorPosition():
+                x, y = space.from_screen(*self.pointer.position())
+                return Point(x, y)
+            case a.ScreenSize():
+                return Size(space.view_width, space.view_height)
+            case a.ClipboardGet():
+                return ClipboardText(self.clipboard.get())
+            case a.ClipboardSet():
+                self.clipboard.set(action.text)
+        self.pointer.sync()
+        return None
+
+    def _move_if(self, x: int | None, y: int | None, space: Space) -> None:
+        if (x is None) != (y is None):
+            raise InvalidAction("give both x and y, or neither (to act where the pointer is)")
+        if x is not None and y is not None:
+            self.pointer.move(*space.to_screen(x, y))
+
+    def _drag(self, action: a.Drag, space: Space) -> None:
+        points = [space.to_screen(x, y) for x, y in action.path]
+        self.pointer.move(*points[0])
+        self.pointer.down(action.button)
+        try:
+            for point in points[1:]:
+                self.pointer.sync()
+                # Clients merge motion events that queue up together (Chromium keeps only the
+                # last), so each point gets a frame's time to be read on its own.
+                time.sleep(self.settle_options.drag_step_s)
+                self.pointer.move(*point)
+        finally:
+            self.pointer.up(action.button)
+
+    # -- screenshots ----------------------------------------------------------------------
+
+    def _screenshot(self, action: a.Screenshot, space: Space) -> EncodedImage:
+        if action.region is not None:
+            x, y, width, height = space.region_to_screen(action.region)
+            out = (action.region.width, action.region.height)
+        else:
+            x, y, width, height = 0, 0, self.width, self.height
+            out = (space.view_width, space.view_height)
+        if action.scale is not None:
+            out = (action.scale.width, action.scale.height)
+        frame = self._capturer.grab(x, y, width, height, action.cursor)
+        return encode(frame.scaled(*out), action.format, action.quality)
+
+    def _zoom(self, action: a.Zoom, space: Space) -> EncodedImage:
+        x, y, width, height = space.region_to_screen(action.region)
+        frame = self._capturer.grab(x, y, width, height, False)
+        if action.scale is not None:
+            frame = frame.scaled(action.scale.width, action.scale.height)
+        return encode(frame, action.format, action.quality)
+
+    def grab_screen(self) -> Frame:
+        """The whole screen's pixels, now (kept as the last frame of a paused session)."""
+        self._check_alive()
+        try:
+            return self._capturer.grab(0, 0, self.width, self.height, False)
+        except X_ERRORS as error:
+            raise self._failure(error) from None
+
+    # -- health and teardown --------------------------------------------------------------
+
+    def _check_alive(self) -> None:
+        if self._closed:
+            raise DesktopFailed("the desktop has been stopped")
+
+    def _failure(self, error: Exception) -> DesktopFailed:
+        return DesktopFailed(f"the desktop failed: lost the X connection: {error}")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with suppress(Exception):
+            self._capturer.close()
+        with suppress(Exception):
+            self.clipboard.close()
+        if self._keymap_watch is not None:
+            self._keymap_watch.close()
+        with suppress(Exception):
+            self._x.close()

@@ -1,0 +1,222 @@
+"""Keyboard input through XTEST, with any Unicode character typeable.
+
+A character the current layout has no key for is given a spare keycode (one the layout
+leaves empty) for as long as it is being typed, and the keycode is emptied again after:
+every character arrives as a real key press, so pages see keydown/keypress/input events.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+
+from Xlib import XK, X
+from Xlib.display import Display
+from Xlib.ext import xtest
+
+from .errors import InvalidAction
+from .keys import char_keysym, parse_combo
+
+__all__ = ["Keyboard"]
+
+_SHIFT = XK.XK_Shift_L
+_MAPPING_GRACE_S = 0.1  # only where the X server has no RECORD extension
+
+
+class Keyboard:
+    """Presses keys on one X connection; call only from the desktop's worker thread."""
+
+    def __init__(
+        self,
+        display: Display,
+        await_delivery: Callable[[], object] | None = None,
+        await_reread: Callable[[float], object] | None = None,
+    ) -> None:
+        """``await_delivery`` returns once clients have handled the keys sent so far (the
+        desktop waits for the screen to settle); ``await_reread(since)`` once clients have
+        re-read a mapping changed at ``since`` (the desktop watches with RECORD). Both
+        default to a fixed grace period."""
+        self._display = display
+        self._await_delivery = await_delivery or (lambda: time.sleep(_MAPPING_GRACE_S))
+        self._await_reread = await_reread or (lambda _since: time.sleep(_MAPPING_GRACE_S))
+        self._min_keycode: int = display.display.info.min_keycode
+        self._max_keycode: int = display.display.info.max_keycode
+        self._stale = True
+        self._rows: list[tuple[int, ...]] = []
+        self._by_keysym: dict[int, tuple[int, bool]] = {}
+        self._spare: list[int] = []
+
+    def mapping_changed(self) -> None:
+        """Someone (a program in the session, or we) changed the layout: re-read it lazily."""
+        self._stale = True
+
+    def _refresh(self) -> None:
+        if not self._stale:
+            return
+        count = self._max_keycode - self._min_keycode + 1
+        rows = self._display.get_keyboard_mapping(self._min_keycode, count)
+        self._rows = [tuple(row) for row in rows]
+        by_keysym: dict[int, tuple[int, bool]] = {}
+        spare: list[int] = []
+        for offset, row in enumerate(rows):
+            keycode = self._min_keycode + offset
+            syms = list(row)
+            if not any(syms):
+                spare.append(keycode)
+                continue
+            for level, keysym in enumerate(syms[:2]):
+                if keysym and keysym not in by_keysym:
+                    by_keysym[keysym] = (keycode, level == 1)
+        self._by_keysym = by_keysym
+        # Highest first: low keycodes are the ones layouts and programs reach for.
+        self._spare = sorted(spare, reverse=True)
+        self._stale = False
+
+    def _fake(self, event_type: int, keycode: int) -> None:
+        xtest.fake_input(self._display, event_type, keycode)
+
+    def _tap_all(self, keys: Sequence[tuple[int, bool | None]]) -> None:
+        """Press and release each (keycode, needs shift) in turn.
+
+        Shift stays down across a run of shifted characters rather than going down and up
+        around each one: half the key events for upper-case words and symbols. ``None``
+        means the key types the same with or without Shift (a borrowed keycode).
+        """
+        shift = self._by_keysym[_SHIFT][0]
+        shift_down = False
+        try:
+            for keycode, shifted in keys:
+                if shifted is not None and shifted != shift_down:
+                    self._fake(X.KeyPress if shifted else X.KeyRelease, shift)
+                    shift_down = shifted
+                self._fake(X.KeyPress, keycode)
+                self._fake(X.KeyRelease, keycode)
+        finally:
+            if shift_down:
+                self._fake(X.KeyRelease, shift)
+
+    @contextmanager
+    def _temporarily_mapped(self, keysyms: Iterable[int]) -> Iterator[dict[int, int]]:
+        """Give each keysym without a key a spare keycode; empty those keycodes on exit."""
+        missing = sorted({k for k in keysyms if k not in self._by_keysym})
+        if len(missing) > len(self._spare):
+            raise InvalidAction(
+                f"{len(missing)} distinct characters have no key; at most "
+                f"{len(self._spare)} can be typed in one go"
+            )
+        assigned = dict(zip(missing, self._spare, strict=False))
+        if not assigned:
+            yield assigned
+            return
+        rows = list(self._rows)
+        width = len(rows[0])
+        for keysym, keycode in assigned.items():
+            rows[keycode - self._min_keycode] = (keysym, keysym) + (X.NoSymbol,) * (width - 2)
+        since = time.monotonic()
+        self._write_mapping(rows)
+        # Chromium fetches a changed table asynchronously and translates the keys it reads
+        # meanwhile with the old one: wait until the clients have re-read it.
+        self._await_reread(since)
+        try:
+            yield assigned
+        finally:
+            self._display.sync()
+            # A client translates a key with the mapping it knows when it reads the event,
+            # and a busy Chromium reads the last keys and our restoring MappingNotify in one
+            # batch: the last characters would come out empty. So the mapping stays until
+            # the typing has shown on screen (the screen is quiet again), then goes.
+            self._await_delivery()
+            self._write_mapping(self._rows)
+            self._stale = True
+
+    def _write_mapping(self, rows: list[tuple[int, ...]]) -> None:
+        """Replace the whole table in one request.
+
+        Clients such as Chromium take the keycode range of a MappingNotify as the keyboard's
+        new range: changing one keycode alone would leave them with a one-key keyboard.
+        """
+        self._display.change_keyboard_mapping(self._min_keycode, rows)
+        self._display.sync()
+
+    def _chunks(self, keysyms: Sequence[int]) -> Iterator[Sequence[int]]:
+        """Split a text so that no chunk needs more unmapped keysyms than there are spares."""
+        start = 0
+        needed: set[int] = set()
+        for index, keysym in enumerate(keysyms):
+            if keysym not in self._by_keysym and keysym not in needed:
+                if len(needed) == len(self._spare):
+                    yield keysyms[start:index]
+                    start, needed = index, set()
+                needed.add(keysym)
+        yield keysyms[start:]
+
+    def type_text(self, text: str) -> None:
+        self._refresh()
+        keysyms = [char_keysym(char) for char in text if char != "\r"]
+        for chunk in self._chunks(keysyms):
+            self._refresh()
+            with self._temporarily_mapped(chunk) as assigned:
+                self._tap_all(
+                    [
+                        (assigned[keysym], None) if keysym in assigned else self._by_keysym[keysym]
+                        for keysym in chunk
+                    ]
+                )
+            self._display.sync()
+
+    def _combo_keycodes(self, keys: str, assigned: dict[int, int]) -> list[int]:
+        keycodes: list[int] = []
+        for keysym in parse_combo(keys):
+            if keysym in assigned:
+                keycodes.append(assigned[keysym])
+                continue
+            keycode, shifted = self._by_keysym[keysym]
+            if shifted and self._by_keysym[_SHIFT][0] not in keycodes:
+                keycodes.append(self._by_keysym[_SHIFT][0])
+            keycodes.append(keycode)
+        return keycodes
+
+    @contextmanager
+    def held(self, keys: str | Sequence[str]) -> Iterator[None]:
+        """Hold one combination ("ctrl+shift") or several key names down while inside."""
+        combo = keys if isinstance(keys, str) else "+".join(keys)
+        if not combo:
+            yield
+            return
+        self._refresh()
+        keysyms = parse_combo(combo)
+        with self._temporarily_mapped(keysyms) as assigned:
+            keycodes = self._combo_keycodes(combo, assigned)
+            pressed: list[int] = []
+            try:
+                for keycode in keycodes:
+                    self._fake(X.KeyPress, keycode)
+                    pressed.append(keycode)
+                self._display.sync()
+                yield
+            finally:
+                for keycode in reversed(pressed):
+                    self._fake(X.KeyRelease, keycode)
+                self._display.sync()
+
+    def _spare_keycodes_are_empty(self) -> bool:
+        """True when every keycode we borrow is unmapped again (the layout is as we found it)."""
+        self._stale = True
+        self._refresh()
+        return all(not any(self._rows[keycode - self._min_keycode]) for keycode in self._spare)
+
+    def validate(self, keys: str | Sequence[str]) -> None:
+        """Raise InvalidAction for unknown names before any key goes down."""
+        combo = keys if isinstance(keys, str) else "+".join(keys)
+        if combo:
+            parse_combo(combo)
+
+    def press(self, keys: str) -> None:
+        with self.held(keys):
+            pass
+
+    def hold(self, keys: str, duration_s: float) -> None:
+        with self.held(keys):
+            # Holding for a duration is the action itself; this runs on the worker thread.
+            time.sleep(duration_s)

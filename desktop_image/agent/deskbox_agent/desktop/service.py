@@ -1,0 +1,243 @@
+"""The desktop's calls (``act``, ``grab``, ``ready``, ``info``) over one worker thread.
+
+X work blocks, so it runs on the desktop's one thread, never on the event loop; a lock
+keeps the calls one at a time and in the order they came, so batches keep their order. The
+X connection is made on the first call and made again after the X server went away (a
+call that lost it fails with ``desktop_failed``; the next one connects afresh). The heavy
+modules (python-xlib, numpy, mss, the encoders) are imported on that first call too: an
+agent nobody asks to drive a desktop never loads them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import math
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, TypeVar
+
+from ..registry import Blob, CallError, Json, Registry
+from .errors import DesktopError, DesktopFailed, InvalidAction
+
+if TYPE_CHECKING:
+    from .desktop import ActionResult, Desktop
+    from .encode import EncodedImage
+    from .parts import Parts
+
+__all__ = ["DesktopService", "register_desktop"]
+
+T = TypeVar("T")
+MAX_READY_S = 300.0
+IDLE_TRIM_S = 2.0  # after this long without a desktop call, free memory goes back
+
+
+class DesktopService:
+    """The desktop of one display, driven from one thread."""
+
+    def __init__(self, display_name: str) -> None:
+        self.display_name = display_name
+        self._desktop: Desktop | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._lock: asyncio.Lock | None = None
+        self._malloc: _Malloc | None = None
+        self._trim: asyncio.TimerHandle | None = None
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def _first_call(self) -> _Malloc:
+        if self._malloc is None:
+            self._malloc = _Malloc()
+        return self._malloc
+
+    async def _on_worker(self, work: Callable[[], T]) -> T:
+        malloc = self._first_call()
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="desktop")
+        if self._trim is not None:
+            self._trim.cancel()
+        loop = asyncio.get_running_loop()
+        try:
+            async with self._lock:
+                return await loop.run_in_executor(self._executor, work)
+        except DesktopError as error:
+            raise CallError(error.status, error.kind, error.message) from None
+        finally:
+            # Busy, the frame buffers are reused from the heap (no page faults); idle, they
+            # go back. On the worker, so that a trim never runs beside a call's X work.
+            self._trim = loop.call_later(IDLE_TRIM_S, self._trim_idle, malloc)
+
+    def _trim_idle(self, malloc: _Malloc) -> None:
+        if self._executor is not None:
+            with contextlib.suppress(RuntimeError):  # shut down meanwhile: nothing to trim
+                self._executor.submit(malloc.trim)
+
+    def _connected(self) -> Desktop:
+        """The desktop, connected now if it is not (on the worker thread)."""
+        if self._desktop is None:
+            from .desktop import Desktop
+
+            self._desktop = Desktop(self.display_name)
+        return self._desktop
+
+    def _with_desktop(self, work: Callable[[Desktop], T]) -> T:
+        desktop = self._connected()
+        try:
+            return work(desktop)
+        except DesktopFailed:
+            # The X server went away: drop this connection, the next call makes a new one.
+            self._desktop = None
+            desktop.close()
+            raise
+
+    def close(self) -> None:
+        """Ends the worker (after the call it runs); call from a thread, not the loop."""
+        if self._trim is not None:
+            self._trim.cancel()
+        if self._executor is not None:
+            desktop, self._desktop = self._desktop, None
+            if desktop is not None:
+                self._executor.submit(desktop.close)
+            self._executor.shutdown(wait=True)
+
+    # -- the calls ----------------------------------------------------------------------
+
+    async def act(self, args: Mapping[str, Json]) -> Blob:
+        from . import actions as a
+
+        _only(args, ("actions", "view", "screenshot", "settle"))
+        try:
+            actions = a.parse_actions(args.get("actions", []))
+            view = a.parse_view(args.get("view"))
+            screenshot = a.parse_screenshot(args.get("screenshot"))
+            settle = a.parse_settle(args.get("settle"))
+        except InvalidAction as error:
+            raise CallError(error.status, error.kind, error.message) from None
+
+        def work(desktop: Desktop) -> Blob:
+            from .parts import Parts
+
+            batch = desktop.run(actions, view, screenshot, settle)
+            parts = Parts()
+            results = [_result(r, parts) for r in batch.results]
+            shot = None if batch.screenshot is None else _image(batch.screenshot, parts)
+            return parts.blob({"results": results, "settled": batch.settled,
+                               "screenshot": shot})
+
+        return await self._on_worker(lambda: self._with_desktop(work))
+
+    async def grab(self, args: Mapping[str, Json]) -> Blob:
+        _only(args, ())
+
+        def work(desktop: Desktop) -> Blob:
+            import numpy as np
+
+            from .parts import Parts
+
+            frame = desktop.grab_screen()
+            parts = Parts()
+            place = parts.add(np.ascontiguousarray(frame.pixels).tobytes())
+            return parts.blob({"width": frame.width, "height": frame.height,
+                               "pixel_format": "bgrx", "pixels": place})
+
+        return await self._on_worker(lambda: self._with_desktop(work))
+
+    async def info(self, args: Mapping[str, Json]) -> Json:
+        _only(args, ())
+
+        def work(desktop: Desktop) -> Json:
+            return {"display": self.display_name, "width": desktop.width,
+                    "height": desktop.height, "capture": desktop.capture_method}
+
+        return await self._on_worker(lambda: self._with_desktop(work))
+
+    async def ready(self, args: Mapping[str, Json]) -> Json:
+        _only(args, ("browser", "timeout_s"))
+        browser = args.get("browser", False)
+        timeout_s = args.get("timeout_s", 30.0)
+        if type(browser) is not bool:
+            raise CallError(422, "invalid_action", "browser must be true or false")
+        if (type(timeout_s) not in (int, float) or not math.isfinite(timeout_s)  # type: ignore[arg-type]
+                or not 0 < timeout_s <= MAX_READY_S):  # type: ignore[operator]
+            raise CallError(422, "invalid_action", f"timeout_s must be in (0, {MAX_READY_S}]")
+        from .ready import wait_ready
+
+        self._first_call()
+        # Its own thread and X connection: waiting for a browser must not hold the desktop's.
+        try:
+            timings = await asyncio.to_thread(
+                wait_ready, self.display_name, browser, float(timeout_s))  # type: ignore[arg-type]
+        except DesktopError as error:
+            raise CallError(error.status, error.kind, error.message) from None
+        return dict(timings)
+
+
+_M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
+
+
+class _Malloc:
+    """What glibc keeps of the desktop's memory: little while idle, quick while busy.
+
+    A screenshot allocates several frame-sized buffers (4 MB at 1280x800). glibc keeps
+    freed ones in the heap and hands them out again, which is fast (a fresh mmap for each
+    would cost 1.5-3.5 ms of page faults per screenshot) but would keep about 7 MiB for
+    good; and every thread that allocates (the desktop's worker, ``ready``'s) would get an
+    arena of its own. So: one arena for all threads (they take turns), and ``trim`` (on
+    the worker, when the desktop has been idle for a moment) gives the free pages back.
+    Not glibc: nothing to tune.
+    """
+
+    def __init__(self) -> None:
+        import ctypes
+
+        try:
+            self._libc: ctypes.CDLL | None = ctypes.CDLL(None)
+            self._libc.mallopt(ctypes.c_int(_M_ARENA_MAX), ctypes.c_int(1))
+        except (OSError, AttributeError):
+            self._libc = None
+
+    def trim(self) -> None:
+        if self._libc is not None:
+            with contextlib.suppress(AttributeError):
+                self._libc.malloc_trim(0)
+
+
+def _only(args: Mapping[str, Json], allowed: tuple[str, ...]) -> None:
+    unknown = sorted(k for k in args if k not in allowed)
+    if unknown:
+        raise CallError(422, "invalid_action", f"unknown field {unknown[0][:64]!r}")
+
+
+def _image(image: EncodedImage, parts: Parts) -> dict[str, Json]:
+    return {"type": "image", "media_type": image.media_type, "width": image.width,
+            "height": image.height, **parts.add(image.data)}
+
+
+def _result(result: ActionResult, parts: Parts) -> Json:
+    from .desktop import ClipboardText, Point, Size
+    from .encode import EncodedImage
+
+    match result:
+        case None:
+            return None
+        case Point(x=x, y=y):
+            return {"type": "point", "x": x, "y": y}
+        case Size(width=width, height=height):
+            return {"type": "size", "width": width, "height": height}
+        case ClipboardText(text=text):
+            return {"type": "clipboard", **parts.add(text.encode())}
+        case EncodedImage():
+            return _image(result, parts)
+    raise AssertionError(f"no wire form for {result!r}")
+
+
+def register_desktop(registry: Registry, display_name: str) -> DesktopService:
+    """Register the desktop's calls for ``display_name``; nothing connects until a call."""
+    service = DesktopService(display_name)
+    registry.register("act", service.act)
+    registry.register("grab", service.grab)
+    registry.register("ready", service.ready)
+    registry.register("info", service.info)
+    return service

@@ -1,0 +1,327 @@
+"""The desktop of a sandbox, driven through its agent (the ``act``, ``grab``, ``ready`` and
+``info`` calls of desktop_image/agent/PROTOCOL.md).
+
+:class:`AgentDesktop` takes the server's own action models and answers with the driver's
+types (``BatchResult``, ``EncodedImage``, ``Frame``), so a session can use it where it used
+the host-side driver. Every byte of an answer is hostile: the reply's JSON header and each
+part are bounded by what the request asked for (an image by its expected width × height ×
+4 plus a little), offsets and lengths are checked against the body, images must be of the
+format and size asked; anything else fails the agent's connection with ``AgentFailed``.
+The agent's refusals come back as the server's errors: ``invalid_action`` as
+``InvalidAction`` (422), ``desktop_failed`` as ``DesktopFailed``.
+
+The screen's size, which bounds full-screen images, is asked once (``info``) when first
+needed and kept: a session's X server keeps its size for life (``info()`` asks again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from ..driver.budget import batch_allowance_s
+from ..driver.desktop import ActionResult, BatchResult, SettleOptions
+from ..driver.images import MEDIA_TYPES, EncodedImage, Frame
+from ..driver.space import Space
+from ..errors import DesktopFailed, InvalidAction, InvalidRequest, SessionFailed
+from ..schemas import actions as a
+from ..schemas.results import ClipboardText, Point, Size
+from .client import AgentClient, CallResult, Json
+
+__all__ = ["PARTS_TYPE", "AgentDesktop", "DesktopInfo"]
+
+PARTS_TYPE = "application/vnd.deskbox.parts"
+MAX_HEADER = 1 << 20  # the JSON header of a parts reply: results of at most 1000 actions
+IMAGE_SLACK = 64 * 1024  # container overhead past the raw pixels (PNG chunks, JPEG tables)
+MAX_CLIPBOARD_BYTES = 4 * 200_000  # the agent's cap in characters, 4 bytes each in UTF-8
+_INFO_BODY = 64 * 1024
+_LENGTH = struct.Struct(">I")
+_MAGIC = {"image/jpeg": (b"\xff\xd8\xff",), "image/png": (b"\x89PNG\r\n\x1a\n",),
+          "image/webp": (b"RIFF",)}
+_READY_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class DesktopInfo:
+    display: str
+    width: int
+    height: int
+    capture: str
+
+
+@dataclass(frozen=True)
+class _Expect:
+    """What one result must be: its kind, and for an image its format and size."""
+
+    kind: Literal["none", "image", "point", "size", "clipboard"]
+    media_type: str = ""
+    width: int = 0
+    height: int = 0
+
+    @property
+    def max_bytes(self) -> int:
+        if self.kind == "image":
+            return self.width * self.height * 4 + IMAGE_SLACK
+        return MAX_CLIPBOARD_BYTES if self.kind == "clipboard" else 0
+
+
+class AgentDesktop:
+    """One session's desktop over its agent; calls are async and each has a timeout."""
+
+    def __init__(
+        self, client: AgentClient, settle: SettleOptions | None = None,
+        call_timeout_s: float = 30.0,
+    ) -> None:
+        self._client = client
+        self.settle_options = settle or SettleOptions()
+        self.call_timeout_s = call_timeout_s
+        self._screen: tuple[int, int] | None = None
+
+    # -- the calls ------------------------------------------------------------------------
+
+    async def info(self) -> DesktopInfo:
+        value = (await self._call("info", {}, self.call_timeout_s, _INFO_BODY)).json()
+        if not isinstance(value, dict):
+            raise self._client.fail("info: not a JSON object")
+        width, height = value.get("width"), value.get("height")
+        display, capture = value.get("display"), value.get("capture")
+        if not (_side(width) and _side(height) and isinstance(display, str)
+                and isinstance(capture, str) and len(display) <= 64 and len(capture) <= 64):
+            raise self._client.fail("info: not {display, width, height, capture}")
+        assert isinstance(width, int) and isinstance(height, int)
+        self._screen = (width, height)
+        return DesktopInfo(display, width, height, capture)
+
+    async def ready(self, browser: bool, timeout_s: float) -> dict[str, float]:
+        """Waits (in the agent, by X events) for the window manager and, with ``browser``,
+        Chromium's painted window; returns seconds to each stage."""
+        value = (await self._call("ready", {"browser": browser, "timeout_s": timeout_s},
+                                  timeout_s + _READY_GRACE_S, _INFO_BODY)).json()
+        stages = ("xserver", "wm", "browser", "painted") if browser else ("xserver", "wm")
+        timings: dict[str, float] = {}
+        if isinstance(value, dict) and set(value) == set(stages):
+            for stage in stages:
+                seconds = value[stage]
+                if type(seconds) in (int, float) and 0 <= float(seconds) <= timeout_s + 1:  # type: ignore[arg-type]
+                    timings[stage] = float(seconds)  # type: ignore[arg-type]
+        if len(timings) != len(stages):
+            raise self._client.fail(f"ready: not {{{', '.join(stages)}: seconds}}")
+        return timings
+
+    async def run(
+        self,
+        actions: Sequence[a.Action],
+        view: a.CoordinateSpace | None = None,
+        screenshot: a.Screenshot | None = None,
+    ) -> BatchResult:
+        """Run ``actions`` in order; then, if asked, a screenshot once the screen settled."""
+        space = await self._space(view, actions, screenshot)
+        expects = [self._expect(action, space) for action in actions]
+        final = self._expect(screenshot, space) if screenshot is not None else None
+        body_cap = _LENGTH.size + MAX_HEADER + sum(e.max_bytes for e in expects) + (
+            final.max_bytes if final is not None else 0)
+        request: dict[str, Json] = {
+            "actions": [action.model_dump(mode="json") for action in actions],
+            "view": view.model_dump(mode="json") if view is not None else None,
+            "screenshot": screenshot.model_dump(mode="json") if screenshot is not None else None,
+            "settle": dataclasses.asdict(self.settle_options),
+        }
+        timeout_s = self.call_timeout_s + batch_allowance_s(
+            actions, screenshot, self.settle_options)
+        result = await self._call("act", request, timeout_s, body_cap)
+        header, parts = self._split(result.content_type, result.body)
+        results, settled = header.get("results"), header.get("settled")
+        shot = header.get("screenshot")
+        if not isinstance(results, list) or len(results) != len(actions):
+            raise self._client.fail(f"act: results is not a list of {len(actions)}")
+        if type(settled) is not bool:
+            raise self._client.fail("act: settled is not true or false")
+        values = [self._result(r, e, parts, i) for i, (r, e) in enumerate(zip(results, expects,
+                                                                              strict=True))]
+        image: EncodedImage | None = None
+        if final is not None:
+            image = self._image(shot, final, parts, "act: screenshot")
+        elif shot is not None:
+            raise self._client.fail("act: a screenshot nobody asked for")
+        return BatchResult(values, image, settled)
+
+    async def perform(self, action: a.Action, view: a.CoordinateSpace | None = None,
+                      ) -> ActionResult:
+        return (await self.run([action], view)).results[0]
+
+    async def capture(
+        self, fmt: Literal["jpeg", "png", "webp"] = "jpeg", quality: int = 75,
+        view: a.CoordinateSpace | None = None,
+    ) -> EncodedImage:
+        """The whole screen, now (no settling)."""
+        image = await self.perform(a.Screenshot(format=fmt, quality=quality), view)
+        assert isinstance(image, EncodedImage)
+        return image
+
+    async def grab(self) -> Frame:
+        """The whole screen's raw pixels, now (the frozen frame of a paused session)."""
+        width, height = await self._screen_size()
+        size = width * height * 4
+        result = await self._call("grab", {}, self.call_timeout_s,
+                                  _LENGTH.size + MAX_HEADER + size)
+        header, parts = self._split(result.content_type, result.body)
+        if (header.get("width"), header.get("height"), header.get("pixel_format")) != (
+                width, height, "bgrx"):
+            raise self._client.fail(f"grab: not the {width}x{height} bgrx frame of the screen")
+        pixels = self._part(header.get("pixels"), parts, size, "grab: pixels")
+        if len(pixels) != size:
+            raise self._client.fail(f"grab: {len(pixels)} bytes for {width}x{height} pixels")
+        return Frame(np.frombuffer(pixels, dtype=np.uint8).reshape(height, width, 4))
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    async def _call(self, name: str, args: dict[str, Json], timeout_s: float,
+                    max_body: int) -> CallResult:
+        try:
+            return await self._client.call(name, args, timeout_s=timeout_s, max_body=max_body)
+        except InvalidRequest as error:
+            reason = _agent_reason(error.message, "invalid_action")
+            if reason is not None:
+                raise InvalidAction(reason) from None
+            raise
+        except SessionFailed as error:
+            reason = _agent_reason(error.message, "desktop_failed")
+            if reason is not None:
+                raise DesktopFailed(reason) from None
+            raise
+
+    async def _screen_size(self) -> tuple[int, int]:
+        if self._screen is None:
+            await self.info()
+        assert self._screen is not None
+        return self._screen
+
+    async def _space(
+        self, view: a.CoordinateSpace | None, actions: Sequence[a.Action],
+        screenshot: a.Screenshot | None,
+    ) -> Space:
+        """The screen and the view results are in; the screen's size is asked once, when
+        a result's size depends on it."""
+        if view is None:
+            needs_screen = screenshot is not None or any(
+                isinstance(action, a.Screenshot | a.Zoom | a.ScreenSize | a.CursorPosition)
+                for action in actions)
+        else:
+            needs_screen = any(isinstance(action, a.Zoom) for action in actions)
+        width, height = await self._screen_size() if needs_screen else (0, 0)
+        if view is None:
+            return Space(width, height, width, height)
+        return Space(width, height, view.width, view.height)
+
+    @staticmethod
+    def _expect(action: a.Action | a.Screenshot, space: Space) -> _Expect:
+        match action:
+            case a.Screenshot():
+                size = ((space.view_width, space.view_height) if action.region is None
+                        else (action.region.width, action.region.height))
+                if action.scale is not None:
+                    size = (action.scale.width, action.scale.height)
+                return _Expect("image", MEDIA_TYPES[action.format], *size)
+            case a.Zoom():
+                # At the screen's own resolution unless scaled (driver/desktop.py _zoom).
+                if action.scale is not None:
+                    size = (action.scale.width, action.scale.height)
+                else:
+                    size = space.region_to_screen(action.region)[2:]
+                return _Expect("image", MEDIA_TYPES[action.format], *size)
+            case a.CursorPosition():
+                return _Expect("point", width=space.view_width, height=space.view_height)
+            case a.ScreenSize():
+                return _Expect("size", width=space.view_width, height=space.view_height)
+            case a.ClipboardGet():
+                return _Expect("clipboard")
+        return _Expect("none")
+
+    def _split(self, content_type: str, body: bytes) -> tuple[dict[str, Any], memoryview]:
+        if content_type != PARTS_TYPE:
+            raise self._client.fail(f"a desktop call answered {content_type[:64]!r}, "
+                                    f"not {PARTS_TYPE}")
+        if len(body) < _LENGTH.size:
+            raise self._client.fail("a parts reply shorter than its length field")
+        (length,) = _LENGTH.unpack_from(body)
+        if length > MAX_HEADER or _LENGTH.size + length > len(body):
+            raise self._client.fail(
+                f"a parts reply's header of {length} bytes (at most {MAX_HEADER}, "
+                f"and within the {len(body)}-byte body)")
+        try:
+            header = json.loads(body[_LENGTH.size : _LENGTH.size + length])
+        except ValueError as error:
+            raise self._client.fail(f"a parts reply's header is not JSON: {error}") from None
+        if not isinstance(header, dict):
+            raise self._client.fail("a parts reply's header is not a JSON object")
+        return header, memoryview(body)[_LENGTH.size + length :]
+
+    def _part(self, place: object, parts: memoryview, max_bytes: int, what: str) -> bytes:
+        offset = place.get("offset") if isinstance(place, dict) else None
+        length = place.get("length") if isinstance(place, dict) else None
+        if type(offset) is not int or type(length) is not int:
+            raise self._client.fail(f"{what}: no integer offset and length")
+        if not (0 <= offset and 0 <= length <= max_bytes and offset + length <= len(parts)):
+            raise self._client.fail(
+                f"{what}: {length} bytes at {offset} (at most {max_bytes}, within the "
+                f"{len(parts)} bytes of parts)")
+        return bytes(parts[offset : offset + length])
+
+    def _image(self, value: object, expect: _Expect, parts: memoryview, what: str,
+               ) -> EncodedImage:
+        if not isinstance(value, dict) or value.get("type") != "image":
+            raise self._client.fail(f"{what}: not an image")
+        if value.get("media_type") != expect.media_type or (
+                value.get("width"), value.get("height")) != (expect.width, expect.height):
+            raise self._client.fail(
+                f"{what}: not the {expect.width}x{expect.height} {expect.media_type} asked for")
+        data = self._part(value, parts, expect.max_bytes, what)
+        if not data.startswith(_MAGIC[expect.media_type]) or (
+                expect.media_type == "image/webp" and data[8:12] != b"WEBP"):
+            raise self._client.fail(f"{what}: the bytes are not {expect.media_type}")
+        return EncodedImage(expect.media_type, data, expect.width, expect.height)
+
+    def _result(self, value: object, expect: _Expect, parts: memoryview, index: int,
+                ) -> ActionResult:
+        what = f"act: results[{index}]"
+        if expect.kind == "none":
+            if value is not None:
+                raise self._client.fail(f"{what}: a result for an action that has none")
+            return None
+        if expect.kind == "image":
+            return self._image(value, expect, parts, what)
+        if not isinstance(value, dict) or value.get("type") != expect.kind:
+            raise self._client.fail(f"{what}: not a {expect.kind}")
+        if expect.kind == "clipboard":
+            data = self._part(value, parts, expect.max_bytes, what)
+            try:
+                return ClipboardText(text=data.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise self._client.fail(f"{what}: clipboard text is not UTF-8") from None
+        if expect.kind == "point":
+            x, y = value.get("x"), value.get("y")
+            if not (type(x) is int and type(y) is int and 0 <= x < expect.width
+                    and 0 <= y < expect.height):
+                raise self._client.fail(
+                    f"{what}: not a point in the {expect.width}x{expect.height} view")
+            return Point(x=x, y=y)
+        if (value.get("width"), value.get("height")) != (expect.width, expect.height):
+            raise self._client.fail(f"{what}: not the {expect.width}x{expect.height} size")
+        return Size(width=expect.width, height=expect.height)
+
+
+def _side(value: object) -> bool:
+    return type(value) is int and 1 <= value <= a.MAX_SIDE
+
+
+def _agent_reason(message: str, kind: str) -> str | None:
+    """The agent's own message when it refused with ``kind`` (client.py writes them as
+    ``agent: <kind>: <message>``)."""
+    prefix = f"agent: {kind}: "
+    return message[len(prefix):] if message.startswith(prefix) else None

@@ -1,0 +1,404 @@
+"""The agent drives its own desktop: a real Xvfb + openbox + Chromium on this host, the real
+agent (``python -m deskbox_agent --display :N``) as a subprocess with its pinned wheels,
+and the host's ``AgentDesktop`` over the real protocol. The page's DOM is read through
+DevTools, so every test checks what the page received, not what we sent."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from PIL import Image
+
+from deskbox_server.agent import AgentClient
+from deskbox_server.agent.desktop import AgentDesktop
+from deskbox_server.driver.browser import CdpPage
+from deskbox_server.driver.commands import DesktopSpec, xserver_argv
+from deskbox_server.driver.images import EncodedImage, encode
+from deskbox_server.driver.local import LocalDesktop
+from deskbox_server.errors import DesktopFailed, InvalidAction, Timeout
+from deskbox_server.schemas import actions as a
+from deskbox_server.schemas.results import ClipboardText, Point, Size
+
+from .conftest import start_desktop_agent, stop_agent
+
+EVENTS_PAGE = (Path(__file__).parent.parent / "pages" / "events.html").as_uri()
+
+
+@pytest.fixture(scope="module")
+def local() -> Iterator[LocalDesktop]:
+    with LocalDesktop() as desktop:
+        yield desktop
+
+
+@pytest.fixture(scope="module")
+def agent_socket(local: LocalDesktop, agent_site: Path,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("desk") / "agent.sock"
+    proc = start_desktop_agent(path, local.display_name, agent_site)
+    yield path
+    stop_agent(proc)
+
+
+@pytest.fixture(scope="module")
+def cdp(local: LocalDesktop) -> Iterator[CdpPage]:
+    with CdpPage.first(local.devtools_url) as page:
+        yield page
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def desk(agent_socket: Path) -> AsyncIterator[AgentDesktop]:
+    client = await AgentClient.connect_unix(str(agent_socket))
+    try:
+        yield AgentDesktop(client)
+    finally:
+        await client.close()
+
+
+class Page:
+    """The event page in the desktop's browser: loaded, and its origin measured by a click."""
+
+    def __init__(self, desk: AgentDesktop, cdp: CdpPage) -> None:
+        self.desk, self.cdp = desk, cdp
+        self.origin = (0, 0)
+
+    async def load(self) -> None:
+        url = f"{EVENTS_PAGE}?load={time.monotonic_ns()}"
+        self.cdp.navigate(url)
+        await self.until(f"location.href === {url!r} && document.readyState === 'complete'")
+        self.cdp.wait_painted()
+        for _ in range(3):  # paint holding may swallow the first click of a new document
+            await self.desk.perform(a.Click(x=640, y=700))
+            clicks = await self.wait_for("click", 1, timeout_s=1.0)
+            if clicks:
+                self.origin = (clicks[0]["screenX"] - clicks[0]["clientX"],
+                               clicks[0]["screenY"] - clicks[0]["clientY"])
+                self.clear()
+                return
+        raise AssertionError("the page never received a click")
+
+    def at(self, x: int, y: int) -> tuple[int, int]:
+        return self.origin[0] + x, self.origin[1] + y
+
+    def events(self, *types: str) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = self.cdp.evaluate("window.__events")
+        return [e for e in events if not types or e["type"] in types]
+
+    def clear(self) -> None:
+        self.cdp.evaluate("window.__events.length = 0")
+
+    def value(self) -> str:
+        return str(self.cdp.evaluate("document.getElementById('field').value"))
+
+    async def until(self, expression: str, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if self.cdp.evaluate(expression):
+                    return
+            except DesktopFailed:
+                pass  # the context was torn down mid-navigation
+            assert time.monotonic() < deadline, f"the page never satisfied {expression}"
+            await asyncio.sleep(0.01)
+
+    async def wait_for(self, kind: str, count: int, timeout_s: float = 5.0,
+                       ) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout_s
+        while True:  # the page is polled through DevTools: no event to wait on here
+            found = self.events(kind)
+            if len(found) >= count or time.monotonic() >= deadline:
+                return found
+            await asyncio.sleep(0.01)
+
+    async def focus_field(self) -> None:
+        x, y = self.at(900, 175)
+        await self.desk.perform(a.Click(x=x, y=y))
+        await self.wait_for("click", 1)
+        self.cdp.evaluate("document.getElementById('field').value = ''")
+        self.clear()
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def page(desk: AgentDesktop, cdp: CdpPage) -> Page:
+    p = Page(desk, cdp)
+    await p.load()
+    return p
+
+
+def decode(image: EncodedImage) -> Image.Image:
+    decoded = Image.open(io.BytesIO(image.data))
+    decoded.load()
+    assert (decoded.width, decoded.height) == (image.width, image.height)
+    return decoded.convert("RGB")
+
+
+def colours(image: Image.Image) -> set[Any]:
+    return {colour for _, colour in image.getcolors(1 << 24) or []}
+
+
+# -- input ---------------------------------------------------------------------------------
+
+
+async def test_a_click_lands_where_it_was_aimed(page: Page) -> None:
+    x, y = page.at(500, 450)
+    await page.desk.perform(a.Click(x=x, y=y))
+    clicks = await page.wait_for("click", 1)
+    assert [(c["clientX"], c["clientY"], c["button"]) for c in clicks] == [(500, 450, 0)]
+
+
+async def test_200_back_to_back_clicks_all_land(page: Page) -> None:
+    for i in range(200):
+        x, y = page.at(420 + i % 50 * 10, 320 + i // 50 * 20)
+        await page.desk.perform(a.Click(x=x, y=y))
+    clicks = await page.wait_for("click", 200, timeout_s=10)
+    assert len(clicks) == 200
+    # Every click lands on one of the points aimed at. Which one: Chromium may give a click
+    # the position of a later move when they come faster than it reads them (so does the
+    # host-side driver), so the exact sequence is not checked here.
+    aimed = {(420 + i % 50 * 10, 320 + i // 50 * 20) for i in range(200)}
+    assert {(c["clientX"], c["clientY"]) for c in clicks} <= aimed
+
+
+async def test_typing_ascii_and_unicode_reaches_the_dom_exactly(page: Page) -> None:
+    await page.focus_field()
+    text = "Hello, World! 123 ~`@#$%^&*()_+{}|:\"<>? Ñandú 中文字 😀 ok"
+    await page.desk.run([a.TypeText(text=text)])
+    await page.until(f"document.getElementById('field').value === {text!r}")
+    assert page.value() == text
+
+
+async def test_concurrent_batches_run_one_at_a_time_in_order(page: Page) -> None:
+    await page.focus_field()
+    # The first batch waits before it types: the second, sent while it waits, must not
+    # overtake it (one worker thread and a lock per desktop).
+    first = asyncio.ensure_future(page.desk.run([a.Wait(ms=300), a.TypeText(text="first ")]))
+    await asyncio.sleep(0.05)
+    second = asyncio.ensure_future(page.desk.run([a.TypeText(text="second")]))
+    await asyncio.gather(first, second)
+    await page.until("document.getElementById('field').value === 'first second'")
+
+
+async def test_keys_and_combos(page: Page) -> None:
+    await page.focus_field()
+    await page.desk.run([a.TypeText(text="abc def"), a.Key(keys="ctrl+a"),
+                         a.TypeText(text="x"), a.Key(keys="BackSpace"), a.TypeText(text="yz"),
+                         a.Key(keys="shift+Left"), a.Key(keys="Delete")])
+    await page.until("document.getElementById('field').value === 'y'")
+    assert any(e["key"] == "a" and e["ctrl"] for e in page.events("keydown"))
+
+
+async def test_scroll_reaches_the_page(page: Page) -> None:
+    x, y = page.at(700, 450)
+    await page.desk.run([a.Scroll(x=x, y=y, dy=3), a.Scroll(dx=-2)])
+    await page.until("window.__events.some(e => e.type === 'wheel' && e.deltaX < 0)")
+    wheels = page.events("wheel")
+    # Chromium may merge notches that arrive together into one event with a larger delta.
+    assert [w["deltaY"] > 0 for w in wheels if w["deltaY"]] == [True] * len(
+        [w for w in wheels if w["deltaY"]]) != []
+    assert all(w["deltaX"] <= 0 for w in wheels)
+    assert all((w["clientX"], w["clientY"]) == (700, 450) for w in wheels)
+
+
+async def test_drag_presses_moves_and_releases(page: Page) -> None:
+    path = [page.at(450, 350), page.at(550, 400), page.at(650, 450)]
+    await page.desk.run([a.Drag(path=path)])
+    ups = await page.wait_for("mouseup", 1)
+    downs, moves = page.events("mousedown"), page.events("mousemove")
+    assert (downs[0]["clientX"], downs[0]["clientY"]) == (450, 350)
+    assert (ups[0]["clientX"], ups[0]["clientY"]) == (650, 450)
+    assert any((m["clientX"], m["clientY"]) == (550, 400) and m["buttons"] == 1 for m in moves)
+
+
+async def test_cursor_position_is_in_the_views_space(page: Page) -> None:
+    view = a.CoordinateSpace(width=640, height=400)
+    result = await page.desk.run([a.Move(x=100, y=50), a.CursorPosition(), a.ScreenSize()],
+                                 view)
+    assert result.results[1:] == [Point(x=100, y=50), Size(width=640, height=400)]
+    screen = await page.desk.run([a.CursorPosition(), a.ScreenSize()])
+    assert screen.results == [Point(x=200, y=100), Size(width=1280, height=800)]
+
+
+async def test_clipboard_set_and_get(desk: AgentDesktop) -> None:
+    text = "Deskbox héllo 中文 😀\nline 2"
+    result = await desk.run([a.ClipboardSet(text=text), a.ClipboardGet()])
+    assert result.results == [None, ClipboardText(text=text)]
+
+
+# -- screenshots ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["jpeg", "png", "webp"])
+async def test_a_screenshot_decodes_and_shows_the_page(page: Page, fmt: str) -> None:
+    result = await page.desk.run([], screenshot=a.Screenshot(format=fmt))  # type: ignore[arg-type]
+    assert result.screenshot is not None and result.settled
+    image = decode(result.screenshot)
+    assert image.size == (1280, 800)
+    assert len(image.getcolors(1 << 20) or []) > 16  # a page, not a flat colour
+    red = image.getpixel(page.at(200, 150))
+    green = image.getpixel(page.at(500, 150))
+    assert isinstance(red, tuple) and isinstance(green, tuple)
+    assert red[0] > 200 and red[1] < 60 and red[2] < 60
+    assert green[1] > 200 and green[0] < 60 and green[2] < 60
+
+
+async def test_region_scale_view_and_zoom(page: Page) -> None:
+    rx, ry = page.at(100, 100)
+    region = a.Region(x=rx, y=ry, width=200, height=100)
+    view = a.CoordinateSpace(width=640, height=400)
+    result = await page.desk.run([
+        a.Screenshot(format="png", region=region),
+        a.Screenshot(format="jpeg", scale=a.ScaleTo(width=320, height=200)),
+        a.Zoom(region=a.Region(x=rx // 2, y=ry // 2, width=100, height=50)),
+    ])
+    shot, scaled, _ = result.results
+    assert isinstance(shot, EncodedImage) and isinstance(scaled, EncodedImage)
+    pixels = decode(shot)
+    assert pixels.size == (200, 100)
+    assert colours(pixels) == {(255, 0, 0)}  # the red box, exactly
+    assert decode(scaled).size == (320, 200)
+    inside = page.at(150, 120)  # well inside the red box, whatever the rounding
+    in_view = await page.desk.run(
+        [a.Zoom(region=a.Region(x=inside[0] // 2, y=inside[1] // 2, width=40, height=20))],
+        view,
+        screenshot=a.Screenshot(format="png"))
+    zoom = in_view.results[0]
+    assert isinstance(zoom, EncodedImage) and in_view.screenshot is not None
+    assert decode(zoom).size == (80, 40)  # the screen's own pixels: 2x the view's
+    assert colours(decode(zoom)) == {(255, 0, 0)}
+    assert decode(in_view.screenshot).size == (640, 400)
+
+
+async def test_capture_and_grab(page: Page) -> None:
+    image = await page.desk.capture("png")
+    assert decode(image).size == (1280, 800)
+    frame = await page.desk.grab()
+    assert (frame.width, frame.height) == (1280, 800)
+    x, y = page.at(150, 350)
+    assert tuple(frame.pixels[y, x, :3]) == (255, 0, 0)  # BGRX: the blue box
+    # What a paused session does with it: the host encodes the frozen frame itself.
+    frozen = decode(encode(frame.scaled(640, 400), "png", 75))
+    assert frozen.size == (640, 400) and len(colours(frozen)) > 16
+    info = await page.desk.info()
+    assert (info.width, info.height, info.capture) == (1280, 800, "xshm")
+
+
+async def test_ready_with_and_without_a_browser(desk: AgentDesktop) -> None:
+    timings = await desk.ready(browser=True, timeout_s=10)
+    assert list(timings) == ["xserver", "wm", "browser", "painted"]
+    assert all(0 <= t < 10 for t in timings.values())
+    assert list(await desk.ready(browser=False, timeout_s=10)) == ["xserver", "wm"]
+
+
+# -- refusals and failures -----------------------------------------------------------------
+
+
+async def test_a_bad_action_is_invalid_action_with_a_clear_message(desk: AgentDesktop) -> None:
+    with pytest.raises(InvalidAction, match=r"point \(5000, 10\) is outside the 1280x800"):
+        await desk.run([a.Click(x=5000, y=10)])
+    with pytest.raises(InvalidAction, match="unknown key name 'notakey'"):
+        await desk.run([a.Key(keys="ctrl+notakey")])
+    # What the host's schema would refuse, sent raw: the agent refuses it too, by field.
+    with pytest.raises(InvalidAction, match=r"actions\[1\]: count must be an integer in"):
+        await desk._call("act", {"actions": [{"type": "wait", "ms": 0},
+                                             {"type": "click", "count": 9}]}, 5, 1 << 20)
+    with pytest.raises(InvalidAction, match=r"actions\[0\]: type must be one of"):
+        await desk._call("act", {"actions": [{"type": "explode"}]}, 5, 1 << 20)
+    assert (await desk.run([a.ScreenSize()])).results == [Size(width=1280, height=800)]
+
+
+@pytest.mark.parametrize(
+    ("request_body", "message"),
+    [
+        ({"actions": "nope"}, r"^actions must be a list of at most 1000 actions"),
+        ({"actions": [{"type": "click", "x": True, "y": 1}]},
+         r"^actions\[0\]: x must be an integer in \[0, 16384\]"),
+        ({"actions": [{"type": "type", "text": "a", "extra": 1}]},
+         r"^actions\[0\]: unknown field 'extra'"),
+        ({"actions": [{"type": "drag", "path": [[0, 0]] * 10001}]},
+         r"^actions\[0\]: path must be a list of 2 to 10000 points"),
+        ({"actions": [{"type": "drag", "path": [[0, 0], [1, -1]]}]},
+         r"^actions\[0\]\.path\[1\]: a point is \[x, y\]"),
+        ({"actions": [{"type": "hold_key", "keys": "a", "duration_s": float("nan")}]},
+         r"^actions\[0\]: duration_s must be a number in \[0.0, 30.0\]"),
+        ({"actions": [{"type": "wait"}]}, r"^actions\[0\]: ms is required"),
+        ({"actions": [{"type": "zoom", "region": {"x": 0, "y": 0, "width": 0, "height": 1}}]},
+         r"^actions\[0\]\.region: width must be an integer in \[1, 16384\]"),
+        ({"actions": [], "view": {"width": 7681, "height": 4321}},
+         r"^view: 7681x4321 is more than 33177600 pixels"),
+        ({"actions": [], "settle": {"quiet_s": 11}},
+         r"^settle: quiet_s must be a number in \[0.0, 10.0\]"),
+        ({"actions": [], "screenshot": {"format": "gif"}},
+         r"^screenshot: format must be one of png, jpeg, webp"),
+        ({"actions": [], "colour": "red"}, r"^unknown field 'colour'"),
+    ],
+)
+async def test_the_agent_refuses_a_malformed_act_by_field(
+    desk: AgentDesktop, request_body: dict[str, Any], message: str
+) -> None:
+    """What the host's schema refuses never reaches the agent; sent raw, it is refused there
+    too, naming the field, and the desktop goes on."""
+    with pytest.raises(InvalidAction, match=message):
+        await desk._call("act", request_body, 5, 1 << 20)
+    assert (await desk.run([a.ScreenSize()])).results == [Size(width=1280, height=800)]
+
+
+async def test_a_killed_x_server_is_desktop_failed_and_a_new_one_is_used(
+    agent_site: Path, tmp_path: Path
+) -> None:
+    with LocalDesktop(browser=False) as local:
+        proc = start_desktop_agent(tmp_path / "a.sock", local.display_name, agent_site)
+        client = await AgentClient.connect_unix(str(tmp_path / "a.sock"))
+        again: subprocess.Popen[bytes] | None = None
+        try:
+            desk = AgentDesktop(client)
+            assert (await desk.run([a.ScreenSize()])).results[0] == Size(width=1280, height=800)
+            # No browser on this desktop: ready says what did not come, in time.
+            started = time.monotonic()
+            with pytest.raises(Timeout, match="waiting for the browser window"):
+                await desk.ready(browser=True, timeout_s=0.5)
+            assert time.monotonic() - started < 3
+            xserver = next(c.popen for c in local.processes.children if c.name == "Xvfb")
+            os.kill(xserver.pid, signal.SIGKILL)
+            xserver.wait()
+            with pytest.raises(DesktopFailed, match="the desktop failed"):
+                await desk.run([a.Move(x=1, y=1), a.CursorPosition()])
+            with pytest.raises(DesktopFailed, match="cannot connect to X display"):
+                await desk.run([a.CursorPosition()])
+            assert await client.health() > 0  # the agent itself goes on
+            # An X server on the same display again: the next call connects to it.
+            again = start_xserver(int(local.display_name[1:]), 1024, 768)
+            assert (await desk.info()).width == 1024
+            assert (await desk.run([a.ScreenSize()])).results[0] == Size(width=1024, height=768)
+        finally:
+            await client.close()
+            stop_agent(proc)
+            if again is not None:
+                again.kill()
+                again.wait()
+
+
+def start_xserver(display: int, width: int, height: int) -> subprocess.Popen[bytes]:
+    """Xvfb on ``:display``, returned once it accepts connections (it says so on -displayfd)."""
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb") as ready:
+        try:
+            proc = subprocess.Popen(
+                xserver_argv(DesktopSpec(width=width, height=height), write_fd, display),
+                pass_fds=[write_fd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        finally:
+            os.close(write_fd)
+        number = ready.readline().strip()
+    if number != str(display).encode():
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"Xvfb did not start on :{display} ({number!r})")
+    return proc

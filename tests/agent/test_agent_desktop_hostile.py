@@ -1,0 +1,146 @@
+"""The host's AgentDesktop against agents whose desktop calls answer hostile replies.
+
+Each agent is the real deskbox-agent server with ``act``, ``grab`` and ``info`` replaced
+by handlers that send a crafted reply over the real protocol (huge header lengths, offsets
+past the body, images of the wrong size or format). Every one must fail the agent's
+connection with AgentFailed and a reason, never hand the caller bad data.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from deskbox_server.agent import AgentClient
+from deskbox_server.agent.desktop import AgentDesktop
+from deskbox_server.errors import AgentFailed
+from deskbox_server.schemas import actions as a
+
+from .conftest import AGENT_DIR, _wait_listening, stop_agent
+
+HOSTILE_DESKTOP = """
+import json, os, struct, sys
+from deskbox_agent import __main__ as m
+from deskbox_agent.registry import Blob
+
+MODE = os.environ["HOSTILE_MODE"]
+PARTS = "application/vnd.deskbox.parts"
+PNG = b"\\x89PNG\\r\\n\\x1a\\n" + b"\\0" * 100
+
+
+def parts(header, data=b"", kind=PARTS):
+    head = json.dumps(header).encode()
+    return Blob(struct.pack(">I", len(head)) + head + data, kind)
+
+
+def image(width, height, length=len(PNG), offset=0, media="image/png"):
+    return {"type": "image", "media_type": media, "width": width, "height": height,
+            "offset": offset, "length": length}
+
+
+async def info(args):
+    return {"display": ":9", "width": 1280, "height": 800, "capture": "xshm"}
+
+
+async def act(args):
+    if MODE == "huge_header":
+        return Blob(struct.pack(">I", 0xFFFFFFF0) + b"{}", PARTS)
+    if MODE == "header_past_body":
+        return Blob(struct.pack(">I", 5000) + b"{}", PARTS)
+    if MODE == "offset_past_body":
+        return parts({"results": [image(640, 400, offset=10**9)], "settled": True,
+                      "screenshot": None}, PNG)
+    if MODE == "wrong_size":
+        return parts({"results": [image(1280, 800)], "settled": True, "screenshot": None}, PNG)
+    if MODE == "larger_than_asked":
+        big = PNG + b"\\0" * (640 * 400 * 4 + 65 * 1024)
+        return parts({"results": [image(640, 400, len(big))], "settled": True,
+                      "screenshot": None}, big)
+    if MODE == "not_png":
+        return parts({"results": [image(640, 400)], "settled": True, "screenshot": None},
+                     b"\\xff\\xd8\\xff" + PNG[3:])
+    if MODE == "wrong_type":
+        return parts({"results": [image(640, 400)], "settled": True, "screenshot": None}, PNG,
+                     kind="application/json")
+    if MODE == "missing_result":
+        return parts({"results": [], "settled": True, "screenshot": None})
+    if MODE == "bad_json":
+        return Blob(struct.pack(">I", 3) + b"{x}", PARTS)
+    raise AssertionError(MODE)
+
+
+async def grab(args):
+    # Claims the right size, sends one byte less than its pixels.
+    return parts({"width": 1280, "height": 800, "pixel_format": "bgrx",
+                  "pixels": {"offset": 0, "length": 1280 * 800 * 4 - 1}},
+                 b"\\0" * (1280 * 800 * 4 - 1))
+
+
+registry = m.default_registry()
+for name, handler in (("info", info), ("act", act), ("grab", grab)):
+    registry.register(name, handler)
+m.default_registry = lambda: registry
+sys.exit(m.main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture
+def hostile_socket(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    socket_path = tmp_path / "hostile.sock"
+    env = {**os.environ, "PYTHONPATH": str(AGENT_DIR), "HOSTILE_MODE": request.param}
+    env.pop("DISPLAY", None)
+    proc = subprocess.Popen([sys.executable, "-c", HOSTILE_DESKTOP, "--listen",
+                             f"unix:{socket_path}"], env=env, stderr=subprocess.PIPE)
+    try:
+        _wait_listening(proc, socket_path)
+        yield socket_path
+    finally:
+        stop_agent(proc)
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def hostile(hostile_socket: Path) -> AsyncIterator[AgentDesktop]:
+    client = await AgentClient.connect_unix(str(hostile_socket))
+    try:
+        yield AgentDesktop(client)
+    finally:
+        await client.close()
+
+
+SHOT = a.Screenshot(format="png")
+VIEW = a.CoordinateSpace(width=640, height=400)
+
+
+@pytest.mark.parametrize(
+    ("hostile_socket", "reason"),
+    [
+        ("huge_header", r"header of 4294967280 bytes \(at most 1048576"),
+        ("header_past_body", r"header of 5000 bytes .* within the 6-byte body"),
+        ("offset_past_body", r"results\[0\]: 108 bytes at 1000000000"),
+        ("wrong_size", r"results\[0\]: not the 640x400 image/png asked for"),
+        ("larger_than_asked", r"results\[0\]: 1090668 bytes at 0 \(at most 1089536"),
+        ("not_png", r"results\[0\]: the bytes are not image/png"),
+        ("wrong_type", r"answered 'application/json', not application/vnd.deskbox.parts"),
+        ("missing_result", r"results is not a list of 1"),
+        ("bad_json", r"header is not JSON"),
+    ],
+    indirect=["hostile_socket"],
+)
+async def test_a_malformed_act_reply_fails_the_agent(hostile: AgentDesktop, reason: str) -> None:
+    with pytest.raises(AgentFailed, match=reason):
+        await hostile.run([SHOT], VIEW)
+    # The connection is done for: every later call says so at once.
+    with pytest.raises(AgentFailed):
+        await hostile.info()
+
+
+@pytest.mark.parametrize("hostile_socket", ["wrong_size"], indirect=True)
+async def test_a_short_grab_fails_the_agent(hostile: AgentDesktop) -> None:
+    with pytest.raises(AgentFailed, match=r"grab: 4095999 bytes for 1280x800 pixels"):
+        await hostile.grab()
