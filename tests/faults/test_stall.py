@@ -1,7 +1,7 @@
 """A stalled X server (issue 13, section 3): a program inside the session stops its Xvfb
 (``kill -STOP``) or holds an X server grab, then the agent acts on it.
 
-Each call into the desktop has a deadline (driver/worker.py, driver/budget.py): past it the
+Each call into the desktop has a deadline (driver/worker.py, settle.py): past it the
 call fails and the session is ``failed`` with the reason. DELETE and server shutdown kill
 the sandbox first, so they never wait on the stuck call. A neighbour session keeps
 answering throughout.
@@ -77,7 +77,7 @@ STALLS: dict[str, Callable[[httpx.Client, dict[str, Any]], None]] = {
     "stopped": stop_x, "grabbed": grab_x,
 }
 # Stuck on its first X call, with a deadline far beyond what DELETE may take: typing 1000
-# characters may legitimately take 20 s more than the base (driver/budget.py).
+# characters may legitimately take 20 s more than the base (settle.py).
 LONG_ACTION = {"type": "type", "text": "x" * 1000}
 
 

@@ -25,13 +25,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..driver.budget import batch_allowance_s
-from ..driver.desktop import ActionResult, BatchResult, SettleOptions
-from ..driver.images import MEDIA_TYPES, EncodedImage, Frame
-from ..driver.space import Space
 from ..errors import DesktopFailed, InvalidAction, InvalidRequest, SessionFailed
+from ..media import MEDIA_TYPES, EncodedImage, Frame
 from ..schemas import actions as a
-from ..schemas.results import ClipboardText, Point, Size
+from ..schemas.results import ActionResult, BatchResult, ClipboardText, Point, Size
+from ..settle import SettleOptions, batch_allowance_s
+from ..space import Space
 from .client import AgentClient, CallResult, Json
 
 __all__ = ["PARTS_TYPE", "AgentDesktop", "DesktopInfo"]

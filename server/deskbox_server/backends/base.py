@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from ..driver.budget import batch_allowance_s
 from ..driver.commands import DesktopSpec
 from ..driver.desktop import Desktop
 from ..driver.worker import DesktopWorker
@@ -23,6 +22,7 @@ from ..sandbox_io import ExecCommand, ExecResult, FileDownload
 from ..schemas import actions as a
 from ..schemas.results import BatchResult
 from ..schemas.sessions import Network, Resources
+from ..settle import batch_allowance_s
 from .devtools import DevtoolsSocket
 from .vnc_server import VncServer
 
@@ -75,7 +75,7 @@ class DesktopHandle(ABC):
         view: a.CoordinateSpace | None = None,
         screenshot: a.Screenshot | None = None,
     ) -> BatchResult:
-        """The batch on the worker, within its deadline (driver/budget.py); past it the
+        """The batch on the worker, within its deadline (settle.py); past it the
         worker is stalled and DesktopFailed says so."""
         desktop = self.desktop
         allowance = batch_allowance_s(actions, screenshot, desktop.settle_options)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass
 
 from Xlib import X
 from Xlib import display as xdisplay
@@ -20,13 +19,14 @@ from ..errors import DesktopFailed, InvalidAction
 from ..media import EncodedImage, Frame, encode
 from ..schemas import actions as a
 from ..schemas.results import ActionResult, BatchResult, ClipboardText, Point, Size
+from ..settle import SettleOptions
+from ..space import Space
 from .capture import Capturer
 from .clipboard import Clipboard
 from .keyboard import Keyboard
 from .keymap_watch import KeymapWatch
 from .pointer import Pointer
 from .settle import SettleWatcher
-from .space import Space
 from .xconnect import open_display
 
 __all__ = ["Desktop", "SettleOptions"]
@@ -36,24 +36,6 @@ _KEYBOARD_ACTIONS = (a.TypeText, a.Key, a.HoldKey)
 _BUTTON_RECENT_S = 1.0  # a key later than this after a click is not racing it
 _BUTTON_LAND_MAX_S = 0.5
 HealthCheck = Callable[[], str | None]
-
-
-@dataclass(frozen=True)
-class SettleOptions:
-    """The screen counts as settled after ``quiet_s`` without damage (at most ``timeout_s``)."""
-
-    quiet_s: float = 0.1
-    timeout_s: float = 2.0
-    drag_step_s: float = 0.02
-    # Chromium routes mouse events through an asynchronous hit test but key events straight
-    # to the focused element: a key sent right after a click can overtake it (ctrl+a hits
-    # the old focus). Keys right after a button event wait until the screen has been quiet
-    # this long (at most 0.5 s).
-    click_to_key_s: float = 0.03
-    # How long the screen must stay unchanged after typing borrowed keys before the
-    # keyboard mapping is restored (see Keyboard._temporarily_mapped). Longer than a CFS
-    # period (100 ms): a CPU-capped browser stalls that long while keys are still queued.
-    typing_quiet_s: float = 0.2
 
 
 class Desktop:

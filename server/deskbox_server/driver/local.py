@@ -19,9 +19,10 @@ from Xlib.display import Display
 from Xlib.ext import xfixes
 
 from ..errors import DesktopFailed, Timeout
+from ..settle import SettleOptions
 from .browser import CdpPage
 from .commands import DesktopSpec, browser_argv, wm_argv, xserver_argv
-from .desktop import Desktop, SettleOptions
+from .desktop import Desktop
 from .processes import ProcessSet, become_subreaper
 from .xwait import top_level_clients, wait_for, window_viewable, wm_running
 

@@ -1,4 +1,4 @@
-"""How long an action batch may legitimately take on the desktop's worker thread.
+"""How the screen counts as settled, and how long an action batch may legitimately take.
 
 The worker gives every call a base deadline (the server's ``desktop_call_timeout_s``: X
 round trips, encoding a large screenshot, a CPU-capped sandbox). An action batch may take
@@ -10,11 +10,29 @@ that only a desktop that stops answering (a stopped or grabbed X server) passes 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from ..schemas import actions as a
-from .desktop import SettleOptions
+from .schemas import actions as a
 
-__all__ = ["batch_allowance_s"]
+__all__ = ["SettleOptions", "batch_allowance_s"]
+
+
+@dataclass(frozen=True)
+class SettleOptions:
+    """The screen counts as settled after ``quiet_s`` without damage (at most ``timeout_s``)."""
+
+    quiet_s: float = 0.1
+    timeout_s: float = 2.0
+    drag_step_s: float = 0.02
+    # Chromium routes mouse events through an asynchronous hit test but key events straight
+    # to the focused element: a key sent right after a click can overtake it (ctrl+a hits
+    # the old focus). Keys right after a button event wait until the screen has been quiet
+    # this long (at most 0.5 s).
+    click_to_key_s: float = 0.03
+    # How long the screen must stay unchanged after typing borrowed keys before the
+    # keyboard mapping is restored (see Keyboard._temporarily_mapped). Longer than a CFS
+    # period (100 ms): a CPU-capped browser stalls that long while keys are still queued.
+    typing_quiet_s: float = 0.2
 
 # The driver's own bounded waits around a key action (desktop.py): buttons landing (0.5 s),
 # the typed keys shown (1 s), the clients re-reading a borrowed key mapping (1 s).

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import InvalidAction
-from ..schemas.actions import Region
+from .errors import InvalidAction
+from .schemas.actions import Region
 
 __all__ = ["Space"]
 
