@@ -80,13 +80,23 @@ async def get_file(stream: Stream, limits: Limits) -> None:
 
 async def put_file(stream: Stream, limits: Limits) -> None:
     path, cap = _path(stream), _cap(stream, limits)
-    mode_raw = stream.query.get("mode", "644")
+    mode_raw = stream.query.get("mode", "")
     if path is None or cap is None or not (
         len(mode_raw) <= 4 and all(c in "01234567" for c in mode_raw)
     ):
         await stream.error(400, "bad_request", "need an absolute path=, max= and octal mode=")
         return
     target = await asyncio.to_thread(os.path.realpath, path)  # may read links on slow disks
+    try:
+        existing: os.stat_result | None = os.stat(target)
+    except OSError:
+        existing = None  # a new file (or an error that creating it reports)
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        what = "a directory" if stat.S_ISDIR(existing.st_mode) else "not a regular file"
+        await stream.error(422, "not_a_file", f"{path} is {what}")
+        return
+    if not mode_raw:  # a replaced file keeps its mode, a new one gets 644
+        mode_raw = f"{stat.S_IMODE(existing.st_mode):o}" if existing is not None else "644"
     temp = os.path.join(os.path.dirname(target), f".deskbox-upload-{secrets.token_hex(6)}")
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
