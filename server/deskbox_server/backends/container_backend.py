@@ -41,6 +41,8 @@ __all__ = ["ContainerBackend", "ContainerHandle"]
 
 log = logging.getLogger("deskbox.backends")
 
+_AGENT_FAILURE_GRACE_S = 3.0  # see ContainerHandle.failure
+
 
 class ContainerHandle(DesktopHandle):
     def __init__(
@@ -56,6 +58,7 @@ class ContainerHandle(DesktopHandle):
         # checkpointed, and while a checkpoint is taken.
         self.agent = agent
         self._io: AgentSandboxIO | None = None
+        self._agent_failed_at: float | None = None
 
     @property
     def desktop(self) -> Desktop:
@@ -65,9 +68,18 @@ class ContainerHandle(DesktopHandle):
 
     def failure(self) -> str | None:
         failure = self.sandbox.failure()
-        if failure is None and self.agent is not None and self.agent.failed_reason is not None:
-            return f"the sandbox's agent failed: {self.agent.failed_reason}"
-        return failure
+        agent = self.agent
+        if failure is not None or agent is None or agent.failed_reason is None:
+            return failure
+        # The agent's stream also ends when the whole sandbox does (its X server exited, it
+        # was killed): its init ends its children first and exits up to 2 s later. That
+        # exit is the better reason, so the agent's own waits a moment for it.
+        now = time.monotonic()
+        if self._agent_failed_at is None:
+            self._agent_failed_at = now
+        if now - self._agent_failed_at < _AGENT_FAILURE_GRACE_S:
+            return None
+        return f"the sandbox's agent failed: {agent.failed_reason}"
 
     # exec and files: inside the sandbox, through its agent (sandbox_agent.py)
 
@@ -290,6 +302,7 @@ class ContainerBackend(Backend):
     async def _reconnect(self, handle: ContainerHandle) -> None:
         handle._desktop = await self._open_desktop(handle.worker, handle.sandbox)
         handle.agent = await connect_agent(handle.sandbox)
+        handle._agent_failed_at = None
 
     async def _open_desktop(self, worker: DesktopWorker, sandbox: ContainerSandbox) -> Desktop:
         """The driver's connection to the sandbox's X server, made on ``worker``'s thread."""
