@@ -21,6 +21,7 @@ from .limits import Limits
 __all__ = ["get_file", "put_file"]
 
 CHUNK = 256 * 1024
+UNSIZED_MAX = 16 * 1024 * 1024  # a file that says size 0 (/proc) is read whole first
 
 
 def _errno_reply(e: OSError) -> tuple[int, str, str]:
@@ -64,6 +65,9 @@ async def get_file(stream: Stream, limits: Limits) -> None:
             await stream.error(413, "too_large", f"{path} has {st.st_size} bytes, over {cap}")
             return
         os.set_blocking(fd, True)
+        if st.st_size == 0:  # /proc and sysfs files say 0 and have content: read it first
+            await _send_unsized(stream, fd, path, min(cap, UNSIZED_MAX))
+            return
         await stream.respond(200, "application/octet-stream",
                              extra={"content-length": str(st.st_size)})
         left = st.st_size  # a file that grows meanwhile is cut at its size when opened
@@ -76,6 +80,23 @@ async def get_file(stream: Stream, limits: Limits) -> None:
         await stream.write(b"", end=True)
     finally:
         os.close(fd)
+
+
+async def _send_unsized(stream: Stream, fd: int, path: str, cap: int) -> None:
+    """A file whose size says 0: read whole (at most ``cap`` bytes, else 413), then sent
+    with its real length."""
+    data = bytearray()
+    while len(data) <= cap:
+        chunk = await asyncio.to_thread(os.read, fd, min(CHUNK, cap + 1 - len(data)))
+        if not chunk:
+            break
+        data += chunk
+    if len(data) > cap:
+        await stream.error(413, "too_large", f"{path} has no size and more than {cap} bytes")
+        return
+    await stream.respond(200, "application/octet-stream",
+                         extra={"content-length": str(len(data))})
+    await stream.write(bytes(data), end=True)
 
 
 async def put_file(stream: Stream, limits: Limits) -> None:

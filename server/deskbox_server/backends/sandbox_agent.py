@@ -24,11 +24,9 @@ from pathlib import Path
 from ..agent.client import AgentClient, ExecChunk, FileReader
 from ..errors import DeskboxError, InvalidRequest, NotFound, Timeout
 from .exec_slots import ExecSlots
-from .sandbox_exec import BACKGROUND_PROGRAM, PYTHON
-from .sandbox_files import FileTooLarge
-from .sandbox_io import ExecCommand, ExecResult, FileDownload, check_sandbox_path
+from .sandbox_io import ExecCommand, ExecResult, FileDownload, FileTooLarge, check_sandbox_path
 
-__all__ = ["AgentDownload", "AgentSandboxIO", "sandbox_environment"]
+__all__ = ["BACKGROUND_PROGRAM", "AgentDownload", "AgentSandboxIO", "sandbox_environment"]
 
 _HIDDEN_ENV = "DESKBOX_"  # the launcher's own variables: not for commands
 _MAX_TIMEOUT_S = 86400.0  # the protocol's bounds (PROTOCOL.md, exec)
@@ -39,6 +37,33 @@ _START_TIMEOUT_S = 30.0
 _UPLOAD_TIMEOUT_S = 3600.0
 _BACKGROUND_STATUS = re.compile(r"^(PID|ERR) ([0-9]{1,9})\n$")
 _AGENT_ERROR = re.compile(r"^agent: ([a-z_]{1,32}): (.*)$", re.S)
+PYTHON = "/usr/bin/python3"  # the image's
+
+# Forks the command into a session of its own with /dev/null for stdio, reports its pid
+# (or why exec failed, through a close-on-exec pipe) and exits.
+BACKGROUND_PROGRAM = r"""
+import os, sys
+r, w = os.pipe2(os.O_CLOEXEC)
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    try:
+        os.execvp(sys.argv[1], sys.argv[1:])
+    except OSError as e:
+        os.write(w, b"%d" % (e.errno or 1))
+    os._exit(127)
+os.close(w)
+error = os.read(r, 16)
+if error:
+    os.waitpid(pid, 0)
+    sys.stdout.write("ERR %d\n" % int(error))
+else:
+    sys.stdout.write("PID %d\n" % pid)
+"""
 
 
 def sandbox_environment(bundle: Path, display: str) -> tuple[dict[str, str], str]:
