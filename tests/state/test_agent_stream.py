@@ -66,6 +66,29 @@ while True:
         pass
 """
 
+# Runs in the sandbox: the image's own agent, told to speak protocol 2, at the agent's path.
+OTHER_VERSION = r"""
+import os, sys, threading, time
+sys.path.append("/usr/lib/deskbox-agent")
+import deskbox_agent.routes as routes
+from deskbox_agent.__main__ import main
+routes.PROTOCOL = 2
+path = "/tmp/.X11-unix/deskbox-agent"
+first = os.stat(path).st_ino
+def ready():
+    while True:
+        try:
+            if os.stat(path).st_ino != first:
+                break
+        except FileNotFoundError:
+            pass
+        time.sleep(0.01)
+    time.sleep(0.2)
+    open("/tmp/impostor-ready", "w").close()
+threading.Thread(target=ready, daemon=True).start()
+main(["--listen", "unix:" + path])
+"""
+
 # Runs in the sandbox: the pids of the deskbox-agent processes it can see.
 FIND_AGENT = r"""
 import os
@@ -286,17 +309,22 @@ def test_a_killed_agent_fails_only_its_session_with_the_reason(
         client.delete(f"/v1/sessions/{neighbour}")
 
 
+@pytest.mark.parametrize(("impostor", "wanted"), [
+    (IMPOSTOR, ("not HTTP/2",)),
+    (OTHER_VERSION, ("the agent speaks protocol 2", f"this server speaks protocol {PROTOCOL}")),
+], ids=["garbage", "other-version"])
 def test_an_impostor_agent_fails_only_its_own_session(
-    client: httpx.Client, server: Server
+    client: httpx.Client, server: Server, impostor: str, wanted: tuple[str, ...]
 ) -> None:
     """A process of the sandbox binds its own listener at the agent's path. The host's
     stream goes on to the real agent (it connected through its own link); after a restore
     the host takes the path's socket, which is the impostor's: garbage instead of HTTP/2,
-    and that session fails with the reason, in the API and in its events."""
+    or an agent of another protocol version. That session fails with the reason, in the
+    API and in its events; the server and a neighbour go on."""
     neighbour = new_session(client)
     victim = new_session(client)
     try:
-        started = run(client, victim, "python3", "-c", IMPOSTOR, background=True)
+        started = run(client, victim, "python3", "-c", impostor, background=True)
         assert started["pid"], started
         deadline = time.monotonic() + 20
         while run(client, victim, "test", "-e", "/tmp/impostor-ready")["exit_code"] != 0:
@@ -304,17 +332,17 @@ def test_an_impostor_agent_fails_only_its_own_session(
             time.sleep(0.1)
         # Swapping the path does nothing to the host's stream, which still reaches the agent.
         answers(client, victim, "swapped")
-        check_stream_link = handle_of(server, victim)
-        assert check_stream_link.agent is not None
-        assert check_stream_link.agent.failed_reason is None
+        agent = handle_of(server, victim).agent
+        assert agent is not None and agent.failed_reason is None
 
         paused = client.post(f"/v1/sessions/{victim}/pause", json={"mode": "hibernate"})
         assert paused.status_code == 200, paused.text
         resumed = client.post(f"/v1/sessions/{victim}/resume")
-        assert resumed.status_code >= 400, resumed.text
+        assert resumed.status_code == 502, resumed.text
+        assert resumed.json()["error"]["type"] == "session_failed"
         body = wait_failed(client, victim)
         reason = body["failure"]["reason"]
-        assert "agent" in reason and "HTTP/2" in reason, reason
+        assert "agent" in reason and all(part in reason for part in wanted), reason
         event = failed_event(client, victim)
         assert event.get("reason") == reason, event
         answers(client, neighbour, "neighbour")
