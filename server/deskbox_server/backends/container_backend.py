@@ -231,7 +231,6 @@ class ContainerBackend(Backend):
 
     async def _connect(self, session_id: str, sandbox: ContainerSandbox) -> ContainerHandle:
         worker = DesktopWorker(session_id, self.call_timeout_s)
-        agent: AgentClient | None = None
         try:
             desktop = await self._open_desktop(worker, sandbox)
             agent = await connect_agent(sandbox)

@@ -96,9 +96,8 @@ def _file_error(path: str, error: DeskboxError, writing: bool) -> DeskboxError:
         return FileTooLarge(f"cannot {verb} {path}: {message}")
     if kind == "not_a_file":
         return InvalidRequest(message)  # names the path: "... is a directory"
-    if kind:
-        error.message = f"cannot {verb} {path}: {message}"
-        error.args = (error.message,)
+    if kind:  # forbidden, os_error, bad_request: the same error, naming the path
+        return type(error)(f"cannot {verb} {path}: {message}")
     return error
 
 
@@ -121,7 +120,8 @@ class AgentDownload(FileDownload):
 
 
 class AgentSandboxIO:
-    """Commands and files of one sandbox (``name``) through ``client``."""
+    """Commands and files of one sandbox through its agent's ``client``; each call takes
+    one of ``slots`` while it runs."""
 
     def __init__(
         self, client: AgentClient, env: Mapping[str, str], cwd: str, slots: ExecSlots
