@@ -235,7 +235,8 @@ def wait_for_file(
     directory: Path, name: str, timeout_s: float, alive: Callable[[], str | None],
     wake_fds: tuple[int, ...] = (),
 ) -> None:
-    """Return once ``directory/name`` exists; told by inotify, not by polling.
+    """Return once ``directory/name`` exists (a dangling symlink too); told by inotify, not
+    by polling.
 
     ``alive`` returns why waiting is pointless (the sandbox died) or None; it is checked
     whenever one of ``wake_fds`` (e.g. a pidfd) becomes readable, and every 100 ms.
@@ -251,7 +252,7 @@ def wait_for_file(
             _poll_for_file(directory / name, timeout_s, alive)  # watches used up, likewise
             return
         deadline = time.monotonic() + timeout_s
-        while not (directory / name).exists():
+        while not os.path.lexists(directory / name):  # a symlink counts: the caller refuses it
             failure = alive()
             if failure is not None:
                 raise DesktopFailed(failure)
@@ -268,7 +269,7 @@ def wait_for_file(
 
 def _poll_for_file(path: Path, timeout_s: float, alive: Callable[[], str | None]) -> None:
     deadline = time.monotonic() + timeout_s
-    while not path.exists():
+    while not os.path.lexists(path):
         failure = alive()
         if failure is not None:
             raise DesktopFailed(failure)
