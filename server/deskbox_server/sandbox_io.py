@@ -19,6 +19,7 @@ __all__ = [
     "ExecCommand",
     "ExecResult",
     "FileDownload",
+    "FileTooLarge",
     "check_sandbox_path",
 ]
 
@@ -54,6 +55,12 @@ class ExecResult:
     timed_out: bool = False
     pid: int | None = None
     duration_s: float = 0.0
+
+
+class FileTooLarge(InvalidRequest):
+    """Over the server's file size cap (or the sandbox's free space): 413."""
+
+    status = 413
 
 
 class FileDownload(ABC):

@@ -23,9 +23,9 @@ from deskbox_server.agent import AgentClient
 from deskbox_server.agent.desktop import AgentDesktop
 from deskbox_server.driver.browser import CdpPage
 from deskbox_server.driver.commands import DesktopSpec, xserver_argv
-from deskbox_server.media import EncodedImage, encode
 from deskbox_server.driver.local import LocalDesktop
 from deskbox_server.errors import DesktopFailed, InvalidAction, Timeout
+from deskbox_server.media import EncodedImage, encode
 from deskbox_server.schemas import actions as a
 from deskbox_server.schemas.results import ClipboardText, Point, Size
 

@@ -193,6 +193,51 @@ async def test_file_caps_and_errors(client: AgentClient, tmp_path: Path) -> None
     assert await client.read_file(str(target), 100) == b"old"
 
 
+async def test_exec_ends_with_the_command_not_with_a_leftover(
+    client: AgentClient, tmp_path: Path
+) -> None:
+    """A daemon the command left behind keeps its output pipe open: the status comes when
+    the command exits (plus the drain grace), not when the daemon does."""
+    pid_file = tmp_path / "daemon.pid"
+    started = time.monotonic()
+    try:
+        chunks, status = await run(client, [
+            "sh", "-c", f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 30' & echo done"
+        ], timeout_s=20)
+        assert time.monotonic() - started < 5
+        assert status.exit_code == 0 and not status.timed_out
+        assert b"".join(c.data for c in chunks) == b"done\n"
+    finally:
+        for _ in range(100):
+            if pid_file.exists() and pid_file.read_text().strip():
+                os.kill(int(pid_file.read_text()), 9)
+                break
+            await asyncio.sleep(0.05)
+
+
+async def test_files_replaced_keep_their_mode_and_directories_are_refused(
+    client: AgentClient, tmp_path: Path
+) -> None:
+    target = tmp_path / "f"
+    target.write_bytes(b"old")
+    target.chmod(0o750)
+    assert await client.write_file(str(target), b"new", mode=None) == 3
+    assert target.read_bytes() == b"new" and target.stat().st_mode & 0o777 == 0o750
+    fresh = tmp_path / "fresh"
+    assert await client.write_file(str(fresh), b"x", mode=None) == 1
+    assert fresh.stat().st_mode & 0o777 == 0o644
+    with pytest.raises(InvalidRequest, match="is a directory"):
+        await client.write_file(str(tmp_path), b"x")
+    reader = await client.open_file(str(target), 100)
+    try:
+        assert reader.size == 3
+        assert b"".join([chunk async for chunk in reader.chunks()]) == b"new"
+    finally:
+        reader.close()
+    with pytest.raises(NotFound):
+        await client.open_file(str(tmp_path / "missing"), 100)
+
+
 def test_h2speed_changes_no_output() -> None:
     """The cheaper repr of frame payloads (agent/h2speed.py) says exactly what h2's did."""
     import binascii

@@ -126,11 +126,11 @@ async def run_exec(stream: Stream, spec: ExecSpec) -> None:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(spec.timeout_s):
-                await proc.wait()
+                await _exited(proc)
         except TimeoutError:
             timed_out = True
             _kill_group(proc.pid)
-            await proc.wait()
+            await _exited(proc)
         # A child left behind may keep a pipe open: once the command is gone, a pipe that
         # stays silent for DRAIN_GRACE_S is given up (a pump waiting for the host is not).
         ended = loop.time()
@@ -170,8 +170,47 @@ async def run_exec(stream: Stream, spec: ExecSpec) -> None:
         for task in [*pumps, waiter]:
             task.cancel()
         await asyncio.gather(*pumps, waiter, return_exceptions=True)
+        # Our ends of the pipes: a child left behind may hold theirs open for as long as it
+        # likes, and asyncio lets the process go only once both are closed.
+        transport = getattr(proc, "_transport", None)
+        if isinstance(transport, asyncio.SubprocessTransport):
+            transport.close()
         with contextlib.suppress(ProcessLookupError):
-            await proc.wait()
+            await _exited(proc)
+
+
+async def _exited(proc: asyncio.subprocess.Process) -> None:
+    """Until the command itself has exited and was reaped.
+
+    Not ``proc.wait()``: that also waits until its output pipes are closed (Python 3.11's
+    asyncio wakes it only then), which a process the command left behind may delay for
+    as long as it runs. The pidfd tells the exit at once; the child watcher then reaps it
+    and sets ``returncode`` moments later.
+    """
+    if proc.returncode is not None:
+        return
+    loop = asyncio.get_running_loop()
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except OSError:
+        pidfd = -1  # reaped already: returncode is about to be set
+    if pidfd >= 0:
+        exited: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
+            if not exited.done():
+                exited.set_result(None)
+
+        loop.add_reader(pidfd, readable)
+        try:
+            await exited
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+    delay = 0.0005
+    while proc.returncode is None:
+        await asyncio.sleep(delay)
+        delay = min(0.05, delay * 2)
 
 
 def _kill_group(pid: int) -> None:

@@ -21,6 +21,7 @@ from .limits import Limits
 __all__ = ["get_file", "put_file"]
 
 CHUNK = 256 * 1024
+UNSIZED_MAX = 16 * 1024 * 1024  # a file that says size 0 (/proc) is read whole first
 
 
 def _errno_reply(e: OSError) -> tuple[int, str, str]:
@@ -64,6 +65,9 @@ async def get_file(stream: Stream, limits: Limits) -> None:
             await stream.error(413, "too_large", f"{path} has {st.st_size} bytes, over {cap}")
             return
         os.set_blocking(fd, True)
+        if st.st_size == 0:  # /proc and sysfs files say 0 and have content: read it first
+            await _send_unsized(stream, fd, path, min(cap, UNSIZED_MAX))
+            return
         await stream.respond(200, "application/octet-stream",
                              extra={"content-length": str(st.st_size)})
         left = st.st_size  # a file that grows meanwhile is cut at its size when opened
@@ -78,15 +82,42 @@ async def get_file(stream: Stream, limits: Limits) -> None:
         os.close(fd)
 
 
+async def _send_unsized(stream: Stream, fd: int, path: str, cap: int) -> None:
+    """A file whose size says 0: read whole (at most ``cap`` bytes, else 413), then sent
+    with its real length."""
+    data = bytearray()
+    while len(data) <= cap:
+        chunk = await asyncio.to_thread(os.read, fd, min(CHUNK, cap + 1 - len(data)))
+        if not chunk:
+            break
+        data += chunk
+    if len(data) > cap:
+        await stream.error(413, "too_large", f"{path} has no size and more than {cap} bytes")
+        return
+    await stream.respond(200, "application/octet-stream",
+                         extra={"content-length": str(len(data))})
+    await stream.write(bytes(data), end=True)
+
+
 async def put_file(stream: Stream, limits: Limits) -> None:
     path, cap = _path(stream), _cap(stream, limits)
-    mode_raw = stream.query.get("mode", "644")
+    mode_raw = stream.query.get("mode", "")
     if path is None or cap is None or not (
         len(mode_raw) <= 4 and all(c in "01234567" for c in mode_raw)
     ):
         await stream.error(400, "bad_request", "need an absolute path=, max= and octal mode=")
         return
     target = await asyncio.to_thread(os.path.realpath, path)  # may read links on slow disks
+    try:
+        existing: os.stat_result | None = os.stat(target)
+    except OSError:
+        existing = None  # a new file (or an error that creating it reports)
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        what = "a directory" if stat.S_ISDIR(existing.st_mode) else "not a regular file"
+        await stream.error(422, "not_a_file", f"{path} is {what}")
+        return
+    if not mode_raw:  # a replaced file keeps its mode, a new one gets 644
+        mode_raw = f"{stat.S_IMODE(existing.st_mode):o}" if existing is not None else "644"
     temp = os.path.join(os.path.dirname(target), f".deskbox-upload-{secrets.token_hex(6)}")
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,

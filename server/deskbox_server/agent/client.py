@@ -38,6 +38,7 @@ __all__ = [
     "Channel",
     "ExecChunk",
     "ExecStatus",
+    "FileReader",
     "Hello",
     "Json",
 ]
@@ -119,6 +120,42 @@ class Channel:
 
     async def write_eof(self) -> None:
         await self._stream.send(b"", end=True)
+
+    def close(self) -> None:
+        self._stream.cancel()
+
+
+class FileReader:
+    """A file being read from the agent, streamed: ``size`` (its content-length) first,
+    then :meth:`chunks`; :meth:`close` it whatever happens."""
+
+    def __init__(
+        self, conn: AgentConnection, stream: AgentStream, size: int, read_timeout_s: float
+    ) -> None:
+        self._conn = conn
+        self._stream = stream
+        self.size = size
+        self._read_timeout_s = read_timeout_s
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The file's bytes as they come: at most ``size`` (a file that shrank while it was
+        read gives fewer); an agent that sends more fails the connection."""
+        received = 0
+        try:
+            while True:
+                async with asyncio.timeout(self._read_timeout_s):
+                    chunk = await self._stream.read()
+                if not chunk:
+                    return
+                received += len(chunk)
+                if received > self.size:
+                    raise self._conn.fail(
+                        f"files: more than the {self.size} bytes announced")
+                yield chunk
+        except TimeoutError:
+            raise Timeout("the agent stopped sending the file") from None
+        except StreamReset as e:
+            raise SessionFailed(f"agent: files: {e}") from None
 
     def close(self) -> None:
         self._stream.cancel()
@@ -341,12 +378,43 @@ class AgentClient:
             max_bytes)
         return result.body
 
+    async def open_file(
+        self, path: str, max_bytes: int, timeout_s: float | None = None
+    ) -> FileReader:
+        """Start reading a file of the sandbox (at most ``max_bytes``, else the agent
+        refuses); its bytes stream through :class:`FileReader`, each read within
+        ``timeout_s``."""
+        timeout_s = timeout_s or self._conn.limits.call_timeout_s
+        target = f"/v1/files?path={quote(path, safe='/')}&max={max_bytes}"
+        stream: AgentStream | None = None
+        try:
+            async with asyncio.timeout(timeout_s):
+                stream = await self._conn.open("GET", target, [], end=True, flush=True)
+                await self._check_status(stream)
+        except BaseException as error:
+            if stream is not None:
+                stream.cancel()
+            if isinstance(error, TimeoutError):
+                raise Timeout(f"reading {_clean(path, 128)!r}: the agent did not answer") from None
+            if isinstance(error, StreamReset):
+                raise SessionFailed(f"agent: files: {error}") from None
+            raise
+        length = stream.headers.get("content-length", "")
+        if not (length.isdigit() and len(length) <= 19 and int(length) <= max_bytes):
+            stream.cancel()
+            raise self._conn.fail(f"files: a bad content-length {_clean(length, 32)!r}")
+        return FileReader(self._conn, stream, int(length), timeout_s)
+
     async def write_file(
-        self, path: str, data: bytes | AsyncIterable[bytes], mode: int = 0o644,
+        self, path: str, data: bytes | AsyncIterable[bytes], mode: int | None = 0o644,
         max_bytes: int = 1 << 30, timeout_s: float | None = None,
     ) -> int:
-        """Write a file in the sandbox (replaced whole, only once every byte arrived)."""
-        target = f"/v1/files?path={quote(path, safe='/')}&max={max_bytes}&mode={mode:o}"
+        """Write a file in the sandbox (replaced whole, only once every byte arrived).
+
+        ``mode`` None: a file replaced keeps its mode, a new one gets 644."""
+        target = f"/v1/files?path={quote(path, safe='/')}&max={max_bytes}"
+        if mode is not None:
+            target += f"&mode={mode:o}"
         stream: AgentStream | None = None
         try:
             async with asyncio.timeout(timeout_s or self._conn.limits.call_timeout_s):

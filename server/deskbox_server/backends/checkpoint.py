@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import InvalidRequest, SessionFailed
 from . import freezer, restored
+from .agent_link import link_agent
 from .network import bring_up_loopback
 from .oci import CRIU_CONFIG, RuntimeConfig, host_root_gid
 from .runc import Runc
@@ -226,7 +227,7 @@ def _share_images(images: Path, gid: int) -> None:
 
 def restore(sandbox: ContainerSandbox, criu: Criu, images: Path, logs: Path) -> float:
     """``runc restore`` the sandbox's bundle from ``images``, stopped; seal it
-    (restored.py), publish its X socket, then let it run.
+    (restored.py), publish its X socket and link its agent's, then let it run.
 
     The sandbox may be another one than the dumped one (a fork): its bundle names its own
     socket directory, cgroup and limits; the X server inside keeps its display number
@@ -261,6 +262,9 @@ def restore(sandbox: ContainerSandbox, criu: Criu, images: Path, logs: Path) -> 
         assert sandbox.display is not None
         sandbox.display.publish(sandbox.socket_dir / f"X{sandbox.inner_display}")
         sandbox.check_xserver_socket()
+        # Likewise the agent's socket, if it had one when dumped (else the backend waits
+        # for the agent once the sandbox runs: agent_link.ensure_agent_link).
+        link_agent(sandbox)
     except BaseException:
         # Stopped, never resumed: nothing of it ran. Kill it; its checkpoint stays.
         sandbox.options.runc.kill(sandbox.container_id)

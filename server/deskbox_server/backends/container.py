@@ -9,6 +9,8 @@ Layout on the host, per session (``<state>/sessions/<id>``, mode 0700)::
                             root and the sandbox's gid can enter it (mode 0710)
       x11/                  bind-mounted at /tmp/.X11-unix inside: the X server's socket
       display/X<N>          our hard link of that socket (see displays.py), and ``number``
+      display/agent         our hard link of the agent's socket x11/deskbox-agent
+                            (agent_link.py)
       etc/                  with egress all/allowlist: the sandbox's hosts and resolv.conf
     /tmp/.X11-unix/X<N>     symlink to display/X<N>, so ``Desktop(":N")`` works on the host
     /tmp/.X<N>-lock         reserves N against X servers of the host
@@ -18,7 +20,8 @@ Layout on the host, per session (``<state>/sessions/<id>``, mode 0700)::
                             originals of etc/, which is made again from them)
 
 ``ContainerSandbox.start`` returns once the X server answers, the window manager manages the
-screen and (unless disabled) the browser's window is viewable and drawn: each observed
+screen, (unless disabled) the browser's window is viewable and drawn, and the agent listens
+(its socket linked and checked, agent_link.py): each observed
 through the X connection (events, re-checked on DAMAGE), never by sleeping. ``destroy``
 leaves no container, process, cgroup, mount, network namespace or file behind.
 
@@ -53,6 +56,7 @@ from ..driver.xconnect import open_display
 from ..driver.xwait import top_level_clients, wait_for, window_viewable, wm_running
 from ..errors import Conflict, DesktopFailed, InvalidRequest, SessionFailed, Timeout
 from . import freezer
+from .agent_link import AGENT_ARGV, ensure_agent_link
 from .devtools import DEVTOOLS_PORT
 from .displays import (
     DisplayReservation,
@@ -390,6 +394,7 @@ class ContainerSandbox:
             "DESKBOX_BROWSER": json.dumps(
                 browser_argv(spec, PROFILE_DIR, DEVTOOLS_PORT) if browser else []
             ),
+            "DESKBOX_AGENT": json.dumps(list(AGENT_ARGV)),
         }
         # Start-up runs at the host's full CPU: under a 1-CPU quota Chromium alone takes
         # ~0.5 s longer to show its window. The session's own quota applies once it is ready.
@@ -419,6 +424,8 @@ class ContainerSandbox:
         self.display.publish(self.socket_dir / f"X{number}")
         self.timings["socket"] = time.monotonic() - started
         self._wait_desktop(browser, deadline, started)
+        ensure_agent_link(self, max(0.1, deadline - time.monotonic()))
+        self.timings["agent"] = time.monotonic() - started
         if startup_limits.cpus != limits.cpus:
             self.options.runc.set_cpus(self.container_id, limits.cpus, CPU_PERIOD_US)
 

@@ -16,12 +16,14 @@ from collections.abc import AsyncIterable, Callable, Collection
 from pathlib import Path
 from typing import ClassVar
 
+from ..agent.client import AgentClient
 from ..driver.desktop import Desktop
 from ..driver.processes import become_subreaper
 from ..driver.worker import CLOSE_TIMEOUT_S, DEFAULT_CALL_TIMEOUT_S, DesktopWorker
 from ..errors import BrowserUnavailable, DesktopFailed, InvalidRequest
 from ..sandbox_io import ExecCommand, ExecResult, FileDownload
-from . import freezer, sandbox_files
+from . import freezer
+from .agent_link import connect_agent
 from .base import Backend, DesktopHandle, SessionSpec, SnapshotInfo
 from .checkpoint import Criu, hibernate_sandbox, restore_sandbox
 from .container import ContainerOptions, ContainerSandbox, remove_orphans
@@ -29,6 +31,7 @@ from .devtools import DEVTOOLS_PORT, DevtoolsSocket, connect_in_netns
 from .exec_slots import ExecSlots
 from .network import Egress, check_allow, resolve_egress
 from .oci import Limits
+from .sandbox_agent import AgentSandboxIO, sandbox_environment
 from .sandbox_exec import SandboxExec
 from .sandbox_snapshot import restore_copy, take_snapshot
 from .seccomp import seccomp_profile
@@ -38,16 +41,24 @@ __all__ = ["ContainerBackend", "ContainerHandle"]
 
 log = logging.getLogger("deskbox.backends")
 
+_AGENT_FAILURE_GRACE_S = 3.0  # see ContainerHandle.failure
+
 
 class ContainerHandle(DesktopHandle):
     def __init__(
-        self, worker: DesktopWorker, sandbox: ContainerSandbox, desktop: Desktop | None
+        self, worker: DesktopWorker, sandbox: ContainerSandbox, desktop: Desktop | None,
+        agent: AgentClient | None = None,
     ) -> None:
         self.worker = worker
         self.sandbox = sandbox
         self.exec_slots = ExecSlots(sandbox.options.max_execs, sandbox.container_id)
         # None while the sandbox is checkpointed (hibernated, also across a server restart).
         self._desktop = desktop
+        # The host's one connection to the sandbox's agent (agent_link.py); None while
+        # checkpointed, and while a checkpoint is taken.
+        self.agent = agent
+        self._io: AgentSandboxIO | None = None
+        self._agent_failed_at: float | None = None
 
     @property
     def desktop(self) -> Desktop:
@@ -56,9 +67,44 @@ class ContainerHandle(DesktopHandle):
         return self._desktop
 
     def failure(self) -> str | None:
-        return self.sandbox.failure()
+        failure = self.sandbox.failure()
+        agent = self.agent
+        if failure is not None or agent is None or agent.failed_reason is None:
+            return failure
+        # The agent's stream also ends when the whole sandbox does (its X server exited, it
+        # was killed): its init ends its children first and exits up to 2 s later. That
+        # exit is the better reason, so the agent's own waits a moment for it.
+        now = time.monotonic()
+        if self._agent_failed_at is None:
+            self._agent_failed_at = now
+        if now - self._agent_failed_at < _AGENT_FAILURE_GRACE_S:
+            return None
+        return f"the sandbox's agent failed: {agent.failed_reason}"
 
-    # exec and files: inside the sandbox, through runc exec (sandbox_exec.py, sandbox_files.py)
+    # exec and files: inside the sandbox, through its agent (sandbox_agent.py)
+
+    def _agent_io(self) -> AgentSandboxIO:
+        agent = self.agent
+        if agent is None or self.sandbox.init_pid is None:
+            raise DesktopFailed(f"the sandbox {self.sandbox.container_id} is not running")
+        if self._io is None or self._io.client is not agent:
+            env, cwd = sandbox_environment(
+                self.sandbox.bundle, f":{self.sandbox.inner_display}"
+            )
+            self._io = AgentSandboxIO(agent, env, cwd, self.exec_slots)
+        return self._io
+
+    async def exec(self, command: ExecCommand) -> ExecResult:
+        return await self._agent_io().run(command)
+
+    async def read_file(self, path: str, limit: int) -> FileDownload:
+        return await self._agent_io().read_file(path, limit)
+
+    async def write_file(self, path: str, chunks: AsyncIterable[bytes], limit: int) -> int:
+        return await self._agent_io().write_file(path, chunks, limit)
+
+    # x11vnc still starts through runc exec (sandbox_exec.py, vnc_server.py): the host holds
+    # its process and reads its log; the live view over the agent's channels is other work.
 
     def _runner(self, counted: bool = True) -> SandboxExec:
         """``counted``: its runc execs take the session's exec slots (all but x11vnc's)."""
@@ -70,15 +116,6 @@ class ContainerHandle(DesktopHandle):
             f":{sandbox.inner_display}", sandbox.init_pid,
             self.exec_slots if counted else None,
         )
-
-    async def exec(self, command: ExecCommand) -> ExecResult:
-        return await self._runner().run(command)
-
-    async def read_file(self, path: str, limit: int) -> FileDownload:
-        return await sandbox_files.read_file(self._runner(), path, limit)
-
-    async def write_file(self, path: str, chunks: AsyncIterable[bytes], limit: int) -> int:
-        return await sandbox_files.write_file(self._runner(), path, chunks, limit)
 
     async def start_vnc(self) -> VncServer:
         """x11vnc inside the sandbox, on a unix socket in its socket directory."""
@@ -196,10 +233,11 @@ class ContainerBackend(Backend):
         worker = DesktopWorker(session_id, self.call_timeout_s)
         try:
             desktop = await self._open_desktop(worker, sandbox)
+            agent = await connect_agent(sandbox)
         except BaseException:
             await asyncio.to_thread(self._discard, worker, sandbox)
             raise
-        return ContainerHandle(worker, sandbox, desktop)
+        return ContainerHandle(worker, sandbox, desktop, agent)
 
     @staticmethod
     def _discard(worker: DesktopWorker, sandbox: ContainerSandbox) -> None:
@@ -214,8 +252,9 @@ class ContainerBackend(Backend):
         assert isinstance(handle, ContainerHandle)
         await asyncio.to_thread(freezer.thaw, handle.sandbox.container_id)
 
-    # The driver's X connections lead out of the sandbox, which CRIU cannot dump: they are
-    # closed for a checkpoint and made again once the sandbox runs (or runs on).
+    # The driver's X connections and the agent's stream lead out of the sandbox, which CRIU
+    # cannot dump: they are closed for a checkpoint and made again once the sandbox runs
+    # (or runs on). Every copy of a fork connects its own agent stream (create).
 
     async def hibernate(self, handle: DesktopHandle) -> None:
         """Checkpoint the sandbox into its session directory; its processes end."""
@@ -251,14 +290,18 @@ class ContainerBackend(Backend):
         return SnapshotInfo(stats.seconds, stats.raw_bytes, stats.compressed_bytes)
 
     async def _disconnect(self, handle: ContainerHandle) -> None:
-        """Close the driver's connections on the worker (within its deadline: DesktopFailed
-        if the X server does not answer, and then the session fails)."""
+        """Close the agent's stream and the driver's connections on the worker (within its
+        deadline: DesktopFailed if the X server does not answer, and then the session
+        fails)."""
+        await self._close_agent(handle)
         desktop, handle._desktop = handle._desktop, None
         if desktop is not None:
             await handle.worker.call(desktop.close)
 
     async def _reconnect(self, handle: ContainerHandle) -> None:
         handle._desktop = await self._open_desktop(handle.worker, handle.sandbox)
+        handle.agent = await connect_agent(handle.sandbox)
+        handle._agent_failed_at = None
 
     async def _open_desktop(self, worker: DesktopWorker, sandbox: ContainerSandbox) -> Desktop:
         """The driver's connection to the sandbox's X server, made on ``worker``'s thread."""
@@ -272,7 +315,14 @@ class ContainerBackend(Backend):
             await self.destroy(handle)
             return
         handle.worker.shutdown()
+        await self._close_agent(handle)
         await asyncio.to_thread(handle.sandbox.release_host_side)
+
+    @staticmethod
+    async def _close_agent(handle: ContainerHandle) -> None:
+        agent, handle.agent = handle.agent, None
+        if agent is not None:
+            await agent.close()
 
     async def destroy(self, handle: DesktopHandle) -> None:
         """Kill the sandbox first, then close the driver, then remove the rest.
@@ -283,6 +333,7 @@ class ContainerBackend(Backend):
         """
         assert isinstance(handle, ContainerHandle)
         await asyncio.to_thread(handle.sandbox.kill)
+        await self._close_agent(handle)
         desktop, handle._desktop = handle._desktop, None
         if desktop is None:
             handle.worker.shutdown()

@@ -34,6 +34,7 @@ from ..errors import Capacity, DesktopFailed, Timeout
 __all__ = [
     "HOST_SOCKET_DIR",
     "DisplayReservation",
+    "link_socket",
     "listener_pid",
     "mount_tmpfs",
     "namespace_pid",
@@ -96,14 +97,7 @@ class DisplayReservation:
     def publish(self, sandbox_socket: Path) -> None:
         """Link the sandbox's socket privately, then point ``/tmp/.X11-unix/X<N>`` at it."""
         self.private_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.private_socket.unlink()
-        # linkat without AT_SYMLINK_FOLLOW: a symlink is linked as itself, and refused below.
-        os.link(sandbox_socket, self.private_socket, follow_symlinks=False)
-        mode = os.lstat(self.private_socket).st_mode
-        if not stat.S_ISSOCK(mode):
-            self.private_socket.unlink()
-            raise DesktopFailed("the sandbox's X socket is not a socket")
+        link_socket(sandbox_socket, self.private_socket, "X socket")
         _ensure_host_socket_dir()
         with contextlib.suppress(FileNotFoundError):
             self.host_link.unlink()
@@ -123,6 +117,20 @@ class DisplayReservation:
             owner = self.lock_path.read_bytes().strip()
             if any_owner or owner == str(os.getpid()).encode():
                 self.lock_path.unlink()
+
+
+def link_socket(sandbox_socket: Path, private_link: Path, what: str) -> None:
+    """Hard-link the sandbox's socket at ``private_link`` (replacing it): the link keeps
+    leading to that socket whatever a sandbox process does to its path afterwards.
+    DesktopFailed if it is not a socket (a symlink, a file)."""
+    with contextlib.suppress(FileNotFoundError):
+        private_link.unlink()
+    # linkat without AT_SYMLINK_FOLLOW: a symlink is linked as itself, and refused below.
+    os.link(sandbox_socket, private_link, follow_symlinks=False)
+    mode = os.lstat(private_link).st_mode
+    if not stat.S_ISSOCK(mode):
+        private_link.unlink()
+        raise DesktopFailed(f"the sandbox's {what} is not a socket")
 
 
 def _ensure_host_socket_dir() -> None:
@@ -227,7 +235,8 @@ def wait_for_file(
     directory: Path, name: str, timeout_s: float, alive: Callable[[], str | None],
     wake_fds: tuple[int, ...] = (),
 ) -> None:
-    """Return once ``directory/name`` exists; told by inotify, not by polling.
+    """Return once ``directory/name`` exists (a dangling symlink too); told by inotify, not
+    by polling.
 
     ``alive`` returns why waiting is pointless (the sandbox died) or None; it is checked
     whenever one of ``wake_fds`` (e.g. a pidfd) becomes readable, and every 100 ms.
@@ -243,7 +252,7 @@ def wait_for_file(
             _poll_for_file(directory / name, timeout_s, alive)  # watches used up, likewise
             return
         deadline = time.monotonic() + timeout_s
-        while not (directory / name).exists():
+        while not os.path.lexists(directory / name):  # a symlink counts: the caller refuses it
             failure = alive()
             if failure is not None:
                 raise DesktopFailed(failure)
@@ -260,7 +269,7 @@ def wait_for_file(
 
 def _poll_for_file(path: Path, timeout_s: float, alive: Callable[[], str | None]) -> None:
     deadline = time.monotonic() + timeout_s
-    while not path.exists():
+    while not os.path.lexists(path):
         failure = alive()
         if failure is not None:
             raise DesktopFailed(failure)

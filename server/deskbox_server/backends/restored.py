@@ -9,9 +9,9 @@ task of the sandbox is stopped. While nothing of it runs, :func:`seal` makes it 
    sandbox ever runs with the host's privileges;
 2. it compares the sandbox's mount table with its ``config.json``: any difference fails
    the restore;
-3. the caller takes its link of the X socket (displays.py) — no sandbox process can have
-   swapped the socket yet (an impostor that did so after a resume got the host's
-   connection before);
+3. the caller takes its link of the X socket (displays.py) and of the agent's socket
+   (agent_link.py) — no sandbox process can have swapped either yet (an impostor that did
+   so after a resume got the host's connection before);
 
 and only then :func:`resume` lets the tasks run.
 """

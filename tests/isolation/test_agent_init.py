@@ -1,0 +1,89 @@
+"""The sandbox's init starts deskbox-agent once the X server is ready and starts it again
+when it exits; the host links its socket like the X socket and checks the listener."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+
+from deskbox_server.agent import PROTOCOL
+from deskbox_server.backends.agent_link import (
+    AGENT_SOCKET,
+    agent_link,
+    connect_agent,
+    ensure_agent_link,
+)
+from deskbox_server.backends.container import ContainerSandbox
+from deskbox_server.backends.displays import listener_pid, namespace_pid, same_pid_namespace
+from deskbox_server.errors import DesktopFailed
+
+from .conftest import exec_in
+
+
+def agent_listener(sandbox: ContainerSandbox) -> int:
+    return listener_pid(sandbox.socket_dir / AGENT_SOCKET)
+
+
+def test_the_agent_runs_in_the_sandbox_and_its_socket_is_linked(
+    sandbox: ContainerSandbox,
+) -> None:
+    assert sandbox.init_pid is not None
+    pid = agent_listener(sandbox)
+    assert same_pid_namespace(pid, sandbox.init_pid)
+    assert listener_pid(agent_link(sandbox)) == pid
+    assert os.stat(agent_link(sandbox)).st_ino == os.stat(sandbox.socket_dir / AGENT_SOCKET).st_ino
+
+    async def hello() -> int:
+        client = await connect_agent(sandbox)
+        try:
+            await client.health()
+            return client.hello_info.protocol
+        finally:
+            await client.close()
+
+    assert asyncio.run(hello()) == PROTOCOL
+    assert "agent" in sandbox.timings
+
+
+def test_a_killed_agent_is_started_again_and_relinked(sandbox: ContainerSandbox) -> None:
+    first = agent_listener(sandbox)
+    inner = namespace_pid(first)
+    assert exec_in(sandbox, "kill", "-9", str(inner)).returncode == 0
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            again = agent_listener(sandbox)
+            if again != first:
+                break
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "the init did not start the agent again"
+        time.sleep(0.05)
+    log = exec_in(sandbox, "cat", "/run/deskbox/session.log").stdout
+    assert log.count("started agent") == 2, log
+    # The host's old link leads to the dead socket; taking it again finds the new agent.
+    with pytest.raises(OSError):
+        listener_pid(agent_link(sandbox))
+    ensure_agent_link(sandbox)
+    assert listener_pid(agent_link(sandbox)) == again
+
+
+def test_a_symlink_at_the_agents_path_is_refused(sandbox: ContainerSandbox) -> None:
+    """A sandbox process that puts a symlink (to the host's or another session's socket) at
+    the agent's path gets no link of it."""
+    real = sandbox.socket_dir / AGENT_SOCKET
+    assert exec_in(sandbox, "sh", "-c", "cd /tmp/.X11-unix && mv deskbox-agent agent-real "
+                   "&& ln -s /run/anything deskbox-agent").returncode == 0
+    try:
+        agent_link(sandbox).unlink()
+        with pytest.raises(DesktopFailed, match="not a socket"):
+            ensure_agent_link(sandbox, timeout_s=2)
+        assert not agent_link(sandbox).exists()
+    finally:
+        assert exec_in(sandbox, "sh", "-c", "cd /tmp/.X11-unix && rm deskbox-agent "
+                       "&& mv agent-real deskbox-agent").returncode == 0
+    ensure_agent_link(sandbox)
+    assert listener_pid(agent_link(sandbox)) == listener_pid(real)
