@@ -77,8 +77,7 @@ def container_backend(settings: Settings) -> ContainerBackend:
         return build_image(settings.image_cache_dir, settings.recipe_dir, progress,
                            cancel=cancel)
 
-    return ContainerBackend(options, shared_memory=settings.capture_shared_memory, image=image,
-                            call_timeout_s=settings.desktop_call_timeout_s)
+    return ContainerBackend(options, image=image, call_timeout_s=settings.desktop_call_timeout_s)
 
 
 def create_app(

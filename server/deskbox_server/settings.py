@@ -51,8 +51,6 @@ class Settings(BaseSettings):
     # X display numbers [display_first, display_last) for container sessions.
     display_first: Annotated[int, Field(ge=1, le=65535)] = 200
     display_last: Annotated[int, Field(ge=2, le=65536)] = 1000
-    # MIT-SHM capture through a sealed memfd (driver/shm.py); False: plain GetImage.
-    capture_shared_memory: bool = True
     idle_timeout_s: Annotated[int, Field(ge=1)] = 900
     max_timeout_s: Annotated[int, Field(ge=1)] = 7 * 24 * 3600
     reaper_interval_s: Annotated[float, Field(gt=0)] = 5.0

@@ -6,6 +6,7 @@ reused by every later run; sessions live in a temporary state directory of their
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 from collections.abc import Iterator
@@ -17,6 +18,9 @@ from deskbox_server.backends.container import ContainerOptions, ContainerSandbox
 from deskbox_server.backends.runc import Runc
 
 from ..images import session_image
+from ..sandbox_agent import agent_desktop, wait_ready
+
+__all__ = ["agent_desktop", "wait_ready"]  # for the tests of this directory
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -73,6 +77,7 @@ def sandbox(
     name = request.module.__name__.rsplit(".", 1)[-1].replace("_", "-")
     box = ContainerSandbox.start(options, f"t-{name}-{os.getpid()}")
     try:
+        asyncio.run(wait_ready(box))
         yield box
     finally:
         box.destroy()
@@ -87,3 +92,4 @@ def exec_in(
         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s,
         check=False,
     )
+

@@ -13,10 +13,11 @@ from deskbox_server.backends.container import (
     ContainerSandbox,
     remove_orphans,
 )
-from deskbox_server.driver.desktop import Desktop
 from deskbox_server.errors import Conflict, InvalidRequest, SessionFailed
 from deskbox_server.schemas import actions as a
 from deskbox_server.schemas.results import Size
+
+from .conftest import agent_desktop
 
 
 def _cgroup_dirs(container_id: str) -> list[Path]:
@@ -76,19 +77,16 @@ def test_failure_to_start_cleans_up(options: ContainerOptions) -> None:
     assert f"deskbox-t-broken-{os.getpid()}" not in options.runc.list_ids()
 
 
-def test_adopt_a_running_sandbox(options: ContainerOptions) -> None:
-    """A restarted server takes over a sandbox it did not start, display and all."""
+async def test_adopt_a_running_sandbox(options: ContainerOptions) -> None:
+    """A restarted server takes over a sandbox it did not start, its agent and all."""
     first = ContainerSandbox.start(options, f"t-adopt-{os.getpid()}", browser=False)
     try:
         assert first.display is not None
         first.display.host_link.unlink()  # as if /tmp had been cleaned meanwhile
         adopted = ContainerSandbox.adopt(options, first.session_id)
         assert adopted.display_name == first.display_name and adopted.failure() is None
-        desktop = Desktop(adopted.display_name, adopted.failure, shared_memory=False)
-        try:
-            assert desktop.perform(a.ScreenSize()) == Size(width=1280, height=800)
-        finally:
-            desktop.close()
+        async with agent_desktop(adopted) as desktop:
+            assert await desktop.perform(a.ScreenSize()) == Size(width=1280, height=800)
         adopted.destroy()
         assert first.failure() is not None
     finally:

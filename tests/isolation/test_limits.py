@@ -18,7 +18,8 @@ LIMITS = Limits(cpus=0.5, memory_mb=256, pids=64)
 
 @pytest.fixture(scope="module")
 def small(options: ContainerOptions) -> Iterator[ContainerSandbox]:
-    box = ContainerSandbox.start(options, f"t-small-{os.getpid()}", limits=LIMITS, browser=False)
+    box = ContainerSandbox.start(options, f"t-small-{os.getpid()}", limits=LIMITS, browser=False,
+                              boost=False)
     try:
         yield box
     finally:

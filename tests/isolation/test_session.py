@@ -1,43 +1,36 @@
-"""A sandboxed desktop starts, shows its browser, and the host's driver can use it."""
+"""A sandboxed desktop starts its agent, shows its browser, and the agent drives it."""
 
 from __future__ import annotations
 
 import io
 
 from PIL import Image
-from Xlib import display as xdisplay
 
 from deskbox_server.backends.container import ContainerSandbox
-from deskbox_server.driver.desktop import Desktop
-from deskbox_server.driver.xwait import top_level_clients
+from deskbox_server.media import EncodedImage
 from deskbox_server.schemas import actions as a
+from deskbox_server.schemas.results import Point
+
+from .conftest import agent_desktop
 
 
-def test_display_is_reachable_by_name(sandbox: ContainerSandbox) -> None:
-    assert sandbox.display_name == f":{sandbox.display.number}"  # type: ignore[union-attr]
+async def test_the_sandbox_starts_its_agent_and_the_desktop_is_ready(
+    sandbox: ContainerSandbox,
+) -> None:
     assert sandbox.failure() is None
-    assert {"runc", "socket", "xserver", "wm", "browser"} <= set(sandbox.timings)
+    assert {"runc", "socket", "agent"} <= set(sandbox.timings)
+    async with agent_desktop(sandbox) as desktop:
+        stages = await desktop.ready(True, 10.0)  # ready already: it answers at once
+        info = await desktop.info()
+    assert set(stages) == {"xserver", "wm", "browser", "painted"}
+    assert (info.width, info.height) == (1280, 800) and info.capture == "xshm"
 
 
-def test_screenshot_shows_the_browser_window(sandbox: ContainerSandbox) -> None:
-    x = xdisplay.Display(sandbox.display_name)
-    try:
-        classes = [w.get_wm_class() or ("", "") for w in top_level_clients(x)]
-        windows = [
-            w for w, (_, cls) in zip(top_level_clients(x), classes, strict=True)
-            if cls.lower().startswith("chromium")
-        ]
-        assert windows, classes
-        geometry = windows[0].get_geometry()
-        assert geometry.width >= 1000 and geometry.height >= 600  # maximized
-    finally:
-        x.close()
-    desktop = Desktop(sandbox.display_name, sandbox.failure, shared_memory=False)
-    try:
-        shot = desktop.perform(a.Screenshot(format="png"))
-    finally:
-        desktop.close()
-    image = Image.open(io.BytesIO(shot.data)).convert("RGB")  # type: ignore[union-attr]
+async def test_screenshot_shows_the_browser_window(sandbox: ContainerSandbox) -> None:
+    async with agent_desktop(sandbox) as desktop:
+        shot = await desktop.perform(a.Screenshot(format="png"))
+    assert isinstance(shot, EncodedImage)
+    image = Image.open(io.BytesIO(shot.data)).convert("RGB")
     assert image.size == (1280, 800)
     # The browser's toolbar is drawn: many colours at the top, not an empty X root.
     toolbar = image.crop((0, 0, 1280, 90))
@@ -45,11 +38,8 @@ def test_screenshot_shows_the_browser_window(sandbox: ContainerSandbox) -> None:
     assert len(colours) > 8
 
 
-def test_input_reaches_the_sandboxed_display(sandbox: ContainerSandbox) -> None:
-    desktop = Desktop(sandbox.display_name, sandbox.failure, shared_memory=False)
-    try:
-        desktop.perform(a.Move(x=321, y=123))
-        position = desktop.perform(a.CursorPosition())
-    finally:
-        desktop.close()
-    assert (position.x, position.y) == (321, 123)  # type: ignore[union-attr]
+async def test_input_reaches_the_sandboxed_display(sandbox: ContainerSandbox) -> None:
+    async with agent_desktop(sandbox) as desktop:
+        await desktop.perform(a.Move(x=321, y=123))
+        position = await desktop.perform(a.CursorPosition())
+    assert isinstance(position, Point) and (position.x, position.y) == (321, 123)

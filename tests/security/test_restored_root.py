@@ -26,6 +26,7 @@ from deskbox_server.backends.sandbox_snapshot import restore_copy, take_snapshot
 
 from ..api.conftest import Server
 from ..images import IMAGE_STATE_DIR, REPO, session_image
+from ..sandbox_agent import until_ready
 
 pytestmark = [
     pytest.mark.slow,
@@ -180,7 +181,9 @@ def test_a_copy_without_a_user_namespace_is_repaired_before_it_runs(
         state_dir=tmp_path_factory.mktemp("no-userns-state"), rootfs=session_image(),
         user_ids=None,
     )
-    source = ContainerSandbox.start(options, f"no-userns-{os.getpid()}")
+    # Checkpointed once the agent says the desktop is ready, as the API would: a browser
+    # still starting has file descriptors in flight on its sockets, which CRIU refuses.
+    source = until_ready(ContainerSandbox.start(options, f"no-userns-{os.getpid()}"))
     copy = None
     try:
         assert source.init_pid is not None

@@ -158,8 +158,8 @@ def test_a_copy_restored_with_an_impostor_at_the_x_path_is_refused(
             assert time.monotonic() < deadline, "the impostor never swapped the socket"
             time.sleep(0.2)
         rss_before = rss_mib()
-        # The source itself is unaffected: the host linked its socket when it started.
-        assert client.get(f"/v1/sessions/{source}/screenshot").status_code == 200
+        # (The source's own agent may meet the impostor now: a sandbox may break its own
+        # desktop. The host never connects to a sandbox's X socket.)
 
         forked = client.post(f"/v1/sessions/{source}/fork", json={"count": 1})
         if forked.status_code == 201:  # CRIU took it: the copy must not be handed out

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import DesktopFailed, InvalidAction, InvalidRequest, SessionFailed
+from ..errors import DesktopFailed, InvalidAction, InvalidRequest, SessionFailed, Timeout
 from ..media import MEDIA_TYPES, EncodedImage, Frame
 from ..schemas import actions as a
 from ..schemas.results import ActionResult, BatchResult, ClipboardText, Point, Size
@@ -101,7 +101,8 @@ class AgentDesktop:
         """Waits (in the agent, by X events) for the window manager and, with ``browser``,
         Chromium's painted window; returns seconds to each stage."""
         value = (await self._call("ready", {"browser": browser, "timeout_s": timeout_s},
-                                  timeout_s + _READY_GRACE_S, _INFO_BODY)).json()
+                                  timeout_s + _READY_GRACE_S, _INFO_BODY,
+                                  stall_fails=False)).json()
         stages = ("xserver", "wm", "browser", "painted") if browser else ("xserver", "wm")
         timings: dict[str, float] = {}
         if isinstance(value, dict) and set(value) == set(stages):
@@ -181,9 +182,18 @@ class AgentDesktop:
     # -- plumbing -------------------------------------------------------------------------
 
     async def _call(self, name: str, args: dict[str, Json], timeout_s: float,
-                    max_body: int) -> CallResult:
+                    max_body: int, stall_fails: bool = True) -> CallResult:
+        """``stall_fails``: a call past its deadline means a desktop that stopped answering
+        (its X server stopped or grabbed, the agent hung): every later call would queue
+        behind it, so the whole connection fails with that reason."""
         try:
             return await self._client.call(name, args, timeout_s=timeout_s, max_body=max_body)
+        except Timeout as error:
+            if not stall_fails:
+                raise
+            stalled = f"the desktop did not answer within {timeout_s:.0f} s ({name})"
+            self._client.fail(stalled)
+            raise DesktopFailed(stalled) from error
         except InvalidRequest as error:
             reason = _agent_reason(error.message, "invalid_action")
             if reason is not None:

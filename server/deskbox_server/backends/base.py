@@ -1,9 +1,8 @@
 """The backend interface: how a session's desktop is made, reached and destroyed.
 
 Everything above this module is backend-agnostic. A backend turns a :class:`SessionSpec`
-into a :class:`DesktopHandle`; the handle gives the session layer the driver's
-:class:`~deskbox_server.driver.desktop.Desktop` through the desktop's
-:class:`~deskbox_server.driver.worker.DesktopWorker` (every X call on that one thread).
+into a :class:`DesktopHandle`, through which the session layer runs action batches, grabs
+the screen, and reaches exec, files, the live view and DevTools.
 """
 
 from __future__ import annotations
@@ -15,14 +14,12 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..driver.commands import DesktopSpec
-from ..driver.desktop import Desktop
-from ..driver.worker import DesktopWorker
 from ..errors import InvalidRequest, SessionFailed
+from ..media import Frame
 from ..sandbox_io import ExecCommand, ExecResult, FileDownload
 from ..schemas import actions as a
 from ..schemas.results import BatchResult
 from ..schemas.sessions import Network, Resources
-from ..settle import batch_allowance_s
 from .devtools import DevtoolsSocket
 from .vnc_server import VncServer
 
@@ -53,33 +50,34 @@ class SnapshotInfo:
 
 
 class DesktopHandle(ABC):
-    """One live desktop. ``run`` goes through the worker, off the event loop."""
-
-    worker: DesktopWorker
-
-    @property
-    @abstractmethod
-    def desktop(self) -> Desktop:
-        """The driver's desktop; touch it only on ``worker``'s thread."""
+    """One live desktop."""
 
     @abstractmethod
     def failure(self) -> str | None:
-        """Why the desktop is broken (a process died), or None while it is healthy.
+        """Why the desktop is broken (a process died, its driver stopped answering), or None
+        while it is healthy.
 
         Cheap and thread-safe: the reaper calls it from the event loop.
         """
 
+    @abstractmethod
     async def run(
         self,
         actions: Sequence[a.Action],
         view: a.CoordinateSpace | None = None,
         screenshot: a.Screenshot | None = None,
     ) -> BatchResult:
-        """The batch on the worker, within its deadline (settle.py); past it the
-        worker is stalled and DesktopFailed says so."""
-        desktop = self.desktop
-        allowance = batch_allowance_s(actions, screenshot, desktop.settle_options)
-        return await self.worker.call_within(allowance, desktop.run, actions, view, screenshot)
+        """The batch, within its deadline (settle.py); past it the desktop counts as stalled
+        (DesktopFailed, and :meth:`failure` says so from then on)."""
+
+    @abstractmethod
+    async def grab(self) -> Frame:
+        """The whole screen's pixels, now (kept as the last frame of a paused session)."""
+
+    async def let_go(self) -> None:
+        """Drop the host's connections to the desktop and leave it running (a server that
+        stops after re-adopting it, or hands it to the next server)."""
+        return None
 
     # exec and files (API.md): only inside a sandbox. A handle without one refuses them.
     no_sandbox: ClassVar[str] = "this session's backend has no sandbox to run them in"

@@ -19,11 +19,11 @@ Layout on the host, per session (``<state>/sessions/<id>``, mode 0700)::
     pasta.pid               the pasta process connecting it; bundle/hosts, resolv.conf (the
                             originals of etc/, which is made again from them)
 
-``ContainerSandbox.start`` returns once the X server answers, the window manager manages the
-screen, (unless disabled) the browser's window is viewable and drawn, and the agent listens
-(its socket linked and checked, agent_link.py): each observed
-through the X connection (events, re-checked on DAMAGE), never by sleeping. ``destroy``
-leaves no container, process, cgroup, mount, network namespace or file behind.
+``ContainerSandbox.start`` returns once the sandbox's agent listens (its socket linked and
+checked, agent_link.py; the init starts it once the X server accepts connections). The host
+never connects to the X server: the agent tells when the window manager and the browser are
+ready (ContainerBackend). ``destroy`` leaves no container, process, cgroup, mount, network
+namespace or file behind.
 
 The server process should be a child subreaper (``driver.processes.become_subreaper``):
 runc exits after starting a sandbox, its init is reparented to us, and ``destroy`` reaps it.
@@ -45,16 +45,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-from Xlib import X
-from Xlib import display as xdisplay
-from Xlib.error import ConnectionClosedError, DisplayConnectionError
-from Xlib.ext import damage, xfixes
-
 from ..driver.commands import DesktopSpec, browser_argv, wm_argv, xserver_argv
-from ..driver.xconnect import open_display
-from ..driver.xwait import top_level_clients, wait_for, window_viewable, wm_running
-from ..errors import Conflict, DesktopFailed, InvalidRequest, SessionFailed, Timeout
+from ..errors import Conflict, DesktopFailed, InvalidRequest, SessionFailed
 from . import freezer
 from .agent_link import AGENT_ARGV, ensure_agent_link
 from .devtools import DEVTOOLS_PORT
@@ -63,8 +55,6 @@ from .displays import (
     listener_pid,
     mount_tmpfs,
     namespace_pid,
-    peer_in_namespace,
-    peer_pid,
     same_pid_namespace,
     unmount,
     wait_for_file,
@@ -100,16 +90,12 @@ LAUNCHER = "/usr/local/bin/deskbox-session"
 WM_CONFIG = "/etc/deskbox/openbox-rc.xml"  # copied into the image by desktop_image/build.py
 PROFILE_DIR = "/root/chromium"
 _DISPLAYFD = 3  # the launcher hands the X server a pipe on this descriptor
-# Chromium's tab strip and toolbar (icons, text, anti-aliasing) use dozens of colours in the
-# top rows; a mapped but unpainted window is one flat colour.
 _SHARED_DIR_OPTIONS = "size=256k,nr_inodes=64"
 _ETC_FILES = ("hosts", "resolv.conf")
-_TOOLBAR_ROWS = 90
 # In the session directory: the X server's display number inside, where not the host's.
 _INNER_DISPLAY = "inner-display"
 # In the session directory: the X server's pid inside the sandbox, seen when it started.
 _XSERVER_PID = "xserver-pid"
-_TOOLBAR_COLOURS = 16
 
 
 @dataclass(frozen=True)
@@ -149,6 +135,7 @@ class ContainerSandbox:
         self._pidfd: int | None = None
         self.network: SessionNetwork | None = None  # egress all/allowlist (network.py)
         self.timings: dict[str, float] = {}
+        self._pending_cpus: float | None = None  # the quota to apply after start-up
 
     def _claim_session_dir(self) -> None:
         """Make the session directory; Conflict if another sandbox has it."""
@@ -299,15 +286,9 @@ class ContainerSandbox:
                 template.for_copy(sandbox.socket_dir, f"/{sandbox.container_id}",
                                   limits or Limits(), options.seccomp_source),
             )
+            # It checks the X server's and the agent's listeners before anything runs.
             restore(sandbox)
             sandbox.timings["restore"] = time.monotonic() - started
-            x = sandbox._connect(started + timeout_s)
-            try:
-                assert sandbox.init_pid is not None
-                if not peer_in_namespace(x.display.socket, sandbox.init_pid):
-                    raise DesktopFailed("the X socket does not lead to the session's X server")
-            finally:
-                x.close()
         except BaseException:
             sandbox.destroy()
             raise
@@ -423,99 +404,31 @@ class ContainerSandbox:
         )
         self.display.publish(self.socket_dir / f"X{number}")
         self.timings["socket"] = time.monotonic() - started
-        self._wait_desktop(browser, deadline, started)
+        # The init starts the agent once the X server accepts connections.
         ensure_agent_link(self, max(0.1, deadline - time.monotonic()))
         self.timings["agent"] = time.monotonic() - started
-        if startup_limits.cpus != limits.cpus:
-            self.options.runc.set_cpus(self.container_id, limits.cpus, CPU_PERIOD_US)
+        # Nothing but the launcher ran before the X server made its socket: its listener
+        # is the X server, which every restore of this sandbox must lead to again.
+        self._check_first_xserver()
+        # The desktop's readiness (window manager, browser painted) is the agent's to tell
+        # (ContainerBackend); the session's own CPU quota applies after it.
+        self._pending_cpus = limits.cpus if startup_limits.cpus != limits.cpus else None
 
-    def _connect(self, deadline: float) -> xdisplay.Display:
-        """Connect to the display; the socket exists but may not listen for a moment yet.
+    def apply_limits(self) -> None:
+        """The session's own CPU quota, once its start-up (at the host's full CPU) is over."""
+        cpus, self._pending_cpus = self._pending_cpus, None
+        if cpus is not None:
+            self.options.runc.set_cpus(self.container_id, cpus, CPU_PERIOD_US)
 
-        Whether it listens is asked with a socket of our own first: python-xlib leaves its
-        socket unclosed when a connection is refused.
-        """
-        assert self.display is not None
-        while True:
-            try:
-                listener_pid(self.display.private_socket)
-                return open_display(self.display_name)
-            except (OSError, DisplayConnectionError) as error:
-                failure = self.failure()
-                if failure is not None:
-                    raise DesktopFailed(failure) from None
-                if time.monotonic() > deadline:
-                    raise Timeout(f"the sandbox's X server did not answer: {error}") from None
-                select.select([self._pidfd] if self._pidfd is not None else [], [], [], 0.005)
-
-    def _wait_desktop(self, browser: bool, deadline: float, started: float) -> None:
-        x = self._connect(deadline)
+    def _check_first_xserver(self) -> None:
+        assert self.display is not None and self.init_pid is not None
         try:
-            assert self.init_pid is not None
-            if not peer_in_namespace(x.display.socket, self.init_pid):
-                raise DesktopFailed("the X socket does not lead to the session's X server")
-            # Nothing but the launcher ran before the X server made its socket: this peer
-            # is the X server, which every restore of this sandbox must lead to again.
-            self.record_xserver(peer_pid(x.display.socket))
-            self.timings["xserver"] = time.monotonic() - started
-            root = x.screen().root
-            x.xfixes_query_version()
-            x.xfixes_select_selection_input(
-                root, x.intern_atom("WM_S0"), xfixes.XFixesSetSelectionOwnerNotifyMask
-            )
-            root.change_attributes(event_mask=X.PropertyChangeMask | X.SubstructureNotifyMask)
-            self._wait(x, lambda: wm_running(x), deadline, "the window manager")
-            self.timings["wm"] = time.monotonic() - started
-            if browser:
-
-                def browser_window_viewable() -> bool:
-                    return any(
-                        window_viewable(w)
-                        and (w.get_wm_class() or ("", ""))[1].lower().startswith("chromium")
-                        for w in top_level_clients(x)
-                    )
-
-                self._wait(x, browser_window_viewable, deadline, "the browser window")
-                self.timings["browser"] = time.monotonic() - started
-                self._wait_toolbar_painted(x, deadline)
-                self.timings["painted"] = time.monotonic() - started
-        finally:
-            with contextlib.suppress(ConnectionClosedError):  # closed for a breach: raised already
-                x.close()
-
-    def _wait_toolbar_painted(self, x: xdisplay.Display, deadline: float) -> None:
-        """A mapped Chromium window is blank at first: wait until its toolbar is drawn.
-
-        Re-checked on DAMAGE events (the screen changed); the check reads a strip of the top
-        of the screen, where the maximized browser draws its tab strip and toolbar.
-        """
-        x.damage_query_version()
-        root = x.screen().root
-        watch = root.damage_create(damage.DamageReportNonEmpty)
-        width = x.screen().width_in_pixels
-        height = min(_TOOLBAR_ROWS, x.screen().height_in_pixels)
-
-        def drawn() -> bool:
-            x.damage_subtract(watch)
-            strip = root.get_image(0, 0, width, height, X.ZPixmap, 0xFFFFFFFF).data
-            pixels = np.frombuffer(strip, dtype=np.uint32)
-            return len(np.unique(pixels)) >= _TOOLBAR_COLOURS
-
-        try:
-            self._wait(x, drawn, deadline, "the browser to draw its window")
-        finally:
-            x.damage_destroy(watch)
-
-    def _wait(
-        self, x: xdisplay.Display, condition: Callable[[], bool], deadline: float, what: str
-    ) -> None:
-        def ready() -> bool:
-            failure = self.failure()
-            if failure is not None:
-                raise DesktopFailed(f"{what} did not start: {failure}")
-            return bool(condition())
-
-        wait_for(x, ready, max(0.0, deadline - time.monotonic()), what)
+            pid = listener_pid(self.display.private_socket)
+        except OSError as error:
+            raise DesktopFailed(f"the sandbox's X socket does not answer: {error}") from None
+        if not same_pid_namespace(pid, self.init_pid):
+            raise DesktopFailed("the X socket does not lead to the session's X server")
+        self.record_xserver(pid)
 
     def adopt_init(self, pid: int) -> None:
         """The sandbox's init is now ``pid`` (restored from a checkpoint, checkpoint.py)."""

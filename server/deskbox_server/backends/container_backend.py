@@ -1,5 +1,5 @@
 """The container backend: sessions in runc sandboxes (container.py), behind the Backend
-interface of base.py, with the driver connected to each sandbox's X server.
+interface of base.py, each driven through its own agent over one stream (agent_link.py).
 
 Pause, hibernate, snapshot and fork are here too; what they do to a sandbox is in
 freezer.py, checkpoint.py and sandbox_snapshot.py.
@@ -12,16 +12,18 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import AsyncIterable, Callable, Collection
+from collections.abc import AsyncIterable, Callable, Collection, Sequence
 from pathlib import Path
 from typing import ClassVar
 
 from ..agent.client import AgentClient
-from ..driver.desktop import Desktop
+from ..agent.desktop import AgentDesktop
 from ..driver.processes import become_subreaper
-from ..driver.worker import CLOSE_TIMEOUT_S, DEFAULT_CALL_TIMEOUT_S, DesktopWorker
 from ..errors import BrowserUnavailable, DesktopFailed, InvalidRequest
+from ..media import Frame
 from ..sandbox_io import ExecCommand, ExecResult, FileDownload
+from ..schemas import actions as a
+from ..schemas.results import BatchResult
 from . import freezer
 from .agent_link import connect_agent
 from .base import Backend, DesktopHandle, SessionSpec, SnapshotInfo
@@ -42,29 +44,53 @@ __all__ = ["ContainerBackend", "ContainerHandle"]
 log = logging.getLogger("deskbox.backends")
 
 _AGENT_FAILURE_GRACE_S = 3.0  # see ContainerHandle.failure
+DEFAULT_CALL_TIMEOUT_S = 30.0  # the base deadline of a desktop call (settings.py)
 
 
 class ContainerHandle(DesktopHandle):
     def __init__(
-        self, worker: DesktopWorker, sandbox: ContainerSandbox, desktop: Desktop | None,
-        agent: AgentClient | None = None,
+        self, sandbox: ContainerSandbox, agent: AgentClient | None,
+        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
     ) -> None:
-        self.worker = worker
         self.sandbox = sandbox
+        self.call_timeout_s = call_timeout_s
         self.exec_slots = ExecSlots(sandbox.options.max_execs, sandbox.container_id)
-        # None while the sandbox is checkpointed (hibernated, also across a server restart).
-        self._desktop = desktop
-        # The host's one connection to the sandbox's agent (agent_link.py); None while
-        # checkpointed, and while a checkpoint is taken.
-        self.agent = agent
         self._io: AgentSandboxIO | None = None
         self._agent_failed_at: float | None = None
+        # The host's one connection to the sandbox's agent (agent_link.py); None while
+        # checkpointed (hibernated, also across a server restart) and while a checkpoint
+        # is taken.
+        self.agent: AgentClient | None = None
+        self._desktop: AgentDesktop | None = None
+        self.attach(agent)
+
+    def attach(self, agent: AgentClient | None) -> None:
+        """Drive the desktop through ``agent`` from now on (None: not at all)."""
+        self.agent = agent
+        self._desktop = AgentDesktop(agent, call_timeout_s=self.call_timeout_s) if agent else None
+        self._agent_failed_at = None
 
     @property
-    def desktop(self) -> Desktop:
+    def desktop(self) -> AgentDesktop:
         if self._desktop is None:
             raise DesktopFailed(f"the sandbox {self.sandbox.container_id} is not running")
         return self._desktop
+
+    async def run(
+        self,
+        actions: Sequence[a.Action],
+        view: a.CoordinateSpace | None = None,
+        screenshot: a.Screenshot | None = None,
+    ) -> BatchResult:
+        return await self.desktop.run(actions, view, screenshot)
+
+    async def grab(self) -> Frame:
+        return await self.desktop.grab()
+
+    async def let_go(self) -> None:
+        agent, self.agent, self._desktop = self.agent, None, None
+        if agent is not None:
+            await agent.close()
 
     def failure(self) -> str | None:
         failure = self.sandbox.failure()
@@ -139,8 +165,7 @@ class ContainerHandle(DesktopHandle):
 class ContainerBackend(Backend):
     """Sessions in runc sandboxes made from the image ``options.rootfs``.
 
-    ``shared_memory`` selects MIT-SHM capture (a sealed memfd shared with the sandbox's X
-    server, see ``driver/shm.py``; ~4x faster) or plain GetImage.
+    The host never connects to a sandbox's X server: the agent inside drives it.
     """
 
     name: ClassVar[str] = "container"
@@ -148,18 +173,17 @@ class ContainerBackend(Backend):
     def __init__(
         self,
         options: ContainerOptions,
-        shared_memory: bool = True,
         image: Callable[[threading.Event], Path] | None = None,
         criu: Criu | None = None,
         call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
     ) -> None:
         """``image``, if given, finds or builds the session image (blocking; it stops when
         its event is set): :meth:`prepare` runs it and uses its result as ``options.rootfs``.
-        ``call_timeout_s``: the base deadline of every driver call (driver/worker.py).
+        ``call_timeout_s``: the base deadline of every desktop call (settle.py adds what a
+        batch may take beyond it).
         """
         self.options = options
         self.call_timeout_s = call_timeout_s
-        self.shared_memory = shared_memory
         self._image = image
         self._criu = criu or Criu()
 
@@ -181,13 +205,13 @@ class ContainerBackend(Backend):
 
     async def adopt(self, spec: SessionSpec) -> DesktopHandle:
         sandbox = await asyncio.to_thread(ContainerSandbox.adopt, self.options, spec.id)
-        return await self._connect(spec.id, sandbox)
+        return await self._connect(sandbox)
 
     async def adopt_hibernated(self, spec: SessionSpec) -> DesktopHandle:
         sandbox = await asyncio.to_thread(
             ContainerSandbox.adopt_checkpointed, self.options, spec.id
         )
-        return ContainerHandle(DesktopWorker(spec.id, self.call_timeout_s), sandbox, None)
+        return ContainerHandle(sandbox, None, self.call_timeout_s)
 
     async def remove_orphans(self, keep: Collection[str]) -> list[str]:
         return await asyncio.to_thread(remove_orphans, self.options, keep)
@@ -225,24 +249,31 @@ class ContainerBackend(Backend):
                 ContainerSandbox.start, self.options, spec.id, spec.desktop, limits, True,
                 timeout_s, egress, not spec.background,
             )
-        handle = await self._connect(spec.id, sandbox)
+        remaining = max(0.1, timeout_s - (time.monotonic() - started))
+        handle = await self._connect(sandbox, ready_within_s=(
+            remaining if spec.from_snapshot is None else None))
         sandbox.timings["desktop"] = time.monotonic() - started
         return handle
 
-    async def _connect(self, session_id: str, sandbox: ContainerSandbox) -> ContainerHandle:
-        worker = DesktopWorker(session_id, self.call_timeout_s)
+    async def _connect(
+        self, sandbox: ContainerSandbox, ready_within_s: float | None = None
+    ) -> ContainerHandle:
+        """A handle on the sandbox's agent; with ``ready_within_s``, once the agent says the
+        window manager runs and the browser has painted its window (a fresh start)."""
+        handle = ContainerHandle(sandbox, None, self.call_timeout_s)
         try:
-            desktop = await self._open_desktop(worker, sandbox)
-            agent = await connect_agent(sandbox)
+            handle.attach(await connect_agent(sandbox))
+            if ready_within_s is not None:
+                started = time.monotonic()
+                stages = await handle.desktop.ready(True, ready_within_s)
+                sandbox.timings.update({f"ready_{k}": v for k, v in stages.items()})
+                sandbox.timings["ready"] = time.monotonic() - started
+                await asyncio.to_thread(sandbox.apply_limits)
         except BaseException:
-            await asyncio.to_thread(self._discard, worker, sandbox)
+            await handle.let_go()
+            await asyncio.to_thread(sandbox.destroy)
             raise
-        return ContainerHandle(worker, sandbox, desktop, agent)
-
-    @staticmethod
-    def _discard(worker: DesktopWorker, sandbox: ContainerSandbox) -> None:
-        worker.shutdown()  # a call stuck on the sandbox's X server returns once it is dead
-        sandbox.destroy()
+        return handle
 
     async def freeze(self, handle: DesktopHandle) -> None:
         assert isinstance(handle, ContainerHandle)
@@ -252,9 +283,9 @@ class ContainerBackend(Backend):
         assert isinstance(handle, ContainerHandle)
         await asyncio.to_thread(freezer.thaw, handle.sandbox.container_id)
 
-    # The driver's X connections and the agent's stream lead out of the sandbox, which CRIU
-    # cannot dump: they are closed for a checkpoint and made again once the sandbox runs
-    # (or runs on). Every copy of a fork connects its own agent stream (create).
+    # The agent's stream leads out of the sandbox, which CRIU cannot dump: it is closed for
+    # a checkpoint and made again once the sandbox runs (or runs on). Every copy of a fork
+    # connects its own agent stream (create).
 
     async def hibernate(self, handle: DesktopHandle) -> None:
         """Checkpoint the sandbox into its session directory; its processes end."""
@@ -290,53 +321,26 @@ class ContainerBackend(Backend):
         return SnapshotInfo(stats.seconds, stats.raw_bytes, stats.compressed_bytes)
 
     async def _disconnect(self, handle: ContainerHandle) -> None:
-        """Close the agent's stream and the driver's connections on the worker (within its
-        deadline: DesktopFailed if the X server does not answer, and then the session
-        fails)."""
-        await self._close_agent(handle)
-        desktop, handle._desktop = handle._desktop, None
-        if desktop is not None:
-            await handle.worker.call(desktop.close)
+        await handle.let_go()
 
     async def _reconnect(self, handle: ContainerHandle) -> None:
-        handle._desktop = await self._open_desktop(handle.worker, handle.sandbox)
-        handle.agent = await connect_agent(handle.sandbox)
-        handle._agent_failed_at = None
-
-    async def _open_desktop(self, worker: DesktopWorker, sandbox: ContainerSandbox) -> Desktop:
-        """The driver's connection to the sandbox's X server, made on ``worker``'s thread."""
-        return await worker.call(
-            Desktop, sandbox.display_name, sandbox.failure, self.shared_memory
-        )
+        handle.attach(await connect_agent(handle.sandbox))
 
     async def release(self, handle: DesktopHandle) -> None:
         assert isinstance(handle, ContainerHandle)
         if handle.sandbox.init_pid is not None:  # not checkpointed after all
             await self.destroy(handle)
             return
-        handle.worker.shutdown()
-        await self._close_agent(handle)
+        await handle.let_go()
         await asyncio.to_thread(handle.sandbox.release_host_side)
 
-    @staticmethod
-    async def _close_agent(handle: ContainerHandle) -> None:
-        agent, handle.agent = handle.agent, None
-        if agent is not None:
-            await agent.close()
-
     async def destroy(self, handle: DesktopHandle) -> None:
-        """Kill the sandbox first, then close the driver, then remove the rest.
+        """Kill the sandbox first, then close the agent's stream, then remove the rest.
 
-        Never waits on the X server: a stopped, frozen or grabbed one answers nothing, and a
-        driver call stuck on it returns only once it is dead. Closing the driver waits at
-        most CLOSE_TIMEOUT_S for the worker; the worker's thread is a daemon.
+        Never waits on the sandbox: a stopped or frozen agent answers nothing, and a call
+        waiting on it ends when its stream does.
         """
         assert isinstance(handle, ContainerHandle)
         await asyncio.to_thread(handle.sandbox.kill)
-        await self._close_agent(handle)
-        desktop, handle._desktop = handle._desktop, None
-        if desktop is None:
-            handle.worker.shutdown()
-        elif not await handle.worker.finish(desktop.close, CLOSE_TIMEOUT_S):
-            log.warning("session %s: the driver did not close in time", handle.worker.name)
+        await handle.let_go()
         await asyncio.to_thread(handle.sandbox.destroy)

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import ClassVar
 
 from ..driver.desktop import Desktop
 from ..driver.local import LocalDesktop
 from ..driver.worker import CLOSE_TIMEOUT_S, DEFAULT_CALL_TIMEOUT_S, DesktopWorker
 from ..errors import BrowserUnavailable, InvalidRequest
+from ..media import Frame
+from ..schemas import actions as a
+from ..schemas.results import BatchResult
+from ..settle import batch_allowance_s
 from .base import Backend, DesktopHandle, SessionSpec
 from .devtools import DevtoolsSocket, connect_tcp
 from .vnc_server import LocalVnc, VncServer
@@ -38,13 +43,29 @@ class LocalHandle(DesktopHandle):
         assert self.local.desktop is not None
         return self.local.desktop
 
+    async def run(
+        self,
+        actions: Sequence[a.Action],
+        view: a.CoordinateSpace | None = None,
+        screenshot: a.Screenshot | None = None,
+    ) -> BatchResult:
+        desktop = self.desktop
+        allowance = batch_allowance_s(actions, screenshot, desktop.settle_options)
+        return await self.worker.call_within(allowance, desktop.run, actions, view, screenshot)
+
+    async def grab(self) -> Frame:
+        return await self.worker.call(self.desktop.grab_screen)
+
+    async def let_go(self) -> None:
+        self.worker.shutdown()
+
     @property
     def devtools_url(self) -> str:
         """The browser's DevTools endpoint on the host's loopback (tests read pages with it)."""
         return self.local.devtools_url
 
     def failure(self) -> str | None:
-        return self.local.processes.failure()
+        return self.local.processes.failure() or self.worker.stalled
 
     async def start_vnc(self) -> VncServer:
         return await LocalVnc.start(self.local.display_name)

@@ -101,7 +101,7 @@ class SessionManager:
             for live in self._live.values():  # re-adopted: let go, leave the desktop running
                 await self._browsers.stop(live.record.id)
                 if live.handle is not None:
-                    live.handle.worker.shutdown()
+                    await live.handle.let_go()
             self._live.clear()
             await self._registry.close()
             os.close(self._lock_fd)
@@ -495,11 +495,11 @@ class SessionManager:
                 continue
             if live.stop_task or live.changing.locked():
                 continue
-            # A hibernated desktop runs no process that could have failed. A stalled worker
-            # (a call that did not return in time) means an X server that does not answer.
+            # A hibernated desktop runs no process that could have failed. A stalled desktop
+            # (a call that did not return in time) counts as failed (DesktopHandle.failure).
             reason = None
             if record.state is not S.hibernated:
-                reason = live.handle.failure() or live.handle.worker.stalled
+                reason = live.handle.failure()
             if reason is not None:
                 await self._fail_soon(live, f"the desktop failed: {reason}")
             elif live.busy == 0 and record.expired(now):

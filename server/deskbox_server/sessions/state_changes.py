@@ -47,7 +47,7 @@ async def pause(
         try:
             await drain(lambda: live.busy, record.id, DRAIN_TIMEOUT_S)
             if still_pausing():
-                frame = await handle.worker.call(handle.desktop.grab_screen)
+                frame = await handle.grab()
             if not still_pausing():
                 raise Conflict(f"session {record.id} was {record.state.value} meanwhile")
             # Its DevTools connection would time out on a frozen browser, and leads out of

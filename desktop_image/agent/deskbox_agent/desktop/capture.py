@@ -25,6 +25,10 @@ class Capturer:
         self._mss = MSSImplXShmGetImage(display=display_name)
         self._xlib = xlib_display
         self._root = xlib_display.screen().root
+        # mss connects, finds libxcb (ctypes.util.find_library runs a program) and sets up
+        # the shared segment on its first grab: done now, while the desktop connects, so
+        # that a sandbox at its pids limit (a fork bomb) can still be captured later.
+        self.grab(0, 0, 1, 1)
 
     @property
     def method(self) -> str:

@@ -171,6 +171,10 @@ class DesktopService:
                 wait_ready, self.display_name, browser, float(timeout_s))  # type: ignore[arg-type]
         except DesktopError as error:
             raise CallError(error.status, error.kind, error.message) from None
+        # The desktop's own connections (input, capture: libraries found, shared memory
+        # set up) are made now, while the sandbox is young: a session that later runs into
+        # its pids limit (a fork bomb) can still be driven.
+        await self._on_worker(lambda: self._with_desktop(lambda desktop: None))
         return dict(timings)
 
 
