@@ -246,8 +246,11 @@ class Connection:
                 raise StreamGone(f"stream {stream.id} is closed") from e
             if window > 0:
                 return window
-            await self.flush()  # the host acknowledges only what it received
+            # Cleared before the flush, not after: a WINDOW_UPDATE that arrives while the
+            # flush waits for the socket sets it, and clearing it then lost that wakeup (a
+            # 4 MB reply stalled for good about once in 15 on a busy connection).
             self._window_changed.clear()
+            await self.flush()  # the host acknowledges only what it received
             await self._window_changed.wait()
 
     async def run(self) -> None:
