@@ -28,7 +28,7 @@ class AgentDevtools:
         self, agent: AgentClient, port: int = DEVTOOLS_PORT,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
     ) -> None:
-        self._agent = agent
+        self.agent = agent  # after a restore the session has a new one: make a new opener
         self._port = port
         self._timeout_s = connect_timeout_s + _ANSWER_GRACE_S
         self._bridges = Bridges()
@@ -45,7 +45,7 @@ class AgentDevtools:
         connection is broken.
         """
         try:
-            channel = await self._agent.open_tcp(self._port, timeout_s=self._timeout_s)
+            channel = await self.agent.open_tcp(self._port, timeout_s=self._timeout_s)
         except Conflict as error:  # the agent's 502 connect_failed
             raise BrowserUnavailable(
                 "the session's browser does not accept DevTools connections "

@@ -8,7 +8,10 @@ name in the sandbox's socket directory, which only the agent is asked to connect
 
 Every viewer connection is one agent channel to that socket (``POST /v1/channels/unix``),
 bridged to a socket pair (agent_bridge.py) so the VNC proxy gets asyncio streams as
-before. The host never touches the sandbox's files or namespaces for it.
+before. The host never touches the sandbox's files or namespaces for it. The connection
+that found the server ready is kept for the first viewer (the hub connects right after a
+start): x11vnc sets up its screen polling for a first client and tears it down when the
+last one leaves, so a probe closed at once would cost the first frame about 200 ms.
 
 Stopping it resets the exec's stream: the agent sends x11vnc SIGTERM, and SIGKILL only
 ``TERM_GRACE_S`` later (``stop_grace_s``), because x11vnc frees its SysV shared memory
@@ -23,7 +26,7 @@ import logging
 import secrets
 import time
 
-from ..agent import AgentClient, ExecStatus
+from ..agent import AgentClient, Channel, ExecStatus
 from ..errors import Conflict, DeskboxError, SessionFailed, Timeout
 from .agent_bridge import Bridges
 from .vnc_server import START_TIMEOUT_S, VncServer, x11vnc_argv
@@ -41,6 +44,7 @@ CONNECT_TIMEOUT_S = 7.0  # the agent's own connect timeout (5 s) and its answer
 _OUTPUT_CAP = 64 * 1024  # per stream, dropped beyond by the agent; x11vnc -q says little
 _LOG_LIMIT = 16 * 1024
 _CLEANUP_TIMEOUT_S = 2.0
+_SPARE_S = 5.0  # how long the connection made at start waits for the first viewer
 
 
 class AgentVnc(VncServer):
@@ -53,6 +57,8 @@ class AgentVnc(VncServer):
         self._stopped = False
         self._bridges = Bridges()
         self._task: asyncio.Task[None] | None = None
+        self._spare: Channel | None = None  # the connection that found the server ready
+        self._spare_at = 0.0
 
     @classmethod
     async def start(
@@ -88,7 +94,7 @@ class AgentVnc(VncServer):
 
     async def _wait_ready(self, timeout_s: float) -> None:
         """Until a connection to the socket succeeds (it exists only after x11vnc's bind,
-        and refuses until its listen): probe through the agent, then close the probe."""
+        and refuses until its listen); that connection is kept for the first viewer."""
         deadline = time.monotonic() + timeout_s
         pause = 0.01
         while True:
@@ -111,7 +117,7 @@ class AgentVnc(VncServer):
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 0.1)
                 continue
-            channel.close()
+            self._spare, self._spare_at = channel, time.monotonic()
             return
 
     def failure(self) -> str | None:
@@ -139,11 +145,17 @@ class AgentVnc(VncServer):
         failure = self.failure()
         if failure is not None:
             raise SessionFailed(failure)
-        try:
-            channel = await self._agent.open_unix(self.socket_path, timeout_s=CONNECT_TIMEOUT_S)
-        except Conflict as error:
-            raise SessionFailed(
-                f"the VNC server does not accept connections: {error.message}") from None
+        channel, self._spare = self._spare, None
+        if channel is not None and time.monotonic() - self._spare_at > _SPARE_S:
+            channel.close()  # x11vnc may have given up on it
+            channel = None
+        if channel is None:
+            try:
+                channel = await self._agent.open_unix(
+                    self.socket_path, timeout_s=CONNECT_TIMEOUT_S)
+            except Conflict as error:
+                raise SessionFailed(
+                    f"the VNC server does not accept connections: {error.message}") from None
         sock = self._bridges.add(channel)
         try:
             return await asyncio.open_unix_connection(sock=sock, limit=1 << 20)
@@ -157,6 +169,9 @@ class AgentVnc(VncServer):
         if self._stopped:
             return
         self._stopped = True
+        if self._spare is not None:
+            self._spare.close()
+            self._spare = None
         try:
             if self._task is not None:
                 self._task.cancel()
