@@ -115,7 +115,7 @@ class AgentVnc(VncServer):
                         f"{error.message}"
                     ) from None
                 await asyncio.sleep(pause)
-                pause = min(pause * 2, 0.1)
+                pause = min(pause * 2, 0.05)
                 continue
             self._spare, self._spare_at = channel, time.monotonic()
             return
