@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -19,7 +20,11 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+import uvicorn
 from playwright.sync_api import sync_playwright
+from starlette.applications import Starlette
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket
 from websockets.exceptions import ConnectionClosed
 
 from deskbox_server.agent import AgentClient, AgentLimits
@@ -32,11 +37,13 @@ from deskbox_server.backends.devtools import (
     get_json,
     open_websocket,
 )
+from deskbox_server.backends.vnc_server import VncServer
 from deskbox_server.driver.browser import CdpPage
 from deskbox_server.driver.commands import DesktopSpec
 from deskbox_server.driver.local import LocalDesktop
 from deskbox_server.errors import AgentFailed, SessionFailed, Timeout
-from deskbox_server.vnc.proxy import handshake_server
+from deskbox_server.vnc.hub import VncHub
+from deskbox_server.vnc.proxy import handshake_server, run_proxy
 from tests.rfb_client import RfbViewer
 
 from .conftest import start_agent, wait_for
@@ -165,9 +172,10 @@ def shm_segments_of(pid: int) -> int:
 
 
 def gone(pid: int) -> bool:
+    """The process ended (a zombie counts); ESRCH while reading means it just did."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return True
 
 
@@ -208,6 +216,74 @@ async def test_vnc_through_the_agent_two_viewers_and_stop(
     assert not await asyncio.to_thread(Path(vnc.socket_path).exists)  # removed in the sandbox
     assert vnc.viewers == 0
     assert await client.health() >= 0
+
+
+@contextlib.asynccontextmanager
+async def live_view_server(hub: VncHub, start: Callable[[], Awaitable[VncServer]]
+                           ) -> AsyncIterator[str]:
+    """A uvicorn on loopback, in this loop, whose one websocket does what api/vnc.py does
+    with a session's VNC server: the hub, the server handshake, the proxy."""
+
+    async def vnc_ws(websocket: WebSocket) -> None:
+        async with hub.viewer("ses_test", start) as server:
+            reader, writer = await server.connect()
+            await handshake_server(reader, writer)
+            await websocket.accept(subprotocol="binary")
+            await run_proxy(websocket, reader, writer, allow_input=True)
+
+    app = Starlette(routes=[WebSocketRoute("/vnc", vnc_ws)])
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                           ws="websockets-sansio",
+                                           ws_per_message_deflate=False))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        await wait_for(lambda: server.started or task.done())
+        assert not task.done(), task
+        yield f"ws://127.0.0.1:{sock.getsockname()[1]}/vnc"
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+
+
+async def test_the_hub_and_the_proxy_serve_viewers_through_the_agent(
+    client: AgentClient, desktop: LocalDesktop, cdp: CdpPage, tmp_path: Path
+) -> None:
+    """What the lead switches to: vnc/hub.py and vnc/proxy.py, unchanged, over AgentVnc."""
+    await asyncio.to_thread(show, cdp, "2040a0")
+    hub = VncHub()
+    started: list[AgentVnc] = []
+
+    async def start() -> VncServer:
+        server = await AgentVnc.start(client, desktop.display_name, socket_dir=str(tmp_path))
+        started.append(server)
+        return server
+
+    try:
+        async with live_view_server(hub, start) as url:
+            first = await asyncio.to_thread(RfbViewer, url, 10.0)
+            second = await asyncio.to_thread(RfbViewer, url, 10.0)
+            try:
+                await asyncio.to_thread(frame_until, first, (0x20, 0x40, 0xA0))
+                await asyncio.to_thread(frame_until, second, (0x20, 0x40, 0xA0))
+                assert len(started) == 1 and hub.viewers("ses_test") == 2  # one x11vnc
+                [pid] = x11vnc_pids(started[0].socket_path)
+                # The server runs in this loop: the viewers' blocking closes go to threads.
+                await asyncio.to_thread(first.close)
+                await wait_for(lambda: hub.viewers("ses_test") == 1)
+                await asyncio.to_thread(show, cdp, "a02040")
+                await asyncio.to_thread(frame_until, second, (0xA0, 0x20, 0x40))
+            finally:
+                await asyncio.to_thread(first.close)
+                await asyncio.to_thread(second.close)
+            # The last viewer left: the hub stopped the server, and x11vnc is gone.
+            await wait_for(lambda: hub.server("ses_test") is None)
+            await wait_for(lambda: gone(pid), 5.0)
+    finally:
+        await hub.close()
+    assert started[0].failure() == "the VNC server was stopped"
 
 
 async def test_a_stalled_viewer_is_held_back_not_buffered(
