@@ -28,6 +28,7 @@ from starlette.websockets import WebSocket
 from websockets.exceptions import ConnectionClosed
 
 from deskbox_server.agent import AgentClient, AgentLimits
+from deskbox_server.api.cdp_relay import RelayLimits, SessionBuffers, relay
 from deskbox_server.backends.agent_devtools import AgentDevtools
 from deskbox_server.backends.agent_vnc import AgentVnc
 from deskbox_server.backends.devtools import (
@@ -231,7 +232,13 @@ async def live_view_server(hub: VncHub, start: Callable[[], Awaitable[VncServer]
             await websocket.accept(subprotocol="binary")
             await run_proxy(websocket, reader, writer, allow_input=True)
 
-    app = Starlette(routes=[WebSocketRoute("/vnc", vnc_ws)])
+    async with serving(Starlette(routes=[WebSocketRoute("/vnc", vnc_ws)])) as port:
+        yield f"ws://127.0.0.1:{port}/vnc"
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Starlette) -> AsyncIterator[int]:
+    """uvicorn on a loopback port, in this loop (so it shares the test's AgentClient)."""
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
                                            ws="websockets-sansio",
                                            ws_per_message_deflate=False))
@@ -241,7 +248,7 @@ async def live_view_server(hub: VncHub, start: Callable[[], Awaitable[VncServer]
     try:
         await wait_for(lambda: server.started or task.done())
         assert not task.done(), task
-        yield f"ws://127.0.0.1:{sock.getsockname()[1]}/vnc"
+        yield sock.getsockname()[1]
     finally:
         server.should_exit = True
         await task
@@ -415,6 +422,48 @@ async def test_playwright_over_the_agent(
     assert title == "Deskbox event recorder"
     assert relay.bytes_down > 1000, "Playwright's traffic did not pass through the agent"
     print(f"connect_over_cdp through the agent: {took}")
+
+
+def _playwright_title_ws(ws_url: str) -> str:
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.connect_over_cdp(ws_url, timeout=20_000)
+        try:
+            [page] = [p for c in browser.contexts for p in c.pages]
+            return str(page.evaluate("document.title"))
+        finally:
+            browser.close()
+
+
+async def test_playwright_through_the_cdp_relay_and_the_agent(
+    client: AgentClient, desktop: LocalDesktop, cdp: CdpPage
+) -> None:
+    """api/cdp_relay.py's relay, unchanged, between Playwright and an AgentDevtools
+    websocket: what api/cdp.py does once ``open_devtools`` is ``AgentDevtools.open``."""
+    await asyncio.to_thread(cdp.navigate, EVENTS_PAGE)
+    await asyncio.to_thread(cdp.wait_painted, "file:")
+    devtools = AgentDevtools(client, desktop.devtools_port or 0)
+    limits = RelayLimits(max_message=64 << 20, client_buffer=16 << 20, send_timeout_s=10)
+    buffers = SessionBuffers(64 << 20)
+    dropped: list[str] = []
+
+    async def cdp_ws(websocket: WebSocket) -> None:
+        path = await browser_path(devtools.open)
+        upstream = await open_websocket(devtools.open, path, limits.max_message)
+        try:
+            await websocket.accept()
+            await relay(websocket, upstream, buffers, limits, lambda: None, dropped.append)
+        finally:
+            await upstream.close()  # as api/cdp.py does
+
+    app = Starlette(routes=[WebSocketRoute("/devtools/browser", cdp_ws)])
+    try:
+        async with serving(app) as port:
+            title = await asyncio.to_thread(
+                _playwright_title_ws, f"ws://127.0.0.1:{port}/devtools/browser")
+        assert title == "Deskbox event recorder" and not dropped
+        await wait_for(lambda: devtools.open_connections == 0)  # the relay closed upstream
+    finally:
+        await devtools.close()
 
 
 # -- an agent that dies or stops ---------------------------------------------------------
