@@ -3,6 +3,11 @@
 The command is the session leader of its own process group (``start_new_session``), so a
 timeout or a host that stops listening kills the whole group. Output past the cap is read
 and dropped (a command never blocks on a full pipe because of the cap) and flagged.
+
+A long-lived server started this way (the session's VNC server) asks for ``stop_grace_s``:
+it is then stopped with SIGTERM first and SIGKILL only after that grace, because some
+programs free what outlives them only on a signal they handle (x11vnc's SysV shared
+memory segments).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from .registry import Json
 __all__ = ["ExecSpec", "parse_exec", "run_exec"]
 
 DRAIN_GRACE_S = 0.5  # output read after the command ended (a child may hold the pipe)
+MAX_STOP_GRACE_S = 60.0
 _MAX_ARGS = 4096
 _MAX_ENV = 256
 
@@ -29,13 +35,14 @@ _MAX_ENV = 256
 class ExecSpec:
     def __init__(
         self, cmd: list[str], env: dict[str, str], cwd: str | None, timeout_s: float,
-        max_output: int,
+        max_output: int, stop_grace_s: float = 0.0,
     ) -> None:
         self.cmd = cmd
         self.env = env
         self.cwd = cwd
         self.timeout_s = timeout_s
         self.max_output = max_output
+        self.stop_grace_s = stop_grace_s
 
 
 def _strings(value: object) -> bool:
@@ -44,7 +51,7 @@ def _strings(value: object) -> bool:
 
 def parse_exec(body: Mapping[str, Json], limits: Limits) -> ExecSpec | str:
     """The request, or why it is refused."""
-    unknown = set(body) - {"cmd", "env", "cwd", "timeout_s", "max_output"}
+    unknown = set(body) - {"cmd", "env", "cwd", "timeout_s", "max_output", "stop_grace_s"}
     if unknown:
         return f"unknown fields: {sorted(unknown)}"
     cmd = body.get("cmd")
@@ -69,8 +76,13 @@ def parse_exec(body: Mapping[str, Json], limits: Limits) -> ExecSpec | str:
     cap = body.get("max_output", limits.max_exec_output)
     if isinstance(cap, bool) or not isinstance(cap, int) or not 0 <= cap <= limits.max_exec_output:
         return f"max_output must be an integer in [0, {limits.max_exec_output}]"
+    grace = body.get("stop_grace_s", 0)
+    if isinstance(grace, bool) or not isinstance(grace, int | float) or not (
+        0 <= grace <= MAX_STOP_GRACE_S
+    ):
+        return f"stop_grace_s must be a number in [0, {MAX_STOP_GRACE_S:g}]"
     return ExecSpec(args, {str(k): str(v) for k, v in env.items()},
-                    None if cwd is None else str(cwd), float(timeout), cap)
+                    None if cwd is None else str(cwd), float(timeout), cap, float(grace))
 
 
 class _Pump:
@@ -129,7 +141,7 @@ async def run_exec(stream: Stream, spec: ExecSpec) -> None:
                 await _exited(proc)
         except TimeoutError:
             timed_out = True
-            _kill_group(proc.pid)
+            await _stop(proc, spec.stop_grace_s)
             await _exited(proc)
         # A child left behind may keep a pipe open: once the command is gone, a pipe that
         # stays silent for DRAIN_GRACE_S is given up (a pump waiting for the host is not).
@@ -165,11 +177,13 @@ async def run_exec(stream: Stream, spec: ExecSpec) -> None:
         }
         await stream.write(record(EXIT, json.dumps(status).encode()), end=True)
     finally:
-        if proc.returncode is None:
-            _kill_group(proc.pid)
-        for task in [*pumps, waiter]:
-            task.cancel()
-        await asyncio.gather(*pumps, waiter, return_exceptions=True)
+        try:
+            if proc.returncode is None:
+                await _stop(proc, spec.stop_grace_s)
+        finally:
+            for task in [*pumps, waiter]:
+                task.cancel()
+            await asyncio.gather(*pumps, waiter, return_exceptions=True)
         # Our ends of the pipes: a child left behind may hold theirs open for as long as it
         # likes, and asyncio lets the process go only once both are closed.
         transport = getattr(proc, "_transport", None)
@@ -213,6 +227,25 @@ async def _exited(proc: asyncio.subprocess.Process) -> None:
         delay = min(0.05, delay * 2)
 
 
-def _kill_group(pid: int) -> None:
+def _kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(pid, sig)
+
+
+async def _stop(proc: asyncio.subprocess.Process, grace_s: float) -> None:
+    """SIGTERM to the group and up to ``grace_s`` for the command to exit, then SIGKILL to
+    the group (what ignored SIGTERM, or was left behind by the command, goes too).
+
+    The SIGKILL is in a ``finally``: a stop that is itself cancelled (the connection ends
+    while a reset stream's command is in its grace) still kills.
+    """
+    try:
+        if grace_s > 0:
+            _kill_group(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(grace_s):
+                    await _exited(proc)
+    finally:
+        # Called while the leader runs; if it exited in its grace, a group that still has
+        # members keeps its id, and an empty one is not found (ESRCH, ignored).
+        _kill_group(proc.pid)

@@ -296,16 +296,22 @@ class AgentClient:
     async def exec(
         self, cmd: Sequence[str], *, env: Mapping[str, str] | None = None,
         cwd: str | None = None, timeout_s: float = 30.0, max_output: int = 1 << 20,
+        stop_grace_s: float = 0.0,
     ) -> AsyncIterator[ExecChunk | ExecStatus]:
         """Run a command in the sandbox: its output as it comes, then how it ended.
 
-        The agent kills the command's process group at ``timeout_s``; the whole call is
-        bounded by that plus a grace. Output beyond ``max_output`` per stream is dropped
-        by the agent; an agent that sends more than that fails the connection.
+        The agent kills the command's process group at ``timeout_s`` (or when this
+        iterator is closed early); with ``stop_grace_s`` it sends SIGTERM first and
+        SIGKILL that much later. The whole call is bounded by those plus a grace. Output
+        beyond ``max_output`` per stream is dropped by the agent; an agent that sends more
+        than that fails the connection.
         """
-        request = {"cmd": list(cmd), "env": dict(env or {}), "cwd": cwd,
-                   "timeout_s": timeout_s, "max_output": max_output}
-        deadline = asyncio.get_running_loop().time() + timeout_s + self._conn.limits.exec_grace_s
+        request: dict[str, object] = {"cmd": list(cmd), "env": dict(env or {}), "cwd": cwd,
+                                      "timeout_s": timeout_s, "max_output": max_output}
+        if stop_grace_s:
+            request["stop_grace_s"] = stop_grace_s
+        deadline = (asyncio.get_running_loop().time() + timeout_s + stop_grace_s
+                    + self._conn.limits.exec_grace_s)
         stream: AgentStream | None = None
         try:
             async with asyncio.timeout_at(deadline):

@@ -25,19 +25,20 @@ from ..sandbox_io import ExecCommand, ExecResult, FileDownload
 from ..schemas import actions as a
 from ..schemas.results import BatchResult
 from . import freezer
+from .agent_devtools import AgentDevtools
 from .agent_link import connect_agent
+from .agent_vnc import AgentVnc
 from .base import Backend, DesktopHandle, SessionSpec, SnapshotInfo
 from .checkpoint import Criu, hibernate_sandbox, restore_sandbox
 from .container import ContainerOptions, ContainerSandbox, remove_orphans
-from .devtools import DEVTOOLS_PORT, DevtoolsSocket, connect_in_netns
+from .devtools import DevtoolsSocket
 from .exec_slots import ExecSlots
 from .network import Egress, check_allow, resolve_egress
 from .oci import Limits
 from .sandbox_agent import AgentSandboxIO, sandbox_environment
-from .sandbox_exec import SandboxExec
 from .sandbox_snapshot import restore_copy, take_snapshot
 from .seccomp import seccomp_profile
-from .vnc_server import SandboxVnc, VncServer
+from .vnc_server import VncServer
 
 __all__ = ["ContainerBackend", "ContainerHandle"]
 
@@ -62,6 +63,7 @@ class ContainerHandle(DesktopHandle):
         # is taken.
         self.agent: AgentClient | None = None
         self._desktop: AgentDesktop | None = None
+        self._devtools: AgentDevtools | None = None  # of the current agent connection
         self.attach(agent)
 
     def attach(self, agent: AgentClient | None) -> None:
@@ -89,6 +91,9 @@ class ContainerHandle(DesktopHandle):
 
     async def let_go(self) -> None:
         agent, self.agent, self._desktop = self.agent, None, None
+        devtools, self._devtools = self._devtools, None
+        if devtools is not None:
+            await devtools.close()
         if agent is not None:
             await agent.close()
 
@@ -129,37 +134,28 @@ class ContainerHandle(DesktopHandle):
     async def write_file(self, path: str, chunks: AsyncIterable[bytes], limit: int) -> int:
         return await self._agent_io().write_file(path, chunks, limit)
 
-    # x11vnc still starts through runc exec (sandbox_exec.py, vnc_server.py): the host holds
-    # its process and reads its log; the live view over the agent's channels is other work.
+    # The live view and DevTools: byte channels of the agent's stream (agent_vnc.py,
+    # agent_devtools.py); the host reaches no socket of the sandbox's by itself.
 
-    def _runner(self, counted: bool = True) -> SandboxExec:
-        """``counted``: its runc execs take the session's exec slots (all but x11vnc's)."""
-        sandbox = self.sandbox
-        if sandbox.init_pid is None:
-            raise DesktopFailed(f"the sandbox {sandbox.container_id} is not running")
-        return SandboxExec(
-            sandbox.options.runc, sandbox.container_id, sandbox.bundle,
-            f":{sandbox.inner_display}", sandbox.init_pid,
-            self.exec_slots if counted else None,
-        )
+    def _live_agent(self) -> AgentClient:
+        agent = self.agent
+        if agent is None or self.sandbox.init_pid is None:
+            raise DesktopFailed(f"the sandbox {self.sandbox.container_id} is not running")
+        return agent
 
     async def start_vnc(self) -> VncServer:
-        """x11vnc inside the sandbox, on a unix socket in its socket directory."""
-        # Not counted: the hub runs one per session, and a viewer is never refused
-        # because the session's commands hold every slot.
-        return await SandboxVnc.start(
-            self._runner(counted=False), self.sandbox.socket_dir, self.sandbox.display_dir
-        )
+        """x11vnc inside the sandbox, started and reached through its agent."""
+        return await AgentVnc.start(self._live_agent(), f":{self.sandbox.inner_display}")
 
     async def open_devtools(self) -> DevtoolsSocket:
-        """Into the sandbox's own network namespace: the port is reachable nowhere else."""
-        sandbox = self.sandbox
-        pid = sandbox.init_pid
-        if pid is None or sandbox.failure() is not None:
-            raise BrowserUnavailable(f"the sandbox {sandbox.container_id} is not running")
-        return await connect_in_netns(
-            f"/proc/{pid}/ns/net", DEVTOOLS_PORT, alive=lambda: sandbox.failure() is None
-        )
+        if self.agent is None or self.sandbox.failure() is not None:
+            raise BrowserUnavailable(f"the sandbox {self.sandbox.container_id} is not running")
+        devtools = self._devtools
+        if devtools is None or devtools.agent is not self.agent:  # a new agent after a restore
+            if devtools is not None:
+                await devtools.close()
+            devtools = self._devtools = AgentDevtools(self.agent)
+        return await devtools.open()
 
 
 class ContainerBackend(Backend):
