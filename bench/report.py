@@ -40,6 +40,10 @@ QUICK: dict[str, list[str]] = {
     "density.py": ["--steps", "1,3", "--iterations", "10", "--idle-s", "3"],
     "load.py": ["--clients", "4", "--actions", "20", "--sessions", "2"],
     "agent_protocol.py": ["--calls", "50"],
+    "agent_desktop.py": ["--iterations", "20", "--clicks", "100"],
+    "agent_live.py": ["--runs", "2", "--frames", "3", "--evals", "20"],
+    "exec.py": ["--iterations", "20"],
+    "server_cpu.py": ["--actions", "100"],
 }
 
 
