@@ -154,6 +154,27 @@ async def test_many_calls_at_once(client: AgentClient) -> None:
     assert [r.json() for r in results] == [{"i": i} for i in range(300)]
 
 
+async def test_calls_share_one_stream_that_survives_refusals(client: AgentClient) -> None:
+    """Calls go over one call stream (POST /v1/calls), in turn; a refused call (too large,
+    unknown, a handler's bug) answers on that stream and the next call uses it still;
+    a call given up (its timeout) drops the stream, and the next opens a new one."""
+    await client.call("echo", {})
+    stream = client._calls._stream
+    assert stream is not None
+    with pytest.raises(InvalidRequest, match="exceeds 1048576 bytes"):
+        await client.call("echo", {"data": "x" * (2 << 20)})
+    with pytest.raises(NotFound):
+        await client.call("nothing")
+    with pytest.raises(SessionFailed, match="a handler bug"):
+        await client.call("boom")
+    assert (await client.call("echo", {"after": 1})).json() == {"after": 1}
+    assert client._calls._stream is stream
+    with pytest.raises(Timeout):
+        await client.call("blob", {"size": 50_000_000}, timeout_s=0.001)
+    assert (await client.call("echo", {"again": 1})).json() == {"again": 1}
+    assert client._calls._stream is not stream and client.failed_reason is None
+
+
 async def test_files_round_trip(client: AgentClient, tmp_path: Path) -> None:
     data = os.urandom(3 * 1024 * 1024 + 7)
     target = tmp_path / "sub" / "f.bin"
