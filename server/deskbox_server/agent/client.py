@@ -224,8 +224,11 @@ class AgentClient:
         return self._conn.failed_reason
 
     async def close(self) -> None:
-        self._calls.close()
+        # The connection first: failing it wakes a call waiting on the call stream, which
+        # dropping the stream first would leave waiting (it is no longer one of the
+        # connection's streams then).
         await self._conn.close()
+        self._calls.close()
 
     def fail(self, reason: str) -> AgentFailed:
         """Fail the whole connection (a malformed answer of a call built on this client)."""

@@ -42,6 +42,12 @@ class Bridge:
         self._ours = ours
         self.ended: str | None = None  # why the relay ended, once it did
         self.task = asyncio.create_task(self._run(), name=f"bridge {channel.name}")
+        # Also when the task is cancelled before its first step (its finally never runs).
+        self.task.add_done_callback(lambda _: self._release())
+
+    def _release(self) -> None:
+        self.channel.close()
+        self._ours.close()
 
     def close(self) -> None:
         """End the relay now: the caller's socket reads EOF, the channel is reset."""
@@ -86,8 +92,7 @@ class Bridge:
             for task in (up, down):
                 task.cancel()
             await asyncio.gather(up, down, return_exceptions=True)
-            self.channel.close()
-            self._ours.close()
+            self._release()
 
 
 class Bridges:
