@@ -3,7 +3,8 @@
 It unlinks the agent's socket and listens at its path; after the session's next restore the
 host connects to it (tests/impostors.py). It answers the handshake (``hello`` of the
 protocol it is given) and ``info`` (a 64x48 screen) as an agent would, so the session
-resumes; then it misbehaves on the first ``act`` (or ``exec`` in the ``exec_flood`` mode)
+resumes (modes ``mute`` and ``no_hello`` do not: they say nothing at all, or nothing to
+``hello``); then it misbehaves on the first ``act`` (or ``exec`` in the ``exec_flood`` mode)
 the host sends it. HTTP/2 through the image's own h2 (/usr/lib/deskbox-agent); what no h2
 would send is written as raw frames. Only the standard library and those wheels: this runs
 in the image's Python 3.11.
@@ -186,13 +187,17 @@ def misbehave(mode: str, peer: Peer, stream_id: int, request: bytes) -> None:
 
 
 def serve(mode: str, protocol: int, conn: socket.socket) -> None:
-    peer = Peer(conn)
     target = "/v1/exec" if mode == "exec_flood" else "/v1/call/act"
     try:
+        if mode == "mute":  # reads all, says nothing, not even its SETTINGS
+            while conn.recv(65536):
+                pass
+            return
+        peer = Peer(conn)
         for stream_id, path, body in peer.requests():
-            with open("/tmp/impostor-calls", "a") as log:
-                log.write(f"{path}\n")
-            if path == "/v1/hello":
+            if path == "/v1/hello" and mode == "no_hello":
+                peer.drain()
+            elif path == "/v1/hello":
                 peer.answer(stream_id, "application/json", json.dumps(
                     {"protocol": protocol, "agent": "impostor", "calls": []}).encode())
             elif path == "/v1/call/info":

@@ -11,7 +11,9 @@ headers, an endless body past every window, endless well-formed exec output.
 In every case the call that met it gets a 502 ``session_failed`` within its deadline, the
 session goes to ``failed`` with the reason (in the API and in its events), and the server
 (/healthz), a neighbouring session (its screenshots as fast as before) and the server's
-memory (this process's RSS: the server runs in it) carry on as they were.
+memory (this process's RSS: the server runs in it) carry on as they were. An impostor
+silent in the handshake (no SETTINGS, or no answer to hello) fails the resume instead,
+within the handshake's timeout.
 """
 
 from __future__ import annotations
@@ -129,7 +131,36 @@ def test_a_hostile_agent_fails_only_its_own_session(
         assert growth < RSS_SLACK, f"the server grew by {growth / MIB:.1f} MiB"
     finally:
         client.delete(f"/v1/sessions/{victim}")
-    # The server and the neighbour carry on as before (within the noise of a busy host).
+    carry_on(client, neighbour)
+
+
+@pytest.mark.parametrize(("mode", "wanted"), [
+    ("mute", f"no HTTP/2 SETTINGS within {LIMITS.handshake_timeout_s} s"),
+    ("no_hello", "no answer to hello"),
+])
+def test_an_agent_silent_in_its_handshake_fails_the_resume(
+    client: httpx.Client, neighbour: Neighbour, mode: str, wanted: str
+) -> None:
+    """The resume waits for the handshake no longer than its timeout, then fails."""
+    victim = new_session(client, browser=PAGE)
+    try:
+        start_impostor(client, victim, PROGRAM, mode, str(PROTOCOL))
+        resumed = hibernate_resume(client, victim)
+        assert resumed.status_code == 502, resumed.text
+        assert resumed.json()["error"]["type"] == "session_failed"
+        seconds = resumed.elapsed.total_seconds()
+        assert seconds < LIMITS.handshake_timeout_s + 5, seconds
+        reason = wait_failed(client, victim)["failure"]["reason"]
+        assert wanted in reason, reason
+        assert failed_event(client, victim).get("reason") == reason
+        print(f"\nFIGURE {mode}: resume {seconds:.2f} s -> 502; {reason}")
+    finally:
+        client.delete(f"/v1/sessions/{victim}")
+    carry_on(client, neighbour)
+
+
+def carry_on(client: httpx.Client, neighbour: Neighbour) -> None:
+    """The server and the neighbour carry on as before (within the noise of a busy host)."""
     assert client.get("/healthz").status_code == 200
     after_ms = median_ms(neighbour.shot)
     assert after_ms < max(3 * neighbour.before_ms, neighbour.before_ms + 50), (
