@@ -42,7 +42,8 @@ class Bridge:
         self._ours = ours
         self.ended: str | None = None  # why the relay ended, once it did
         self.task = asyncio.create_task(self._run(), name=f"bridge {channel.name}")
-        # Also when the task is cancelled before its first step (its finally never runs).
+        # A relay cancelled before it first ran never reaches its finally (a session let go
+        # of its agent just after opening a bridge): the socket and channel close here too.
         self.task.add_done_callback(lambda _: self._release())
 
     def _release(self) -> None:
