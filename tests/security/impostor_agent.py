@@ -5,9 +5,10 @@ host connects to it (tests/impostors.py). It answers the handshake (``hello`` of
 protocol it is given) and ``info`` (a 64x48 screen) as an agent would, so the session
 resumes (modes ``mute`` and ``no_hello`` do not: they say nothing at all, or nothing to
 ``hello``); then it misbehaves on the first ``act`` (or ``exec`` in the ``exec_flood`` mode)
-the host sends it. HTTP/2 through the image's own h2 (/usr/lib/deskbox-agent); what no h2
-would send is written as raw frames. Only the standard library and those wheels: this runs
-in the image's Python 3.11.
+the host sends it. The desktop's calls come as messages of the call stream
+(``POST /v1/calls``), answered there. HTTP/2 through the image's own h2
+(/usr/lib/deskbox-agent); what no h2 would send is written as raw frames. Only the
+standard library and those wheels: this runs in the image's Python 3.11.
 """
 
 from __future__ import annotations
@@ -157,9 +158,10 @@ def misbehave(mode: str, peer: Peer, stream_id: int, request: bytes) -> None:
         frame.data = b"\0" * 16384
         forever(peer, bytes(frame.serialize()))
     elif mode == "claims_300mib":
-        peer.answer(stream_id, PARTS, parts_reply(request, 300 * MIB, 1024))
+        peer.send(stream_id, calls_reply(PARTS, parts_reply(request, 300 * MIB, 1024)))
     elif mode == "image_too_big":
-        peer.answer(stream_id, PARTS, parts_reply(request, IMAGE_LIMIT + 1, IMAGE_LIMIT + 1))
+        peer.send(stream_id, calls_reply(
+            PARTS, parts_reply(request, IMAGE_LIMIT + 1, IMAGE_LIMIT + 1)))
     elif mode == "silent":
         pass
     elif mode == "wrong_stream":
@@ -167,11 +169,13 @@ def misbehave(mode: str, peer: Peer, stream_id: int, request: bytes) -> None:
         peer.sock.sendall(raw_headers(stream_id + 100, ok_head, {"END_HEADERS"})
                           + raw_data(stream_id + 100, b"hello"))
     elif mode == "out_of_order":
-        peer.sock.sendall(raw_data(stream_id, b"data before its headers"))
+        # The answer of another call (an ``info``) where the ``act`` answer belongs.
+        peer.send(stream_id, calls_reply("application/json", json.dumps(
+            {"display": ":1", "width": SCREEN[0], "height": SCREEN[1]}).encode()))
     elif mode == "act_flood":
-        # Headers, then DATA without end, past every window the host gave.
-        peer.h2.send_headers(stream_id, ok_head)
-        peer.flush()
+        # A reply announcing a body far over what the call may answer, then that body.
+        head = json.dumps({"status": 200, "content_type": PARTS, "size": 1 << 31}).encode()
+        peer.send(stream_id, len(head).to_bytes(4, "big") + head)
         forever(peer, raw_data(stream_id, b"z" * 16384))
     elif mode == "exec_flood":
         # Well-formed stdout records within the windows, endlessly: only the output cap
@@ -186,26 +190,67 @@ def misbehave(mode: str, peer: Peer, stream_id: int, request: bytes) -> None:
     peer.drain()
 
 
+CALLS = "application/vnd.deskbox.calls"
+
+
+def calls_reply(content_type: str, body: bytes) -> bytes:
+    """One reply message of the call stream (PROTOCOL.md, POST /v1/calls)."""
+    head = json.dumps({"status": 200, "content_type": content_type, "size": len(body)}).encode()
+    return len(head).to_bytes(4, "big") + head + body
+
+
+class Calls:
+    """The call messages of one call stream, as their bytes arrive."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+
+    def feed(self, data: bytes) -> Iterator[dict[str, object]]:
+        self.buffer += data
+        while len(self.buffer) >= 4:
+            size = int.from_bytes(self.buffer[:4], "big")
+            if len(self.buffer) < 4 + size:
+                return
+            message = json.loads(bytes(self.buffer[4:4 + size]))
+            del self.buffer[:4 + size]
+            yield message
+
+
 def serve(mode: str, protocol: int, conn: socket.socket) -> None:
-    target = "/v1/exec" if mode == "exec_flood" else "/v1/call/act"
     try:
         if mode == "mute":  # reads all, says nothing, not even its SETTINGS
             while conn.recv(65536):
                 pass
             return
         peer = Peer(conn)
-        for stream_id, path, body in peer.requests():
-            if path == "/v1/hello" and mode == "no_hello":
-                peer.drain()
-            elif path == "/v1/hello":
-                peer.answer(stream_id, "application/json", json.dumps(
-                    {"protocol": protocol, "agent": "impostor", "calls": []}).encode())
-            elif path == "/v1/call/info":
-                peer.answer(stream_id, "application/json", json.dumps(
-                    {"display": ":1", "width": SCREEN[0], "height": SCREEN[1],
-                     "capture": "impostor"}).encode())
-            elif path == target:
-                misbehave(mode, peer, stream_id, body)
+        paths: dict[int, str] = {}
+        calls: dict[int, Calls] = {}
+        while True:
+            for event in peer.pump():
+                if isinstance(event, RequestReceived):
+                    path = dict(event.headers)[b":path"].decode()
+                    paths[event.stream_id] = path
+                    if path == "/v1/hello" and mode == "no_hello":
+                        peer.drain()
+                    elif path == "/v1/hello":
+                        peer.answer(event.stream_id, "application/json", json.dumps(
+                            {"protocol": protocol, "agent": "impostor", "calls": []}).encode())
+                    elif path == "/v1/calls":
+                        calls[event.stream_id] = Calls()
+                        peer.h2.send_headers(event.stream_id,
+                                             [(":status", "200"), ("content-type", CALLS)])
+                        peer.flush()
+                    elif path == "/v1/exec" and mode == "exec_flood":
+                        misbehave(mode, peer, event.stream_id, b"")
+                elif isinstance(event, DataReceived) and event.stream_id in calls:
+                    for message in calls[event.stream_id].feed(event.data):
+                        if message["call"] == "info":
+                            peer.send(event.stream_id, calls_reply("application/json", json.dumps(
+                                {"display": ":1", "width": SCREEN[0], "height": SCREEN[1],
+                                 "capture": "impostor"}).encode()))
+                        elif message["call"] == "act":
+                            misbehave(mode, peer, event.stream_id,
+                                      json.dumps(message["args"]).encode())
     except (OSError, EOFError):
         pass  # the host hung up: what it should do
     finally:

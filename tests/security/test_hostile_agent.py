@@ -58,8 +58,8 @@ CASES = {
     "image_too_big": f"act: results[0]: {IMAGE_LIMIT + 1} bytes at 0 (at most {IMAGE_LIMIT},",
     "silent": f"the desktop did not answer within {CALL_TIMEOUT_S:.0f} s (act)",
     "wrong_stream": "HTTP/2 protocol error",
-    "out_of_order": "cannot receive data before headers",
-    "act_flood": "a response body over",
+    "out_of_order": "a desktop call answered 'application/json', not application/vnd.deskbox.parts",
+    "act_flood": f"calls: act: a reply of {1 << 31} bytes",
     "exec_flood": "exec: more output than the 1048576 asked for",
 }
 
