@@ -14,10 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from Xlib import Xatom
 from Xlib import display as xdisplay
+from Xlib.xobject.drawable import Window
 
 from deskbox_server.backends.container import ContainerOptions
-from deskbox_server.driver.xwait import top_level_clients
 
 __all__ = ["SandboxPage", "events_data_url", "read_display_number"]
 
@@ -50,6 +51,15 @@ def read_display_number(session_dir: Path) -> int:
     found = list(ContainerOptions.shared_root.glob(f"*-{session_dir.name}/display/number"))
     assert len(found) == 1, found
     return int(found[0].read_text())
+
+
+def top_level_clients(display: xdisplay.Display) -> list[Window]:
+    """Client windows the window manager lists in ``_NET_CLIENT_LIST`` (EWMH)."""
+    root = display.screen().root
+    prop = root.get_full_property(display.intern_atom("_NET_CLIENT_LIST"), Xatom.WINDOW)
+    if prop is None:
+        return []
+    return [display.create_resource_object("window", wid) for wid in prop.value]
 
 
 class SandboxPage:
