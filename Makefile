@@ -5,6 +5,9 @@
 .PHONY: setup run test lint bench fuzz clean
 
 VENV := .venv
+# The programs of the session image that run inside every sandbox (no .py suffix: each is
+# checked on its own, as a script).
+SANDBOX_PROGRAMS := $(wildcard desktop_image/rootfs/usr/local/bin/deskbox-*)
 BIN := $(VENV)/bin
 
 setup:
@@ -16,9 +19,10 @@ run: setup
 # lint-imports: the layers of pyproject.toml's [tool.importlinter] (deskbox_agent is not
 # installed on the host: it is found through PYTHONPATH).
 lint: setup
-	$(BIN)/ruff check server clients tests bench desktop_image
+	$(BIN)/ruff check server clients tests bench desktop_image $(SANDBOX_PROGRAMS)
 	PYTHONPATH=server:desktop_image/agent $(BIN)/lint-imports
 	$(BIN)/mypy
+	for program in $(SANDBOX_PROGRAMS); do $(BIN)/mypy --strict $$program || exit 1; done
 
 # The viewer's own logic first (vnc/test/, node's test runner; no npm packages), then pytest.
 test: lint
@@ -28,7 +32,7 @@ test: lint
 # Each script prints markdown tables; bench/report.py runs them in turn and collects the
 # tables in bench/results/YYYY-MM-DD.md. `make bench BENCH_ARGS=--quick`: small sizes.
 BENCHES := agent_desktop.py api.py vnc.py state.py container_start.py peers.py startup.py density.py \
-	load.py agent_protocol.py server_cpu.py
+	load.py agent_protocol.py server_cpu.py agent_live.py exec.py
 BENCH_ARGS ?=
 
 bench: setup

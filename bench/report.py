@@ -30,7 +30,6 @@ BENCH = REPO / "bench"
 RESULTS = BENCH / "results"
 # Small sizes per script for --quick (checks that everything runs; the figures mean little).
 QUICK: dict[str, list[str]] = {
-    "agent_desktop.py": ["--iterations", "5", "--clicks", "20"],
     "api.py": ["--creates", "1", "--iterations", "10", "--idle-s", "1"],
     "vnc.py": ["--runs", "1", "--frames", "3", "--seconds", "1"],
     "state.py": ["--cycles", "3", "--hibernations", "1"],
@@ -40,6 +39,10 @@ QUICK: dict[str, list[str]] = {
     "density.py": ["--steps", "1,3", "--iterations", "10", "--idle-s", "3"],
     "load.py": ["--clients", "4", "--actions", "20", "--sessions", "2"],
     "agent_protocol.py": ["--calls", "50"],
+    "agent_desktop.py": ["--iterations", "20", "--clicks", "100"],
+    "agent_live.py": ["--runs", "2", "--frames", "3", "--evals", "20"],
+    "exec.py": ["--iterations", "20"],
+    "server_cpu.py": ["--actions", "100"],
 }
 
 

@@ -38,8 +38,14 @@ async def blob(args):
 async def boom(args):
     raise RuntimeError("a handler bug")
 
+async def sleep(args):
+    import asyncio
+    await asyncio.sleep(float(args.get("s", 0)))
+    return {}
+
 registry.register("blob", blob)
 registry.register("boom", boom)
+registry.register("sleep", sleep)
 m.default_registry = lambda: registry
 sys.exit(m.main(sys.argv[1:]))
 """

@@ -171,6 +171,20 @@ def attack(mode: str, peer: Peer) -> None:
         peer.send(headers(3, [(":status", "200")], {"END_HEADERS"})
                   + data(3, b"x" + len(status).to_bytes(4, "big") + status))
         time.sleep(30)
+    elif mode.startswith("calls_"):
+        # Answers on the call stream (POST /v1/calls) whose framing lies.
+        calls_head = [(":status", "200"), ("content-type", "application/vnd.deskbox.calls")]
+        if mode == "calls_wrong_type":
+            peer.send(headers(3, ok_head, {"END_HEADERS"}) + data(3, b"\x00" * 64))
+        elif mode == "calls_huge_head":
+            peer.send(headers(3, calls_head, {"END_HEADERS"})
+                      + data(3, (1 << 30).to_bytes(4, "big") + b"{" * 4096))
+        else:
+            head = b"{not json" if mode == "calls_bad_head" else json.dumps(
+                {"status": 200, "content_type": "application/json", "size": 300 << 20}).encode()
+            peer.send(headers(3, calls_head, {"END_HEADERS"})
+                      + data(3, len(head).to_bytes(4, "big") + head + b"x" * 16000))
+        time.sleep(30)
     elif mode == "bad_records":
         peer.send(headers(3, [(":status", "200")], {"END_HEADERS"})
                   + data(3, b"q\xff\xff\xff\xff"))

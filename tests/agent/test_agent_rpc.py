@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from deskbox_server.agent import PROTOCOL, AgentClient, ExecChunk, ExecStatus
-from deskbox_server.errors import InvalidRequest, NotFound, SessionFailed, Timeout
+from deskbox_server.errors import AgentFailed, InvalidRequest, NotFound, SessionFailed, Timeout
 
 from .conftest import agent_env
 
@@ -152,6 +152,40 @@ async def test_call_timeout_keeps_the_connection(client: AgentClient) -> None:
 async def test_many_calls_at_once(client: AgentClient) -> None:
     results = await asyncio.gather(*(client.call("echo", {"i": i}) for i in range(300)))
     assert [r.json() for r in results] == [{"i": i} for i in range(300)]
+
+
+async def test_closing_the_client_ends_a_call_in_flight(agent_socket: Path) -> None:
+    """A call waiting on the call stream when the host closes the connection (a session
+    being deleted) ends at once, with the reason, not at its deadline."""
+    client = await AgentClient.connect_unix(str(agent_socket))
+    waiting = asyncio.create_task(client.call("sleep", {"s": 30}, timeout_s=60))
+    await asyncio.sleep(0.2)
+    started = time.monotonic()
+    await client.close()
+    with pytest.raises(AgentFailed, match="closed by the host"):
+        await waiting
+    assert time.monotonic() - started < 1
+
+
+async def test_calls_share_one_stream_that_survives_refusals(client: AgentClient) -> None:
+    """Calls go over one call stream (POST /v1/calls), in turn; a refused call (too large,
+    unknown, a handler's bug) answers on that stream and the next call uses it still;
+    a call given up (its timeout) drops the stream, and the next opens a new one."""
+    await client.call("echo", {})
+    stream = client._calls._stream
+    assert stream is not None
+    with pytest.raises(InvalidRequest, match="exceeds 1048576 bytes"):
+        await client.call("echo", {"data": "x" * (2 << 20)})
+    with pytest.raises(NotFound):
+        await client.call("nothing")
+    with pytest.raises(SessionFailed, match="a handler bug"):
+        await client.call("boom")
+    assert (await client.call("echo", {"after": 1})).json() == {"after": 1}
+    assert client._calls._stream is stream
+    with pytest.raises(Timeout):
+        await client.call("blob", {"size": 50_000_000}, timeout_s=0.001)
+    assert (await client.call("echo", {"again": 1})).json() == {"again": 1}
+    assert client._calls._stream is not stream and client.failed_reason is None
 
 
 async def test_files_round_trip(client: AgentClient, tmp_path: Path) -> None:

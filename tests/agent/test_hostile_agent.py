@@ -95,6 +95,10 @@ CALL_ATTACKS = [
     ("data_flood", "HTTP/2 protocol error: Flow control window|more unread data than its window"),
     ("bad_records", "exec: a bad record"),
     ("output_flood", "exec: more output than the 1048576 asked for"),
+    ("calls_wrong_type", "calls: answered 200 'application/octet-stream'"),
+    ("calls_huge_head", "calls: a reply head of 1073741824 bytes"),
+    ("calls_bad_head", r"calls: a reply head is not \{status, content_type, size\}"),
+    ("calls_huge_reply", "calls: echo: a reply of 314572800 bytes"),
 ]
 
 

@@ -1,5 +1,6 @@
-"""A container-backend server per attack module (state dir named after it) and a client of
-it with the key KEY_A and a timeout long enough for checkpoints."""
+"""A container-backend server per attack module (state dir named after it, more settings
+from the module's SERVER_SETTINGS) and a client of it with the key KEY_A and a timeout long
+enough for checkpoints."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ def server(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[Server]:
     name = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").replace("_", "-")
+    # A module may set more of the server's settings in SERVER_SETTINGS.
+    extra = getattr(request.module, "SERVER_SETTINGS", {})
     with container_server(tmp_path_factory, name, max_sessions=8,
-                          max_sessions_per_key=8) as running:
+                          max_sessions_per_key=8, **extra) as running:
         yield running
 
 

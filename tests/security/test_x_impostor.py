@@ -1,11 +1,16 @@
-"""Issue 13, part 2: after a restore the host must connect to the session's own X server,
-never to a socket a process of the sandbox put at its path.
+"""Issue 13, part 2, now that the host speaks no X11 (issue 14): a process of the sandbox
+that puts its own socket at the X server's path gets nothing from it.
+
+The host never connects to a sandbox's X socket; the agent inside drives the X server
+(AgentDesktop). After a restore the host still links the X socket (displays.py) and checks
+that it leads to the session's own X server (``check_xserver_socket``) while the restored
+tasks are stopped: only so that the sandbox's own agent meets its real X server.
 
 The attack, run inside a session through ``exec``: a program waits for the restore (the X
 socket's inode changes when CRIU re-creates it), then at once renames the real socket and
-binds its own in its place, ready to feed the host a 300 MiB X event. Before the fix the
-host linked the socket after the restored tasks ran, so the impostor got its connection.
-Now the tasks are restored stopped and the host links the socket before they run.
+binds its own in its place, ready to send a 300 MiB X event to whoever connects (the
+host's X parser was its target in issue 13). The session goes on: its agent's connection
+to the real X server was restored with it, and nothing connects to the impostor.
 
 A variant swaps the socket before the checkpoint is taken: a copy then restores with the
 impostor's socket at the X server's path, and the restore must refuse it.
@@ -127,8 +132,8 @@ def test_an_impostor_waiting_for_the_restore_never_gets_the_host(
         while not exists(client, target, "/tmp/impostor-ready"):
             assert time.monotonic() < deadline, "the impostor never swapped the socket"
             time.sleep(0.2)
-        # ... but the host's link leads to the real X server: actions and the screen work,
-        # and the impostor never had a connection from the host.
+        # ... but the agent drives the real X server: actions and the screen work, and the
+        # impostor never had a connection (the host makes none to an X socket).
         click = client.post(f"/v1/sessions/{target}/actions",
                             json={"type": "click", "x": 600, "y": 500})
         assert click.status_code == 200, click.text

@@ -12,10 +12,8 @@ there next), the second is just another hostile agent, which fails only its own 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +35,14 @@ from ..api.conftest import KEY_A, Server, running_server
 from ..api.test_container_restart import container_of, reap, serve
 from ..api.test_exec import host_runc_execs
 from ..images import IMAGE_STATE_DIR
+from ..impostors import (
+    failed_event,
+    hibernate_resume,
+    new_session,
+    run,
+    start_impostor,
+    wait_failed,
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -136,24 +142,14 @@ def client(server: Server) -> Iterator[httpx.Client]:
         yield http
 
 
-def new_session(client: httpx.Client, **body: Any) -> str:
-    response = client.post("/v1/sessions", json={"browser": PAGE, **body})
-    assert response.status_code == 201, response.text
-    session_id: str = response.json()["id"]
-    return session_id
+def new_page_session(client: httpx.Client, **body: Any) -> str:
+    return new_session(client, browser=PAGE, **body)
 
 
 def handle_of(server: Server, session_id: str) -> ContainerHandle:
     found = server.services.manager.handle(key_id(KEY_A), session_id)
     assert isinstance(found, ContainerHandle)
     return found
-
-
-def run(client: httpx.Client, session_id: str, *cmd: str, **extra: Any) -> Any:
-    response = client.post(f"/v1/sessions/{session_id}/exec",
-                           json={"cmd": list(cmd), "timeout_s": 30, **extra})
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def answers(client: httpx.Client, session_id: str, mark: str) -> None:
@@ -178,29 +174,8 @@ def check_stream(handle: ContainerHandle) -> None:
     assert handle.failure() is None
 
 
-def wait_failed(client: httpx.Client, session_id: str, timeout_s: float = 30) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while (body := client.get(f"/v1/sessions/{session_id}").json())["state"] != "failed":
-        assert time.monotonic() < deadline, body
-        time.sleep(0.1)
-    result: dict[str, Any] = body
-    return result
-
-
-def failed_event(client: httpx.Client, session_id: str) -> dict[str, Any]:
-    """The session's ``state`` event that says it failed (its event stream ended there)."""
-    with client.stream("GET", f"/v1/sessions/{session_id}/events", timeout=20) as response:
-        assert response.status_code == 200
-        for line in response.iter_lines():
-            if line.startswith("data: "):
-                event: dict[str, Any] = json.loads(line[len("data: "):])
-                if event.get("state") == "failed":
-                    return event
-    raise AssertionError("no failed state in the session's events")
-
-
 def test_a_fresh_session_answers_through_its_agent(client: httpx.Client, server: Server) -> None:
-    sid = new_session(client)
+    sid = new_page_session(client)
     try:
         handle = handle_of(server, sid)
         check_stream(handle)
@@ -222,7 +197,7 @@ def test_a_fresh_session_answers_through_its_agent(client: httpx.Client, server:
 def test_hibernate_closes_the_stream_and_resume_connects_a_new_one(
     client: httpx.Client, server: Server
 ) -> None:
-    sid = new_session(client)
+    sid = new_page_session(client)
     try:
         answers(client, sid, "before")
         hibernating = handle_of(server, sid)
@@ -243,7 +218,7 @@ def test_hibernate_closes_the_stream_and_resume_connects_a_new_one(
 
 
 def test_each_copy_of_a_fork_has_its_own_stream(client: httpx.Client, server: Server) -> None:
-    sid = new_session(client)
+    sid = new_page_session(client)
     copies: list[str] = []
     try:
         answers(client, sid, "source")
@@ -266,7 +241,7 @@ def test_each_copy_of_a_fork_has_its_own_stream(client: httpx.Client, server: Se
 
 
 def test_a_session_from_a_snapshot_answers(client: httpx.Client, server: Server) -> None:
-    sid = new_session(client)
+    sid = new_page_session(client)
     made: str | None = None
     snap_id: str | None = None
     try:
@@ -276,7 +251,7 @@ def test_a_session_from_a_snapshot_answers(client: httpx.Client, server: Server)
         snap_id = taken.json()["id"]
         check_stream(handle_of(server, sid))  # the source reconnected after its dump
         answers(client, sid, "source after")
-        made = new_session(client, from_snapshot=snap_id)
+        made = new_page_session(client, from_snapshot=snap_id)
         check_stream(handle_of(server, made))
         assert run(client, made, "cat", "/tmp/mark")["stdout"] == "snapshotted"
         answers(client, made, "made")
@@ -294,8 +269,8 @@ def test_a_killed_agent_fails_only_its_session_with_the_reason(
     """Decided: the agent is part of the desktop like its X server. Its init starts it
     again, but the host does not reconnect to whatever listens at its path next: the
     session fails, and says why."""
-    neighbour = new_session(client)
-    victim = new_session(client)
+    neighbour = new_page_session(client)
+    victim = new_page_session(client)
     try:
         started = run(client, victim, "python3", "-c", KILL_AGENT, background=True)
         assert started["pid"], started
@@ -321,23 +296,16 @@ def test_an_impostor_agent_fails_only_its_own_session(
     the host takes the path's socket, which is the impostor's: garbage instead of HTTP/2,
     or an agent of another protocol version. That session fails with the reason, in the
     API and in its events; the server and a neighbour go on."""
-    neighbour = new_session(client)
-    victim = new_session(client)
+    neighbour = new_page_session(client)
+    victim = new_page_session(client)
     try:
-        started = run(client, victim, "python3", "-c", impostor, background=True)
-        assert started["pid"], started
-        deadline = time.monotonic() + 20
-        while run(client, victim, "test", "-e", "/tmp/impostor-ready")["exit_code"] != 0:
-            assert time.monotonic() < deadline, "the impostor did not start"
-            time.sleep(0.1)
+        start_impostor(client, victim, impostor)
         # Swapping the path does nothing to the host's stream, which still reaches the agent.
         answers(client, victim, "swapped")
         agent = handle_of(server, victim).agent
         assert agent is not None and agent.failed_reason is None
 
-        paused = client.post(f"/v1/sessions/{victim}/pause", json={"mode": "hibernate"})
-        assert paused.status_code == 200, paused.text
-        resumed = client.post(f"/v1/sessions/{victim}/resume")
+        resumed = hibernate_resume(client, victim)
         assert resumed.status_code == 502, resumed.text
         assert resumed.json()["error"]["type"] == "session_failed"
         body = wait_failed(client, victim)
@@ -359,7 +327,7 @@ def test_a_restarted_server_reconnects_to_the_agents_it_adopts(tmp_path: Path) -
     try:
         with serve(state_dir, log) as (first, http):
             http.timeout = httpx.Timeout(120)
-            sid = new_session(http)
+            sid = new_page_session(http)
             answers(http, sid, "first server")
             state = Runc().state(container_of(sid))
             assert state is not None

@@ -246,11 +246,19 @@ class Connection:
                 raise StreamGone(f"stream {stream.id} is closed") from e
             if window > 0:
                 return window
-            # Cleared before the flush, not after: a WINDOW_UPDATE that arrives while the
-            # flush waits for the socket sets it, and clearing it then lost that wakeup (a
-            # 4 MB reply stalled for good about once in 15 on a busy connection).
+            # The event is shared by every stream that waits: a WINDOW_UPDATE that arrives
+            # while this flush waits for the socket sets it, and another stream's writer may
+            # clear it again before we wait. So the window is looked at again after the
+            # flush, with no await between that look and the wait (a 3 MB reply beside
+            # channels nobody read stalled for good; before that, 4 MB replies on their own
+            # about once in 15).
             self._window_changed.clear()
             await self.flush()  # the host acknowledges only what it received
+            try:
+                if self.h2.local_flow_control_window(stream.id) > 0:
+                    continue
+            except h2.exceptions.StreamClosedError as e:
+                raise StreamGone(f"stream {stream.id} is closed") from e
             await self._window_changed.wait()
 
     async def run(self) -> None:

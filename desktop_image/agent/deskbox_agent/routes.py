@@ -7,12 +7,13 @@ import re
 import time
 
 from . import PROTOCOL, VERSION
+from .callstream import invoke, serve_calls
 from .channels import relay_tcp, relay_unix
 from .execute import parse_exec, run_exec
 from .files import get_file, put_file
 from .h2server import Stream
 from .limits import Limits
-from .registry import Blob, CallError, Json, Registry
+from .registry import Json, Registry
 
 __all__ = ["Router"]
 
@@ -49,6 +50,8 @@ class Router:
             await put_file(stream, self.limits)
         elif (m := _CALL.match(path)) and method == "POST":
             await self._call(stream, m.group(1))
+        elif path == "/v1/calls" and method == "POST":
+            await serve_calls(stream, self.registry, self.limits)
         elif (m := _TCP.match(path)) and method == "POST":
             port = int(m.group(1))
             if not 0 < port < 65536:
@@ -79,20 +82,12 @@ class Router:
         return value
 
     async def _call(self, stream: Stream, name: str) -> None:
-        handler = self.registry.get(name)
-        if handler is None:
+        if self.registry.get(name) is None:
             await stream.error(404, "unknown_call", f"no call named {name!r}")
             return
         body = await self._json_body(stream)
         if body is None:
             return
-        try:
-            result = await handler(body)
-        except CallError as e:
-            await stream.error(e.status, e.kind, e.message)
-            return
-        if isinstance(result, Blob):
-            await stream.respond(200, result.content_type, flush=False)
-            await stream.write(result.data, end=True)
-        else:
-            await stream.json(200, result)
+        status, content_type, data = await invoke(self.registry, name, body)
+        await stream.respond(status, content_type, flush=False)
+        await stream.write(data, end=True)

@@ -28,6 +28,7 @@ from ..errors import (
     SessionFailed,
     Timeout,
 )
+from .callstream import CallStream
 from .connection import AgentConnection, AgentStream, StreamReset
 from .limits import AgentLimits
 
@@ -95,6 +96,17 @@ _BY_STATUS: dict[int, type[DeskboxError]] = {
     400: InvalidRequest, 403: Forbidden, 404: NotFound, 408: Timeout, 413: InvalidRequest,
     422: InvalidRequest, 502: Conflict, 504: Timeout,
 }
+
+
+def _error_for(status: int, raw: bytes) -> DeskboxError:
+    """The error of an answer other than 200, from the protocol's error shape."""
+    kind, message = f"status {status}", raw.decode(errors="replace") or "(no body)"
+    try:
+        error = json.loads(raw)["error"]
+        kind, message = str(error["kind"]), str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        pass
+    return _BY_STATUS.get(status, SessionFailed)(f"agent: {_clean(kind, 32)}: {_clean(message)}")
 
 
 class Channel:
@@ -167,6 +179,7 @@ class AgentClient:
     def __init__(self, conn: AgentConnection, hello: Hello) -> None:
         self._conn = conn
         self.hello_info = hello
+        self._calls = CallStream(conn, _error_for)
 
     @classmethod
     async def connect(
@@ -211,7 +224,11 @@ class AgentClient:
         return self._conn.failed_reason
 
     async def close(self) -> None:
+        # The connection first: failing it wakes a call waiting on the call stream, which
+        # dropping the stream first would leave waiting (it is no longer one of the
+        # connection's streams then).
         await self._conn.close()
+        self._calls.close()
 
     def fail(self, reason: str) -> AgentFailed:
         """Fail the whole connection (a malformed answer of a call built on this client)."""
@@ -250,14 +267,7 @@ class AgentClient:
         if status == 200:
             return status
         raw = await stream.read_all(self._conn.limits.max_error_body)
-        kind, message = f"status {status}", raw.decode(errors="replace") or "(no body)"
-        try:
-            error = json.loads(raw)["error"]
-            kind, message = str(error["kind"]), str(error["message"])
-        except (ValueError, KeyError, TypeError):
-            pass
-        text = f"agent: {_clean(kind, 32)}: {_clean(message)}"
-        raise _BY_STATUS.get(status, SessionFailed)(text)
+        raise _error_for(status, raw)
 
     @staticmethod
     def _object(result: CallResult) -> dict[str, Any]:
@@ -288,7 +298,25 @@ class AgentClient:
         self, name: str, args: Mapping[str, Json] | None = None, timeout_s: float | None = None,
         max_body: int | None = None,
     ) -> CallResult:
-        """``POST /v1/call/<name>``: a registered handler of the agent."""
+        """A registered handler of the agent, through the call stream (``POST /v1/calls``):
+        calls take turns on it, in the order they are made."""
+        body = json.dumps(args or {}, separators=(",", ":")).encode()
+        try:
+            async with asyncio.timeout(timeout_s or self._conn.limits.call_timeout_s):
+                content_type, data = await self._calls.call(
+                    name, body, max_body or self._conn.limits.max_rpc_body)
+        except TimeoutError:
+            raise Timeout(f"the agent did not answer the call {name} in time") from None
+        except StreamReset as e:
+            raise SessionFailed(f"agent: call {name}: {e}") from None
+        return CallResult(content_type, data)
+
+    async def call_alone(
+        self, name: str, args: Mapping[str, Json] | None = None, timeout_s: float | None = None,
+        max_body: int | None = None,
+    ) -> CallResult:
+        """``POST /v1/call/<name>``: the call on a stream of its own, beside the call
+        stream (one that waits long, such as the desktop's ``ready``)."""
         body = json.dumps(args or {}, separators=(",", ":")).encode()
         return await self._request("POST", f"/v1/call/{quote(name, safe='')}", body, timeout_s,
                                    max_body or self._conn.limits.max_rpc_body)

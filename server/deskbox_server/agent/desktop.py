@@ -186,8 +186,11 @@ class AgentDesktop:
         """``stall_fails``: a call past its deadline means a desktop that stopped answering
         (its X server stopped or grabbed, the agent hung): every later call would queue
         behind it, so the whole connection fails with that reason."""
+        # ``ready`` waits for the browser for seconds: on a stream of its own, so that the
+        # call stream stays free for the rest.
+        call = self._client.call if stall_fails else self._client.call_alone
         try:
-            return await self._client.call(name, args, timeout_s=timeout_s, max_body=max_body)
+            return await call(name, args, timeout_s=timeout_s, max_body=max_body)
         except Timeout as error:
             if not stall_fails:
                 raise

@@ -26,7 +26,7 @@ from ..errors import DeskboxError, InvalidRequest, NotFound, Timeout
 from ..sandbox_io import ExecCommand, ExecResult, FileDownload, FileTooLarge, check_sandbox_path
 from .exec_slots import ExecSlots
 
-__all__ = ["BACKGROUND_PROGRAM", "AgentDownload", "AgentSandboxIO", "sandbox_environment"]
+__all__ = ["DETACH", "AgentDownload", "AgentSandboxIO", "sandbox_environment"]
 
 _HIDDEN_ENV = "DESKBOX_"  # the launcher's own variables: not for commands
 _MAX_TIMEOUT_S = 86400.0  # the protocol's bounds (PROTOCOL.md, exec)
@@ -37,33 +37,10 @@ _START_TIMEOUT_S = 30.0
 _UPLOAD_TIMEOUT_S = 3600.0
 _BACKGROUND_STATUS = re.compile(r"^(PID|ERR) ([0-9]{1,9})\n$")
 _AGENT_ERROR = re.compile(r"^agent: ([a-z_]{1,32}): (.*)$", re.S)
-PYTHON = "/usr/bin/python3"  # the image's
 
-# Forks the command into a session of its own with /dev/null for stdio, reports its pid
-# (or why exec failed, through a close-on-exec pipe) and exits.
-BACKGROUND_PROGRAM = r"""
-import os, sys
-r, w = os.pipe2(os.O_CLOEXEC)
-pid = os.fork()
-if pid == 0:
-    os.close(r)
-    os.setsid()
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    try:
-        os.execvp(sys.argv[1], sys.argv[1:])
-    except OSError as e:
-        os.write(w, b"%d" % (e.errno or 1))
-    os._exit(127)
-os.close(w)
-error = os.read(r, 16)
-if error:
-    os.waitpid(pid, 0)
-    sys.stdout.write("ERR %d\n" % int(error))
-else:
-    sys.stdout.write("PID %d\n" % pid)
-"""
+# Forks the command into a session of its own and reports its pid: a program of the image
+# (desktop_image/rootfs/usr/local/bin/deskbox-detach).
+DETACH = "/usr/local/bin/deskbox-detach"
 
 
 def sandbox_environment(bundle: Path, display: str) -> tuple[dict[str, str], str]:
@@ -176,11 +153,11 @@ class AgentSandboxIO:
         raise AssertionError("the client's exec ends with a status")  # pragma: no cover
 
     async def _background(self, command: ExecCommand) -> ExecResult:
-        """Start the command through BACKGROUND_PROGRAM, which forks it into a session of
-        its own and exits: the command then belongs to the sandbox's init, not the agent."""
+        """Start the command through DETACH, which forks it into a session of its own and
+        exits: the command then belongs to the sandbox's init, not the agent."""
         started = time.monotonic()
         launcher = ExecCommand(
-            argv=(PYTHON, "-I", "-S", "-c", BACKGROUND_PROGRAM, *command.argv),
+            argv=(DETACH, *command.argv),
             env=command.env, timeout_s=_START_TIMEOUT_S, output_limit=64,
         )
         result = await self._run(launcher)

@@ -1,0 +1,228 @@
+"""An impostor agent, run INSIDE a sandbox by its own python3: ``impostor_agent.py MODE PROTOCOL``.
+
+It unlinks the agent's socket and listens at its path; after the session's next restore the
+host connects to it (tests/impostors.py). It answers the handshake (``hello`` of the
+protocol it is given) and ``info`` (a 64x48 screen) as an agent would, so the session
+resumes (modes ``mute`` and ``no_hello`` do not: they say nothing at all, or nothing to
+``hello``); then it misbehaves on the first ``act`` (or ``exec`` in the ``exec_flood`` mode)
+the host sends it. HTTP/2 through the image's own h2 (/usr/lib/deskbox-agent); what no h2
+would send is written as raw frames. Only the standard library and those wheels: this runs
+in the image's Python 3.11.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+sys.path.append("/usr/lib/deskbox-agent")
+
+from h2.config import H2Configuration  # noqa: E402
+from h2.connection import H2Connection  # noqa: E402
+from h2.events import DataReceived, RequestReceived, StreamEnded  # noqa: E402
+from hpack import Encoder  # noqa: E402
+from hyperframe.frame import ContinuationFrame, DataFrame, HeadersFrame  # noqa: E402
+
+PATH = "/tmp/.X11-unix/deskbox-agent"
+READY = "/tmp/impostor-ready"
+SCREEN = (64, 48)
+MIB = 1 << 20
+PARTS = "application/vnd.deskbox.parts"
+MEDIA = {"jpeg": "image/jpeg", "png": "image/png", "webp": "image/webp"}
+MAGIC = {"image/jpeg": b"\xff\xd8\xff", "image/png": b"\x89PNG\r\n\x1a\n",
+         "image/webp": b"RIFF\0\0\0\0WEBP"}
+IMAGE_LIMIT = SCREEN[0] * SCREEN[1] * 4 + 64 * 1024  # what the host accepts (desktop.py)
+
+
+def raw_headers(stream_id: int, fields: list[tuple[str, str]], flags: set[str]) -> bytes:
+    frame = HeadersFrame(stream_id)
+    frame.data = Encoder().encode(fields)
+    for flag in flags:
+        frame.flags.add(flag)
+    return bytes(frame.serialize())
+
+
+def raw_data(stream_id: int, payload: bytes) -> bytes:
+    frame = DataFrame(stream_id)
+    frame.data = payload
+    return bytes(frame.serialize())
+
+
+class Peer:
+    """The server side of one host connection."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.sock = conn
+        self.h2 = H2Connection(H2Configuration(client_side=False))
+        self.h2.initiate_connection()
+        self.flush()
+
+    def flush(self) -> None:
+        self.sock.sendall(self.h2.data_to_send())
+
+    def pump(self) -> list[object]:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise EOFError
+        events = self.h2.receive_data(chunk)
+        for event in events:
+            if isinstance(event, DataReceived):
+                self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        self.flush()
+        return list(events)
+
+    def requests(self) -> Iterator[tuple[int, str, bytes]]:
+        """(stream, path, body) of each whole request, in order."""
+        paths: dict[int, str] = {}
+        bodies: dict[int, bytearray] = {}
+        while True:
+            for event in self.pump():
+                if isinstance(event, RequestReceived):
+                    paths[event.stream_id] = dict(event.headers)[b":path"].decode()
+                    bodies[event.stream_id] = bytearray()
+                elif isinstance(event, DataReceived):
+                    bodies[event.stream_id] += event.data
+                elif isinstance(event, StreamEnded):
+                    yield event.stream_id, paths.pop(event.stream_id), bytes(
+                        bodies.pop(event.stream_id))
+
+    def send(self, stream_id: int, data: bytes, end: bool = False) -> None:
+        """Within the host's flow-control windows, as a well-behaved agent would."""
+        view = memoryview(data)
+        while view:
+            room = min(self.h2.local_flow_control_window(stream_id),
+                       self.h2.max_outbound_frame_size, len(view))
+            if room <= 0:
+                self.pump()
+                continue
+            self.h2.send_data(stream_id, bytes(view[:room]))
+            self.flush()
+            view = view[room:]
+        if end:
+            self.h2.end_stream(stream_id)
+            self.flush()
+
+    def answer(self, stream_id: int, content_type: str, body: bytes) -> None:
+        self.h2.send_headers(stream_id, [(":status", "200"), ("content-type", content_type)])
+        self.send(stream_id, body, end=True)
+
+    def drain(self) -> None:
+        """Reads (and so acks the host's pings) but answers nothing more."""
+        while True:
+            self.pump()
+
+
+def forever(peer: Peer, raw: bytes) -> None:
+    while True:
+        peer.sock.sendall(raw)
+
+
+def parts_reply(request: bytes, length: int, sent: int) -> bytes:
+    """An ``act`` answer: each screenshot of the request an image part claiming ``length``
+    bytes, with ``sent`` bytes of it in the body."""
+    results: list[object] = []
+    data = b""
+    for action in json.loads(request)["actions"]:
+        if action.get("type") != "screenshot":
+            results.append(None)
+            continue
+        media = MEDIA[action.get("format") or "jpeg"]
+        results.append({"type": "image", "media_type": media, "width": SCREEN[0],
+                        "height": SCREEN[1], "offset": 0, "length": length})
+        data = (MAGIC[media] + b"\0" * sent)[:sent]
+    header = json.dumps({"results": results, "settled": True, "screenshot": None}).encode()
+    return len(header).to_bytes(4, "big") + header + data
+
+
+def misbehave(mode: str, peer: Peer, stream_id: int, request: bytes) -> None:
+    ok_head = [(":status", "200"), ("content-type", PARTS)]
+    if mode == "garbage":
+        while True:  # random bytes where frames belong, the same every run
+            peer.sock.sendall(random.Random(14).randbytes(64 * 1024))
+            time.sleep(0.01)
+    elif mode == "huge_frame":
+        # A DATA frame announcing 16 MiB - 1, its payload trickling in.
+        peer.sock.sendall(b"\xff\xff\xff\x00\x00" + stream_id.to_bytes(4, "big"))
+        forever(peer, b"x" * 1024)
+    elif mode == "header_block":
+        # A header block that never ends: HEADERS without END_HEADERS, CONTINUATIONs after.
+        peer.sock.sendall(raw_headers(stream_id, ok_head, set()))
+        frame = ContinuationFrame(stream_id)
+        frame.data = b"\0" * 16384
+        forever(peer, bytes(frame.serialize()))
+    elif mode == "claims_300mib":
+        peer.answer(stream_id, PARTS, parts_reply(request, 300 * MIB, 1024))
+    elif mode == "image_too_big":
+        peer.answer(stream_id, PARTS, parts_reply(request, IMAGE_LIMIT + 1, IMAGE_LIMIT + 1))
+    elif mode == "silent":
+        pass
+    elif mode == "wrong_stream":
+        # The answer on a stream the host never opened; its own stream gets nothing.
+        peer.sock.sendall(raw_headers(stream_id + 100, ok_head, {"END_HEADERS"})
+                          + raw_data(stream_id + 100, b"hello"))
+    elif mode == "out_of_order":
+        peer.sock.sendall(raw_data(stream_id, b"data before its headers"))
+    elif mode == "act_flood":
+        # Headers, then DATA without end, past every window the host gave.
+        peer.h2.send_headers(stream_id, ok_head)
+        peer.flush()
+        forever(peer, raw_data(stream_id, b"z" * 16384))
+    elif mode == "exec_flood":
+        # Well-formed stdout records within the windows, endlessly: only the output cap
+        # the host asked for stops it.
+        peer.h2.send_headers(stream_id, [(":status", "200")])
+        peer.flush()
+        record = b"o" + (65536).to_bytes(4, "big") + b"o" * 65536
+        while True:
+            peer.send(stream_id, record)
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+    peer.drain()
+
+
+def serve(mode: str, protocol: int, conn: socket.socket) -> None:
+    target = "/v1/exec" if mode == "exec_flood" else "/v1/call/act"
+    try:
+        if mode == "mute":  # reads all, says nothing, not even its SETTINGS
+            while conn.recv(65536):
+                pass
+            return
+        peer = Peer(conn)
+        for stream_id, path, body in peer.requests():
+            if path == "/v1/hello" and mode == "no_hello":
+                peer.drain()
+            elif path == "/v1/hello":
+                peer.answer(stream_id, "application/json", json.dumps(
+                    {"protocol": protocol, "agent": "impostor", "calls": []}).encode())
+            elif path == "/v1/call/info":
+                peer.answer(stream_id, "application/json", json.dumps(
+                    {"display": ":1", "width": SCREEN[0], "height": SCREEN[1],
+                     "capture": "impostor"}).encode())
+            elif path == target:
+                misbehave(mode, peer, stream_id, body)
+    except (OSError, EOFError):
+        pass  # the host hung up: what it should do
+    finally:
+        conn.close()
+
+
+def main() -> None:
+    mode, protocol = sys.argv[1], int(sys.argv[2])
+    os.unlink(PATH)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(PATH)
+    listener.listen(16)
+    open(READY, "w").close()
+    while True:
+        conn, _ = listener.accept()
+        threading.Thread(target=serve, args=(mode, protocol, conn), daemon=True).start()
+
+
+if __name__ == "__main__":
+    main()
