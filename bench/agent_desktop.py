@@ -32,13 +32,15 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
-from deskbox_server.agent import AgentClient
-from deskbox_server.agent.desktop import AgentDesktop
-from deskbox_server.driver.browser import CdpPage
-from deskbox_server.driver.local import LocalDesktop
-from deskbox_server.schemas import actions as a
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT)]  # tests/ (its CdpPage and host desktop)
+
+from deskbox_server.agent import AgentClient  # noqa: E402
+from deskbox_server.agent.desktop import AgentDesktop  # noqa: E402
+from deskbox_server.schemas import actions as a  # noqa: E402
+from tests.cdp_page import CdpPage  # noqa: E402
+from tests.local_desktop import HostDesktop as LocalDesktop  # noqa: E402
+
 AGENT_DIR = ROOT / "desktop_image" / "agent"
 # Where the image build keeps the agent's wheels (its state directory's wheels/).
 WHEEL_CACHE = Path(os.environ.get("DESKBOX_IMAGE_STATE_DIR", "/var/cache/deskbox")) / "wheels"
@@ -231,7 +233,7 @@ run("JPEG q75 (simplejpeg)", lambda: encode(frame, "jpeg", 75).data)
 run("PNG (ISA-L level 1, unfiltered)", lambda: encode(frame, "png", 75).data)
 def pil_png():
     b = io.BytesIO(); frame.to_pil().save(b, format="PNG", compress_level=1); return b.getvalue()
-run("PNG (Pillow, zlib level 1: the host driver today)", pil_png)
+run("PNG (Pillow, zlib level 1: the former host driver)", pil_png)
 print(json.dumps(out))
 """
 

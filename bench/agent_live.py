@@ -4,12 +4,12 @@ Run from the repository root::
 
     .venv/bin/python bench/agent_live.py [--runs 10] [--frames 20] [--evals 200]
 
-One desktop on the host (Xvfb 1280x800 + openbox + Chromium, driver/local.py) and the
+One desktop on the host (Xvfb 1280x800 + openbox + Chromium, tests/local_desktop.py) and the
 real ``deskbox-agent`` as a subprocess on a unix socket; no sandbox, so both columns miss
 runc's own costs (``runc exec`` for x11vnc today, nothing for the agent). Side by side:
 
 - VNC, through the one interface the hub uses (``VncServer.start``/``connect``): today's
-  ``LocalVnc`` (x11vnc on a host unix socket, connected directly) and ``AgentVnc`` (x11vnc
+  ``HostVnc`` (x11vnc on a host unix socket, connected directly) and ``AgentVnc`` (x11vnc
   as an agent exec, each connection an agent channel bridged to a socket pair). Server
   start + connect → first full frame, and full-frame updates, raw 32-bit, read by the same
   asyncio RFB client; the host process's CPU per full frame;
@@ -49,10 +49,10 @@ from deskbox_server.backends.devtools import (  # noqa: E402
     get_json,
     open_websocket,
 )
-from deskbox_server.backends.vnc_server import LocalVnc, VncServer  # noqa: E402
-from deskbox_server.driver.browser import CdpPage  # noqa: E402
-from deskbox_server.driver.local import LocalDesktop  # noqa: E402
+from deskbox_server.backends.vnc_server import VncServer, x11vnc_argv  # noqa: E402
 from deskbox_server.vnc.proxy import handshake_server  # noqa: E402
+from tests.cdp_page import CdpPage  # noqa: E402
+from tests.local_desktop import HostDesktop as LocalDesktop  # noqa: E402
 
 RAW_32BIT = struct.pack(">BBBBHHHBBB3x", 32, 24, 0, 1, 255, 255, 255, 16, 8, 0)
 PAGE = (ROOT / "tests" / "pages" / "events.html").as_uri()
@@ -198,6 +198,52 @@ async def evaluations(open_devtools: Callable[[], Awaitable[DevtoolsSocket]], ta
     return times
 
 
+class HostVnc(VncServer):
+    """x11vnc as a host process, connected directly: the baseline for AgentVnc."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, path: Path) -> None:
+        self._proc, self.path = proc, path
+
+    @classmethod
+    async def start(cls, display: str, directory: Path) -> HostVnc:
+        path = directory / f"vnc-{time.monotonic_ns()}"
+        proc = await asyncio.create_subprocess_exec(
+            *x11vnc_argv(display, str(path)), stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = cls(proc, path)
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                _, writer = await asyncio.open_unix_connection(str(path))
+            except OSError:
+                if proc.returncode is not None or time.monotonic() > deadline:
+                    await server.stop()
+                    raise RuntimeError("x11vnc did not start") from None
+                await asyncio.sleep(0.01)
+                continue
+            writer.close()
+            await writer.wait_closed()
+            return server
+
+    async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_unix_connection(str(self.path), limit=1 << 20)
+
+    def failure(self) -> str | None:
+        code = self._proc.returncode
+        return None if code is None else f"x11vnc exited ({code})"
+
+    async def stop(self) -> None:
+        if self._proc.returncode is None:
+            self._proc.terminate()  # x11vnc frees its shared memory only on a signal it handles
+            try:
+                await asyncio.wait_for(self._proc.wait(), 2.0)
+            except TimeoutError:
+                self._proc.kill()
+                await self._proc.wait()
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+
+
 async def measure(args: argparse.Namespace, agent_socket: Path, desktop: LocalDesktop,
                   directory: Path) -> list[tuple[str, str, str]]:
     agent = await AgentClient.connect_unix(str(agent_socket))
@@ -208,7 +254,7 @@ async def measure(args: argparse.Namespace, agent_socket: Path, desktop: LocalDe
 
         note("VNC, host direct")
         host_first, host_frames, host_cpu = await vnc_figures(
-            lambda: LocalVnc.start(desktop.display_name), args.runs, args.frames)
+            lambda: HostVnc.start(desktop.display_name, directory), args.runs, args.frames)
         note("VNC, through the agent")
         agent_first, agent_frames, agent_cpu = await vnc_figures(
             lambda: AgentVnc.start(agent, desktop.display_name, str(directory)),

@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO))
 from deskbox_server.backends.container import ContainerOptions, ContainerSandbox  # noqa: E402
 from deskbox_server.backends.image import build_image  # noqa: E402
 from deskbox_server.backends.oci import Limits  # noqa: E402
-from deskbox_server.driver.processes import become_subreaper  # noqa: E402
+from deskbox_server.backends.processes import become_subreaper  # noqa: E402
 from deskbox_server.settings import default_recipe_dir  # noqa: E402
 
 

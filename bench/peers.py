@@ -39,12 +39,14 @@ from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import api as bench_api  # bench/api.py (this script's directory): the server helper
-import cua_peer  # bench/cua_peer.py: the peer's venv and server
-import httpx
-from websockets.sync.client import ClientConnection, connect
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # tests/ (its CdpPage)
 
-from deskbox_server.driver.browser import CdpPage
+import api as bench_api  # noqa: E402 (bench/api.py, this script's directory: the server helper)
+import cua_peer  # noqa: E402 (bench/cua_peer.py: the peer's venv and server)
+import httpx  # noqa: E402
+from websockets.sync.client import ClientConnection, connect  # noqa: E402
+
+from tests.cdp_page import CdpPage  # noqa: E402
 
 WIDTH, HEIGHT = 1280, 800
 # Inside the page, below Chromium's toolbar.

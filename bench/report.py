@@ -1,6 +1,6 @@
 """Run benchmark scripts one after another and collect their tables in a dated markdown file.
 
-    .venv/bin/python bench/report.py [--out FILE] [--quick] driver.py api.py ...
+    .venv/bin/python bench/report.py [--out FILE] [--quick] agent_desktop.py api.py ...
 
 Each script (a file in bench/, run from the repository root with this Python) prints its
 tables in markdown on stdout, which is captured; its progress on stderr goes straight to the
@@ -30,7 +30,6 @@ BENCH = REPO / "bench"
 RESULTS = BENCH / "results"
 # Small sizes per script for --quick (checks that everything runs; the figures mean little).
 QUICK: dict[str, list[str]] = {
-    "driver.py": ["--iterations", "5", "--type-iterations", "2"],
     "api.py": ["--creates", "1", "--iterations", "10", "--idle-s", "1"],
     "vnc.py": ["--runs", "1", "--frames", "3", "--seconds", "1"],
     "state.py": ["--cycles", "3", "--hibernations", "1"],
@@ -136,7 +135,7 @@ def render(now: dt.datetime, outcomes: Sequence[Outcome], pending: Sequence[str]
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("scripts", nargs="+", help="file names in bench/, e.g. driver.py")
+    parser.add_argument("scripts", nargs="+", help="file names in bench/, e.g. api.py")
     parser.add_argument("--out", type=Path, help="default bench/results/YYYY-MM-DD.md")
     parser.add_argument("--quick", action="store_true", help="small sizes (a pipeline check)")
     args = parser.parse_args(argv)

@@ -57,7 +57,7 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]
 import api as bench_api  # noqa: E402  (bench/api.py: the server helper)
 
 from deskbox_server.backends.vnc_server import x11vnc_argv  # noqa: E402
-from deskbox_server.driver.browser import CdpPage  # noqa: E402
+from tests.cdp_page import CdpPage  # noqa: E402
 from tests.headless import CHROMIUM, headless_chromium  # noqa: E402
 from tests.rfb_client import RfbViewer  # noqa: E402
 

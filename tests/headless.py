@@ -20,7 +20,7 @@ from typing import Any
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from deskbox_server.driver.browser import CdpPage
+from .cdp_page import CdpPage
 
 __all__ = ["canvas_pixel", "headless_chromium", "websocket_bridge"]
 

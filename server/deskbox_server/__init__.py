@@ -1,3 +1,3 @@
-"""Deskbox control plane and desktop driver."""
+"""Deskbox control plane."""
 
 __version__ = "0.1.0"

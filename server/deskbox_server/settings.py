@@ -21,7 +21,7 @@ def default_recipe_dir() -> Path:
     """The repository's ``desktop_image/``, found from this package's place in the source tree.
 
     The recipe is not in the deskbox-server wheel: it reads files across the tree (the
-    server's ``driver/data``, ``desktop_image/agent``), so the server runs from a checkout
+    server's ``backends/data``, ``desktop_image/agent``), so the server runs from a checkout
     (``make setup`` installs it editable). A wheel install sets ``DESKBOX_RECIPE_DIR`` to a
     checkout's ``desktop_image/``; without one, the image build says so (backends/image.py).
     """
@@ -56,7 +56,7 @@ class Settings(BaseSettings):
     reaper_interval_s: Annotated[float, Field(gt=0)] = 5.0
     start_timeout_s: Annotated[float, Field(gt=0)] = 30.0
     # A call into a desktop (an action batch, a screenshot) that has not returned after this
-    # long, plus what the batch itself may take (its waits, holds, typing: driver/budget.py),
+    # long, plus what the batch itself may take (its waits, holds, typing: settle.py),
     # means its X server does not answer (stopped, or held by a grab): the session fails.
     desktop_call_timeout_s: Annotated[float, Field(gt=0)] = 30.0
     # How long stopping a session may take (DELETE, expiry, shutdown) before it is given up

@@ -34,8 +34,8 @@ class SettleOptions:
     # period (100 ms): a CPU-capped browser stalls that long while keys are still queued.
     typing_quiet_s: float = 0.2
 
-# The driver's own bounded waits around a key action (desktop.py): buttons landing (0.5 s),
-# the typed keys shown (1 s), the clients re-reading a borrowed key mapping (1 s).
+# The agent's own bounded waits around a key action (desktop/actions.py): buttons landing
+# (0.5 s), the typed keys shown (1 s), the clients re-reading a borrowed key mapping (1 s).
 _KEY_WAITS_S = 2.5
 _PER_ACTION_S = 0.1  # X round trips of one pointer action, with room to spare
 _PER_CHAR_S = 0.02  # ≈ 0.7 ms a character measured; a CPU-capped browser is slower

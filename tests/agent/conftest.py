@@ -15,8 +15,12 @@ import pytest
 import pytest_asyncio
 
 from deskbox_server.agent import AgentClient, AgentLimits
+from deskbox_server.agent.desktop import AgentDesktop
 
+from ..cdp_page import CdpPage
 from ..images import IMAGE_STATE_DIR
+from ..local_desktop import HostDesktop
+from .desk_page import Page
 
 AGENT_DIR = Path(__file__).resolve().parents[2] / "desktop_image" / "agent"
 
@@ -158,3 +162,43 @@ def stop_agent(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
     if proc.stderr is not None:
         proc.stderr.close()
+
+
+# -- the event page on a desktop of host processes, driven by the real agent (desk_page.py)
+
+
+@pytest.fixture(scope="module")
+def host_desktop() -> Iterator[HostDesktop]:
+    with HostDesktop() as desktop:
+        yield desktop
+
+
+@pytest.fixture(scope="module")
+def desk_socket(host_desktop: HostDesktop, agent_site: Path,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("desk") / "agent.sock"
+    proc = start_desktop_agent(path, host_desktop.display_name, agent_site)
+    yield path
+    stop_agent(proc)
+
+
+@pytest.fixture(scope="module")
+def cdp(host_desktop: HostDesktop) -> Iterator[CdpPage]:
+    with CdpPage.first(host_desktop.devtools_url) as page:
+        yield page
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def desk(desk_socket: Path) -> AsyncIterator[AgentDesktop]:
+    client = await AgentClient.connect_unix(str(desk_socket))
+    try:
+        yield AgentDesktop(client)
+    finally:
+        await client.close()
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def page(desk: AgentDesktop, cdp: CdpPage) -> Page:
+    p = Page(desk, cdp)
+    await p.load()
+    return p

@@ -6,144 +6,26 @@ DevTools, so every test checks what the page received, not what we sent."""
 from __future__ import annotations
 
 import asyncio
-import io
 import os
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
-from PIL import Image
 
 from deskbox_server.agent import AgentClient
 from deskbox_server.agent.desktop import AgentDesktop
-from deskbox_server.driver.browser import CdpPage
-from deskbox_server.driver.commands import DesktopSpec, xserver_argv
-from deskbox_server.driver.local import LocalDesktop
+from deskbox_server.backends.desktop_commands import DesktopSpec, xserver_argv
 from deskbox_server.errors import DesktopFailed, InvalidAction, Timeout
 from deskbox_server.media import EncodedImage, encode
 from deskbox_server.schemas import actions as a
 from deskbox_server.schemas.results import ClipboardText, Point, Size
 
+from ..local_desktop import HostDesktop
 from .conftest import start_desktop_agent, stop_agent
-
-EVENTS_PAGE = (Path(__file__).parent.parent / "pages" / "events.html").as_uri()
-
-
-@pytest.fixture(scope="module")
-def local() -> Iterator[LocalDesktop]:
-    with LocalDesktop() as desktop:
-        yield desktop
-
-
-@pytest.fixture(scope="module")
-def agent_socket(local: LocalDesktop, agent_site: Path,
-                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    path = tmp_path_factory.mktemp("desk") / "agent.sock"
-    proc = start_desktop_agent(path, local.display_name, agent_site)
-    yield path
-    stop_agent(proc)
-
-
-@pytest.fixture(scope="module")
-def cdp(local: LocalDesktop) -> Iterator[CdpPage]:
-    with CdpPage.first(local.devtools_url) as page:
-        yield page
-
-
-@pytest_asyncio.fixture(loop_scope="function")
-async def desk(agent_socket: Path) -> AsyncIterator[AgentDesktop]:
-    client = await AgentClient.connect_unix(str(agent_socket))
-    try:
-        yield AgentDesktop(client)
-    finally:
-        await client.close()
-
-
-class Page:
-    """The event page in the desktop's browser: loaded, and its origin measured by a click."""
-
-    def __init__(self, desk: AgentDesktop, cdp: CdpPage) -> None:
-        self.desk, self.cdp = desk, cdp
-        self.origin = (0, 0)
-
-    async def load(self) -> None:
-        url = f"{EVENTS_PAGE}?load={time.monotonic_ns()}"
-        self.cdp.navigate(url)
-        await self.until(f"location.href === {url!r} && document.readyState === 'complete'")
-        self.cdp.wait_painted()
-        for _ in range(3):  # paint holding may swallow the first click of a new document
-            await self.desk.perform(a.Click(x=640, y=700))
-            clicks = await self.wait_for("click", 1, timeout_s=1.0)
-            if clicks:
-                self.origin = (clicks[0]["screenX"] - clicks[0]["clientX"],
-                               clicks[0]["screenY"] - clicks[0]["clientY"])
-                self.clear()
-                return
-        raise AssertionError("the page never received a click")
-
-    def at(self, x: int, y: int) -> tuple[int, int]:
-        return self.origin[0] + x, self.origin[1] + y
-
-    def events(self, *types: str) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = self.cdp.evaluate("window.__events")
-        return [e for e in events if not types or e["type"] in types]
-
-    def clear(self) -> None:
-        self.cdp.evaluate("window.__events.length = 0")
-
-    def value(self) -> str:
-        return str(self.cdp.evaluate("document.getElementById('field').value"))
-
-    async def until(self, expression: str, timeout_s: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                if self.cdp.evaluate(expression):
-                    return
-            except DesktopFailed:
-                pass  # the context was torn down mid-navigation
-            assert time.monotonic() < deadline, f"the page never satisfied {expression}"
-            await asyncio.sleep(0.01)
-
-    async def wait_for(self, kind: str, count: int, timeout_s: float = 5.0,
-                       ) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout_s
-        while True:  # the page is polled through DevTools: no event to wait on here
-            found = self.events(kind)
-            if len(found) >= count or time.monotonic() >= deadline:
-                return found
-            await asyncio.sleep(0.01)
-
-    async def focus_field(self) -> None:
-        x, y = self.at(900, 175)
-        await self.desk.perform(a.Click(x=x, y=y))
-        await self.wait_for("click", 1)
-        self.cdp.evaluate("document.getElementById('field').value = ''")
-        self.clear()
-
-
-@pytest_asyncio.fixture(loop_scope="function")
-async def page(desk: AgentDesktop, cdp: CdpPage) -> Page:
-    p = Page(desk, cdp)
-    await p.load()
-    return p
-
-
-def decode(image: EncodedImage) -> Image.Image:
-    decoded = Image.open(io.BytesIO(image.data))
-    decoded.load()
-    assert (decoded.width, decoded.height) == (image.width, image.height)
-    return decoded.convert("RGB")
-
-
-def colours(image: Image.Image) -> set[Any]:
-    return {colour for _, colour in image.getcolors(1 << 24) or []}
-
+from .desk_page import Page, colours, decode
 
 # -- input ---------------------------------------------------------------------------------
 
@@ -354,7 +236,7 @@ async def test_the_agent_refuses_a_malformed_act_by_field(
 async def test_a_killed_x_server_is_desktop_failed_and_a_new_one_is_used(
     agent_site: Path, tmp_path: Path
 ) -> None:
-    with LocalDesktop(browser=False) as local:
+    with HostDesktop(browser=False) as local:
         proc = start_desktop_agent(tmp_path / "a.sock", local.display_name, agent_site)
         client = await AgentClient.connect_unix(str(tmp_path / "a.sock"))
         again: subprocess.Popen[bytes] | None = None

@@ -1,6 +1,6 @@
 """The live view (x11vnc) and DevTools through the real agent's channels, on a real desktop.
 
-Xvfb + openbox + Chromium run on the host (driver/local.py), the agent is a subprocess on
+Xvfb + openbox + Chromium run on the host (backends/local_desktop.py), the agent is a subprocess on
 a unix socket (conftest.py); no sandbox. The VNC server is backends/agent_vnc.py, the
 DevTools connections backends/agent_devtools.py, both given only an ``AgentClient``.
 """
@@ -31,6 +31,7 @@ from deskbox_server.agent import AgentClient, AgentLimits
 from deskbox_server.api.cdp_relay import RelayLimits, SessionBuffers, relay
 from deskbox_server.backends.agent_devtools import AgentDevtools
 from deskbox_server.backends.agent_vnc import AgentVnc
+from deskbox_server.backends.desktop_commands import DesktopSpec
 from deskbox_server.backends.devtools import (
     MAX_LISTING,
     browser_path,
@@ -38,14 +39,13 @@ from deskbox_server.backends.devtools import (
     open_websocket,
 )
 from deskbox_server.backends.vnc_server import VncServer
-from deskbox_server.driver.browser import CdpPage
-from deskbox_server.driver.commands import DesktopSpec
-from deskbox_server.driver.local import LocalDesktop
 from deskbox_server.errors import AgentFailed, BrowserUnavailable, SessionFailed, Timeout
 from deskbox_server.vnc.hub import VncHub
 from deskbox_server.vnc.proxy import handshake_server, run_proxy
 from tests.rfb_client import RfbViewer
 
+from ..cdp_page import CdpPage
+from ..local_desktop import HostDesktop as LocalDesktop
 from .conftest import start_agent, wait_for
 
 RAW_32BIT = struct.pack(">BBBBHHHBBB3x", 32, 24, 0, 1, 255, 255, 255, 16, 8, 0)

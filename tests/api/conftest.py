@@ -24,10 +24,10 @@ from deskbox_server.api.auth import key_id
 from deskbox_server.api.deps import Services
 from deskbox_server.app import create_app
 from deskbox_server.backends.local import LocalHandle
-from deskbox_server.driver.browser import CdpPage
 from deskbox_server.errors import DesktopFailed
 from deskbox_server.settings import Settings
 
+from ..cdp_page import CdpPage
 from ..images import session_image
 
 KEY_A = "test-key-a-0123456789"

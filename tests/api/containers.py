@@ -59,9 +59,9 @@ def sandbox_handle(server: Server, session: dict[str, Any]) -> ContainerHandle:
 
 
 @contextmanager
-def sandbox_page(handle: ContainerHandle) -> Iterator[SandboxPage]:
-    """The event page, read over its own X connection once it has loaded."""
-    with SandboxPage(handle.sandbox.display_name) as page:
+def sandbox_page(client: httpx.Client, session: dict[str, Any]) -> Iterator[SandboxPage]:
+    """The event page, read inside the sandbox (its exec API) once it has loaded."""
+    with SandboxPage(client, session["id"]) as page:
         page.wait(lambda state: state["clicks"] == 0)
         yield page
 

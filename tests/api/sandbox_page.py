@@ -1,9 +1,10 @@
 """The event page for sandboxed sessions, and how a test reads what it received.
 
-A sandbox sees no host path and has no network, so the page goes in as a ``data:`` URL,
-and its browser's DevTools are out of reach. The page therefore mirrors what a test needs
-(clicks, the text field's value) into ``document.title``; Chromium puts the title into its
-window's ``_NET_WM_NAME``, which the test reads over X from the host.
+A sandbox sees no host path and has no network, so the page goes in as a ``data:`` URL.
+The page mirrors what a test needs (clicks, the text field's value) into
+``document.title``; Chromium puts the title into its window's ``_NET_WM_NAME``, which a
+small python-xlib script reads inside the sandbox, run by the session's exec API (through
+its agent): the test process itself speaks no X11 to a sandbox.
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from Xlib import display as xdisplay
+import httpx
 
 from deskbox_server.backends.container import ContainerOptions
-from deskbox_server.driver.xwait import top_level_clients
 
 __all__ = ["SandboxPage", "events_data_url", "read_display_number"]
 
@@ -52,19 +52,32 @@ def read_display_number(session_dir: Path) -> int:
     return int(found[0].read_text())
 
 
-class SandboxPage:
-    """Reads the mirrored page state from the browser window's title, over X."""
+# Inside the sandbox: the agent's own wheels (python-xlib) are in /usr/lib/deskbox-agent.
+_READ_TITLE = """
+import sys
+from Xlib import Xatom, display
+x = display.Display()
+root = x.screen().root
+listed = root.get_full_property(x.intern_atom("_NET_CLIENT_LIST"), Xatom.WINDOW)
+for wid in listed.value if listed is not None else []:
+    window = x.create_resource_object("window", wid)
+    if not (window.get_wm_class() or ("", ""))[1].lower().startswith("chromium"):
+        continue
+    name = window.get_full_property(x.intern_atom("_NET_WM_NAME"), x.intern_atom("UTF8_STRING"))
+    if name is not None:
+        sys.stdout.write(bytes(name.value).decode(errors="replace") + "\\n")
+"""
 
-    def __init__(self, display_name: str) -> None:
-        self._x = xdisplay.Display(display_name)
-        self._name = self._x.intern_atom("_NET_WM_NAME")
-        self._utf8 = self._x.intern_atom("UTF8_STRING")
-        self._closed = False
+
+class SandboxPage:
+    """Reads the mirrored page state from the browser window's title, inside the sandbox."""
+
+    def __init__(self, client: httpx.Client, session_id: str) -> None:
+        self._client = client
+        self._session_id = session_id
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._x.close()
+        return None  # nothing held between reads: a checkpoint may come at any time
 
     def __enter__(self) -> SandboxPage:
         return self
@@ -73,14 +86,14 @@ class SandboxPage:
         self.close()
 
     def state(self) -> dict[str, Any] | None:
-        for window in top_level_clients(self._x):
-            wm_class = window.get_wm_class() or ("", "")
-            if not wm_class[1].lower().startswith("chromium"):
-                continue
-            prop = window.get_full_property(self._name, self._utf8)
-            if prop is None:
-                continue
-            title = bytes(prop.value).decode(errors="replace")
+        response = self._client.post(f"/v1/sessions/{self._session_id}/exec", json={
+            "cmd": ["python3", "-c", _READ_TITLE],
+            "env": {"PYTHONPATH": "/usr/lib/deskbox-agent"},
+        })
+        assert response.status_code == 200, response.text
+        result = response.json()
+        assert result["exit_code"] == 0, result
+        for title in str(result["stdout"]).splitlines():
             start, end = title.find("{"), title.rfind("}")
             if start < 0 or end < start:
                 continue

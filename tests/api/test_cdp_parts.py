@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 import pytest
 
 from deskbox_server.api.cdp import rewrite_targets, rewrite_version
-from deskbox_server.backends.devtools import connect_tcp, get_json, socket_in_netns
+from deskbox_server.backends.devtools import connect_tcp, get_json
 from deskbox_server.errors import BrowserUnavailable
 from deskbox_server.schemas.sessions import SessionState
 from deskbox_server.sessions.events import EventLog
@@ -74,15 +74,6 @@ async def test_nothing_listening_is_browser_unavailable() -> None:
     with pytest.raises(BrowserUnavailable) as refused:
         await connect_tcp(port)
     assert refused.value.status == 409
-
-
-def test_sockets_are_made_in_the_namespace_asked_for() -> None:
-    sock = socket_in_netns("/proc/self/ns/net")  # our own: entering it changes nothing
-    sock.close()
-    with pytest.raises(BrowserUnavailable):
-        socket_in_netns("/proc/self/ns/net", alive=lambda: False)
-    with pytest.raises(BrowserUnavailable):
-        socket_in_netns("/nonexistent/ns/net")
 
 
 def test_urls_are_rewritten_to_the_control_plane() -> None:

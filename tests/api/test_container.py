@@ -91,8 +91,8 @@ def handle(server: Server, session: dict[str, Any]) -> ContainerHandle:
 
 
 @pytest.fixture(scope="module")
-def page(handle: ContainerHandle) -> Iterator[SandboxPage]:
-    with sandbox_page(handle) as page:
+def page(client: httpx.Client, session: dict[str, Any]) -> Iterator[SandboxPage]:
+    with sandbox_page(client, session) as page:
         yield page
 
 

@@ -76,9 +76,8 @@ def handle(server: Server, session: dict[str, Any]) -> ContainerHandle:
 
 
 @pytest.fixture(scope="module")
-def page(handle: ContainerHandle) -> Iterator[SandboxPage]:
-    # Reads over its own X connection: used only while the sandbox runs.
-    with sandbox_page(handle) as page:
+def page(client: httpx.Client, session: dict[str, Any]) -> Iterator[SandboxPage]:
+    with sandbox_page(client, session) as page:
         yield page
 
 
@@ -224,8 +223,8 @@ def test_hibernate_frees_the_sandbox_and_resume_restores_it(
         found = server.services.manager.handle(key_id(KEY_A), sid)
         assert isinstance(found, ContainerHandle)
         sandbox = found.sandbox
-        container_id, display = sandbox.container_id, sandbox.display_name
-        with SandboxPage(display) as page:
+        container_id = sandbox.container_id
+        with SandboxPage(client, sid) as page:
             page.wait(lambda state: state["clicks"] == 0)
             act(client, {"id": sid}, {"type": "click", "x": 640, "y": 700})
             click = page.wait(lambda state: state["clicks"] >= 1)["click"]
@@ -261,7 +260,7 @@ def test_hibernate_frees_the_sandbox_and_resume_restores_it(
         assert "x-deskbox-frozen" not in after.headers
         # The same screen, but for the text caret, which blinks on.
         assert changed_pixels(decode(before.content), decode(after.content)) <= 40
-        with SandboxPage(display) as page:
+        with SandboxPage(client, sid) as page:
             state = page.wait(lambda state: True)
             assert state["value"] == TEXT
             act(client, {"id": sid}, click)

@@ -192,7 +192,7 @@ def test_restart_readopts_running_sessions(tmp_path: Path) -> None:
                               starting.json()["id"]: "failed"}
 
             # The re-adopted session still works: input lands, screenshots show the page.
-            with SandboxPage(f":{number}") as page:
+            with SandboxPage(http, kept["id"]) as page:
                 page.wait(lambda state: state["clicks"] == 0)
                 response = http.post(f"/v1/sessions/{kept['id']}/actions",
                                      json={"type": "click", "x": 640, "y": 700})

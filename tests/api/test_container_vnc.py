@@ -18,8 +18,8 @@ import pytest
 
 from deskbox_server.backends.agent_vnc import AgentVnc
 from deskbox_server.backends.container_backend import ContainerHandle
-from deskbox_server.driver.browser import CdpPage
 
+from ..cdp_page import CdpPage
 from ..headless import canvas_pixel, headless_chromium, websocket_bridge
 from ..rfb_client import RfbViewer
 from .conftest import Server
@@ -61,8 +61,8 @@ def handle(server: Server, session: dict[str, Any]) -> ContainerHandle:
 
 
 @pytest.fixture(scope="module")
-def page(handle: ContainerHandle) -> Iterator[SandboxPage]:
-    with sandbox_page(handle) as page:
+def page(client: httpx.Client, session: dict[str, Any]) -> Iterator[SandboxPage]:
+    with sandbox_page(client, session) as page:
         yield page
 
 

@@ -19,9 +19,9 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from deskbox_server.driver.browser import CdpPage
 from deskbox_server.logs import RedactTokens
 
+from ..cdp_page import CdpPage
 from ..headless import canvas_pixel, headless_chromium
 from ..rfb_client import RfbViewer
 from .conftest import KEY_A, KEY_B, EventPage, Server

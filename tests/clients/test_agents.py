@@ -34,10 +34,10 @@ from deskbox import (
 from deskbox.agents import RunResult, fit_display
 from deskbox.agents import anthropic as claude
 from deskbox.agents import openai as cua
-from deskbox_server.driver.browser import CdpPage
 from deskbox_server.errors import DesktopFailed
 
 from ..api.helpers import near
+from ..cdp_page import CdpPage
 from .conftest import KEY_A, Server
 
 HERE = Path(__file__).parent

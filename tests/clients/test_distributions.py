@@ -109,7 +109,12 @@ def client_venv(wheels: Wheels, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 def test_each_wheel_holds_its_own_package(wheels: Wheels) -> None:
     assert _packages(wheels.client) == {"deskbox"}
-    assert _packages(wheels.server) == {"deskbox_server"}
+    # The server ships the desktop's agent too: the local backend runs it on the host.
+    assert _packages(wheels.server) == {"deskbox_server", "deskbox_agent"}
+    with zipfile.ZipFile(wheels.server) as archive:
+        names = archive.namelist()
+    assert "deskbox_agent/__main__.py" in names
+    assert "deskbox_server/backends/data/openbox-rc.xml" in names
     for wheel in (wheels.client, wheels.server):  # the licence travels with each
         with zipfile.ZipFile(wheel) as archive:
             assert any(name.endswith(".dist-info/licenses/LICENSE")

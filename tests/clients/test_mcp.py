@@ -26,10 +26,10 @@ from PIL import Image
 
 from deskbox import AsyncDeskbox
 from deskbox.mcp_server import TOOL_NAMES
-from deskbox_server.driver.browser import CdpPage
 from deskbox_server.errors import DesktopFailed
 
 from ..api.helpers import near
+from ..cdp_page import CdpPage
 from .conftest import KEY_A, Server
 
 DESKBOX = str(Path(sys.executable).parent / "deskbox")

@@ -1,7 +1,7 @@
 """A stalled X server (issue 13, section 3): a program inside the session stops its Xvfb
 (``kill -STOP``) or holds an X server grab, then the agent acts on it.
 
-Each call into the desktop has a deadline (driver/worker.py, settle.py): past it the
+Each call into the desktop has a deadline (agent/desktop.py, settle.py): past it the
 call fails and the session is ``failed`` with the reason. DELETE and server shutdown kill
 the sandbox first, so they never wait on the stuck call. A neighbour session keeps
 answering throughout.

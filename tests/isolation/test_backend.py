@@ -7,7 +7,7 @@ import os
 from deskbox_server.backends.base import SessionSpec
 from deskbox_server.backends.container import ContainerOptions
 from deskbox_server.backends.container_backend import ContainerBackend, ContainerHandle
-from deskbox_server.driver.commands import DesktopSpec
+from deskbox_server.backends.desktop_commands import DesktopSpec
 from deskbox_server.media import EncodedImage
 from deskbox_server.schemas.actions import Screenshot
 

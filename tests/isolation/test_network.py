@@ -29,6 +29,7 @@ from deskbox_server.backends.container import (
     remove_orphans,
 )
 from deskbox_server.backends.container_backend import ContainerBackend, ContainerHandle
+from deskbox_server.backends.desktop_commands import DesktopSpec
 from deskbox_server.backends.network import (
     NETNS_DIR,
     TABLE,
@@ -37,7 +38,6 @@ from deskbox_server.backends.network import (
     namespaces,
     resolve_egress,
 )
-from deskbox_server.driver.commands import DesktopSpec
 from deskbox_server.errors import SessionFailed
 from deskbox_server.schemas.sessions import Network
 

@@ -4,12 +4,13 @@ A desktop with a browser cannot be dumped on this host (Linux ≥ 6.16 with CRIU
 checkpoint.py; tests/api/test_container_pause.py checks the error names that cause), so the
 machinery is checked on a sandbox without one: Xvfb and openbox are checkpointed (their
 processes and cgroups gone, the images compressed, mode 0600), restored, and the X server
-is the same one (a property set before is still there, the screen is pixel-identical),
-reachable again through the republished socket.
+is the same one (the clipboard text its agent owned before is still there, the screen is
+pixel-identical), read through the sandbox's agent, reachable again after the restore.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 import subprocess
@@ -17,8 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from Xlib import X, Xatom
-from Xlib import display as xdisplay
 
 from deskbox_server.backends.checkpoint import (
     Criu,
@@ -29,9 +28,12 @@ from deskbox_server.backends.checkpoint import (
 from deskbox_server.backends.container import ContainerOptions, ContainerSandbox
 from deskbox_server.backends.oci import SANDBOX_USER_IDS
 from deskbox_server.backends.runc import Runc
+from deskbox_server.schemas import actions as a
+from deskbox_server.schemas.results import ClipboardText
 
 from ..api.test_container import cgroup_dirs
 from ..images import session_image
+from ..sandbox_agent import agent_desktop, until_ready
 
 pytestmark = [
     pytest.mark.slow,
@@ -46,25 +48,25 @@ def sandbox(tmp_path: Path) -> Iterator[ContainerSandbox]:
                                id_prefix="deskbox-ckpt-")
     box = ContainerSandbox.start(options, f"c{os.getpid()}", browser=False)
     try:
-        yield box
+        yield until_ready(box, browser=False)
     finally:
         box.destroy()
 
 
-def screen_and_mark(display_name: str, mark: bytes | None) -> tuple[bytes, bytes | None]:
-    x = xdisplay.Display(display_name)
-    try:
-        root = x.screen().root
-        atom = x.intern_atom("DESKBOX_CHECKPOINT_TEST")
-        if mark is not None:
-            root.change_property(atom, Xatom.STRING, 8, mark)
-            x.sync()
-        found = root.get_full_property(atom, Xatom.STRING)
-        width, height = x.screen().width_in_pixels, x.screen().height_in_pixels
-        pixels = root.get_image(0, 0, width, height, X.ZPixmap, 0xFFFFFFFF).data
-        return bytes(pixels), (bytes(found.value) if found is not None else None)
-    finally:
-        x.close()
+def screen_and_mark(sandbox: ContainerSandbox, mark: str | None) -> tuple[bytes, str]:
+    """The screen's pixels and the clipboard's text (set to ``mark`` first), through a
+    connection of our own to the sandbox's agent, closed again (CRIU cannot dump it)."""
+
+    async def read() -> tuple[bytes, str]:
+        async with agent_desktop(sandbox) as desktop:
+            if mark is not None:
+                await desktop.run([a.ClipboardSet(text=mark)])
+            found = (await desktop.run([a.ClipboardGet()])).results[0]
+            frame = await desktop.grab()
+        assert isinstance(found, ClipboardText)
+        return frame.pixels.tobytes(), found.text
+
+    return asyncio.run(read())
 
 
 def cgroups_inside(sandbox: ContainerSandbox) -> set[str]:
@@ -80,8 +82,8 @@ def cgroups_inside(sandbox: ContainerSandbox) -> set[str]:
 
 def test_hibernate_and_restore_a_sandbox(sandbox: ContainerSandbox) -> None:
     assert cgroups_inside(sandbox) == {"/"}
-    before, mark = screen_and_mark(sandbox.display_name, b"set before the checkpoint")
-    assert mark == b"set before the checkpoint"
+    before, mark = screen_and_mark(sandbox, "set before the checkpoint")
+    assert mark == "set before the checkpoint"
     container_id = sandbox.container_id
 
     stats = hibernate_sandbox(sandbox, Criu())
@@ -107,6 +109,6 @@ def test_hibernate_and_restore_a_sandbox(sandbox: ContainerSandbox) -> None:
     status = Path(f"/proc/{sandbox.init_pid}/status").read_text()
     uids = next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:]
     assert uids == [str(SANDBOX_USER_IDS[0])] * 4
-    after, mark = screen_and_mark(sandbox.display_name, None)
-    assert mark == b"set before the checkpoint"
+    after, mark = screen_and_mark(sandbox, None)
+    assert mark == "set before the checkpoint"
     assert after == before

@@ -81,14 +81,14 @@ def act(client: httpx.Client, session_id: str, body: dict[str, Any]) -> None:
     assert response.status_code == 200, response.text
 
 
-def page_state(server: Server, session_id: str, done: Any = lambda state: True) -> Any:
-    with SandboxPage(handle_of(server, session_id).sandbox.display_name) as page:
+def page_state(client: httpx.Client, session_id: str, done: Any = lambda state: True) -> Any:
+    with SandboxPage(client, session_id) as page:
         return page.wait(done)
 
 
 def field_origin(client: httpx.Client, server: Server, session_id: str) -> tuple[int, int]:
     """Where the page's (0, 0) is on screen, from one click through the API."""
-    with SandboxPage(handle_of(server, session_id).sandbox.display_name) as page:
+    with SandboxPage(client, session_id) as page:
         page.wait(lambda state: state["clicks"] == 0)
         act(client, session_id, {"type": "click", "x": 640, "y": 700})
         click = page.wait(lambda state: state["clicks"] >= 1)["click"]
@@ -129,7 +129,7 @@ def source(client: httpx.Client, server: Server) -> Iterator[tuple[str, tuple[in
     try:
         origin = field_origin(client, server, session_id)
         type_into_field(client, session_id, origin, TEXT)
-        assert page_state(server, session_id, lambda s: s["value"] == TEXT)["value"] == TEXT
+        assert page_state(client, session_id, lambda s: s["value"] == TEXT)["value"] == TEXT
         yield session_id, origin
     finally:
         client.delete(f"/v1/sessions/{session_id}")
@@ -181,7 +181,7 @@ def test_snapshot_leaves_the_session_running_and_restores_as_a_copy(
     # The source ran on through it and still takes input.
     assert client.get(f"/v1/sessions/{sid}").json()["state"] == "running"
     type_into_field(client, sid, origin, " source")
-    page_state(server, sid, lambda s: s["value"] == TEXT + " source")
+    page_state(client, sid, lambda s: s["value"] == TEXT + " source")
 
     created = client.post("/v1/sessions", json={"from_snapshot": snap_id, "labels": {"k": "v"}})
     assert created.status_code == 201, created.text
@@ -194,12 +194,12 @@ def test_snapshot_leaves_the_session_running_and_restores_as_a_copy(
         assert copy_handle.sandbox.display_name != source_handle.sandbox.display_name
         assert netns_inode(copy_handle) != netns_inode(source_handle)
         # The copy is the session as it was at the snapshot: the typed text, the screen.
-        assert page_state(server, copy["id"])["value"] == TEXT
+        assert page_state(client, copy["id"])["value"] == TEXT
         assert changed_pixels(screenshot(client, copy["id"]), before) <= 40
         # ... and goes its own way.
         type_into_field(client, copy["id"], origin, " copy")
-        assert page_state(server, copy["id"], lambda s: s["value"] == TEXT + " copy")
-        assert page_state(server, sid)["value"] == TEXT + " source"
+        assert page_state(client, copy["id"], lambda s: s["value"] == TEXT + " copy")
+        assert page_state(client, sid)["value"] == TEXT + " source"
     finally:
         assert client.delete(f"/v1/sessions/{copy['id']}").status_code == 204
 
@@ -223,7 +223,7 @@ def test_fork_makes_independent_running_copies(
     client: httpx.Client, server: Server, source: tuple[str, tuple[int, int]],
 ) -> None:
     sid, origin = source
-    text = page_state(server, sid)["value"]
+    text = page_state(client, sid)["value"]
     response = client.post(f"/v1/sessions/{sid}/fork", json={"count": 3})
     assert response.status_code == 201, response.text
     copies = [s["id"] for s in response.json()["sessions"]]
@@ -245,12 +245,12 @@ def test_fork_makes_independent_running_copies(
             assert response.status_code == 200, response.text
             assert response.json()["exit_code"] != 0, response.text
         for index, copy in enumerate(copies):
-            assert page_state(server, copy)["value"] == text
+            assert page_state(client, copy)["value"] == text
             type_into_field(client, copy, origin, f" fork{index}")
         for index, copy in enumerate(copies):
             wanted = f"{text} fork{index}"
-            assert page_state(server, copy, lambda s, w=wanted: s["value"] == w)["value"] == wanted
-        assert page_state(server, sid)["value"] == text  # the source is untouched
+            assert page_state(client, copy, lambda s, w=wanted: s["value"] == w)["value"] == wanted
+        assert page_state(client, sid)["value"] == text  # the source is untouched
 
         # Each copy has its own tokens: one made for the source opens nothing of a copy.
         token = client.post(f"/v1/sessions/{sid}/tokens", json={"scope": "view"}).json()
@@ -321,7 +321,7 @@ def test_snapshots_and_hibernated_sessions_survive_a_server_restart(
         sid = new_session(client)
         origin = field_origin(client, first, sid)
         type_into_field(client, sid, origin, TEXT)
-        page_state(first, sid, lambda s: s["value"] == TEXT)
+        page_state(client, sid, lambda s: s["value"] == TEXT)
         snap_id = client.post(f"/v1/sessions/{sid}/snapshots").json()["id"]
         before = screenshot(client, sid)
         container_id = handle_of(first, sid).sandbox.container_id
@@ -342,13 +342,13 @@ def test_snapshots_and_hibernated_sessions_survive_a_server_restart(
         resumed = client.post(f"/v1/sessions/{sid}/resume")
         assert resumed.status_code == 200, resumed.text
         assert resumed.json()["state"] == "running"
-        assert page_state(second, sid)["value"] == TEXT
+        assert page_state(client, sid)["value"] == TEXT
         type_into_field(client, sid, origin, " after")
-        page_state(second, sid, lambda s: s["value"] == TEXT + " after")
+        page_state(client, sid, lambda s: s["value"] == TEXT + " after")
 
         copy = client.post("/v1/sessions", json={"from_snapshot": snap_id})
         assert copy.status_code == 201, copy.text
-        assert page_state(second, copy.json()["id"])["value"] == TEXT
+        assert page_state(client, copy.json()["id"])["value"] == TEXT
         for session_id in (sid, copy.json()["id"]):
             assert client.delete(f"/v1/sessions/{session_id}").status_code == 204
         assert client.delete(f"/v1/snapshots/{snap_id}").status_code == 204

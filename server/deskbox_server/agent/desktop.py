@@ -1,9 +1,9 @@
-"""The desktop of a sandbox, driven through its agent (the ``act``, ``grab``, ``ready`` and
-``info`` calls of desktop_image/agent/PROTOCOL.md).
+"""A desktop (a sandbox's, or the local backend's), driven through its agent (the
+``act``, ``grab``, ``ready`` and ``info`` calls of desktop_image/agent/PROTOCOL.md).
 
-:class:`AgentDesktop` takes the server's own action models and answers with the driver's
-types (``BatchResult``, ``EncodedImage``, ``Frame``), so a session can use it where it used
-the host-side driver. Every byte of an answer is hostile: the reply's JSON header and each
+:class:`AgentDesktop` takes the server's own action models and answers with the server's
+types (``BatchResult``, ``EncodedImage``, ``Frame``): a session needs nothing else to drive
+its desktop. Every byte of an answer is hostile: the reply's JSON header and each
 part are bounded by what the request asked for (an image by its expected width × height ×
 4 plus a little), offsets and lengths are checked against the body, images must be of the
 format and size asked; anything else fails the agent's connection with ``AgentFailed``.
@@ -241,7 +241,7 @@ class AgentDesktop:
                     size = (action.scale.width, action.scale.height)
                 return _Expect("image", MEDIA_TYPES[action.format], *size)
             case a.Zoom():
-                # At the screen's own resolution unless scaled (driver/desktop.py _zoom).
+                # At the screen's own resolution unless scaled (the agent's zoom).
                 if action.scale is not None:
                     size = (action.scale.width, action.scale.height)
                 else:

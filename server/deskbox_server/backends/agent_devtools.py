@@ -2,7 +2,7 @@
 
 Each connection is one agent channel to ``127.0.0.1:DEVTOOLS_PORT`` inside the sandbox
 (``POST /v1/channels/tcp/<port>``, PROTOCOL.md), bridged to a socket (agent_bridge.py),
-so it is a :class:`~.devtools.DevtoolsSocket` like the ones ``connect_in_netns`` makes:
+so it is a :class:`~.devtools.DevtoolsSocket` like the ones ``connect_tcp`` makes:
 ``get_json``, ``browser_path`` and ``open_websocket`` (devtools.py), and above them the
 CDP relay's bounds (api/cdp_relay.py, api/abort.py), work on it unchanged.
 """

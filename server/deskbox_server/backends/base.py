@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from ..driver.commands import DesktopSpec
 from ..errors import InvalidRequest, SessionFailed
 from ..media import Frame
 from ..sandbox_io import ExecCommand, ExecResult, FileDownload
 from ..schemas import actions as a
 from ..schemas.results import BatchResult
 from ..schemas.sessions import Network, Resources
+from .desktop_commands import DesktopSpec
 from .devtools import DevtoolsSocket
 from .vnc_server import VncServer
 
@@ -54,7 +54,7 @@ class DesktopHandle(ABC):
 
     @abstractmethod
     def failure(self) -> str | None:
-        """Why the desktop is broken (a process died, its driver stopped answering), or None
+        """Why the desktop is broken (a process died, its agent stopped answering), or None
         while it is healthy.
 
         Cheap and thread-safe: the reaper calls it from the event loop.
@@ -174,7 +174,7 @@ class Backend(ABC):
         raise InvalidRequest(f"the {self.name} backend cannot hibernate sessions")
 
     async def restore(self, handle: DesktopHandle) -> None:
-        """Bring a hibernated desktop back, with the driver connected again."""
+        """Bring a hibernated desktop back, with its agent connected again."""
         raise InvalidRequest(f"the {self.name} backend cannot hibernate sessions")
 
     async def snapshot(

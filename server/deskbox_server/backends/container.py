@@ -25,7 +25,7 @@ never connects to the X server: the agent tells when the window manager and the 
 ready (ContainerBackend). ``destroy`` leaves no container, process, cgroup, mount, network
 namespace or file behind.
 
-The server process should be a child subreaper (``driver.processes.become_subreaper``):
+The server process should be a child subreaper (``processes.become_subreaper``):
 runc exits after starting a sandbox, its init is reparented to us, and ``destroy`` reaps it.
 """
 
@@ -45,10 +45,10 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..driver.commands import DesktopSpec, browser_argv, wm_argv, xserver_argv
 from ..errors import Conflict, DesktopFailed, InvalidRequest, SessionFailed
 from . import freezer
 from .agent_link import AGENT_ARGV, ensure_agent_link
+from .desktop_commands import DesktopSpec, browser_argv, wm_argv, xserver_argv
 from .devtools import DEVTOOLS_PORT
 from .displays import (
     DisplayReservation,

@@ -12,112 +12,70 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import AsyncIterable, Callable, Collection, Sequence
+from collections.abc import AsyncIterable, Callable, Collection
 from pathlib import Path
 from typing import ClassVar
 
 from ..agent.client import AgentClient
-from ..agent.desktop import AgentDesktop
-from ..driver.processes import become_subreaper
-from ..errors import BrowserUnavailable, DesktopFailed, InvalidRequest
-from ..media import Frame
+from ..errors import InvalidRequest
 from ..sandbox_io import ExecCommand, ExecResult, FileDownload
-from ..schemas import actions as a
-from ..schemas.results import BatchResult
 from . import freezer
-from .agent_devtools import AgentDevtools
+from .agent_handle import DEFAULT_CALL_TIMEOUT_S, AgentHandle
 from .agent_link import connect_agent
-from .agent_vnc import AgentVnc
+from .agent_vnc import SOCKET_DIR
 from .base import Backend, DesktopHandle, SessionSpec, SnapshotInfo
 from .checkpoint import Criu, hibernate_sandbox, restore_sandbox
 from .container import ContainerOptions, ContainerSandbox, remove_orphans
-from .devtools import DevtoolsSocket
 from .exec_slots import ExecSlots
 from .network import Egress, check_allow, resolve_egress
 from .oci import Limits
+from .processes import become_subreaper
 from .sandbox_agent import AgentSandboxIO, sandbox_environment
 from .sandbox_snapshot import restore_copy, take_snapshot
 from .seccomp import seccomp_profile
-from .vnc_server import VncServer
 
 __all__ = ["ContainerBackend", "ContainerHandle"]
 
 log = logging.getLogger("deskbox.backends")
 
-_AGENT_FAILURE_GRACE_S = 3.0  # see ContainerHandle.failure
-DEFAULT_CALL_TIMEOUT_S = 30.0  # the base deadline of a desktop call (settings.py)
 
 
-class ContainerHandle(DesktopHandle):
+class ContainerHandle(AgentHandle):
     def __init__(
         self, sandbox: ContainerSandbox, agent: AgentClient | None,
         call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
     ) -> None:
         self.sandbox = sandbox
-        self.call_timeout_s = call_timeout_s
         self.exec_slots = ExecSlots(sandbox.options.max_execs, sandbox.container_id)
         self._io: AgentSandboxIO | None = None
-        self._agent_failed_at: float | None = None
         # The host's one connection to the sandbox's agent (agent_link.py); None while
         # checkpointed (hibernated, also across a server restart) and while a checkpoint
         # is taken.
-        self.agent: AgentClient | None = None
-        self._desktop: AgentDesktop | None = None
-        self._devtools: AgentDevtools | None = None  # of the current agent connection
-        self.attach(agent)
-
-    def attach(self, agent: AgentClient | None) -> None:
-        """Drive the desktop through ``agent`` from now on (None: not at all)."""
-        self.agent = agent
-        self._desktop = AgentDesktop(agent, call_timeout_s=self.call_timeout_s) if agent else None
-        self._agent_failed_at = None
+        super().__init__(agent, call_timeout_s)
 
     @property
-    def desktop(self) -> AgentDesktop:
-        if self._desktop is None:
-            raise DesktopFailed(f"the sandbox {self.sandbox.container_id} is not running")
-        return self._desktop
+    def label(self) -> str:
+        return f"the sandbox {self.sandbox.container_id}"
 
-    async def run(
-        self,
-        actions: Sequence[a.Action],
-        view: a.CoordinateSpace | None = None,
-        screenshot: a.Screenshot | None = None,
-    ) -> BatchResult:
-        return await self.desktop.run(actions, view, screenshot)
+    def processes_failure(self) -> str | None:
+        return self.sandbox.failure()
 
-    async def grab(self) -> Frame:
-        return await self.desktop.grab()
+    @property
+    def running(self) -> bool:
+        return self.sandbox.init_pid is not None
 
-    async def let_go(self) -> None:
-        agent, self.agent, self._desktop = self.agent, None, None
-        devtools, self._devtools = self._devtools, None
-        if devtools is not None:
-            await devtools.close()
-        if agent is not None:
-            await agent.close()
+    @property
+    def vnc_display(self) -> str:
+        return f":{self.sandbox.inner_display}"
 
-    def failure(self) -> str | None:
-        failure = self.sandbox.failure()
-        agent = self.agent
-        if failure is not None or agent is None or agent.failed_reason is None:
-            return failure
-        # The agent's stream also ends when the whole sandbox does (its X server exited, it
-        # was killed): its init ends its children first and exits up to 2 s later. That
-        # exit is the better reason, so the agent's own waits a moment for it.
-        now = time.monotonic()
-        if self._agent_failed_at is None:
-            self._agent_failed_at = now
-        if now - self._agent_failed_at < _AGENT_FAILURE_GRACE_S:
-            return None
-        return f"the sandbox's agent failed: {agent.failed_reason}"
+    @property
+    def vnc_socket_dir(self) -> str:
+        return SOCKET_DIR
 
     # exec and files: inside the sandbox, through its agent (sandbox_agent.py)
 
     def _agent_io(self) -> AgentSandboxIO:
-        agent = self.agent
-        if agent is None or self.sandbox.init_pid is None:
-            raise DesktopFailed(f"the sandbox {self.sandbox.container_id} is not running")
+        agent = self.live_agent()
         if self._io is None or self._io.client is not agent:
             env, cwd = sandbox_environment(
                 self.sandbox.bundle, f":{self.sandbox.inner_display}"
@@ -133,29 +91,6 @@ class ContainerHandle(DesktopHandle):
 
     async def write_file(self, path: str, chunks: AsyncIterable[bytes], limit: int) -> int:
         return await self._agent_io().write_file(path, chunks, limit)
-
-    # The live view and DevTools: byte channels of the agent's stream (agent_vnc.py,
-    # agent_devtools.py); the host reaches no socket of the sandbox's by itself.
-
-    def _live_agent(self) -> AgentClient:
-        agent = self.agent
-        if agent is None or self.sandbox.init_pid is None:
-            raise DesktopFailed(f"the sandbox {self.sandbox.container_id} is not running")
-        return agent
-
-    async def start_vnc(self) -> VncServer:
-        """x11vnc inside the sandbox, started and reached through its agent."""
-        return await AgentVnc.start(self._live_agent(), f":{self.sandbox.inner_display}")
-
-    async def open_devtools(self) -> DevtoolsSocket:
-        if self.agent is None or self.sandbox.failure() is not None:
-            raise BrowserUnavailable(f"the sandbox {self.sandbox.container_id} is not running")
-        devtools = self._devtools
-        if devtools is None or devtools.agent is not self.agent:  # a new agent after a restore
-            if devtools is not None:
-                await devtools.close()
-            devtools = self._devtools = AgentDevtools(self.agent)
-        return await devtools.open()
 
 
 class ContainerBackend(Backend):

@@ -1,11 +1,9 @@
-"""Reaching a session browser's DevTools server, which listens only inside its sandbox.
+"""A session browser's DevTools server, reached over one connection at a time.
 
-Chromium listens on ``127.0.0.1:DEVTOOLS_PORT`` of the sandbox's own network namespace
-(every sandbox has its own loopback, so the port is the same in all of them). Nothing on the
-host listens for it and no port is forwarded to it: the only way in is a socket *created in
-that namespace*. :func:`socket_in_netns` makes one from a short-lived thread that enters the
-namespace (``setns``), creates the socket and leaves; a socket keeps the namespace it was
-created in, so it is then connected and used from the event loop like any other.
+Chromium listens on ``127.0.0.1:DEVTOOLS_PORT`` of the desktop's loopback (a sandbox has its
+own, so the port is the same in all of them). Nothing on the host listens for it and no port
+is forwarded to it: each connection is a TCP channel of the desktop's agent
+(agent_devtools.py), bridged to a socket; :func:`connect_tcp` connects one directly (tests).
 
 The browser is hostile like everything in the sandbox: replies are read with a size limit,
 with a timeout, and parsed strictly (:func:`get_json`).
@@ -15,12 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
-import os
 import re
 import socket
-import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -28,7 +23,7 @@ from urllib.parse import urlsplit
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus, WebSocketException
 
-from ..errors import BrowserUnavailable, DeskboxError, NotFound, Timeout
+from ..errors import BrowserUnavailable, NotFound, Timeout
 
 __all__ = [
     "DEVTOOLS_PORT",
@@ -36,22 +31,17 @@ __all__ = [
     "DevtoolsSocket",
     "Opener",
     "browser_path",
-    "connect_in_netns",
     "connect_tcp",
     "get_json",
     "open_websocket",
-    "socket_in_netns",
 ]
 
-DEVTOOLS_PORT = 9222  # on the sandbox's own loopback
-CLONE_NEWNET = 0x40000000
+DEVTOOLS_PORT = 9222  # on a sandbox's own loopback
 MAX_HEADERS = 64 * 1024
 MAX_LISTING = 4 * 1024 * 1024  # /json/version, /json/list
 CONNECT_TIMEOUT_S = 5.0
 CLOSE_TIMEOUT_S = 1.0
 _BROWSER_PATH = re.compile(r"^/devtools/browser/[A-Za-z0-9-]{1,64}$")
-
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 @dataclass
@@ -63,58 +53,6 @@ class DevtoolsSocket:
 
     def close(self) -> None:
         self.sock.close()
-
-
-def _setns(fd: int) -> None:
-    if _libc.setns(fd, CLONE_NEWNET) != 0:
-        error = ctypes.get_errno()
-        raise OSError(error, f"setns: {os.strerror(error)}")
-
-
-def socket_in_netns(netns_path: str, alive: Callable[[], bool] = lambda: True) -> socket.socket:
-    """A new (unconnected, non-blocking) TCP socket of the network namespace ``netns_path``.
-
-    A thread of its own enters the namespace, so no thread that runs anything else ever
-    changes namespace; if it could not switch back it ends anyway. ``alive`` is checked
-    once the namespace file is open: for ``/proc/<pid>/ns/net``, that ``pid`` was still the
-    process it should be (not a reused pid) when we opened its namespace.
-    """
-    made: list[socket.socket] = []
-    failed: list[BaseException] = []
-
-    def enter_and_create() -> None:
-        try:
-            own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                target = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    if not alive():
-                        raise BrowserUnavailable("the sandbox is not running")
-                    _setns(target)
-                    try:
-                        made.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-                    finally:
-                        _setns(own)  # raises if it cannot: the thread ends here anyway
-                finally:
-                    os.close(target)
-            finally:
-                os.close(own)
-        except BaseException as error:  # handed to the caller's thread
-            failed.append(error)
-
-    thread = threading.Thread(target=enter_and_create, name="deskbox-netns", daemon=True)
-    thread.start()
-    thread.join()
-    if failed:
-        for sock in made:
-            sock.close()
-        error = failed[0]
-        if isinstance(error, DeskboxError):
-            raise error
-        raise BrowserUnavailable(f"cannot enter the sandbox's network: {error}")
-    sock = made[0]
-    sock.setblocking(False)
-    return sock
 
 
 async def _connect(sock: socket.socket, port: int, timeout_s: float) -> None:
@@ -135,28 +73,6 @@ async def _connect(sock: socket.socket, port: int, timeout_s: float) -> None:
     except BaseException:  # cancelled
         sock.close()
         raise
-
-
-def _close_made(making: asyncio.Future[socket.socket]) -> None:
-    if not making.cancelled() and making.exception() is None:
-        making.result().close()
-
-
-async def connect_in_netns(
-    netns_path: str,
-    port: int = DEVTOOLS_PORT,
-    alive: Callable[[], bool] = lambda: True,
-    timeout_s: float = CONNECT_TIMEOUT_S,
-) -> DevtoolsSocket:
-    """A connection to ``127.0.0.1:port`` as seen from inside the namespace ``netns_path``."""
-    making = asyncio.ensure_future(asyncio.to_thread(socket_in_netns, netns_path, alive))
-    try:
-        sock = await asyncio.shield(making)
-    except asyncio.CancelledError:
-        making.add_done_callback(_close_made)  # the thread finishes anyway: drop its socket
-        raise
-    await _connect(sock, port, timeout_s)
-    return DevtoolsSocket(sock, f"127.0.0.1:{port}")
 
 
 async def connect_tcp(port: int, timeout_s: float = CONNECT_TIMEOUT_S) -> DevtoolsSocket:

@@ -1,80 +1,67 @@
-"""The ``local`` backend: an unisolated desktop of host processes (LocalDesktop).
+"""The ``local`` backend: an unisolated desktop of host processes (local_desktop.py).
 
 For development and tests on a machine you trust: the desktop shares the host's network,
-users and files, so it refuses the options that promise isolation.
+users and files, so it refuses the options that promise isolation. It is driven through its
+agent like a sandbox's (agent_handle.py); the host itself speaks no X11 to it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Sequence
+import time
 from typing import ClassVar
 
-from ..driver.desktop import Desktop
-from ..driver.local import LocalDesktop
-from ..driver.worker import CLOSE_TIMEOUT_S, DEFAULT_CALL_TIMEOUT_S, DesktopWorker
-from ..errors import BrowserUnavailable, InvalidRequest
-from ..media import Frame
-from ..schemas import actions as a
-from ..schemas.results import BatchResult
-from ..settle import batch_allowance_s
+from ..agent.client import AgentClient
+from ..errors import InvalidRequest
+from .agent_handle import DEFAULT_CALL_TIMEOUT_S, AgentHandle
 from .base import Backend, DesktopHandle, SessionSpec
-from .devtools import DevtoolsSocket, connect_tcp
-from .vnc_server import LocalVnc, VncServer
+from .local_desktop import LocalDesktop
 
 __all__ = ["LocalBackend", "LocalHandle"]
 
-log = logging.getLogger("deskbox.backends")
 
-
-class LocalHandle(DesktopHandle):
+class LocalHandle(AgentHandle):
     no_sandbox: ClassVar[str] = (
         "the local backend has no sandbox, and Deskbox never runs commands or touches "
         "files on the host for a session; use the container backend"
     )
 
-    def __init__(self, worker: DesktopWorker, local: LocalDesktop) -> None:
-        self.worker = worker
+    def __init__(
+        self, local: LocalDesktop, agent: AgentClient, port: int,
+        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+    ) -> None:
         self.local = local
+        self.port = port
+        super().__init__(agent, call_timeout_s)
 
     @property
-    def desktop(self) -> Desktop:
-        assert self.local.desktop is not None
-        return self.local.desktop
+    def label(self) -> str:
+        return f"the desktop {self.local.display_name}"
 
-    async def run(
-        self,
-        actions: Sequence[a.Action],
-        view: a.CoordinateSpace | None = None,
-        screenshot: a.Screenshot | None = None,
-    ) -> BatchResult:
-        desktop = self.desktop
-        allowance = batch_allowance_s(actions, screenshot, desktop.settle_options)
-        return await self.worker.call_within(allowance, desktop.run, actions, view, screenshot)
+    def processes_failure(self) -> str | None:
+        return self.local.processes.failure()
 
-    async def grab(self) -> Frame:
-        return await self.worker.call(self.desktop.grab_screen)
+    @property
+    def vnc_display(self) -> str:
+        return self.local.display_name
 
-    async def let_go(self) -> None:
-        self.worker.shutdown()
+    @property
+    def vnc_socket_dir(self) -> str:
+        return str(self.local.workdir)
+
+    @property
+    def devtools_port(self) -> int:
+        return self.port
 
     @property
     def devtools_url(self) -> str:
         """The browser's DevTools endpoint on the host's loopback (tests read pages with it)."""
-        return self.local.devtools_url
+        return f"http://127.0.0.1:{self.port}"
 
-    def failure(self) -> str | None:
-        return self.local.processes.failure() or self.worker.stalled
 
-    async def start_vnc(self) -> VncServer:
-        return await LocalVnc.start(self.local.display_name)
-
-    async def open_devtools(self) -> DevtoolsSocket:
-        port = self.local.devtools_port
-        if port is None:
-            raise BrowserUnavailable("this desktop has no browser")
-        return await connect_tcp(port)
+def _stop_started(starting: asyncio.Future[LocalDesktop]) -> None:
+    if not starting.cancelled() and starting.exception() is None:
+        asyncio.get_running_loop().run_in_executor(None, starting.result().stop)
 
 
 class LocalBackend(Backend):
@@ -99,35 +86,31 @@ class LocalBackend(Backend):
 
     async def create(self, spec: SessionSpec, timeout_s: float) -> DesktopHandle:
         self.check(spec)
-        worker = DesktopWorker(spec.id, self.call_timeout_s)
-        built: list[LocalDesktop] = []
-
-        def build() -> LocalDesktop:
-            # The Desktop it holds belongs to the worker's thread: build it there.
-            local = LocalDesktop(spec.desktop, start_timeout_s=timeout_s)
-            built.append(local)
-            return local
-
-        def stop_built() -> None:
-            for local in built:
-                local.stop()
-
-        def discard() -> None:
-            # Queued behind build(), so it also stops a desktop whose start was cancelled.
-            worker.call_sync(stop_built)
-            worker.shutdown()
-
+        started = time.monotonic()
+        starting = asyncio.ensure_future(asyncio.to_thread(LocalDesktop, spec.desktop, timeout_s))
         try:
-            local = await worker.call_within(timeout_s, build)
-        except BaseException:
-            await asyncio.to_thread(discard)
+            local = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            starting.add_done_callback(_stop_started)  # its thread runs on: stop what it made
             raise
-        return LocalHandle(worker, local)
+        agent: AgentClient | None = None
+        try:
+            agent = await AgentClient.connect_unix(str(local.agent_socket))
+            handle = LocalHandle(local, agent, 0, self.call_timeout_s)
+            remaining = max(0.1, timeout_s - (time.monotonic() - started))
+            stages = await handle.desktop.ready(True, remaining)
+            local.timings.update({f"ready_{k}": v for k, v in stages.items()})
+            handle.port = await asyncio.to_thread(local.wait_devtools_port, remaining)
+        except BaseException:
+            if agent is not None:
+                await agent.close()
+            await asyncio.to_thread(local.stop)
+            raise
+        return handle
 
     async def destroy(self, handle: DesktopHandle) -> None:
         assert isinstance(handle, LocalHandle)
-        # Its processes first, off the worker: a call stuck on a stalled X server returns
-        # once the server is dead; then the driver's connections close on the worker.
+        # Its processes first: a call waiting on the agent ends when its stream does.
         await asyncio.to_thread(handle.local.processes.stop)
-        if not await handle.worker.finish(handle.local.stop, CLOSE_TIMEOUT_S):
-            log.warning("session %s: the driver did not close in time", handle.worker.name)
+        await handle.let_go()
+        await asyncio.to_thread(handle.local.stop)

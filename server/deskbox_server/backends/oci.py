@@ -6,7 +6,7 @@ What a sandbox gets, and why:
   so everything a session writes lives in its own memory (charged to its cgroup) and
   disappears with it;
 - one host path: the session's socket directory, at /tmp/.X11-unix, where the X server's
-  socket appears for the host's driver;
+  socket appears (the host reserves its number) and the agent's socket;
 - its own pid, mount, ipc, uts, cgroup and network namespaces. Its cgroup namespace is
   rooted at its own cgroup, so /proc/self/cgroup shows "/" and not the host's
   ``/deskbox-<id>`` layout (and a restored copy sees its new cgroup as "/" too). The
@@ -186,7 +186,7 @@ def runtime_config(config: SandboxConfig) -> RuntimeConfig:
         _tmpfs("/tmp", config.tmp_mb, "1777"),
         _tmpfs("/run", config.run_mb, "755"),
         _tmpfs(config.home, config.home_mb, "700"),
-        # The only host path: the X server puts its socket here, the host's driver finds it.
+        # The only host path: the X server's and the agent's sockets are made here.
         {"destination": SOCKET_DIR, "type": "bind", "source": str(config.socket_dir),
          "options": ["rbind", "rw", "nosuid", "nodev", "noexec"]},
     ]

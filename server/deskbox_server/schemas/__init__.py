@@ -1,1 +1,1 @@
-"""Wire models (pydantic v2) shared by the API and the desktop driver."""
+"""Wire models (pydantic v2) shared by the API, the session layer and the agent's client."""

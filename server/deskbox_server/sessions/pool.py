@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..backends.base import Backend, DesktopHandle, SessionSpec
-from ..driver.commands import DesktopSpec
+from ..backends.desktop_commands import DesktopSpec
 from ..schemas.sessions import Browser, Display, SessionCreate
 
 __all__ = ["PoolKey", "SnapshotKey", "WarmPool", "new_session_id"]

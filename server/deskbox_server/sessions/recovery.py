@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from ..backends.base import Backend, SessionSpec
-from ..driver.commands import DesktopSpec
+from ..backends.desktop_commands import DesktopSpec
 from ..errors import DeskboxError, Internal
 from ..schemas.sessions import Failure, SessionCreate
 from ..schemas.sessions import SessionState as S

@@ -69,7 +69,7 @@ def xserver_argv(spec: DesktopSpec, displayfd: int, display: int | None = None) 
 
 def wm_config_path() -> str:
     """Our openbox rc.xml, shipped inside the package (and copied into the session image)."""
-    return str(resources.files("deskbox_server.driver") / "data" / "openbox-rc.xml")
+    return str(resources.files("deskbox_server.backends") / "data" / "openbox-rc.xml")
 
 
 def wm_argv(config_path: str | None = None) -> list[str]:

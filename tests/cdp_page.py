@@ -15,7 +15,7 @@ from typing import Any, cast
 from websockets.exceptions import WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
-from ..errors import DesktopFailed, Timeout
+from deskbox_server.errors import DesktopFailed, Timeout
 
 __all__ = ["CdpPage", "page_targets"]
 

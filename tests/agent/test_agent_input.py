@@ -1,0 +1,312 @@
+"""Input edge cases through the real agent, on a real desktop, as the page sees them:
+typing (keymaps borrowed for characters the layout lacks, and given back), key names and
+combos, every button, multi-clicks, modifiers, the wheel, settling and the cursor in
+screenshots, and actions the desktop cannot do. (Ported from the host driver's tests; the
+basics are in test_agent_desktop.py.)"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from PIL import Image
+
+from deskbox_server.agent.desktop import AgentDesktop
+from deskbox_server.errors import InvalidAction, InvalidRequest
+from deskbox_server.media import EncodedImage
+from deskbox_server.schemas import actions as a
+from deskbox_server.schemas.results import Point, Size
+
+from .desk_page import Page
+
+Events = list[dict[str, object]]
+DOM_BUTTON = {"left": 0, "middle": 1, "right": 2, "back": 3, "forward": 4}
+RED, GREEN, BLUE, WHITE = (255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 255)
+# Chromium on X11 turns one wheel notch into 120 px, and may merge notches that arrive
+# together into one wheel event: the sum of deltas is what a page (and a user) sees.
+PX_PER_NOTCH = 120
+
+
+def of(events: Events, kind: str) -> Events:
+    return [e for e in events if e["type"] == kind]
+
+
+def pixels(image: object) -> npt.NDArray[np.uint8]:
+    assert isinstance(image, EncodedImage)
+    decoded = Image.open(io.BytesIO(image.data)).convert("RGB")
+    assert decoded.size == (image.width, image.height)
+    return np.asarray(decoded)
+
+
+def close_to(actual: npt.NDArray[np.uint8], colour: tuple[int, int, int], tolerance: int) -> bool:
+    return bool(np.all(np.abs(actual.astype(int) - np.array(colour)) <= tolerance))
+
+
+# -- typing and keys -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", [
+    "~!@#$%^&*()_+{}|:\"<>? `-=[]\\;',./",
+    "Grüße, ça va? Ωμέγα Привет ✓",
+    "two\nlines",
+])
+async def test_type_puts_exact_text_in_the_field(page: Page, text: str) -> None:
+    await page.focus_field()
+    await page.desk.perform(a.TypeText(text=text))
+    await page.until_events(lambda _: page.value() == text)
+    assert page.value() == text
+
+
+async def test_typed_characters_are_one_key_event_each(page: Page) -> None:
+    await page.focus_field()
+    await page.desk.perform(a.TypeText(text="aÑ👍"))
+    await page.until_events(lambda _: page.value() == "aÑ👍")
+    # One key press per character, each inserting exactly its character. (Chromium names the
+    # key of a borrowed keycode from a keymap it reloads late, so keydown.key is not checked.)
+    assert len(page.events("keydown")) == len(page.events("keyup")) == 3
+    assert [e["data"] for e in page.events("input")] == ["a", "Ñ", "👍"]
+
+
+async def test_the_layout_works_as_before_after_borrowed_keys(page: Page) -> None:
+    await page.focus_field()
+    await page.desk.perform(a.TypeText(text="美"))
+    await page.desk.perform(a.TypeText(text="abc"))
+    await page.desk.perform(a.Key(keys="shift+Home"))
+    await page.desk.perform(a.Key(keys="ctrl+c"))
+    await page.until_events(lambda _: page.value() == "美abc")
+    assert page.value() == "美abc"
+    # The plain keys still are the layout's: "a" with ctrl is select-all, not a character.
+    await page.desk.run([a.Key(keys="ctrl+a"), a.TypeText(text="z")])
+    await page.until_events(lambda _: page.value() == "z")
+    assert page.value() == "z"
+
+
+@pytest.mark.parametrize(("keys", "key", "code"), [
+    ("Return", "Enter", "Enter"), ("enter", "Enter", "Enter"), ("esc", "Escape", "Escape"),
+    ("Page_Up", "PageUp", "PageUp"), ("Left", "ArrowLeft", "ArrowLeft"),
+    ("BackSpace", "Backspace", "Backspace"), ("Tab", "Tab", "Tab"), ("f9", "F9", "F9"),
+    ("Delete", "Delete", "Delete"), ("space", " ", "Space"),
+])
+async def test_key_names_and_aliases(page: Page, keys: str, key: str, code: str) -> None:
+    await page.focus_field()
+    await page.desk.perform(a.Key(keys=keys))
+    await page.until_events(lambda es: of(es, "keydown") and of(es, "keyup"))
+    assert [(e["key"], e["code"]) for e in page.events("keydown")] == [(key, code)]
+    assert [(e["key"], e["code"]) for e in page.events("keyup")] == [(key, code)]
+
+
+@pytest.mark.parametrize(("keys", "flags", "key"), [
+    ("ctrl+shift+k", {"ctrl", "shift"}, "K"),
+    ("alt+x", {"alt"}, "x"),
+    ("cmd+b", {"meta"}, "b"),
+    ("control+ArrowLeft", {"ctrl"}, "ArrowLeft"),
+])
+async def test_key_combos_hold_modifiers(page: Page, keys: str, flags: set[str], key: str) -> None:
+    await page.focus_field()
+    await page.desk.perform(a.Key(keys=keys))
+    await page.until_events(lambda es: len(of(es, "keyup")) >= len(keys.split("+")))
+    main = [e for e in page.events("keydown") if e["key"] == key]
+    assert len(main) == 1
+    assert {name for name in ("ctrl", "shift", "alt", "meta") if main[0][name]} == flags
+    assert len(page.events("keyup")) == len(page.events("keydown"))  # all released
+
+
+async def test_hold_key_holds_for_the_duration(page: Page) -> None:
+    await page.focus_field()
+    await page.desk.perform(a.HoldKey(keys="shift", duration_s=0.3))
+    up = of(await page.until_events(lambda es: of(es, "keyup")), "keyup")[0]
+    down = page.events("keydown")[0]
+    assert down["key"] == up["key"] == "Shift"
+    assert float(up["t"]) - float(down["t"]) >= 280  # type: ignore[arg-type]
+
+
+async def test_shift_is_held_across_a_shifted_run_and_released(page: Page) -> None:
+    await page.focus_field()
+    await page.desk.perform(a.TypeText(text="ABC!"))
+    await page.desk.perform(a.TypeText(text="d"))
+    await page.until_events(lambda _: page.value() == "ABC!d")
+    assert page.value() == "ABC!d"
+    assert len([e for e in page.events("keydown") if e["key"] == "Shift"]) == 1
+
+
+async def test_keys_right_after_a_click_go_where_the_click_put_the_focus(page: Page) -> None:
+    """A key must not overtake the click before it (Chromium hit-tests clicks asynchronously)."""
+    x, y = page.at(900, 175)
+    elsewhere = page.at(500, 450)
+    for attempt in range(5):
+        page.cdp.evaluate(f"document.getElementById('field').value = 'old {attempt}'")
+        await page.desk.perform(a.Click(x=elsewhere[0], y=elsewhere[1]))
+        await page.desk.run(
+            [a.Click(x=x, y=y), a.Key(keys="ctrl+a"), a.TypeText(text=f"new {attempt}")])
+        await page.until_events(lambda _, n=attempt: page.value() == f"new {n}", 2.0)
+        assert page.value() == f"new {attempt}"
+
+
+# -- the pointer ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("button", ["middle", "right", "back", "forward"])
+async def test_click_buttons(page: Page, button: str) -> None:
+    x, y = page.at(700, 450)
+    await page.desk.perform(a.Click(x=x, y=y, button=button))  # type: ignore[arg-type]
+    ups = of(await page.until_events(lambda es: of(es, "mouseup")), "mouseup")
+    assert [d["button"] for d in page.events("mousedown")] == [DOM_BUTTON[button]]
+    assert [u["button"] for u in ups] == [DOM_BUTTON[button]]
+    assert (ups[0]["clientX"], ups[0]["clientY"]) == (700, 450)
+    if button == "right":
+        assert of(await page.until_events(lambda es: of(es, "contextmenu")), "contextmenu")
+
+
+@pytest.mark.parametrize("count", [2, 3])
+async def test_multi_click_counts(page: Page, count: int) -> None:
+    x, y = page.at(700, 450)
+    await page.desk.perform(a.Click(x=x, y=y, count=count))
+    await page.until_events(lambda es: len(of(es, "click")) == count and of(es, "dblclick"))
+    assert [c["detail"] for c in page.events("click")] == list(range(1, count + 1))
+    assert len(page.events("dblclick")) == 1
+
+
+@pytest.mark.parametrize(("modifiers", "flags"), [
+    (["shift"], {"shift"}), (["alt"], {"alt"}), (["ctrl", "shift"], {"ctrl", "shift"}),
+])
+async def test_click_with_modifiers_then_without(
+    page: Page, modifiers: list[str], flags: set[str]
+) -> None:
+    x, y = page.at(700, 450)
+    await page.desk.perform(a.Click(x=x, y=y, modifiers=modifiers))
+    down = of(await page.until_events(lambda es: of(es, "mousedown")), "mousedown")[0]
+    assert {name for name in ("ctrl", "shift", "alt", "meta") if down[name]} == flags
+    page.clear()
+    await page.desk.perform(a.Click(x=x, y=y))
+    down = of(await page.until_events(lambda es: of(es, "mousedown")), "mousedown")[0]
+    assert not any(down[name] for name in ("ctrl", "shift", "alt", "meta"))
+
+
+async def test_mouse_down_and_up_separately(page: Page) -> None:
+    x, y = page.at(500, 400)
+    await page.desk.perform(a.MouseDown(x=x, y=y, button="left"))
+    await page.desk.perform(a.MouseUp(x=x + 40, y=y + 20, button="left"))
+    ups = of(await page.until_events(lambda es: of(es, "mouseup")), "mouseup")
+    down = page.events("mousedown")[0]
+    assert (down["clientX"], down["clientY"]) == (500, 400)
+    assert (ups[0]["clientX"], ups[0]["clientY"]) == (540, 420)
+
+
+@pytest.mark.parametrize(("dx", "dy"), [(0, -2), (2, 0)])
+async def test_scroll_direction_and_amount(page: Page, dx: int, dy: int) -> None:
+    x, y = page.at(700, 450)
+    await page.desk.perform(a.Scroll(x=x, y=y, dx=dx, dy=dy))
+
+    def total(events: Events) -> tuple[int, int]:
+        wheels = of(events, "wheel")
+        return (sum(int(w["deltaX"]) for w in wheels),  # type: ignore[call-overload]
+                sum(int(w["deltaY"]) for w in wheels))  # type: ignore[call-overload]
+
+    expected = (dx * PX_PER_NOTCH, dy * PX_PER_NOTCH)
+    await page.until_events(lambda es: total(es) == expected)
+    assert total(page.events()) == expected
+    assert all(w["deltaMode"] == 0 for w in page.events("wheel"))
+
+
+async def test_scroll_with_modifier(page: Page) -> None:
+    x, y = page.at(700, 450)
+    await page.desk.perform(a.Scroll(x=x, y=y, dy=1, modifiers=["ctrl"]))
+    wheel = of(await page.until_events(lambda es: of(es, "wheel")), "wheel")[0]
+    assert wheel["ctrl"] is True
+
+
+# -- screenshots ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("fmt", "tolerance"), [("png", 0), ("webp", 8), ("jpeg", 8)])
+async def test_a_full_screenshot_has_the_known_colours(page: Page, fmt: str,
+                                                       tolerance: int) -> None:
+    shot = await page.desk.perform(a.Screenshot(format=fmt))  # type: ignore[arg-type]
+    assert isinstance(shot, EncodedImage) and shot.media_type == f"image/{fmt}"
+    image = pixels(shot)
+    for (cx, cy), colour in [((200, 150), RED), ((500, 150), GREEN), ((200, 350), BLUE)]:
+        x, y = page.at(cx, cy)
+        # The middle of each block, away from edges that lossy codecs blur.
+        assert close_to(image[y - 20:y + 20, x - 40:x + 40], colour, tolerance), (fmt, colour)
+
+
+async def test_a_region_straddling_two_colours_is_exact(page: Page) -> None:
+    x, y = page.at(250, 120)
+    region = a.Region(x=x, y=y, width=200, height=40)  # 50 px of red, 100 of white, 50 of green
+    image = pixels(await page.desk.perform(a.Screenshot(format="png", region=region)))
+    assert close_to(image[:, :50], RED, 0)
+    assert close_to(image[:, 50:150], WHITE, 0)
+    assert close_to(image[:, 150:], GREEN, 0)
+
+
+async def test_a_click_in_a_coordinate_space_lands_scaled(page: Page) -> None:
+    space = a.CoordinateSpace(width=640, height=400)
+    x, y = page.at(600, 460)
+    await page.desk.run([a.Click(x=x // 2, y=y // 2)], space)
+    click = of(await page.until_events(lambda es: of(es, "click")), "click")[0]
+    # (x, y) in the 640×400 space is (2x, 2y) on the 1280×800 screen.
+    ox, oy = page.at(0, 0)
+    assert (click["clientX"], click["clientY"]) == (x // 2 * 2 - ox, y // 2 * 2 - oy)
+    # A region in the space is a region of the scaled screenshot.
+    rx, ry = page.at(100, 100)
+    region = a.Region(x=rx // 2 + 5, y=ry // 2 + 5, width=90, height=40)
+    crop = (await page.desk.run([a.Screenshot(format="png", region=region)], space)).results[0]
+    assert isinstance(crop, EncodedImage) and (crop.width, crop.height) == (90, 40)
+    assert close_to(pixels(crop), RED, 2)
+
+
+async def test_the_cursor_is_drawn_only_when_asked(page: Page) -> None:
+    x, y = page.at(200, 150)  # over the red block
+    await page.desk.perform(a.Move(x=x, y=y))
+    region = a.Region(x=x - 30, y=y - 30, width=60, height=60)
+    plain = pixels(await page.desk.perform(a.Screenshot(format="png", region=region)))
+    with_cursor = pixels(
+        await page.desk.perform(a.Screenshot(format="png", region=region, cursor=True)))
+    assert close_to(plain, RED, 0)
+    assert not close_to(with_cursor, RED, 0)
+
+
+async def test_a_screenshot_after_actions_waits_for_the_screen_to_settle(page: Page) -> None:
+    # The page turns the red block black 30 ms after a click, so the screen changes after the
+    # click has returned: only waiting for the screen to go quiet catches it.
+    page.cdp.evaluate(
+        "document.getElementById('pad').addEventListener('click', () => setTimeout(() =>"
+        " document.getElementById('red').style.background = '#000000', 30))"
+    )
+    x, y = page.at(700, 450)
+    result = await page.desk.run([a.Click(x=x, y=y)], screenshot=a.Screenshot(format="png"))
+    assert result.settled and result.screenshot is not None
+    bx, by = page.at(200, 150)
+    assert close_to(pixels(result.screenshot)[by - 5:by + 5, bx - 5:bx + 5], (0, 0, 0), 0)
+
+
+# -- what the desktop cannot do ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("action", [
+    a.Click(x=1280, y=10),
+    a.Click(x=10, y=800),
+    a.Move(x=5000, y=5),
+    a.Drag(path=[(10, 10), (1300, 10)]),
+    a.Key(keys="ctrl+nosuchkey"),
+    a.Key(keys="ctrl+"),
+    a.Click(x=10, y=10, modifiers=["hyperdrive"]),
+    a.Screenshot(region=a.Region(x=1200, y=0, width=100, height=10)),
+    a.Click(x=10),
+])
+async def test_impossible_actions_are_invalid_and_the_desktop_goes_on(
+    desk: AgentDesktop, action: a.Action
+) -> None:
+    with pytest.raises(InvalidAction) as raised:
+        await desk.perform(action)
+    assert isinstance(raised.value, InvalidRequest) and raised.value.status == 422
+    assert await desk.perform(a.ScreenSize()) == Size(width=1280, height=800)
+
+
+async def test_a_batch_stops_at_the_first_error(desk: AgentDesktop) -> None:
+    await desk.perform(a.Move(x=10, y=10))
+    with pytest.raises(InvalidAction):
+        await desk.run([a.Move(x=20, y=20), a.Key(keys="bogus"), a.Move(x=30, y=30)])
+    assert await desk.perform(a.CursorPosition()) == Point(x=20, y=20)
