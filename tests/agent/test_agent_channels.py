@@ -203,6 +203,39 @@ async def test_channels_nobody_reads_do_not_block_the_rest(client: AgentClient) 
     await server.wait_closed()
 
 
+async def test_channels_given_up_while_full_are_no_flood(client: AgentClient) -> None:
+    """A host that closes busy channels one after another (DevTools clients dropped for
+    reading too slowly) still receives the DATA the agent sent before it saw each reset,
+    up to that stream's window: h2 drops those frames without an event, and they must not
+    count against the flood budget (once, that failed a session with a good agent)."""
+    sending: list[asyncio.StreamWriter] = []
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sending.append(writer)
+        with contextlib.suppress(ConnectionError):
+            while True:
+                writer.write(b"f" * 65536)
+                await writer.drain()
+
+    server = await asyncio.start_server(flood, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    for _ in range(40):  # 40 windows of 16 KiB frames: far over the burst of 1,000 frames
+        channel = await client.open_tcp(port)
+        # Read for a while, so that the window keeps being handed back and the agent has
+        # a window's worth on the way when the channel is closed.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.1):
+                while await channel.read():
+                    pass
+        channel.close()
+    await asyncio.sleep(0.5)
+    assert client.failed_reason is None
+    assert (await client.call("echo", {"after": True})).json() == {"after": True}
+    await _close_all(sending)
+    server.close()
+    await server.wait_closed()
+
+
 async def test_sockets_that_do_not_read_do_not_block_the_rest(
     client: AgentClient, echo_port: int
 ) -> None:

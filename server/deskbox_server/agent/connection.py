@@ -359,7 +359,11 @@ class AgentConnection:
         return stream
 
     def forget(self, stream: AgentStream) -> None:
-        self._streams.pop(stream.id, None)
+        if self._streams.pop(stream.id, None) is not None and not stream.ended:
+            with contextlib.suppress(h2.exceptions.H2Error, KeyError):
+                window = self.h2.streams[stream.id].inbound_flow_control_window
+                if window > 0:
+                    self._guard.expect_late(stream.id, window)
         if stream._body:  # unread data no longer counts against the budget
             self._unread -= len(stream._body)
             stream._body.clear()
@@ -375,6 +379,7 @@ class AgentConnection:
                     raise self.fail("the agent closed the stream")
                 frames_before = self._guard.frames
                 empty_before = self._guard.empty_data
+                late_before = self._guard.late_data
                 control_before = self._guard.control
                 try:
                     self._guard.feed(data)
@@ -388,7 +393,9 @@ class AgentConnection:
                     raise self.fail(str(e)) from None
                 except h2.exceptions.H2Error as e:
                     raise self.fail(f"HTTP/2 protocol error: {e}") from None
-                useful = 0
+                # DATA the agent sent before it saw our reset of its stream, within the
+                # window it had then: expected, and h2 drops it without an event.
+                useful = self._guard.late_data - late_before
                 try:
                     for event in events:
                         useful += self._dispatch(event)
