@@ -273,10 +273,11 @@ async def test_files_replaced_keep_their_mode_and_directories_are_refused(
 
 
 def test_h2speed_changes_no_output() -> None:
-    """The cheaper repr of frame payloads (agent/h2speed.py) says exactly what h2's did."""
+    """The cheaper repr of frame payloads (deskbox_agent/h2speed.py, both ends) says exactly
+    what h2's did."""
     import binascii
 
-    from deskbox_server.agent.h2speed import short_data_repr
+    from deskbox_agent.h2speed import short_data_repr
 
     def original(data: bytes | None) -> str:  # hyperframe 6.1's _raw_data_repr
         if not data:

@@ -1,20 +1,26 @@
-"""A guard in front of h2 (the same as the host's, server/deskbox_server/agent/frames.py).
+"""A guard in front of h2: checks frame headers before h2 buffers a byte of the frame.
+
+Both ends use it: the agent on what the host sends (the host is trusted, but any process
+of the sandbox can connect to the agent's socket as well), the host on what the agent
+sends (server/deskbox_server/agent/connection.py, which imports it from this package).
 
 h2 buffers a frame whole before it looks at its length, so a header announcing 16 MiB
 would make it hold 16 MiB. This scanner sees every 9-byte frame header as it arrives and
-refuses, before any of the payload is kept: a peer that does not start with the client
-preface and SETTINGS, a frame over our MAX_FRAME_SIZE, and a header block (HEADERS +
-CONTINUATIONs) over its cap or interleaved with other frames. The host is trusted, but
-any process of the sandbox can connect to the agent's socket as well.
+refuses, before any of the payload is kept: a peer that does not start with (the client
+preface and) SETTINGS, a frame over our MAX_FRAME_SIZE, and a header block (HEADERS +
+CONTINUATIONs) over its cap or interleaved with other frames. It also counts frames,
+which the host's flood budget uses.
 """
 
 from __future__ import annotations
 
-__all__ = ["FrameGuard", "FrameViolation"]
+__all__ = ["PREFACE", "FrameGuard", "FrameViolation"]
 
 _DATA, _HEADERS, _SETTINGS, _PUSH_PROMISE, _CONTINUATION = 0, 1, 4, 5, 9
 _END_HEADERS, _ACK = 0x4, 0x1
+_CONTROL = (2, 4, 6)  # PRIORITY, SETTINGS, PING
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_MAX_LATE_STREAMS = 256  # given-up streams remembered (the agent allows 128 at once)
 
 
 class FrameViolation(Exception):
@@ -22,16 +28,32 @@ class FrameViolation(Exception):
 
 
 class FrameGuard:
-    def __init__(self, max_frame_size: int, max_header_block: int) -> None:
-        self._preface = len(PREFACE)  # bytes of the client preface still to check
+    def __init__(self, max_frame_size: int, max_header_block: int, preface: bool = False) -> None:
+        """``preface``: the peer is a client, whose bytes start with the client preface."""
+        self._preface = len(PREFACE) if preface else 0  # bytes of it still to check
         self._max_frame = max_frame_size
         self._max_block = max_header_block
         self._head = bytearray()
         self._left = 0  # payload bytes of the current frame still to come
         self._block: int | None = None  # bytes of the header block in progress
         self._first = True
-        self.frames = 0  # complete frame headers seen so far
+        # Complete frames seen so far: counted when the last byte of the frame arrives, as
+        # h2 hands on a frame only then (counted at its header, a frame split across two
+        # reads looked like junk in the first: thousands a second at full speed).
+        self.frames = 0
+        self._late_frame = False  # the frame in progress is late DATA (below)
         self.empty_data = 0  # DATA frames without payload
+        self.control = 0  # frames that carry nothing for a stream: counted before h2 runs
+        # Streams this end gave up: the bytes of DATA the peer may still have had on the
+        # way (their window then); such frames are counted in ``late_data``, not as junk.
+        self._late: dict[int, int] = {}
+        self.late_data = 0
+
+    def expect_late(self, stream_id: int, window: int) -> None:
+        """This end gave ``stream_id`` up with ``window`` bytes of it still allowed."""
+        if len(self._late) >= _MAX_LATE_STREAMS:
+            del self._late[next(iter(self._late))]  # the oldest
+        self._late[stream_id] = window
 
     def feed(self, data: bytes) -> None:
         i, n = 0, len(data)
@@ -47,6 +69,8 @@ class FrameGuard:
                 take = min(self._left, n - i)
                 self._left -= take
                 i += take
+                if not self._left:
+                    self._complete()
                 continue
             need = 9 - len(self._head)
             self._head += data[i : i + need]
@@ -63,7 +87,7 @@ class FrameGuard:
             self._first = False
             if kind != _SETTINGS or flags & _ACK or length % 6:
                 raise FrameViolation(
-                    f"the first frame is not SETTINGS (first bytes {head!r})"
+                    f"not HTTP/2: the first frame is not SETTINGS (first bytes {head!r})"
                 )
         if length > self._max_frame:
             raise FrameViolation(
@@ -85,5 +109,20 @@ class FrameGuard:
                 self._block = None
         if kind == _DATA and length == 0:
             self.empty_data += 1
-        self.frames += 1
+        elif kind == _DATA:
+            stream_id = int.from_bytes(head[5:9], "big") & 0x7FFFFFFF
+            allowed = self._late.get(stream_id, 0)
+            if length <= allowed:
+                self._late[stream_id] = allowed - length
+                self._late_frame = True
+        if kind in _CONTROL or kind > _CONTINUATION:
+            self.control += 1
         self._left = length
+        if not length:
+            self._complete()
+
+    def _complete(self) -> None:
+        self.frames += 1
+        if self._late_frame:
+            self.late_data += 1
+            self._late_frame = False

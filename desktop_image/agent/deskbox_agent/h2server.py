@@ -180,7 +180,9 @@ class Connection:
             },
         )
         self.h2.decoder.max_header_list_size = limits.max_header_list_size
-        self._guard = FrameGuard(limits.max_frame_size, limits.max_header_list_size * 2)
+        self._guard = FrameGuard(
+            limits.max_frame_size, limits.max_header_list_size * 2, preface=True
+        )
         self.h2.max_inbound_frame_size = limits.max_frame_size
         self._streams: dict[int, Stream] = {}
         self._tasks: set[asyncio.Task[None]] = set()

@@ -26,9 +26,10 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
+from deskbox_agent import h2speed
+from deskbox_agent.frames import FrameGuard, FrameViolation
+
 from ..errors import AgentFailed
-from . import h2speed
-from .frames import FrameGuard, FrameViolation
 from .limits import AgentLimits
 
 __all__ = ["AgentConnection", "AgentStream", "StreamReset"]
