@@ -1,164 +1,33 @@
 """Key names as models write them (xdotool style and common aliases) → X keysyms.
 
-The vocabulary of the `key` actions: the dialects check combos with it before anything
-runs, the driver presses what it names."""
+The vocabulary of the `key` actions is the agent's own table
+(``deskbox_agent.desktop.keys``, shipped in deskbox-server): the dialects check combos with
+it before anything runs, so the host refuses exactly what the agent could not press. Here
+its refusals become the server's InvalidAction (422).
+"""
 
 from __future__ import annotations
 
-from functools import cache
-
-from Xlib import XK
+from deskbox_agent.desktop import keys as _agent_keys
+from deskbox_agent.desktop.errors import InvalidAction as _AgentInvalidAction
 
 from .errors import InvalidAction
 
 __all__ = ["MODIFIER_KEYSYMS", "char_keysym", "parse_combo", "parse_key"]
 
-# Names models and xdotool users emit that are not X keysym names, lower-cased.
-_ALIASES: dict[str, str] = {
-    "enter": "Return",
-    "return": "Return",
-    "esc": "Escape",
-    "escape": "Escape",
-    "ctrl": "Control_L",
-    "control": "Control_L",
-    "lctrl": "Control_L",
-    "rctrl": "Control_R",
-    "shift": "Shift_L",
-    "lshift": "Shift_L",
-    "rshift": "Shift_R",
-    "alt": "Alt_L",
-    "option": "Alt_L",
-    "lalt": "Alt_L",
-    "ralt": "Alt_R",
-    "altgr": "ISO_Level3_Shift",
-    "super": "Super_L",
-    "win": "Super_L",
-    "windows": "Super_L",
-    "cmd": "Super_L",
-    "command": "Super_L",
-    "meta": "Super_L",
-    "os": "Super_L",
-    "pageup": "Prior",
-    "page_up": "Prior",
-    "pgup": "Prior",
-    "pagedown": "Next",
-    "page_down": "Next",
-    "pgdn": "Next",
-    "arrowup": "Up",
-    "arrowdown": "Down",
-    "arrowleft": "Left",
-    "arrowright": "Right",
-    "up": "Up",
-    "down": "Down",
-    "left": "Left",
-    "right": "Right",
-    "backspace": "BackSpace",
-    "bksp": "BackSpace",
-    "del": "Delete",
-    "delete": "Delete",
-    "ins": "Insert",
-    "insert": "Insert",
-    "space": "space",
-    "spacebar": "space",
-    "tab": "Tab",
-    "home": "Home",
-    "end": "End",
-    "capslock": "Caps_Lock",
-    "caps_lock": "Caps_Lock",
-    "numlock": "Num_Lock",
-    "scrolllock": "Scroll_Lock",
-    "printscreen": "Print",
-    "print": "Print",
-    "prtsc": "Print",
-    "pause": "Pause",
-    "break": "Break",
-    "menu": "Menu",
-    "contextmenu": "Menu",
-    "apps": "Menu",
-    "minus": "minus",
-    "plus": "plus",
-    "equal": "equal",
-    "comma": "comma",
-    "period": "period",
-    "slash": "slash",
-    "backslash": "backslash",
-    "semicolon": "semicolon",
-    "quote": "apostrophe",
-    "apostrophe": "apostrophe",
-    "grave": "grave",
-    "backtick": "grave",
-    "bracketleft": "bracketleft",
-    "bracketright": "bracketright",
-    "volumeup": "XF86AudioRaiseVolume",
-    "volumedown": "XF86AudioLowerVolume",
-    "volumemute": "XF86AudioMute",
-}
-
-ISO_LEVEL3_SHIFT = 0xFE03
-MODIFIER_KEYSYMS: frozenset[int] = frozenset(
-    (
-        XK.XK_Shift_L, XK.XK_Shift_R, XK.XK_Control_L, XK.XK_Control_R, XK.XK_Alt_L,
-        XK.XK_Alt_R, XK.XK_Super_L, XK.XK_Super_R, XK.XK_Meta_L, XK.XK_Meta_R, ISO_LEVEL3_SHIFT,
-    )
-)
-
-
-@cache
-def _keysyms_by_lower_name() -> dict[str, int]:
-    """Every keysym name python-xlib knows, lower-cased ("page_down" → Page_Down)."""
-    # Loaded on first use, not at import: media and browser keys (XF86Back, XF86AudioMute).
-    XK.load_keysym_group("xf86")
-    XK.load_keysym_group("xkb")
-    table: dict[str, int] = {}
-    for name in dir(XK):
-        if name.startswith("XK_"):
-            keysym_name = name[3:]
-            table.setdefault(keysym_name.lower(), getattr(XK, name))
-            if keysym_name.startswith("XF86_"):
-                # python-xlib spells XF86Back as XF86_Back; accept the X spelling too.
-                table.setdefault("xf86" + keysym_name[5:].lower(), getattr(XK, name))
-    return table
-
-
-def char_keysym(char: str) -> int:
-    """The keysym that produces ``char``: Latin-1 maps directly, the rest to 0x1000000+U."""
-    code = ord(char)
-    if char == "\n":
-        return XK.XK_Return
-    if char == "\t":
-        return XK.XK_Tab
-    if 0x20 <= code <= 0x7E or 0xA0 <= code <= 0xFF:
-        return code
-    return 0x01000000 + code
+MODIFIER_KEYSYMS = _agent_keys.MODIFIER_KEYSYMS
+char_keysym = _agent_keys.char_keysym
 
 
 def parse_key(name: str) -> int:
-    """One key name → keysym. Single characters are taken literally ("A" is shifted a)."""
-    if not name:
-        raise InvalidAction("empty key name (look for a doubled or trailing '+')")
-    if len(name) == 1:
-        return char_keysym(name)
-    by_lower_name = _keysyms_by_lower_name()
-    alias = _ALIASES.get(name.lower())
-    if alias is not None:
-        return by_lower_name[alias.lower()]
-    exact = XK.string_to_keysym(name)
-    if exact:
-        return int(exact)
-    folded = by_lower_name.get(name.lower())
-    if folded is not None:
-        return folded
-    raise InvalidAction(f"unknown key name {name!r}")
+    try:
+        return _agent_keys.parse_key(name)
+    except _AgentInvalidAction as error:
+        raise InvalidAction(error.message) from None
 
 
 def parse_combo(keys: str) -> list[int]:
-    """"ctrl+shift+t" → keysyms in press order. A lone "+" (or a trailing "++") is the plus key."""
-    text = keys.strip()
-    if not text:
-        raise InvalidAction("empty key combination")
-    if text == "+":
-        return [parse_key("+")]
-    parts = text.split("+")
-    if text.endswith("++"):
-        parts = [*parts[:-2], "+"]
-    return [parse_key(part.strip()) for part in parts]
+    try:
+        return _agent_keys.parse_combo(keys)
+    except _AgentInvalidAction as error:
+        raise InvalidAction(error.message) from None

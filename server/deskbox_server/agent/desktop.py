@@ -25,12 +25,15 @@ from typing import Any, Literal
 
 import numpy as np
 
+from deskbox_agent.desktop import actions as agent_actions
+from deskbox_agent.desktop.errors import InvalidAction as AgentInvalidAction
+from deskbox_agent.desktop.space import Space
+
 from ..errors import DesktopFailed, InvalidAction, InvalidRequest, SessionFailed, Timeout
 from ..media import MEDIA_TYPES, EncodedImage, Frame
 from ..schemas import actions as a
 from ..schemas.results import ActionResult, BatchResult, ClipboardText, Point, Size
 from ..settle import SettleOptions, batch_allowance_s
-from ..space import Space
 from .client import AgentClient, CallResult, Json
 
 __all__ = ["PARTS_TYPE", "AgentDesktop", "DesktopInfo"]
@@ -245,7 +248,12 @@ class AgentDesktop:
                 if action.scale is not None:
                     size = (action.scale.width, action.scale.height)
                 else:
-                    size = space.region_to_screen(action.region)[2:]
+                    region = agent_actions.Region(action.region.x, action.region.y,
+                                                  action.region.width, action.region.height)
+                    try:  # the agent's own mapping, so that sizes agree by construction
+                        size = space.region_to_screen(region)[2:]
+                    except AgentInvalidAction as error:
+                        raise InvalidAction(error.message) from None
                 return _Expect("image", MEDIA_TYPES[action.format], *size)
             case a.CursorPosition():
                 return _Expect("point", width=space.view_width, height=space.view_height)
