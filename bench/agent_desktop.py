@@ -39,7 +39,7 @@ from deskbox_server.agent import AgentClient  # noqa: E402
 from deskbox_server.agent.desktop import AgentDesktop  # noqa: E402
 from deskbox_server.schemas import actions as a  # noqa: E402
 from tests.cdp_page import CdpPage  # noqa: E402
-from tests.local_desktop import HostDesktop as LocalDesktop  # noqa: E402
+from tests.local_desktop import HostDesktop as LocalSandbox  # noqa: E402
 
 AGENT_DIR = ROOT / "desktop_image" / "agent"
 # Where the image build keeps the agent's wheels (its state directory's wheels/).
@@ -263,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         memory = {"idle, no display (the agent before this change)": pss_mib(plain.pid)}
         plain.terminate()
         plain.wait()
-        with LocalDesktop() as local, CdpPage.first(local.devtools_url) as cdp:
+        with LocalSandbox() as local, CdpPage.first(local.devtools_url) as cdp:
             agent = start_agent(workdir / "agent.sock", site, local.display_name, args.python)
             try:
                 time.sleep(1.0)

@@ -40,19 +40,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
 from deskbox_server.agent import AgentClient  # noqa: E402
-from deskbox_server.backends.agent_devtools import AgentDevtools  # noqa: E402
-from deskbox_server.backends.agent_vnc import AgentVnc  # noqa: E402
-from deskbox_server.backends.devtools import (  # noqa: E402
+from deskbox_server.agent.devtools import (  # noqa: E402
     MAX_LISTING,
     DevtoolsSocket,
     connect_tcp,
     get_json,
     open_websocket,
 )
-from deskbox_server.backends.vnc_server import VncServer, x11vnc_argv  # noqa: E402
+from deskbox_server.agent.devtools_channels import AgentDevtools  # noqa: E402
+from deskbox_server.agent.vnc import AgentVnc  # noqa: E402
+from deskbox_server.agent.vnc_server import VncServer, x11vnc_argv  # noqa: E402
 from deskbox_server.vnc.proxy import handshake_server  # noqa: E402
 from tests.cdp_page import CdpPage  # noqa: E402
-from tests.local_desktop import HostDesktop as LocalDesktop  # noqa: E402
+from tests.local_desktop import HostDesktop as LocalSandbox  # noqa: E402
 
 RAW_32BIT = struct.pack(">BBBBHHHBBB3x", 32, 24, 0, 1, 255, 255, 255, 16, 8, 0)
 PAGE = (ROOT / "tests" / "pages" / "events.html").as_uri()
@@ -244,7 +244,7 @@ class HostVnc(VncServer):
             self.path.unlink()
 
 
-async def measure(args: argparse.Namespace, agent_socket: Path, desktop: LocalDesktop,
+async def measure(args: argparse.Namespace, agent_socket: Path, desktop: LocalSandbox,
                   directory: Path) -> list[tuple[str, str, str]]:
     agent = await AgentClient.connect_unix(str(agent_socket))
     try:
@@ -298,7 +298,7 @@ def main(args: argparse.Namespace) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "desktop_image" / "agent")}
     agent_proc = subprocess.Popen(
         [sys.executable, "-m", "deskbox_agent", "--listen", f"unix:{agent_socket}"], env=env)
-    desktop = LocalDesktop()
+    desktop = LocalSandbox()
     try:
         for _ in range(500):
             if agent_socket.exists():

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/container_start.py [--runs 10] [--cpus 1.0] [--no-browser]
 
-Stages, each measured from the start of ``ContainerSandbox.start``: ``runc`` (runc run
+Stages, each measured from the start of ``RuncSandbox.start``: ``runc`` (runc run
 --detach returned), ``socket`` (the X socket appeared), ``xserver`` (connected), ``wm``
 (openbox owns WM_S0), ``browser`` (Chromium's window is viewable), ``painted`` (its
 toolbar is drawn); then ``destroy``. Needs root; builds the image first if it is missing.
@@ -21,10 +21,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from deskbox_server.backends.container import ContainerOptions, ContainerSandbox  # noqa: E402
-from deskbox_server.backends.image import build_image  # noqa: E402
-from deskbox_server.backends.oci import Limits  # noqa: E402
-from deskbox_server.backends.processes import become_subreaper  # noqa: E402
+from deskbox_server.engines.processes import become_subreaper  # noqa: E402
+from deskbox_server.engines.runc.image import build_image  # noqa: E402
+from deskbox_server.engines.runc.layout import Limits  # noqa: E402
+from deskbox_server.engines.runc.sandbox import RuncOptions, RuncSandbox  # noqa: E402
 from deskbox_server.settings import default_recipe_dir  # noqa: E402
 
 
@@ -40,10 +40,10 @@ def main() -> None:
         args.image_state_dir, default_recipe_dir(), lambda line: print(line, file=sys.stderr)
     )
     with tempfile.TemporaryDirectory(prefix="deskbox-bench-") as state:
-        options = ContainerOptions(state_dir=Path(state), rootfs=rootfs)
+        options = RuncOptions(state_dir=Path(state), rootfs=rootfs)
         rows: list[dict[str, float]] = []
         for run in range(args.runs):
-            box = ContainerSandbox.start(
+            box = RuncSandbox.start(
                 options, f"bench-{os.getpid()}-{run}", limits=Limits(cpus=args.cpus),
                 browser=not args.no_browser,
             )

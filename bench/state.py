@@ -7,7 +7,7 @@ Run from the repository root (root, runc; builds the session image first if miss
 Starts ``deskbox serve`` as bench/api.py does, creates one session with a page that animates
 (so the sandbox has work to stop), and measures over ``--cycles`` freeze/thaw cycles:
 
-- the cgroup freezer itself (``backends/freezer.py``: write ``FROZEN``, read until every
+- the cgroup freezer itself (``engines/runc/freezer.py``: write ``FROZEN``, read until every
   task is frozen; then ``THAWED``) on that session's sandbox;
 - ``runc pause`` / ``runc resume``, which do the same through a runc process;
 - ``POST /pause {"mode": "freeze"}`` and ``POST /resume`` round trips through the API
@@ -37,7 +37,7 @@ from pathlib import Path
 import httpx
 from api import create, p95, server, verdict  # bench/api.py (this script's directory)
 
-from deskbox_server.backends import freezer
+from deskbox_server.engines.runc import freezer
 
 TARGET_MS = 10.0
 ANIMATED = "data:text/html;base64," + base64.b64encode(

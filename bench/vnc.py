@@ -22,7 +22,7 @@ Chromium window (``--kiosk``, no window manager) showing the same pages, driven 
 RFB on a unix socket (the same client, tests/rfb_client.py; no proxy, and nothing in this
 process talks X, so python-xlib's Xvfb-then-Xvnc crash cannot happen):
 
-- x11vnc: Xvfb plus x11vnc with the server's own flags (backends/vnc_server.py), started
+- x11vnc: Xvfb plus x11vnc with the server's own flags (agent/vnc_server.py), started
   afresh for every run as the server does for a first viewer;
 - Xvnc: ``Xvnc -rfbunixpath SOCKET -rfbport -1 -SecurityTypes None`` (no TCP port), the X
   server and the VNC server in one process, serving from the start;
@@ -56,7 +56,7 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 import api as bench_api  # noqa: E402  (bench/api.py: the server helper)
 
-from deskbox_server.backends.vnc_server import x11vnc_argv  # noqa: E402
+from deskbox_server.agent.vnc_server import x11vnc_argv  # noqa: E402
 from tests.cdp_page import CdpPage  # noqa: E402
 from tests.headless import CHROMIUM, headless_chromium  # noqa: E402
 from tests.rfb_client import RfbViewer  # noqa: E402

@@ -64,7 +64,7 @@ DPKG_OPTIONS = (
 APT_OPTIONS = ('Acquire::Languages "none"',)
 # Files of the server package that the session needs too: (path in the repository, in image).
 SHARED_FILES = (
-    ("server/deskbox_server/backends/data/openbox-rc.xml", "etc/deskbox/openbox-rc.xml"),
+    ("server/deskbox_server/engines/data/openbox-rc.xml", "etc/deskbox/openbox-rc.xml"),
 )
 
 Progress = Callable[[str], None]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from deskbox_server.backends.processes import become_subreaper
+from deskbox_server.engines.processes import become_subreaper
 
 
 def _live_descendants(root: int) -> list[str]:

@@ -21,27 +21,28 @@ from .api.auth import load_keyring
 from .api.deps import Services
 from .api.errors import RequestContext, install_error_handlers
 from .api.openapi import install_openapi
-from .backends.base import Backend
-from .backends.container import ContainerOptions
-from .backends.container_backend import ContainerBackend
-from .backends.image import build_image
-from .backends.local import LocalBackend
+from .engines import AnyEngine
+from .engines.local.engine import LocalEngine
+from .engines.runc.engine import RuncEngine
+from .engines.runc.image import build_image
+from .engines.runc.sandbox import RuncOptions
 from .metrics import Metrics
 from .sessions.manager import SessionManager
 from .sessions.registry import Registry
 from .settings import Settings
 
-__all__ = ["container_backend", "create_app", "default_backends"]
+__all__ = ["create_app", "default_engines", "runc_engine"]
 
 log = logging.getLogger("deskbox.server")
 image_log = logging.getLogger("deskbox.image")
 
 
-def default_backends(settings: Settings) -> dict[str, Backend]:
-    """The backends of ``settings.backends``; nothing starts before ``prepare()``."""
-    known: dict[str, Callable[[Settings], Backend]] = {
-        ContainerBackend.name: container_backend,
-        LocalBackend.name: lambda s: LocalBackend(s.desktop_call_timeout_s),
+def default_engines(settings: Settings) -> dict[str, AnyEngine]:
+    """The engines of ``settings.backends`` (by their names on the wire); nothing starts
+    before ``prepare()``."""
+    known: dict[str, Callable[[Settings], AnyEngine]] = {
+        RuncEngine.name: runc_engine,
+        LocalEngine.name: lambda _: LocalEngine(),
     }
     unknown = sorted(set(settings.backends) - set(known))
     if unknown:
@@ -54,13 +55,13 @@ def default_backends(settings: Settings) -> dict[str, Backend]:
     return {name: known[name](settings) for name in settings.backends}
 
 
-def container_backend(settings: Settings) -> ContainerBackend:
+def runc_engine(settings: Settings) -> RuncEngine:
     """Sandboxes under ``state_dir``, from the image built (or found cached) by prepare()."""
     state_dir = settings.state_dir.resolve()
     # Container ids are global on the host (runc, cgroups): this state dir's are its own,
     # so a server's orphan removal never touches another server's (or a test's) sandboxes.
     prefix = "deskbox-" + hashlib.sha256(str(state_dir).encode()).hexdigest()[:8] + "-"
-    options = ContainerOptions(
+    options = RuncOptions(
         state_dir=state_dir,
         rootfs=settings.image_cache_dir / "images" / "unprepared",
         displays=(settings.display_first, settings.display_last),
@@ -77,18 +78,18 @@ def container_backend(settings: Settings) -> ContainerBackend:
         return build_image(settings.image_cache_dir, settings.recipe_dir, progress,
                            cancel=cancel)
 
-    return ContainerBackend(options, image=image, call_timeout_s=settings.desktop_call_timeout_s)
+    return RuncEngine(options, image=image)
 
 
 def create_app(
-    settings: Settings | None = None, backends: Mapping[str, Backend] | None = None
+    settings: Settings | None = None, engines: Mapping[str, AnyEngine] | None = None
 ) -> FastAPI:
     settings = settings or Settings()
     metrics = Metrics()
     manager = SessionManager(
         settings,
         Registry(settings.database_path),
-        backends if backends is not None else default_backends(settings),
+        engines if engines is not None else default_engines(settings),
         metrics,
     )
     services = Services(settings, load_keyring(settings), manager, metrics)

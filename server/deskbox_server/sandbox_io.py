@@ -2,7 +2,7 @@
 
 A backend that has a sandbox runs commands and file I/O *inside* it; one without a
 sandbox (``local``) refuses them rather than touching the host (``DesktopHandle`` in
-backends/base.py). Everything that comes back out of a sandbox is bounded here by the caller's
+engines/base.py). Everything that comes back out of a sandbox is bounded here by the caller's
 limits: output, file sizes, how long anything may take.
 """
 

@@ -21,9 +21,9 @@ def default_recipe_dir() -> Path:
     """The repository's ``desktop_image/``, found from this package's place in the source tree.
 
     The recipe is not in the deskbox-server wheel: it reads files across the tree (the
-    server's ``backends/data``, ``desktop_image/agent``), so the server runs from a checkout
+    server's ``engines/data``, ``desktop_image/agent``), so the server runs from a checkout
     (``make setup`` installs it editable). A wheel install sets ``DESKBOX_RECIPE_DIR`` to a
-    checkout's ``desktop_image/``; without one, the image build says so (backends/image.py).
+    checkout's ``desktop_image/``; without one, the image build says so (engines/runc/image.py).
     """
     return Path(__file__).resolve().parents[2] / "desktop_image"
 

@@ -17,7 +17,7 @@ import pytest
 
 from deskbox_server.agent import AgentClient
 from deskbox_server.agent.desktop import AgentDesktop
-from deskbox_server.backends.desktop_commands import DesktopSpec, xserver_argv
+from deskbox_server.engines.desktop_commands import DesktopSpec, xserver_argv
 from deskbox_server.errors import DesktopFailed, InvalidAction, Timeout
 from deskbox_server.media import EncodedImage, encode
 from deskbox_server.schemas import actions as a

@@ -1,6 +1,6 @@
 """Stopping an exec with ``stop_grace_s`` (PROTOCOL.md): SIGTERM, the grace, then SIGKILL.
 
-The session's VNC server runs as such an exec (backends/agent_vnc.py): x11vnc frees its
+The session's VNC server runs as such an exec (agent/vnc.py): x11vnc frees its
 shared memory only on a signal it handles.
 """
 

@@ -1,8 +1,8 @@
 """The live view (x11vnc) and DevTools through the real agent's channels, on a real desktop.
 
-Xvfb + openbox + Chromium run on the host (backends/local_desktop.py), the agent is a subprocess on
-a unix socket (conftest.py); no sandbox. The VNC server is backends/agent_vnc.py, the
-DevTools connections backends/agent_devtools.py, both given only an ``AgentClient``.
+Xvfb + openbox + Chromium run on the host (engines/local/sandbox.py), the agent is a subprocess on
+a unix socket (conftest.py); no sandbox. The VNC server is agent/vnc.py, the
+DevTools connections agent/devtools_channels.py, both given only an ``AgentClient``.
 """
 
 from __future__ import annotations
@@ -28,24 +28,24 @@ from starlette.websockets import WebSocket
 from websockets.exceptions import ConnectionClosed
 
 from deskbox_server.agent import AgentClient, AgentLimits
-from deskbox_server.api.cdp_relay import RelayLimits, SessionBuffers, relay
-from deskbox_server.backends.agent_devtools import AgentDevtools
-from deskbox_server.backends.agent_vnc import AgentVnc
-from deskbox_server.backends.desktop_commands import DesktopSpec
-from deskbox_server.backends.devtools import (
+from deskbox_server.agent.devtools import (
     MAX_LISTING,
     browser_path,
     get_json,
     open_websocket,
 )
-from deskbox_server.backends.vnc_server import VncServer
+from deskbox_server.agent.devtools_channels import AgentDevtools
+from deskbox_server.agent.vnc import AgentVnc
+from deskbox_server.agent.vnc_server import VncServer
+from deskbox_server.api.cdp_relay import RelayLimits, SessionBuffers, relay
+from deskbox_server.engines.desktop_commands import DesktopSpec
 from deskbox_server.errors import AgentFailed, BrowserUnavailable, SessionFailed, Timeout
 from deskbox_server.vnc.hub import VncHub
 from deskbox_server.vnc.proxy import handshake_server, run_proxy
 from tests.rfb_client import RfbViewer
 
 from ..cdp_page import CdpPage
-from ..local_desktop import HostDesktop as LocalDesktop
+from ..local_desktop import HostDesktop as LocalSandbox
 from .conftest import start_agent, wait_for
 
 RAW_32BIT = struct.pack(">BBBBHHHBBB3x", 32, 24, 0, 1, 255, 255, 255, 16, 8, 0)
@@ -58,13 +58,13 @@ def colour_page(rgb: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def desktop() -> Iterator[LocalDesktop]:
-    with LocalDesktop(DesktopSpec(width=WIDTH, height=HEIGHT)) as local:
+def desktop() -> Iterator[LocalSandbox]:
+    with LocalSandbox(DesktopSpec(width=WIDTH, height=HEIGHT)) as local:
         yield local
 
 
 @pytest.fixture(scope="module")
-def cdp(desktop: LocalDesktop) -> Iterator[CdpPage]:
+def cdp(desktop: LocalSandbox) -> Iterator[CdpPage]:
     with CdpPage.first(desktop.devtools_url) as page:
         yield page
 
@@ -182,7 +182,7 @@ def gone(pid: int) -> bool:
 # -- VNC ---------------------------------------------------------------------------------
 
 async def test_vnc_through_the_agent_two_viewers_and_stop(
-    client: AgentClient, desktop: LocalDesktop, cdp: CdpPage, tmp_path: Path
+    client: AgentClient, desktop: LocalSandbox, cdp: CdpPage, tmp_path: Path
 ) -> None:
     await asyncio.to_thread(show, cdp, "33cc66")
     vnc = await AgentVnc.start(client, desktop.display_name, socket_dir=str(tmp_path))
@@ -255,7 +255,7 @@ async def serving(app: Starlette) -> AsyncIterator[int]:
 
 
 async def test_the_hub_and_the_proxy_serve_viewers_through_the_agent(
-    client: AgentClient, desktop: LocalDesktop, cdp: CdpPage, tmp_path: Path
+    client: AgentClient, desktop: LocalSandbox, cdp: CdpPage, tmp_path: Path
 ) -> None:
     """What the lead switches to: vnc/hub.py and vnc/proxy.py, unchanged, over AgentVnc."""
     await asyncio.to_thread(show, cdp, "2040a0")
@@ -293,7 +293,7 @@ async def test_the_hub_and_the_proxy_serve_viewers_through_the_agent(
 
 
 async def test_a_stalled_viewer_is_held_back_not_buffered(
-    client: AgentClient, desktop: LocalDesktop, tmp_path: Path
+    client: AgentClient, desktop: LocalSandbox, tmp_path: Path
 ) -> None:
     """A viewer that asks for 40 full frames (40 MiB raw) and reads nothing: x11vnc is held
     back by the channel's flow control; what waits on the way is a few MiB."""
@@ -358,7 +358,7 @@ async def _cdp_call(
 
 
 async def test_devtools_json_and_websockets_through_the_agent(
-    client: AgentClient, desktop: LocalDesktop, cdp: CdpPage
+    client: AgentClient, desktop: LocalSandbox, cdp: CdpPage
 ) -> None:
     await asyncio.to_thread(cdp.navigate, EVENTS_PAGE)
     await asyncio.to_thread(cdp.wait_painted, "file:")
@@ -400,7 +400,7 @@ def _playwright_title(http_url: str) -> tuple[str, str]:
 
 
 async def test_playwright_over_the_agent(
-    client: AgentClient, desktop: LocalDesktop, cdp: CdpPage
+    client: AgentClient, desktop: LocalSandbox, cdp: CdpPage
 ) -> None:
     await asyncio.to_thread(cdp.navigate, EVENTS_PAGE)
     await asyncio.to_thread(cdp.wait_painted, "file:")
@@ -434,7 +434,7 @@ def _playwright_title_ws(ws_url: str) -> str:
 
 
 async def test_playwright_through_the_cdp_relay_and_the_agent(
-    client: AgentClient, desktop: LocalDesktop, cdp: CdpPage
+    client: AgentClient, desktop: LocalSandbox, cdp: CdpPage
 ) -> None:
     """api/cdp_relay.py's relay, unchanged, between Playwright and an AgentDevtools
     websocket: what api/cdp.py does once ``open_devtools`` is ``AgentDevtools.open``."""
@@ -484,7 +484,7 @@ async def own_agent(tmp_path: Path) -> AsyncIterator[tuple[AgentClient, int]]:
 
 
 async def test_an_agent_that_dies_mid_stream(
-    own_agent: tuple[AgentClient, int], desktop: LocalDesktop, desktop_cdp_port: int,
+    own_agent: tuple[AgentClient, int], desktop: LocalSandbox, desktop_cdp_port: int,
     tmp_path: Path,
 ) -> None:
     agent, agent_pid = own_agent
@@ -547,6 +547,6 @@ async def test_an_agent_that_stops_answering_times_out(
 
 
 @pytest.fixture
-def desktop_cdp_port(desktop: LocalDesktop) -> int:
+def desktop_cdp_port(desktop: LocalSandbox) -> int:
     assert desktop.devtools_port is not None
     return desktop.devtools_port

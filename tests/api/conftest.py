@@ -23,8 +23,9 @@ from fastapi import FastAPI
 from deskbox_server.api.auth import key_id
 from deskbox_server.api.deps import Services
 from deskbox_server.app import create_app
-from deskbox_server.backends.local import LocalHandle
+from deskbox_server.engines.local.sandbox import LocalSandbox
 from deskbox_server.errors import DesktopFailed
+from deskbox_server.sessions.desktop import AnyDesktop
 from deskbox_server.settings import Settings
 
 from ..cdp_page import CdpPage
@@ -66,9 +67,9 @@ class Server:
     def ws_url(self, session_id: str) -> str:
         return f"ws{self.url.removeprefix('http')}/v1/sessions/{session_id}/actions/ws"
 
-    def handle(self, session_id: str, key: str = KEY_A) -> LocalHandle:
+    def handle(self, session_id: str, key: str = KEY_A) -> AnyDesktop:
         handle = self.services.manager.handle(key_id(key), session_id)
-        assert isinstance(handle, LocalHandle)
+        assert isinstance(handle.sandbox, LocalSandbox)
         return handle
 
 
@@ -177,7 +178,7 @@ class EventPage:
 
 @pytest.fixture(scope="session")
 def page(server: Server, session: dict[str, Any]) -> Iterator[EventPage]:
-    devtools = server.handle(session["id"]).devtools_url
+    devtools = server.handle(session["id"]).sandbox.devtools_url
     deadline = time.monotonic() + 10
     while True:
         try:

@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from deskbox_server.api.auth import key_id
-from deskbox_server.backends.container_backend import ContainerHandle
+from deskbox_server.engines.runc.sandbox import RuncSandbox
+from deskbox_server.sessions.desktop import AnyDesktop
 from deskbox_server.settings import Settings
 
 from ..images import IMAGE_STATE_DIR
@@ -52,9 +53,9 @@ def open_session(client: httpx.Client, **body: Any) -> Iterator[dict[str, Any]]:
         client.delete(f"/v1/sessions/{session['id']}")
 
 
-def sandbox_handle(server: Server, session: dict[str, Any]) -> ContainerHandle:
+def sandbox_handle(server: Server, session: dict[str, Any]) -> AnyDesktop:
     found = server.services.manager.handle(key_id(KEY_A), session["id"])
-    assert isinstance(found, ContainerHandle)
+    assert isinstance(found.sandbox, RuncSandbox)
     return found
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from deskbox_server.backends.container import ContainerOptions
+from deskbox_server.engines.runc.sandbox import RuncOptions
 
 __all__ = ["SandboxPage", "events_data_url", "read_display_number"]
 
@@ -47,7 +47,7 @@ def events_data_url() -> str:
 def read_display_number(session_dir: Path) -> int:
     """The display of a container session (its directory in the server's state dir), from
     its shared tmpfs (``/run/deskbox/<container id>``, the id ends with the session's)."""
-    found = list(ContainerOptions.shared_root.glob(f"*-{session_dir.name}/display/number"))
+    found = list(RuncOptions.shared_root.glob(f"*-{session_dir.name}/display/number"))
     assert len(found) == 1, found
     return int(found[0].read_text())
 

@@ -72,7 +72,7 @@ def missing_from(text: str, paths: Iterable[str], *, websocket: bool = False) ->
 def app(tmp_path_factory: pytest.TempPathFactory) -> FastAPI:
     state = tmp_path_factory.mktemp("state")
     # No backends: building the app starts nothing (the lifespan does not run here).
-    return create_app(Settings(state_dir=state, api_keys="test-key-doc"), backends={})
+    return create_app(Settings(state_dir=state, api_keys="test-key-doc"), engines={})
 
 
 @pytest.fixture(scope="module")

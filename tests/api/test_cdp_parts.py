@@ -9,8 +9,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 
+from deskbox_server.agent.devtools import connect_tcp, get_json
 from deskbox_server.api.cdp import rewrite_targets, rewrite_version
-from deskbox_server.backends.devtools import connect_tcp, get_json
 from deskbox_server.errors import BrowserUnavailable
 from deskbox_server.schemas.sessions import SessionState
 from deskbox_server.sessions.events import EventLog

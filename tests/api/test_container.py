@@ -16,8 +16,8 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from deskbox_server.backends.container_backend import ContainerHandle
-from deskbox_server.backends.runc import Runc
+from deskbox_server.engines.runc.runtime import Runc
+from deskbox_server.sessions.desktop import AnyDesktop
 
 from .conftest import KEY_A, Server
 from .containers import (
@@ -86,7 +86,7 @@ def session(client: httpx.Client) -> Iterator[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def handle(server: Server, session: dict[str, Any]) -> ContainerHandle:
+def handle(server: Server, session: dict[str, Any]) -> AnyDesktop:
     return sandbox_handle(server, session)
 
 
@@ -102,7 +102,7 @@ def origin(client: httpx.Client, session: dict[str, Any], page: SandboxPage) -> 
 
 
 def test_the_default_backend_is_a_runc_sandbox(
-    session: dict[str, Any], handle: ContainerHandle
+    session: dict[str, Any], handle: AnyDesktop
 ) -> None:
     assert session["backend"] == "container" and session["state"] == "running"
     state = Runc().state(handle.sandbox.container_id)
@@ -128,7 +128,7 @@ def test_click_and_text_land_in_the_page(
 
 def test_screenshot_shows_the_page(
     client: httpx.Client, session: dict[str, Any], origin: tuple[int, int],
-    handle: ContainerHandle,
+    handle: AnyDesktop,
 ) -> None:
     ox, oy = origin
     response = client.get(f"/v1/sessions/{session['id']}/screenshot", params={"format": "png"})
@@ -160,7 +160,7 @@ def test_websocket_click_and_screenshot(
 
 
 def test_delete_leaves_nothing(
-    client: httpx.Client, session: dict[str, Any], handle: ContainerHandle, page: SandboxPage
+    client: httpx.Client, session: dict[str, Any], handle: AnyDesktop, page: SandboxPage
 ) -> None:
     sandbox = handle.sandbox
     container_id, session_dir = sandbox.container_id, sandbox.session_dir

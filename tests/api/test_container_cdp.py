@@ -23,8 +23,8 @@ from websockets.sync.client import connect
 
 from deskbox.pixels import screen_point
 from deskbox_server.api.auth import key_id
-from deskbox_server.backends.container_backend import ContainerHandle
-from deskbox_server.backends.devtools import DEVTOOLS_PORT
+from deskbox_server.engines.desktop_commands import DEVTOOLS_PORT
+from deskbox_server.engines.runc.sandbox import RuncSandbox
 
 from .conftest import KEY_A, Server
 from .containers import container_server, open_session
@@ -362,7 +362,7 @@ def test_the_debugging_port_is_not_reachable_from_the_host(
     server: Server, client: httpx.Client, session: dict[str, Any]
 ) -> None:
     handle = server.services.manager.handle(key_id(KEY_A), session["id"])
-    assert isinstance(handle, ContainerHandle)
+    assert isinstance(handle.sandbox, RuncSandbox)
     # It listens inside the sandbox (that is how the proxy reaches it) ...
     assert client.get(f"/v1/sessions/{session['id']}/cdp/json/version").status_code == 200
     # ... and nowhere on the host, with egress none and with a pasta-connected namespace.

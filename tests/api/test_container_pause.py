@@ -20,9 +20,10 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from deskbox_server.api.auth import key_id
-from deskbox_server.backends.checkpoint import Criu, archive_path
-from deskbox_server.backends.container_backend import ContainerHandle
-from deskbox_server.backends.runc import Runc
+from deskbox_server.engines.runc.criu import Criu, archive_path
+from deskbox_server.engines.runc.runtime import Runc
+from deskbox_server.engines.runc.sandbox import RuncSandbox
+from deskbox_server.sessions.desktop import AnyDesktop
 
 from .conftest import DISPLAY, KEY_A, Server
 from .containers import (
@@ -71,7 +72,7 @@ def session(client: httpx.Client) -> Iterator[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def handle(server: Server, session: dict[str, Any]) -> ContainerHandle:
+def handle(server: Server, session: dict[str, Any]) -> AnyDesktop:
     return sandbox_handle(server, session)
 
 
@@ -97,7 +98,7 @@ def freezer_state(container_id: str) -> str:
 
 
 def test_freeze_refuses_actions_and_serves_the_last_frame(
-    client: httpx.Client, session: dict[str, Any], handle: ContainerHandle,
+    client: httpx.Client, session: dict[str, Any], handle: AnyDesktop,
     page: SandboxPage, origin: tuple[int, int],
 ) -> None:
     sid = session["id"]
@@ -196,7 +197,7 @@ def test_delete_of_a_paused_session_leaves_nothing(client: httpx.Client, server:
     sid = body["id"]
     try:
         found = server.services.manager.handle(key_id(KEY_A), sid)
-        assert isinstance(found, ContainerHandle)
+        assert isinstance(found.sandbox, RuncSandbox)
         container_id = found.sandbox.container_id
         pids = cgroup_pids(container_id)
         assert len(pids) >= 3
@@ -221,7 +222,7 @@ def test_hibernate_frees_the_sandbox_and_resume_restores_it(
     sid = new_session(client)["id"]
     try:
         found = server.services.manager.handle(key_id(KEY_A), sid)
-        assert isinstance(found, ContainerHandle)
+        assert isinstance(found.sandbox, RuncSandbox)
         sandbox = found.sandbox
         container_id = sandbox.container_id
         with SandboxPage(client, sid) as page:

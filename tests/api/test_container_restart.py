@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
-from deskbox_server.app import container_backend
-from deskbox_server.backends.container import remove_orphans
-from deskbox_server.backends.runc import Runc
+from deskbox_server.app import runc_engine
+from deskbox_server.engines.runc.runtime import Runc
+from deskbox_server.engines.runc.sandbox import remove_orphans
 from deskbox_server.settings import Settings
 
 from ..images import IMAGE_STATE_DIR
@@ -226,6 +226,6 @@ def test_restart_readopts_running_sessions(tmp_path: Path) -> None:
         assert not os.path.exists(f"/tmp/.X{number}-lock")
     finally:
         # Whatever happened above: no sandbox of this state dir outlives the test.
-        options = container_backend(Settings(state_dir=state_dir)).options
+        options = runc_engine(Settings(state_dir=state_dir)).options
         remove_orphans(options, keep=())
         reap(inits)

@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from deskbox_server.backends.agent_vnc import AgentVnc
-from deskbox_server.backends.container_backend import ContainerHandle
+from deskbox_server.agent.vnc import AgentVnc
+from deskbox_server.sessions.desktop import AnyDesktop
 
 from ..cdp_page import CdpPage
 from ..headless import canvas_pixel, headless_chromium, websocket_bridge
@@ -56,7 +56,7 @@ def session(client: httpx.Client) -> Iterator[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def handle(server: Server, session: dict[str, Any]) -> ContainerHandle:
+def handle(server: Server, session: dict[str, Any]) -> AnyDesktop:
     return sandbox_handle(server, session)
 
 
@@ -83,7 +83,7 @@ def vnc_url(session: dict[str, Any], value: str) -> str:
 
 
 def test_x11vnc_listens_only_on_a_unix_socket(
-    server: Server, client: httpx.Client, session: dict[str, Any], handle: ContainerHandle
+    server: Server, client: httpx.Client, session: dict[str, Any], handle: AnyDesktop
 ) -> None:
     with RfbViewer(vnc_url(session, token(client, session, "view"))):
         vnc = server.services.vnc.server(session["id"])

@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from deskbox_server.api.auth import key_id
-from deskbox_server.backends.container_backend import ContainerHandle
-from deskbox_server.backends.runc import Runc
+from deskbox_server.engines.runc.runtime import Runc
+from deskbox_server.engines.runc.sandbox import RuncSandbox
 from deskbox_server.settings import Settings
 
 from ..images import IMAGE_STATE_DIR, session_image
@@ -121,7 +121,7 @@ def test_exec_is_argv_only(box_client: httpx.Client, box: str) -> None:
 def test_exec_environment(box_client: httpx.Client, box: str, box_server: Server,
                           api_key: str) -> None:
     handle = box_server.services.manager.handle(key_id(api_key), box)
-    assert isinstance(handle, ContainerHandle)
+    assert isinstance(handle.sandbox, RuncSandbox)
     code = "import os; print(os.environ['DISPLAY'], os.environ['GREETING'], os.getuid())"
     body = run(box_client, box, "python3", "-c", code, env={"GREETING": "hello world"})
     assert body["stdout"].split() == [handle.sandbox.display_name, "hello", "world", "0"]
@@ -197,7 +197,7 @@ def test_background_processes_end_with_the_session(
     session_id = new_session(box_client)
     try:
         handle = box_server.services.manager.handle(key_id(api_key), session_id)
-        assert isinstance(handle, ContainerHandle)
+        assert isinstance(handle.sandbox, RuncSandbox)
         container_id = handle.sandbox.container_id
         body = run(box_client, session_id, "sh", "-c", "sleep 700 & sleep 701", background=True)
         assert body["pid"] is not None
@@ -430,7 +430,7 @@ def test_metrics_count_exec_and_files(box_client: httpx.Client, box: str) -> Non
     assert 'deskbox_file_bytes_total{direction="upload"}' in text
 
 
-# -- the unisolated local backend refuses ---------------------------------------------------
+# -- the unisolated local engine refuses ---------------------------------------------------
 
 
 def test_local_backend_refuses_exec_and_files(
@@ -440,10 +440,12 @@ def test_local_backend_refuses_exec_and_files(
     response = client.post(f"/v1/sessions/{session['id']}/exec",
                            json={"cmd": ["touch", str(marker)]})
     error = assert_error(response, 422, "invalid_request")
-    assert "local backend has no sandbox" in error["message"]
+    assert "which the local engine lacks; its desktops are processes of the host" in (
+        error["message"])
     assert not marker.exists()
     put = client.put(files_url(session["id"]), params={"path": str(marker)}, content=b"x")
-    assert "local backend has no sandbox" in assert_error(put, 422, "invalid_request")["message"]
+    assert "the capability 'exec', which the local engine lacks" in assert_error(
+        put, 422, "invalid_request")["message"]
     assert not marker.exists()
     get = client.get(files_url(session["id"]), params={"path": "/etc/hostname"})
     assert_error(get, 422, "invalid_request")
@@ -540,7 +542,7 @@ def test_concurrent_execs_are_capped_per_session(
     run, the rest get 429 at once."""
     cap = box_server.settings.exec_max_concurrent
     handle = box_server.services.manager.handle(key_id(api_key), box)
-    assert isinstance(handle, ContainerHandle)
+    assert isinstance(handle.sandbox, RuncSandbox)
     container_id = handle.sandbox.container_id
     neighbour = new_session(box_client)
     peak = peak_kib = 0
@@ -599,7 +601,7 @@ def test_file_transfers_count_and_the_live_view_does_not(
 ) -> None:
     cap = box_server.settings.exec_max_concurrent
     handle = box_server.services.manager.handle(key_id(api_key), box)
-    assert isinstance(handle, ContainerHandle)
+    assert isinstance(handle.sandbox, RuncSandbox)
     with ThreadPoolExecutor(cap) as pool:
         sleeps = [pool.submit(run, box_client, box, "sleep", "4") for _ in range(cap)]
         deadline = time.monotonic() + 20

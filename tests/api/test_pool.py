@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from deskbox_server.api.auth import key_id
-from deskbox_server.backends.checkpoint import Criu
+from deskbox_server.engines.runc.criu import Criu
 from deskbox_server.sessions.pool import PoolKey
 from deskbox_server.settings import Settings
 

@@ -121,10 +121,14 @@ def test_no_wait_then_idle_expiry(client: httpx.Client) -> None:
         ({"browser": {"start_url": "javascript:alert(1)"}}, "start_url"),
         ({"timeout_s": 0}, "timeout_s"),
         ({"backend": "vm"}, "not available"),
-        ({"network": {"egress": "allowlist", "allow": ["example.org"]}}, "not supported yet"),
-        ({"network": {"egress": "none"}}, "not supported yet"),
+        # The local engine declares no capability and only egress "all" (engines/base.py).
+        ({"network": {"egress": "allowlist", "allow": ["example.org"]}},
+         "network egress 'allowlist' needs that egress mode, which the local engine lacks; "
+         "it offers 'all'"),
+        ({"network": {"egress": "none"}}, "network egress 'none' needs"),
         ({"record": True}, "not supported yet"),
-        ({"resources": {"cpus": 1}}, "not supported yet"),
+        ({"resources": {"cpus": 1}},
+         "resources needs the capability 'resources', which the local engine lacks"),
     ],
 )
 def test_create_refuses_what_it_cannot_do(
@@ -203,7 +207,7 @@ def test_a_dead_desktop_fails_its_session(server: Server, client: httpx.Client) 
     assert response.status_code == 201, response.text
     sid = response.json()["id"]
     try:
-        local = server.handle(sid).local
+        local = server.handle(sid).sandbox
         browser = next(c.popen for c in local.processes.children if c.name == "chromium")
         browser.kill()
         failed = wait_state(client, sid, "failed", timeout_s=15)
@@ -224,3 +228,33 @@ def test_a_dead_desktop_fails_its_session(server: Server, client: httpx.Client) 
         502, "session_failed",
     )
     assert "chromium" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "words"),
+    [
+        ("POST", "pause", {"mode": "freeze"},
+         "pause mode \"freeze\" needs the capability 'freeze', which the local engine lacks"),
+        ("POST", "pause", {"mode": "hibernate"},
+         "pause mode \"hibernate\" needs the capability 'checkpoint', which the local engine "
+         "lacks"),
+        ("POST", "snapshots", {},
+         "snapshots and forks needs the capability 'checkpoint', which the local engine lacks"),
+        ("POST", "fork", {"count": 2},
+         "snapshots and forks needs the capability 'checkpoint', which the local engine lacks"),
+        ("POST", "exec", {"cmd": ["true"]},
+         "exec needs the capability 'exec', which the local engine lacks"),
+    ],
+)
+def test_what_the_engine_lacks_is_refused_by_name_and_the_session_runs_on(
+    client: httpx.Client, session: dict[str, Any], method: str, path: str,
+    body: dict[str, Any], words: str,
+) -> None:
+    """The local engine declares no capability (engines/base.py): each request that needs
+    one is a 422 naming it and what to use instead, and the session is untouched."""
+    response = client.request(method, f"/v1/sessions/{session['id']}/{path}", json=body)
+    message = assert_error(response, 422, "invalid_request")["message"]
+    assert words in message and "use the container engine" in message
+    assert client.get(f"/v1/sessions/{session['id']}").json()["state"] == "running"
+    shot = client.post(f"/v1/sessions/{session['id']}/actions", json={"type": "screen_size"})
+    assert shot.status_code == 200, shot.text

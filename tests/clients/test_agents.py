@@ -155,7 +155,7 @@ def session(box: Deskbox) -> Iterator[Session]:
 
 @pytest.fixture(scope="module")
 def page(local_server: Server, session: Session) -> Iterator[AgentPage]:
-    devtools = local_server.handle(session.id).devtools_url
+    devtools = local_server.handle(session.id).sandbox.devtools_url
     deadline = time.monotonic() + 10
     while True:
         try:

@@ -114,7 +114,7 @@ def test_each_wheel_holds_its_own_package(wheels: Wheels) -> None:
     with zipfile.ZipFile(wheels.server) as archive:
         names = archive.namelist()
     assert "deskbox_agent/__main__.py" in names
-    assert "deskbox_server/backends/data/openbox-rc.xml" in names
+    assert "deskbox_server/engines/data/openbox-rc.xml" in names
     for wheel in (wheels.client, wheels.server):  # the licence travels with each
         with zipfile.ZipFile(wheel) as archive:
             assert any(name.endswith(".dist-info/licenses/LICENSE")

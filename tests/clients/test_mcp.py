@@ -78,7 +78,7 @@ def image(block: Any, media_type: str = "image/png") -> Image.Image:
 
 def field_values(server: Server, session_id: str, expected: dict[str, str]) -> dict[str, str]:
     """The page's two fields, read through DevTools until they are ``expected`` (≤ 5 s)."""
-    devtools = server.handle(session_id).devtools_url
+    devtools = server.handle(session_id).sandbox.devtools_url
     deadline = time.monotonic() + 10
     while True:
         try:
@@ -169,7 +169,7 @@ async def _exercise(client: ClientSession, server: Server, created_ids: list[str
     assert shown["state"] == "running" and shown["labels"] == {"suite": "mcp"}
     assert "?token=" in ok_text(await call(client, "view_url", session_id=session_id))
 
-    # Pause and resume: answered with the new state; the local backend (this server's)
+    # Pause and resume: answered with the new state; the local engine (this server's)
     # cannot freeze, and says so as a tool error.
     paused = await call(client, "pause_session", session_id=session_id)
     if not paused.is_error:
@@ -178,7 +178,8 @@ async def _exercise(client: ClientSession, server: Server, created_ids: list[str
                                                 session_id=session_id)))
         assert resumed["state"] == "running"
     else:
-        assert "422 invalid_request: the local backend cannot freeze" in error_text(paused)
+        assert ("422 invalid_request: pause mode \"freeze\" needs the capability 'freeze', "
+                "which the local engine lacks") in error_text(paused)
 
     assert ok_text(await call(client, "delete_session", session_id=session_id)) == (
         f"deleted {session_id}")

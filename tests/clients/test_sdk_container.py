@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from deskbox import AsyncDeskbox, Conflict, Deskbox, NotFound, Session, UnprocessableEntity
-from deskbox_server.backends.checkpoint import Criu
+from deskbox_server.engines.runc.criu import Criu
 from deskbox_server.settings import Settings
 
 from ..api.conftest import KEY_A, Server, running_server

@@ -18,7 +18,7 @@ import pytest
 from ..images import REPO
 
 RECIPE = REPO / "desktop_image"
-SHARED = Path("server/deskbox_server/backends/data/openbox-rc.xml")
+SHARED = Path("server/deskbox_server/engines/data/openbox-rc.xml")
 
 
 @pytest.fixture(scope="module")

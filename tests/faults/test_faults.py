@@ -17,8 +17,9 @@ import httpx
 import pytest
 
 from deskbox_server.api.auth import key_id
-from deskbox_server.backends.container_backend import ContainerHandle
-from deskbox_server.backends.runc import Runc
+from deskbox_server.engines.runc.runtime import Runc
+from deskbox_server.engines.runc.sandbox import RuncSandbox
+from deskbox_server.sessions.desktop import AnyDesktop
 
 from ..api.conftest import KEY_A, Server
 from ..api.containers import container_server
@@ -36,9 +37,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield running
 
 
-def sandbox_of(server: Server, session: dict[str, Any]) -> ContainerHandle:
+def sandbox_of(server: Server, session: dict[str, Any]) -> AnyDesktop:
     handle = server.services.manager.handle(key_id(KEY_A), session["id"])
-    assert isinstance(handle, ContainerHandle)
+    assert isinstance(handle.sandbox, RuncSandbox)
     return handle
 
 

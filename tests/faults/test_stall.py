@@ -20,8 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from deskbox_server.backends.base import Backend, DesktopHandle, SessionSpec
-from deskbox_server.backends.runc import Runc
+from deskbox_server.engines import AnyEngine
+from deskbox_server.engines.base import AgentStream, Engine, Sandbox, SessionSpec
+from deskbox_server.engines.runc.runtime import Runc
 
 from ..api.conftest import DISPLAY, Server
 from ..api.containers import container_server
@@ -276,30 +277,35 @@ def test_the_reaper_stops_an_expired_session_whose_x_server_is_stopped(
         client.delete(f"/v1/sessions/{session['id']}")
 
 
-class SlowRemoval(Backend):
-    """The server's own backend, whose destroy starts only after ``hold_s``."""
+class SlowRemoval(Engine[Any]):
+    """The session's own engine, whose destroy starts only after ``hold_s``."""
 
     name = "container"
 
-    def __init__(self, real: Backend, hold_s: float) -> None:
+    def __init__(self, real: AnyEngine, hold_s: float) -> None:
         self.real, self.hold_s = real, hold_s
 
-    async def create(self, spec: SessionSpec, timeout_s: float) -> DesktopHandle:
+    async def create(self, spec: SessionSpec, timeout_s: float) -> Sandbox:
         return await self.real.create(spec, timeout_s)
 
-    async def destroy(self, handle: DesktopHandle) -> None:
+    async def open_stream(self, sandbox: Sandbox, read_limit: int) -> AgentStream:
+        return await self.real.open_stream(sandbox, read_limit)
+
+    async def kill(self, sandbox: Sandbox) -> None:
+        await self.real.kill(sandbox)
+
+    async def destroy(self, sandbox: Sandbox) -> None:
         await asyncio.sleep(self.hold_s)
-        await self.real.destroy(handle)
+        await self.real.destroy(sandbox)
 
 
 def test_a_removal_that_overruns_fails_the_session_instead_of_leaving_it_stopping(
     client: httpx.Client, server: Server, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     session = create(client)
-    container_id = sandbox_of(server, session).sandbox.container_id
-    backends = server.services.manager._backends
-    monkeypatch.setitem(backends, "container",
-                        SlowRemoval(backends["container"], STOP_TIMEOUT_S + 2))
+    desktop = sandbox_of(server, session)
+    container_id = desktop.sandbox.container_id
+    monkeypatch.setattr(desktop, "engine", SlowRemoval(desktop.engine, STOP_TIMEOUT_S + 2))
     started = time.monotonic()
     deleted = client.delete(f"/v1/sessions/{session['id']}")
     took = time.monotonic() - started

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from deskbox_server.backends.container import ContainerOptions, ContainerSandbox
-from deskbox_server.backends.runc import Runc
+from deskbox_server.engines.runc.runtime import Runc
+from deskbox_server.engines.runc.sandbox import RuncOptions, RuncSandbox
 
 from ..images import session_image
 from ..sandbox_agent import agent_desktop, wait_ready
@@ -63,19 +63,19 @@ def runc() -> Runc:
 @pytest.fixture(scope="session")
 def options(
     image_rootfs: Path, runc: Runc, tmp_path_factory: pytest.TempPathFactory
-) -> ContainerOptions:
-    return ContainerOptions(
+) -> RuncOptions:
+    return RuncOptions(
         state_dir=tmp_path_factory.mktemp("state"), rootfs=image_rootfs, runc=runc,
     )
 
 
 @pytest.fixture(scope="module")
 def sandbox(
-    options: ContainerOptions, request: pytest.FixtureRequest
-) -> Iterator[ContainerSandbox]:
+    options: RuncOptions, request: pytest.FixtureRequest
+) -> Iterator[RuncSandbox]:
     """One running sandbox with a browser for a whole test module."""
     name = request.module.__name__.rsplit(".", 1)[-1].replace("_", "-")
-    box = ContainerSandbox.start(options, f"t-{name}-{os.getpid()}")
+    box = RuncSandbox.start(options, f"t-{name}-{os.getpid()}")
     try:
         asyncio.run(wait_ready(box))
         yield box
@@ -84,7 +84,7 @@ def sandbox(
 
 
 def exec_in(
-    sandbox: ContainerSandbox, *argv: str, timeout_s: float = 30.0
+    sandbox: RuncSandbox, *argv: str, timeout_s: float = 30.0
 ) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` inside the sandbox as its processes run (same caps, seccomp, user)."""
     return subprocess.run(

@@ -16,7 +16,7 @@ import os
 import re
 from pathlib import Path
 
-from deskbox_server.backends.container import ContainerSandbox
+from deskbox_server.engines.runc.sandbox import RuncSandbox
 
 from ..images import REPO
 from .conftest import exec_in
@@ -116,14 +116,14 @@ def pins() -> dict[str, str]:
     return dict(re.findall(r"(?m)^([A-Za-z0-9_.-]+)==(\S+)", text))
 
 
-def run_python(sandbox: ContainerSandbox, script: str, *args: str) -> str:
+def run_python(sandbox: RuncSandbox, script: str, *args: str) -> str:
     done = exec_in(sandbox, "/usr/bin/python3", "-IS", "-c", script, *args, timeout_s=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
 
 def test_every_pinned_wheel_imports_and_runs_through_the_launchers_path(
-    sandbox: ContainerSandbox,
+    sandbox: RuncSandbox,
 ) -> None:
     pinned = pins()
     assert {"h2", "hpack", "hyperframe", "python-xlib", "mss", "simplejpeg", "numpy",
@@ -144,7 +144,7 @@ def test_every_pinned_wheel_imports_and_runs_through_the_launchers_path(
     assert report["preface"] == "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 
-def test_every_module_has_the_image_pythons_bytecode(sandbox: ContainerSandbox) -> None:
+def test_every_module_has_the_image_pythons_bytecode(sandbox: RuncSandbox) -> None:
     """Compiled on the host, checked by the image's own Python: its magic number, and the
     hash of the very source beside it (a read-only root cannot take a cache later)."""
     report = json.loads(run_python(sandbox, CHECK_BYTECODE, AGENT_DIR))
@@ -152,7 +152,7 @@ def test_every_module_has_the_image_pythons_bytecode(sandbox: ContainerSandbox) 
     assert report["problems"] == []
 
 
-def test_a_sandbox_process_cannot_change_the_agent(sandbox: ContainerSandbox) -> None:
+def test_a_sandbox_process_cannot_change_the_agent(sandbox: RuncSandbox) -> None:
     lines = run_python(sandbox, WRITE_ATTACK).split("\n")
     assert lines[:6] == [
         "append EROFS", "plant EROFS", "launcher EROFS", "remove EROFS", "rename EROFS",
@@ -160,7 +160,7 @@ def test_a_sandbox_process_cannot_change_the_agent(sandbox: ContainerSandbox) ->
     ]
 
 
-def test_the_launcher_ignores_a_planted_agent(sandbox: ContainerSandbox) -> None:
+def test_the_launcher_ignores_a_planted_agent(sandbox: RuncSandbox) -> None:
     """The attack: a fake deskbox_agent on PYTHONPATH, in the working directory and in the
     user's site-packages (all writable in a sandbox). The launcher runs the image's."""
     done = exec_in(sandbox, "sh", "-c", PLANT)
@@ -173,7 +173,7 @@ def test_the_launcher_ignores_a_planted_agent(sandbox: ContainerSandbox) -> None
         assert "No module named deskbox_agent" in done.stderr, done.stderr
 
 
-def test_the_launcher_is_the_one_in_the_repository(sandbox: ContainerSandbox) -> None:
+def test_the_launcher_is_the_one_in_the_repository(sandbox: RuncSandbox) -> None:
     launcher = REPO / "desktop_image" / "rootfs" / LAUNCHER.lstrip("/")
     inside = exec_in(sandbox, "cat", LAUNCHER)
     assert inside.stdout == launcher.read_text()

@@ -10,25 +10,25 @@ import time
 import pytest
 
 from deskbox_server.agent import PROTOCOL
-from deskbox_server.backends.agent_link import (
+from deskbox_server.engines.runc.displays import listener_pid, namespace_pid, same_pid_namespace
+from deskbox_server.engines.runc.sandbox import RuncSandbox
+from deskbox_server.engines.runc.stream import (
     AGENT_SOCKET,
     agent_link,
-    connect_agent,
     ensure_agent_link,
 )
-from deskbox_server.backends.container import ContainerSandbox
-from deskbox_server.backends.displays import listener_pid, namespace_pid, same_pid_namespace
 from deskbox_server.errors import DesktopFailed
 
+from ..sandbox_agent import connect_agent
 from .conftest import exec_in
 
 
-def agent_listener(sandbox: ContainerSandbox) -> int:
+def agent_listener(sandbox: RuncSandbox) -> int:
     return listener_pid(sandbox.socket_dir / AGENT_SOCKET)
 
 
 def test_the_agent_runs_in_the_sandbox_and_its_socket_is_linked(
-    sandbox: ContainerSandbox,
+    sandbox: RuncSandbox,
 ) -> None:
     assert sandbox.init_pid is not None
     pid = agent_listener(sandbox)
@@ -48,7 +48,7 @@ def test_the_agent_runs_in_the_sandbox_and_its_socket_is_linked(
     assert "agent" in sandbox.timings
 
 
-def test_a_killed_agent_is_started_again_and_relinked(sandbox: ContainerSandbox) -> None:
+def test_a_killed_agent_is_started_again_and_relinked(sandbox: RuncSandbox) -> None:
     first = agent_listener(sandbox)
     inner = namespace_pid(first)
     assert exec_in(sandbox, "kill", "-9", str(inner)).returncode == 0
@@ -71,7 +71,7 @@ def test_a_killed_agent_is_started_again_and_relinked(sandbox: ContainerSandbox)
     assert listener_pid(agent_link(sandbox)) == again
 
 
-def test_a_symlink_at_the_agents_path_is_refused(sandbox: ContainerSandbox) -> None:
+def test_a_symlink_at_the_agents_path_is_refused(sandbox: RuncSandbox) -> None:
     """A sandbox process that puts a symlink (to the host's or another session's socket) at
     the agent's path gets no link of it."""
     real = sandbox.socket_dir / AGENT_SOCKET

@@ -1,23 +1,24 @@
-"""The container backend behind the Backend interface the session layer uses."""
+"""The runc engine behind the Engine interface, driven as the session layer drives it."""
 
 from __future__ import annotations
 
 import os
 
-from deskbox_server.backends.base import SessionSpec
-from deskbox_server.backends.container import ContainerOptions
-from deskbox_server.backends.container_backend import ContainerBackend, ContainerHandle
-from deskbox_server.backends.desktop_commands import DesktopSpec
+from deskbox_server.engines.base import SessionSpec
+from deskbox_server.engines.desktop_commands import DesktopSpec
+from deskbox_server.engines.runc.engine import RuncEngine
+from deskbox_server.engines.runc.sandbox import RuncOptions, RuncSandbox
 from deskbox_server.media import EncodedImage
 from deskbox_server.schemas.actions import Screenshot
+from deskbox_server.sessions.desktop import Desktop
 
 
-async def test_create_capture_destroy(options: ContainerOptions) -> None:
-    backend = ContainerBackend(options)
+async def test_create_capture_destroy(options: RuncOptions) -> None:
+    backend = RuncEngine(options)
     spec = SessionSpec(id=f"t-backend-{os.getpid()}", desktop=DesktopSpec())
-    handle = await backend.create(spec, timeout_s=30)
+    handle = await Desktop.start(backend, spec, 30)
     try:
-        assert isinstance(handle, ContainerHandle)
+        assert isinstance(handle.sandbox, RuncSandbox)
         assert handle.failure() is None
         image = (await handle.run([Screenshot(format="jpeg", quality=75)])).results[0]
         assert isinstance(image, EncodedImage) and (image.width, image.height) == (1280, 800)
@@ -25,6 +26,6 @@ async def test_create_capture_destroy(options: ContainerOptions) -> None:
         assert (await handle.desktop.info()).capture == "xshm"
         assert handle.agent is not None and handle.agent.failed_reason is None
     finally:
-        await backend.destroy(handle)
+        await handle.destroy()
     assert handle.sandbox.container_id not in options.runc.list_ids()
     assert not handle.sandbox.session_dir.exists()

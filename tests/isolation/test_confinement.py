@@ -6,13 +6,13 @@ import os
 import socket
 from pathlib import Path
 
-from deskbox_server.backends.container import ContainerSandbox
-from deskbox_server.backends.oci import SANDBOX_USER_IDS
+from deskbox_server.engines.runc.layout import SANDBOX_USER_IDS
+from deskbox_server.engines.runc.sandbox import RuncSandbox
 
 from .conftest import exec_in
 
 
-def test_host_processes_are_invisible(sandbox: ContainerSandbox) -> None:
+def test_host_processes_are_invisible(sandbox: RuncSandbox) -> None:
     done = exec_in(sandbox, "sh", "-c", "for p in /proc/[0-9]*; do cat $p/comm; done")
     assert done.returncode == 0, done.stderr
     names = done.stdout.split()
@@ -23,7 +23,7 @@ def test_host_processes_are_invisible(sandbox: ContainerSandbox) -> None:
     assert len(names) < 40
 
 
-def test_pid_namespace_is_its_own(sandbox: ContainerSandbox) -> None:
+def test_pid_namespace_is_its_own(sandbox: RuncSandbox) -> None:
     assert sandbox.init_pid is not None
     ns = os.readlink(f"/proc/{sandbox.init_pid}/ns/pid")
     assert ns != os.readlink("/proc/self/ns/pid")
@@ -40,7 +40,7 @@ def host_ids(pid: int) -> tuple[list[str], list[str]]:
     return status["Uid"].split(), status["Gid"].split()
 
 
-def test_root_inside_is_an_unprivileged_user_of_the_host(sandbox: ContainerSandbox) -> None:
+def test_root_inside_is_an_unprivileged_user_of_the_host(sandbox: RuncSandbox) -> None:
     first, count = SANDBOX_USER_IDS
     assert first >= 65536 and count == 65536
     inside = exec_in(sandbox, "sh", "-c", "id -u; id -g; cat /proc/self/uid_map /proc/1/gid_map")
@@ -59,14 +59,14 @@ def test_root_inside_is_an_unprivileged_user_of_the_host(sandbox: ContainerSandb
     assert owner == "65534"
 
 
-def cgroup_paths(sandbox: ContainerSandbox, pid: str = "self") -> list[str]:
+def cgroup_paths(sandbox: RuncSandbox, pid: str = "self") -> list[str]:
     """The cgroup paths of a process of the sandbox as it sees them (/proc/PID/cgroup)."""
     done = exec_in(sandbox, "cat", f"/proc/{pid}/cgroup")
     assert done.returncode == 0, done.stderr
     return [line.split(":", 2)[2] for line in done.stdout.splitlines()]
 
 
-def test_cgroup_namespace_is_its_own(sandbox: ContainerSandbox) -> None:
+def test_cgroup_namespace_is_its_own(sandbox: RuncSandbox) -> None:
     assert sandbox.init_pid is not None
     assert os.readlink(f"/proc/{sandbox.init_pid}/ns/cgroup") != os.readlink(
         "/proc/self/ns/cgroup"
@@ -82,7 +82,7 @@ def test_cgroup_namespace_is_its_own(sandbox: ContainerSandbox) -> None:
     assert sandbox.container_id not in mountinfo
 
 
-def test_root_filesystem_is_read_only(sandbox: ContainerSandbox) -> None:
+def test_root_filesystem_is_read_only(sandbox: RuncSandbox) -> None:
     for path in ("/usr/bin/evil", "/etc/evil", "/evil"):
         done = exec_in(sandbox, "touch", path)
         assert done.returncode != 0
@@ -90,7 +90,7 @@ def test_root_filesystem_is_read_only(sandbox: ContainerSandbox) -> None:
     assert exec_in(sandbox, "touch", "/tmp/ok", "/root/ok", "/run/ok").returncode == 0
 
 
-def test_only_loopback_network(sandbox: ContainerSandbox) -> None:
+def test_only_loopback_network(sandbox: RuncSandbox) -> None:
     done = exec_in(sandbox, "ls", "/sys/class/net")
     assert done.stdout.split() == ["lo"]
     code = (
@@ -102,7 +102,7 @@ def test_only_loopback_network(sandbox: ContainerSandbox) -> None:
     assert exec_in(sandbox, "python3", "-c", code).stdout.startswith("refused")
 
 
-def test_no_capabilities_no_new_privileges_seccomp(sandbox: ContainerSandbox) -> None:
+def test_no_capabilities_no_new_privileges_seccomp(sandbox: RuncSandbox) -> None:
     status = exec_in(sandbox, "cat", "/proc/1/status").stdout
     fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
     for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
@@ -111,7 +111,7 @@ def test_no_capabilities_no_new_privileges_seccomp(sandbox: ContainerSandbox) ->
     assert fields["Seccomp"].strip() == "2"
 
 
-def test_denied_syscalls(sandbox: ContainerSandbox) -> None:
+def test_denied_syscalls(sandbox: RuncSandbox) -> None:
     userns = exec_in(sandbox, "unshare", "--user", "--map-root-user", "true")
     assert userns.returncode != 0 and "Operation not permitted" in userns.stderr
     mount = exec_in(sandbox, "mount", "-t", "tmpfs", "none", "/mnt")
@@ -124,7 +124,7 @@ def test_denied_syscalls(sandbox: ContainerSandbox) -> None:
     assert keys.stdout.split() == ["-1", "1"]  # add_key: EPERM
 
 
-def test_host_files_outside_the_image_are_absent(sandbox: ContainerSandbox) -> None:
+def test_host_files_outside_the_image_are_absent(sandbox: RuncSandbox) -> None:
     # The state directory (and thus any API key in it) is not mounted.
     state = str(sandbox.options.state_dir)
     assert exec_in(sandbox, "ls", state).returncode != 0
@@ -133,13 +133,13 @@ def test_host_files_outside_the_image_are_absent(sandbox: ContainerSandbox) -> N
     assert len(binds) == 1
 
 
-def test_socket_directory_cannot_fill_the_host_disk(sandbox: ContainerSandbox) -> None:
+def test_socket_directory_cannot_fill_the_host_disk(sandbox: RuncSandbox) -> None:
     fill = exec_in(sandbox, "sh", "-c", "head -c 8M /dev/zero > /tmp/.X11-unix/fill")
     assert fill.returncode != 0 and "No space left on device" in fill.stderr
     assert exec_in(sandbox, "rm", "/tmp/.X11-unix/fill").returncode == 0
 
 
-def test_host_loopback_is_unreachable(sandbox: ContainerSandbox) -> None:
+def test_host_loopback_is_unreachable(sandbox: RuncSandbox) -> None:
     """A service on the host's 127.0.0.1 (the control plane's port) cannot be reached."""
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
@@ -153,7 +153,7 @@ def test_host_loopback_is_unreachable(sandbox: ContainerSandbox) -> None:
         assert exec_in(sandbox, "python3", "-c", code).stdout.startswith("refused")
 
 
-def test_proc_paths_are_masked_and_read_only(sandbox: ContainerSandbox) -> None:
+def test_proc_paths_are_masked_and_read_only(sandbox: RuncSandbox) -> None:
     assert exec_in(sandbox, "cat", "/proc/keys", "/proc/timer_list").stdout == ""
     write = exec_in(sandbox, "sh", "-c", "echo core > /proc/sys/kernel/core_pattern")
     assert write.returncode != 0 and "Read-only file system" in write.stderr

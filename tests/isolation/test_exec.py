@@ -17,28 +17,28 @@ from typing import TypeVar
 
 import pytest
 
-from deskbox_server.backends.agent_link import connect_agent
-from deskbox_server.backends.container import ContainerSandbox
-from deskbox_server.backends.exec_slots import ExecSlots
-from deskbox_server.backends.sandbox_agent import AgentSandboxIO, sandbox_environment
+from deskbox_server.agent.exec_slots import ExecSlots
+from deskbox_server.agent.sandbox_io import AgentSandboxIO
+from deskbox_server.engines.runc.sandbox import RuncSandbox
 from deskbox_server.errors import NotFound
 from deskbox_server.sandbox_io import ExecCommand, ExecResult, FileTooLarge
 
+from ..sandbox_agent import connect_agent
 from .conftest import exec_in
 
 T = TypeVar("T")
 
 
 def with_agent(
-    sandbox: ContainerSandbox, scenario: Callable[[AgentSandboxIO], Awaitable[T]]
+    sandbox: RuncSandbox, scenario: Callable[[AgentSandboxIO], Awaitable[T]]
 ) -> T:
     """``scenario`` with a new stream to the sandbox's agent, closed after."""
 
     async def run() -> T:
         client = await connect_agent(sandbox)
         try:
-            env, cwd = sandbox_environment(sandbox.bundle, f":{sandbox.inner_display}")
-            io = AgentSandboxIO(client, env, cwd, ExecSlots(8, sandbox.container_id))
+            env, cwd = sandbox.exec_environment()
+            io = AgentSandboxIO(client, env, cwd, ExecSlots(8, sandbox.label))
             return await scenario(io)
         finally:
             await client.close()
@@ -46,16 +46,16 @@ def with_agent(
     return asyncio.run(run())
 
 
-def execute(sandbox: ContainerSandbox, command: ExecCommand) -> ExecResult:
+def execute(sandbox: RuncSandbox, command: ExecCommand) -> ExecResult:
     return with_agent(sandbox, lambda io: io.run(command))
 
 
-def names_inside(sandbox: ContainerSandbox) -> list[str]:
+def names_inside(sandbox: RuncSandbox) -> list[str]:
     script = "for p in /proc/[0-9]*; do cat $p/comm 2>/dev/null; done"
     return exec_in(sandbox, "sh", "-c", script).stdout.split()
 
 
-def test_timeout_kills_nested_children(sandbox: ContainerSandbox) -> None:
+def test_timeout_kills_nested_children(sandbox: RuncSandbox) -> None:
     command = ExecCommand(
         ["sh", "-c", "sh -c 'sleep 300 & sleep 301' & sleep 302 & echo up; sleep 303"],
         timeout_s=1.0,
@@ -66,7 +66,7 @@ def test_timeout_kills_nested_children(sandbox: ContainerSandbox) -> None:
     assert not list(sandbox.bundle.glob("exec-*")), "no runc exec for a command"
 
 
-def test_a_daemon_holding_stdout_does_not_hold_the_command(sandbox: ContainerSandbox) -> None:
+def test_a_daemon_holding_stdout_does_not_hold_the_command(sandbox: RuncSandbox) -> None:
     started = time.monotonic()
     command = ExecCommand(["sh", "-c", "setsid sleep 60 & echo done; exit 5"], timeout_s=30)
     result = execute(sandbox, command)
@@ -75,7 +75,7 @@ def test_a_daemon_holding_stdout_does_not_hold_the_command(sandbox: ContainerSan
     assert exec_in(sandbox, "pkill", "-x", "sleep").returncode == 0
 
 
-def test_files_round_trip_and_caps(sandbox: ContainerSandbox) -> None:
+def test_files_round_trip_and_caps(sandbox: RuncSandbox) -> None:
     data = os.urandom(300_000)
 
     async def chunks(payload: bytes) -> AsyncIterator[bytes]:

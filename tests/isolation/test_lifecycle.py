@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from deskbox_server.backends.container import (
-    ContainerOptions,
-    ContainerSandbox,
+from deskbox_server.engines.runc.sandbox import (
+    RuncOptions,
+    RuncSandbox,
     remove_orphans,
 )
 from deskbox_server.errors import Conflict, InvalidRequest, SessionFailed
@@ -30,8 +30,8 @@ def _mounts_mentioning(text: str) -> list[str]:
     return [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if text in line]
 
 
-def test_destroy_leaves_nothing(options: ContainerOptions) -> None:
-    box = ContainerSandbox.start(options, f"t-destroy-{os.getpid()}", browser=False)
+def test_destroy_leaves_nothing(options: RuncOptions) -> None:
+    box = RuncSandbox.start(options, f"t-destroy-{os.getpid()}", browser=False)
     assert box.display is not None and box.init_pid is not None
     number, init_pid = box.display.number, box.init_pid
     assert options.runc.state(box.container_id) is not None
@@ -49,8 +49,8 @@ def test_destroy_leaves_nothing(options: ContainerOptions) -> None:
     assert not box.session_dir.exists()
 
 
-def test_a_killed_sandbox_reports_failure(options: ContainerOptions) -> None:
-    box = ContainerSandbox.start(options, f"t-killed-{os.getpid()}", browser=False)
+def test_a_killed_sandbox_reports_failure(options: RuncOptions) -> None:
+    box = RuncSandbox.start(options, f"t-killed-{os.getpid()}", browser=False)
     try:
         assert box.failure() is None
         assert box.init_pid is not None
@@ -61,29 +61,29 @@ def test_a_killed_sandbox_reports_failure(options: ContainerOptions) -> None:
         box.destroy()
 
 
-def test_bad_session_id_is_refused(options: ContainerOptions) -> None:
+def test_bad_session_id_is_refused(options: RuncOptions) -> None:
     with pytest.raises(InvalidRequest):
-        ContainerSandbox.start(options, "../escape")
+        RuncSandbox.start(options, "../escape")
 
 
-def test_failure_to_start_cleans_up(options: ContainerOptions) -> None:
-    broken = ContainerOptions(
+def test_failure_to_start_cleans_up(options: RuncOptions) -> None:
+    broken = RuncOptions(
         state_dir=options.state_dir, rootfs=options.state_dir / "no-such-rootfs",
         runc=options.runc,
     )
     with pytest.raises(SessionFailed, match="rootfs"):
-        ContainerSandbox.start(broken, f"t-broken-{os.getpid()}", timeout_s=10)
+        RuncSandbox.start(broken, f"t-broken-{os.getpid()}", timeout_s=10)
     assert not (options.state_dir / "sessions" / f"t-broken-{os.getpid()}").exists()
     assert f"deskbox-t-broken-{os.getpid()}" not in options.runc.list_ids()
 
 
-async def test_adopt_a_running_sandbox(options: ContainerOptions) -> None:
+async def test_adopt_a_running_sandbox(options: RuncOptions) -> None:
     """A restarted server takes over a sandbox it did not start, its agent and all."""
-    first = ContainerSandbox.start(options, f"t-adopt-{os.getpid()}", browser=False)
+    first = RuncSandbox.start(options, f"t-adopt-{os.getpid()}", browser=False)
     try:
         assert first.display is not None
         first.display.host_link.unlink()  # as if /tmp had been cleaned meanwhile
-        adopted = ContainerSandbox.adopt(options, first.session_id)
+        adopted = RuncSandbox.adopt(options, first.session_id)
         assert adopted.display_name == first.display_name and adopted.failure() is None
         async with agent_desktop(adopted) as desktop:
             assert await desktop.perform(a.ScreenSize()) == Size(width=1280, height=800)
@@ -93,9 +93,9 @@ async def test_adopt_a_running_sandbox(options: ContainerOptions) -> None:
         first.destroy()
 
 
-def test_remove_orphans(options: ContainerOptions) -> None:
+def test_remove_orphans(options: RuncOptions) -> None:
     others = {cid.removeprefix(options.id_prefix) for cid in options.runc.list_ids()}
-    orphan = ContainerSandbox.start(options, f"t-orphan-{os.getpid()}", browser=False)
+    orphan = RuncSandbox.start(options, f"t-orphan-{os.getpid()}", browser=False)
     assert orphan.display is not None
     number = orphan.display.number
     orphan._reap_init = lambda: None  # type: ignore[method-assign]  # forgotten, not reaped
@@ -109,11 +109,11 @@ def test_remove_orphans(options: ContainerOptions) -> None:
     os.close(orphan._pidfd)
 
 
-def test_a_taken_id_is_a_conflict_and_harms_nothing(options: ContainerOptions) -> None:
-    box = ContainerSandbox.start(options, f"t-twice-{os.getpid()}", browser=False)
+def test_a_taken_id_is_a_conflict_and_harms_nothing(options: RuncOptions) -> None:
+    box = RuncSandbox.start(options, f"t-twice-{os.getpid()}", browser=False)
     try:
         with pytest.raises(Conflict):
-            ContainerSandbox.start(options, box.session_id, browser=False)
+            RuncSandbox.start(options, box.session_id, browser=False)
         assert box.failure() is None and box.session_dir.exists()
     finally:
         box.destroy()

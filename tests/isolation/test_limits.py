@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from deskbox_server.backends.container import ContainerOptions, ContainerSandbox
-from deskbox_server.backends.oci import Limits
+from deskbox_server.engines.runc.layout import Limits
+from deskbox_server.engines.runc.sandbox import RuncOptions, RuncSandbox
 
 from .conftest import exec_in
 
@@ -17,8 +17,8 @@ LIMITS = Limits(cpus=0.5, memory_mb=256, pids=64)
 
 
 @pytest.fixture(scope="module")
-def small(options: ContainerOptions) -> Iterator[ContainerSandbox]:
-    box = ContainerSandbox.start(options, f"t-small-{os.getpid()}", limits=LIMITS, browser=False,
+def small(options: RuncOptions) -> Iterator[RuncSandbox]:
+    box = RuncSandbox.start(options, f"t-small-{os.getpid()}", limits=LIMITS, browser=False,
                               boost=False)
     try:
         yield box
@@ -26,18 +26,18 @@ def small(options: ContainerOptions) -> Iterator[ContainerSandbox]:
         box.destroy()
 
 
-def _cgroup(controller: str, box: ContainerSandbox, name: str) -> str:
+def _cgroup(controller: str, box: RuncSandbox, name: str) -> str:
     return (Path("/sys/fs/cgroup") / controller / box.container_id / name).read_text().strip()
 
 
-def test_limits_are_applied(small: ContainerSandbox) -> None:
+def test_limits_are_applied(small: RuncSandbox) -> None:
     assert int(_cgroup("memory", small, "memory.limit_in_bytes")) == 256 * 1024 * 1024
     assert _cgroup("pids", small, "pids.max") == "64"
     assert _cgroup("cpu", small, "cpu.cfs_quota_us") == "50000"
     assert _cgroup("cpu", small, "cpu.cfs_period_us") == "100000"
 
 
-def test_fork_bomb_hits_the_pids_limit(small: ContainerSandbox) -> None:
+def test_fork_bomb_hits_the_pids_limit(small: RuncSandbox) -> None:
     bomb = (
         "import os, signal, time\n"
         "kids, refused = [], 0\n"
@@ -65,7 +65,7 @@ def test_fork_bomb_hits_the_pids_limit(small: ContainerSandbox) -> None:
     assert exec_in(small, "true").returncode == 0
 
 
-def test_memory_hog_is_killed(small: ContainerSandbox) -> None:
+def test_memory_hog_is_killed(small: RuncSandbox) -> None:
     hog = "b = bytearray(512 << 20); b[::4096] = b'x' * len(b[::4096]); print('survived')"
     done = exec_in(small, "python3", "-c", hog)
     assert done.returncode != 0 and "survived" not in done.stdout

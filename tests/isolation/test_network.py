@@ -22,15 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from deskbox_server.backends.base import SessionSpec
-from deskbox_server.backends.container import (
-    ContainerOptions,
-    ContainerSandbox,
-    remove_orphans,
-)
-from deskbox_server.backends.container_backend import ContainerBackend, ContainerHandle
-from deskbox_server.backends.desktop_commands import DesktopSpec
-from deskbox_server.backends.network import (
+from deskbox_server.engines.base import SessionSpec
+from deskbox_server.engines.desktop_commands import DesktopSpec
+from deskbox_server.engines.runc.engine import RuncEngine
+from deskbox_server.engines.runc.network import (
     NETNS_DIR,
     TABLE,
     Egress,
@@ -38,8 +33,14 @@ from deskbox_server.backends.network import (
     namespaces,
     resolve_egress,
 )
+from deskbox_server.engines.runc.sandbox import (
+    RuncOptions,
+    RuncSandbox,
+    remove_orphans,
+)
 from deskbox_server.errors import SessionFailed
 from deskbox_server.schemas.sessions import Network
+from deskbox_server.sessions.desktop import Desktop
 
 from .conftest import exec_in
 
@@ -167,22 +168,22 @@ def host_services() -> Iterator[HostServices]:
         yield HostServices(loopback.getsockname()[1], anywhere.getsockname()[1])
 
 
-def _start(options: ContainerOptions, tag: str, egress: Egress) -> ContainerSandbox:
-    return ContainerSandbox.start(
+def _start(options: RuncOptions, tag: str, egress: Egress) -> RuncSandbox:
+    return RuncSandbox.start(
         options, f"t-net-{tag}-{os.getpid()}", browser=False, timeout_s=30, network=egress
     )
 
 
 @pytest.fixture(scope="module")
 def sandboxes(
-    options: ContainerOptions, peer: Peer
-) -> Iterator[dict[str, ContainerSandbox]]:
+    options: RuncOptions, peer: Peer
+) -> Iterator[dict[str, RuncSandbox]]:
     """One sandbox per mode; the allowlist allows ``peer.test``, which maps to ``allowed``."""
     allowlist = resolve_egress(
         "allowlist", ["peer.test"], resolver=lambda name: [peer.allowed] if name == "peer.test"
         else []
     )
-    boxes: dict[str, ContainerSandbox] = {}
+    boxes: dict[str, RuncSandbox] = {}
     try:
         for mode, egress in (("none", Egress()), ("all", Egress("all")),
                              ("allowlist", allowlist)):
@@ -198,7 +199,7 @@ def sandboxes(
         assert not failures
 
 
-def _probe(sandbox: ContainerSandbox, *targets: str) -> dict[str, list[object]]:
+def _probe(sandbox: RuncSandbox, *targets: str) -> dict[str, list[object]]:
     done = exec_in(sandbox, "python3", "-c", _PROBE, json.dumps(targets))
     assert done.returncode == 0, done.stderr
     result: dict[str, list[object]] = json.loads(done.stdout)
@@ -218,7 +219,7 @@ def _host_targets(services: HostServices, peer: Peer) -> list[str]:
 
 
 def test_all_reaches_services_beyond_the_host(
-    sandboxes: dict[str, ContainerSandbox], peer: Peer
+    sandboxes: dict[str, RuncSandbox], peer: Peer
 ) -> None:
     box = sandboxes["all"]
     result = _probe(box, f"{peer.allowed}:{peer.port}", f"{peer.other}:{peer.port}")
@@ -231,7 +232,7 @@ def test_all_reaches_services_beyond_the_host(
 
 
 def test_allowlist_reaches_only_the_allowed_service(
-    sandboxes: dict[str, ContainerSandbox], peer: Peer
+    sandboxes: dict[str, RuncSandbox], peer: Peer
 ) -> None:
     box = sandboxes["allowlist"]
     result = _probe(box, f"peer.test:{peer.port}", f"{peer.other}:{peer.port}")
@@ -250,7 +251,7 @@ def test_allowlist_reaches_only_the_allowed_service(
 
 @pytest.mark.parametrize("mode", ["none", "all", "allowlist"])
 def test_the_host_and_its_loopback_are_unreachable(
-    sandboxes: dict[str, ContainerSandbox], peer: Peer, host_services: HostServices,
+    sandboxes: dict[str, RuncSandbox], peer: Peer, host_services: HostServices,
     mode: str,
 ) -> None:
     box = sandboxes[mode]
@@ -266,7 +267,7 @@ def test_the_host_and_its_loopback_are_unreachable(
 
 @pytest.mark.parametrize("mode", ["all", "allowlist"])
 def test_gateways_and_host_addresses_are_in_the_blocked_sets(
-    sandboxes: dict[str, ContainerSandbox], mode: str, peer: Peer
+    sandboxes: dict[str, RuncSandbox], mode: str, peer: Peer
 ) -> None:
     """The gateway is never contacted by a test (it is outside this machine): read the rules."""
     network = sandboxes[mode].network
@@ -280,7 +281,7 @@ def test_gateways_and_host_addresses_are_in_the_blocked_sets(
 
 @pytest.mark.parametrize("mode", ["all", "allowlist"])
 def test_the_sandbox_cannot_change_its_rules(
-    sandboxes: dict[str, ContainerSandbox], mode: str
+    sandboxes: dict[str, RuncSandbox], mode: str
 ) -> None:
     box = sandboxes[mode]
     assert box.network is not None and box.init_pid is not None
@@ -294,7 +295,7 @@ def test_the_sandbox_cannot_change_its_rules(
 
 
 def test_the_sandbox_joins_the_host_made_namespace(
-    sandboxes: dict[str, ContainerSandbox],
+    sandboxes: dict[str, RuncSandbox],
 ) -> None:
     for mode in ("all", "allowlist"):
         box = sandboxes[mode]
@@ -305,7 +306,7 @@ def test_the_sandbox_joins_the_host_made_namespace(
 
 
 def test_another_session_is_unreachable(
-    options: ContainerOptions, sandboxes: dict[str, ContainerSandbox]
+    options: RuncOptions, sandboxes: dict[str, RuncSandbox]
 ) -> None:
     """A service inside one ``all`` session, probed from another at every address it has."""
     listener = subprocess.Popen(
@@ -347,7 +348,7 @@ CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
 
 
 def test_pasta_holds_only_cap_sys_admin_once_connected(
-    sandboxes: dict[str, ContainerSandbox],
+    sandboxes: dict[str, RuncSandbox],
 ) -> None:
     """What a reviewer checks of the process that parses every packet of the sandbox."""
     for mode in ("all", "allowlist"):
@@ -376,7 +377,7 @@ def test_pasta_holds_only_cap_sys_admin_once_connected(
 
 
 def test_destroy_and_failed_starts_leave_nothing(
-    options: ContainerOptions, peer: Peer, tmp_path: Path
+    options: RuncOptions, peer: Peer, tmp_path: Path
 ) -> None:
     before = _pasta_pids()
     box = _start(options, "gone", Egress("all"))
@@ -390,7 +391,7 @@ def test_destroy_and_failed_starts_leave_nothing(
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # reaped, not a zombie
     # A start that fails after the network is up (runc cannot find the image).
-    broken = ContainerOptions(state_dir=tmp_path, rootfs=tmp_path / "missing", runc=options.runc)
+    broken = RuncOptions(state_dir=tmp_path, rootfs=tmp_path / "missing", runc=options.runc)
     with pytest.raises(SessionFailed):
         _start(broken, "broken", Egress("all"))
     assert _pasta_pids() <= before
@@ -398,10 +399,10 @@ def test_destroy_and_failed_starts_leave_nothing(
 
 
 def test_remove_orphans_ends_pasta_and_the_namespace(
-    options: ContainerOptions, tmp_path: Path
+    options: RuncOptions, tmp_path: Path
 ) -> None:
     """A server that died left a sandbox with its network: the next one removes it all."""
-    own = ContainerOptions(
+    own = RuncOptions(
         state_dir=tmp_path, rootfs=options.rootfs, runc=options.runc, id_prefix="dbxorphan-"
     )
     box = _start(own, "orphan", Egress("allowlist"))
@@ -416,14 +417,14 @@ def test_remove_orphans_ends_pasta_and_the_namespace(
 
 
 def test_the_backend_creates_an_allowlisted_session_with_a_browser(
-    options: ContainerOptions, peer: Peer
+    options: RuncOptions, peer: Peer
 ) -> None:
-    """Through ContainerBackend.create: the browser opens the allowed service's page.
+    """Through RuncEngine.create: the browser opens the allowed service's page.
 
     Safe with a browser: whatever else Chromium tries is refused inside the sandbox, and it
     has no DNS server to ask.
     """
-    backend = ContainerBackend(options)
+    backend = RuncEngine(options)
     allowed = f"http://{peer.allowed}:{peer.port}/"
     spec = SessionSpec(
         id=f"t-net-backend-{os.getpid()}", desktop=DesktopSpec(start_url=allowed),
@@ -432,15 +433,15 @@ def test_the_backend_creates_an_allowlisted_session_with_a_browser(
     backend.check(spec)
 
     async def scenario() -> dict[str, list[object]]:
-        handle = await backend.create(spec, 30.0)
+        handle = await Desktop.start(backend, spec, 30.0)
         try:
-            assert isinstance(handle, ContainerHandle)
+            assert isinstance(handle.sandbox, RuncSandbox)
             return await asyncio.to_thread(
                 _probe, handle.sandbox, f"{peer.allowed}:{peer.port}",
                 f"{peer.other}:{peer.port}",
             )
         finally:
-            await backend.destroy(handle)
+            await handle.destroy()
 
     result = asyncio.run(scenario())
     assert [r[0] for r in result.values()] == ["ok", "ConnectionRefusedError"], result

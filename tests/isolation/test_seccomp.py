@@ -19,11 +19,10 @@ from typing import Any
 
 import pytest
 
-from deskbox_server.backends.checkpoint import Criu
-from deskbox_server.backends.container import ContainerOptions, ContainerSandbox
-from deskbox_server.backends.container_backend import ContainerBackend
-from deskbox_server.backends.sandbox_snapshot import TEMPLATE, restore_copy, take_snapshot
-from deskbox_server.backends.seccomp import (
+from deskbox_server.engines.runc.criu import Criu
+from deskbox_server.engines.runc.engine import RuncEngine
+from deskbox_server.engines.runc.sandbox import RuncOptions, RuncSandbox
+from deskbox_server.engines.runc.seccomp import (
     DENIED_SYSCALLS,
     PODMAN_PACKAGE,
     PODMAN_PROFILE,
@@ -35,6 +34,7 @@ from deskbox_server.backends.seccomp import (
     translate,
     with_our_rules,
 )
+from deskbox_server.engines.runc.snapshot import TEMPLATE, restore_copy, take_snapshot
 from deskbox_server.errors import Internal
 
 from .conftest import exec_in
@@ -184,7 +184,7 @@ def test_the_packaged_profile_translates() -> None:
     assert "read" in {name for rule in theirs for name in rule["names"]}
 
 
-def test_without_the_package_no_sandbox_starts(options: ContainerOptions, tmp_path: Path) -> None:
+def test_without_the_package_no_sandbox_starts(options: RuncOptions, tmp_path: Path) -> None:
     broken = tmp_path / "seccomp.json"
     broken.write_text("{not json")
     for source in (tmp_path / "missing.json", broken):
@@ -193,14 +193,14 @@ def test_without_the_package_no_sandbox_starts(options: ContainerOptions, tmp_pa
         assert str(source) in raised.value.message
         without = dataclasses.replace(options, seccomp_source=source)
         with pytest.raises(Internal, match=PODMAN_PACKAGE):
-            ContainerSandbox.start(without, f"t-noprofile-{os.getpid()}", browser=False)
+            RuncSandbox.start(without, f"t-noprofile-{os.getpid()}", browser=False)
         assert not (options.state_dir / "sessions" / f"t-noprofile-{os.getpid()}").exists()
 
 
 async def test_backend_refuses_to_prepare_without_the_package(
-    options: ContainerOptions, tmp_path: Path
+    options: RuncOptions, tmp_path: Path
 ) -> None:
-    backend = ContainerBackend(
+    backend = RuncEngine(
         dataclasses.replace(options, seccomp_source=tmp_path / "missing.json")
     )
     with pytest.raises(Internal, match=PODMAN_PACKAGE):
@@ -236,7 +236,7 @@ def _probe_host(calls: dict[str, tuple[int, list[int]]]) -> dict[str, int]:
     return out
 
 
-def _probe(sandbox: ContainerSandbox, calls: dict[str, tuple[int, list[int]]]) -> dict[str, int]:
+def _probe(sandbox: RuncSandbox, calls: dict[str, tuple[int, list[int]]]) -> dict[str, int]:
     """errno of each call made inside the sandbox (0: it succeeded)."""
     payload = json.dumps([[name, nr, args] for name, (nr, args) in calls.items()])
     done = exec_in(sandbox, "python3", "-c", _PROBE, payload)
@@ -249,7 +249,7 @@ def _socket(family: int, kind: int = socket.SOCK_STREAM, proto: int = 0) -> tupl
     return NR_SOCKET, [family, kind, proto]
 
 
-def test_vsock_and_other_families_cannot_be_created(sandbox: ContainerSandbox) -> None:
+def test_vsock_and_other_families_cannot_be_created(sandbox: RuncSandbox) -> None:
     """The attack: a vsock socket (one port space for every session, outside egress rules)."""
     refused = {
         "vsock": _socket(socket.AF_VSOCK),
@@ -277,7 +277,7 @@ def test_vsock_and_other_families_cannot_be_created(sandbox: ContainerSandbox) -
         "refused", str(errno.EAFNOSUPPORT)]
 
 
-def test_the_families_a_desktop_needs_still_work(sandbox: ContainerSandbox) -> None:
+def test_the_families_a_desktop_needs_still_work(sandbox: RuncSandbox) -> None:
     code = (
         "import socket as S\n"
         "for family, kind in ((S.AF_UNIX, S.SOCK_STREAM), (S.AF_UNIX, S.SOCK_DGRAM),\n"
@@ -300,7 +300,7 @@ def test_the_families_a_desktop_needs_still_work(sandbox: ContainerSandbox) -> N
     assert links.stdout.strip() == "[(1, 'lo')]", links.stderr
 
 
-def test_syscalls_the_profile_does_not_list_fail_with_enosys(sandbox: ContainerSandbox) -> None:
+def test_syscalls_the_profile_does_not_list_fail_with_enosys(sandbox: RuncSandbox) -> None:
     """Default deny: calls this kernel has (6.x) but Podman's list does not name."""
     unlisted = {
         "futex_waitv": (449, [0, 0, 0, 0, 0]),  # no futexes: EINVAL where it runs
@@ -313,7 +313,7 @@ def test_syscalls_the_profile_does_not_list_fail_with_enosys(sandbox: ContainerS
     assert _probe(sandbox, unlisted) == dict.fromkeys(unlisted, errno.ENOSYS)
 
 
-def test_our_denials_win_inside(sandbox: ContainerSandbox) -> None:
+def test_our_denials_win_inside(sandbox: RuncSandbox) -> None:
     """Podman's list allows these (it relies on capabilities); the kernel would run each
     here without one and answer as noted, so EPERM/ENOSYS is the filter's doing."""
     calls = {
@@ -337,12 +337,12 @@ def test_our_denials_win_inside(sandbox: ContainerSandbox) -> None:
 @pytest.mark.skipif(Criu().missing() is not None,
                     reason="CRIU 4.1 is not installed (scripts/criu.sh)")
 def test_a_copy_of_an_old_snapshot_execs_under_todays_filter(
-    options: ContainerOptions, tmp_path: Path
+    options: RuncOptions, tmp_path: Path
 ) -> None:
     """A snapshot taken under a default-allow filter (before this one): CRIU gives the
     restored processes the filter they were dumped with, but what ``runc exec`` starts in
     the copy gets today's. The copy's own processes keep a filter through the restore."""
-    original = ContainerSandbox.start(
+    original = RuncSandbox.start(
         dataclasses.replace(options, id_prefix="deskbox-seccomp-"), f"o{os.getpid()}",
         browser=False,
     )

@@ -6,7 +6,7 @@ import io
 
 from PIL import Image
 
-from deskbox_server.backends.container import ContainerSandbox
+from deskbox_server.engines.runc.sandbox import RuncSandbox
 from deskbox_server.media import EncodedImage
 from deskbox_server.schemas import actions as a
 from deskbox_server.schemas.results import Point
@@ -15,7 +15,7 @@ from .conftest import agent_desktop
 
 
 async def test_the_sandbox_starts_its_agent_and_the_desktop_is_ready(
-    sandbox: ContainerSandbox,
+    sandbox: RuncSandbox,
 ) -> None:
     assert sandbox.failure() is None
     assert {"runc", "socket", "agent"} <= set(sandbox.timings)
@@ -26,7 +26,7 @@ async def test_the_sandbox_starts_its_agent_and_the_desktop_is_ready(
     assert (info.width, info.height) == (1280, 800) and info.capture == "xshm"
 
 
-async def test_screenshot_shows_the_browser_window(sandbox: ContainerSandbox) -> None:
+async def test_screenshot_shows_the_browser_window(sandbox: RuncSandbox) -> None:
     async with agent_desktop(sandbox) as desktop:
         shot = await desktop.perform(a.Screenshot(format="png"))
     assert isinstance(shot, EncodedImage)
@@ -38,7 +38,7 @@ async def test_screenshot_shows_the_browser_window(sandbox: ContainerSandbox) ->
     assert len(colours) > 8
 
 
-async def test_input_reaches_the_sandboxed_display(sandbox: ContainerSandbox) -> None:
+async def test_input_reaches_the_sandboxed_display(sandbox: RuncSandbox) -> None:
     async with agent_desktop(sandbox) as desktop:
         await desktop.perform(a.Move(x=321, y=123))
         position = await desktop.perform(a.CursorPosition())

@@ -30,7 +30,7 @@ import pytest
 from deskbox_server.agent import PROTOCOL
 from deskbox_server.agent.desktop import IMAGE_SLACK
 from deskbox_server.agent.limits import AgentLimits
-from deskbox_server.backends.checkpoint import Criu
+from deskbox_server.engines.runc.criu import Criu
 
 from ..impostors import failed_event, hibernate_resume, new_session, start_impostor, wait_failed
 

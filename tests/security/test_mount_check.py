@@ -1,4 +1,4 @@
-"""The check that a restored sandbox's mounts are its config's (backends/mounts.py), on
+"""The check that a restored sandbox's mounts are its config's (engines/runc/mounts.py), on
 mount tables read from real sandboxes of this host: a fresh one passes, and each way CRIU
 got a restore wrong is named."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from deskbox_server.backends.mounts import mismatches, parse_mountinfo, repair_commands
-from deskbox_server.backends.oci import RuntimeConfig, SandboxConfig, runtime_config
+from deskbox_server.engines.runc.layout import RuntimeConfig, SandboxConfig, runtime_config
+from deskbox_server.engines.runc.mounts import mismatches, parse_mountinfo, repair_commands
 
 # A fresh sandbox without a user namespace (runc made every mount from the config).
 FRESH = """\

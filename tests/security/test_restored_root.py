@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
-from deskbox_server.backends.checkpoint import Criu
-from deskbox_server.backends.container import ContainerOptions, ContainerSandbox
-from deskbox_server.backends.mounts import parse_mountinfo, signature
-from deskbox_server.backends.sandbox_snapshot import restore_copy, take_snapshot
+from deskbox_server.engines.runc.criu import Criu
+from deskbox_server.engines.runc.mounts import parse_mountinfo, signature
+from deskbox_server.engines.runc.sandbox import RuncOptions, RuncSandbox
+from deskbox_server.engines.runc.snapshot import restore_copy, take_snapshot
 
 from ..api.conftest import Server
 from ..images import IMAGE_STATE_DIR, REPO, session_image
@@ -177,13 +177,13 @@ def test_a_copy_without_a_user_namespace_is_repaired_before_it_runs(
     """Without a user namespace (the mode of egress all/allowlist sessions) CRIU restores
     the root read-write and the masks on the host's /dev/null: the seal repairs both
     (mount_repair.py) before any task runs, and the copy's mounts are the source's."""
-    options = ContainerOptions(
+    options = RuncOptions(
         state_dir=tmp_path_factory.mktemp("no-userns-state"), rootfs=session_image(),
         user_ids=None,
     )
     # Checkpointed once the agent says the desktop is ready, as the API would: a browser
     # still starting has file descriptors in flight on its sockets, which CRIU refuses.
-    source = until_ready(ContainerSandbox.start(options, f"no-userns-{os.getpid()}"))
+    source = until_ready(RuncSandbox.start(options, f"no-userns-{os.getpid()}"))
     copy = None
     try:
         assert source.init_pid is not None

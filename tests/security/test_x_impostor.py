@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from deskbox_server.backends.checkpoint import Criu
+from deskbox_server.engines.runc.criu import Criu
 
 from ..api.helpers import decode
 

@@ -23,12 +23,12 @@ import pytest
 
 from deskbox_server.agent import PROTOCOL
 from deskbox_server.api.auth import key_id
-from deskbox_server.app import container_backend
-from deskbox_server.backends.agent_link import AGENT_SOCKET, agent_link
-from deskbox_server.backends.checkpoint import Criu
-from deskbox_server.backends.container import remove_orphans
-from deskbox_server.backends.container_backend import ContainerHandle
-from deskbox_server.backends.runc import Runc
+from deskbox_server.app import runc_engine
+from deskbox_server.engines.runc.criu import Criu
+from deskbox_server.engines.runc.runtime import Runc
+from deskbox_server.engines.runc.sandbox import RuncSandbox, remove_orphans
+from deskbox_server.engines.runc.stream import AGENT_SOCKET, agent_link
+from deskbox_server.sessions.desktop import AnyDesktop
 from deskbox_server.settings import Settings
 
 from ..api.conftest import KEY_A, Server, running_server
@@ -146,9 +146,9 @@ def new_page_session(client: httpx.Client, **body: Any) -> str:
     return new_session(client, browser=PAGE, **body)
 
 
-def handle_of(server: Server, session_id: str) -> ContainerHandle:
+def handle_of(server: Server, session_id: str) -> AnyDesktop:
     found = server.services.manager.handle(key_id(KEY_A), session_id)
-    assert isinstance(found, ContainerHandle)
+    assert isinstance(found.sandbox, RuncSandbox)
     return found
 
 
@@ -162,7 +162,7 @@ def answers(client: httpx.Client, session_id: str, mark: str) -> None:
     assert got.status_code == 200 and got.content == mark.encode()
 
 
-def check_stream(handle: ContainerHandle) -> None:
+def check_stream(handle: AnyDesktop) -> None:
     """The host holds a live, handshaken stream to the sandbox's own agent, through its
     link of the agent's socket."""
     agent = handle.agent
@@ -344,6 +344,6 @@ def test_a_restarted_server_reconnects_to_the_agents_it_adopts(tmp_path: Path) -
             second.wait(timeout=60)
         reap(inits)
     finally:
-        options = container_backend(Settings(state_dir=state_dir)).options
+        options = runc_engine(Settings(state_dir=state_dir)).options
         remove_orphans(options, keep=())
         reap(inits)

@@ -1,4 +1,4 @@
-"""CRIU checkpoint and restore of a sandbox (backends/checkpoint.py), below the API.
+"""CRIU checkpoint and restore of a sandbox (engines/runc/criu.py), below the API.
 
 A desktop with a browser cannot be dumped on this host (Linux ≥ 6.16 with CRIU 4.1.1: see
 checkpoint.py; tests/api/test_container_pause.py checks the error names that cause), so the
@@ -19,15 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from deskbox_server.backends.checkpoint import (
+from deskbox_server.engines.runc.criu import (
     Criu,
     archive_path,
     hibernate_sandbox,
     restore_sandbox,
 )
-from deskbox_server.backends.container import ContainerOptions, ContainerSandbox
-from deskbox_server.backends.oci import SANDBOX_USER_IDS
-from deskbox_server.backends.runc import Runc
+from deskbox_server.engines.runc.layout import SANDBOX_USER_IDS
+from deskbox_server.engines.runc.runtime import Runc
+from deskbox_server.engines.runc.sandbox import RuncOptions, RuncSandbox
 from deskbox_server.schemas import actions as a
 from deskbox_server.schemas.results import ClipboardText
 
@@ -43,17 +43,17 @@ pytestmark = [
 
 
 @pytest.fixture
-def sandbox(tmp_path: Path) -> Iterator[ContainerSandbox]:
-    options = ContainerOptions(state_dir=tmp_path / "state", rootfs=session_image(),
+def sandbox(tmp_path: Path) -> Iterator[RuncSandbox]:
+    options = RuncOptions(state_dir=tmp_path / "state", rootfs=session_image(),
                                id_prefix="deskbox-ckpt-")
-    box = ContainerSandbox.start(options, f"c{os.getpid()}", browser=False)
+    box = RuncSandbox.start(options, f"c{os.getpid()}", browser=False)
     try:
         yield until_ready(box, browser=False)
     finally:
         box.destroy()
 
 
-def screen_and_mark(sandbox: ContainerSandbox, mark: str | None) -> tuple[bytes, str]:
+def screen_and_mark(sandbox: RuncSandbox, mark: str | None) -> tuple[bytes, str]:
     """The screen's pixels and the clipboard's text (set to ``mark`` first), through a
     connection of our own to the sandbox's agent, closed again (CRIU cannot dump it)."""
 
@@ -69,7 +69,7 @@ def screen_and_mark(sandbox: ContainerSandbox, mark: str | None) -> tuple[bytes,
     return asyncio.run(read())
 
 
-def cgroups_inside(sandbox: ContainerSandbox) -> set[str]:
+def cgroups_inside(sandbox: RuncSandbox) -> set[str]:
     """The cgroup paths the sandbox's init and a new process in it see (their namespace)."""
     done = subprocess.run(
         [*sandbox.options.runc.command(), "exec", sandbox.container_id,
@@ -80,7 +80,7 @@ def cgroups_inside(sandbox: ContainerSandbox) -> set[str]:
     return {line.split(":", 2)[2] for line in done.stdout.splitlines()}
 
 
-def test_hibernate_and_restore_a_sandbox(sandbox: ContainerSandbox) -> None:
+def test_hibernate_and_restore_a_sandbox(sandbox: RuncSandbox) -> None:
     assert cgroups_inside(sandbox) == {"/"}
     before, mark = screen_and_mark(sandbox, "set before the checkpoint")
     assert mark == "set before the checkpoint"

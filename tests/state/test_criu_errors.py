@@ -1,10 +1,10 @@
-"""Where CRIU cannot work, the error names the cause (backends/checkpoint.py)."""
+"""Where CRIU cannot work, the error names the cause (engines/runc/criu.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from deskbox_server.backends.checkpoint import Criu, _explain
+from deskbox_server.engines.runc.criu import Criu, _explain
 
 
 def test_missing_criu_says_how_to_install_it(tmp_path: Path) -> None:

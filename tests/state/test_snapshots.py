@@ -22,10 +22,11 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from deskbox_server.api.auth import key_id
-from deskbox_server.backends.checkpoint import Criu
-from deskbox_server.backends.container_backend import ContainerHandle
-from deskbox_server.backends.oci import SANDBOX_USER_IDS
-from deskbox_server.backends.runc import Runc
+from deskbox_server.engines.runc.criu import Criu
+from deskbox_server.engines.runc.layout import SANDBOX_USER_IDS
+from deskbox_server.engines.runc.runtime import Runc
+from deskbox_server.engines.runc.sandbox import RuncSandbox
+from deskbox_server.sessions.desktop import AnyDesktop
 from deskbox_server.settings import Settings
 
 from ..api.conftest import DISPLAY, KEY_A, Server, running_server
@@ -70,9 +71,9 @@ def client(server: Server) -> Iterator[httpx.Client]:
         yield http
 
 
-def handle_of(server: Server, session_id: str) -> ContainerHandle:
+def handle_of(server: Server, session_id: str) -> AnyDesktop:
     found = server.services.manager.handle(key_id(KEY_A), session_id)
-    assert isinstance(found, ContainerHandle)
+    assert isinstance(found.sandbox, RuncSandbox)
     return found
 
 
@@ -144,14 +145,14 @@ def cgroups_seen_inside(client: httpx.Client, session_id: str) -> set[str]:
     return {line.split(":", 2)[2] for line in response.json()["stdout"].splitlines()}
 
 
-def host_uid(handle: ContainerHandle) -> int:
+def host_uid(handle: AnyDesktop) -> int:
     """The uid the host sees for the session's init (its root inside)."""
     pid = handle.sandbox.init_pid
     status = Path(f"/proc/{pid}/status").read_text()
     return int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
 
 
-def netns_inode(handle: ContainerHandle) -> int:
+def netns_inode(handle: AnyDesktop) -> int:
     assert handle.sandbox.init_pid is not None
     return os.stat(f"/proc/{handle.sandbox.init_pid}/ns/net").st_ino
 

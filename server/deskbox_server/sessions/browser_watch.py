@@ -15,9 +15,9 @@ import logging
 
 from websockets.exceptions import ConnectionClosed
 
-from ..backends.base import DesktopHandle
-from ..backends.devtools import browser_path, open_websocket
+from ..agent.devtools import browser_path, open_websocket
 from ..errors import DeskboxError
+from .desktop import AnyDesktop
 from .events import EventLog
 
 __all__ = ["BrowserWatch"]
@@ -33,7 +33,7 @@ class BrowserWatch:
         self._events = events
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
-    def start(self, session_id: str, handle: DesktopHandle) -> None:
+    def start(self, session_id: str, handle: AnyDesktop) -> None:
         if session_id not in self._tasks:
             self._tasks[session_id] = asyncio.create_task(
                 self._follow(session_id, handle), name=f"deskbox-browser-{session_id}"
@@ -46,7 +46,7 @@ class BrowserWatch:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def _follow(self, session_id: str, handle: DesktopHandle) -> None:
+    async def _follow(self, session_id: str, handle: AnyDesktop) -> None:
         restarts = 0
         exited = False
         retry_s = _FIRST_RETRY_S

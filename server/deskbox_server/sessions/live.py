@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from ..backends.base import DesktopHandle
 from ..errors import Conflict, DeskboxError, NotFound, SessionFailed
 from ..schemas.sessions import SessionState as S
+from .desktop import AnyDesktop
 from .lifecycle import SessionRecord
 from .pause import LastFrame
 
@@ -17,7 +17,7 @@ __all__ = ["LiveSession", "not_live"]
 @dataclass
 class LiveSession:
     record: SessionRecord
-    handle: DesktopHandle | None = None
+    handle: AnyDesktop | None = None
     start_task: asyncio.Task[None] | None = None
     stop_task: asyncio.Task[None] | None = None
     # Actions in flight: the reaper never expires a session that is busy.

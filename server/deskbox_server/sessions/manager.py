@@ -1,7 +1,7 @@
 """The table of sessions: create, find, keep alive and stop them; caps; idle expiry;
 recovery at start; snapshots and forks of a session.
 
-The manager owns the live sessions of this process (their backend handles) and keeps the
+The manager owns the live sessions of this process (their desktops, desktop.py) and keeps the
 registry in step with every state change. What one session does (actions, screenshots,
 exec and files, the live view, DevTools, pause and resume) is its :class:`Session`
 (session.py), which :meth:`SessionManager.session` hands out. Requests reach it already
@@ -22,7 +22,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Literal
 
-from ..backends.base import Backend, DesktopHandle, SessionSpec
+from ..engines import AnyEngine, SessionSpec
 from ..errors import Capacity, DeskboxError, Internal, InvalidRequest, NotFound, SessionFailed
 from ..metrics import Metrics
 from ..schemas.sessions import SessionCreate, SessionState
@@ -31,6 +31,7 @@ from . import start_stop
 from .browser_watch import BrowserWatch
 from .catalog import SnapshotCatalog
 from .context import SessionContext
+from .desktop import AnyDesktop
 from .events import EventLog
 from .lifecycle import LIVE_STATES, SessionRecord, utcnow
 from .links import SessionLinks
@@ -54,12 +55,13 @@ class SessionManager:
         self,
         settings: Settings,
         registry: Registry,
-        backends: Mapping[str, Backend],
+        engines: Mapping[str, AnyEngine],
         metrics: Metrics,
     ) -> None:
         self._settings = settings
         self._registry = registry
-        self._backends = dict(backends)
+        # By the name a session's ``backend`` gives on the wire (API.md).
+        self._engines = dict(engines)
         self._live: dict[str, LiveSession] = {}
         self._ended: dict[SessionState, int] = {}
         # Sessions that ended lately, so that acting on one says why without a query.
@@ -75,11 +77,11 @@ class SessionManager:
         self.links = SessionLinks()
         self.snapshots = SnapshotStore(settings.state_dir / "snapshots")
         self._frames = FrameStore(settings.state_dir / "frames")
-        pool_backend = self._backends.get(settings.default_backend)
+        pool_engine = self._engines.get(settings.default_backend)
         self.pool = WarmPool(
-            pool_backend, [PoolKey.parse(d) for d in settings.pool_displays],
-            settings.pool_size, settings.start_timeout_s,
-        ) if pool_backend is not None else None
+            pool_engine, [PoolKey.parse(d) for d in settings.pool_displays],
+            settings.pool_size, settings.start_timeout_s, settings.desktop_call_timeout_s,
+        ) if pool_engine is not None else None
         # GET/DELETE /v1/snapshots and the snapshots' pools (catalog.py).
         self.catalog = SnapshotCatalog(self.snapshots, self.pool, settings.max_sessions_per_key)
         self._context = SessionContext(
@@ -90,7 +92,7 @@ class SessionManager:
     # -- server lifetime ------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Prepare the backends (may build the session image), then recover what a previous
+        """Prepare the engines (may build the session image), then recover what a previous
         server left: running sessions whose desktop still runs are re-adopted, the other
         live ones are marked failed, and sandboxes the registry does not know are removed.
         """
@@ -118,11 +120,11 @@ class SessionManager:
         await self._registry.open()
         await asyncio.to_thread(self.snapshots.open)
         await asyncio.to_thread(self._frames.open)
-        for backend in self._backends.values():
-            await backend.prepare()
+        for engine in self._engines.values():
+            await engine.prepare()
         # This process holds no desktop yet: what the registry calls live was left by a
         # previous server.
-        adopted: dict[str, set[str]] = {name: set() for name in self._backends}
+        adopted: dict[str, set[str]] = {name: set() for name in self._engines}
         for record in await self._registry.live():
             reason = await self._adopt(record)
             if reason is None:
@@ -130,8 +132,8 @@ class SessionManager:
                 continue
             log.warning("session %s failed: %s", record.id, reason)
             await self._registry.save(failed(record, reason))
-        for name, backend in self._backends.items():
-            removed = await backend.remove_orphans(adopted[name])
+        for name, engine in self._engines.items():
+            removed = await engine.remove_orphans(adopted[name])
             if removed:
                 log.info("removed %d orphaned %s sandboxes: %s", len(removed), name,
                          ", ".join(removed))
@@ -143,13 +145,16 @@ class SessionManager:
 
     async def _adopt(self, record: SessionRecord) -> str | None:
         """Re-adopt a session a previous server left running; None, or why it failed."""
-        live = await readopt(record, self._backends.get(record.backend), self._frames)
+        live = await readopt(
+            record, self._engines.get(record.backend), self._frames,
+            self._settings.desktop_call_timeout_s,
+        )
         if isinstance(live, str):
             return live
         self._live[record.id] = live
         if record.state is S.running and live.handle is not None:
             self._browsers.start(record.id, live.handle)
-        log.info("session %s re-adopted (backend %s, %s)", record.id, record.backend,
+        log.info("session %s re-adopted (engine %s, %s)", record.id, record.backend,
                  record.state.value)
         return None
 
@@ -169,9 +174,9 @@ class SessionManager:
         )
         if self._removals:  # a last chance, bounded, for removals that overran
             await asyncio.wait(self._removals, timeout=self._settings.stop_timeout_s)
-        for backend in self._backends.values():
+        for engine in self._engines.values():
             with suppress(Exception):
-                await backend.close()
+                await engine.close()
         await self._registry.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the state dir's lock
@@ -183,7 +188,7 @@ class SessionManager:
                 self._live.pop(live.record.id, None)
                 if live.handle is not None:
                     try:
-                        await self._backends[live.record.backend].release(live.handle)
+                        await live.handle.release()
                     except Exception:
                         log.exception("releasing hibernated session %s", live.record.id)
                 log.info("session %s stays hibernated for the next server", live.record.id)
@@ -230,9 +235,9 @@ class SessionManager:
             if ended is not None and ended.owner == owner:
                 raise not_live(ended)
             raise NotFound(f"no {missing} session {session_id!r}")
-        return Session(live, self._backends[live.record.backend], self._context)
+        return Session(live, self._context)
 
-    def handle(self, owner: str, session_id: str) -> DesktopHandle:
+    def handle(self, owner: str, session_id: str) -> AnyDesktop:
         """The desktop of a running session of ``owner`` (for tests)."""
         return self.session(owner, session_id).handle
 
@@ -275,9 +280,9 @@ class SessionManager:
         self, owner: str, body: SessionCreate, wait: bool, snapshot: Path | None = None
     ) -> SessionRecord:
         backend_name = body.backend or self._settings.default_backend
-        backend = self._backends.get(backend_name)
-        if backend is None:
-            available = ", ".join(sorted(self._backends)) or "none"
+        engine = self._engines.get(backend_name)
+        if engine is None:
+            available = ", ".join(sorted(self._engines)) or "none"
             raise InvalidRequest(
                 f"backend {backend_name!r} is not available on this server (available: "
                 f"{available})"
@@ -307,7 +312,7 @@ class SessionManager:
             from_snapshot=snapshot,
             record=body.record,
         )
-        backend.check(spec)
+        engine.check(spec)
         # No await between the capacity check and taking the slot.
         self._check_capacity(owner)
         record = SessionRecord(
@@ -321,7 +326,7 @@ class SessionManager:
             del self._live[session_id]
             raise
         self._publish_state(record)
-        live.start_task = asyncio.create_task(self._start(live, backend, spec))
+        live.start_task = asyncio.create_task(self._start(live, engine, spec))
         if wait:
             await asyncio.shield(live.start_task)
             if record.state is S.failed:
@@ -331,7 +336,7 @@ class SessionManager:
 
     async def _adopt_from_pool(
         self, owner: str, body: SessionCreate, backend_name: str, timeout_s: int,
-        session_id: str, handle: DesktopHandle,
+        session_id: str, handle: AnyDesktop,
     ) -> SessionRecord:
         """Make a ready pool desktop the caller's session: running at once."""
         record = SessionRecord(
@@ -345,11 +350,11 @@ class SessionManager:
             await self._registry.save(record)
         except BaseException:
             del self._live[session_id]
-            await self._backends[backend_name].destroy(handle)
+            await handle.destroy()
             raise
         self._publish_state(record)
         self._browsers.start(record.id, handle)
-        log.info("session %s running (backend %s, from the warm pool)", record.id, backend_name)
+        log.info("session %s running (engine %s, from the warm pool)", record.id, backend_name)
         return record
 
     def _check_capacity(self, owner: str, count: int = 1) -> None:
@@ -368,9 +373,10 @@ class SessionManager:
                 retry,
             )
 
-    async def _start(self, live: LiveSession, backend: Backend, spec: SessionSpec) -> None:
+    async def _start(self, live: LiveSession, engine: AnyEngine, spec: SessionSpec) -> None:
         failure = await start_stop.start(
-            live, backend, spec, self._context, self._settings.start_timeout_s
+            live, engine, spec, self._context, self._settings.start_timeout_s,
+            self._settings.desktop_call_timeout_s,
         )
         if failure is not None:
             await self._end(live, failure)
@@ -406,7 +412,7 @@ class SessionManager:
         record = live.record
         try:
             await start_stop.end(
-                live, self._backends[record.backend], self._context, failure,
+                live, self._context, failure,
                 self._settings.stop_timeout_s, self._removals,
             )
         finally:
@@ -496,7 +502,7 @@ class SessionManager:
             if live.stop_task or live.changing.locked():
                 continue
             # A hibernated desktop runs no process that could have failed. A stalled desktop
-            # (a call that did not return in time) counts as failed (DesktopHandle.failure).
+            # (a call that did not return in time) counts as failed (Desktop.failure).
             reason = None
             if record.state is not S.hibernated:
                 reason = live.handle.failure()

@@ -25,9 +25,10 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..backends.base import Backend, DesktopHandle, SessionSpec
-from ..backends.desktop_commands import DesktopSpec
+from ..engines import AnyEngine, SessionSpec
+from ..engines.desktop_commands import DesktopSpec
 from ..schemas.sessions import Browser, Display, SessionCreate
+from .desktop import DEFAULT_CALL_TIMEOUT_S, AnyDesktop, Desktop
 
 __all__ = ["PoolKey", "SnapshotKey", "WarmPool", "new_session_id"]
 
@@ -102,7 +103,7 @@ class SnapshotKey:
 @dataclass
 class _Ready:
     session_id: str
-    handle: DesktopHandle
+    handle: AnyDesktop
 
 
 Key = PoolKey | SnapshotKey
@@ -110,9 +111,11 @@ Key = PoolKey | SnapshotKey
 
 class WarmPool:
     def __init__(
-        self, backend: Backend, keys: Iterable[PoolKey], size: int, start_timeout_s: float
+        self, engine: AnyEngine, keys: Iterable[PoolKey], size: int, start_timeout_s: float,
+        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
     ) -> None:
-        self._backend = backend
+        self._engine = engine
+        self._call_timeout_s = call_timeout_s
         self._timeout_s = start_timeout_s
         # How many ready desktops each pool keeps; snapshot pools come and go at run time.
         self._targets: dict[Key, int] = {key: size for key in keys} if size else {}
@@ -152,7 +155,7 @@ class WarmPool:
     def start(self) -> None:
         self._task = asyncio.create_task(self._refill_forever(), name="deskbox-pool")
 
-    def claim(self, key: Key | None) -> tuple[str, DesktopHandle] | None:
+    def claim(self, key: Key | None) -> tuple[str, AnyDesktop] | None:
         """A ready desktop for ``key`` (its session id and handle), or None. Synchronous:
         no other create can take the same one."""
         queue = self._ready.get(key) if key is not None else None
@@ -176,7 +179,7 @@ class WarmPool:
     async def _discard(self, ready: _Ready, why: str) -> None:
         log.info("pool desktop %s dropped: %s", ready.session_id, why)
         with suppress(Exception):
-            await self._backend.destroy(ready.handle)
+            await ready.handle.destroy()
 
     async def _refill_forever(self) -> None:
         while not self._closing:
@@ -185,7 +188,10 @@ class WarmPool:
                        and len(self._ready[key]) < self._targets[key]):
                     session_id = new_session_id()
                     try:
-                        handle = await self._backend.create(key.spec(session_id), self._timeout_s)
+                        handle = await Desktop.start(
+                            self._engine, key.spec(session_id), self._timeout_s,
+                            self._call_timeout_s,
+                        )
                     except Exception as error:
                         log.warning("pool: starting a desktop for %s failed: %s", key.label,
                                     getattr(error, "message", repr(error)))
@@ -216,5 +222,5 @@ class WarmPool:
         ready = [r for queue in self._ready.values() for r in queue]
         for queue in self._ready.values():
             queue.clear()
-        await asyncio.gather(*(self._backend.destroy(r.handle) for r in ready),
+        await asyncio.gather(*(r.handle.destroy() for r in ready),
                              return_exceptions=True)

@@ -9,11 +9,12 @@ import logging
 import os
 from pathlib import Path
 
-from ..backends.base import Backend, SessionSpec
-from ..backends.desktop_commands import DesktopSpec
+from ..engines import AnyEngine
+from ..engines.desktop_commands import DesktopSpec
 from ..errors import DeskboxError, Internal
 from ..schemas.sessions import Failure, SessionCreate
 from ..schemas.sessions import SessionState as S
+from .desktop import DEFAULT_CALL_TIMEOUT_S, Desktop
 from .lifecycle import SessionRecord, utcnow
 from .live import LiveSession
 from .pause import FrameStore
@@ -39,21 +40,21 @@ def lock_state_dir(state_dir: Path) -> int:
 
 
 async def readopt(
-    record: SessionRecord, backend: Backend | None, frames: FrameStore
+    record: SessionRecord, engine: AnyEngine | None, frames: FrameStore,
+    call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
 ) -> LiveSession | str:
     """A session a previous server left running (or hibernated), taken over; or why not."""
-    if backend is None:
+    if engine is None:
         return f"the server restarted without the {record.backend!r} backend"
     if record.state not in (S.running, S.hibernated):
         return f"the server restarted while the session was {record.state.value}"
-    spec = SessionSpec(id=record.id, desktop=desktop_spec(record.body))
     last_frame = None
     try:
         if record.state is S.hibernated:
-            handle = await backend.adopt_hibernated(spec)
+            handle = await Desktop.adopt(engine, record.id, True, call_timeout_s)
             last_frame = await asyncio.to_thread(frames.load, record.id)
         else:
-            handle = await backend.adopt(spec)
+            handle = await Desktop.adopt(engine, record.id, False, call_timeout_s)
     except DeskboxError as error:
         return f"the server restarted and could not re-adopt it: {error.message}"
     except Exception as error:

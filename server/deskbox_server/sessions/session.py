@@ -4,7 +4,7 @@
 calls it: actions, screenshots, exec and files, the live view, DevTools, pause, resume and
 checkpoints. The Session checks the session's state, keeps its bookkeeping (busy count,
 idle clock, metrics, failing it when its desktop breaks) and delegates the work to the
-backend's handle; pause, resume and checkpoints are in state_changes.py.
+session's desktop (desktop.py); pause, resume and checkpoints are in state_changes.py.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Literal
 
 from websockets.asyncio.client import ClientConnection
 
-from ..backends.base import Backend, DesktopHandle, SnapshotInfo
-from ..backends.devtools import MAX_LISTING, browser_path, get_json, open_websocket
-from ..backends.vnc_server import VncServer
+from ..agent.devtools import MAX_LISTING, browser_path, get_json, open_websocket
+from ..agent.vnc_server import VncServer
+from ..engines.base import SnapshotInfo
 from ..errors import Conflict, DeskboxError, SessionFailed
 from ..media import EncodedImage
 from ..sandbox_io import ExecCommand, ExecResult, FileDownload
@@ -30,6 +30,7 @@ from ..schemas.results import BatchResult
 from ..schemas.sessions import SessionState as S
 from . import state_changes
 from .context import SessionContext
+from .desktop import AnyDesktop
 from .lifecycle import SessionRecord
 from .live import LiveSession, not_live
 from .pause import frozen_image
@@ -40,9 +41,8 @@ __all__ = ["Session"]
 class Session:
     """A live session of this server; made by ``SessionManager.session`` for one caller."""
 
-    def __init__(self, live: LiveSession, backend: Backend, context: SessionContext) -> None:
+    def __init__(self, live: LiveSession, context: SessionContext) -> None:
         self._live = live
-        self._backend = backend
         self._context = context
 
     @property
@@ -50,11 +50,11 @@ class Session:
         return self._live.record
 
     @property
-    def handle(self) -> DesktopHandle:
+    def handle(self) -> AnyDesktop:
         """The desktop of this running session (for tests, and the table's own use)."""
         return self._running()
 
-    def _running(self) -> DesktopHandle:
+    def _running(self) -> AnyDesktop:
         live = self._live
         if live.record.state is not S.running or live.handle is None:
             raise not_live(live.record)
@@ -138,7 +138,7 @@ class Session:
     # -- exec and files (the sandbox's) ---------------------------------------------------
 
     @asynccontextmanager
-    async def _using(self) -> AsyncIterator[DesktopHandle]:
+    async def _using(self) -> AsyncIterator[AnyDesktop]:
         """The handle, marked busy (never reaped) while in use; a SessionFailed raised
         inside fails the session."""
         handle = self._running()
@@ -174,7 +174,7 @@ class Session:
 
     # -- the live view and DevTools (on the handle of the lookup: no state check) ---------
 
-    def _handle(self) -> DesktopHandle:
+    def _handle(self) -> AnyDesktop:
         if self._live.handle is None:
             raise not_live(self._live.record)
         return self._live.handle
@@ -199,13 +199,13 @@ class Session:
     # -- pause, resume and checkpoints (state_changes.py) ---------------------------------
 
     async def pause(self, mode: PauseMode) -> SessionRecord:
-        return await state_changes.pause(self._live, self._backend, self._context, mode)
+        return await state_changes.pause(self._live, self._context, mode)
 
     async def resume(self) -> SessionRecord:
-        return await state_changes.resume(self._live, self._backend, self._context)
+        return await state_changes.resume(self._live, self._context)
 
     async def checkpoint(self, directory: Path, packed: bool) -> SnapshotInfo:
         """Checkpoint the running desktop into ``directory``; it keeps running."""
         return await state_changes.checkpoint(
-            self._live, self._backend, self._context, directory, packed
+            self._live, self._context, directory, packed
         )

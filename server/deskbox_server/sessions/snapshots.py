@@ -1,6 +1,6 @@
 """Snapshots on disk: ``<state>/snapshots/<id>/`` (mode 0700), one directory each.
 
-The backend writes its checkpoint into the directory (backends/sandbox_snapshot.py); this
+The backend writes its checkpoint into the directory (engines/runc/snapshot.py); this
 store adds ``snapshot.json`` (mode 0600: owner, source session, sizes) last, so a directory
 without it is a snapshot that never finished (the server died meanwhile) and is removed at
 start. Snapshots outlive the server: the directory is the whole truth, nothing else indexes

@@ -1,5 +1,5 @@
-"""Starting and ending one session's desktop: its state changes around the backend's
-``create`` and ``destroy``. The manager (manager.py) calls them and keeps its table.
+"""Starting and ending one session's desktop: its state changes around the desktop's
+start and destruction (desktop.py). The manager (manager.py) calls them and keeps its table.
 """
 
 from __future__ import annotations
@@ -8,10 +8,11 @@ import asyncio
 import logging
 import time
 
-from ..backends.base import Backend, DesktopHandle, SessionSpec
+from ..engines import AnyEngine, SessionSpec
 from ..errors import DeskboxError
 from ..schemas.sessions import SessionState as S
 from .context import SessionContext
+from .desktop import DEFAULT_CALL_TIMEOUT_S, AnyDesktop, Desktop
 from .lifecycle import LIVE_STATES
 from .live import LiveSession
 
@@ -21,15 +22,15 @@ log = logging.getLogger("deskbox.sessions")
 
 
 async def start(
-    live: LiveSession, backend: Backend, spec: SessionSpec, context: SessionContext,
-    timeout_s: float,
+    live: LiveSession, engine: AnyEngine, spec: SessionSpec, context: SessionContext,
+    timeout_s: float, call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
 ) -> str | None:
     """Start the session's desktop: None once it runs (or when the session was stopped
     meanwhile), else why it did not start (the caller ends the session)."""
     record = live.record
     started = time.monotonic()
     try:
-        handle = await backend.create(spec, timeout_s)
+        handle = await Desktop.start(engine, spec, timeout_s, call_timeout_s)
     except DeskboxError as error:
         return error.message
     except Exception as error:
@@ -44,14 +45,14 @@ async def start(
     context.publish(record)
     context.browsers.start(record.id, handle)
     log.info(
-        "session %s running (backend %s, %.2f s)",
+        "session %s running (engine %s, %.2f s)",
         record.id, record.backend, time.monotonic() - started,
     )
     return None
 
 
 async def end(
-    live: LiveSession, backend: Backend, context: SessionContext, failure: str | None,
+    live: LiveSession, context: SessionContext, failure: str | None,
     stop_timeout_s: float, removals: set[asyncio.Task[None]],
 ) -> None:
     """Stop (``failure`` None) or fail a session and destroy its desktop.
@@ -71,7 +72,7 @@ async def end(
         context.publish(record)
     await context.browsers.stop(record.id)  # before the browser goes with the desktop
     if live.handle is not None and not await _remove(
-        live.handle, backend, record.id, stop_timeout_s, removals
+        live.handle, record.id, stop_timeout_s, removals
     ):
         reason = (f"the desktop was not removed within {stop_timeout_s:g} s; its removal "
                   "goes on")
@@ -87,12 +88,12 @@ async def end(
 
 
 async def _remove(
-    handle: DesktopHandle, backend: Backend, session_id: str, timeout_s: float,
+    handle: AnyDesktop, session_id: str, timeout_s: float,
     removals: set[asyncio.Task[None]],
 ) -> bool:
     """Destroy the desktop; False if that took more than ``timeout_s`` (it goes on in the
     background, and the manager's shutdown gives it one more bounded wait)."""
-    removal = asyncio.create_task(_destroy(backend, handle, session_id))
+    removal = asyncio.create_task(_destroy(handle, session_id))
     done, _ = await asyncio.wait({removal}, timeout=timeout_s)
     if done:
         return True
@@ -101,8 +102,8 @@ async def _remove(
     return False
 
 
-async def _destroy(backend: Backend, handle: DesktopHandle, session_id: str) -> None:
+async def _destroy(handle: AnyDesktop, session_id: str) -> None:
     try:
-        await backend.destroy(handle)
+        await handle.destroy()
     except Exception:
         log.exception("destroying session %s", session_id)

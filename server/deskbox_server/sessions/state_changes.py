@@ -1,5 +1,6 @@
 """Pause, resume and checkpoints: what stops or checkpoints one session's desktop
-(pause.py, links.py; the backend does the work). ``Session`` (session.py) calls them.
+(pause.py, links.py; its Desktop and engine do the work, desktop.py). ``Session``
+(session.py) calls them.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from ..backends.base import Backend, DesktopHandle, SnapshotInfo
+from ..engines.base import SnapshotInfo
 from ..errors import Conflict, SessionFailed
 from ..schemas.pause import PauseMode
 from ..schemas.sessions import SessionState as S
 from .context import SessionContext
+from .desktop import AnyDesktop
 from .lifecycle import SessionRecord, utcnow
 from .live import LiveSession, not_live
 from .pause import DRAIN_TIMEOUT_S, LastFrame, drain
@@ -25,12 +27,12 @@ log = logging.getLogger("deskbox.sessions")
 
 
 async def pause(
-    live: LiveSession, backend: Backend, context: SessionContext, mode: PauseMode
+    live: LiveSession, context: SessionContext, mode: PauseMode
 ) -> SessionRecord:
     """Freeze or hibernate a running session (pause.py); pausing it again changes nothing.
     Its state changes first, so no new work reaches the desktop; then what is in flight
     finishes, the last frame is kept, and the sandbox is frozen (or checkpointed:
-    backends/checkpoint.py). On failure it runs on as before."""
+    engines/runc/criu.py). On failure it runs on as before."""
     record = live.record
     target = S.paused if mode == "freeze" else S.hibernated
     async with live.changing:
@@ -54,12 +56,12 @@ async def pause(
             # the sandbox (CRIU cannot dump it): no watch meanwhile.
             await context.browsers.stop(record.id)
             if mode == "freeze":
-                await backend.freeze(handle)
+                await handle.freeze()
             else:
                 # Kept on disk too: a server that restarts shows it until resumed.
                 await asyncio.to_thread(context.frames.save, record.id, frame)
                 async with context.links.closed(record.id):
-                    await backend.hibernate(handle)
+                    await handle.hibernate()
         except BaseException as error:
             if still_pausing():
                 record.transition(S.running)
@@ -77,7 +79,7 @@ async def pause(
     return record
 
 
-async def resume(live: LiveSession, backend: Backend, context: SessionContext) -> SessionRecord:
+async def resume(live: LiveSession, context: SessionContext) -> SessionRecord:
     """Thaw a paused session or restore a hibernated one; a running one stays as is."""
     record = live.record
     async with live.changing:
@@ -87,10 +89,10 @@ async def resume(live: LiveSession, backend: Backend, context: SessionContext) -
         if record.state not in (S.paused, S.hibernated) or handle is None:
             raise not_live(record)
         if record.state is S.paused:
-            await backend.thaw(handle)
+            await handle.thaw()
         else:
             try:
-                await backend.restore(handle)
+                await handle.restore()
             except SessionFailed as error:
                 await context.fail(live, error.message)
                 raise
@@ -108,7 +110,7 @@ async def resume(live: LiveSession, backend: Backend, context: SessionContext) -
 @asynccontextmanager
 async def _checkpointing(
     live: LiveSession, context: SessionContext
-) -> AsyncIterator[DesktopHandle]:
+) -> AsyncIterator[AnyDesktop]:
     """A running session made ready for a checkpoint that leaves it running: actions get
     409 meanwhile, those in flight finish, and no connection leads into it."""
     record = live.record
@@ -130,14 +132,14 @@ async def _checkpointing(
 
 
 async def checkpoint(
-    live: LiveSession, backend: Backend, context: SessionContext, directory: Path,
+    live: LiveSession, context: SessionContext, directory: Path,
     packed: bool,
 ) -> SnapshotInfo:
     """Checkpoint the running session into the new ``directory``; it runs on. ``packed``:
     compressed, to keep (a snapshot); else raw, for copies made at once (a fork)."""
     async with live.changing, _checkpointing(live, context) as handle:
         try:
-            return await backend.snapshot(handle, directory, packed)
+            return await handle.snapshot(directory, packed)
         except SessionFailed as error:  # the desktop did not come back
             await context.fail(live, error.message)
             raise

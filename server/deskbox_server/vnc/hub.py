@@ -8,7 +8,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from ..backends.vnc_server import VncServer
+from ..agent.vnc_server import VncServer
 
 __all__ = ["VncHub"]
 

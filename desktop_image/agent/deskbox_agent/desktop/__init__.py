@@ -2,8 +2,7 @@
 settling, clipboard, keymaps) behind the calls ``act``, ``grab``, ``ready`` and ``info``.
 
 Inside the sandbox the X server is the session's own, so this is plain python-xlib and
-mss; the host's hostile-X bounds (server/deskbox_server/driver/xconnect.py and friends) do
-not apply here. Importing this package loads none of the X or imaging modules: the service
+mss: the host, which treats the whole sandbox as hostile, never speaks X11 to it. Importing this package loads none of the X or imaging modules: the service
 imports them on the first desktop call.
 """
 

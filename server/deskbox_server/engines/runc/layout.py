@@ -262,7 +262,7 @@ def config_json(config: SandboxConfig) -> str:
 
 
 # CRIU reads its options for `runc checkpoint`/`restore` of this sandbox from this file of
-# the bundle (the annotation below; backends/checkpoint.py writes it).
+# the bundle (the annotation below; engines/runc/criu.py writes it).
 CRIU_CONFIG = "criu.conf"
 
 

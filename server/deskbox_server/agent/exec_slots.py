@@ -33,7 +33,8 @@ class ExecSlot:
 
 
 class ExecSlots:
-    """At most ``limit`` runc execs of one sandbox (``name``) at a time; no waiting."""
+    """At most ``limit`` commands and file transfers of one sandbox (``name``: "the
+    sandbox ID") at a time; no waiting."""
 
     def __init__(self, limit: int, name: str) -> None:
         self.limit = limit
@@ -44,7 +45,7 @@ class ExecSlots:
         """A slot, or Capacity when all are taken (runs on the event loop: no lock needed)."""
         if self.in_use >= self.limit:
             raise Capacity(
-                f"the sandbox {self.name} already runs {self.limit} commands or file "
+                f"{self.name} already runs {self.limit} commands or file "
                 "transfers, the most a session may run at once; retry when one has ended",
                 RETRY_AFTER_S,
             )

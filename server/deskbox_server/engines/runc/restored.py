@@ -25,10 +25,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..errors import SessionFailed
+from ...errors import SessionFailed
 from .freezer import cgroup_procs, task_state
+from .layout import RuntimeConfig
 from .mounts import mismatches, parse_mountinfo, repair_commands
-from .oci import RuntimeConfig
 
 __all__ = ["resume", "seal"]
 

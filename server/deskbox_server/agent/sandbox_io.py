@@ -1,4 +1,4 @@
-"""``exec`` and ``files`` of a runc sandbox through its agent (agent_link.py), with the
+"""``exec`` and ``files`` of a sandbox through its agent, with the
 promises of API.md: exec's timeout, exit code (128 + N for signal N, 127/126 when the
 program cannot be started), capped output with truncation flags, background commands;
 files' size cap (FileTooLarge, 413), path checks and errors as 4xx.
@@ -6,29 +6,25 @@ files' size cap (FileTooLarge, 413), path checks and errors as 4xx.
 Each call takes one of the session's exec slots (exec_slots.py) while it runs: the agent
 serves many streams at once, but the session's commands still share one sandbox.
 
-Commands run with the sandbox's own environment (its ``config.json`` process env without
-the launcher's ``DESKBOX_*``, plus ``DISPLAY``) and its working directory, as they did
-through ``runc exec``.
+Commands run with the environment and working directory the engine gives
+(``Sandbox.exec_environment``: those of the sandbox's own processes, with ``DISPLAY``).
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
-from pathlib import Path
 
-from ..agent.client import AgentClient, ExecChunk, FileReader
 from ..errors import DeskboxError, InvalidRequest, NotFound, Timeout
 from ..sandbox_io import ExecCommand, ExecResult, FileDownload, FileTooLarge, check_sandbox_path
+from .client import AgentClient, ExecChunk, FileReader
 from .exec_slots import ExecSlots
 
-__all__ = ["DETACH", "AgentDownload", "AgentSandboxIO", "sandbox_environment"]
+__all__ = ["DETACH", "AgentDownload", "AgentSandboxIO"]
 
-_HIDDEN_ENV = "DESKBOX_"  # the launcher's own variables: not for commands
 _MAX_TIMEOUT_S = 86400.0  # the protocol's bounds (PROTOCOL.md, exec)
 _MAX_OUTPUT = 16 << 20
 _START_TIMEOUT_S = 30.0
@@ -41,19 +37,6 @@ _AGENT_ERROR = re.compile(r"^agent: ([a-z_]{1,32}): (.*)$", re.S)
 # Forks the command into a session of its own and reports its pid: a program of the image
 # (desktop_image/rootfs/usr/local/bin/deskbox-detach).
 DETACH = "/usr/local/bin/deskbox-detach"
-
-
-def sandbox_environment(bundle: Path, display: str) -> tuple[dict[str, str], str]:
-    """The environment and working directory of the sandbox's processes (from the config
-    we wrote; the sandbox cannot change it), with ``DISPLAY``."""
-    process = json.loads((bundle / "config.json").read_text())["process"]
-    env: dict[str, str] = {}
-    for entry in process.get("env", []):
-        key, _, value = str(entry).partition("=")
-        if not key.startswith(_HIDDEN_ENV):
-            env[key] = value
-    env["DISPLAY"] = display
-    return env, str(process.get("cwd") or "/")
 
 
 def _agent_error(error: DeskboxError) -> tuple[str, str]:

@@ -48,8 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ..errors import Conflict, InvalidRequest, SessionFailed, Timeout
-from ..schemas.sessions import is_host_name_or_ip
+from ...errors import Conflict, InvalidRequest, SessionFailed, Timeout
+from ...schemas.sessions import is_host_name_or_ip
 
 __all__ = [
     "DNS_FORWARD",

@@ -16,7 +16,7 @@ process of the sandbox, hostile like all of them: the client bounds every byte
 
 CRIU cannot dump a unix connection whose peer is outside the sandbox: the backend closes
 the host's connection before every checkpoint and connects a new one after every restore
-(container_backend.py). The agent exiting (killed from inside, out of memory) ends the
+(sessions/desktop.py). The agent exiting (killed from inside, out of memory) ends the
 host's connection, and the session fails with that reason: the agent is part of the
 desktop like its X server, and the host does not quietly reconnect to whatever listens at
 the path next.
@@ -30,9 +30,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..agent.client import AgentClient
-from ..agent.limits import AgentLimits
-from ..errors import DesktopFailed, Timeout
+from ...errors import DesktopFailed, Timeout
 from .displays import (
     link_socket,
     listener_pid,
@@ -43,7 +41,7 @@ from .displays import (
 )
 
 if TYPE_CHECKING:
-    from .container import ContainerSandbox
+    from .sandbox import RuncSandbox
 
 __all__ = [
     "AGENT_ARGV",
@@ -51,9 +49,9 @@ __all__ = [
     "AGENT_START_TIMEOUT_S",
     "agent_link",
     "check_agent_listener",
-    "connect_agent",
     "ensure_agent_link",
     "link_agent",
+    "open_agent_stream",
 ]
 
 AGENT_SOCKET = "deskbox-agent"  # in the socket directory, /tmp/.X11-unix inside
@@ -63,11 +61,11 @@ _LINK = "agent"  # our hard link, in the session's display/ directory
 _RETRY_S = 0.005
 
 
-def agent_link(sandbox: ContainerSandbox) -> Path:
+def agent_link(sandbox: RuncSandbox) -> Path:
     return sandbox.display_dir / _LINK
 
 
-def check_agent_listener(sandbox: ContainerSandbox) -> None:
+def check_agent_listener(sandbox: RuncSandbox) -> None:
     """Our link must lead to a listener of the sandbox's pid namespace. OSError while
     nothing listens (yet); DesktopFailed if a process of another namespace does."""
     assert sandbox.init_pid is not None, "the sandbox is not running"
@@ -79,7 +77,7 @@ def check_agent_listener(sandbox: ContainerSandbox) -> None:
         )
 
 
-def link_agent(sandbox: ContainerSandbox) -> bool:
+def link_agent(sandbox: RuncSandbox) -> bool:
     """Link the agent's socket if the sandbox has one now, and check its listener (which
     may be stopped: the kernel answers a connect for it). False, and no link, if it has
     none (the agent was being restarted when the sandbox was checkpointed)."""
@@ -96,7 +94,7 @@ def link_agent(sandbox: ContainerSandbox) -> bool:
     return True
 
 
-def ensure_agent_link(sandbox: ContainerSandbox, timeout_s: float = AGENT_START_TIMEOUT_S) -> None:
+def ensure_agent_link(sandbox: RuncSandbox, timeout_s: float = AGENT_START_TIMEOUT_S) -> None:
     """Make our link lead to the agent's listener: the one linked before if it still
     listens, else the socket at the path now, waited for (the agent starts after the X
     server). DesktopFailed or Timeout if there is none in time."""
@@ -120,12 +118,15 @@ def ensure_agent_link(sandbox: ContainerSandbox, timeout_s: float = AGENT_START_
             time.sleep(_RETRY_S)
 
 
-async def connect_agent(
-    sandbox: ContainerSandbox, limits: AgentLimits | None = None,
-    timeout_s: float = AGENT_START_TIMEOUT_S,
-) -> AgentClient:
-    """A new connection to the sandbox's agent, through our link, with the handshake done
-    (AgentFailed on a protocol version other than ours, naming both)."""
+async def open_agent_stream(
+    sandbox: RuncSandbox, read_limit: int, timeout_s: float = AGENT_START_TIMEOUT_S,
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A new connection to the sandbox's agent, through our link (the handshake is the
+    caller's: sessions/desktop.py)."""
     await asyncio.to_thread(ensure_agent_link, sandbox, timeout_s)
     with short_socket_path(agent_link(sandbox)) as address:
-        return await AgentClient.connect_unix(address, limits)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.open_unix_connection(address, limit=read_limit)
+        except (OSError, TimeoutError) as error:
+            raise DesktopFailed(f"cannot connect to the sandbox's agent: {error!r}") from None

@@ -18,7 +18,7 @@ import contextlib
 import time
 from pathlib import Path
 
-from ..errors import SessionFailed
+from ...errors import SessionFailed
 
 __all__ = ["CGROUP_ROOT", "cgroup_procs", "freeze", "frozen", "stopped_tasks", "task_state", "thaw"]
 

@@ -1,8 +1,8 @@
 """A desktop made of processes on this host, without isolation: Xvfb, openbox, Chromium and
 the desktop's agent (``python -m deskbox_agent``), which alone speaks X11 to it.
 
-The "local" development backend uses it, and the tests and benchmarks that drive a desktop
-through an agent without a sandbox; the container backend starts the same command lines
+The "local" development engine uses it (engine.py), and the tests and benchmarks that drive
+a desktop through an agent without a sandbox; the runc engine starts the same command lines
 inside a sandbox instead. Everything of the desktop lives in a private temporary directory
 (mode 0700): the agent's socket, HOME, TMPDIR, Chromium's profile.
 """
@@ -20,11 +20,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import DesktopFailed, Timeout
-from .desktop_commands import DesktopSpec, browser_argv, wm_argv, xserver_argv
-from .processes import ProcessSet, become_subreaper
+from ...errors import DesktopFailed, Timeout
+from ..base import Sandbox
+from ..desktop_commands import DesktopSpec, browser_argv, wm_argv, xserver_argv
+from ..processes import ProcessSet, become_subreaper
 
-__all__ = ["AGENT_SOCKET", "LocalDesktop", "agent_package_dir"]
+__all__ = ["AGENT_SOCKET", "LocalSandbox", "agent_package_dir"]
 
 AGENT_SOCKET = "agent.sock"  # in the desktop's private directory
 _POLL_S = 0.01
@@ -45,7 +46,7 @@ def agent_package_dir() -> Path:
     raise DesktopFailed("the desktop agent's package (deskbox_agent) is not installed")
 
 
-class LocalDesktop:
+class LocalSandbox(Sandbox):
     """Starts the desktop's processes; it does not wait for them to be ready (the agent's
     ``ready`` call does, by X events). With ``agent``, the agent listens on
     :attr:`agent_socket` once the constructor returns."""
@@ -65,6 +66,7 @@ class LocalDesktop:
         self.agent_socket = self.workdir / AGENT_SOCKET
         self.profile = self.workdir / "chromium-profile"
         self.timings: dict[str, float] = {}
+        self.port = 0  # the browser's DevTools port, once it wrote it (engine.py)
         started = time.monotonic()
         deadline = started + start_timeout_s
         try:
@@ -160,11 +162,37 @@ class LocalDesktop:
         self._wait(written, time.monotonic() + timeout_s, "the browser's DevTools port")
         return int(port_file.read_text().split()[0])
 
+    # -- what the session layer knows of it (engines/base.py) ---------------------------
+
+    @property
+    def label(self) -> str:
+        return f"the desktop {self.display_name}"
+
+    def failure(self) -> str | None:
+        return self.processes.failure()
+
+    @property
+    def agent_display(self) -> str:
+        return self.display_name
+
+    @property
+    def vnc_socket_dir(self) -> str:
+        return str(self.workdir)
+
+    @property
+    def devtools_port(self) -> int:
+        return self.port
+
+    @property
+    def devtools_url(self) -> str:
+        """The browser's DevTools endpoint on the host's loopback (tests read pages with it)."""
+        return f"http://127.0.0.1:{self.port}"
+
     def stop(self) -> None:
         self.processes.stop()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self) -> LocalDesktop:
+    def __enter__(self) -> LocalSandbox:
         return self
 
     def __exit__(self, *_: object) -> None:

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SessionFailed
+from ...errors import SessionFailed
 
 __all__ = ["ContainerState", "Runc"]
 
 _OUTPUT_LIMIT = 1 << 20
+_LIST_ATTEMPTS = 5
+_LIST_RETRY_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -72,11 +75,16 @@ class Runc:
         return ContainerState(str(raw["id"]), str(raw["status"]), int(raw.get("pid", 0)))
 
     def list_ids(self) -> list[str]:
-        done = self._run(["list", "--format", "json"])
-        if done.returncode != 0:
-            return []
-        raw = json.loads(done.stdout[:_OUTPUT_LIMIT] or b"null") or []
-        return [str(item["id"]) for item in raw]
+        """Every container of runc's root. ``runc list`` fails when a container it walks
+        is deleted meanwhile (another server or sandbox ending on this host): it is asked
+        again, and only a failure that persists gives an empty list."""
+        for attempt in range(_LIST_ATTEMPTS):
+            done = self._run(["list", "--format", "json"])
+            if done.returncode == 0:
+                raw = json.loads(done.stdout[:_OUTPUT_LIMIT] or b"null") or []
+                return [str(item["id"]) for item in raw]
+            time.sleep(_LIST_RETRY_S * (attempt + 1))
+        return []
 
     def set_cpus(self, container_id: str, cpus: float, period_us: int) -> None:
         """``runc update``: the sandbox's CPU quota, in CPUs, from now on."""

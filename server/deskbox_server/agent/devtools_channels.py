@@ -9,10 +9,10 @@ CDP relay's bounds (api/cdp_relay.py, api/abort.py), work on it unchanged.
 
 from __future__ import annotations
 
-from ..agent import AgentClient
 from ..errors import BrowserUnavailable, Conflict, Timeout
-from .agent_bridge import Bridges
-from .devtools import CONNECT_TIMEOUT_S, DEVTOOLS_PORT, DevtoolsSocket
+from . import AgentClient
+from .bridge import Bridges
+from .devtools import CONNECT_TIMEOUT_S, DevtoolsSocket
 
 __all__ = ["AgentDevtools"]
 
@@ -25,7 +25,7 @@ class AgentDevtools:
     """Opens DevTools connections of one session; ``open`` is a ``devtools.Opener``."""
 
     def __init__(
-        self, agent: AgentClient, port: int = DEVTOOLS_PORT,
+        self, agent: AgentClient, port: int,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
     ) -> None:
         self.agent = agent  # after a restore the session has a new one: make a new opener

@@ -26,7 +26,6 @@ from websockets.exceptions import InvalidStatus, WebSocketException
 from ..errors import BrowserUnavailable, NotFound, Timeout
 
 __all__ = [
-    "DEVTOOLS_PORT",
     "MAX_LISTING",
     "DevtoolsSocket",
     "Opener",
@@ -36,7 +35,6 @@ __all__ = [
     "open_websocket",
 ]
 
-DEVTOOLS_PORT = 9222  # on a sandbox's own loopback
 MAX_HEADERS = 64 * 1024
 MAX_LISTING = 4 * 1024 * 1024  # /json/version, /json/list
 CONNECT_TIMEOUT_S = 5.0

@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SessionFailed
-from .checkpoint import CheckpointUnavailable, Criu, dump, pack, restore_from
-from .container import ContainerOptions, ContainerSandbox
-from .oci import Limits, SandboxTemplate
+from ...errors import SessionFailed
+from .criu import CheckpointUnavailable, Criu, dump, pack, restore_from
+from .layout import Limits, SandboxTemplate
+from .sandbox import RuncOptions, RuncSandbox
 
 __all__ = [
     "ARCHIVE", "TEMPLATE", "SnapshotStats", "read_template", "restore_copy", "snapshot_size",
@@ -52,7 +52,7 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def take_snapshot(
-    sandbox: ContainerSandbox, criu: Criu, directory: Path, packed: bool
+    sandbox: RuncSandbox, criu: Criu, directory: Path, packed: bool
 ) -> SnapshotStats:
     """Checkpoint the running sandbox into the new ``directory``; it keeps running.
 
@@ -99,13 +99,13 @@ def read_template(directory: Path) -> SandboxTemplate:
 
 
 def restore_copy(
-    options: ContainerOptions,
+    options: RuncOptions,
     session_id: str,
     directory: Path,
     criu: Criu,
     limits: Limits | None = None,
     timeout_s: float = 30.0,
-) -> ContainerSandbox:
+) -> RuncSandbox:
     """A new sandbox for ``session_id`` running a copy of the snapshot in ``directory``.
 
     SessionFailed naming the cause (a missing or corrupted snapshot, a session image that
@@ -121,10 +121,10 @@ def restore_copy(
     if not raw.is_dir() and not archive.is_file():
         raise SessionFailed(f"the snapshot in {directory} has no images")
 
-    def run_restore(sandbox: ContainerSandbox) -> None:
+    def run_restore(sandbox: RuncSandbox) -> None:
         restore_from(sandbox, criu, archive, raw if raw.is_dir() else None)
 
-    return ContainerSandbox.restore_copy(
+    return RuncSandbox.restore_copy(
         options, session_id, template, run_restore, limits, timeout_s
     )
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .oci import RuntimeConfig
+    from .layout import RuntimeConfig
 
 __all__ = [
     "MountEntry",

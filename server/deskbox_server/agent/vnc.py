@@ -26,9 +26,9 @@ import logging
 import secrets
 import time
 
-from ..agent import AgentClient, Channel, ExecStatus
 from ..errors import Conflict, DeskboxError, SessionFailed, Timeout
-from .agent_bridge import Bridges
+from . import AgentClient, Channel, ExecStatus
+from .bridge import Bridges
 from .vnc_server import START_TIMEOUT_S, VncServer, x11vnc_argv
 
 __all__ = ["SOCKET_DIR", "AgentVnc"]

@@ -19,10 +19,10 @@ Layout on the host, per session (``<state>/sessions/<id>``, mode 0700)::
     pasta.pid               the pasta process connecting it; bundle/hosts, resolv.conf (the
                             originals of etc/, which is made again from them)
 
-``ContainerSandbox.start`` returns once the sandbox's agent listens (its socket linked and
+``RuncSandbox.start`` returns once the sandbox's agent listens (its socket linked and
 checked, agent_link.py; the init starts it once the X server accepts connections). The host
 never connects to the X server: the agent tells when the window manager and the browser are
-ready (ContainerBackend). ``destroy`` leaves no container, process, cgroup, mount, network
+ready (RuncEngine). ``destroy`` leaves no container, process, cgroup, mount, network
 namespace or file behind.
 
 The server process should be a child subreaper (``processes.become_subreaper``):
@@ -45,11 +45,10 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import Conflict, DesktopFailed, InvalidRequest, SessionFailed
+from ...errors import Conflict, DesktopFailed, InvalidRequest, SessionFailed
+from ..base import Sandbox
+from ..desktop_commands import DEVTOOLS_PORT, DesktopSpec, browser_argv, wm_argv, xserver_argv
 from . import freezer
-from .agent_link import AGENT_ARGV, ensure_agent_link
-from .desktop_commands import DesktopSpec, browser_argv, wm_argv, xserver_argv
-from .devtools import DEVTOOLS_PORT
 from .displays import (
     DisplayReservation,
     listener_pid,
@@ -59,6 +58,16 @@ from .displays import (
     unmount,
     wait_for_file,
 )
+from .layout import (
+    CPU_PERIOD_US,
+    SANDBOX_USER_IDS,
+    SOCKET_DIR,
+    Limits,
+    SandboxConfig,
+    SandboxTemplate,
+    write_bundle,
+    write_config,
+)
 from .network import (
     NETNS_DIR,
     Egress,
@@ -67,21 +76,13 @@ from .network import (
     namespaces,
     resolv_conf,
 )
-from .oci import (
-    CPU_PERIOD_US,
-    SANDBOX_USER_IDS,
-    Limits,
-    SandboxConfig,
-    SandboxTemplate,
-    write_bundle,
-    write_config,
-)
-from .runc import Runc
+from .runtime import Runc
 from .seccomp import PODMAN_PROFILE
+from .stream import AGENT_ARGV, ensure_agent_link
 
 __all__ = [
-    "ContainerOptions",
-    "ContainerSandbox",
+    "RuncOptions",
+    "RuncSandbox",
     "remove_orphans",
 ]
 
@@ -94,12 +95,13 @@ _SHARED_DIR_OPTIONS = "size=256k,nr_inodes=64"
 _ETC_FILES = ("hosts", "resolv.conf")
 # In the session directory: the X server's display number inside, where not the host's.
 _INNER_DISPLAY = "inner-display"
+_HIDDEN_ENV = "DESKBOX_"  # the launcher's own variables: not for commands
 # In the session directory: the X server's pid inside the sandbox, seen when it started.
 _XSERVER_PID = "xserver-pid"
 
 
 @dataclass(frozen=True)
-class ContainerOptions:
+class RuncOptions:
     state_dir: Path
     rootfs: Path
     runc: Runc = field(default_factory=Runc)
@@ -114,10 +116,10 @@ class ContainerOptions:
     max_execs: int = 8
 
 
-class ContainerSandbox:
+class RuncSandbox(Sandbox):
     """A started sandbox. Create with :meth:`start`; always end with :meth:`destroy`."""
 
-    def __init__(self, options: ContainerOptions, session_id: str) -> None:
+    def __init__(self, options: RuncOptions, session_id: str) -> None:
         if not _SESSION_ID.match(session_id):
             raise InvalidRequest(f"session id {session_id!r} is not usable as a container id")
         self.options = options
@@ -150,12 +152,51 @@ class ContainerSandbox:
         assert self.display is not None, "the sandbox has no display yet"
         return self.display.name
 
+    # -- what the session layer knows of it (engines/base.py) ---------------------------
+
+    @property
+    def label(self) -> str:
+        return f"the sandbox {self.container_id}"
+
+    @property
+    def running(self) -> bool:
+        return self.init_pid is not None
+
+    @property
+    def agent_display(self) -> str:
+        return f":{self.inner_display}"
+
+    @property
+    def vnc_socket_dir(self) -> str:
+        return SOCKET_DIR  # where its X socket is, always writable inside
+
+    @property
+    def devtools_port(self) -> int:
+        return DEVTOOLS_PORT
+
+    @property
+    def max_execs(self) -> int:
+        return self.options.max_execs
+
+    def exec_environment(self) -> tuple[dict[str, str], str]:
+        """The environment of the sandbox's processes (from the config we wrote, which the
+        sandbox cannot change, without the launcher's ``DESKBOX_*``), with ``DISPLAY``, and
+        their working directory: commands run as they did through ``runc exec``."""
+        process = json.loads((self.bundle / "config.json").read_text())["process"]
+        env: dict[str, str] = {}
+        for entry in process.get("env", []):
+            key, _, value = str(entry).partition("=")
+            if not key.startswith(_HIDDEN_ENV):
+                env[key] = value
+        env["DISPLAY"] = self.agent_display
+        return env, str(process.get("cwd") or "/")
+
     # -- start ----------------------------------------------------------------------------
 
     @classmethod
     def start(
         cls,
-        options: ContainerOptions,
+        options: RuncOptions,
         session_id: str,
         spec: DesktopSpec | None = None,
         limits: Limits | None = None,
@@ -163,7 +204,7 @@ class ContainerSandbox:
         timeout_s: float = 30.0,
         network: Egress | None = None,
         boost: bool = True,
-    ) -> ContainerSandbox:
+    ) -> RuncSandbox:
         """``boost``: start at the host's full CPU, then apply ``limits.cpus``."""
         sandbox = cls(options, session_id)
         sandbox._claim_session_dir()
@@ -178,7 +219,7 @@ class ContainerSandbox:
         return sandbox
 
     @classmethod
-    def adopt(cls, options: ContainerOptions, session_id: str) -> ContainerSandbox:
+    def adopt(cls, options: RuncOptions, session_id: str) -> RuncSandbox:
         """Take over a sandbox a previous server process started (it must still run)."""
         sandbox = cls(options, session_id)
         state = options.runc.state(sandbox.container_id)
@@ -260,13 +301,13 @@ class ContainerSandbox:
     @classmethod
     def restore_copy(
         cls,
-        options: ContainerOptions,
+        options: RuncOptions,
         session_id: str,
         template: SandboxTemplate,
-        restore: Callable[[ContainerSandbox], object],
+        restore: Callable[[RuncSandbox], object],
         limits: Limits | None = None,
         timeout_s: float = 30.0,
-    ) -> ContainerSandbox:
+    ) -> RuncSandbox:
         """A new sandbox running a copy of another one's checkpointed processes.
 
         Its bundle is the dumped sandbox's config (``template``) with this sandbox's own
@@ -311,7 +352,7 @@ class ContainerSandbox:
         shutil.rmtree(self.shared_dir, ignore_errors=True)
 
     @classmethod
-    def adopt_checkpointed(cls, options: ContainerOptions, session_id: str) -> ContainerSandbox:
+    def adopt_checkpointed(cls, options: RuncOptions, session_id: str) -> RuncSandbox:
         """Take over a hibernated sandbox a previous server left (checkpoint.py restores it).
 
         Its host side is made again where it is gone (the host rebooted meanwhile).
@@ -411,7 +452,7 @@ class ContainerSandbox:
         # is the X server, which every restore of this sandbox must lead to again.
         self._check_first_xserver()
         # The desktop's readiness (window manager, browser painted) is the agent's to tell
-        # (ContainerBackend); the session's own CPU quota applies after it.
+        # (RuncEngine); the session's own CPU quota applies after it.
         self._pending_cpus = limits.cpus if startup_limits.cpus != limits.cpus else None
 
     def apply_limits(self) -> None:
@@ -501,7 +542,7 @@ class ContainerSandbox:
                 os.waitpid(self.init_pid, os.WNOHANG)
 
 
-def remove_orphans(options: ContainerOptions, keep: Collection[str] = ()) -> list[str]:
+def remove_orphans(options: RuncOptions, keep: Collection[str] = ()) -> list[str]:
     """Destroy every sandbox of ``options`` whose session id is not in ``keep``.
 
     For a server that restarts: what the registry does not re-adopt is killed, and its
@@ -522,7 +563,7 @@ def remove_orphans(options: ContainerOptions, keep: Collection[str] = ()) -> lis
     for session_id in sorted(ids - set(keep)):
         if not _SESSION_ID.match(session_id):
             continue
-        sandbox = ContainerSandbox(options, session_id)
+        sandbox = RuncSandbox(options, session_id)
         sandbox.display = DisplayReservation.find(sandbox.display_dir)
         state = options.runc.state(sandbox.container_id)
         if state is not None and state.pid > 0:

@@ -29,15 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import InvalidRequest, SessionFailed
+from ...errors import InvalidRequest, SessionFailed
 from . import freezer, restored
-from .agent_link import link_agent
+from .layout import CRIU_CONFIG, RuntimeConfig, host_root_gid
 from .network import bring_up_loopback
-from .oci import CRIU_CONFIG, RuntimeConfig, host_root_gid
-from .runc import Runc
+from .runtime import Runc
+from .stream import link_agent
 
 if TYPE_CHECKING:
-    from .container import ContainerSandbox
+    from .sandbox import RuncSandbox
 
 __all__ = [
     "CRIU_WRAPPER",
@@ -128,7 +128,7 @@ class DumpStats:
     compressed_bytes: int
 
 
-def archive_path(sandbox: ContainerSandbox) -> Path:
+def archive_path(sandbox: RuncSandbox) -> Path:
     """Where a hibernated sandbox's images are kept (zstd tar, mode 0600): in its session
     directory (mode 0700), so that destroying the session removes them."""
     return sandbox.session_dir / "hibernate" / "images.tar.zst"
@@ -152,7 +152,7 @@ def _scratch(parent: Path, prefix: str) -> tuple[Path, Path, Path]:
 
 
 def dump(
-    sandbox: ContainerSandbox, criu: Criu, images: Path, logs: Path, leave_running: bool
+    sandbox: RuncSandbox, criu: Criu, images: Path, logs: Path, leave_running: bool
 ) -> int:
     """``runc checkpoint`` the sandbox into ``images``; the raw size in bytes.
 
@@ -225,7 +225,7 @@ def _share_images(images: Path, gid: int) -> None:
             os.chmod(path, 0o640, follow_symlinks=False)
 
 
-def restore(sandbox: ContainerSandbox, criu: Criu, images: Path, logs: Path) -> float:
+def restore(sandbox: RuncSandbox, criu: Criu, images: Path, logs: Path) -> float:
     """``runc restore`` the sandbox's bundle from ``images``, stopped; seal it
     (restored.py), publish its X socket and link its agent's, then let it run.
 
@@ -277,7 +277,7 @@ def restore(sandbox: ContainerSandbox, criu: Criu, images: Path, logs: Path) -> 
 
 
 def restore_from(
-    sandbox: ContainerSandbox, criu: Criu, archive: Path, raw: Path | None = None
+    sandbox: RuncSandbox, criu: Criu, archive: Path, raw: Path | None = None
 ) -> float:
     """:func:`restore` the sandbox from the ``raw`` images if given, else from ``archive``
     unpacked into a scratch directory of its session directory; the seconds it took."""
@@ -295,7 +295,7 @@ def restore_from(
 # -- hibernate: dump + pack; resume: unpack + restore --------------------------------------
 
 
-def hibernate_sandbox(sandbox: ContainerSandbox, criu: Criu) -> DumpStats:
+def hibernate_sandbox(sandbox: RuncSandbox, criu: Criu) -> DumpStats:
     """Checkpoint the sandbox (its processes end) into its archive (:func:`archive_path`).
 
     On failure the sandbox runs on (CRIU resumes it) and CheckpointUnavailable says why.
@@ -311,7 +311,7 @@ def hibernate_sandbox(sandbox: ContainerSandbox, criu: Criu) -> DumpStats:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def restore_sandbox(sandbox: ContainerSandbox, criu: Criu) -> float:
+def restore_sandbox(sandbox: RuncSandbox, criu: Criu) -> float:
     """Restore a hibernated sandbox from its archive, which is removed once it runs.
 
     SessionFailed (naming the cause) if it cannot; the archive then stays.

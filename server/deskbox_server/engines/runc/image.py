@@ -1,7 +1,7 @@
 """The session image: ``desktop_image/build.py`` run as a subprocess, its progress relayed.
 
 The build is cached by recipe hash under ``<image_state_dir>/images/`` (a cached image is
-found in ~0.1 s; a cold build takes minutes). The server (``ContainerBackend.prepare``) and
+found in ~0.1 s; a cold build takes minutes). The server (``RuncEngine.prepare``) and
 the test suites call :func:`build_image` alike, so they find the same cache.
 Blocking: call it off the event loop.
 """
@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import Internal
+from ...errors import Internal
 
 __all__ = ["build_image", "verify_image"]
 

@@ -1,4 +1,4 @@
-"""Command lines of a desktop's processes, shared by every backend that starts them."""
+"""Command lines of a desktop's processes, shared by every engine that starts them."""
 
 from __future__ import annotations
 
@@ -7,12 +7,15 @@ from importlib import resources
 
 __all__ = [
     "BROWSER_FLAGS",
+    "DEVTOOLS_PORT",
     "DesktopSpec",
     "browser_argv",
     "wm_argv",
     "wm_config_path",
     "xserver_argv",
 ]
+
+DEVTOOLS_PORT = 9222  # the browser's, on a sandbox's own loopback
 
 # Measured on this project's hosts (see ARCHITECTURE.md): these start Chromium as root in a
 # headless X session with no network chatter and no first-run UI.
@@ -69,7 +72,7 @@ def xserver_argv(spec: DesktopSpec, displayfd: int, display: int | None = None) 
 
 def wm_config_path() -> str:
     """Our openbox rc.xml, shipped inside the package (and copied into the session image)."""
-    return str(resources.files("deskbox_server.backends") / "data" / "openbox-rc.xml")
+    return str(resources.files("deskbox_server.engines") / "data" / "openbox-rc.xml")
 
 
 def wm_argv(config_path: str | None = None) -> list[str]:

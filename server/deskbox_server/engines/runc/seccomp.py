@@ -43,7 +43,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
-from ..errors import Internal
+from ...errors import Internal
 
 __all__ = [
     "DENIED_SYSCALLS",

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import socket
 
-from ..agent import Channel
+from . import Channel
 
 __all__ = ["CHUNK", "LINGER_S", "Bridge", "Bridges", "bridge"]
 

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..errors import Capacity, DesktopFailed, Timeout
+from ...errors import Capacity, DesktopFailed, Timeout
 
 __all__ = [
     "HOST_SOCKET_DIR",

@@ -1,0 +1,260 @@
+"""The engine interface: what makes, reaches and destroys the sandboxes sessions run in.
+
+An engine only has to start a sandbox whose agent (``deskbox-agent``, desktop_image/agent/)
+listens, and hand the session layer one byte stream to that agent (:meth:`Engine.open_stream`);
+everything a session does to its desktop goes over that stream (sessions/desktop.py). What
+an engine can do beyond that is declared in :attr:`Engine.capabilities` and
+:attr:`Engine.egress_modes`, and a request that needs what it lacks is refused with an
+error that names it (:class:`EngineLacks`), before anything starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import ClassVar, Generic, TypeVar
+
+from ..errors import InvalidRequest, SessionFailed
+from ..schemas.sessions import Network, Resources
+from .desktop_commands import DesktopSpec
+
+__all__ = [
+    "AgentStream",
+    "Capability",
+    "Engine",
+    "EngineLacks",
+    "Sandbox",
+    "SessionSpec",
+    "SnapshotInfo",
+]
+
+AgentStream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class Capability(StrEnum):
+    """What an engine may offer beyond making, reaching and destroying sandboxes."""
+
+    FREEZE = "freeze"  # stop every process where it stands, and go on (pause "freeze")
+    # Checkpoint to disk and restore: pause "hibernate", snapshots, forks, from_snapshot.
+    CHECKPOINT = "checkpoint"
+    EXEC = "exec"  # commands and files inside the sandbox, through its agent
+    RESOURCES = "resources"  # per-session CPU, memory and process limits
+    ADOPT = "adopt"  # sandboxes outlive their server and the next one takes them over
+
+
+class EngineLacks(InvalidRequest):
+    """A request that needs a capability (or an egress mode) the session's engine lacks."""
+
+    def __init__(self, engine: str, needed_for: str, lacking: str, hint: str = "") -> None:
+        message = f"{needed_for} needs {lacking}, which the {engine} engine lacks"
+        super().__init__(f"{message}; {hint}" if hint else message)
+        self.engine = engine
+        self.lacking = lacking
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """What the session layer asks an engine for (already validated wire values)."""
+
+    id: str
+    desktop: DesktopSpec = field(default_factory=DesktopSpec)
+    resources: Resources | None = None
+    network: Network | None = None
+    # A snapshot's directory (the session layer found it and checked it is the caller's).
+    from_snapshot: Path | None = None
+    record: bool = False
+    # Started ahead of demand (the warm pool): no start-up boost that could slow the
+    # sessions that run.
+    background: bool = False
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    seconds: float
+    raw_bytes: int
+    compressed_bytes: int | None  # None: the images were left raw (a fork's)
+
+
+class Sandbox(ABC):
+    """One sandbox of an engine: what the session layer needs to know of it."""
+
+    # Seconds of each stage of its start, restore, hibernation (logs and benchmarks).
+    timings: dict[str, float]
+
+    @property
+    @abstractmethod
+    def label(self) -> str:
+        """The sandbox in messages: "the sandbox ID", "the desktop :N"."""
+
+    @abstractmethod
+    def failure(self) -> str | None:
+        """Why the sandbox is broken (its init or one of its processes exited), or None.
+
+        Cheap and thread-safe: the reaper calls it from the event loop.
+        """
+
+    @property
+    def running(self) -> bool:
+        """Whether its processes run (a checkpointed sandbox's do not)."""
+        return True
+
+    @property
+    @abstractmethod
+    def agent_display(self) -> str:
+        """The desktop's X display as the agent names it (``:N``)."""
+
+    @property
+    @abstractmethod
+    def vnc_socket_dir(self) -> str:
+        """A directory, as the agent sees it, where the VNC server may put its socket."""
+
+    @property
+    @abstractmethod
+    def devtools_port(self) -> int:
+        """The browser's DevTools port, as the agent reaches it (its loopback)."""
+
+    def exec_environment(self) -> tuple[dict[str, str], str]:
+        """The environment (with ``DISPLAY``) and working directory of commands run in the
+        sandbox (engines with :attr:`Capability.EXEC`): by default only ``DISPLAY``, in /."""
+        return {"DISPLAY": self.agent_display}, "/"
+
+    @property
+    def max_execs(self) -> int:
+        """Commands and file transfers one session may run at once."""
+        return 0
+
+
+S = TypeVar("S", bound=Sandbox)
+
+
+class Engine(ABC, Generic[S]):
+    """Makes and destroys sandboxes, and opens streams to their agents.
+
+    Implementations: ``container`` (runc, engines/runc/) and ``local`` (host processes,
+    no isolation, engines/local/). The optional methods below raise :class:`EngineLacks`
+    unless :attr:`capabilities` names them.
+    """
+
+    name: ClassVar[str]
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    egress_modes: ClassVar[frozenset[str]] = frozenset({"all"})
+    # What to do instead, in the refusal of what this engine lacks.
+    hint: ClassVar[str] = ""
+
+    def lacks(self, capability: Capability, needed_for: str) -> EngineLacks:
+        return EngineLacks(self.name, needed_for, f"the capability {capability.value!r}",
+                           self.hint)
+
+    def require(self, capability: Capability, needed_for: str) -> None:
+        if capability not in self.capabilities:
+            raise self.lacks(capability, needed_for)
+
+    def check(self, spec: SessionSpec) -> None:
+        """Refuse what this engine cannot honour, before anything starts."""
+        if spec.record:
+            raise InvalidRequest(f"record is not supported yet by the {self.name} engine")
+        if spec.from_snapshot is not None:
+            self.require(Capability.CHECKPOINT, "from_snapshot")
+        if spec.resources is not None:
+            self.require(Capability.RESOURCES, "resources")
+        egress = spec.network.egress if spec.network is not None else "none"
+        if spec.network is not None and egress not in self.egress_modes:
+            offered = ", ".join(repr(m) for m in sorted(self.egress_modes))
+            raise EngineLacks(self.name, f"network egress {egress!r}", "that egress mode",
+                              f"it offers {offered}")
+
+    async def prepare(self) -> None:
+        """Get ready to serve (e.g. build the session image); called once at server start."""
+        return None
+
+    async def close(self) -> None:
+        """Release what the engine itself holds (called once, at server shutdown)."""
+        return None
+
+    # -- the interface every engine has ------------------------------------------------
+
+    @abstractmethod
+    async def create(self, spec: SessionSpec, timeout_s: float) -> S:
+        """Start a sandbox and return once its agent listens (:meth:`open_stream` works).
+
+        The desktop's own readiness (window manager, browser painted) is its agent's to
+        tell; the session layer then calls :meth:`started`.
+        """
+
+    async def started(self, sandbox: S, timeout_s: float) -> None:
+        """The desktop is ready: end what only its start-up needed (a CPU boost)."""
+        return None
+
+    @abstractmethod
+    async def open_stream(self, sandbox: S, read_limit: int) -> AgentStream:
+        """A new byte stream to the sandbox's agent (SessionFailed if it has none).
+
+        ``read_limit``: the reader's buffer limit. Whatever answers is treated as hostile
+        by the caller (agent/connection.py).
+        """
+
+    @abstractmethod
+    async def destroy(self, sandbox: S) -> None:
+        """Stop every process of the sandbox and remove it; idempotent; never raises for
+        a dead or frozen sandbox, and never waits on its agent."""
+
+    async def kill(self, sandbox: S) -> None:
+        """Stop every process of the sandbox now (what :meth:`destroy` does first): a
+        call waiting on its agent then ends with its stream."""
+        return None
+
+    async def adopt(self, session_id: str) -> S:
+        """Take over a sandbox a previous server process started and left running.
+
+        SessionFailed (with the reason) when it cannot: the sandbox is gone, or this
+        engine's sandboxes do not outlive their server.
+        """
+        raise SessionFailed(f"the {self.name} engine's sandboxes do not outlive their server")
+
+    async def adopt_checkpointed(self, session_id: str) -> S:
+        """Take over a sandbox a previous server checkpointed (:meth:`restore` brings it
+        back); SessionFailed when its checkpoint is gone or unusable."""
+        raise SessionFailed(f"the {self.name} engine cannot hibernate sessions")
+
+    async def release(self, sandbox: S) -> None:
+        """Let go of a checkpointed sandbox at server shutdown, keeping its checkpoint for
+        :meth:`adopt_checkpointed` by the next server."""
+        await self.destroy(sandbox)
+
+    async def remove_orphans(self, keep: Collection[str]) -> list[str]:
+        """Destroy what previous servers left of sessions not in ``keep``; their ids."""
+        return []
+
+    # -- capabilities ----------------------------------------------------------------------
+
+    async def freeze(self, sandbox: S) -> None:
+        """Stop every process of the sandbox where it stands (:attr:`Capability.FREEZE`).
+
+        Nothing reaches its agent until :meth:`thaw`; :meth:`destroy` works on it.
+        """
+        raise self.lacks(Capability.FREEZE, 'pause mode "freeze"')
+
+    async def thaw(self, sandbox: S) -> None:
+        raise self.lacks(Capability.FREEZE, "resume")
+
+    async def checkpoint(self, sandbox: S) -> None:
+        """Checkpoint the sandbox to disk and end its processes (pause "hibernate"). The
+        caller has closed its agent stream: CRIU cannot dump one that leads out."""
+        raise self.lacks(Capability.CHECKPOINT, 'pause mode "hibernate"')
+
+    async def restore(self, sandbox: S) -> None:
+        """Bring a checkpointed sandbox back; the caller then opens a new agent stream."""
+        raise self.lacks(Capability.CHECKPOINT, "resume from hibernation")
+
+    async def snapshot(self, sandbox: S, directory: Path, packed: bool = True) -> SnapshotInfo:
+        """Checkpoint the running sandbox into the new ``directory``; it runs on. The
+        caller has closed its agent stream and opens a new one after.
+
+        ``packed``: compressed, to keep; else raw, for copies made at once (a fork).
+        :meth:`create` with ``SessionSpec.from_snapshot`` makes a copy from it.
+        """
+        raise self.lacks(Capability.CHECKPOINT, "snapshots and forks")

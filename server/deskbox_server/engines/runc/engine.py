@@ -1,0 +1,151 @@
+"""The runc engine: sessions in runc sandboxes (sandbox.py) behind the Engine interface of
+engines/base.py. Each sandbox's agent listens on a unix socket the host reaches through a
+checked hard link (stream.py).
+
+Freeze, checkpoints (hibernate, snapshots, forks) and egress modes are here too; what they
+do to a sandbox is in freezer.py, criu.py, snapshot.py and network.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import ClassVar
+
+from ...errors import InvalidRequest
+from ..base import AgentStream, Capability, Engine, SessionSpec, SnapshotInfo
+from ..processes import become_subreaper
+from . import freezer
+from .criu import Criu, hibernate_sandbox, restore_sandbox
+from .layout import Limits
+from .network import Egress, check_allow, resolve_egress
+from .sandbox import RuncOptions, RuncSandbox, remove_orphans
+from .seccomp import seccomp_profile
+from .snapshot import restore_copy, take_snapshot
+from .stream import open_agent_stream
+
+__all__ = ["RuncEngine"]
+
+
+class RuncEngine(Engine[RuncSandbox]):
+    """Sessions in runc sandboxes made from the image ``options.rootfs``.
+
+    The host never connects to a sandbox's X server: the agent inside drives it.
+    """
+
+    # "container" on the wire (API.md: a session's ``backend``).
+    name: ClassVar[str] = "container"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(Capability)
+    egress_modes: ClassVar[frozenset[str]] = frozenset({"none", "allowlist", "all"})
+
+    def __init__(
+        self,
+        options: RuncOptions,
+        image: Callable[[threading.Event], Path] | None = None,
+        criu: Criu | None = None,
+    ) -> None:
+        """``image``, if given, finds or builds the session image (blocking; it stops when
+        its event is set): :meth:`prepare` runs it and uses its result as ``options.rootfs``.
+        """
+        self.options = options
+        self._image = image
+        self._criu = criu or Criu()
+
+    async def prepare(self) -> None:
+        # runc exits once a sandbox runs: its init must reparent to us, to be reaped.
+        become_subreaper()
+        # Refuse to serve at all without the syscall allowlist (Internal, naming its
+        # package); every sandbox start reads it again, so a later loss fails that session.
+        await asyncio.to_thread(seccomp_profile, self.options.seccomp_source)
+        if self._image is None:
+            return
+        cancel = threading.Event()
+        try:
+            rootfs = await asyncio.to_thread(self._image, cancel)
+        except asyncio.CancelledError:
+            cancel.set()
+            raise
+        self.options = dataclasses.replace(self.options, rootfs=rootfs)
+
+    def check(self, spec: SessionSpec) -> None:
+        super().check(spec)
+        if spec.network is not None:
+            check_allow(spec.network.egress, spec.network.allow)
+            if spec.from_snapshot is not None and spec.network.egress != "none":
+                raise InvalidRequest(
+                    "a session made from a snapshot has the snapshot's network (egress "
+                    "\"none\"); leave network out"
+                )
+
+    async def create(self, spec: SessionSpec, timeout_s: float) -> RuncSandbox:
+        limits = Limits()
+        if spec.resources is not None:
+            limits = Limits(spec.resources.cpus, spec.resources.memory_mb, spec.resources.pids)
+        if spec.from_snapshot is not None:
+            return await asyncio.to_thread(
+                restore_copy, self.options, spec.id, spec.from_snapshot, self._criu, limits,
+                timeout_s,
+            )
+        egress = Egress()
+        if spec.network is not None and spec.network.egress != "none":
+            # Host names of an allowlist are resolved here, on the host, once.
+            egress = await asyncio.to_thread(
+                resolve_egress, spec.network.egress, spec.network.allow
+            )
+        return await asyncio.to_thread(
+            RuncSandbox.start, self.options, spec.id, spec.desktop, limits, True,
+            timeout_s, egress, not spec.background,
+        )
+
+    async def started(self, sandbox: RuncSandbox, timeout_s: float) -> None:
+        await asyncio.to_thread(sandbox.apply_limits)
+
+    async def open_stream(self, sandbox: RuncSandbox, read_limit: int) -> AgentStream:
+        return await open_agent_stream(sandbox, read_limit)
+
+    async def adopt(self, session_id: str) -> RuncSandbox:
+        return await asyncio.to_thread(RuncSandbox.adopt, self.options, session_id)
+
+    async def adopt_checkpointed(self, session_id: str) -> RuncSandbox:
+        return await asyncio.to_thread(
+            RuncSandbox.adopt_checkpointed, self.options, session_id
+        )
+
+    async def remove_orphans(self, keep: Collection[str]) -> list[str]:
+        return await asyncio.to_thread(remove_orphans, self.options, keep)
+
+    async def kill(self, sandbox: RuncSandbox) -> None:
+        await asyncio.to_thread(sandbox.kill)
+
+    async def destroy(self, sandbox: RuncSandbox) -> None:
+        await asyncio.to_thread(sandbox.destroy)
+
+    async def release(self, sandbox: RuncSandbox) -> None:
+        await asyncio.to_thread(sandbox.release_host_side)
+
+    async def freeze(self, sandbox: RuncSandbox) -> None:
+        await asyncio.to_thread(freezer.freeze, sandbox.container_id)
+
+    async def thaw(self, sandbox: RuncSandbox) -> None:
+        await asyncio.to_thread(freezer.thaw, sandbox.container_id)
+
+    async def checkpoint(self, sandbox: RuncSandbox) -> None:
+        """Checkpoint the sandbox into its session directory; its processes end."""
+        await asyncio.to_thread(sandbox.pin_inner_display)
+        stats = await asyncio.to_thread(hibernate_sandbox, sandbox, self._criu)
+        await asyncio.to_thread(sandbox.release_init)
+        sandbox.timings["hibernate"] = stats.seconds
+
+    async def restore(self, sandbox: RuncSandbox) -> None:
+        sandbox.timings["restore"] = await asyncio.to_thread(
+            restore_sandbox, sandbox, self._criu
+        )
+
+    async def snapshot(
+        self, sandbox: RuncSandbox, directory: Path, packed: bool = True
+    ) -> SnapshotInfo:
+        stats = await asyncio.to_thread(take_snapshot, sandbox, self._criu, directory, packed)
+        return SnapshotInfo(stats.seconds, stats.raw_bytes, stats.compressed_bytes)
