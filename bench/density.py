@@ -8,9 +8,10 @@ It starts ``deskbox serve`` (bench/api.py's helper; container backend, session l
 and adds idle sessions (1280x800, a static start page) until each step's count runs. At each
 step, after ``--idle-s`` of quiet, it measures:
 
-- memory: PSS (``/proc/PID/smaps_rollup``) summed over every sandbox's processes, per
-  session and added per session since the previous step; the server process's PSS (its
-  driver state grows with sessions); the drop of the host's MemAvailable per session;
+- memory: PSS (``/proc/PID/smaps_rollup``) summed over every sandbox's processes (its
+  cgroup's: init, Xvfb, openbox, Chromium's and the desktop's agent, ``deskbox-agent``), per
+  session and added per session since the previous step, and the agent's share of it; the
+  server process's PSS; the drop of the host's MemAvailable per session;
 - idle CPU: each sandbox cgroup's ``cpuacct.usage`` over ``--cpu-window-s``, in % of one core
   per session, and the whole host's busy CPU (``/proc/stat``) over the same window;
 - session 1's websocket round trips (JPEG q75 screenshot, click): p50 and p95.
@@ -71,6 +72,20 @@ def pss_kib(pid: int) -> int:
     return 0
 
 
+def agent_pss_kib(session_id: str) -> int:
+    """PSS of the session's agent (``deskbox-agent``, started by the sandbox's init): part
+    of the session's PSS above, shown apart because it is this project's own process."""
+    total = 0
+    for pid in bench_api.container_pids(session_id):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(Path(arg.decode(errors="replace")).name == "deskbox-agent" for arg in argv[:3]):
+            total += pss_kib(pid)
+    return total
+
+
 def cpu_usage_ns(session_id: str) -> int:
     """CPU time of a sandbox's cgroup (v1 cpuacct; the server names it deskbox-*-<id>)."""
     for usage in Path("/sys/fs/cgroup/cpuacct").glob(f"deskbox-*-{session_id}/cpuacct.usage"):
@@ -122,6 +137,7 @@ class Step:
     sessions: int
     pss_mean_mib: float
     pss_added_mib: float | None
+    agent_pss_mib: float
     cgroup_mib: float | None
     server_pss_mib: float
     available_drop_mib: float
@@ -190,6 +206,7 @@ class Density:
             sessions=count,
             pss_mean_mib=pss / count,
             pss_added_mib=added,
+            agent_pss_mib=sum(agent_pss_kib(s) for s in self.sessions) / count / 1024,
             cgroup_mib=cgroup,
             server_pss_mib=pss_kib(self.server) / 1024,
             available_drop_mib=(self.baseline - mem_available()) / count / 2**20,
@@ -238,16 +255,17 @@ def render(density: Density, args: argparse.Namespace) -> list[str]:
     lines = [
         "## Density: idle sessions on this host (container backend, 1280x800)\n",
         "| sessions | PSS per session MiB | PSS added per session MiB "
-        "| cgroup memory per session MiB | server PSS MiB "
+        "| agent PSS per session MiB | cgroup memory per session MiB | server PSS MiB "
         "| MemAvailable drop per session MiB | idle CPU per session % of a core "
         "| host CPU busy % | session 1 ws screenshot p50 / p95 ms | ws click p50 / p95 ms |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for step in density.steps:
         added = "–" if step.pss_added_mib is None else f"{step.pss_added_mib:.0f}"
         cgroup = "–" if step.cgroup_mib is None else f"{step.cgroup_mib:.0f}"
         lines.append(
-            f"| {step.sessions} | {step.pss_mean_mib:.0f} | {added} | {cgroup} "
+            f"| {step.sessions} | {step.pss_mean_mib:.0f} | {added}"
+            f" | {step.agent_pss_mib:.1f} | {cgroup} "
             f"| {step.server_pss_mib:.0f} "
             f"| {step.available_drop_mib:.0f} | {step.cpu_per_session:.1f} "
             f"| {step.host_busy:.0f} | {_p(step.shot)} | {_p(step.click)} |")

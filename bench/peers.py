@@ -5,8 +5,10 @@ Run from the repository root (no root needed; the first run installs the peer)::
     .venv/bin/python bench/peers.py [--iterations 100] [--peer-python PATH] [--no-cua]
 
 It starts ``deskbox serve`` with the ``local`` backend on a free loopback port, creates one
-1280x800 session showing a page that counts clicks, and drives that one desktop (same Xvfb,
-same page) four ways, one request in flight each:
+1280x800 session showing a page that counts clicks (the backend runs Xvfb, openbox, Chromium
+and the desktop's agent, ``python -m deskbox_agent``, which the server drives over its unix
+socket), and drives that one desktop (same Xvfb, same page) four ways, one request in
+flight each:
 
 - ours, websocket: ``/v1/sessions/{id}/actions/ws`` (one connection);
 - ours, REST: ``GET /screenshot`` and ``POST /actions`` (one keep-alive connection);
@@ -190,9 +192,9 @@ def ours_ws(ws: ClientConnection) -> Method:
             OPERATIONS[2]: lambda: call(click),
         },
         {
-            OPERATIONS[0]: "image bytes received (XShm grab + libjpeg-turbo)",
-            OPERATIONS[1]: "image bytes received (PNG, zlib level 1)",
-            OPERATIONS[2]: "X server processed press+release (XTEST + XSync)",
+            OPERATIONS[0]: "image bytes received (the agent: XShm grab + libjpeg-turbo)",
+            OPERATIONS[1]: "image bytes received (the agent: PNG, ISA-L deflate level 1)",
+            OPERATIONS[2]: "X server processed press+release (the agent: XTEST + XSync)",
         },
     )
 
