@@ -49,7 +49,7 @@ from websockets.sync.client import connect
 
 from deskbox_server.agent import AgentClient
 from deskbox_server.agent.desktop import AgentDesktop
-from deskbox_server.backends.local_desktop import agent_package_dir
+from deskbox_server.engines.local.sandbox import agent_package_dir
 from deskbox_server.schemas import actions as a
 from deskbox_server.settle import SettleOptions
 
