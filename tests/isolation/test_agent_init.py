@@ -4,6 +4,7 @@ when it exits; the host links its socket like the X socket and checks the listen
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 
@@ -87,3 +88,20 @@ def test_a_symlink_at_the_agents_path_is_refused(sandbox: RuncSandbox) -> None:
                        "&& mv agent-real deskbox-agent").returncode == 0
     ensure_agent_link(sandbox)
     assert listener_pid(agent_link(sandbox)) == listener_pid(real)
+
+
+def test_the_inits_children_get_stdio_and_a_session_each_and_nothing_else(
+    sandbox: RuncSandbox,
+) -> None:
+    """The init starts its children with posix_spawn: stdin /dev/null, output to their
+    log under /run/deskbox, each the leader of its own session (killpg ends a browser's
+    whole tree)."""
+    status = json.loads(exec_in(sandbox, "cat", "/run/deskbox/status.json").stdout)
+    for name, pid in status["pids"].items():
+        script = f"ps -o sid= -p {pid}; ls -l /proc/{pid}/fd | awk 'NR>1 {{print $9, $11}}'"
+        lines = exec_in(sandbox, "sh", "-c", script).stdout.strip().split("\n")
+        assert int(lines[0]) == int(pid), (name, lines)
+        fds = dict(line.split(" ", 1) for line in lines[1:])
+        assert fds["0"] == "/dev/null", (name, fds)
+        if name != "browser":  # Chromium points its stdio elsewhere itself
+            assert fds["1"] == fds["2"] == f"/run/deskbox/{name}.log", (name, fds)
