@@ -43,6 +43,7 @@ QUICK: dict[str, list[str]] = {
     "agent_live.py": ["--runs", "2", "--frames", "3", "--evals", "20"],
     "exec.py": ["--iterations", "20"],
     "server_cpu.py": ["--actions", "100"],
+    "click_layers.py": ["--iterations", "20"],
 }
 
 
