@@ -196,10 +196,15 @@ class Desktop:
         self._settle.wait_quiet(self.settle_options.typing_quiet_s, 1.0)
 
     def _let_buttons_land(self) -> None:
-        """After a recent button event, until the screen has reacted to it and gone quiet."""
+        """After a recent button event, until the screen has reacted to it and gone quiet.
+
+        Once per button event: the keys of a later action (the Return after typing that
+        followed a click) no longer race it, so they do not wait for quiet again (30 ms or
+        more while the page still redraws the typing)."""
         if time.monotonic() - self._last_button_at < _BUTTON_RECENT_S:
             self.pointer.sync()
             self._settle.wait_quiet(self.settle_options.click_to_key_s, _BUTTON_LAND_MAX_S)
+            self._last_button_at = 0.0  # landed (or given its 0.5 s): no wait for it again
 
     # -- one pointer action without blocking (the service runs it on its event loop) -----
 
