@@ -219,11 +219,15 @@ class Desktop:
         if settle is not None:
             self.settle_options = settle
         try:
-            self._settle.pump()
-            self._settle.arm()  # as _perform: what follows is the button's doing
+            # As run() and _perform: damage from here on is a button's doing.
+            buttons = isinstance(action, _BUTTON_ACTIONS)
+            if buttons:
+                self._settle.arm()
+            else:
+                self._settle.pump()
             if not self._pointer_input(action, self.space(view)):
                 raise AssertionError(f"{type(action).__name__} is not a pointer action")
-            if isinstance(action, _BUTTON_ACTIONS):
+            if buttons:
                 self._last_button_at = time.monotonic()
             return self.pointer.start_sync()
         except X_ERRORS as error:
