@@ -1,7 +1,9 @@
 """One connected desktop: executes actions and captures the screen of the agent's display.
 
 A ``Desktop`` holds the X connections of one display and is not thread-safe: the service
-(``service.py``) creates and uses it on the desktop's one worker thread.
+(``service.py``) creates and uses it on the desktop's one worker thread, one call at a
+time; only ``send_pointer`` and ``synced`` (which never wait on the X server) are called
+from the event loop, in their turn.
 """
 
 from __future__ import annotations

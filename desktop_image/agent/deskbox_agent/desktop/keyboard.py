@@ -25,7 +25,7 @@ _MAPPING_GRACE_S = 0.1  # only where the X server has no RECORD extension
 
 
 class Keyboard:
-    """Presses keys on one X connection; call only from the desktop's worker thread."""
+    """Presses keys on one X connection; one caller at a time (the service's turns)."""
 
     def __init__(
         self,

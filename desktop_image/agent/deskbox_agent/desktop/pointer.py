@@ -23,7 +23,7 @@ _WHEEL_UP, _WHEEL_DOWN, _WHEEL_LEFT, _WHEEL_RIGHT = 4, 5, 6, 7
 
 
 class Pointer:
-    """Moves and clicks on one X connection; call only from the desktop's worker thread."""
+    """Moves and clicks on one X connection; one caller at a time (the service's turns)."""
 
     def __init__(self, display: Display) -> None:
         self._display = display

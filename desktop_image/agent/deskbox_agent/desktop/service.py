@@ -1,7 +1,9 @@
 """The desktop's calls (``act``, ``grab``, ``ready``, ``info``) over one worker thread.
 
-X work blocks, so it runs on the desktop's one thread, never on the event loop; a lock
-keeps the calls one at a time and in the order they came, so batches keep their order. The
+X work blocks, so it runs on the desktop's one thread, not on the event loop; a lock
+keeps the calls one at a time and in the order they came, so batches keep their order.
+One exception: a lone quick pointer action (a click) runs on the event loop in its turn,
+sending its events and awaiting the X server's reply without blocking. The
 X connection is made on the first call and made again after the X server went away (a
 call that lost it fails with ``desktop_failed``; the next one connects afresh). The heavy
 modules (python-xlib, numpy, mss, the encoders) are imported on that first call too: an
