@@ -160,7 +160,7 @@ def test_proc_paths_are_masked_and_read_only(sandbox: RuncSandbox) -> None:
     assert exec_in(sandbox, "ls", "/sys/firmware").stdout == ""
 
 
-def test_the_browser_yields_to_the_agent_and_the_x_server(sandbox: ContainerSandbox) -> None:
+def test_the_browser_yields_to_the_agent_and_the_x_server(sandbox: RuncSandbox) -> None:
     """Chromium runs at nice 5 (every process of it): inside the session's CPU quota, a
     click or screenshot for the agent and the X server comes before the browser's work."""
     done = exec_in(sandbox, "sh", "-c",
