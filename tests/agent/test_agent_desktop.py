@@ -69,6 +69,22 @@ async def test_concurrent_batches_run_one_at_a_time_in_order(page: Page) -> None
     await page.until("document.getElementById('field').value === 'first second'")
 
 
+async def test_a_quick_click_waits_its_turn_behind_a_running_batch(page: Page) -> None:
+    # A lone click runs on the agent's event loop, not its worker thread: sent while a
+    # batch waits on the worker, it must still reach the page after that batch's key.
+    await page.focus_field()
+    batch = asyncio.ensure_future(page.desk.run([a.Wait(ms=300), a.TypeText(text="k")]))
+    await asyncio.sleep(0.05)
+    x, y = page.at(500, 450)
+    await page.desk.perform(a.Click(x=x, y=y))
+    await batch
+    events = await page.until_events(
+        lambda found: any(e["type"] == "click" for e in found))
+    order = [e["type"] for e in events if e["type"] in ("keydown", "mousedown")]
+    assert order == ["keydown", "mousedown"]
+    assert page.value() == "k"
+
+
 async def test_keys_and_combos(page: Page) -> None:
     await page.focus_field()
     await page.desk.run([a.TypeText(text="abc def"), a.Key(keys="ctrl+a"),
@@ -233,8 +249,12 @@ async def test_the_agent_refuses_a_malformed_act_by_field(
     assert (await desk.run([a.ScreenSize()])).results == [Size(width=1280, height=800)]
 
 
+# The first call after the X server died: a batch (the worker thread) or a lone click
+# (the agent's event loop): either fails with the reason, and the next call connects afresh.
+@pytest.mark.parametrize("first", [
+    [a.Move(x=1, y=1), a.CursorPosition()], [a.Click(x=1, y=1)]], ids=["batch", "click"])
 async def test_a_killed_x_server_is_desktop_failed_and_a_new_one_is_used(
-    agent_site: Path, tmp_path: Path
+    agent_site: Path, tmp_path: Path, first: list[a.Action]
 ) -> None:
     with HostDesktop(browser=False) as local:
         proc = start_desktop_agent(tmp_path / "a.sock", local.display_name, agent_site)
@@ -252,7 +272,7 @@ async def test_a_killed_x_server_is_desktop_failed_and_a_new_one_is_used(
             os.kill(xserver.pid, signal.SIGKILL)
             xserver.wait()
             with pytest.raises(DesktopFailed, match="the desktop failed"):
-                await desk.run([a.Move(x=1, y=1), a.CursorPosition()])
+                await desk.run(first)
             with pytest.raises(DesktopFailed, match="cannot connect to X display"):
                 await desk.run([a.CursorPosition()])
             assert await client.health() > 0  # the agent itself goes on

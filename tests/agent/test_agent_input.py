@@ -6,7 +6,9 @@ basics are in test_agent_desktop.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import time
 
 import numpy as np
 import numpy.typing as npt
@@ -142,6 +144,27 @@ async def test_keys_right_after_a_click_go_where_the_click_put_the_focus(page: P
             [a.Click(x=x, y=y), a.Key(keys="ctrl+a"), a.TypeText(text=f"new {attempt}")])
         await page.until_events(lambda _, n=attempt: page.value() == f"new {n}", 2.0)
         assert page.value() == f"new {attempt}"
+
+
+async def test_only_the_first_keys_after_a_click_wait_for_it_to_land(page: Page) -> None:
+    """Keys after a click wait (click_to_key_s of quiet) once; the next keys do not race it."""
+    desk = page.desk
+    saved = desk.settle_options
+    desk.settle_options = dataclasses.replace(saved, click_to_key_s=0.4)
+    try:
+        await page.focus_field()
+        x, y = page.at(900, 175)
+        started = time.monotonic()
+        await desk.run([a.Click(x=x, y=y), a.TypeText(text="a")])
+        first_s = time.monotonic() - started
+        started = time.monotonic()
+        await desk.run([a.TypeText(text="b"), a.Key(keys="End")])
+        second_s = time.monotonic() - started
+    finally:
+        desk.settle_options = saved
+    await page.until_events(lambda _: page.value() == "ab")
+    assert first_s >= 0.4
+    assert second_s < 0.3
 
 
 # -- the pointer ---------------------------------------------------------------------------

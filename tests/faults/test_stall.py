@@ -120,14 +120,24 @@ def leaves_nothing(container_id: str, pids: set[int], session_dir: Path) -> None
     assert not mounts_mentioning(str(session_dir))
 
 
+# A screenshot runs on the agent's worker thread; a lone click on its event loop (awaiting
+# the X server's reply there): both must fail the session at the deadline.
+STALLED_CALLS: dict[str, tuple[str, str, dict[str, Any] | None]] = {
+    "screenshot": ("GET", "/screenshot", None),
+    "click": ("POST", "/actions", {"actions": [{"type": "click", "x": 10, "y": 10}]}),
+}
+
+
+@pytest.mark.parametrize("call", sorted(STALLED_CALLS))
 @pytest.mark.parametrize("stall", sorted(STALLS))
 def test_an_action_on_a_stalled_x_server_fails_the_session_within_its_deadline(
     client: httpx.Client, server: Server, session: dict[str, Any],
-    neighbour: dict[str, Any], stall: str,
+    neighbour: dict[str, Any], stall: str, call: str,
 ) -> None:
     container_id = sandbox_of(server, session).sandbox.container_id
     STALLS[stall](client, session)
-    shot = InFlight(client, "GET", f"/v1/sessions/{session['id']}/screenshot")
+    method, path, body = STALLED_CALLS[call]
+    shot = InFlight(client, method, f"/v1/sessions/{session['id']}{path}", body)
     started = time.monotonic()
     shot.start()
     time.sleep(0.5)

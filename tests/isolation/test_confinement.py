@@ -158,3 +158,19 @@ def test_proc_paths_are_masked_and_read_only(sandbox: RuncSandbox) -> None:
     write = exec_in(sandbox, "sh", "-c", "echo core > /proc/sys/kernel/core_pattern")
     assert write.returncode != 0 and "Read-only file system" in write.stderr
     assert exec_in(sandbox, "ls", "/sys/firmware").stdout == ""
+
+
+def test_the_browser_yields_to_the_agent_and_the_x_server(sandbox: RuncSandbox) -> None:
+    """Chromium runs at nice 5 (every process of it): inside the session's CPU quota, a
+    click or screenshot for the agent and the X server comes before the browser's work."""
+    done = exec_in(sandbox, "sh", "-c",
+                   "for p in /proc/[0-9]*; do echo $(cat $p/comm) $(cut -d' ' -f19 $p/stat); "
+                   "done")
+    assert done.returncode == 0, done.stderr
+    nice: dict[str, set[int]] = {}
+    for line in done.stdout.splitlines():
+        if line.strip():
+            name, value = line.rsplit(" ", 1)
+            nice.setdefault(name, set()).add(int(value))
+    assert nice["chromium"] == {5}, nice
+    assert nice["Xvfb"] == nice["deskbox-agent"] == nice["deskbox-session"] == {0}, nice

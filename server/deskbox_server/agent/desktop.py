@@ -84,6 +84,7 @@ class AgentDesktop:
         self.settle_options = settle or SettleOptions()
         self.call_timeout_s = call_timeout_s
         self._screen: tuple[int, int] | None = None
+        self._settle_sent: tuple[SettleOptions, dict[str, Json]] | None = None
 
     # -- the calls ------------------------------------------------------------------------
 
@@ -133,7 +134,7 @@ class AgentDesktop:
             "actions": [action.model_dump(mode="json") for action in actions],
             "view": view.model_dump(mode="json") if view is not None else None,
             "screenshot": screenshot.model_dump(mode="json") if screenshot is not None else None,
-            "settle": dataclasses.asdict(self.settle_options),
+            "settle": self._settle_json(),
         }
         timeout_s = self.call_timeout_s + batch_allowance_s(
             actions, screenshot, self.settle_options)
@@ -210,6 +211,14 @@ class AgentDesktop:
             if reason is not None:
                 raise DesktopFailed(reason) from None
             raise
+
+    def _settle_json(self) -> dict[str, Json]:
+        """The settle options as the request carries them, made once per options object
+        (``dataclasses.asdict`` deep-copies: 50 µs, a tenth of a click's host time)."""
+        options = self.settle_options
+        if self._settle_sent is None or self._settle_sent[0] is not options:
+            self._settle_sent = (options, dataclasses.asdict(options))
+        return self._settle_sent[1]
 
     async def _screen_size(self) -> tuple[int, int]:
         if self._screen is None:

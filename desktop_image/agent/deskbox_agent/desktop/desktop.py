@@ -1,7 +1,9 @@
 """One connected desktop: executes actions and captures the screen of the agent's display.
 
 A ``Desktop`` holds the X connections of one display and is not thread-safe: the service
-(``service.py``) creates and uses it on the desktop's one worker thread.
+(``service.py``) creates and uses it on the desktop's one worker thread, one call at a
+time; only ``send_pointer`` and ``synced`` (which never wait on the X server) are called
+from the event loop, in their turn.
 """
 
 from __future__ import annotations
@@ -24,17 +26,37 @@ from .errors import DesktopFailed, InvalidAction
 from .frame import Frame
 from .keyboard import Keyboard
 from .keymap_watch import KeymapWatch
-from .pointer import Pointer
+from .pointer import PendingSync, Pointer
 from .settle import SettleWatcher
 from .space import Space
 
-__all__ = ["ActionResult", "BatchResult", "ClipboardText", "Desktop", "Point", "Size"]
+__all__ = [
+    "ActionResult", "BatchResult", "ClipboardText", "Desktop", "Point", "Size",
+    "sends_without_waiting",
+]
 
 _BUTTON_ACTIONS = (a.Click, a.MouseDown, a.MouseUp, a.Drag)
 _KEYBOARD_ACTIONS = (a.TypeText, a.Key, a.HoldKey)
 _BUTTON_RECENT_S = 1.0  # a key later than this after a click is not racing it
 _BUTTON_LAND_MAX_S = 0.5
 X_ERRORS = (ConnectionClosedError, XError, OSError)
+_MAX_QUICK_NOTCHES = 20
+
+
+def sends_without_waiting(action: a.Action) -> bool:
+    """True for a pointer action whose events go out in one go, with no wait between
+    them and none after but the X server's round trip: a single click without modifiers,
+    a move, a button going down or up, a few wheel notches. (Modifiers may have to borrow
+    a keycode and wait for clients to re-read the mapping; a double click waits between
+    its clicks.)"""
+    match action:
+        case a.Click(count=1, modifiers=()):
+            return True
+        case a.Move() | a.MouseDown() | a.MouseUp():
+            return True
+        case a.Scroll(modifiers=()):
+            return abs(action.dx) + abs(action.dy) <= _MAX_QUICK_NOTCHES
+    return False
 
 
 @dataclass(frozen=True)
@@ -176,17 +198,55 @@ class Desktop:
         self._settle.wait_quiet(self.settle_options.typing_quiet_s, 1.0)
 
     def _let_buttons_land(self) -> None:
-        """After a recent button event, until the screen has reacted to it and gone quiet."""
+        """After a recent button event, until the screen has reacted to it and gone quiet.
+
+        Once per button event: the keys of a later action (the Return after typing that
+        followed a click) no longer race it, so they do not wait for quiet again (30 ms or
+        more while the page still redraws the typing)."""
         if time.monotonic() - self._last_button_at < _BUTTON_RECENT_S:
             self.pointer.sync()
             self._settle.wait_quiet(self.settle_options.click_to_key_s, _BUTTON_LAND_MAX_S)
+            self._last_button_at = 0.0  # landed (or given its 0.5 s): no wait for it again
 
-    def _dispatch(self, action: a.Action, space: Space) -> ActionResult:
+    # -- one pointer action without blocking (the service runs it on its event loop) -----
+
+    def send_pointer(
+        self, action: a.Action, view: a.View | None, settle: a.SettleOptions | None,
+    ) -> PendingSync:
+        """``run([action])`` for a quick pointer action (:func:`sends_without_waiting`),
+        up to its round trip: the events are sent and a request is on its way whose reply
+        says the X server has processed them. Nothing here waits on the X server; the
+        caller polls :meth:`synced` when the connection is readable."""
+        self._check_alive()
+        if settle is not None:
+            self.settle_options = settle
+        try:
+            # As run() and _perform: damage from here on is a button's doing.
+            buttons = isinstance(action, _BUTTON_ACTIONS)
+            if buttons:
+                self._settle.arm()
+            else:
+                self._settle.pump()
+            if not self._pointer_input(action, self.space(view)):
+                raise AssertionError(f"{type(action).__name__} is not a pointer action")
+            if buttons:
+                self._last_button_at = time.monotonic()
+            return self.pointer.start_sync()
+        except X_ERRORS as error:
+            raise self._failure(error) from None
+
+    def synced(self, pending: PendingSync) -> bool:
+        """Read what the X server sent so far, without blocking; True once ``pending``'s
+        reply is in (every event sent before it has been processed)."""
+        try:
+            return self.pointer.synced(pending)
+        except X_ERRORS as error:
+            raise self._failure(error) from None
+
+    def _pointer_input(self, action: a.Action, space: Space) -> bool:
+        """Send a pointer action's events (no round trip after them); False if ``action``
+        is not one."""
         match action:
-            case a.Screenshot():
-                return self._screenshot(action, space)
-            case a.Zoom():
-                return self._zoom(action, space)
             case a.Click():
                 self._move_if(action.x, action.y, space)
                 with self.keyboard.held(action.modifiers):
@@ -199,12 +259,25 @@ class Desktop:
             case a.MouseUp():
                 self._move_if(action.x, action.y, space)
                 self.pointer.up(action.button)
-            case a.Drag():
-                self._drag(action, space)
             case a.Scroll():
                 self._move_if(action.x, action.y, space)
                 with self.keyboard.held(action.modifiers):
                     self.pointer.wheel(action.dx, action.dy)
+            case _:
+                return False
+        return True
+
+    def _dispatch(self, action: a.Action, space: Space) -> ActionResult:
+        if self._pointer_input(action, space):
+            self.pointer.sync()
+            return None
+        match action:
+            case a.Screenshot():
+                return self._screenshot(action, space)
+            case a.Zoom():
+                return self._zoom(action, space)
+            case a.Drag():
+                self._drag(action, space)
             case a.TypeText():
                 self.keyboard.type_text(action.text)
             case a.Key():

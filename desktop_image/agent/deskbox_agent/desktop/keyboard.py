@@ -13,9 +13,9 @@ from contextlib import contextmanager
 
 from Xlib import XK, X
 from Xlib.display import Display
-from Xlib.ext import xtest
 
 from .errors import InvalidAction
+from .fakeinput import FakeInput
 from .keys import char_keysym, parse_combo
 
 __all__ = ["Keyboard"]
@@ -25,7 +25,7 @@ _MAPPING_GRACE_S = 0.1  # only where the X server has no RECORD extension
 
 
 class Keyboard:
-    """Presses keys on one X connection; call only from the desktop's worker thread."""
+    """Presses keys on one X connection; one caller at a time (the service's turns)."""
 
     def __init__(
         self,
@@ -38,6 +38,7 @@ class Keyboard:
         re-read a mapping changed at ``since`` (the desktop watches with RECORD). Both
         default to a fixed grace period."""
         self._display = display
+        self._fake_input = FakeInput(display)
         self._await_delivery = await_delivery or (lambda: time.sleep(_MAPPING_GRACE_S))
         self._await_reread = await_reread or (lambda _since: time.sleep(_MAPPING_GRACE_S))
         self._min_keycode: int = display.display.info.min_keycode
@@ -74,7 +75,7 @@ class Keyboard:
         self._stale = False
 
     def _fake(self, event_type: int, keycode: int) -> None:
-        xtest.fake_input(self._display, event_type, keycode)
+        self._fake_input.send(event_type, keycode)
 
     def _tap_all(self, keys: Sequence[tuple[int, bool | None]]) -> None:
         """Press and release each (keycode, needs shift) in turn.

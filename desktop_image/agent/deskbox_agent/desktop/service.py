@@ -1,7 +1,9 @@
 """The desktop's calls (``act``, ``grab``, ``ready``, ``info``) over one worker thread.
 
-X work blocks, so it runs on the desktop's one thread, never on the event loop; a lock
-keeps the calls one at a time and in the order they came, so batches keep their order. The
+X work blocks, so it runs on the desktop's one thread, not on the event loop; a lock
+keeps the calls one at a time and in the order they came, so batches keep their order.
+One exception: a lone quick pointer action (a click) runs on the event loop in its turn,
+sending its events and awaiting the X server's reply without blocking. The
 X connection is made on the first call and made again after the X server went away (a
 call that lost it fails with ``desktop_failed``; the next one connects afresh). The heavy
 modules (python-xlib, numpy, mss, the encoders) are imported on that first call too: an
@@ -19,17 +21,20 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ..registry import Blob, CallError, Json, Registry
 from .errors import DesktopError, DesktopFailed, InvalidAction
+from .parts import Parts
 
 if TYPE_CHECKING:
+    from . import actions as a
     from .desktop import ActionResult, Desktop
     from .encode import EncodedImage
-    from .parts import Parts
 
 __all__ = ["DesktopService", "register_desktop"]
 
 T = TypeVar("T")
 MAX_READY_S = 300.0
 IDLE_TRIM_S = 2.0  # after this long without a desktop call, free memory goes back
+# The reply to one action that has no result and no screenshot (a click): always the same.
+_NO_RESULTS = Parts().blob({"results": [None], "settled": True, "screenshot": None})
 
 
 class DesktopService:
@@ -68,6 +73,41 @@ class DesktopService:
             # Busy, the frame buffers are reused from the heap (no page faults); idle, they
             # go back. On the worker, so that a trim never runs beside a call's X work.
             self._trim = loop.call_later(IDLE_TRIM_S, self._trim_idle, malloc)
+
+    async def _pointer_now(
+        self, action: a.Action, view: a.View | None, settle: a.SettleOptions | None,
+    ) -> Blob | None:
+        """One quick pointer action on the event loop, not the worker: its events and the
+        round trip that confirms them are well under a millisecond of X work, and the two
+        thread hops it saves (each a wake-up, under the sandbox's CPU quota) cost more.
+        Nothing here blocks: the round trip's reply is awaited on the X connection's
+        readability. It takes its turn with the worker's calls (the same lock) and uses
+        the same connection. None if the desktop was lost before its turn came."""
+        assert self._lock is not None
+        if self._trim is not None:
+            self._trim.cancel()
+        loop = asyncio.get_running_loop()
+        try:
+            async with self._lock:
+                desktop = self._desktop
+                if desktop is None:
+                    return None
+                try:
+                    pending = desktop.send_pointer(action, view, settle)
+                    while not desktop.synced(pending):
+                        await _readable(loop, desktop.x_connection.fileno())
+                except DesktopFailed:
+                    # As _with_desktop: the next call connects afresh (closing may block).
+                    self._desktop = None
+                    if self._executor is not None:
+                        self._executor.submit(desktop.close)
+                    raise
+            return _NO_RESULTS
+        except DesktopError as error:
+            raise CallError(error.status, error.kind, error.message) from None
+        finally:
+            if self._malloc is not None:
+                self._trim = loop.call_later(IDLE_TRIM_S, self._trim_idle, self._malloc)
 
     def _trim_idle(self, malloc: _Malloc) -> None:
         if self._executor is not None:
@@ -116,9 +156,15 @@ class DesktopService:
         except InvalidAction as error:
             raise CallError(error.status, error.kind, error.message) from None
 
-        def work(desktop: Desktop) -> Blob:
-            from .parts import Parts
+        if screenshot is None and len(actions) == 1 and self._desktop is not None:
+            from .desktop import sends_without_waiting
 
+            if sends_without_waiting(actions[0]):
+                done = await self._pointer_now(actions[0], view, settle)
+                if done is not None:
+                    return done
+
+        def work(desktop: Desktop) -> Blob:
             batch = desktop.run(actions, view, screenshot, settle)
             parts = Parts()
             results = [_result(r, parts) for r in batch.results]
@@ -133,8 +179,6 @@ class DesktopService:
 
         def work(desktop: Desktop) -> Blob:
             import numpy as np
-
-            from .parts import Parts
 
             frame = desktop.grab_screen()
             parts = Parts()
@@ -206,6 +250,21 @@ class _Malloc:
         if self._libc is not None:
             with contextlib.suppress(AttributeError):
                 self._libc.malloc_trim(0)
+
+
+async def _readable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
+    """Until ``fd`` can be read (the X server answered or sent an event)."""
+    ready = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
 
 
 def _only(args: Mapping[str, Json], allowed: tuple[str, ...]) -> None:
