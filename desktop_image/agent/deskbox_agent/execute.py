@@ -19,6 +19,7 @@ import os
 import signal
 from collections.abc import Mapping
 
+from .fdwait import wait_readable
 from .h2server import Stream
 from .limits import Limits
 from .records import EXIT, MAX_RECORD, STDERR, STDOUT, record
@@ -203,23 +204,14 @@ async def _exited(proc: asyncio.subprocess.Process) -> None:
     """
     if proc.returncode is not None:
         return
-    loop = asyncio.get_running_loop()
     try:
         pidfd = os.pidfd_open(proc.pid)
     except OSError:
         pidfd = -1  # reaped already: returncode is about to be set
     if pidfd >= 0:
-        exited: asyncio.Future[None] = loop.create_future()
-
-        def readable() -> None:
-            if not exited.done():
-                exited.set_result(None)
-
-        loop.add_reader(pidfd, readable)
         try:
-            await exited
+            await wait_readable(pidfd)
         finally:
-            loop.remove_reader(pidfd)
             os.close(pidfd)
     delay = 0.0005
     while proc.returncode is None:

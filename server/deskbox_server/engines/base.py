@@ -161,11 +161,10 @@ class Engine(ABC, Generic[S]):
             self.require(Capability.CHECKPOINT, "from_snapshot")
         if spec.resources is not None:
             self.require(Capability.RESOURCES, "resources")
-        egress = spec.network.egress if spec.network is not None else "none"
-        if spec.network is not None and egress not in self.egress_modes:
+        if spec.network is not None and spec.network.egress not in self.egress_modes:
             offered = ", ".join(repr(m) for m in sorted(self.egress_modes))
-            raise EngineLacks(self.name, f"network egress {egress!r}", "that egress mode",
-                              f"it offers {offered}")
+            raise EngineLacks(self.name, f"network egress {spec.network.egress!r}",
+                              "that egress mode", f"it offers {offered}")
 
     async def prepare(self) -> None:
         """Get ready to serve (e.g. build the session image); called once at server start."""

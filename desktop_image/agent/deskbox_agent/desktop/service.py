@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
+from ..fdwait import wait_readable
 from ..registry import Blob, CallError, Json, Registry
 from .errors import DesktopError, DesktopFailed, InvalidAction
 from .parts import Parts
@@ -95,7 +96,7 @@ class DesktopService:
                 try:
                     pending = desktop.send_pointer(action, view, settle)
                     while not desktop.synced(pending):
-                        await _readable(loop, desktop.x_connection.fileno())
+                        await wait_readable(desktop.x_connection.fileno())
                 except DesktopFailed:
                     # As _with_desktop: the next call connects afresh (closing may block).
                     self._desktop = None
@@ -250,21 +251,6 @@ class _Malloc:
         if self._libc is not None:
             with contextlib.suppress(AttributeError):
                 self._libc.malloc_trim(0)
-
-
-async def _readable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
-    """Until ``fd`` can be read (the X server answered or sent an event)."""
-    ready = loop.create_future()
-
-    def wake() -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    loop.add_reader(fd, wake)
-    try:
-        await ready
-    finally:
-        loop.remove_reader(fd)
 
 
 def _only(args: Mapping[str, Json], allowed: tuple[str, ...]) -> None:
