@@ -168,7 +168,9 @@ def test_seeded_state_dir_caps_and_generated_key(tmp_path: Path) -> None:
     with running_server(settings) as server, server.client("seeded-key") as http:
         failed = http.get("/v1/sessions/ses_leftover").json()
         assert failed["state"] == "failed"
-        assert "restarted" in failed["failure"]["reason"]
+        # The local engine declares no "adopt": nothing is tried, and the reason says why.
+        assert failed["failure"]["reason"] == (
+            "the server restarted, and the local engine's sandboxes end with it")
         response = http.post("/v1/sessions", json={})
         assert_error(response, 429, "capacity")
         assert int(response.headers["retry-after"]) > 0

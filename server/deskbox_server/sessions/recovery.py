@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from ..engines import AnyEngine
+from ..engines.base import Capability
 from ..engines.desktop_commands import DesktopSpec
 from ..errors import DeskboxError, Internal
 from ..schemas.sessions import Failure, SessionCreate
@@ -48,6 +49,8 @@ async def readopt(
         return f"the server restarted without the {record.backend!r} backend"
     if record.state not in (S.running, S.hibernated):
         return f"the server restarted while the session was {record.state.value}"
+    if Capability.ADOPT not in engine.capabilities:
+        return f"the server restarted, and the {engine.name} engine's sandboxes end with it"
     last_frame = None
     try:
         if record.state is S.hibernated:
