@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ...errors import DesktopFailed, Timeout
 from .displays import (
@@ -39,9 +39,6 @@ from .displays import (
     short_socket_path,
     wait_for_file,
 )
-
-if TYPE_CHECKING:
-    from .sandbox import RuncSandbox
 
 __all__ = [
     "AGENT_ARGV",
@@ -61,11 +58,24 @@ _LINK = "agent"  # our hard link, in the session's display/ directory
 _RETRY_S = 0.005
 
 
-def agent_link(sandbox: RuncSandbox) -> Path:
+class AgentHome(Protocol):
+    """What the link needs of a sandbox (RuncSandbox has it; named here, so that this
+    module does not import the sandbox that imports it)."""
+
+    @property
+    def display_dir(self) -> Path: ...
+    @property
+    def socket_dir(self) -> Path: ...
+    @property
+    def init_pid(self) -> int | None: ...
+    def failure(self) -> str | None: ...
+
+
+def agent_link(sandbox: AgentHome) -> Path:
     return sandbox.display_dir / _LINK
 
 
-def check_agent_listener(sandbox: RuncSandbox) -> None:
+def check_agent_listener(sandbox: AgentHome) -> None:
     """Our link must lead to a listener of the sandbox's pid namespace. OSError while
     nothing listens (yet); DesktopFailed if a process of another namespace does."""
     assert sandbox.init_pid is not None, "the sandbox is not running"
@@ -77,7 +87,7 @@ def check_agent_listener(sandbox: RuncSandbox) -> None:
         )
 
 
-def link_agent(sandbox: RuncSandbox) -> bool:
+def link_agent(sandbox: AgentHome) -> bool:
     """Link the agent's socket if the sandbox has one now, and check its listener (which
     may be stopped: the kernel answers a connect for it). False, and no link, if it has
     none (the agent was being restarted when the sandbox was checkpointed)."""
@@ -94,7 +104,7 @@ def link_agent(sandbox: RuncSandbox) -> bool:
     return True
 
 
-def ensure_agent_link(sandbox: RuncSandbox, timeout_s: float = AGENT_START_TIMEOUT_S) -> None:
+def ensure_agent_link(sandbox: AgentHome, timeout_s: float = AGENT_START_TIMEOUT_S) -> None:
     """Make our link lead to the agent's listener: the one linked before if it still
     listens, else the socket at the path now, waited for (the agent starts after the X
     server). DesktopFailed or Timeout if there is none in time."""
@@ -119,7 +129,7 @@ def ensure_agent_link(sandbox: RuncSandbox, timeout_s: float = AGENT_START_TIMEO
 
 
 async def open_agent_stream(
-    sandbox: RuncSandbox, read_limit: int, timeout_s: float = AGENT_START_TIMEOUT_S,
+    sandbox: AgentHome, read_limit: int, timeout_s: float = AGENT_START_TIMEOUT_S,
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A new connection to the sandbox's agent, through our link (the handshake is the
     caller's: sessions/desktop.py)."""
