@@ -12,6 +12,7 @@ APT_PACKAGES=(
   fonts-dejavu-core fonts-noto-cjk fonts-noto-color-emoji
   runc mmdebstrap passt slirp4netns nftables iproute2 uidmap
   erofs-utils              # the session image: a read-only erofs file (desktop_image/image_store.py)
+  qemu-system-x86          # the vm engine: each session in a QEMU microVM (desktop_image/vm_guest.py)
   golang-github-containers-common  # /usr/share/containers/seccomp.json: sandboxes' syscall allowlist
   xdotool scrot            # only for bench/: the peers' way of doing things
   x11-xserver-utils        # only for bench/peers.py: cua-computer-server needs xrandr
