@@ -2,7 +2,8 @@
 
 ``--listen unix:PATH`` and ``tcp:HOST:PORT`` accept connections (each its own HTTP/2
 connection); ``serial:PATH`` opens a character device such as a virtio-serial port, serves
-the one connection it carries and opens it again when the host goes away.
+the one connection it carries once a host is there, and opens it again when the host goes
+away.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import contextlib
 import functools
 import logging
 import os
+import select
 import signal
 import sys
 import termios
@@ -30,6 +32,7 @@ __all__ = ["main"]
 
 log = logging.getLogger("deskbox_agent")
 SERIAL_RETRY_S = 0.2
+SERIAL_POLL_S = 0.05  # how soon a new host's first bytes are served
 
 
 def default_registry() -> Registry:
@@ -89,6 +92,7 @@ async def _serve_serial(path: str, router: Router, limits: Limits) -> None:
         if not announced:
             print(f"deskbox-agent {VERSION} serving {path}", file=sys.stderr, flush=True)
             announced = True
+        await _wait_for_host(fd)
         reader = asyncio.StreamReader(limit=limits.read_chunk)
         read_file = os.fdopen(fd, "rb", buffering=0)
         write_file = os.fdopen(os.dup(fd), "wb", buffering=0)
@@ -105,6 +109,24 @@ async def _serve_serial(path: str, router: Router, limits: Limits) -> None:
             read_transport.close()
             write_transport.close()
         await asyncio.sleep(SERIAL_RETRY_S)
+
+
+async def _wait_for_host(fd: int) -> None:
+    """Keep the port open until a host is on its other side.
+
+    A virtio-serial port with no host reads as end of file (poll: POLLHUP). Closing it then
+    and opening it again would discard whatever a host sends in between (the guest's
+    kernel drops a closed port's buffered input), so the port stays open while it waits.
+    It is closed only after a connection that a host made ended, which also tells the host
+    (QEMU's VSERPORT_CHANGE) that its last stream is over.
+    """
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while True:
+        events = poller.poll(0)
+        if not events or not events[0][1] & select.POLLHUP:
+            return
+        await asyncio.sleep(SERIAL_POLL_S)
 
 
 def main(argv: list[str] | None = None) -> int:
