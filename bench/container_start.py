@@ -21,8 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from deskbox_server.engines.image import build_image  # noqa: E402
 from deskbox_server.engines.processes import become_subreaper  # noqa: E402
-from deskbox_server.engines.runc.image import build_image  # noqa: E402
 from deskbox_server.engines.runc.layout import Limits  # noqa: E402
 from deskbox_server.engines.runc.sandbox import RuncOptions, RuncSandbox  # noqa: E402
 from deskbox_server.settings import default_recipe_dir  # noqa: E402

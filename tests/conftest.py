@@ -42,7 +42,8 @@ PREFIX = "deskbox-"  # container ids, cgroups and network namespaces of sandboxe
 
 
 def _sandbox_traces() -> set[str]:
-    """Sandbox state the kernel and runc keep: containers, cgroups, netns, mounts, X locks."""
+    """Sandbox state the kernel, runc and QEMU keep: containers, cgroups, netns, mounts,
+    X locks, VM runtime directories."""
     traces: set[str] = set()
     runc_root = Path("/run/runc")
     if runc_root.is_dir():
@@ -60,6 +61,10 @@ def _sandbox_traces() -> set[str]:
     shared = Path("/run/deskbox")  # the sandboxes' small shared tmpfs directories
     if shared.is_dir():
         traces |= {f"shared:{p.name}" for p in shared.iterdir() if p.name.startswith(PREFIX)}
+    # VMs' runtime directories (sockets, fw_cfg files): /run/deskbox-vm/<server>/<session>.
+    vm_root = Path("/run/deskbox-vm")
+    if vm_root.is_dir():
+        traces |= {f"vm:{p.parent.name}/{p.name}" for p in vm_root.glob("*/*")}
     # Temp dirs of browsers started on the host (a killed Chromium leaves them behind).
     traces |= {f"tmp:{p.name}" for p in Path("/tmp").glob("org.chromium.Chromium.*")}
     for line in Path("/proc/self/mounts").read_text().splitlines():

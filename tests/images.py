@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from deskbox_server.engines.runc.image import build_image
+from deskbox_server.engines.image import build_image
 from deskbox_server.settings import default_recipe_dir
 
 __all__ = ["IMAGE_STATE_DIR", "session_image"]

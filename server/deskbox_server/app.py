@@ -22,16 +22,17 @@ from .api.deps import Services
 from .api.errors import RequestContext, install_error_handlers
 from .api.openapi import install_openapi
 from .engines import AnyEngine
+from .engines.image import build_image
 from .engines.local.engine import LocalEngine
 from .engines.runc.engine import RuncEngine
-from .engines.runc.image import build_image
 from .engines.runc.sandbox import RuncOptions
+from .engines.vm.engine import VmEngine
 from .metrics import Metrics
 from .sessions.manager import SessionManager
 from .sessions.registry import Registry
 from .settings import Settings
 
-__all__ = ["create_app", "default_engines", "runc_engine"]
+__all__ = ["create_app", "default_engines", "runc_engine", "vm_engine"]
 
 log = logging.getLogger("deskbox.server")
 image_log = logging.getLogger("deskbox.image")
@@ -42,6 +43,7 @@ def default_engines(settings: Settings) -> dict[str, AnyEngine]:
     before ``prepare()``."""
     known: dict[str, Callable[[Settings], AnyEngine]] = {
         RuncEngine.name: runc_engine,
+        VmEngine.name: vm_engine,
         LocalEngine.name: lambda _: LocalEngine(),
     }
     unknown = sorted(set(settings.backends) - set(known))
@@ -79,6 +81,22 @@ def runc_engine(settings: Settings) -> RuncEngine:
                            cancel=cancel)
 
     return RuncEngine(options, image=image)
+
+
+def vm_engine(settings: Settings) -> VmEngine:
+    """VMs under ``state_dir``, from the guest built (or found cached) by prepare(): the
+    session image of runc_engine's, with a kernel and an initramfs beside it."""
+
+    def guest(cancel: threading.Event) -> Path:
+        def progress(line: str) -> None:
+            image_log.info("%s", line)
+
+        image_log.info("VM guest: checking %s (builds take minutes the first time)",
+                       settings.image_cache_dir / "images")
+        return build_image(settings.image_cache_dir, settings.recipe_dir, progress,
+                           cancel=cancel, script_name="vm_guest.py")
+
+    return VmEngine(settings.state_dir, guest, settings.vm_accelerator)
 
 
 def create_app(

@@ -62,7 +62,7 @@ def image_verify(
 
     Exits 0 when the image is intact, 1 listing each difference otherwise.
     """
-    from .engines.runc.image import verify_image
+    from .engines.image import verify_image
     from .errors import DeskboxError
     from .settings import Settings
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -23,7 +23,7 @@ def default_recipe_dir() -> Path:
     The recipe is not in the deskbox-server wheel: it reads files across the tree (the
     server's ``engines/data``, ``desktop_image/agent``), so the server runs from a checkout
     (``make setup`` installs it editable). A wheel install sets ``DESKBOX_RECIPE_DIR`` to a
-    checkout's ``desktop_image/``; without one, the image build says so (engines/runc/image.py).
+    checkout's ``desktop_image/``; without one, the image build says so (engines/image.py).
     """
     return Path(__file__).resolve().parents[2] / "desktop_image"
 
@@ -41,13 +41,17 @@ class Settings(BaseSettings):
     max_sessions: Annotated[int, Field(ge=0)] = 20
     max_sessions_per_key: Annotated[int, Field(ge=0)] = 10
     default_backend: str = "container"
-    # The backends this server offers (DESKBOX_BACKENDS=container,local). "local" runs
-    # unisolated host processes: offer it only on a machine you trust.
+    # The backends this server offers (DESKBOX_BACKENDS=container,vm,local). "vm": a QEMU
+    # microVM per session. "local" runs unisolated host processes: offer it only on a
+    # machine you trust.
     backends: Annotated[list[str], NoDecode] = ["container"]
     # Session images live in <image_state_dir>/images/<recipe hash>/; default: state_dir.
     # DESKBOX_IMAGE_STATE_DIR lets several state dirs (tests, CI) share one image cache.
     image_state_dir: Path | None = None
     recipe_dir: Path = Field(default_factory=default_recipe_dir)
+    # The vm engine's accelerator: auto (KVM where /dev/kvm runs a stock guest, else TCG),
+    # kvm (refuse to start without it) or tcg.
+    vm_accelerator: Literal["auto", "kvm", "tcg"] = "auto"
     # X display numbers [display_first, display_last) for container sessions.
     display_first: Annotated[int, Field(ge=1, le=65535)] = 200
     display_last: Annotated[int, Field(ge=2, le=65536)] = 1000

@@ -27,6 +27,10 @@ def test_healthz_needs_no_key(server: Server) -> None:
         response = http.get("/healthz")
     assert response.status_code == 200
     assert response.json()["status"] == "ok"
+    # The engines sessions may ask for, each with what it offers: this server's is local.
+    assert response.json()["engines"] == {
+        "local": {"capabilities": [], "egress": ["all"], "details": {}},
+    }
 
 
 def test_another_keys_session_is_not_found(server: Server, session: dict[str, Any]) -> None:

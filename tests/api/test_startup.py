@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from deskbox_server.app import create_app
-from deskbox_server.engines.runc.image import build_image
+from deskbox_server.engines.image import build_image
 from deskbox_server.errors import Internal
 from deskbox_server.settings import Settings
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
-from pydantic import BaseModel
 
+from ..schemas.health import Health
 from .deps import get_services
 
 __all__ = ["router"]
@@ -13,16 +13,12 @@ __all__ = ["router"]
 router = APIRouter(tags=["operations"])
 
 
-class Health(BaseModel):
-    status: str
-    sessions: int
-
-
 @router.get("/healthz", response_model=Health)
 async def healthz(request: Request) -> Health:
-    counts = get_services(request).manager.counts_by_state()
+    manager = get_services(request).manager
+    counts = manager.counts_by_state()
     live = sum(counts[s] for s in ("starting", "running", "paused", "hibernated", "stopping"))
-    return Health(status="ok", sessions=live)
+    return Health(status="ok", sessions=live, engines=manager.describe_engines())
 
 
 @router.get(

@@ -144,6 +144,20 @@ class Engine(ABC, Generic[S]):
     egress_modes: ClassVar[frozenset[str]] = frozenset({"all"})
     # What to do instead, in the refusal of what this engine lacks.
     hint: ClassVar[str] = ""
+    # A start never gets less than this, whatever the server's start_timeout_s: a VM under
+    # software emulation needs a minute where a container needs a second.
+    start_timeout_floor_s: ClassVar[float] = 0.0
+    # The agent's first answer over a new stream (its SETTINGS and /v1/hello).
+    handshake_timeout_s: ClassVar[float] = 5.0
+
+    def start_timeout(self, configured_s: float) -> float:
+        """The deadline of one start of this engine's sandboxes (desktop painted)."""
+        return max(configured_s, self.start_timeout_floor_s)
+
+    def describe(self) -> dict[str, str]:
+        """What an operator should know of this engine on this host (``GET /healthz``),
+        e.g. which accelerator a VM runs on."""
+        return {}
 
     def lacks(self, capability: Capability, needed_for: str) -> EngineLacks:
         return EngineLacks(self.name, needed_for, f"the capability {capability.value!r}",

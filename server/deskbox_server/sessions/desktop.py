@@ -110,7 +110,7 @@ class Desktop(Generic[S]):
     async def connect(self) -> None:
         """Open a new stream to the sandbox's agent and drive the desktop through it
         (AgentFailed on a protocol version other than ours, naming both)."""
-        limits = AgentLimits()
+        limits = AgentLimits(handshake_timeout_s=self.engine.handshake_timeout_s)
         reader, writer = await self.engine.open_stream(self.sandbox, limits.read_chunk)
         self.attach(await AgentClient.connect(reader, writer, limits))
 

@@ -25,6 +25,7 @@ from typing import Literal
 from ..engines import AnyEngine, SessionSpec
 from ..errors import Capacity, DeskboxError, Internal, InvalidRequest, NotFound, SessionFailed
 from ..metrics import Metrics
+from ..schemas.health import EngineSummary
 from ..schemas.sessions import SessionCreate, SessionState
 from ..settings import Settings
 from . import start_stop
@@ -80,7 +81,8 @@ class SessionManager:
         pool_engine = self._engines.get(settings.default_backend)
         self.pool = WarmPool(
             pool_engine, [PoolKey.parse(d) for d in settings.pool_displays],
-            settings.pool_size, settings.start_timeout_s, settings.desktop_call_timeout_s,
+            settings.pool_size, pool_engine.start_timeout(settings.start_timeout_s),
+            settings.desktop_call_timeout_s,
         ) if pool_engine is not None else None
         # GET/DELETE /v1/snapshots and the snapshots' pools (catalog.py).
         self.catalog = SnapshotCatalog(self.snapshots, self.pool, settings.max_sessions_per_key)
@@ -196,6 +198,18 @@ class SessionManager:
         await self._stop(live, None)
 
     # -- queries --------------------------------------------------------------------------
+
+    def describe_engines(self) -> dict[str, EngineSummary]:
+        """Each engine sessions may ask for (its name on the wire): what it can do, and
+        what an operator should know of it on this host (``GET /healthz``)."""
+        return {
+            name: EngineSummary(
+                capabilities=sorted(c.value for c in engine.capabilities),
+                egress=sorted(engine.egress_modes),
+                details=engine.describe(),
+            )
+            for name, engine in self._engines.items()
+        }
 
     def counts_by_state(self) -> dict[str, int]:
         counts = {state.value: 0 for state in S}
@@ -375,7 +389,8 @@ class SessionManager:
 
     async def _start(self, live: LiveSession, engine: AnyEngine, spec: SessionSpec) -> None:
         failure = await start_stop.start(
-            live, engine, spec, self._context, self._settings.start_timeout_s,
+            live, engine, spec, self._context,
+            engine.start_timeout(self._settings.start_timeout_s),
             self._settings.desktop_call_timeout_s,
         )
         if failure is not None:

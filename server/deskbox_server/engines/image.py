@@ -1,7 +1,8 @@
-"""The session image: ``desktop_image/build.py`` run as a subprocess, its progress relayed.
+"""The session image: a build script of ``desktop_image/`` run as a subprocess, its progress
+relayed (``build.py``: the root filesystem; ``vm_guest.py``: the VM guest made from it).
 
 The build is cached by recipe hash under ``<image_state_dir>/images/`` (a cached image is
-found in ~0.1 s; a cold build takes minutes). The server (``RuncEngine.prepare``) and
+found in ~0.1 s; a cold build takes minutes). The server (each engine's ``prepare``) and
 the test suites call :func:`build_image` alike, so they find the same cache.
 Blocking: call it off the event loop.
 """
@@ -15,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ...errors import Internal
+from ..errors import Internal
 
 __all__ = ["build_image", "verify_image"]
 
@@ -31,13 +32,15 @@ def build_image(
     progress: Progress,
     timeout_s: float = 3600.0,
     cancel: threading.Event | None = None,
+    script_name: str = "build.py",
 ) -> Path:
-    """The root filesystem of ``recipe_dir``'s recipe, built first if the cache lacks it.
+    """What ``script_name`` of ``recipe_dir`` builds (``build.py``: the root filesystem),
+    built first if the cache lacks it; the path its last line of output names.
 
     Every line the build writes to stderr goes to ``progress`` as it comes. Setting
     ``cancel`` (or ``timeout_s`` passing) kills the build.
     """
-    script = recipe_dir / "build.py"
+    script = recipe_dir / script_name
     if not script.is_file():
         raise Internal(
             f"the session image recipe {script} is missing: set DESKBOX_RECIPE_DIR to the "
@@ -96,10 +99,10 @@ def build_image(
     if process.returncode != 0 or not lines:
         detail = "\n".join(tail) or "no output"
         raise Internal(f"building the session image failed ({process.returncode}):\n{detail}")
-    rootfs = Path(lines[-1])
-    if not rootfs.is_dir():
-        raise Internal(f"the image build reported {rootfs}, which is not a directory")
-    return rootfs
+    built = Path(lines[-1])
+    if not built.is_dir():
+        raise Internal(f"the image build reported {built}, which is not a directory")
+    return built
 
 
 def verify_image(image_state_dir: Path, recipe_dir: Path, progress: Progress) -> list[str]:

@@ -1,0 +1,1 @@
+"""The ``vm`` engine: each session in a QEMU microVM with its own guest kernel (engine.py)."""

@@ -1,0 +1,307 @@
+"""The ``vm`` engine: each session in a QEMU microVM with its own guest kernel.
+
+A container shares the host's kernel, and one kernel bug is enough to leave it; a VM
+session runs its own kernel (Debian's) behind QEMU. The guest runs the same session image
+and the same agent as a container: the engine only starts QEMU and hands the session
+layer one stream to the agent, QEMU's virtio-serial port behind a unix socket.
+
+Freeze is QMP ``stop``/``cont``. Checkpoints are QEMU's migration stream written to a
+file: hibernation keeps it in the session's state directory, a snapshot in the snapshot's
+directory, and every restore (a fork's copies included) starts a new QEMU reading it. The
+guest's root is the read-only image and its writable paths are tmpfs, all of it in the
+guest's RAM, so each restored copy owns its whole writable state and no disk overlay is
+needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from ...errors import DesktopFailed, InvalidRequest, SessionFailed
+from ..base import AgentStream, Capability, Engine, SessionSpec, SnapshotInfo
+from ..desktop_commands import DEVTOOLS_PORT, browser_argv, wm_argv, xserver_argv
+from .accel import Accelerator, detect_accelerator
+from .guest import VmGuest, kill_leftover, start_guest
+from .jail import UidPool, jail_argv
+from .qemu import AGENT_PORT, GuestImage, VmConfig
+from .sandbox import (
+    CONFIG_FILE,
+    GUEST_DISPLAY,
+    GUEST_HOME,
+    HIBERNATION_FILE,
+    VmSandbox,
+    runtime_root,
+)
+
+__all__ = ["VmEngine"]
+
+log = logging.getLogger("deskbox.vm")
+
+LAUNCHER = "/usr/local/bin/deskbox-session"
+WM_CONFIG = "/etc/deskbox/openbox-rc.xml"
+PROFILE_DIR = f"{GUEST_HOME}/chromium"
+AGENT_ARGV = ("/usr/local/bin/deskbox-agent", "--listen",
+              f"serial:/dev/virtio-ports/{AGENT_PORT}")
+_DISPLAYFD = 3
+_SAVE_TIMEOUT_S = 300.0
+_STOP_GRACE_S = 0.0  # nothing in the guest needs a clean shutdown: its disk is read-only
+
+
+class VmEngine(Engine[VmSandbox]):
+    """Sessions in QEMU microVMs made from the guest ``image`` builds (or finds cached)."""
+
+    name: ClassVar[str] = "vm"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.FREEZE, Capability.CHECKPOINT, Capability.EXEC, Capability.RESOURCES}
+    )
+    egress_modes: ClassVar[frozenset[str]] = frozenset({"none"})
+    hint: ClassVar[str] = "use the container engine (\"backend\": \"container\") for it"
+    # Under software emulation a guest's Chromium paints its first page after about a
+    # minute on this project's 2-core hosts; with KVM in seconds.
+    start_timeout_floor_s: ClassVar[float] = 180.0
+    handshake_timeout_s: ClassVar[float] = 30.0
+
+    def __init__(
+        self,
+        state_dir: Path,
+        image: Callable[[threading.Event], Path],
+        accelerator: Literal["auto", "kvm", "tcg"] = "auto",
+    ) -> None:
+        """``image`` finds or builds the guest (blocking; it stops when its event is set)
+        and returns its directory (``images/vm-<hash>/``)."""
+        self.state_dir = state_dir.resolve()
+        self._image_source = image
+        self._wanted_accelerator = accelerator
+        self._image: GuestImage | None = None
+        self._accelerator: Accelerator | None = None
+        self._uids = UidPool()
+
+    @property
+    def accelerator(self) -> Accelerator:
+        if self._accelerator is None:
+            self._accelerator = detect_accelerator(self._wanted_accelerator)
+        return self._accelerator
+
+    def describe(self) -> dict[str, str]:
+        accelerator = self.accelerator
+        return {"accelerator": accelerator.name, "accelerator_reason": accelerator.reason}
+
+    async def prepare(self) -> None:
+        if shutil.which("qemu-system-x86_64") is None:
+            raise SessionFailed("the vm engine needs qemu-system-x86_64 (Debian's "
+                                "qemu-system-x86; scripts/setup.sh installs it)")
+        accelerator = self.accelerator
+        log.info("vm engine: %s (%s)", accelerator.name, accelerator.reason)
+        cancel = threading.Event()
+        try:
+            directory = await asyncio.to_thread(self._image_source, cancel)
+        except asyncio.CancelledError:
+            cancel.set()
+            raise
+        self._image = GuestImage.from_directory(directory)
+
+    @property
+    def image(self) -> GuestImage:
+        if self._image is None:
+            raise SessionFailed("the vm engine has no guest image (prepare() did not run)")
+        return self._image
+
+    def check(self, spec: SessionSpec) -> None:
+        super().check(spec)
+        if spec.network is not None and spec.from_snapshot is not None:
+            raise InvalidRequest("a session made from a snapshot has the snapshot's network "
+                                 "(egress \"none\"); leave network out")
+
+    # -- start and stop --------------------------------------------------------------------
+
+    async def create(self, spec: SessionSpec, timeout_s: float) -> VmSandbox:
+        if spec.from_snapshot is not None:
+            return await self._restore_copy(spec.id, spec.from_snapshot, timeout_s)
+        config = VmConfig()
+        if spec.resources is not None:
+            cpus = spec.resources.cpus
+            config = VmConfig(cpus=max(1, math.ceil(cpus)), cpu_quota=cpus,
+                              memory_mb=spec.resources.memory_mb, pids=spec.resources.pids)
+        sandbox = VmSandbox(self.state_dir, spec.id, config)
+        sandbox.env = {
+            "HOME": GUEST_HOME,
+            "DESKBOX_XSERVER": json.dumps(xserver_argv(spec.desktop, _DISPLAYFD, GUEST_DISPLAY)),
+            "DESKBOX_WM": json.dumps(wm_argv(WM_CONFIG)),
+            "DESKBOX_BROWSER": json.dumps(browser_argv(spec.desktop, PROFILE_DIR, DEVTOOLS_PORT)),
+            "DESKBOX_AGENT": json.dumps(list(AGENT_ARGV)),
+        }
+        await self._boot(sandbox, timeout_s, incoming=None)
+        return sandbox
+
+    async def _boot(self, sandbox: VmSandbox, timeout_s: float, incoming: Path | None) -> None:
+        """Start QEMU for ``sandbox`` and wait for its agent's port (a new guest) or for the
+        restored guest to run; on any failure nothing of it is left running."""
+        started = time.monotonic()
+        sandbox.uid = self._uids.take()
+        try:
+            await asyncio.to_thread(_prepare_host_side, sandbox, sandbox.uid)
+            wrap = jail_argv(self.image.files, sandbox.paths.runtime, sandbox.uid,
+                             self.accelerator.name == "kvm", sandbox.cgroup.procs_files)
+            sandbox.guest = await start_guest(
+                self.image, sandbox.config, sandbox.paths, self.accelerator, sandbox.env,
+                timeout_s, incoming, wrap,
+            )
+            if incoming is None:
+                await sandbox.guest.agent_port_event(True, 0, timeout_s)
+            else:
+                await sandbox.guest.wait_running(timeout_s)
+        except BaseException:
+            await self.kill(sandbox)
+            raise
+        sandbox.timings["agent_ready" if incoming is None else "restore"] = (
+            time.monotonic() - started
+        )
+
+    async def open_stream(self, sandbox: VmSandbox, read_limit: int) -> AgentStream:
+        if sandbox.guest is None:
+            raise DesktopFailed(f"{sandbox.label} is not running")
+        sandbox.stream_mark = sandbox.guest.qmp.event_mark()
+        try:
+            return await asyncio.open_unix_connection(str(sandbox.paths.agent),
+                                                      limit=read_limit)
+        except OSError as error:
+            raise DesktopFailed(f"cannot connect to the VM's agent port: {error!r}") from None
+
+    async def kill(self, sandbox: VmSandbox) -> None:
+        guest, sandbox.guest = sandbox.guest, None
+        if guest is not None:
+            await guest.stop(_STOP_GRACE_S)
+        await asyncio.to_thread(sandbox.cgroup.remove)
+        if sandbox.uid is not None:
+            self._uids.give_back(sandbox.uid)
+            sandbox.uid = None
+
+    async def destroy(self, sandbox: VmSandbox) -> None:
+        await self.kill(sandbox)
+        await asyncio.to_thread(_remove_dirs, sandbox)
+
+    async def release(self, sandbox: VmSandbox) -> None:
+        """A hibernated VM at server shutdown: its QEMU is gone already; keep its file."""
+        await self.kill(sandbox)
+        await asyncio.to_thread(shutil.rmtree, sandbox.paths.runtime, True)
+
+    async def adopt_checkpointed(self, session_id: str) -> VmSandbox:
+        directory = self.state_dir / "vm" / session_id
+        config = _read_config(directory)
+        sandbox = VmSandbox(self.state_dir, session_id, config)
+        if not sandbox.hibernation_file.is_file():
+            raise SessionFailed("the VM's hibernation file is gone")
+        return sandbox
+
+    async def remove_orphans(self, keep: Collection[str]) -> list[str]:
+        root = runtime_root(self.state_dir)
+        ids: set[str] = set()
+        for parent in (root, self.state_dir / "vm"):
+            if parent.is_dir():
+                ids.update(entry.name for entry in parent.iterdir() if entry.is_dir())
+        removed = []
+        for session_id in sorted(ids - set(keep)):
+            with contextlib.suppress(InvalidRequest):
+                sandbox = VmSandbox(self.state_dir, session_id, VmConfig())
+                await asyncio.to_thread(kill_leftover, sandbox.paths)
+                await self.destroy(sandbox)
+                removed.append(session_id)
+        return removed
+
+    # -- freeze and checkpoints ------------------------------------------------------------
+
+    async def freeze(self, sandbox: VmSandbox) -> None:
+        await self._running(sandbox).pause()
+
+    async def thaw(self, sandbox: VmSandbox) -> None:
+        await self._running(sandbox).resume()
+
+    async def checkpoint(self, sandbox: VmSandbox) -> None:
+        guest = self._running(sandbox)
+        await self._agent_let_go(sandbox)
+        sandbox.hibernation_file.unlink(missing_ok=True)
+        size = await guest.save(sandbox.hibernation_file, _SAVE_TIMEOUT_S)
+        (sandbox.state_dir / CONFIG_FILE).write_text(sandbox.config.to_json())
+        await self.kill(sandbox)
+        sandbox.timings["hibernate"] = guest.timings["save"]
+        sandbox.timings["hibernate_bytes"] = float(size)
+
+    async def restore(self, sandbox: VmSandbox) -> None:
+        if not sandbox.hibernation_file.is_file():
+            raise SessionFailed("the VM's hibernation file is gone")
+        await self._boot(sandbox, self.start_timeout(0), sandbox.hibernation_file)
+        sandbox.hibernation_file.unlink(missing_ok=True)
+
+    async def snapshot(self, sandbox: VmSandbox, directory: Path, packed: bool = True
+                       ) -> SnapshotInfo:
+        guest = self._running(sandbox)
+        await self._agent_let_go(sandbox)
+        await asyncio.to_thread(directory.mkdir, 0o700)
+        try:
+            state = directory / HIBERNATION_FILE
+            size = await guest.save(state, _SAVE_TIMEOUT_S)
+            await guest.resume()
+            (directory / CONFIG_FILE).write_text(sandbox.config.to_json())
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, directory, True)
+            raise
+        return SnapshotInfo(guest.timings["save"], size, None)
+
+    async def _restore_copy(self, session_id: str, directory: Path, timeout_s: float
+                            ) -> VmSandbox:
+        state = directory / HIBERNATION_FILE
+        if not state.is_file():
+            raise SessionFailed(f"the snapshot in {directory} holds no VM state (it was "
+                                "taken by another engine)")
+        sandbox = VmSandbox(self.state_dir, session_id, _read_config(directory))
+        await self._boot(sandbox, timeout_s, state)
+        return sandbox
+
+    async def _agent_let_go(self, sandbox: VmSandbox) -> None:
+        """The caller closed its agent stream: wait until the guest's agent has closed its
+        end too (it then waits for a new host), so a saved guest holds no half connection."""
+        guest = self._running(sandbox)
+        await guest.agent_port_event(False, sandbox.stream_mark, self.handshake_timeout_s)
+
+    def _running(self, sandbox: VmSandbox) -> VmGuest:
+        if sandbox.guest is None:
+            raise SessionFailed(f"{sandbox.label} is not running")
+        return sandbox.guest
+
+
+
+
+def _read_config(directory: Path) -> VmConfig:
+    try:
+        return VmConfig.from_json((directory / CONFIG_FILE).read_text())
+    except (OSError, ValueError, TypeError) as error:
+        raise SessionFailed(f"the VM state in {directory} lacks a usable {CONFIG_FILE}: "
+                            f"{error}") from None
+
+
+def _prepare_host_side(sandbox: VmSandbox, uid: int) -> None:
+    """The VM's directories (its runtime one owned by QEMU's user) and its cgroups."""
+    sandbox.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    root = sandbox.paths.runtime.parent
+    root.mkdir(mode=0o711, parents=True, exist_ok=True)  # QEMU's user passes through
+    root.parent.chmod(0o711)
+    sandbox.paths.runtime.mkdir(mode=0o700, exist_ok=True)
+    os.chown(sandbox.paths.runtime, uid, uid)
+    sandbox.cgroup.create(sandbox.config.cpu_quota, sandbox.config.cgroup_memory_bytes)
+
+
+def _remove_dirs(sandbox: VmSandbox) -> None:
+    shutil.rmtree(sandbox.paths.runtime, ignore_errors=True)
+    shutil.rmtree(sandbox.state_dir, ignore_errors=True)
+

@@ -1,0 +1,252 @@
+"""One running QEMU process and its QMP connection: start, pause, save, stop.
+
+Everything here is about QEMU, not about sessions: sandbox.py and engine.py decide when.
+A guest is started in a process group of its own (``start_new_session``) so that the
+server's orphan reaper never takes its exit status, and so that a server that dies leaves
+it running for the next one to adopt or remove.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ...errors import DesktopFailed, SessionFailed, Timeout
+from .accel import Accelerator
+from .qemu import AGENT_PORT_ID, GuestImage, VmConfig, VmPaths, guest_files, qemu_argv
+from .qmp import QmpClient, QmpError
+
+__all__ = ["VmGuest", "kill_leftover", "leftover_pid", "start_guest"]
+
+_POLL_S = 0.02
+_LOG_TAIL = 2000
+# Migration streams at disk speed: QEMU's default limit (32 MiB/s) would make a 1 GiB
+# guest take half a minute to hibernate.
+_MIGRATION_BANDWIDTH = 8 << 30
+
+
+@dataclass
+class VmGuest:
+    pid: int
+    paths: VmPaths
+    qmp: QmpClient
+    process: subprocess.Popen[bytes] | None = None  # None: adopted from another server
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def failure(self) -> str | None:
+        """Why QEMU is gone, with the end of its log; None while it runs."""
+        if self.process is not None:
+            code = self.process.poll()
+            if code is None:
+                return None
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
+        elif _alive(self.pid):
+            return None
+        else:
+            how = "exited"
+        return f"the VM's QEMU (pid {self.pid}) {how}{_tail(self.paths)}"
+
+    async def agent_port_event(self, opened: bool, since: int, timeout_s: float) -> None:
+        """Wait for the guest's agent to open (or close) its port after ``since``."""
+        await self.qmp.wait_event("VSERPORT_CHANGE", timeout_s, since,
+                                  {"id": AGENT_PORT_ID, "open": opened})
+
+    async def status(self) -> str:
+        answer = await self.qmp.execute("query-status")
+        return str(answer.get("status")) if isinstance(answer, dict) else "unknown"
+
+    async def pause(self) -> None:
+        await self.qmp.execute("stop")
+
+    async def resume(self) -> None:
+        await self.qmp.execute("cont")
+
+    async def save(self, path: Path, timeout_s: float) -> int:
+        """Stop the guest and write its whole state to the new file ``path`` (QEMU's
+        migration stream); the guest stays stopped ("postmigrate"). Its size."""
+        started = time.monotonic()
+        await self.qmp.execute("stop")
+        await self.qmp.execute("migrate-set-parameters",
+                               {"max-bandwidth": _MIGRATION_BANDWIDTH})
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            await self.qmp.send_fd("deskbox-save", fd)
+        finally:
+            os.close(fd)  # QEMU holds its own copy now
+        await self.qmp.execute("migrate", {"uri": "fd:deskbox-save"})
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            answer = await self.qmp.execute("query-migrate")
+            state = answer.get("status") if isinstance(answer, dict) else None
+            if state == "completed":
+                break
+            if state in ("failed", "cancelled"):
+                detail = answer.get("error-desc", state) if isinstance(answer, dict) else state
+                raise SessionFailed(f"QEMU could not save the VM: {detail}")
+            if loop.time() > deadline:
+                with contextlib.suppress(DesktopFailed):
+                    await self.qmp.execute("migrate_cancel")
+                raise Timeout(f"saving the VM took over {timeout_s:.0f} s")
+            await asyncio.sleep(0.05)
+        self.timings["save"] = time.monotonic() - started
+        return (await asyncio.to_thread(path.stat)).st_size
+
+    async def wait_running(self, timeout_s: float) -> None:
+        """After an incoming migration: once it is read, run the guest (it was saved
+        stopped, and QEMU restores that state)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (state := await self.status()) != "running":
+            if state == "paused":
+                await self.qmp.execute("cont")
+                continue
+            if state in ("internal-error", "shutdown", "guest-panicked"):
+                raise SessionFailed(f"the restored VM is in state {state}{_tail(self.paths)}")
+            if loop.time() > deadline:
+                raise Timeout(f"the VM did not run within {timeout_s:.0f} s of its restore "
+                              f"(state {state})")
+            problem = self.failure()
+            if problem is not None:
+                raise SessionFailed(problem)
+            await asyncio.sleep(0.05)
+
+    async def stop(self, grace_s: float = 0.0) -> None:
+        """End QEMU (SIGKILL after ``grace_s`` of ``quit``) and wait for it to exit."""
+        if grace_s > 0:
+            with contextlib.suppress(DesktopFailed):
+                await self.qmp.execute("quit", timeout_s=grace_s)
+        await self.qmp.close()
+        await asyncio.to_thread(_kill_and_wait, self.pid, self.process, grace_s)
+
+
+def _kill_and_wait(pid: int, process: subprocess.Popen[bytes] | None, grace_s: float) -> None:
+    if process is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=grace_s)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    if process is not None:
+        process.wait()
+        return
+    deadline = time.monotonic() + 10.0
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _tail(paths: VmPaths) -> str:
+    parts = []
+    for log in (paths.qemu_log, paths.console):
+        with contextlib.suppress(OSError):
+            text = log.read_bytes()[-_LOG_TAIL:].decode(errors="replace").strip()
+            if text:
+                parts.append(f"{log.name}: {text}")
+    return ("; " + " | ".join(parts)) if parts else ""
+
+
+async def start_guest(
+    image: GuestImage, config: VmConfig, paths: VmPaths, accel: Accelerator,
+    env: Mapping[str, str], timeout_s: float, incoming: Path | None = None,
+    wrap: list[str] | None = None,
+) -> VmGuest:
+    """Start QEMU for a new guest (or one restored from the state file ``incoming``) and
+    connect to its QMP socket. ``wrap``: a command line QEMU's runs under (confinement).
+    The guest's agent is not ready yet: wait with :meth:`VmGuest.agent_port_event`."""
+    started = time.monotonic()
+    process = await asyncio.to_thread(_spawn, image, config, paths, accel, env, incoming,
+                                      wrap or [])
+    try:
+        qmp = await _connect_qmp(paths, process, timeout_s)
+    except BaseException:
+        await asyncio.to_thread(_kill_and_wait, process.pid, process, 0.0)
+        raise
+    guest = VmGuest(process.pid, paths, qmp, process)
+    guest.timings["qemu"] = time.monotonic() - started
+    return guest
+
+
+def _spawn(
+    image: GuestImage, config: VmConfig, paths: VmPaths, accel: Accelerator,
+    env: Mapping[str, str], incoming: Path | None, wrap: list[str],
+) -> subprocess.Popen[bytes]:
+    for stale in (paths.qmp, paths.agent):  # a previous QEMU's (before a hibernation)
+        stale.unlink(missing_ok=True)
+    env_bytes, init_bytes = guest_files(config, env)
+    for path, content in ((paths.env, env_bytes), (paths.init, init_bytes)):
+        path.unlink(missing_ok=True)
+        path.write_bytes(content)
+        path.chmod(0o644)  # for QEMU's user; the directory keeps everyone else out
+    incoming_fd = os.open(incoming, os.O_RDONLY | os.O_CLOEXEC) if incoming else None
+    try:
+        with open(paths.qemu_log, "ab") as qemu_log:
+            process = subprocess.Popen(
+                [*wrap, *qemu_argv(image, config, paths, accel, incoming_fd)],
+                stdin=subprocess.DEVNULL, stdout=qemu_log, stderr=qemu_log,
+                pass_fds=(incoming_fd,) if incoming_fd is not None else (),
+                start_new_session=True,
+            )
+        # The leader of QEMU's process group (its jail's unshare, or QEMU): what a later
+        # server adopts or kills.
+        paths.pid.write_text(f"{process.pid}\n")
+        return process
+    finally:
+        if incoming_fd is not None:
+            os.close(incoming_fd)
+
+
+def leftover_pid(paths: VmPaths) -> int | None:
+    """The pid of the QEMU (or its jail) a previous server left running in ``paths``."""
+    try:
+        pid = int(paths.pid.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    # The pid may have been reused since: only a process started for this directory counts.
+    return pid if _alive(pid) and str(paths.runtime) in _cmdline(pid) else None
+
+
+def kill_leftover(paths: VmPaths) -> None:
+    pid = leftover_pid(paths)
+    if pid is not None:
+        _kill_and_wait(pid, None, 0.0)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+async def _connect_qmp(
+    paths: VmPaths, process: subprocess.Popen[bytes], timeout_s: float
+) -> QmpClient:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not paths.qmp.exists():
+        code = process.poll()
+        if code is not None:
+            raise SessionFailed(f"QEMU exited with {code} at its start{_tail(paths)}")
+        if loop.time() > deadline:
+            raise Timeout(f"QEMU made no QMP socket within {timeout_s:.0f} s")
+        await asyncio.sleep(_POLL_S)
+    try:
+        return await QmpClient.connect(paths.qmp, max(1.0, deadline - loop.time()))
+    except QmpError as error:
+        raise SessionFailed(f"{error}{_tail(paths)}") from None

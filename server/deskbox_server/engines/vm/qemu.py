@@ -1,0 +1,201 @@
+"""QEMU's command line for one session's microVM, and the files the guest is made of.
+
+The guest (built by desktop_image/vm_guest.py, cached by recipe hash beside the container
+image) is Debian's kernel, an initramfs whose /init (desktop_image/vm_init.sh) mounts the
+session image read-only with tmpfs for the writable paths, and the session image itself
+(``rootfs.erofs``, the same file the runc engine mounts). The session's settings reach the
+guest through QEMU's fw_cfg, never through a shared directory: ``opt/deskbox/env`` (the
+environment of the session's init, NUL-separated ``KEY=VALUE``) and ``opt/deskbox/init``
+(``key=value`` lines for /init itself: hostname, pids, tmpfs sizes).
+
+Only unix sockets in the session's runtime directory lead out of QEMU: QMP and the agent's
+virtio-serial port. No monitor, VNC or other port on TCP; ``-nodefaults`` and
+``-sandbox`` (seccomp) as Firecracker's jailer would.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...errors import Internal
+from .accel import Accelerator
+
+__all__ = [
+    "AGENT_PORT",
+    "AGENT_PORT_ID",
+    "GuestImage",
+    "VmConfig",
+    "VmPaths",
+    "guest_files",
+    "qemu_argv",
+]
+
+AGENT_PORT = "deskbox-agent"  # the virtio-serial port's name in the guest
+AGENT_PORT_ID = "agent-port"  # its QEMU device id (QMP's VSERPORT_CHANGE names it)
+QEMU = "qemu-system-x86_64"
+# What QEMU itself needs beside the guest's RAM (its code, TCG's translation cache, device
+# buffers): the cgroup memory limit is the guest's RAM plus this.
+QEMU_OVERHEAD_MB = 384
+
+
+@dataclass(frozen=True)
+class GuestImage:
+    """The files of one built guest (``images/vm-<hash>/``), read-only to QEMU."""
+
+    directory: Path
+
+    @property
+    def kernel(self) -> Path:
+        return self.directory / "vmlinux"
+
+    @property
+    def initramfs(self) -> Path:
+        return self.directory / "initramfs.cpio"
+
+    @property
+    def root_disk(self) -> Path:
+        # A symbolic link to the session image's own file (vm_guest.py): QEMU, jailed, is
+        # given the file itself.
+        return (self.directory / "rootfs.erofs").resolve()
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.kernel, self.initramfs, self.root_disk]
+
+    @property
+    def hash(self) -> str:
+        return self.directory.name.removeprefix("vm-")
+
+    @classmethod
+    def from_directory(cls, directory: Path) -> GuestImage:
+        image = cls(directory)
+        for part in (image.kernel, image.initramfs, image.root_disk):
+            if not part.is_file():
+                raise Internal(f"the VM guest in {directory} lacks {part.name}: rebuild it "
+                               "(remove the directory; the server builds it again)")
+        return image
+
+
+@dataclass(frozen=True)
+class VmConfig:
+    """One VM's shape (already validated wire values)."""
+
+    cpus: int = 1  # vCPUs
+    cpu_quota: float = 1.0  # host CPUs' worth of time for all of QEMU's threads
+    memory_mb: int = 2048
+    pids: int | None = None
+    hostname: str = "deskbox"
+    tmp_mb: int = 512
+    run_mb: int = 64
+    home_mb: int = 512
+    shm_mb: int = 256
+
+    @property
+    def cgroup_memory_bytes(self) -> int:
+        return (self.memory_mb + QEMU_OVERHEAD_MB) << 20
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def from_json(cls, text: str) -> VmConfig:
+        return cls(**json.loads(text))
+
+
+@dataclass(frozen=True)
+class VmPaths:
+    """Where one VM's files live: its runtime directory holds only what QEMU may touch."""
+
+    runtime: Path
+
+    @property
+    def qmp(self) -> Path:
+        return self.runtime / "qmp.sock"
+
+    @property
+    def agent(self) -> Path:
+        return self.runtime / "agent.sock"
+
+    @property
+    def console(self) -> Path:
+        return self.runtime / "console.log"
+
+    @property
+    def env(self) -> Path:
+        return self.runtime / "env"
+
+    @property
+    def init(self) -> Path:
+        return self.runtime / "init"
+
+    @property
+    def qemu_log(self) -> Path:
+        return self.runtime / "qemu.log"
+
+    @property
+    def pid(self) -> Path:
+        return self.runtime / "qemu.pid"
+
+
+def guest_files(config: VmConfig, env: Mapping[str, str]) -> tuple[bytes, bytes]:
+    """The bytes of ``opt/deskbox/env`` and ``opt/deskbox/init`` (see the module doc)."""
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise Internal(f"the session's environment entry {key!r} cannot reach the guest")
+    env_bytes = b"".join(f"{key}={value}".encode() + b"\0" for key, value in env.items())
+    lines = {
+        "hostname": config.hostname,
+        "pids": str(config.pids or 0),
+        "tmp_mb": str(config.tmp_mb),
+        "run_mb": str(config.run_mb),
+        "home_mb": str(config.home_mb),
+        "shm_mb": str(config.shm_mb),
+    }
+    init_bytes = "".join(f"{key}={value}\n" for key, value in lines.items()).encode()
+    return env_bytes, init_bytes
+
+
+def kernel_cmdline(accel: Accelerator) -> str:
+    # panic=-1 with -no-reboot: should the guest's PID 1 die, QEMU exits at once.
+    cmdline = "console=ttyS0 quiet panic=-1"
+    if accel.tsc_khz is not None:
+        cmdline += f" tsc_early_khz={accel.tsc_khz}"
+    return cmdline
+
+
+def qemu_argv(
+    image: GuestImage, config: VmConfig, paths: VmPaths, accel: Accelerator,
+    incoming_fd: int | None = None,
+) -> list[str]:
+    """The whole command line; ``incoming_fd``: restore from the migration stream on it."""
+    argv = [
+        QEMU,
+        "-name", "deskbox,debug-threads=on",
+        # Debian's kernel finds microvm's virtio-mmio devices and fw_cfg through ACPI only.
+        "-M", "microvm,acpi=on,pit=off,pic=off,rtc=on,isa-serial=on",
+        "-accel", accel.qemu_accel,
+        "-cpu", "host" if accel.name == "kvm" else "max",
+        "-smp", str(config.cpus),
+        "-m", f"{config.memory_mb}M",
+        "-nodefaults", "-no-user-config", "-nographic",
+        "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+        "-kernel", str(image.kernel),
+        "-initrd", str(image.initramfs),
+        "-append", kernel_cmdline(accel),
+        "-no-reboot",
+        "-drive", f"id=root,file={image.root_disk},format=raw,if=none,readonly=on",
+        "-device", "virtio-blk-device,drive=root,serial=deskbox-root",
+        "-device", "virtio-serial-device,max_ports=2",
+        "-chardev", f"socket,id=agent,path={paths.agent},server=on,wait=off",
+        "-device", f"virtserialport,id={AGENT_PORT_ID},chardev=agent,name={AGENT_PORT}",
+        "-fw_cfg", f"name=opt/deskbox/env,file={paths.env}",
+        "-fw_cfg", f"name=opt/deskbox/init,file={paths.init}",
+        "-serial", f"file:{paths.console}",
+        "-qmp", f"unix:{paths.qmp},server=on,wait=off",
+    ]
+    if incoming_fd is not None:
+        argv += ["-incoming", f"fd:{incoming_fd}"]
+    return argv

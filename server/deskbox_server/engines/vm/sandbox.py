@@ -1,0 +1,100 @@
+"""One VM session as the session layer sees it (engines/base.py's Sandbox).
+
+Two directories per session. Its runtime directory, ``/run/deskbox-vm/<server>/<id>/``
+(short: unix socket paths have 108 bytes), holds what QEMU touches: the QMP and agent
+sockets, the fw_cfg files, its log and the guest's console. Its state directory,
+``<state_dir>/vm/<id>/``, holds what outlives QEMU: the hibernation file and the VM's
+shape, for a later server to restore it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+from ...errors import InvalidRequest
+from ..base import Sandbox
+from ..desktop_commands import DEVTOOLS_PORT
+from .cgroup import VmCgroup
+from .guest import VmGuest
+from .qemu import VmConfig, VmPaths
+
+__all__ = [
+    "GUEST_DISPLAY",
+    "GUEST_HOME",
+    "VmSandbox",
+    "runtime_root",
+]
+
+_SESSION_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+GUEST_DISPLAY = 99  # the guest has only this one X server
+GUEST_HOME = "/root"
+GUEST_SOCKET_DIR = "/tmp/.X11-unix"
+HIBERNATION_FILE = "hibernation.vmstate"
+CONFIG_FILE = "vm.json"
+
+
+def runtime_root(state_dir: Path) -> Path:
+    """The runtime directories of one state directory's VMs (one server's)."""
+    tag = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]
+    return Path("/run/deskbox-vm") / tag
+
+
+class VmSandbox(Sandbox):
+    def __init__(self, state_dir: Path, session_id: str, config: VmConfig) -> None:
+        if not _SESSION_ID.match(session_id):
+            raise InvalidRequest(f"session id {session_id!r} is not usable for a VM")
+        self.session_id = session_id
+        self.config = config
+        self.paths = VmPaths(runtime_root(state_dir) / session_id)
+        self.cgroup = VmCgroup(f"deskbox-vm-{runtime_root(state_dir).name}-{session_id}")
+        self.uid: int | None = None  # QEMU's user (jail.py) while it runs
+        self.state_dir = state_dir.resolve() / "vm" / session_id
+        self.guest: VmGuest | None = None
+        self.env: dict[str, str] = {}
+        # QMP's event count when the host's current agent stream was opened: the port's
+        # next close after it is that stream's end (engine.py, checkpoint).
+        self.stream_mark = 0
+        self.timings: dict[str, float] = {}
+
+    @property
+    def hibernation_file(self) -> Path:
+        return self.state_dir / HIBERNATION_FILE
+
+    @property
+    def label(self) -> str:
+        return f"the VM of session {self.session_id}"
+
+    def failure(self) -> str | None:
+        return self.guest.failure() if self.guest is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self.guest is not None
+
+    @property
+    def agent_display(self) -> str:
+        return f":{GUEST_DISPLAY}"
+
+    @property
+    def vnc_socket_dir(self) -> str:
+        return GUEST_SOCKET_DIR
+
+    @property
+    def devtools_port(self) -> int:
+        return DEVTOOLS_PORT
+
+    @property
+    def max_execs(self) -> int:
+        return 8
+
+    def exec_environment(self) -> tuple[dict[str, str], str]:
+        """What the guest's session init gives its children (deskbox-session), and
+        ``DISPLAY``: commands run as the desktop's own processes do."""
+        return {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": GUEST_HOME,
+            "LANG": "C.UTF-8",
+            "DISPLAY": self.agent_display,
+        }, GUEST_HOME

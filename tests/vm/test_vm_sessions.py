@@ -1,0 +1,277 @@
+"""The vm engine end to end: a server whose sessions are QEMU microVMs (TCG here).
+
+A VM costs a minute of both cores to boot under software emulation, so one VM serves the
+module, in order: its page, input, screenshot and exec; pause and resume; hibernate and
+resume; a fork into two independent copies; and last, delete, which must leave no QEMU
+and no file. Every assertion is on what a user of the API sees.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from deskbox_server.api.auth import key_id
+from deskbox_server.engines.vm.sandbox import VmSandbox
+
+from ..api.conftest import KEY_A, Server
+from ..api.containers import act, container_server, open_session
+from ..api.helpers import assert_error, decode
+from ..api.sandbox_page import SandboxPage
+
+# A VM boots in a minute of TCG on 2 busy cores; a module fixture's start counts toward
+# the first test that uses it.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)
+PAGE_WAIT_S = 60.0  # a read of the page runs a Python program inside the guest, under TCG
+TEXT = "VM ✓ wörld"
+
+
+def qemu_pids(parent: int | None = None) -> list[int]:
+    """Running QEMU processes (children of ``parent``: the VM's jail)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
+            state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
+            if (name.startswith("qemu-system") and state != "Z"
+                    and (parent is None or int(ppid) == parent)):
+                pids.append(int(entry.name))
+    return pids
+
+
+def status_field(pid: int, name: str) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key == name:
+            return value.strip()
+    raise AssertionError(f"no {name} in /proc/{pid}/status")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with container_server(tmp_path_factory, "vm", backends=["vm", "container"],
+                          default_backend="vm", desktop_call_timeout_s=60.0) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> Iterator[httpx.Client]:
+    with server.client() as http:
+        http.timeout = httpx.Timeout(300.0)
+        yield http
+
+
+@pytest.fixture(scope="module")
+def session(client: httpx.Client) -> Iterator[dict[str, Any]]:
+    with open_session(client) as body:
+        yield body
+
+
+@pytest.fixture(scope="module")
+def sandbox(server: Server, session: dict[str, Any]) -> VmSandbox:
+    found = server.services.manager.handle(key_id(KEY_A), session["id"]).sandbox
+    assert isinstance(found, VmSandbox)
+    return found
+
+
+def read_page(client: httpx.Client, session_id: str, predicate: Any) -> dict[str, Any]:
+    with SandboxPage(client, session_id) as page:
+        return page.wait(predicate, timeout_s=PAGE_WAIT_S)
+
+
+@pytest.fixture(scope="module")
+def origin(client: httpx.Client, session: dict[str, Any]) -> tuple[int, int]:
+    with SandboxPage(client, session["id"]) as page:
+        page.wait(lambda state: state["clicks"] == 0, timeout_s=PAGE_WAIT_S)
+        act(client, session, {"type": "click", "x": 640, "y": 700})
+        click = page.wait(lambda state: state["clicks"] >= 1, timeout_s=PAGE_WAIT_S)["click"]
+    return click[2] - click[0], click[3] - click[1]
+
+
+def test_healthz_names_the_accelerator(client: httpx.Client) -> None:
+    engines = client.get("/healthz").json()["engines"]
+    vm = engines["vm"]
+    assert vm["details"]["accelerator"] == "tcg"  # this host's /dev/kvm is kvm-pvm
+    assert "kvm-pvm" in vm["details"]["accelerator_reason"]
+    assert {"freeze", "checkpoint", "exec"} <= set(vm["capabilities"])
+    assert vm["egress"] == ["none"]
+    assert "adopt" in engines["container"]["capabilities"]
+
+
+def test_a_vm_session_runs_its_own_kernel(
+    client: httpx.Client, session: dict[str, Any], sandbox: VmSandbox
+) -> None:
+    assert session["backend"] == "vm" and session["state"] == "running"
+    assert sandbox.guest is not None and len(qemu_pids(sandbox.guest.pid)) == 1
+    response = client.post(f"/v1/sessions/{session['id']}/exec", json={
+        "cmd": ["sh", "-c", "uname -r; cat /proc/1/cmdline | tr '\\0' ' '; echo; "
+                    "ls /sys/class/net; cat /proc/meminfo | head -1"],
+    })
+    assert response.status_code == 200, response.text
+    lines = response.json()["stdout"].splitlines()
+    assert lines[0] != Path("/proc/sys/kernel/osrelease").read_text().strip()  # not the host's
+    assert "deskbox-session" in lines[1]
+    assert lines[2:-1] == ["lo"]  # egress none: no network device at all
+    mem_kib = int(lines[-1].split()[1])
+    assert 1_500_000 < mem_kib <= 2048 * 1024  # the default 2048 MiB of guest RAM
+
+
+def test_qemu_runs_jailed(sandbox: VmSandbox) -> None:
+    """As Firecracker's jailer would have it: its own user, no capability, own namespaces
+    and cgroups, and no host file but its own and the guest's."""
+    assert sandbox.guest is not None
+    (qemu,) = qemu_pids(sandbox.guest.pid)
+    uid = status_field(qemu, "Uid").split()
+    assert len(set(uid)) == 1 and int(uid[0]) >= 1_000_000  # real, effective, saved, fs
+    assert status_field(qemu, "CapEff") == "0" * 16 and status_field(qemu, "NoNewPrivs") == "1"
+    assert int(status_field(qemu, "Seccomp")) == 2  # QEMU's own -sandbox on
+    for namespace in ("mnt", "pid", "net"):
+        assert os.readlink(f"/proc/{qemu}/ns/{namespace}") != os.readlink(
+            f"/proc/self/ns/{namespace}")
+    root = Path(f"/proc/{qemu}/root")
+    assert not (root / "root").exists() and not (root / "home").exists()
+    assert not (root / "etc" / "passwd").exists()
+    assert (root / str(sandbox.paths.runtime).lstrip("/") / "qmp.sock").exists()
+    cgroups = Path(f"/proc/{qemu}/cgroup").read_text()
+    assert f"cpu:/{sandbox.cgroup.name}" in cgroups
+    assert f"memory:/{sandbox.cgroup.name}" in cgroups
+    limit = int((Path("/sys/fs/cgroup/memory") / sandbox.cgroup.name /
+                 "memory.limit_in_bytes").read_text())
+    assert limit == (2048 + 384) << 20  # the guest's RAM and QEMU's own headroom
+
+
+def test_clicks_and_typing_land_in_the_page(
+    client: httpx.Client, session: dict[str, Any], origin: tuple[int, int]
+) -> None:
+    ox, oy = origin
+    act(client, session, {"actions": [
+        {"type": "click", "x": ox + 150, "y": oy + 150},
+        {"type": "click", "x": ox + 900, "y": oy + 175},
+        {"type": "type", "text": TEXT},
+    ]})
+    state = read_page(client, session["id"], lambda s: s["value"] == TEXT)
+    assert state["clicks"] >= 3 and state["value"] == TEXT
+
+
+def test_screenshot_shows_the_page(
+    client: httpx.Client, session: dict[str, Any], origin: tuple[int, int]
+) -> None:
+    ox, oy = origin
+    response = client.get(f"/v1/sessions/{session['id']}/screenshot", params={"format": "png"})
+    assert response.status_code == 200 and response.headers["content-type"] == "image/png"
+    image = decode(response.content)
+    assert image.size == (1280, 800)
+    assert image.getpixel((ox + 200, oy + 150)) == RED
+    assert image.getpixel((ox + 500, oy + 150)) == GREEN
+    assert image.getpixel((ox + 200, oy + 350)) == BLUE
+
+
+def test_pause_freezes_the_guest_and_resume_goes_on(
+    client: httpx.Client, session: dict[str, Any], sandbox: VmSandbox
+) -> None:
+    sid = session["id"]
+    response = client.post(f"/v1/sessions/{sid}/pause", json={"mode": "freeze"})
+    assert response.status_code == 200 and response.json()["state"] == "paused"
+    guest = sandbox.guest
+    assert guest is not None
+    (qemu,) = qemu_pids(guest.pid)
+    assert _cpu_ticks(qemu) == _cpu_ticks(qemu, after_s=1.0)  # its vCPU threads idle
+    response = client.post(f"/v1/sessions/{sid}/resume")
+    assert response.status_code == 200 and response.json()["state"] == "running"
+    assert read_page(client, sid, lambda s: True)["value"] == TEXT
+
+
+def _cpu_ticks(pid: int, after_s: float = 0.0) -> int:
+    """User CPU ticks of QEMU's vCPU threads (a stopped guest's stay still)."""
+    time.sleep(after_s)
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (task / "comm").read_text().startswith("CPU "):
+                total += int((task / "stat").read_text().rsplit(")", 1)[1].split()[11])
+        except OSError:
+            continue
+    return total
+
+
+def test_hibernate_ends_qemu_and_resume_brings_the_page_back(
+    client: httpx.Client, session: dict[str, Any], sandbox: VmSandbox, origin: tuple[int, int]
+) -> None:
+    sid = session["id"]
+    guest = sandbox.guest
+    assert guest is not None
+    response = client.post(f"/v1/sessions/{sid}/pause", json={"mode": "hibernate"})
+    assert response.status_code == 200, response.text
+    assert response.json()["state"] == "hibernated"
+    assert not qemu_pids(guest.pid)
+    assert sandbox.hibernation_file.stat().st_mode & 0o077 == 0
+    error = assert_error(client.post(f"/v1/sessions/{sid}/actions",
+                                     json={"type": "click", "x": 1, "y": 1}), 409, "conflict")
+    assert "hibernated" in error["message"]
+
+    response = client.post(f"/v1/sessions/{sid}/resume")
+    assert response.status_code == 200, response.text
+    assert response.json()["state"] == "running"
+    assert not sandbox.hibernation_file.exists()
+    ox, oy = origin
+    before = read_page(client, sid, lambda s: s["value"] == TEXT)
+    act(client, session, {"type": "click", "x": ox + 150, "y": oy + 150})
+    after = read_page(client, sid, lambda s: s["clicks"] > before["clicks"])
+    assert after["value"] == TEXT and after["click"][:2] == [150, 150]
+
+
+def test_fork_makes_two_independent_vms(
+    client: httpx.Client, session: dict[str, Any], origin: tuple[int, int]
+) -> None:
+    ox, oy = origin
+    response = client.post(f"/v1/sessions/{session['id']}/fork", json={"count": 2})
+    assert response.status_code == 201, response.text
+    copies = [body["id"] for body in response.json()["sessions"]]
+    try:
+        assert len(set(copies)) == 2 and session["id"] not in copies
+        for number, sid in enumerate(copies):
+            act(client, {"id": sid}, {"actions": [
+                {"type": "click", "x": ox + 900, "y": oy + 175},
+                {"type": "type", "text": f" copy{number}"},
+            ]})
+        for number, sid in enumerate(copies):
+            state = read_page(client, sid, lambda s, n=number: s["value"].endswith(f"copy{n}"))
+            assert state["value"] == f"{TEXT} copy{number}"
+        # The original goes on untouched by its copies' typing.
+        assert read_page(client, session["id"], lambda s: True)["value"] == TEXT
+    finally:
+        for sid in copies:
+            assert client.delete(f"/v1/sessions/{sid}").status_code == 204
+
+
+def test_what_the_engine_lacks_is_refused_by_name(client: httpx.Client) -> None:
+    body = {"backend": "vm", "network": {"egress": "all"}}
+    error = assert_error(client.post("/v1/sessions", json=body), 422, "invalid_request")
+    assert "egress 'all'" in error["message"] and "vm engine" in error["message"]
+
+
+def test_delete_leaves_no_qemu_and_no_file(
+    client: httpx.Client, session: dict[str, Any], sandbox: VmSandbox
+) -> None:
+    guest = sandbox.guest
+    assert guest is not None
+    pid, runtime, state = guest.pid, sandbox.paths.runtime, sandbox.state_dir
+    assert qemu_pids(pid)
+    assert runtime.is_dir()
+    assert client.delete(f"/v1/sessions/{session['id']}").status_code == 204
+    assert client.get(f"/v1/sessions/{session['id']}").json()["state"] == "stopped"
+    assert not qemu_pids(pid) and not Path(f"/proc/{pid}").exists()
+    assert not runtime.exists() and not state.exists()
+    assert not (Path("/sys/fs/cgroup/cpu") / sandbox.cgroup.name).exists()
