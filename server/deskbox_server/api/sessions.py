@@ -32,6 +32,7 @@ def to_resource(record: SessionRecord, request: Request) -> Session:
         labels=record.body.labels,
         coordinate_space=record.body.coordinate_space,
         failure=record.failure,
+        engine=get_services(request).manager.engine_details(record.backend),
         urls=SessionUrls(
             actions_ws=f"{ws}/actions/ws",
             vnc_ws=f"{ws}/vnc",

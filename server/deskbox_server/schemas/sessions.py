@@ -144,6 +144,11 @@ class Session(BaseModel):
     labels: dict[str, str]
     coordinate_space: CoordinateSpace | None = None
     failure: Failure | None = None
+    engine: dict[str, str] = Field(
+        default_factory=dict,
+        description="facts of the engine that runs it on this server, e.g. the vm "
+        "engine's accelerator (kvm or tcg) and why; empty for engines with none",
+    )
     urls: SessionUrls
 
 

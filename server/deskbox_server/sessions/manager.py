@@ -211,6 +211,11 @@ class SessionManager:
             for name, engine in self._engines.items()
         }
 
+    def engine_details(self, backend: str) -> dict[str, str]:
+        """What an operator should know of ``backend``'s engine here ({} if not offered)."""
+        engine = self._engines.get(backend)
+        return engine.describe() if engine is not None else {}
+
     def counts_by_state(self) -> dict[str, int]:
         counts = {state.value: 0 for state in S}
         for state, count in self._ended.items():
