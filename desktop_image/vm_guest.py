@@ -61,6 +61,11 @@ What the host must give QEMU (the guest finds nothing else):
       shm_mb=256          size of the tmpfs on /dev/shm  (mode 1777, noexec)
       ports=deskbox-agent virtio-serial port names /init waits for (space-separated;
                           default: with a virtio-serial device, at least one port)
+      net=none            none: loopback only; user: eth0 (virtio-net) as QEMU's user-mode
+                          network expects it, 10.0.2.15/24 via 10.0.2.2
+
+  Optional, with ``net=user``: ``opt/deskbox/hosts`` and ``opt/deskbox/resolv.conf``, the
+  session's /etc/hosts and /etc/resolv.conf (bind-mounted read-only over the image's).
 
 The session then runs as under runc: the erofs root read-only, those tmpfs (nosuid,
 nodev), proc, sysfs (read-only), devtmpfs on /dev with devpts, mqueue; ``lo`` up.
@@ -118,10 +123,11 @@ BUSYBOX_PACKAGE = "busybox-static"
 # What /init loads, in this order (each after its dependencies): the virtio-mmio bus that
 # microvm's devices sit on, the root disk, the serial ports (the agent's channel), fw_cfg
 # (the configuration), erofs (the root's file system), vsock (a host channel without
-# chardevs, for the engine to use if it wants). Any that the kernel has built in is skipped.
+# chardevs, for the engine to use if it wants), virtio_net (the NIC of egress all and
+# allowlist). Any that the kernel has built in is skipped.
 MODULES = (
     "virtio_mmio", "virtio_blk", "virtio_console", "qemu_fw_cfg", "erofs",
-    "vmw_vsock_virtio_transport",
+    "vmw_vsock_virtio_transport", "virtio_net",
 )
 KERNEL_FILE = "vmlinux"
 INITRAMFS_FILE = "initramfs.cpio"

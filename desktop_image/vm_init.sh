@@ -53,7 +53,7 @@ is_number() {
     esac
 }
 
-hostname=deskbox pids=0 tmp_mb=512 run_mb=64 home_mb=512 shm_mb=256 ports=
+hostname=deskbox pids=0 tmp_mb=512 run_mb=64 home_mb=512 shm_mb=256 ports= net=none
 while IFS='=' read -r key value || [ -n "$key" ]; do
     case "$key" in
         '') ;;
@@ -69,6 +69,11 @@ while IFS='=' read -r key value || [ -n "$key" ]; do
         home_mb) is_number "$key" "$value"; home_mb=$value ;;
         shm_mb) is_number "$key" "$value"; shm_mb=$value ;;
         ports) ports=$value ;;
+        net)
+            case "$value" in
+                none | user) net=$value ;;
+                *) fail "opt/deskbox/init: net=$value is neither none nor user" ;;
+            esac ;;
         *) fail "opt/deskbox/init: unknown key '$key'" ;;
     esac
 done < "$config/init/raw"
@@ -165,6 +170,21 @@ fi
 
 hostname "$hostname" || fail "cannot set the host name $hostname"
 ip link set lo up || fail "cannot bring lo up"
+if [ "$net" = user ]; then
+    # QEMU's user-mode network (slirp), inside the host-made network namespace whose
+    # nftables rules decide what the session reaches: the guest's addresses are fixed.
+    ip link set eth0 up && ip address add 10.0.2.15/24 dev eth0 &&
+        ip route add default via 10.0.2.2 || fail "cannot configure eth0 (net=user)"
+    mkdir -p /newroot/run/deskbox-net
+    for file in hosts resolv.conf; do
+        [ -r "$config/$file/raw" ] || continue
+        cp "$config/$file/raw" "/newroot/run/deskbox-net/$file" &&
+            mount --bind "/newroot/run/deskbox-net/$file" "/newroot/etc/$file" &&
+            mount -o remount,bind,ro "/newroot/etc/$file" ||
+            fail "cannot put opt/deskbox/$file on /etc/$file"
+    done
+    step "eth0 configured"
+fi
 uptime=$(cut -d' ' -f1 /proc/uptime)
 
 mkdir -p /dev/pts /dev/shm /dev/mqueue
