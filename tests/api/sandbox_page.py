@@ -72,9 +72,13 @@ for wid in listed.value if listed is not None else []:
 class SandboxPage:
     """Reads the mirrored page state from the browser window's title, inside the sandbox."""
 
-    def __init__(self, client: httpx.Client, session_id: str) -> None:
+    def __init__(self, client: httpx.Client, session_id: str, exec_timeout_s: float = 30.0
+                 ) -> None:
+        """``exec_timeout_s``: of each read (a Python program in the sandbox; under a VM's
+        software emulation it may take tens of seconds)."""
         self._client = client
         self._session_id = session_id
+        self._exec_timeout_s = exec_timeout_s
 
     def close(self) -> None:
         return None  # nothing held between reads: a checkpoint may come at any time
@@ -88,7 +92,7 @@ class SandboxPage:
     def state(self) -> dict[str, Any] | None:
         response = self._client.post(f"/v1/sessions/{self._session_id}/exec", json={
             "cmd": ["python3", "-c", _READ_TITLE],
-            "env": {"PYTHONPATH": "/usr/lib/deskbox-agent"},
+            "env": {"PYTHONPATH": "/usr/lib/deskbox-agent"}, "timeout_s": self._exec_timeout_s,
         })
         assert response.status_code == 200, response.text
         result = response.json()

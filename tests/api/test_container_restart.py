@@ -9,13 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,58 +22,12 @@ from deskbox_server.engines.runc.runtime import Runc
 from deskbox_server.engines.runc.sandbox import remove_orphans
 from deskbox_server.settings import Settings
 
-from ..images import IMAGE_STATE_DIR
 from .helpers import decode
 from .sandbox_page import SandboxPage, events_data_url, read_display_number
+from .served import KEY, reap, serve
 from .test_container import RED, cgroup_dirs, mounts_mentioning, running
 
 pytestmark = pytest.mark.slow
-
-KEY = "restart-test-key-0123456789"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@contextmanager
-def serve(state_dir: Path, log: Path) -> Iterator[tuple[subprocess.Popen[bytes], httpx.Client]]:
-    """``deskbox serve`` on a free loopback port; killed at the end if still running."""
-    port = free_port()
-    env = {**os.environ, "DESKBOX_API_KEYS": KEY, "DESKBOX_IMAGE_STATE_DIR": str(IMAGE_STATE_DIR),
-           "DESKBOX_REAPER_INTERVAL_S": "0.5"}
-    with open(log, "ab") as output:
-        process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "deskbox"), "serve", "--host", "127.0.0.1",
-             "--port", str(port), "--state-dir", str(state_dir)],
-            env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
-        )
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60,
-                          headers={"Authorization": f"Bearer {KEY}"}) as http:
-            deadline = time.monotonic() + 60
-            while True:
-                assert process.poll() is None, log.read_text()[-3000:]
-                assert time.monotonic() < deadline, "the server did not start"
-                try:
-                    if http.get("/healthz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.05)
-            yield process, http
-    finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
 
 def container_of(session_id: str) -> str:
     ids = [cid for cid in Runc().list_ids() if cid.endswith("-" + session_id)]
@@ -91,20 +40,6 @@ def create(http: httpx.Client) -> dict[str, Any]:
     assert response.status_code == 201, response.text
     body: dict[str, Any] = response.json()
     return body
-
-
-def reap(pids: list[int], timeout_s: float = 10.0) -> None:
-    """Collect sandbox inits that reparented to us when their server was killed."""
-    deadline = time.monotonic() + timeout_s
-    for pid in pids:
-        while time.monotonic() < deadline:
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                break  # not ours (reaped elsewhere) or gone
-            if done:
-                break
-            time.sleep(0.05)
 
 
 class Load(threading.Thread):

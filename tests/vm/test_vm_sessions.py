@@ -1,14 +1,19 @@
 """The vm engine end to end: a server whose sessions are QEMU microVMs (TCG here).
 
 A VM costs a minute of both cores to boot under software emulation, so one VM serves the
-module, in order: its page, input, screenshot and exec; pause and resume; hibernate and
-resume; a fork into two independent copies; and last, delete, which must leave no QEMU
-and no file. Every assertion is on what a user of the API sees.
+module, in order: its page, input, screenshot and exec; its server killed outright and a
+new one adopting the VM that ran on; pause and resume; hibernate and resume; a fork into
+two independent copies; and last, delete, which must leave no QEMU, file or cgroup. The
+servers are ``deskbox serve`` subprocesses (SIGKILL is the point); what the tests look at
+on the host (QEMU's process, its runtime directory, cgroups) is found from the session id.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,20 +22,21 @@ from typing import Any
 import httpx
 import pytest
 
-from deskbox_server.api.auth import key_id
-from deskbox_server.engines.vm.sandbox import VmSandbox
+from deskbox_server.engines.vm.cgroup import VmCgroup
+from deskbox_server.engines.vm.qemu import VmPaths
+from deskbox_server.engines.vm.sandbox import HIBERNATION_FILE, runtime_root
 
-from ..api.conftest import KEY_A, Server
-from ..api.containers import act, container_server, open_session
+from ..api.containers import act
 from ..api.helpers import assert_error, decode
-from ..api.sandbox_page import SandboxPage
+from ..api.sandbox_page import SandboxPage, events_data_url
+from ..api.served import reap, serve
 
 # A VM boots in a minute of TCG on 2 busy cores; a module fixture's start counts toward
 # the first test that uses it.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)
-PAGE_WAIT_S = 60.0  # a read of the page runs a Python program inside the guest, under TCG
+PAGE_WAIT_S = 120.0  # a read of the page runs a Python program inside the guest, under TCG
 TEXT = "VM ✓ wörld"
 
 
@@ -51,6 +57,15 @@ def qemu_pids(parent: int | None = None) -> list[int]:
     return pids
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, such as a jail orphaned to us, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
+
+
 def status_field(pid: int, name: str) -> str:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")
@@ -59,43 +74,95 @@ def status_field(pid: int, name: str) -> str:
     raise AssertionError(f"no {name} in /proc/{pid}/status")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with container_server(tmp_path_factory, "vm", backends=["vm", "container"],
-                          default_backend="vm", desktop_call_timeout_s=60.0) as running:
-        yield running
+class Vm:
+    """The module's VM session and the server that runs it now (a restart swaps it)."""
+
+    def __init__(self, state_dir: Path, log: Path, stack: contextlib.ExitStack) -> None:
+        self.state_dir, self.log, self._stack = state_dir, log, stack
+        self.http: httpx.Client | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+        self.session: dict[str, Any] = {}
+        self.orphans: list[int] = []  # jails that reparented to us when a server died
+
+    def start_server(self) -> None:
+        self.process, self.http = self._stack.enter_context(
+            serve(self.state_dir, self.log, SERVER_ENV, timeout_s=300.0))
+
+    def kill_server(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+        self.orphans.append(self.leader())
+
+    @property
+    def client(self) -> httpx.Client:
+        assert self.http is not None
+        return self.http
+
+    @property
+    def id(self) -> str:
+        return str(self.session["id"])
+
+    def paths(self, session_id: str | None = None) -> VmPaths:
+        return VmPaths(runtime_root(self.state_dir) / (session_id or self.id))
+
+    def cgroup(self, session_id: str | None = None) -> VmCgroup:
+        return VmCgroup(f"deskbox-vm-{runtime_root(self.state_dir).name}-{session_id or self.id}")
+
+    def leader(self, session_id: str | None = None) -> int:
+        """The pid of the VM's jail (QEMU's parent), from its pid file."""
+        return int(self.paths(session_id).pid.read_text())
+
+    def qemu(self, session_id: str | None = None) -> int:
+        (pid,) = qemu_pids(self.leader(session_id))
+        return pid
+
+
+SERVER_ENV = {"DESKBOX_BACKENDS": "vm,container", "DESKBOX_DEFAULT_BACKEND": "vm",
+              "DESKBOX_DESKTOP_CALL_TIMEOUT_S": "60"}
 
 
 @pytest.fixture(scope="module")
-def client(server: Server) -> Iterator[httpx.Client]:
-    with server.client() as http:
-        http.timeout = httpx.Timeout(300.0)
-        yield http
+def vm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vm]:
+    base = tmp_path_factory.mktemp("vm")
+    with contextlib.ExitStack() as stack:
+        state = Vm(base / "state", base / "server.log", stack)
+        stack.callback(lambda: reap(state.orphans))
+        state.start_server()
+        response = state.client.post("/v1/sessions", json={
+            "display": {"width": 1280, "height": 800},
+            "browser": {"start_url": events_data_url()}})
+        assert response.status_code == 201, response.text
+        state.session = response.json()
+
+        @stack.callback
+        def delete() -> None:  # if a test failed first; the server may be gone already
+            with contextlib.suppress(httpx.HTTPError, RuntimeError):
+                state.client.delete(f"/v1/sessions/{state.id}")
+
+        yield state
+
+
+@pytest.fixture
+def client(vm: Vm) -> httpx.Client:
+    return vm.client  # the server of the moment: test_a_killed_server... starts another
 
 
 @pytest.fixture(scope="module")
-def session(client: httpx.Client) -> Iterator[dict[str, Any]]:
-    with open_session(client) as body:
-        yield body
-
-
-@pytest.fixture(scope="module")
-def sandbox(server: Server, session: dict[str, Any]) -> VmSandbox:
-    found = server.services.manager.handle(key_id(KEY_A), session["id"]).sandbox
-    assert isinstance(found, VmSandbox)
-    return found
+def session(vm: Vm) -> dict[str, Any]:
+    return vm.session
 
 
 def read_page(client: httpx.Client, session_id: str, predicate: Any) -> dict[str, Any]:
-    with SandboxPage(client, session_id) as page:
+    with SandboxPage(client, session_id, PAGE_WAIT_S) as page:
         return page.wait(predicate, timeout_s=PAGE_WAIT_S)
 
 
 @pytest.fixture(scope="module")
-def origin(client: httpx.Client, session: dict[str, Any]) -> tuple[int, int]:
-    with SandboxPage(client, session["id"]) as page:
+def origin(vm: Vm) -> tuple[int, int]:
+    with SandboxPage(vm.client, vm.id, PAGE_WAIT_S) as page:
         page.wait(lambda state: state["clicks"] == 0, timeout_s=PAGE_WAIT_S)
-        act(client, session, {"type": "click", "x": 640, "y": 700})
+        act(vm.client, vm.session, {"type": "click", "x": 640, "y": 700})
         click = page.wait(lambda state: state["clicks"] >= 1, timeout_s=PAGE_WAIT_S)["click"]
     return click[2] - click[0], click[3] - click[1]
 
@@ -105,16 +172,17 @@ def test_healthz_names_the_accelerator(client: httpx.Client) -> None:
     vm = engines["vm"]
     assert vm["details"]["accelerator"] == "tcg"  # this host's /dev/kvm is kvm-pvm
     assert "kvm-pvm" in vm["details"]["accelerator_reason"]
-    assert {"freeze", "checkpoint", "exec"} <= set(vm["capabilities"])
-    assert vm["egress"] == ["none"]
+    assert vm["capabilities"] == ["adopt", "checkpoint", "exec", "freeze", "resources"]
+    assert vm["egress"] == ["all", "allowlist", "none"]
     assert "adopt" in engines["container"]["capabilities"]
 
 
 def test_a_vm_session_runs_its_own_kernel(
-    client: httpx.Client, session: dict[str, Any], sandbox: VmSandbox
+    client: httpx.Client, session: dict[str, Any], vm: Vm
 ) -> None:
     assert session["backend"] == "vm" and session["state"] == "running"
-    assert sandbox.guest is not None and len(qemu_pids(sandbox.guest.pid)) == 1
+    assert session["engine"]["accelerator"] == "tcg"
+    assert vm.qemu()
     response = client.post(f"/v1/sessions/{session['id']}/exec", json={
         "cmd": ["sh", "-c", "uname -r; cat /proc/1/cmdline | tr '\\0' ' '; echo; "
                     "ls /sys/class/net; cat /proc/meminfo | head -1"],
@@ -128,11 +196,10 @@ def test_a_vm_session_runs_its_own_kernel(
     assert 1_500_000 < mem_kib <= 2048 * 1024  # the default 2048 MiB of guest RAM
 
 
-def test_qemu_runs_jailed(sandbox: VmSandbox) -> None:
+def test_qemu_runs_jailed(vm: Vm) -> None:
     """As Firecracker's jailer would have it: its own user, no capability, own namespaces
     and cgroups, and no host file but its own and the guest's."""
-    assert sandbox.guest is not None
-    (qemu,) = qemu_pids(sandbox.guest.pid)
+    qemu = vm.qemu()
     uid = status_field(qemu, "Uid").split()
     assert len(set(uid)) == 1 and int(uid[0]) >= 1_000_000  # real, effective, saved, fs
     assert status_field(qemu, "CapEff") == "0" * 16 and status_field(qemu, "NoNewPrivs") == "1"
@@ -143,11 +210,11 @@ def test_qemu_runs_jailed(sandbox: VmSandbox) -> None:
     root = Path(f"/proc/{qemu}/root")
     assert not (root / "root").exists() and not (root / "home").exists()
     assert not (root / "etc" / "passwd").exists()
-    assert (root / str(sandbox.paths.runtime).lstrip("/") / "qmp.sock").exists()
+    assert (root / str(vm.paths().runtime).lstrip("/") / "qmp.sock").exists()
     cgroups = Path(f"/proc/{qemu}/cgroup").read_text()
-    assert f"cpu:/{sandbox.cgroup.name}" in cgroups
-    assert f"memory:/{sandbox.cgroup.name}" in cgroups
-    limit = int((Path("/sys/fs/cgroup/memory") / sandbox.cgroup.name /
+    assert f"cpu:/{vm.cgroup().name}" in cgroups
+    assert f"memory:/{vm.cgroup().name}" in cgroups
+    limit = int((Path("/sys/fs/cgroup/memory") / vm.cgroup().name /
                  "memory.limit_in_bytes").read_text())
     assert limit == (2048 + 384) << 20  # the guest's RAM and QEMU's own headroom
 
@@ -178,15 +245,32 @@ def test_screenshot_shows_the_page(
     assert image.getpixel((ox + 200, oy + 350)) == BLUE
 
 
+def test_a_killed_server_s_vm_is_adopted_by_the_next(
+    vm: Vm, origin: tuple[int, int]
+) -> None:
+    """SIGKILL: QEMU runs on in its own process group, and the next server on the state
+    dir takes it over (same QEMU, a new stream to its agent) instead of failing it."""
+    leader, qemu = vm.leader(), vm.qemu()
+    vm.kill_server()
+    assert qemu_pids(leader) == [qemu]  # the VM outlived its server
+    vm.start_server()
+    body = vm.client.get(f"/v1/sessions/{vm.id}").json()
+    assert body["state"] == "running", body
+    assert vm.leader() == leader and qemu_pids(leader) == [qemu]
+    ox, oy = origin
+    before = read_page(vm.client, vm.id, lambda s: True)
+    act(vm.client, vm.session, {"type": "click", "x": ox + 250, "y": oy + 120})
+    after = read_page(vm.client, vm.id, lambda s: s["clicks"] > before["clicks"])
+    assert after["click"][:2] == [250, 120] and after["value"] == TEXT
+
+
 def test_pause_freezes_the_guest_and_resume_goes_on(
-    client: httpx.Client, session: dict[str, Any], sandbox: VmSandbox
+    client: httpx.Client, session: dict[str, Any], vm: Vm
 ) -> None:
     sid = session["id"]
     response = client.post(f"/v1/sessions/{sid}/pause", json={"mode": "freeze"})
     assert response.status_code == 200 and response.json()["state"] == "paused"
-    guest = sandbox.guest
-    assert guest is not None
-    (qemu,) = qemu_pids(guest.pid)
+    qemu = vm.qemu()
     assert _cpu_ticks(qemu) == _cpu_ticks(qemu, after_s=1.0)  # its vCPU threads idle
     response = client.post(f"/v1/sessions/{sid}/resume")
     assert response.status_code == 200 and response.json()["state"] == "running"
@@ -207,16 +291,16 @@ def _cpu_ticks(pid: int, after_s: float = 0.0) -> int:
 
 
 def test_hibernate_ends_qemu_and_resume_brings_the_page_back(
-    client: httpx.Client, session: dict[str, Any], sandbox: VmSandbox, origin: tuple[int, int]
+    client: httpx.Client, session: dict[str, Any], vm: Vm, origin: tuple[int, int]
 ) -> None:
     sid = session["id"]
-    guest = sandbox.guest
-    assert guest is not None
+    leader = vm.leader()
+    hibernation = vm.state_dir / "vm" / sid / HIBERNATION_FILE
     response = client.post(f"/v1/sessions/{sid}/pause", json={"mode": "hibernate"})
     assert response.status_code == 200, response.text
     assert response.json()["state"] == "hibernated"
-    assert not qemu_pids(guest.pid)
-    assert sandbox.hibernation_file.stat().st_mode & 0o077 == 0
+    assert not qemu_pids(leader) and not alive(leader)
+    assert hibernation.stat().st_mode & 0o077 == 0
     error = assert_error(client.post(f"/v1/sessions/{sid}/actions",
                                      json={"type": "click", "x": 1, "y": 1}), 409, "conflict")
     assert "hibernated" in error["message"]
@@ -224,7 +308,7 @@ def test_hibernate_ends_qemu_and_resume_brings_the_page_back(
     response = client.post(f"/v1/sessions/{sid}/resume")
     assert response.status_code == 200, response.text
     assert response.json()["state"] == "running"
-    assert not sandbox.hibernation_file.exists()
+    assert not hibernation.exists()
     ox, oy = origin
     before = read_page(client, sid, lambda s: s["value"] == TEXT)
     act(client, session, {"type": "click", "x": ox + 150, "y": oy + 150})
@@ -256,22 +340,13 @@ def test_fork_makes_two_independent_vms(
             assert client.delete(f"/v1/sessions/{sid}").status_code == 204
 
 
-def test_what_the_engine_lacks_is_refused_by_name(client: httpx.Client) -> None:
-    body = {"backend": "vm", "network": {"egress": "all"}}
-    error = assert_error(client.post("/v1/sessions", json=body), 422, "invalid_request")
-    assert "egress 'all'" in error["message"] and "vm engine" in error["message"]
-
-
 def test_delete_leaves_no_qemu_and_no_file(
-    client: httpx.Client, session: dict[str, Any], sandbox: VmSandbox
+    client: httpx.Client, session: dict[str, Any], vm: Vm
 ) -> None:
-    guest = sandbox.guest
-    assert guest is not None
-    pid, runtime, state = guest.pid, sandbox.paths.runtime, sandbox.state_dir
-    assert qemu_pids(pid)
-    assert runtime.is_dir()
+    pid, runtime, state = vm.leader(), vm.paths().runtime, vm.state_dir / "vm" / vm.id
+    assert qemu_pids(pid) and runtime.is_dir() and state.is_dir()
     assert client.delete(f"/v1/sessions/{session['id']}").status_code == 204
     assert client.get(f"/v1/sessions/{session['id']}").json()["state"] == "stopped"
-    assert not qemu_pids(pid) and not Path(f"/proc/{pid}").exists()
+    assert not qemu_pids(pid) and not alive(pid)
     assert not runtime.exists() and not state.exists()
-    assert not (Path("/sys/fs/cgroup/cpu") / sandbox.cgroup.name).exists()
+    assert not vm.cgroup().directories[0].exists()

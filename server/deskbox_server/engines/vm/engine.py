@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -31,10 +32,19 @@ from typing import ClassVar, Literal
 from ...errors import DesktopFailed, InvalidRequest, SessionFailed
 from ..base import AgentStream, Capability, Engine, SessionSpec, SnapshotInfo
 from ..desktop_commands import DEVTOOLS_PORT, browser_argv, wm_argv, xserver_argv
+from ..runc.network import (
+    Egress,
+    SessionNetwork,
+    check_allow,
+    hosts_file,
+    resolv_conf,
+    resolve_egress,
+)
 from .accel import Accelerator, detect_accelerator
-from .guest import VmGuest, kill_leftover, start_guest
+from .guest import VmGuest, kill_leftover, leftover_pid, start_guest
 from .jail import UidPool, jail_argv
 from .qemu import AGENT_PORT, GuestImage, VmConfig
+from .qmp import QmpClient
 from .sandbox import (
     CONFIG_FILE,
     GUEST_DISPLAY,
@@ -63,9 +73,10 @@ class VmEngine(Engine[VmSandbox]):
 
     name: ClassVar[str] = "vm"
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.FREEZE, Capability.CHECKPOINT, Capability.EXEC, Capability.RESOURCES}
+        {Capability.FREEZE, Capability.CHECKPOINT, Capability.EXEC, Capability.RESOURCES,
+         Capability.ADOPT}
     )
-    egress_modes: ClassVar[frozenset[str]] = frozenset({"none"})
+    egress_modes: ClassVar[frozenset[str]] = frozenset({"none", "allowlist", "all"})
     hint: ClassVar[str] = "use the container engine (\"backend\": \"container\") for it"
     # Under software emulation a guest's Chromium paints its first page after about a
     # minute on this project's 2-core hosts; with KVM in seconds.
@@ -119,6 +130,8 @@ class VmEngine(Engine[VmSandbox]):
 
     def check(self, spec: SessionSpec) -> None:
         super().check(spec)
+        if spec.network is not None:
+            check_allow(spec.network.egress, spec.network.allow)
         if spec.network is not None and spec.from_snapshot is not None:
             raise InvalidRequest("a session made from a snapshot has the snapshot's network "
                                  "(egress \"none\"); leave network out")
@@ -133,7 +146,14 @@ class VmEngine(Engine[VmSandbox]):
             cpus = spec.resources.cpus
             config = VmConfig(cpus=max(1, math.ceil(cpus)), cpu_quota=cpus,
                               memory_mb=spec.resources.memory_mb, pids=spec.resources.pids)
+        egress = Egress()
+        if spec.network is not None and spec.network.egress != "none":
+            # Host names of an allowlist are resolved here, on the host, once.
+            egress = await asyncio.to_thread(resolve_egress, spec.network.egress,
+                                             spec.network.allow)
+            config = dataclasses.replace(config, egress=egress.mode)
         sandbox = VmSandbox(self.state_dir, spec.id, config)
+        sandbox.egress = egress
         sandbox.env = {
             "HOME": GUEST_HOME,
             "DESKBOX_XSERVER": json.dumps(xserver_argv(spec.desktop, _DISPLAYFD, GUEST_DISPLAY)),
@@ -148,16 +168,27 @@ class VmEngine(Engine[VmSandbox]):
         """Start QEMU for ``sandbox`` and wait for its agent's port (a new guest) or for the
         restored guest to run; on any failure nothing of it is left running."""
         started = time.monotonic()
+        sandbox.stream_mark = None  # a new QEMU: its events count from 0
         sandbox.uid = self._uids.take()
         try:
             await asyncio.to_thread(_prepare_host_side, sandbox, sandbox.uid)
+            if sandbox.config.egress != "none" and sandbox.network is None:
+                sandbox.network = await asyncio.to_thread(
+                    SessionNetwork.setup, sandbox.network_name, sandbox.egress,
+                    sandbox.state_dir)
             wrap = jail_argv(self.image.files, sandbox.paths.runtime, sandbox.uid,
-                             self.accelerator.name == "kvm", sandbox.cgroup.procs_files)
+                             self.accelerator.name == "kvm", sandbox.cgroup.procs_files,
+                             sandbox.network.path if sandbox.network is not None else None)
+            net_files = {"hosts": hosts_file(sandbox.egress),
+                         "resolv.conf": resolv_conf(sandbox.egress)}
             sandbox.guest = await start_guest(
                 self.image, sandbox.config, sandbox.paths, self.accelerator, sandbox.env,
-                timeout_s, incoming, wrap,
+                timeout_s, incoming, wrap, net_files if incoming is None else None,
             )
             if incoming is None:
+                # What a later server needs to adopt it (adopt, adopt_checkpointed).
+                await asyncio.to_thread((sandbox.state_dir / CONFIG_FILE).write_text,
+                                        sandbox.config.to_json())
                 await sandbox.guest.agent_port_event(True, 0, timeout_s)
             else:
                 await sandbox.guest.wait_running(timeout_s)
@@ -171,6 +202,9 @@ class VmEngine(Engine[VmSandbox]):
     async def open_stream(self, sandbox: VmSandbox, read_limit: int) -> AgentStream:
         if sandbox.guest is None:
             raise DesktopFailed(f"{sandbox.label} is not running")
+        # A host that reconnects at once could otherwise reach the agent before it has seen
+        # the previous stream end, and its first bytes would land in that old connection.
+        await self._agent_let_go(sandbox)
         sandbox.stream_mark = sandbox.guest.qmp.event_mark()
         try:
             return await asyncio.open_unix_connection(str(sandbox.paths.agent),
@@ -189,12 +223,42 @@ class VmEngine(Engine[VmSandbox]):
 
     async def destroy(self, sandbox: VmSandbox) -> None:
         await self.kill(sandbox)
+        network, sandbox.network = sandbox.network, None
+        if network is None and sandbox.config.egress != "none":
+            network = await asyncio.to_thread(SessionNetwork.find, sandbox.network_name,
+                                              sandbox.state_dir)
+        if network is not None:
+            await asyncio.to_thread(network.teardown)
         await asyncio.to_thread(_remove_dirs, sandbox)
 
     async def release(self, sandbox: VmSandbox) -> None:
-        """A hibernated VM at server shutdown: its QEMU is gone already; keep its file."""
+        """A hibernated VM at server shutdown: its QEMU is gone already; keep its file
+        and its network (the next server finds both)."""
         await self.kill(sandbox)
+        if sandbox.network is not None:
+            sandbox.network.forget()
         await asyncio.to_thread(shutil.rmtree, sandbox.paths.runtime, True)
+
+    async def adopt(self, session_id: str) -> VmSandbox:
+        """The VM a previous server started: QEMU runs on in its own process group when its
+        server dies, and its agent waits for a new host on its port."""
+        sandbox = VmSandbox(self.state_dir, session_id,
+                            _read_config(self.state_dir / "vm" / session_id))
+        pid = await asyncio.to_thread(leftover_pid, sandbox.paths)
+        if pid is None:
+            raise SessionFailed("the VM's QEMU is gone (it ended with the previous server)")
+        uid = (await asyncio.to_thread(sandbox.paths.runtime.stat)).st_uid
+        try:
+            qmp = await QmpClient.connect(sandbox.paths.qmp, self.handshake_timeout_s)
+        except DesktopFailed as error:
+            raise SessionFailed(f"cannot take over the VM: {error}") from None
+        self._uids.claim(uid)
+        sandbox.uid = uid
+        sandbox.guest = VmGuest(pid, sandbox.paths, qmp)
+        await self._find_network(sandbox)
+        if await sandbox.guest.status() != "running":  # the previous server froze it
+            await sandbox.guest.resume()
+        return sandbox
 
     async def adopt_checkpointed(self, session_id: str) -> VmSandbox:
         directory = self.state_dir / "vm" / session_id
@@ -202,7 +266,17 @@ class VmEngine(Engine[VmSandbox]):
         sandbox = VmSandbox(self.state_dir, session_id, config)
         if not sandbox.hibernation_file.is_file():
             raise SessionFailed("the VM's hibernation file is gone")
+        await self._find_network(sandbox)
         return sandbox
+
+    async def _find_network(self, sandbox: VmSandbox) -> None:
+        """The network a previous server made for ``sandbox`` (egress all/allowlist)."""
+        if sandbox.config.egress == "none":
+            return
+        sandbox.network = await asyncio.to_thread(SessionNetwork.find, sandbox.network_name,
+                                                  sandbox.state_dir)
+        if not sandbox.network.path.exists():
+            raise SessionFailed("the VM's network namespace is gone")
 
     async def remove_orphans(self, keep: Collection[str]) -> list[str]:
         root = runtime_root(self.state_dir)
@@ -213,7 +287,8 @@ class VmEngine(Engine[VmSandbox]):
         removed = []
         for session_id in sorted(ids - set(keep)):
             with contextlib.suppress(InvalidRequest):
-                sandbox = VmSandbox(self.state_dir, session_id, VmConfig())
+                sandbox = VmSandbox(self.state_dir, session_id,
+                                    VmConfig(egress="all"))  # so destroy looks for a network
                 await asyncio.to_thread(kill_leftover, sandbox.paths)
                 await self.destroy(sandbox)
                 removed.append(session_id)
@@ -246,6 +321,10 @@ class VmEngine(Engine[VmSandbox]):
     async def snapshot(self, sandbox: VmSandbox, directory: Path, packed: bool = True
                        ) -> SnapshotInfo:
         guest = self._running(sandbox)
+        if sandbox.config.egress != "none":
+            raise InvalidRequest(
+                "snapshots and forks are available for sessions with network egress \"none\" "
+                "only: a copy cannot take over the host-side network of this one")
         await self._agent_let_go(sandbox)
         await asyncio.to_thread(directory.mkdir, 0o700)
         try:
@@ -272,7 +351,8 @@ class VmEngine(Engine[VmSandbox]):
         """The caller closed its agent stream: wait until the guest's agent has closed its
         end too (it then waits for a new host), so a saved guest holds no half connection."""
         guest = self._running(sandbox)
-        await guest.agent_port_event(False, sandbox.stream_mark, self.handshake_timeout_s)
+        if sandbox.stream_mark is not None:  # None: no stream to this guest yet
+            await guest.agent_port_event(False, sandbox.stream_mark, self.handshake_timeout_s)
 
     def _running(self, sandbox: VmSandbox) -> VmGuest:
         if sandbox.guest is None:

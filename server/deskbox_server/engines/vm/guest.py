@@ -163,14 +163,14 @@ def _tail(paths: VmPaths) -> str:
 async def start_guest(
     image: GuestImage, config: VmConfig, paths: VmPaths, accel: Accelerator,
     env: Mapping[str, str], timeout_s: float, incoming: Path | None = None,
-    wrap: list[str] | None = None,
+    wrap: list[str] | None = None, net_files: Mapping[str, str] | None = None,
 ) -> VmGuest:
     """Start QEMU for a new guest (or one restored from the state file ``incoming``) and
     connect to its QMP socket. ``wrap``: a command line QEMU's runs under (confinement).
     The guest's agent is not ready yet: wait with :meth:`VmGuest.agent_port_event`."""
     started = time.monotonic()
-    process = await asyncio.to_thread(_spawn, image, config, paths, accel, env, incoming,
-                                      wrap or [])
+    process = await asyncio.to_thread(_spawn, image, config, paths, accel, env,
+                                      net_files or {}, incoming, wrap or [])
     try:
         qmp = await _connect_qmp(paths, process, timeout_s)
     except BaseException:
@@ -183,12 +183,14 @@ async def start_guest(
 
 def _spawn(
     image: GuestImage, config: VmConfig, paths: VmPaths, accel: Accelerator,
-    env: Mapping[str, str], incoming: Path | None, wrap: list[str],
+    env: Mapping[str, str], net_files: Mapping[str, str], incoming: Path | None,
+    wrap: list[str],
 ) -> subprocess.Popen[bytes]:
     for stale in (paths.qmp, paths.agent):  # a previous QEMU's (before a hibernation)
         stale.unlink(missing_ok=True)
-    env_bytes, init_bytes = guest_files(config, env)
-    for path, content in ((paths.env, env_bytes), (paths.init, init_bytes)):
+    files = guest_files(config, env, net_files)
+    for name, content in files.items():
+        path = paths.fw_cfg(name)
         path.unlink(missing_ok=True)
         path.write_bytes(content)
         path.chmod(0o644)  # for QEMU's user; the directory keeps everyone else out
@@ -196,7 +198,7 @@ def _spawn(
     try:
         with open(paths.qemu_log, "ab") as qemu_log:
             process = subprocess.Popen(
-                [*wrap, *qemu_argv(image, config, paths, accel, incoming_fd)],
+                [*wrap, *qemu_argv(image, config, paths, accel, files, incoming_fd)],
                 stdin=subprocess.DEVNULL, stdout=qemu_log, stderr=qemu_log,
                 pass_fds=(incoming_fd,) if incoming_fd is not None else (),
                 start_new_session=True,

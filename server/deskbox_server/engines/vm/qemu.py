@@ -5,8 +5,9 @@ image) is Debian's kernel, an initramfs whose /init (desktop_image/vm_init.sh) m
 session image read-only with tmpfs for the writable paths, and the session image itself
 (``rootfs.erofs``, the same file the runc engine mounts). The session's settings reach the
 guest through QEMU's fw_cfg, never through a shared directory: ``opt/deskbox/env`` (the
-environment of the session's init, NUL-separated ``KEY=VALUE``) and ``opt/deskbox/init``
-(``key=value`` lines for /init itself: hostname, pids, tmpfs sizes).
+environment of the session's init, NUL-separated ``KEY=VALUE``), ``opt/deskbox/init``
+(``key=value`` lines for /init itself: hostname, pids, tmpfs sizes, network) and, with a
+NIC, ``opt/deskbox/hosts`` and ``opt/deskbox/resolv.conf``.
 
 Only unix sockets in the session's runtime directory lead out of QEMU: QMP and the agent's
 virtio-serial port. No monitor, VNC or other port on TCP; ``-nodefaults`` and
@@ -16,7 +17,7 @@ virtio-serial port. No monitor, VNC or other port on TCP; ``-nodefaults`` and
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +89,7 @@ class VmConfig:
     memory_mb: int = 2048
     pids: int | None = None
     hostname: str = "deskbox"
+    egress: str = "none"  # none: no NIC at all; all, allowlist: slirp in the host's netns
     tmp_mb: int = 512
     run_mb: int = 64
     home_mb: int = 512
@@ -123,13 +125,8 @@ class VmPaths:
     def console(self) -> Path:
         return self.runtime / "console.log"
 
-    @property
-    def env(self) -> Path:
-        return self.runtime / "env"
-
-    @property
-    def init(self) -> Path:
-        return self.runtime / "init"
+    def fw_cfg(self, name: str) -> Path:
+        return self.runtime / f"fw_cfg.{name}"
 
     @property
     def qemu_log(self) -> Path:
@@ -140,8 +137,12 @@ class VmPaths:
         return self.runtime / "qemu.pid"
 
 
-def guest_files(config: VmConfig, env: Mapping[str, str]) -> tuple[bytes, bytes]:
-    """The bytes of ``opt/deskbox/env`` and ``opt/deskbox/init`` (see the module doc)."""
+def guest_files(
+    config: VmConfig, env: Mapping[str, str], net_files: Mapping[str, str] | None = None
+) -> dict[str, bytes]:
+    """The fw_cfg files ``opt/deskbox/<name>`` by name (see the module doc); with a NIC also
+    ``hosts`` and ``resolv.conf`` (``net_files``; placeholders for a restore, whose guest
+    has them already: a restored machine must have the files the saved one had)."""
     for key, value in env.items():
         if not key or "=" in key or "\0" in key or "\0" in value:
             raise Internal(f"the session's environment entry {key!r} cannot reach the guest")
@@ -153,9 +154,16 @@ def guest_files(config: VmConfig, env: Mapping[str, str]) -> tuple[bytes, bytes]
         "run_mb": str(config.run_mb),
         "home_mb": str(config.home_mb),
         "shm_mb": str(config.shm_mb),
+        "net": "none" if config.egress == "none" else "user",
     }
-    init_bytes = "".join(f"{key}={value}\n" for key, value in lines.items()).encode()
-    return env_bytes, init_bytes
+    files = {
+        "env": env_bytes,
+        "init": "".join(f"{key}={value}\n" for key, value in lines.items()).encode(),
+    }
+    if config.egress != "none":
+        for name in ("hosts", "resolv.conf"):
+            files[name] = (net_files or {}).get(name, "\n").encode()
+    return files
 
 
 def kernel_cmdline(accel: Accelerator) -> str:
@@ -168,9 +176,10 @@ def kernel_cmdline(accel: Accelerator) -> str:
 
 def qemu_argv(
     image: GuestImage, config: VmConfig, paths: VmPaths, accel: Accelerator,
-    incoming_fd: int | None = None,
+    fw_cfg: Collection[str], incoming_fd: int | None = None,
 ) -> list[str]:
-    """The whole command line; ``incoming_fd``: restore from the migration stream on it."""
+    """The whole command line; ``fw_cfg``: the names of the guest's files in ``paths``;
+    ``incoming_fd``: restore from the migration stream on it."""
     argv = [
         QEMU,
         "-name", "deskbox,debug-threads=on",
@@ -191,11 +200,17 @@ def qemu_argv(
         "-device", "virtio-serial-device,max_ports=2",
         "-chardev", f"socket,id=agent,path={paths.agent},server=on,wait=off",
         "-device", f"virtserialport,id={AGENT_PORT_ID},chardev=agent,name={AGENT_PORT}",
-        "-fw_cfg", f"name=opt/deskbox/env,file={paths.env}",
-        "-fw_cfg", f"name=opt/deskbox/init,file={paths.init}",
         "-serial", f"file:{paths.console}",
         "-qmp", f"unix:{paths.qmp},server=on,wait=off",
     ]
+    for name in fw_cfg:
+        argv += ["-fw_cfg", f"name=opt/deskbox/{name},file={paths.fw_cfg(name)}"]
+    if config.egress != "none":
+        # QEMU's user-mode network runs in the host-made network namespace QEMU was started
+        # in: the guest's connections become QEMU's sockets there, which its nftables
+        # rules filter and pasta carries out (engines/runc/network.py).
+        argv += ["-netdev", "user,id=net0,net=10.0.2.0/24,host=10.0.2.2,ipv6=off",
+                 "-device", "virtio-net-device,netdev=net0"]
     if incoming_fd is not None:
         argv += ["-incoming", f"fd:{incoming_fd}"]
     return argv

@@ -16,6 +16,7 @@ from pathlib import Path
 from ...errors import InvalidRequest
 from ..base import Sandbox
 from ..desktop_commands import DEVTOOLS_PORT
+from ..runc.network import Egress, SessionNetwork
 from .cgroup import VmCgroup
 from .guest import VmGuest
 from .qemu import VmConfig, VmPaths
@@ -50,12 +51,16 @@ class VmSandbox(Sandbox):
         self.paths = VmPaths(runtime_root(state_dir) / session_id)
         self.cgroup = VmCgroup(f"deskbox-vm-{runtime_root(state_dir).name}-{session_id}")
         self.uid: int | None = None  # QEMU's user (jail.py) while it runs
+        # Egress all/allowlist: the host-made namespace QEMU runs in; it outlives a
+        # hibernation (QEMU joins it again) and ends with the session.
+        self.network: SessionNetwork | None = None
+        self.egress = Egress()  # what a new boot's network is made from
         self.state_dir = state_dir.resolve() / "vm" / session_id
         self.guest: VmGuest | None = None
         self.env: dict[str, str] = {}
-        # QMP's event count when the host's current agent stream was opened: the port's
-        # next close after it is that stream's end (engine.py, checkpoint).
-        self.stream_mark = 0
+        # QMP's event count when the host's last agent stream was opened: the port's next
+        # close after it is that stream's end (engine.py); None: no stream to this QEMU yet.
+        self.stream_mark: int | None = None
         self.timings: dict[str, float] = {}
 
     @property
@@ -66,7 +71,13 @@ class VmSandbox(Sandbox):
     def label(self) -> str:
         return f"the VM of session {self.session_id}"
 
+    @property
+    def network_name(self) -> str:
+        return self.cgroup.name  # deskbox-vm-<server>-<id>, under /run/netns
+
     def failure(self) -> str | None:
+        if self.network is not None and (problem := self.network.failure()) is not None:
+            return problem
         return self.guest.failure() if self.guest is not None else None
 
     @property

@@ -1,0 +1,81 @@
+"""A ``deskbox serve`` subprocess for tests that kill their server (SIGKILL is the point)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from ..images import IMAGE_STATE_DIR
+
+__all__ = ["KEY", "free_port", "reap", "serve"]
+
+KEY = "restart-test-key-0123456789"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def serve(
+    state_dir: Path, log: Path, extra_env: Mapping[str, str] | None = None,
+    timeout_s: float = 60.0,
+) -> Iterator[tuple[subprocess.Popen[bytes], httpx.Client]]:
+    """``deskbox serve`` on a free loopback port; killed at the end if still running.
+    ``extra_env``: more ``DESKBOX_*`` settings; ``timeout_s``: of each request."""
+    port = free_port()
+    env = {**os.environ, "DESKBOX_API_KEYS": KEY, "DESKBOX_IMAGE_STATE_DIR": str(IMAGE_STATE_DIR),
+           "DESKBOX_REAPER_INTERVAL_S": "0.5", **(extra_env or {})}
+    with open(log, "ab") as output:
+        process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "deskbox"), "serve", "--host", "127.0.0.1",
+             "--port", str(port), "--state-dir", str(state_dir)],
+            env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
+        )
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=timeout_s,
+                          headers={"Authorization": f"Bearer {KEY}"}) as http:
+            deadline = time.monotonic() + 60
+            while True:
+                assert process.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, "the server did not start"
+                try:
+                    if http.get("/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.05)
+            yield process, http
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def reap(pids: list[int], timeout_s: float = 10.0) -> None:
+    """Collect sandbox inits that reparented to us when their server was killed."""
+    deadline = time.monotonic() + timeout_s
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                break  # not ours (reaped elsewhere) or gone
+            if done:
+                break
+            time.sleep(0.05)
