@@ -71,32 +71,28 @@ def runc_engine(settings: Settings) -> RuncEngine:
         max_execs=settings.exec_max_concurrent,
     )
 
-    def image(cancel: threading.Event) -> Path:
-        def progress(line: str) -> None:
-            image_log.info("%s", line)
-
-        image_log.info("session image: checking %s (builds take minutes the first time)",
-                       settings.image_cache_dir / "images")
-        return build_image(settings.image_cache_dir, settings.recipe_dir, progress,
-                           cancel=cancel)
-
-    return RuncEngine(options, image=image)
+    return RuncEngine(options, image=_image_builder(settings, "session image", "build.py"))
 
 
 def vm_engine(settings: Settings) -> VmEngine:
     """VMs under ``state_dir``, from the guest built (or found cached) by prepare(): the
     session image of runc_engine's, with a kernel and an initramfs beside it."""
-
-    def guest(cancel: threading.Event) -> Path:
-        def progress(line: str) -> None:
-            image_log.info("%s", line)
-
-        image_log.info("VM guest: checking %s (builds take minutes the first time)",
-                       settings.image_cache_dir / "images")
-        return build_image(settings.image_cache_dir, settings.recipe_dir, progress,
-                           cancel=cancel, script_name="vm_guest.py")
-
+    guest = _image_builder(settings, "VM guest", "vm_guest.py")
     return VmEngine(settings.state_dir, guest, settings.vm_accelerator)
+
+
+def _image_builder(settings: Settings, what: str, script_name: str
+                   ) -> Callable[[threading.Event], Path]:
+    """What an engine's prepare() runs to find or build its image, progress to the log."""
+
+    def build(cancel: threading.Event) -> Path:
+        image_log.info("%s: checking %s (builds take minutes the first time)", what,
+                       settings.image_cache_dir / "images")
+        return build_image(settings.image_cache_dir, settings.recipe_dir,
+                           lambda line: image_log.info("%s", line), cancel=cancel,
+                           script_name=script_name)
+
+    return build
 
 
 def create_app(

@@ -82,27 +82,26 @@ def _kvm_problem(kvm_device: Path, cpuinfo: Path, modules: Path) -> str | None:
 
 def _tsc_khz(cpuinfo: Path) -> int | None:
     """The host CPU's clock in kHz (``cpu MHz``), which TCG's TSC runs at."""
+    value = _cpuinfo_field(cpuinfo, "cpu MHz")
     try:
-        text = cpuinfo.read_text()
-    except OSError:
+        return round(float(value) * 1000) if value is not None else None
+    except ValueError:
         return None
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "cpu MHz":
-            try:
-                return round(float(value) * 1000)
-            except ValueError:
-                return None
-    return None
 
 
 def _cpu_flags(cpuinfo: Path) -> frozenset[str] | None:
+    value = _cpuinfo_field(cpuinfo, "flags")
+    return frozenset(value.split()) if value is not None else None
+
+
+def _cpuinfo_field(cpuinfo: Path, name: str) -> str | None:
+    """The first CPU's ``name`` in /proc/cpuinfo, None where it is missing."""
     try:
         text = cpuinfo.read_text()
     except OSError:
         return None
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return frozenset(value.split())
+        if key.strip() == name:
+            return value.strip()
     return None

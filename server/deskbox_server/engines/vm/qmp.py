@@ -17,7 +17,7 @@ import json
 import os
 import socket
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +125,33 @@ class QmpClient:
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> Any:
         """Run ``command``; its ``return`` value, QmpError if QEMU refused it."""
+
+        async def send(message: bytes) -> None:
+            self._writer.write(message)
+            await self._writer.drain()
+
+        return await self._request(command, arguments, timeout_s, send)
+
+    async def send_fd(self, name: str, fd: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        """Hand QEMU the descriptor ``fd`` under ``name`` (QMP ``getfd``), for ``fd:name``
+        URIs such as a migration into a file we opened: QEMU itself opens nothing."""
+        transport_socket = self._writer.get_extra_info("socket")
+
+        async def send(message: bytes) -> None:
+            await self._writer.drain()  # nothing of ours is queued: the message goes whole
+            # asyncio's socket wrapper offers no sendmsg: a duplicate of the descriptor does
+            # (SCM_RIGHTS needs the descriptor to ride on the command's own bytes).
+            with socket.socket(fileno=os.dup(transport_socket.fileno())) as raw:
+                raw.setblocking(True)
+                raw.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                         array.array("i", [fd]).tobytes())])
+
+        await self._request("getfd", {"fdname": name}, timeout_s, send)
+
+    async def _request(
+        self, command: str, arguments: Mapping[str, Any] | None, timeout_s: float,
+        send: Callable[[bytes], Awaitable[None]],
+    ) -> Any:
         if self._broken is not None:
             raise QmpError(self._broken)
         command_id = next(self._ids)
@@ -134,38 +161,10 @@ class QmpClient:
         if arguments:
             message["arguments"] = dict(arguments)
         try:
-            self._writer.write(json.dumps(message).encode() + b"\n")
-            await self._writer.drain()
+            await send(json.dumps(message).encode() + b"\n")
             return await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
             raise Timeout(f"QEMU did not answer {command} within {timeout_s:.0f} s") from None
-        except OSError as error:
-            raise QmpError(f"QEMU's QMP connection broke: {error!r}") from None
-        finally:
-            self._pending.pop(command_id, None)
-
-    async def send_fd(self, name: str, fd: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        """Hand QEMU the descriptor ``fd`` under ``name`` (QMP ``getfd``), for ``fd:name``
-        URIs such as a migration into a file we opened: QEMU itself opens nothing."""
-        if self._broken is not None:
-            raise QmpError(self._broken)
-        command_id = next(self._ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[command_id] = future
-        message = json.dumps({"execute": "getfd", "arguments": {"fdname": name},
-                              "id": command_id}).encode() + b"\n"
-        transport_socket = self._writer.get_extra_info("socket")
-        try:
-            await self._writer.drain()  # nothing of ours is queued: the message goes whole
-            # asyncio's socket wrapper offers no sendmsg: a duplicate of the descriptor does
-            # (SCM_RIGHTS needs the descriptor to ride on the command's own bytes).
-            with socket.socket(fileno=os.dup(transport_socket.fileno())) as raw:
-                raw.setblocking(True)
-                raw.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                         array.array("i", [fd]).tobytes())])
-            await asyncio.wait_for(future, timeout_s)
-        except TimeoutError:
-            raise Timeout(f"QEMU did not answer getfd within {timeout_s:.0f} s") from None
         except OSError as error:
             raise QmpError(f"QEMU's QMP connection broke: {error!r}") from None
         finally:
