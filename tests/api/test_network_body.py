@@ -11,7 +11,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from deskbox_server.engines.runc.network import (
+from deskbox_server.engines.network import (
     Egress,
     HostAddresses,
     hosts_file,

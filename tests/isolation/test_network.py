@@ -24,8 +24,7 @@ import pytest
 
 from deskbox_server.engines.base import SessionSpec
 from deskbox_server.engines.desktop_commands import DesktopSpec
-from deskbox_server.engines.runc.engine import RuncEngine
-from deskbox_server.engines.runc.network import (
+from deskbox_server.engines.network import (
     NETNS_DIR,
     TABLE,
     Egress,
@@ -33,6 +32,7 @@ from deskbox_server.engines.runc.network import (
     namespaces,
     resolve_egress,
 )
+from deskbox_server.engines.runc.engine import RuncEngine
 from deskbox_server.engines.runc.sandbox import (
     RuncOptions,
     RuncSandbox,

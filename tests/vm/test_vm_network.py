@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from deskbox_server.engines.runc.network import NETNS_DIR, TABLE
+from deskbox_server.engines.network import NETNS_DIR, TABLE
 
 from ..api.containers import container_server
 from ..api.helpers import assert_error

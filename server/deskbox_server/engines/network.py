@@ -3,8 +3,9 @@
 ``none`` needs nothing from here: the sandbox gets a new, empty network namespace (loopback
 only, oci.py). For ``all`` and ``allowlist`` the host makes, per session:
 
-- a named network namespace, ``/run/netns/<name>`` (``ip netns add``), which the sandbox's
-  ``config.json`` joins by path;
+- a named network namespace, ``/run/netns/<name>`` (``ip netns add``), which a runc
+  sandbox's ``config.json`` joins by path, and a VM's QEMU is started in (engines/vm/jail.py:
+  the guest's NIC is QEMU's user network, so its connections are QEMU's sockets there);
 - a pasta process connecting it to the host's network: it copies the host's addresses and
   routes into the namespace (``--config-net``) and turns the sandbox's connections into
   ordinary sockets of the host. With ``-t/-u/-T/-U none`` no port is forwarded either way
@@ -48,8 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ...errors import Conflict, InvalidRequest, SessionFailed, Timeout
-from ...schemas.sessions import is_host_name_or_ip
+from ..errors import Conflict, InvalidRequest, SessionFailed, Timeout
+from ..schemas.sessions import is_host_name_or_ip
 
 __all__ = [
     "DNS_FORWARD",

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...errors import InvalidRequest, SessionFailed
+from ..network import bring_up_loopback
 from . import freezer, restored
 from .layout import CRIU_CONFIG, RuntimeConfig, host_root_gid
-from .network import bring_up_loopback
 from .runtime import Runc
 from .stream import link_agent
 

@@ -3,7 +3,7 @@ engines/base.py. Each sandbox's agent listens on a unix socket the host reaches 
 checked hard link (stream.py).
 
 Freeze, checkpoints (hibernate, snapshots, forks) and egress modes are here too; what they
-do to a sandbox is in freezer.py, criu.py, snapshot.py and network.py.
+do to a sandbox is in freezer.py, criu.py, snapshot.py and ../network.py.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import ClassVar
 
 from ...errors import InvalidRequest
 from ..base import AgentStream, Capability, Engine, SessionSpec, SnapshotInfo
+from ..network import Egress, check_allow, resolve_egress
 from ..processes import become_subreaper
 from . import freezer
 from .criu import Criu, hibernate_sandbox, restore_sandbox
 from .layout import Limits
-from .network import Egress, check_allow, resolve_egress
 from .sandbox import RuncOptions, RuncSandbox, remove_orphans
 from .seccomp import seccomp_profile
 from .snapshot import restore_copy, take_snapshot

@@ -10,9 +10,9 @@ What a sandbox gets, and why:
 - its own pid, mount, ipc, uts, cgroup and network namespaces. Its cgroup namespace is
   rooted at its own cgroup, so /proc/self/cgroup shows "/" and not the host's
   ``/deskbox-<id>`` layout (and a restored copy sees its new cgroup as "/" too). The
-  network namespace is empty (loopback only) for egress ``none``, else the one ``network.py``
-  made on the host (and ``/etc/hosts`` and ``/etc/resolv.conf`` are the host's files for
-  it, read-only);
+  network namespace is empty (loopback only) for egress ``none``, else the one
+  ``engines/network.py`` made on the host (and ``/etc/hosts`` and ``/etc/resolv.conf``
+  are the host's files for it, read-only);
 - its own user namespace (``user_ids``) where the network namespace is its own too (egress
   ``none``; container.py says why not otherwise): uid and gid 0 inside are
   ``SANDBOX_USER_IDS[0]`` of the host, an id no host process uses, and the 65536 ids from
@@ -96,7 +96,7 @@ class SandboxConfig:
     # At most the caller's hard limit: raising it needs CAP_SYS_RESOURCE, which the host's
     # root may lack.
     nofile: int = 65536
-    # Egress ``all``/``allowlist``: join this host-made network namespace (network.py)
+    # Egress ``all``/``allowlist``: join this host-made network namespace (engines/network.py)
     # instead of a new empty one, and see these host files read-only (destination, source).
     network_namespace: Path | None = None
     files: tuple[tuple[str, Path], ...] = ()

@@ -14,7 +14,7 @@ Layout on the host, per session (``<state>/sessions/<id>``, mode 0700)::
       etc/                  with egress all/allowlist: the sandbox's hosts and resolv.conf
     /tmp/.X11-unix/X<N>     symlink to display/X<N>, so ``Desktop(":N")`` works on the host
     /tmp/.X<N>-lock         reserves N against X servers of the host
-    with egress all/allowlist (network.py):
+    with egress all/allowlist (engines/network.py):
     /run/netns/<container id>   the network namespace the sandbox joins, with its rules
     pasta.pid               the pasta process connecting it; bundle/hosts, resolv.conf (the
                             originals of etc/, which is made again from them)
@@ -48,6 +48,14 @@ from pathlib import Path
 from ...errors import Conflict, DesktopFailed, InvalidRequest, SessionFailed
 from ..base import Sandbox
 from ..desktop_commands import DEVTOOLS_PORT, DesktopSpec, browser_argv, wm_argv, xserver_argv
+from ..network import (
+    NETNS_DIR,
+    Egress,
+    SessionNetwork,
+    hosts_file,
+    namespaces,
+    resolv_conf,
+)
 from . import freezer
 from .displays import (
     DisplayReservation,
@@ -67,14 +75,6 @@ from .layout import (
     SandboxTemplate,
     write_bundle,
     write_config,
-)
-from .network import (
-    NETNS_DIR,
-    Egress,
-    SessionNetwork,
-    hosts_file,
-    namespaces,
-    resolv_conf,
 )
 from .runtime import Runc
 from .seccomp import PODMAN_PROFILE
@@ -135,7 +135,7 @@ class RuncSandbox(Sandbox):
         self.display: DisplayReservation | None = None
         self.init_pid: int | None = None
         self._pidfd: int | None = None
-        self.network: SessionNetwork | None = None  # egress all/allowlist (network.py)
+        self.network: SessionNetwork | None = None  # egress all/allowlist (engines/network.py)
         self.timings: dict[str, float] = {}
         self._pending_cpus: float | None = None  # the quota to apply after start-up
 

@@ -32,7 +32,7 @@ from typing import ClassVar, Literal
 from ...errors import DesktopFailed, InvalidRequest, SessionFailed
 from ..base import AgentStream, Capability, Engine, SessionSpec, SnapshotInfo
 from ..desktop_commands import DEVTOOLS_PORT, browser_argv, wm_argv, xserver_argv
-from ..runc.network import (
+from ..network import (
     Egress,
     SessionNetwork,
     check_allow,

@@ -208,7 +208,7 @@ def qemu_argv(
     if config.egress != "none":
         # QEMU's user-mode network runs in the host-made network namespace QEMU was started
         # in: the guest's connections become QEMU's sockets there, which its nftables
-        # rules filter and pasta carries out (engines/runc/network.py).
+        # rules filter and pasta carries out (engines/network.py).
         argv += ["-netdev", "user,id=net0,net=10.0.2.0/24,host=10.0.2.2,ipv6=off",
                  "-device", "virtio-net-device,netdev=net0"]
     if incoming_fd is not None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from ...errors import InvalidRequest
 from ..base import Sandbox
 from ..desktop_commands import DEVTOOLS_PORT
-from ..runc.network import Egress, SessionNetwork
+from ..network import Egress, SessionNetwork
 from .cgroup import VmCgroup
 from .guest import VmGuest
 from .qemu import VmConfig, VmPaths
