@@ -14,10 +14,8 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -42,50 +40,16 @@ from deskbox_server.errors import SessionFailed
 from deskbox_server.schemas.sessions import Network
 from deskbox_server.sessions.desktop import Desktop
 
+from ..peer_network import (
+    PROBE,
+    SERVER,
+    HostServices,
+    Peer,
+    host_services_listening,
+    host_targets,
+    peer_network,
+)
 from .conftest import exec_in
-
-# One HTTP/1.0 service per address given, all on one port; prints that port when listening.
-_SERVER = r"""
-import socket, sys, threading
-port = 0
-def answer(c):
-    with c:
-        c.settimeout(10)
-        try:
-            c.recv(4096)
-            c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        except OSError:
-            pass
-def serve(s):
-    while True:
-        threading.Thread(target=answer, args=(s.accept()[0],), daemon=True).start()
-for address in sys.argv[1:]:
-    s = socket.socket()
-    s.bind((address, port))
-    s.listen()
-    port = s.getsockname()[1]
-    threading.Thread(target=serve, args=(s,), daemon=True).start()
-print(port, flush=True)
-sys.stdin.read()
-"""
-
-# Run inside a sandbox: connect to each target, report what happened and how fast.
-_PROBE = r"""
-import json, socket, sys, time
-out = {}
-for target in json.loads(sys.argv[1]):
-    host, port = target.rsplit(":", 1)
-    start = time.monotonic()
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=5) as c:
-            c.sendall(b"GET / HTTP/1.0\r\n\r\n")
-            c.settimeout(5)
-            out[target] = ["ok", c.recv(4096).decode(errors="replace")[-2:]]
-    except OSError as e:
-        out[target] = [type(e).__name__, e.errno]
-    out[target].append(round(time.monotonic() - start, 3))
-print(json.dumps(out))
-"""
 
 # Run inside a sandbox: ask nf_tables (netlink) to delete our table; prints the kernel's errno.
 _DELETE_TABLE = r"""
@@ -104,68 +68,16 @@ print(struct.unpack("=i", reply[16:20])[0])
 """
 
 
-@dataclass(frozen=True)
-class Peer:
-    """Two services beyond the host, on this machine: ``allowed`` and ``other``."""
-
-    host_side: str  # the host's own address on the veth: a host address, never reachable
-    allowed: str
-    other: str
-    port: int
-
-
-def _ip(*argv: str) -> None:
-    subprocess.run(["ip", *argv], check=True, capture_output=True, timeout=10)
-
-
 @pytest.fixture(scope="module")
 def peer() -> Iterator[Peer]:
-    tag = os.getpid() % 100_000
-    subnet = f"10.213.{20 + os.getpid() % 200}"
-    name, host_if, peer_if = f"dbxt-peer-{tag}", f"dbxh{tag}", f"dbxp{tag}"
-    _ip("netns", "add", name)
-    server: subprocess.Popen[str] | None = None
-    try:
-        _ip("link", "add", host_if, "type", "veth", "peer", "name", peer_if, "netns", name)
-        _ip("address", "add", f"{subnet}.1/24", "dev", host_if)
-        _ip("link", "set", host_if, "up")
-        for last in (2, 3):
-            _ip("-n", name, "address", "add", f"{subnet}.{last}/24", "dev", peer_if)
-        _ip("-n", name, "link", "set", peer_if, "up")
-        _ip("-n", name, "link", "set", "lo", "up")
-        server = subprocess.Popen(
-            ["ip", "netns", "exec", name, sys.executable, "-c", _SERVER,
-             f"{subnet}.2", f"{subnet}.3"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )
-        assert server.stdout is not None
-        port = int(server.stdout.readline())
-        yield Peer(f"{subnet}.1", f"{subnet}.2", f"{subnet}.3", port)
-    finally:
-        if server is not None:
-            with server:
-                server.kill()
-        if Path(f"/sys/class/net/{host_if}").exists():
-            _ip("link", "delete", host_if)  # and its peer
-        _ip("netns", "delete", name)
-
-
-@dataclass(frozen=True)
-class HostServices:
-    loopback_port: int  # like the control plane: 127.0.0.1
-    any_port: int  # bound to every host address
+    with peer_network() as made:
+        yield made
 
 
 @pytest.fixture(scope="module")
 def host_services() -> Iterator[HostServices]:
-    import socket
-
-    with socket.socket() as loopback, socket.socket() as anywhere:
-        loopback.bind(("127.0.0.1", 0))
-        loopback.listen()
-        anywhere.bind(("0.0.0.0", 0))
-        anywhere.listen()
-        yield HostServices(loopback.getsockname()[1], anywhere.getsockname()[1])
+    with host_services_listening() as services:
+        yield services
 
 
 def _start(options: RuncOptions, tag: str, egress: Egress) -> RuncSandbox:
@@ -200,22 +112,10 @@ def sandboxes(
 
 
 def _probe(sandbox: RuncSandbox, *targets: str) -> dict[str, list[object]]:
-    done = exec_in(sandbox, "python3", "-c", _PROBE, json.dumps(targets))
+    done = exec_in(sandbox, "python3", "-c", PROBE, json.dumps(targets))
     assert done.returncode == 0, done.stderr
     result: dict[str, list[object]] = json.loads(done.stdout)
     return result
-
-
-def _host_targets(services: HostServices, peer: Peer) -> list[str]:
-    """Every way to the host's own services: loopback, each host address (incl. the veth)."""
-    targets = [f"127.0.0.1:{services.loopback_port}", f"127.0.0.1:{services.any_port}",
-               f"[::1]:{services.any_port}", f"{peer.host_side}:{services.any_port}"]
-    for address in HostAddresses.read().local:
-        if address.startswith(("127.", "::1", "fe80:")):
-            continue
-        host = f"[{address}]" if ":" in address else address
-        targets.append(f"{host}:{services.any_port}")
-    return targets
 
 
 def test_all_reaches_services_beyond_the_host(
@@ -255,7 +155,7 @@ def test_the_host_and_its_loopback_are_unreachable(
     mode: str,
 ) -> None:
     box = sandboxes[mode]
-    result = _probe(box, *_host_targets(host_services, peer))
+    result = _probe(box, *host_targets(host_services, peer))
     for target, outcome in result.items():
         assert outcome[0] != "ok", (target, outcome)
         assert isinstance(outcome[2], float) and outcome[2] < 1.0, (target, outcome)
@@ -311,7 +211,7 @@ def test_another_session_is_unreachable(
     """A service inside one ``all`` session, probed from another at every address it has."""
     listener = subprocess.Popen(
         [*options.runc.command(), "exec", sandboxes["all"].container_id, "python3", "-c",
-         _SERVER, "0.0.0.0"],
+         SERVER, "0.0.0.0"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     try:
