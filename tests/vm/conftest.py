@@ -1,16 +1,38 @@
 """VM sessions: the guest is built (minutes, once: kernel, initramfs, beside the shared
-session image) before any test's deadline starts."""
+session image) before any test's deadline starts, and one server with two VMs serves the
+package: ``vm.session`` (egress none, on the event page) and ``vm.allowlisted`` (egress
+allowlist to the peer network's allowed service). They boot at once, each on its own core:
+under software emulation a VM takes a minute or two of CPU to paint its first page.
+
+The servers are ``deskbox serve`` subprocesses (test_vm_sessions.py kills one with SIGKILL);
+what the tests look at on the host (QEMU's process, its runtime directory, cgroups) is found
+from the session ids."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from deskbox_server.engines.image import build_image
+from deskbox_server.engines.vm.cgroup import VmCgroup
+from deskbox_server.engines.vm.qemu import VmPaths
+from deskbox_server.engines.vm.sandbox import runtime_root
 from deskbox_server.settings import default_recipe_dir
 
+from ..api.sandbox_page import events_data_url
+from ..api.served import reap, serve
 from ..images import IMAGE_STATE_DIR, _progress
+from ..peer_network import HostServices, Peer, host_services_listening, peer_network
+
+BOOT_TIMEOUT_S = 420.0
 
 
 def vm_guest() -> Path:
@@ -23,3 +45,139 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     here = Path(__file__).parent
     if any(Path(str(item.fspath)).parent == here for item in session.items):
         vm_guest()
+
+
+def qemu_pids(parent: int | None = None) -> list[int]:
+    """Running QEMU processes (children of ``parent``: the VM's jail)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
+            state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
+            if (name.startswith("qemu-system") and state != "Z"
+                    and (parent is None or int(ppid) == parent)):
+                pids.append(int(entry.name))
+    return pids
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, such as a jail orphaned to us, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
+
+
+def status_field(pid: int, name: str) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key == name:
+            return value.strip()
+    raise AssertionError(f"no {name} in /proc/{pid}/status")
+
+
+class Vm:
+    """The package's VM sessions and the server that runs them now (a restart swaps it)."""
+
+    def __init__(self, state_dir: Path, log: Path, stack: contextlib.ExitStack) -> None:
+        self.state_dir, self.log, self._stack = state_dir, log, stack
+        self.http: httpx.Client | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+        self.session: dict[str, Any] = {}
+        self.allowlisted: dict[str, Any] = {}
+        self.orphans: list[int] = []  # jails that reparented to us when a server died
+
+    def start_server(self) -> None:
+        self.process, self.http = self._stack.enter_context(
+            serve(self.state_dir, self.log, SERVER_ENV, timeout_s=300.0))
+
+    def kill_server(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+        self.orphans.append(self.leader())
+
+    @property
+    def client(self) -> httpx.Client:
+        assert self.http is not None
+        return self.http
+
+    @property
+    def id(self) -> str:
+        return str(self.session["id"])
+
+    def paths(self, session_id: str | None = None) -> VmPaths:
+        return VmPaths(runtime_root(self.state_dir) / (session_id or self.id))
+
+    def cgroup(self, session_id: str | None = None) -> VmCgroup:
+        return VmCgroup(f"deskbox-vm-{runtime_root(self.state_dir).name}-{session_id or self.id}")
+
+    def leader(self, session_id: str | None = None) -> int:
+        """The pid of the VM's jail (QEMU's parent), from its pid file."""
+        return int(self.paths(session_id).pid.read_text())
+
+    def qemu(self, session_id: str | None = None) -> int:
+        (pid,) = qemu_pids(self.leader(session_id))
+        return pid
+
+
+SERVER_ENV = {"DESKBOX_BACKENDS": "vm,container", "DESKBOX_DEFAULT_BACKEND": "vm",
+              "DESKBOX_DESKTOP_CALL_TIMEOUT_S": "60"}
+
+
+@pytest.fixture(scope="package")
+def peer() -> Iterator[Peer]:
+    with peer_network() as made:
+        yield made
+
+
+@pytest.fixture(scope="package")
+def host_services() -> Iterator[HostServices]:
+    with host_services_listening() as services:
+        yield services
+
+
+@pytest.fixture(scope="package")
+def vm(tmp_path_factory: pytest.TempPathFactory, peer: Peer) -> Iterator[Vm]:
+    base = tmp_path_factory.mktemp("vm")
+    with contextlib.ExitStack() as stack:
+        state = Vm(base / "state", base / "server.log", stack)
+        stack.callback(lambda: reap(state.orphans))
+        state.start_server()
+        bodies = {
+            "session": {"display": {"width": 1280, "height": 800},
+                        "browser": {"start_url": events_data_url()}},
+            "allowlisted": {"network": {"egress": "allowlist", "allow": [peer.allowed]}},
+        }
+        started = {}
+        for name, body in bodies.items():
+            response = state.client.post("/v1/sessions", params={"wait": "false"}, json=body)
+            assert response.status_code == 201, response.text
+            started[name] = response.json()["id"]
+
+        @stack.callback
+        def delete() -> None:  # if a test failed first; the server may be gone already
+            for session_id in started.values():
+                with contextlib.suppress(httpx.HTTPError, RuntimeError):
+                    state.client.delete(f"/v1/sessions/{session_id}")
+
+        for name, session_id in started.items():
+            setattr(state, name, running(state.client, session_id))
+        yield state
+
+
+def running(client: httpx.Client, session_id: str) -> dict[str, Any]:
+    """The session once it runs (AssertionError with its failure if it does not)."""
+    deadline = time.monotonic() + BOOT_TIMEOUT_S
+    while True:
+        body: dict[str, Any] = client.get(f"/v1/sessions/{session_id}").json()
+        assert body["state"] in ("starting", "running"), body
+        if body["state"] == "running":
+            return body
+        assert time.monotonic() < deadline, f"{session_id} did not start: {body}"
+        time.sleep(0.5)

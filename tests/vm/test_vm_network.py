@@ -2,10 +2,10 @@
 user-mode network inside the session's host-made namespace, whose nftables rules (the
 container engine's, tests/isolation/test_network.py) decide what it reaches.
 
-Nothing leaves this machine: the "outside world" is the isolation tests' ``peer``
-namespace on a veth. ``all`` is not run on a VM here: its session would run a browser with
-the whole network open (the container engine's ``all`` is tested without one); it takes
-the same path as ``allowlist`` with a rule set that admits more.
+Nothing leaves this machine: the "outside world" is tests/peer_network.py's namespace on a
+veth. ``all`` is not run on a VM here: its session would run a browser with the whole
+network open (the container engine's ``all`` is tested without one); it takes the same
+path as ``allowlist`` with a rule set that admits more.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,39 +21,21 @@ import pytest
 
 from deskbox_server.engines.network import NETNS_DIR, TABLE
 
-from ..api.containers import container_server
 from ..api.helpers import assert_error
-from ..isolation.test_network import (
-    _PROBE,
-    HostServices,
-    Peer,
-    _host_targets,
-    host_services,  # noqa: F401  (a fixture)
-    peer,  # noqa: F401  (a fixture)
-)
-from .test_vm_sessions import qemu_pids
+from ..peer_network import PROBE, HostServices, Peer, host_targets
+from .conftest import Vm, qemu_pids
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-@pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
-    with container_server(tmp_path_factory, "vmnet", backends=["vm"], default_backend="vm",
-                          desktop_call_timeout_s=60.0) as server, server.client() as http:
-        http.timeout = httpx.Timeout(300.0)
-        yield http
+@pytest.fixture
+def client(vm: Vm) -> httpx.Client:
+    return vm.client
 
 
-@pytest.fixture(scope="module")
-def session(client: httpx.Client, peer: Peer) -> Iterator[dict[str, Any]]:  # noqa: F811
-    response = client.post("/v1/sessions", json={
-        "network": {"egress": "allowlist", "allow": [peer.allowed]}})
-    assert response.status_code == 201, response.text
-    body: dict[str, Any] = response.json()
-    try:
-        yield body
-    finally:
-        client.delete(f"/v1/sessions/{body['id']}")
+@pytest.fixture
+def session(vm: Vm) -> dict[str, Any]:
+    return vm.allowlisted
 
 
 def run(client: httpx.Client, session: dict[str, Any], *argv: str) -> str:
@@ -69,12 +50,12 @@ def run(client: httpx.Client, session: dict[str, Any], *argv: str) -> str:
 def probe(client: httpx.Client, session: dict[str, Any], *targets: str
           ) -> dict[str, list[object]]:
     found: dict[str, list[object]] = json.loads(
-        run(client, session, "python3", "-c", _PROBE, json.dumps(targets)))
+        run(client, session, "python3", "-c", PROBE, json.dumps(targets)))
     return found
 
 
 def test_allowlist_reaches_only_the_allowed_service(
-    client: httpx.Client, session: dict[str, Any], peer: Peer,  # noqa: F811
+    client: httpx.Client, session: dict[str, Any], peer: Peer
 ) -> None:
     result = probe(client, session, f"{peer.allowed}:{peer.port}", f"{peer.other}:{peer.port}")
     assert result[f"{peer.allowed}:{peer.port}"][:2] == ["ok", "ok"], result
@@ -87,12 +68,11 @@ def test_allowlist_reaches_only_the_allowed_service(
 
 
 def test_the_host_and_its_loopback_are_unreachable(
-    client: httpx.Client, session: dict[str, Any], peer: Peer,  # noqa: F811
-    host_services: HostServices,  # noqa: F811
+    client: httpx.Client, session: dict[str, Any], peer: Peer, host_services: HostServices
 ) -> None:
     # From the guest, 10.0.2.2 is QEMU's side of its user network: the loopback of the
     # session's namespace, not the host's.
-    targets = [*_host_targets(host_services, peer), f"10.0.2.2:{host_services.any_port}"]
+    targets = [*host_targets(host_services, peer), f"10.0.2.2:{host_services.any_port}"]
     result = probe(client, session, *targets)
     for target, outcome in result.items():
         assert outcome[0] != "ok", (target, outcome)

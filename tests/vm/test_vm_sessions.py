@@ -1,35 +1,33 @@
 """The vm engine end to end: a server whose sessions are QEMU microVMs (TCG here).
 
-A VM costs a minute of both cores to boot under software emulation, so one VM serves the
-module, in order: its page, input, screenshot and exec; its server killed outright and a
-new one adopting the VM that ran on; pause and resume; hibernate and resume; a fork into
-two independent copies; and last, delete, which must leave no QEMU, file or cgroup. The
-servers are ``deskbox serve`` subprocesses (SIGKILL is the point); what the tests look at
-on the host (QEMU's process, its runtime directory, cgroups) is found from the session id.
+A VM costs a minute of CPU to boot under software emulation, so one VM (conftest.py's
+``vm.session``) serves the module, in order: its page, input, screenshot and exec; live
+view, CDP, files and clipboard; its server killed outright and a new one adopting the VM
+that ran on; pause and resume; hibernate and resume; a fork into two independent copies;
+and last, delete, which must leave no QEMU, file or cgroup.
 """
 
 from __future__ import annotations
 
 import contextlib
+import html
+import json
 import os
-import signal
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from playwright.sync_api import sync_playwright
 
-from deskbox_server.engines.vm.cgroup import VmCgroup
-from deskbox_server.engines.vm.qemu import VmPaths
-from deskbox_server.engines.vm.sandbox import HIBERNATION_FILE, runtime_root
+from deskbox_server.engines.vm.sandbox import HIBERNATION_FILE
 
 from ..api.containers import act
 from ..api.helpers import assert_error, decode
-from ..api.sandbox_page import SandboxPage, events_data_url
-from ..api.served import reap, serve
+from ..api.sandbox_page import SandboxPage
+from ..rfb_client import RfbViewer
+from .conftest import Vm, alive, qemu_pids, status_field
 
 # A VM boots in a minute of TCG on 2 busy cores; a module fixture's start counts toward
 # the first test that uses it.
@@ -37,110 +35,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)
 PAGE_WAIT_S = 120.0  # a read of the page runs a Python program inside the guest, under TCG
-TEXT = "VM ✓ wörld"
-
-
-def qemu_pids(parent: int | None = None) -> list[int]:
-    """Running QEMU processes (children of ``parent``: the VM's jail)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            name = stat[stat.index("(") + 1 : stat.rindex(")")]
-            state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
-            if (name.startswith("qemu-system") and state != "Z"
-                    and (parent is None or int(ppid) == parent)):
-                pids.append(int(entry.name))
-    return pids
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, such as a jail orphaned to us, does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
-
-
-def status_field(pid: int, name: str) -> str:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key == name:
-            return value.strip()
-    raise AssertionError(f"no {name} in /proc/{pid}/status")
-
-
-class Vm:
-    """The module's VM session and the server that runs it now (a restart swaps it)."""
-
-    def __init__(self, state_dir: Path, log: Path, stack: contextlib.ExitStack) -> None:
-        self.state_dir, self.log, self._stack = state_dir, log, stack
-        self.http: httpx.Client | None = None
-        self.process: subprocess.Popen[bytes] | None = None
-        self.session: dict[str, Any] = {}
-        self.orphans: list[int] = []  # jails that reparented to us when a server died
-
-    def start_server(self) -> None:
-        self.process, self.http = self._stack.enter_context(
-            serve(self.state_dir, self.log, SERVER_ENV, timeout_s=300.0))
-
-    def kill_server(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait()
-        self.orphans.append(self.leader())
-
-    @property
-    def client(self) -> httpx.Client:
-        assert self.http is not None
-        return self.http
-
-    @property
-    def id(self) -> str:
-        return str(self.session["id"])
-
-    def paths(self, session_id: str | None = None) -> VmPaths:
-        return VmPaths(runtime_root(self.state_dir) / (session_id or self.id))
-
-    def cgroup(self, session_id: str | None = None) -> VmCgroup:
-        return VmCgroup(f"deskbox-vm-{runtime_root(self.state_dir).name}-{session_id or self.id}")
-
-    def leader(self, session_id: str | None = None) -> int:
-        """The pid of the VM's jail (QEMU's parent), from its pid file."""
-        return int(self.paths(session_id).pid.read_text())
-
-    def qemu(self, session_id: str | None = None) -> int:
-        (pid,) = qemu_pids(self.leader(session_id))
-        return pid
-
-
-SERVER_ENV = {"DESKBOX_BACKENDS": "vm,container", "DESKBOX_DEFAULT_BACKEND": "vm",
-              "DESKBOX_DESKTOP_CALL_TIMEOUT_S": "60"}
-
-
-@pytest.fixture(scope="module")
-def vm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vm]:
-    base = tmp_path_factory.mktemp("vm")
-    with contextlib.ExitStack() as stack:
-        state = Vm(base / "state", base / "server.log", stack)
-        stack.callback(lambda: reap(state.orphans))
-        state.start_server()
-        response = state.client.post("/v1/sessions", json={
-            "display": {"width": 1280, "height": 800},
-            "browser": {"start_url": events_data_url()}})
-        assert response.status_code == 201, response.text
-        state.session = response.json()
-
-        @stack.callback
-        def delete() -> None:  # if a test failed first; the server may be gone already
-            with contextlib.suppress(httpx.HTTPError, RuntimeError):
-                state.client.delete(f"/v1/sessions/{state.id}")
-
-        yield state
+TEXT = "VM ✓ö"  # short: each key costs Chromium a frame under TCG; Unicode included
 
 
 @pytest.fixture
@@ -154,16 +49,33 @@ def session(vm: Vm) -> dict[str, Any]:
 
 
 def read_page(client: httpx.Client, session_id: str, predicate: Any) -> dict[str, Any]:
-    with SandboxPage(client, session_id, PAGE_WAIT_S) as page:
-        return page.wait(predicate, timeout_s=PAGE_WAIT_S)
+    """The first state of the event page ``predicate`` accepts, from its title (the page
+    mirrors what it received there) as the session's DevTools listing gives it: through the
+    guest's agent, with no program to start in the guest (seconds each under TCG)."""
+    deadline = time.monotonic() + PAGE_WAIT_S
+    while True:
+        listing = client.get(f"/v1/sessions/{session_id}/cdp/json/list")
+        assert listing.status_code == 200, listing.text
+        # DevTools gives the title HTML-escaped.
+        titles = [html.unescape(t["title"]) for t in listing.json() if t["type"] == "page"]
+        state: dict[str, Any] | None = None
+        for title in titles:
+            with contextlib.suppress(ValueError):
+                state = json.loads(title[title.index("{"): title.rindex("}") + 1])
+        if state is not None and predicate(state):
+            return state
+        assert time.monotonic() < deadline, f"the page never got there: {titles}"
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
 def origin(vm: Vm) -> tuple[int, int]:
+    read_page(vm.client, vm.id, lambda state: state["clicks"] == 0)
+    act(vm.client, vm.session, {"type": "click", "x": 640, "y": 700})
+    click = read_page(vm.client, vm.id, lambda state: state["clicks"] >= 1)["click"]
+    # The X-side reader of the container tests, once: the title seen inside the guest.
     with SandboxPage(vm.client, vm.id, PAGE_WAIT_S) as page:
-        page.wait(lambda state: state["clicks"] == 0, timeout_s=PAGE_WAIT_S)
-        act(vm.client, vm.session, {"type": "click", "x": 640, "y": 700})
-        click = page.wait(lambda state: state["clicks"] >= 1, timeout_s=PAGE_WAIT_S)["click"]
+        assert page.wait(lambda state: True, timeout_s=PAGE_WAIT_S)["click"] == click
     return click[2] - click[0], click[3] - click[1]
 
 
@@ -243,6 +155,37 @@ def test_screenshot_shows_the_page(
     assert image.getpixel((ox + 200, oy + 150)) == RED
     assert image.getpixel((ox + 500, oy + 150)) == GREEN
     assert image.getpixel((ox + 200, oy + 350)) == BLUE
+
+
+def test_live_view_cdp_files_and_clipboard_work_as_on_runc(
+    client: httpx.Client, session: dict[str, Any], origin: tuple[int, int]
+) -> None:
+    """What reaches the guest through its agent's raw channels (VNC, DevTools) and calls."""
+    ox, oy = origin
+    base = f"/v1/sessions/{session['id']}"
+
+    def token(scope: str) -> str:
+        response = client.post(f"{base}/tokens", json={"scope": scope})
+        assert response.status_code == 201, response.text
+        return str(response.json()["token"])
+
+    with RfbViewer(f"{session['urls']['vnc_ws']}?token={token('view')}", timeout_s=60) as view:
+        assert tuple(view.full_frame()[oy + 150, ox + 200]) == RED
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.connect_over_cdp(
+            f"{session['urls']['cdp_http']}?token={token('cdp')}", timeout=120_000)
+        try:
+            (page,) = [p for c in browser.contexts for p in c.pages if p.url.startswith("data:")]
+            assert page.evaluate("document.getElementById('field').value") == TEXT
+        finally:
+            browser.close()
+    upload = "ünïcode\n".encode() * 1000
+    response = client.put(f"{base}/files", params={"path": "/tmp/up.txt"}, content=upload)
+    assert response.status_code == 200, response.text
+    assert client.get(f"{base}/files", params={"path": "/tmp/up.txt"}).content == upload
+    act(client, session, {"type": "clipboard_set", "text": "from the host ✓"})
+    got = act(client, session, {"actions": [{"type": "clipboard_get"}]})["results"][0]
+    assert got["text"] == "from the host ✓"
 
 
 def test_a_killed_server_s_vm_is_adopted_by_the_next(
@@ -328,11 +271,11 @@ def test_fork_makes_two_independent_vms(
         for number, sid in enumerate(copies):
             act(client, {"id": sid}, {"actions": [
                 {"type": "click", "x": ox + 900, "y": oy + 175},
-                {"type": "type", "text": f" copy{number}"},
+                {"type": "type", "text": str(number)},
             ]})
         for number, sid in enumerate(copies):
-            state = read_page(client, sid, lambda s, n=number: s["value"].endswith(f"copy{n}"))
-            assert state["value"] == f"{TEXT} copy{number}"
+            state = read_page(client, sid, lambda s, n=number: s["value"].endswith(str(n)))
+            assert state["value"] == f"{TEXT}{number}"
         # The original goes on untouched by its copies' typing.
         assert read_page(client, session["id"], lambda s: True)["value"] == TEXT
     finally:
