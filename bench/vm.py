@@ -8,8 +8,9 @@ missing)::
 Starts ``deskbox serve`` with both engines (``DESKBOX_BACKENDS=container,vm``) and, for each
 backend in turn, measures:
 
-- create → the agent ready (the create call returns) → the start page painted (the first
-  screenshot showing its colour);
+- create → running (the create call answers once the desktop is ready: the agent serves
+  and the browser's window is painted) → the start page in a screenshot (its colour);
+  boot → agent ready alone is in the server's log (``agent_ready`` of the start timings);
 - screenshot (JPEG q75) and click round trips through REST;
 - pause/resume (freeze), hibernate/resume, and a fork into ``--forks`` copies (all running
   when it answers);
@@ -50,7 +51,7 @@ Figures = dict[str, list[float]]
 
 def create(http: httpx.Client, backend: str) -> tuple[str, float, float]:
     """A session of ``backend`` on the painted page: its id, seconds to the create's answer
-    (agent ready) and to the first screenshot showing the page."""
+    (running) and to the first screenshot showing the page."""
     started = time.perf_counter()
     response = http.post("/v1/sessions", json={
         "backend": backend, "display": {"width": WIDTH, "height": HEIGHT},
@@ -81,8 +82,8 @@ def measure(http: httpx.Client, backend: str, iterations: int, forks: int) -> Fi
     session_id, created, painted = create(http, backend)
     base = f"/v1/sessions/{session_id}"
     try:
-        figures["create → agent ready (s)"] = [created]
-        figures["create → page painted (s)"] = [painted]
+        figures["create → running: the create's answer (s)"] = [created]
+        figures["create → page painted in a screenshot (s)"] = [painted]
         time.sleep(2.0)  # idle: let the start-up's work settle before memory and timings
         figures["PSS of the idle session (MiB)"] = [pss_mib(session_id)]
         shot_params: dict[str, str | int] = {"format": "jpeg", "quality": 75}
