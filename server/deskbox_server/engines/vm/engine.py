@@ -29,7 +29,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from ...errors import DesktopFailed, InvalidRequest, SessionFailed
+from ...errors import DesktopFailed, Internal, InvalidRequest, SessionFailed, Timeout
 from ..base import AgentStream, Capability, Engine, SessionSpec, SnapshotInfo
 from ..desktop_commands import DEVTOOLS_PORT, browser_argv, wm_argv, xserver_argv
 from ..network import (
@@ -58,7 +58,6 @@ __all__ = ["VmEngine"]
 
 log = logging.getLogger("deskbox.vm")
 
-LAUNCHER = "/usr/local/bin/deskbox-session"
 WM_CONFIG = "/etc/deskbox/openbox-rc.xml"
 PROFILE_DIR = f"{GUEST_HOME}/chromium"
 AGENT_ARGV = ("/usr/local/bin/deskbox-agent", "--listen",
@@ -110,8 +109,8 @@ class VmEngine(Engine[VmSandbox]):
 
     async def prepare(self) -> None:
         if shutil.which("qemu-system-x86_64") is None:
-            raise SessionFailed("the vm engine needs qemu-system-x86_64 (Debian's "
-                                "qemu-system-x86; scripts/setup.sh installs it)")
+            raise Internal("the vm engine needs qemu-system-x86_64 (Debian's "
+                           "qemu-system-x86; scripts/setup.sh installs it)")
         accelerator = self.accelerator
         log.info("vm engine: %s (%s)", accelerator.name, accelerator.reason)
         cancel = threading.Event()
@@ -161,12 +160,23 @@ class VmEngine(Engine[VmSandbox]):
             "DESKBOX_BROWSER": json.dumps(browser_argv(spec.desktop, PROFILE_DIR, DEVTOOLS_PORT)),
             "DESKBOX_AGENT": json.dumps(list(AGENT_ARGV)),
         }
-        await self._boot(sandbox, timeout_s, incoming=None)
+        await self._boot_new(sandbox, timeout_s, None)
         return sandbox
+
+    async def _boot_new(self, sandbox: VmSandbox, timeout_s: float, incoming: Path | None
+                        ) -> None:
+        """A sandbox no session owns yet: if it does not start, nothing of it is left (its
+        network and directories included), since nobody else will destroy it."""
+        try:
+            await self._boot(sandbox, timeout_s, incoming)
+        except BaseException:
+            await self.destroy(sandbox)
+            raise
 
     async def _boot(self, sandbox: VmSandbox, timeout_s: float, incoming: Path | None) -> None:
         """Start QEMU for ``sandbox`` and wait for its agent's port (a new guest) or for the
-        restored guest to run; on any failure nothing of it is left running."""
+        restored guest to run; on any failure no process of it is left running (its files
+        stay: a failed resume keeps the hibernation file)."""
         started = time.monotonic()
         sandbox.stream_mark = None  # a new QEMU: its events count from 0
         sandbox.uid = self._uids.take()
@@ -306,7 +316,7 @@ class VmEngine(Engine[VmSandbox]):
         guest = self._running(sandbox)
         await self._agent_let_go(sandbox)
         sandbox.hibernation_file.unlink(missing_ok=True)
-        size = await guest.save(sandbox.hibernation_file, _SAVE_TIMEOUT_S)
+        size = await self._save(guest, sandbox.hibernation_file)
         (sandbox.state_dir / CONFIG_FILE).write_text(sandbox.config.to_json())
         await self.kill(sandbox)
         sandbox.timings["hibernate"] = guest.timings["save"]
@@ -328,14 +338,24 @@ class VmEngine(Engine[VmSandbox]):
         await self._agent_let_go(sandbox)
         await asyncio.to_thread(directory.mkdir, 0o700)
         try:
-            state = directory / HIBERNATION_FILE
-            size = await guest.save(state, _SAVE_TIMEOUT_S)
+            size = await self._save(guest, directory / HIBERNATION_FILE)
             await guest.resume()
             (directory / CONFIG_FILE).write_text(sandbox.config.to_json())
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, directory, True)
             raise
         return SnapshotInfo(guest.timings["save"], size, None)
+
+    async def _save(self, guest: VmGuest, path: Path) -> int:
+        """The guest's state into ``path``; if that fails, the guest runs on as before (a
+        save stops it first) and the partial file is gone."""
+        try:
+            return await guest.save(path, _SAVE_TIMEOUT_S)
+        except BaseException:
+            await asyncio.to_thread(path.unlink, True)
+            with contextlib.suppress(DesktopFailed, Timeout):
+                await guest.resume()
+            raise
 
     async def _restore_copy(self, session_id: str, directory: Path, timeout_s: float
                             ) -> VmSandbox:
@@ -344,7 +364,7 @@ class VmEngine(Engine[VmSandbox]):
             raise SessionFailed(f"the snapshot in {directory} holds no VM state (it was "
                                 "taken by another engine)")
         sandbox = VmSandbox(self.state_dir, session_id, _read_config(directory))
-        await self._boot(sandbox, timeout_s, state)
+        await self._boot_new(sandbox, timeout_s, state)
         return sandbox
 
     async def _agent_let_go(self, sandbox: VmSandbox) -> None:
@@ -358,8 +378,6 @@ class VmEngine(Engine[VmSandbox]):
         if sandbox.guest is None:
             raise SessionFailed(f"{sandbox.label} is not running")
         return sandbox.guest
-
-
 
 
 def _read_config(directory: Path) -> VmConfig:
