@@ -64,15 +64,6 @@ def qemu_pids(parent: int | None = None) -> list[int]:
     return pids
 
 
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, such as a jail orphaned to us, does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
-
-
 def status_field(pid: int, name: str) -> str:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")

@@ -26,8 +26,9 @@ from deskbox_server.engines.vm.sandbox import HIBERNATION_FILE
 from ..api.containers import act
 from ..api.helpers import assert_error, decode
 from ..api.sandbox_page import SandboxPage
+from ..api.test_container import running as alive
 from ..rfb_client import RfbViewer
-from .conftest import Vm, alive, qemu_pids, status_field
+from .conftest import Vm, qemu_pids, status_field
 
 # A VM boots in a minute of TCG on 2 busy cores; a module fixture's start counts toward
 # the first test that uses it.
