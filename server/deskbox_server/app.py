@@ -78,7 +78,8 @@ def vm_engine(settings: Settings) -> VmEngine:
     """VMs under ``state_dir``, from the guest built (or found cached) by prepare(): the
     session image of runc_engine's, with a kernel and an initramfs beside it."""
     guest = _image_builder(settings, "VM guest", "vm_guest.py")
-    return VmEngine(settings.state_dir, guest, settings.vm_accelerator)
+    return VmEngine(settings.state_dir, guest, settings.vm_accelerator,
+                    settings.exec_max_concurrent)
 
 
 def _image_builder(settings: Settings, what: str, script_name: str

@@ -64,7 +64,6 @@ AGENT_ARGV = ("/usr/local/bin/deskbox-agent", "--listen",
               f"serial:/dev/virtio-ports/{AGENT_PORT}")
 _DISPLAYFD = 3
 _SAVE_TIMEOUT_S = 300.0
-_STOP_GRACE_S = 0.0  # nothing in the guest needs a clean shutdown: its disk is read-only
 
 
 class VmEngine(Engine[VmSandbox]):
@@ -87,15 +86,18 @@ class VmEngine(Engine[VmSandbox]):
         state_dir: Path,
         image: Callable[[threading.Event], Path],
         accelerator: Literal["auto", "kvm", "tcg"] = "auto",
+        max_execs: int = 8,
     ) -> None:
         """``image`` finds or builds the guest (blocking; it stops when its event is set)
-        and returns its directory (``images/vm-<hash>/``)."""
+        and returns its directory (``images/vm-<hash>/``); ``max_execs``: commands and file
+        transfers one session may run at once."""
         self.state_dir = state_dir.resolve()
         self._image_source = image
         self._wanted_accelerator = accelerator
         self._image: GuestImage | None = None
         self._accelerator: Accelerator | None = None
         self._uids = UidPool()
+        self._max_execs = max_execs
 
     @property
     def accelerator(self) -> Accelerator:
@@ -151,7 +153,7 @@ class VmEngine(Engine[VmSandbox]):
             egress = await asyncio.to_thread(resolve_egress, spec.network.egress,
                                              spec.network.allow)
             config = dataclasses.replace(config, egress=egress.mode)
-        sandbox = VmSandbox(self.state_dir, spec.id, config)
+        sandbox = VmSandbox(self.state_dir, self._max_execs, spec.id, config)
         sandbox.egress = egress
         sandbox.env = {
             "HOME": GUEST_HOME,
@@ -225,7 +227,7 @@ class VmEngine(Engine[VmSandbox]):
     async def kill(self, sandbox: VmSandbox) -> None:
         guest, sandbox.guest = sandbox.guest, None
         if guest is not None:
-            await guest.stop(_STOP_GRACE_S)
+            await guest.stop()
         await asyncio.to_thread(sandbox.cgroup.remove)
         if sandbox.uid is not None:
             self._uids.give_back(sandbox.uid)
@@ -252,7 +254,7 @@ class VmEngine(Engine[VmSandbox]):
     async def adopt(self, session_id: str) -> VmSandbox:
         """The VM a previous server started: QEMU runs on in its own process group when its
         server dies, and its agent waits for a new host on its port."""
-        sandbox = VmSandbox(self.state_dir, session_id,
+        sandbox = VmSandbox(self.state_dir, self._max_execs, session_id,
                             _read_config(self.state_dir / "vm" / session_id))
         pid = await asyncio.to_thread(leftover_pid, sandbox.paths)
         if pid is None:
@@ -273,7 +275,7 @@ class VmEngine(Engine[VmSandbox]):
     async def adopt_checkpointed(self, session_id: str) -> VmSandbox:
         directory = self.state_dir / "vm" / session_id
         config = _read_config(directory)
-        sandbox = VmSandbox(self.state_dir, session_id, config)
+        sandbox = VmSandbox(self.state_dir, self._max_execs, session_id, config)
         if not sandbox.hibernation_file.is_file():
             raise SessionFailed("the VM's hibernation file is gone")
         await self._find_network(sandbox)
@@ -297,7 +299,7 @@ class VmEngine(Engine[VmSandbox]):
         removed = []
         for session_id in sorted(ids - set(keep)):
             with contextlib.suppress(InvalidRequest):
-                sandbox = VmSandbox(self.state_dir, session_id,
+                sandbox = VmSandbox(self.state_dir, self._max_execs, session_id,
                                     VmConfig(egress="all"))  # so destroy looks for a network
                 await asyncio.to_thread(kill_leftover, sandbox.paths)
                 await self.destroy(sandbox)
@@ -363,7 +365,7 @@ class VmEngine(Engine[VmSandbox]):
         if not state.is_file():
             raise SessionFailed(f"the snapshot in {directory} holds no VM state (it was "
                                 "taken by another engine)")
-        sandbox = VmSandbox(self.state_dir, session_id, _read_config(directory))
+        sandbox = VmSandbox(self.state_dir, self._max_execs, session_id, _read_config(directory))
         await self._boot_new(sandbox, timeout_s, state)
         return sandbox
 

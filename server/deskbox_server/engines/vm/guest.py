@@ -118,19 +118,14 @@ class VmGuest:
                 raise SessionFailed(problem)
             await asyncio.sleep(0.05)
 
-    async def stop(self, grace_s: float = 0.0) -> None:
-        """End QEMU (SIGKILL after ``grace_s`` of ``quit``) and wait for it to exit."""
-        if grace_s > 0:
-            with contextlib.suppress(DesktopFailed):
-                await self.qmp.execute("quit", timeout_s=grace_s)
+    async def stop(self) -> None:
+        """Kill QEMU and wait for it to exit. Nothing in the guest needs a clean shutdown:
+        its disk is read-only, and what is worth keeping was saved first."""
         await self.qmp.close()
-        await asyncio.to_thread(_kill_and_wait, self.pid, self.process, grace_s)
+        await asyncio.to_thread(_kill_and_wait, self.pid, self.process)
 
 
-def _kill_and_wait(pid: int, process: subprocess.Popen[bytes] | None, grace_s: float) -> None:
-    if process is not None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=grace_s)
+def _kill_and_wait(pid: int, process: subprocess.Popen[bytes] | None) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
     if process is not None:
@@ -174,7 +169,7 @@ async def start_guest(
     try:
         qmp = await _connect_qmp(paths, process, timeout_s)
     except BaseException:
-        await asyncio.to_thread(_kill_and_wait, process.pid, process, 0.0)
+        await asyncio.to_thread(_kill_and_wait, process.pid, process)
         raise
     guest = VmGuest(process.pid, paths, qmp, process)
     guest.timings["qemu"] = time.monotonic() - started
@@ -225,7 +220,7 @@ def leftover_pid(paths: VmPaths) -> int | None:
 def kill_leftover(paths: VmPaths) -> None:
     pid = leftover_pid(paths)
     if pid is not None:
-        _kill_and_wait(pid, None, 0.0)
+        _kill_and_wait(pid, None)
 
 
 def _cmdline(pid: int) -> str:

@@ -43,13 +43,16 @@ def runtime_root(state_dir: Path) -> Path:
 
 
 class VmSandbox(Sandbox):
-    def __init__(self, state_dir: Path, session_id: str, config: VmConfig) -> None:
+    def __init__(self, state_dir: Path, max_execs: int, session_id: str, config: VmConfig
+                 ) -> None:
         if not _SESSION_ID.match(session_id):
             raise InvalidRequest(f"session id {session_id!r} is not usable for a VM")
         self.session_id = session_id
         self.config = config
-        self.paths = VmPaths(runtime_root(state_dir) / session_id)
-        self.cgroup = VmCgroup(f"deskbox-vm-{runtime_root(state_dir).name}-{session_id}")
+        self._max_execs = max_execs
+        runtime = runtime_root(state_dir)
+        self.paths = VmPaths(runtime / session_id)
+        self.cgroup = VmCgroup(f"deskbox-vm-{runtime.name}-{session_id}")
         self.uid: int | None = None  # QEMU's user (jail.py) while it runs
         # Egress all/allowlist: the host-made namespace QEMU runs in; it outlives a
         # hibernation (QEMU joins it again) and ends with the session.
@@ -98,7 +101,7 @@ class VmSandbox(Sandbox):
 
     @property
     def max_execs(self) -> int:
-        return 8
+        return self._max_execs
 
     def exec_environment(self) -> tuple[dict[str, str], str]:
         """What the guest's session init gives its children (deskbox-session), and
