@@ -176,3 +176,21 @@ def test_a_snapshot_pool_serves_creates_from_the_snapshot(server: Server) -> Non
             assert not pool.snapshot_keys(key_id(KEY_A))
         finally:
             a.delete(f"/v1/sessions/{sid}")
+
+
+def test_a_shutdown_during_a_refill_ends_once_that_desktop_has_started(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The refill's start cannot be cancelled; the close must not wait past it (it once
+    missed its wake-up and waited out its whole timeout, 40 s)."""
+    settings = Settings(
+        state_dir=tmp_path_factory.mktemp("pool-close"), api_keys=[KEY_A],
+        image_state_dir=IMAGE_STATE_DIR, pool_size=1, pool_displays=["1280x800"],
+    )
+    with running_server(settings) as running:
+        pool = running.services.manager.pool
+        assert pool is not None and pool.ready(KEY) == 0  # its first desktop is starting
+        stopping = time.monotonic()
+    took = time.monotonic() - stopping
+    assert took < 15, f"the shutdown took {took:.1f} s"
+    assert pool.ready(KEY) == 0

@@ -183,6 +183,9 @@ class WarmPool:
 
     async def _refill_forever(self) -> None:
         while not self._closing:
+            # Cleared before the pass, not after: a claim or a close() during a start sets
+            # it again, and the wait below returns at once instead of missing that wake.
+            self._wake.clear()
             for key in list(self._targets):
                 while (not self._closing and key in self._targets
                        and len(self._ready[key]) < self._targets[key]):
@@ -204,7 +207,6 @@ class WarmPool:
                     queue.append(_Ready(session_id, handle))
                     log.info("pool %s: desktop %s ready (%d of %d)", key.label, session_id,
                              len(queue), self._targets[key])
-            self._wake.clear()
             await self._wake.wait()
 
     async def close(self) -> None:
