@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from deskbox_server.agent import AgentClient
+from deskbox_server.agent import desktop as desktop_module
 from deskbox_server.agent.desktop import AgentDesktop
 from deskbox_server.engines.desktop_commands import DesktopSpec, xserver_argv
 from deskbox_server.errors import DesktopFailed, InvalidAction, Timeout
@@ -194,6 +195,27 @@ async def test_ready_with_and_without_a_browser(desk: AgentDesktop) -> None:
     assert list(timings) == ["xserver", "wm", "browser", "painted"]
     assert all(0 <= t < 10 for t in timings.values())
     assert list(await desk.ready(browser=False, timeout_s=10)) == ["xserver", "wm"]
+
+
+async def test_a_ready_longer_than_one_agent_call_asks_again(
+    agent_site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start timeout past the agent's 300 s per ``ready`` (a slow host's setting) is
+    waited out in several calls, not refused."""
+    with HostDesktop(browser=False) as local:
+        proc = start_desktop_agent(tmp_path / "a.sock", local.display_name, agent_site)
+        client = await AgentClient.connect_unix(str(tmp_path / "a.sock"))
+        try:
+            desk = AgentDesktop(client)
+            assert list(await desk.ready(browser=False, timeout_s=1000)) == ["xserver", "wm"]
+            monkeypatch.setattr(desktop_module, "MAX_READY_CALL_S", 0.4)
+            started = time.monotonic()
+            with pytest.raises(Timeout, match="waiting for the browser window"):
+                await desk.ready(browser=True, timeout_s=1.5)
+            assert 1.4 < time.monotonic() - started < 4  # past the first call's 0.4 s
+        finally:
+            await client.close()
+            stop_agent(proc)
 
 
 # -- refusals and failures -----------------------------------------------------------------

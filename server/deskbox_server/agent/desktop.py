@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -47,6 +48,7 @@ _LENGTH = struct.Struct(">I")
 _MAGIC = {"image/jpeg": (b"\xff\xd8\xff",), "image/png": (b"\x89PNG\r\n\x1a\n",),
           "image/webp": (b"RIFF",)}
 _READY_GRACE_S = 5.0
+MAX_READY_CALL_S = 300.0  # the longest ``ready`` the agent accepts (PROTOCOL.md)
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,25 @@ class AgentDesktop:
 
     async def ready(self, browser: bool, timeout_s: float) -> dict[str, float]:
         """Waits (in the agent, by X events) for the window manager and, with ``browser``,
-        Chromium's painted window; returns seconds to each stage."""
+        Chromium's painted window; returns seconds to each stage.
+
+        The agent waits at most ``MAX_READY_CALL_S`` per call (PROTOCOL.md): a longer wait
+        (a start timeout set high for a slow host) asks again until its own deadline; a
+        stage's seconds then count from the call that saw it, plus the calls before."""
+        started = time.monotonic()
+        while True:
+            waited = time.monotonic() - started
+            left = timeout_s - waited
+            chunk = max(0.1, min(left, MAX_READY_CALL_S))
+            try:
+                timings = await self._ready_once(browser, chunk)
+            except Timeout:
+                if left <= MAX_READY_CALL_S:
+                    raise
+                continue
+            return {stage: waited + seconds for stage, seconds in timings.items()}
+
+    async def _ready_once(self, browser: bool, timeout_s: float) -> dict[str, float]:
         value = (await self._call("ready", {"browser": browser, "timeout_s": timeout_s},
                                   timeout_s + _READY_GRACE_S, _INFO_BODY,
                                   stall_fails=False)).json()
