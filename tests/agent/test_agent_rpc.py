@@ -43,6 +43,13 @@ def test_version_cli() -> None:
     assert out.stdout.strip() == f"deskbox-agent 0.1.0 protocol {PROTOCOL}"
 
 
+def test_patience_out_of_range_is_refused() -> None:
+    out = subprocess.run([sys.executable, "-m", "deskbox_agent", "--listen", "unix:/nonexistent",
+                          "--patience", "0.5"], env=agent_env(), capture_output=True, text=True,
+                         check=False)
+    assert out.returncode == 2 and "--patience is a factor from 1 to 100" in out.stderr
+
+
 async def test_hello_and_health(client: AgentClient) -> None:
     hello = await client.hello()
     assert hello.protocol == PROTOCOL and hello.agent == "0.1.0"

@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="unix:PATH, tcp:HOST:PORT or serial:PATH")
     parser.add_argument("--display", metavar=":N",
                         help="the X display to drive (default: $DISPLAY; none: no desktop calls)")
+    parser.add_argument("--patience", type=float, default=1.0, metavar="FACTOR",
+                        help="multiply the waits on other clients (a slow, emulated guest)")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     if args.version:
@@ -143,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.listen:
         parser.error("--listen is required (or --version)")
+    if not 1.0 <= args.patience <= 100.0:
+        parser.error("--patience is a factor from 1 to 100")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="deskbox-agent: %(message)s")
 
@@ -154,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             loop.add_signal_handler(sig, task.cancel)
         registry = default_registry()
         display = args.display or os.environ.get("DISPLAY") or None
-        service = register_desktop(registry, display) if display else None
+        service = register_desktop(registry, display, args.patience) if display else None
         try:
             with contextlib.suppress(asyncio.CancelledError):
                 await serve(args.listen, Limits(), registry)

@@ -87,8 +87,12 @@ class BatchResult:
 
 
 class Desktop:
-    def __init__(self, display_name: str) -> None:
+    def __init__(self, display_name: str, patience: float = 1.0) -> None:
+        """``patience`` multiplies the bounds on waiting for other clients (Chromium
+        re-reading the keymap, drawing typed keys): a guest under software emulation runs
+        them many times slower, and keys typed before the wait ends come out empty."""
         self.display_name = display_name
+        self._patience = patience
         try:
             self._x = xdisplay.Display(display_name)
         except (DisplayError, ConnectionClosedError, ConnectionError, OSError) as error:
@@ -187,15 +191,16 @@ class Desktop:
             return None
 
     def _keymap_reread(self, since: float) -> None:
-        """Until the clients have re-read a keyboard mapping changed at ``since`` (≤ 1 s)."""
+        """Until the clients have re-read a keyboard mapping changed at ``since`` (≤ 1 s
+        times the patience)."""
         if self._keymap_watch is None:
             time.sleep(0.1)
         else:
-            self._keymap_watch.wait_reread(since, timeout_s=1.0)
+            self._keymap_watch.wait_reread(since, timeout_s=1.0 * self._patience)
 
     def _typing_shown(self) -> None:
         """Until the screen has been quiet for a moment after typing (bounded)."""
-        self._settle.wait_quiet(self.settle_options.typing_quiet_s, 1.0)
+        self._settle.wait_quiet(self.settle_options.typing_quiet_s, 1.0 * self._patience)
 
     def _let_buttons_land(self) -> None:
         """After a recent button event, until the screen has reacted to it and gone quiet.
@@ -205,7 +210,8 @@ class Desktop:
         more while the page still redraws the typing)."""
         if time.monotonic() - self._last_button_at < _BUTTON_RECENT_S:
             self.pointer.sync()
-            self._settle.wait_quiet(self.settle_options.click_to_key_s, _BUTTON_LAND_MAX_S)
+            self._settle.wait_quiet(self.settle_options.click_to_key_s,
+                                    _BUTTON_LAND_MAX_S * self._patience)
             self._last_button_at = 0.0  # landed (or given its 0.5 s): no wait for it again
 
     # -- one pointer action without blocking (the service runs it on its event loop) -----

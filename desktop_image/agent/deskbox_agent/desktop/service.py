@@ -41,8 +41,9 @@ _NO_RESULTS = Parts().blob({"results": [None], "settled": True, "screenshot": No
 class DesktopService:
     """The desktop of one display, driven from one thread."""
 
-    def __init__(self, display_name: str) -> None:
+    def __init__(self, display_name: str, patience: float = 1.0) -> None:
         self.display_name = display_name
+        self._patience = patience
         self._desktop: Desktop | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._lock: asyncio.Lock | None = None
@@ -120,7 +121,7 @@ class DesktopService:
         if self._desktop is None:
             from .desktop import Desktop
 
-            self._desktop = Desktop(self.display_name)
+            self._desktop = Desktop(self.display_name, self._patience)
         return self._desktop
 
     def _with_desktop(self, work: Callable[[Desktop], T]) -> T:
@@ -282,9 +283,12 @@ def _result(result: ActionResult, parts: Parts) -> Json:
     raise AssertionError(f"no wire form for {result!r}")
 
 
-def register_desktop(registry: Registry, display_name: str) -> DesktopService:
-    """Register the desktop's calls for ``display_name``; nothing connects until a call."""
-    service = DesktopService(display_name)
+def register_desktop(
+    registry: Registry, display_name: str, patience: float = 1.0
+) -> DesktopService:
+    """Register the desktop's calls for ``display_name``; nothing connects until a call.
+    ``patience``: see :class:`Desktop`."""
+    service = DesktopService(display_name, patience)
     registry.register("act", service.act)
     registry.register("grab", service.grab)
     registry.register("ready", service.ready)
