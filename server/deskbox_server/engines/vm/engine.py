@@ -62,6 +62,9 @@ WM_CONFIG = "/etc/deskbox/openbox-rc.xml"
 PROFILE_DIR = f"{GUEST_HOME}/chromium"
 AGENT_ARGV = ("/usr/local/bin/deskbox-agent", "--listen",
               f"serial:/dev/virtio-ports/{AGENT_PORT}")
+# Under TCG the guest's Chromium re-reads a changed keymap and draws typed keys 10-30 times
+# slower than on a host: the agent waits that much longer for it before moving on.
+_TCG_AGENT_PATIENCE = 10
 _DISPLAYFD = 3
 _SAVE_TIMEOUT_S = 300.0
 
@@ -160,10 +163,15 @@ class VmEngine(Engine[VmSandbox]):
             "DESKBOX_XSERVER": json.dumps(xserver_argv(spec.desktop, _DISPLAYFD, GUEST_DISPLAY)),
             "DESKBOX_WM": json.dumps(wm_argv(WM_CONFIG)),
             "DESKBOX_BROWSER": json.dumps(browser_argv(spec.desktop, PROFILE_DIR, DEVTOOLS_PORT)),
-            "DESKBOX_AGENT": json.dumps(list(AGENT_ARGV)),
+            "DESKBOX_AGENT": json.dumps(self._agent_argv()),
         }
         await self._boot_new(sandbox, timeout_s, None)
         return sandbox
+
+    def _agent_argv(self) -> list[str]:
+        if self.accelerator.name == "tcg":
+            return [*AGENT_ARGV, "--patience", str(_TCG_AGENT_PATIENCE)]
+        return list(AGENT_ARGV)
 
     async def _boot_new(self, sandbox: VmSandbox, timeout_s: float, incoming: Path | None
                         ) -> None:
@@ -223,6 +231,11 @@ class VmEngine(Engine[VmSandbox]):
                                                       limit=read_limit)
         except OSError as error:
             raise DesktopFailed(f"cannot connect to the VM's agent port: {error!r}") from None
+
+    async def close(self) -> None:
+        # The runtime directories' parent is this server's; a VM that runs on keeps it.
+        with contextlib.suppress(OSError):
+            runtime_root(self.state_dir).rmdir()
 
     async def kill(self, sandbox: VmSandbox) -> None:
         guest, sandbox.guest = sandbox.guest, None
