@@ -74,16 +74,25 @@ def _sandbox_traces() -> set[str]:
     return traces
 
 
+_TRACES_BEFORE = pytest.StashKey[set[str]]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Before collection: tests/vm/conftest.py starts its VMs when collection ends, and
+    what they leave must count as ours."""
+    become_subreaper()
+    session.config.stash[_TRACES_BEFORE] = _sandbox_traces()
+
+
 @pytest.fixture(scope="session", autouse=True)
-def nothing_survives_the_suite() -> Iterator[None]:
+def nothing_survives_the_suite(request: pytest.FixtureRequest) -> Iterator[None]:
     """Everything a test starts must be gone at the end: processes and sandbox state.
 
     As a subreaper, this process inherits whatever a desktop leaves orphaned, so a leaked
     process shows up below us rather than vanishing under PID 1. Sandbox state found before
     the suite (another run on the same host) is not ours and is left out.
     """
-    become_subreaper()
-    before = _sandbox_traces()
+    before = request.config.stash[_TRACES_BEFORE]
     yield
     deadline = time.monotonic() + 5
     while (left := _live_descendants(os.getpid())) and time.monotonic() < deadline:

@@ -20,7 +20,7 @@ from pathlib import Path
 from deskbox_server.engines.network import HostAddresses
 
 __all__ = ["PROBE", "SERVER", "HostServices", "Peer", "host_services_listening", "host_targets",
-           "peer_network"]
+           "peer_addresses", "peer_network"]
 
 # One HTTP/1.0 service per address given, all on one port; prints that port when listening.
 SERVER = r"""
@@ -80,12 +80,25 @@ def _ip(*argv: str) -> None:
     subprocess.run(["ip", *argv], check=True, capture_output=True, timeout=10)
 
 
+def _subnet(index: int) -> str:
+    return f"10.{213 + index}.{20 + os.getpid() % 200}"
+
+
+def peer_addresses(index: int = 0) -> tuple[str, str, str]:
+    """The host side, ``allowed`` and ``other`` of ``peer_network(index)``, known before it
+    exists (an allowlist of addresses can be given to a session ahead of it)."""
+    subnet = _subnet(index)
+    return f"{subnet}.1", f"{subnet}.2", f"{subnet}.3"
+
+
 @contextmanager
-def peer_network() -> Iterator[Peer]:
-    """The peer namespace, its veth and services; removed at the end."""
+def peer_network(index: int = 0) -> Iterator[Peer]:
+    """The peer namespace, its veth and services; removed at the end. Each ``index`` is a
+    network of its own (its own names and subnet): several can exist at once."""
     tag = os.getpid() % 100_000
-    subnet = f"10.213.{20 + os.getpid() % 200}"
-    name, host_if, peer_if = f"dbxt-peer-{tag}", f"dbxh{tag}", f"dbxp{tag}"
+    subnet = _subnet(index)
+    name = f"dbxt-peer{index or ''}-{tag}"
+    host_if, peer_if = f"dbxh{index or ''}{tag}", f"dbxp{index or ''}{tag}"
     _ip("netns", "add", name)
     server: subprocess.Popen[str] | None = None
     try:
@@ -103,7 +116,7 @@ def peer_network() -> Iterator[Peer]:
         )
         assert server.stdout is not None
         port = int(server.stdout.readline())
-        yield Peer(f"{subnet}.1", f"{subnet}.2", f"{subnet}.3", port)
+        yield Peer(*peer_addresses(index), port)
     finally:
         if server is not None:
             with server:

@@ -1,8 +1,12 @@
 """VM sessions: the guest is built (minutes, once: kernel, initramfs, beside the shared
 session image) before any test's deadline starts, and one server with two VMs serves the
 package: ``vm.session`` (egress none, on the event page) and ``vm.allowlisted`` (egress
-allowlist to the peer network's allowed service). They boot at once, each on its own core:
-under software emulation a VM takes a minute or two of CPU to paint its first page.
+allowlist to the peer network's allowed service).
+
+Under software emulation a VM takes a minute or two of CPU to paint its first page, so both
+start as soon as collection ends, at nice 5, and boot on what CPU the rest of the suite
+leaves; when this package's first test comes, its server and VMs get their normal priority
+back and the tests wait only for what is left of the boot.
 
 The servers are ``deskbox serve`` subprocesses (test_vm_sessions.py kills one with SIGKILL);
 what the tests look at on the host (QEMU's process, its runtime directory, cgroups) is found
@@ -11,8 +15,11 @@ from the session ids."""
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +37,13 @@ from deskbox_server.settings import default_recipe_dir
 from ..api.sandbox_page import events_data_url
 from ..api.served import reap, serve
 from ..images import IMAGE_STATE_DIR, _progress
-from ..peer_network import HostServices, Peer, host_services_listening, peer_network
+from ..peer_network import (
+    HostServices,
+    Peer,
+    host_services_listening,
+    peer_addresses,
+    peer_network,
+)
 
 BOOT_TIMEOUT_S = 420.0
 
@@ -39,12 +52,6 @@ def vm_guest() -> Path:
     """The current recipe's VM guest directory (``images/vm-<hash>/``), built if missing."""
     return build_image(IMAGE_STATE_DIR, default_recipe_dir(), _progress, timeout_s=1800,
                        script_name="vm_guest.py")
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    here = Path(__file__).parent
-    if any(Path(str(item.fspath)).parent == here for item in session.items):
-        vm_guest()
 
 
 def qemu_pids(parent: int | None = None) -> list[int]:
@@ -72,6 +79,23 @@ def status_field(pid: int, name: str) -> str:
     raise AssertionError(f"no {name} in /proc/{pid}/status")
 
 
+def descendants(root: int) -> list[int]:
+    """The processes below ``root``."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(
+                    int(entry.name))
+    found, stack = [], list(children.get(root, []))
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, []))
+    return found
+
+
 class Vm:
     """The package's VM sessions and the server that runs them now (a restart swaps it)."""
 
@@ -83,9 +107,18 @@ class Vm:
         self.allowlisted: dict[str, Any] = {}
         self.orphans: list[int] = []  # jails that reparented to us when a server died
 
-    def start_server(self) -> None:
+    def start_server(self, nice: int = 0) -> None:
         self.process, self.http = self._stack.enter_context(
-            serve(self.state_dir, self.log, SERVER_ENV, timeout_s=300.0))
+            serve(self.state_dir, self.log, SERVER_ENV, timeout_s=300.0, nice=nice))
+
+    def renice(self, value: int) -> None:
+        """The server and all it started (QEMU's threads included) at niceness ``value``."""
+        assert self.process is not None
+        for pid in [self.process.pid, *descendants(self.process.pid)]:
+            with contextlib.suppress(OSError):
+                for task in Path(f"/proc/{pid}/task").iterdir():  # niceness is per thread
+                    with contextlib.suppress(OSError):
+                        os.setpriority(os.PRIO_PROCESS, int(task.name), value)
 
     def kill_server(self) -> None:
         assert self.process is not None
@@ -118,12 +151,76 @@ class Vm:
 
 
 SERVER_ENV = {"DESKBOX_BACKENDS": "vm,container", "DESKBOX_DEFAULT_BACKEND": "vm",
-              "DESKBOX_DESKTOP_CALL_TIMEOUT_S": "60"}
+              "DESKBOX_DESKTOP_CALL_TIMEOUT_S": "60",
+              # Booting at nice 5 beside the rest of the suite takes longer than alone.
+              "DESKBOX_START_TIMEOUT_S": "1500"}
+PEER_INDEX = 1  # the package's peer network: its own, beside tests/isolation's
+EARLY_NICE = 5
+
+
+class EarlyVms:
+    """The package's server and its two VMs, started when collection ends."""
+
+    def __init__(self) -> None:
+        # The server's log stays (for a failure's story); the sessions' state goes.
+        base = Path(tempfile.mkdtemp(prefix="deskbox-vm-tests-"))
+        self.stack = contextlib.ExitStack()
+        self.stack.callback(shutil.rmtree, base / "state", ignore_errors=True)
+        self.vm = Vm(base / "state", base / "server.log", self.stack)
+        self.stack.callback(lambda: reap(self.vm.orphans))
+        self.started: dict[str, str] = {}
+        try:
+            self._start()
+        except BaseException:
+            self.stack.close()
+            raise
+
+    def _start(self) -> None:
+        self.vm.start_server(nice=EARLY_NICE)
+        _, allowed, _ = peer_addresses(PEER_INDEX)
+        bodies = {
+            "session": {"display": {"width": 1280, "height": 800},
+                        "browser": {"start_url": events_data_url()}},
+            "allowlisted": {"network": {"egress": "allowlist", "allow": [allowed]}},
+        }
+        self.stack.callback(self._delete)  # runs before the server stops
+        for name, body in bodies.items():
+            response = self.vm.client.post("/v1/sessions", params={"wait": "false"}, json=body)
+            assert response.status_code == 201, response.text
+            self.started[name] = response.json()["id"]
+
+    def _delete(self) -> None:  # if a test failed first; the server may be gone already
+        for session_id in self.started.values():
+            with contextlib.suppress(httpx.HTTPError, RuntimeError, AssertionError):
+                self.vm.client.delete(f"/v1/sessions/{session_id}")
+
+    def close(self) -> None:
+        self.stack.close()
+
+
+_EARLY = pytest.StashKey["EarlyVms | str"]()  # or why they did not start
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    here = Path(__file__).parent
+    if any(Path(str(item.fspath)).parent == here for item in session.items):
+        vm_guest()
+        try:
+            session.config.stash[_EARLY] = EarlyVms()
+        except Exception as error:  # noqa: BLE001 (the package's tests fail with it, not the run)
+            session.config.stash[_EARLY] = f"the VM tests' server did not start: {error!r}"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """If no test of the package ran (the run stopped first), the early VMs end here."""
+    early = session.config.stash.get(_EARLY, None)
+    if isinstance(early, EarlyVms):
+        early.close()
 
 
 @pytest.fixture(scope="package")
 def peer() -> Iterator[Peer]:
-    with peer_network() as made:
+    with peer_network(PEER_INDEX) as made:
         yield made
 
 
@@ -134,32 +231,15 @@ def host_services() -> Iterator[HostServices]:
 
 
 @pytest.fixture(scope="package")
-def vm(tmp_path_factory: pytest.TempPathFactory, peer: Peer) -> Iterator[Vm]:
-    base = tmp_path_factory.mktemp("vm")
-    with contextlib.ExitStack() as stack:
-        state = Vm(base / "state", base / "server.log", stack)
-        stack.callback(lambda: reap(state.orphans))
-        state.start_server()
-        bodies = {
-            "session": {"display": {"width": 1280, "height": 800},
-                        "browser": {"start_url": events_data_url()}},
-            "allowlisted": {"network": {"egress": "allowlist", "allow": [peer.allowed]}},
-        }
-        started = {}
-        for name, body in bodies.items():
-            response = state.client.post("/v1/sessions", params={"wait": "false"}, json=body)
-            assert response.status_code == 201, response.text
-            started[name] = response.json()["id"]
-
-        @stack.callback
-        def delete() -> None:  # if a test failed first; the server may be gone already
-            for session_id in started.values():
-                with contextlib.suppress(httpx.HTTPError, RuntimeError):
-                    state.client.delete(f"/v1/sessions/{session_id}")
-
-        for name, session_id in started.items():
-            setattr(state, name, running(state.client, session_id))
-        yield state
+def vm(request: pytest.FixtureRequest) -> Iterator[Vm]:
+    early = request.config.stash[_EARLY]
+    if isinstance(early, str):
+        pytest.fail(early)
+    early.vm.renice(0)  # the rest of the suite is done: full speed
+    with contextlib.closing(early):
+        for name, session_id in early.started.items():
+            setattr(early.vm, name, running(early.vm.client, session_id))
+        yield early.vm
 
 
 def running(client: httpx.Client, session_id: str) -> dict[str, Any]:
