@@ -1,9 +1,10 @@
 """VM sessions: the guest is built (minutes, once: kernel, initramfs, beside the shared
 session image) before any test's deadline starts, and one server with two VMs serves the
 package: ``vm.session`` (egress none, on the event page) and ``vm.allowlisted`` (egress
-allowlist to the peer network's allowed service).
+allowlist to the peer network's allowed service); a second server's warm pool keeps a
+third VM ready (test_vm_warm_pool.py).
 
-Under software emulation a VM takes a minute or two of CPU to paint its first page, so both
+Under software emulation a VM takes a minute or two of CPU to paint its first page, so all
 start as soon as collection ends, at nice 5, and boot on what CPU the rest of the suite
 leaves; when this package's first test comes, its server and VMs get their normal priority
 back and the tests wait only for what is left of the boot.
@@ -22,6 +23,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +98,15 @@ def descendants(root: int) -> list[int]:
     return found
 
 
+def renice(root: int, value: int) -> None:
+    """A process and all it started (QEMU's threads included) at niceness ``value``."""
+    for pid in [root, *descendants(root)]:
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{pid}/task").iterdir():  # niceness is per thread
+                with contextlib.suppress(OSError):
+                    os.setpriority(os.PRIO_PROCESS, int(task.name), value)
+
+
 class Vm:
     """The package's VM sessions and the server that runs them now (a restart swaps it)."""
 
@@ -111,14 +122,6 @@ class Vm:
         self.process, self.http = self._stack.enter_context(
             serve(self.state_dir, self.log, SERVER_ENV, timeout_s=300.0, nice=nice))
 
-    def renice(self, value: int) -> None:
-        """The server and all it started (QEMU's threads included) at niceness ``value``."""
-        assert self.process is not None
-        for pid in [self.process.pid, *descendants(self.process.pid)]:
-            with contextlib.suppress(OSError):
-                for task in Path(f"/proc/{pid}/task").iterdir():  # niceness is per thread
-                    with contextlib.suppress(OSError):
-                        os.setpriority(os.PRIO_PROCESS, int(task.name), value)
 
     def kill_server(self) -> None:
         assert self.process is not None
@@ -154,12 +157,22 @@ SERVER_ENV = {"DESKBOX_BACKENDS": "vm,container", "DESKBOX_DEFAULT_BACKEND": "vm
               "DESKBOX_DESKTOP_CALL_TIMEOUT_S": "60",
               # Booting at nice 5 beside the rest of the suite takes longer than alone.
               "DESKBOX_START_TIMEOUT_S": "1500"}
+# A second server, whose warm pool keeps one VM ready (test_vm_warm_pool.py).
+POOL_ENV = {"DESKBOX_BACKENDS": "vm", "DESKBOX_DEFAULT_BACKEND": "vm", "DESKBOX_POOL_SIZE": "1",
+            "DESKBOX_DESKTOP_CALL_TIMEOUT_S": "60", "DESKBOX_START_TIMEOUT_S": "1500"}
 PEER_INDEX = 1  # the package's peer network: its own, beside tests/isolation's
 EARLY_NICE = 5
 
 
+@dataclass
+class PoolServer:
+    process: subprocess.Popen[bytes]
+    client: httpx.Client
+    state_dir: Path
+
+
 class EarlyVms:
-    """The package's server and its two VMs, started when collection ends."""
+    """The package's servers and their three VMs, started when collection ends."""
 
     def __init__(self) -> None:
         # The server's log stays (for a failure's story); the sessions' state goes.
@@ -169,7 +182,11 @@ class EarlyVms:
         self.vm = Vm(base / "state", base / "server.log", self.stack)
         self.stack.callback(lambda: reap(self.vm.orphans))
         self.started: dict[str, str] = {}
+        self.stack.callback(shutil.rmtree, base / "pool-state", ignore_errors=True)
         try:
+            self.pool = PoolServer(*self.stack.enter_context(serve(
+                base / "pool-state", base / "pool-server.log", POOL_ENV, timeout_s=300.0,
+                nice=EARLY_NICE)), base / "pool-state")
             self._start()
         except BaseException:
             self.stack.close()
@@ -193,6 +210,11 @@ class EarlyVms:
         for session_id in self.started.values():
             with contextlib.suppress(httpx.HTTPError, RuntimeError, AssertionError):
                 self.vm.client.delete(f"/v1/sessions/{session_id}")
+
+    def renice(self, value: int) -> None:
+        for process in (self.vm.process, self.pool.process):
+            assert process is not None
+            renice(process.pid, value)
 
     def close(self) -> None:
         self.stack.close()
@@ -235,11 +257,18 @@ def vm(request: pytest.FixtureRequest) -> Iterator[Vm]:
     early = request.config.stash[_EARLY]
     if isinstance(early, str):
         pytest.fail(early)
-    early.vm.renice(0)  # the rest of the suite is done: full speed
+    early.renice(0)  # the rest of the suite is done: full speed
     with contextlib.closing(early):
         for name, session_id in early.started.items():
             setattr(early.vm, name, running(early.vm.client, session_id))
         yield early.vm
+
+
+@pytest.fixture(scope="package")
+def pool_server(vm: Vm, request: pytest.FixtureRequest) -> PoolServer:
+    early = request.config.stash[_EARLY]
+    assert isinstance(early, EarlyVms)
+    return early.pool
 
 
 def running(client: httpx.Client, session_id: str) -> dict[str, Any]:

@@ -149,6 +149,10 @@ class Engine(ABC, Generic[S]):
     start_timeout_floor_s: ClassVar[float] = 0.0
     # The agent's first answer over a new stream (its SETTINGS and /v1/hello).
     handshake_timeout_s: ClassVar[float] = 5.0
+    # Whether a create cancelled midway (asyncio) leaves nothing behind: the warm pool then
+    # cancels a start it no longer wants at shutdown instead of waiting it out (a VM's boot
+    # under TCG takes minutes; runc's start runs in a thread, which cannot be cancelled).
+    create_cancellable: ClassVar[bool] = False
 
     def start_timeout(self, configured_s: float) -> float:
         """The deadline of one start of this engine's sandboxes (desktop painted)."""

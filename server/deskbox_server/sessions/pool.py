@@ -210,15 +210,19 @@ class WarmPool:
             await self._wake.wait()
 
     async def close(self) -> None:
-        """Stop refilling and destroy the ready desktops. A desktop being started is let
-        finish (its start runs in a thread that cannot be cancelled) and destroyed too."""
+        """Stop refilling and destroy the ready desktops. A desktop being started is
+        cancelled where the engine's create allows it, else let finish (runc's start runs in
+        a thread) and destroyed too."""
         self._closing = True
         self._wake.set()
         if self._task is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(self._task), self._timeout_s + 10)
-            except TimeoutError:
+            if self._engine.create_cancellable:
                 self._task.cancel()
+            else:
+                try:
+                    await asyncio.wait_for(asyncio.shield(self._task), self._timeout_s + 10)
+                except TimeoutError:
+                    self._task.cancel()
             with suppress(asyncio.CancelledError, Exception):
                 await self._task
         ready = [r for queue in self._ready.values() for r in queue]

@@ -41,7 +41,7 @@ from ..network import (
     resolve_egress,
 )
 from .accel import Accelerator, detect_accelerator
-from .guest import VmGuest, kill_leftover, leftover_pid, start_guest
+from .guest import VmGuest, in_thread_to_the_end, kill_leftover, leftover_pid, start_guest
 from .jail import UidPool, jail_argv
 from .qemu import AGENT_PORT, GuestImage, VmConfig
 from .qmp import QmpClient
@@ -83,6 +83,7 @@ class VmEngine(Engine[VmSandbox]):
     # minute on this project's 2-core hosts; with KVM in seconds.
     start_timeout_floor_s: ClassVar[float] = 180.0
     handshake_timeout_s: ClassVar[float] = 30.0
+    create_cancellable: ClassVar[bool] = True  # _boot_new destroys what a cancel interrupts
 
     def __init__(
         self,
@@ -191,9 +192,9 @@ class VmEngine(Engine[VmSandbox]):
         sandbox.stream_mark = None  # a new QEMU: its events count from 0
         sandbox.uid = self._uids.take()
         try:
-            await asyncio.to_thread(_prepare_host_side, sandbox, sandbox.uid)
+            await in_thread_to_the_end(_prepare_host_side, sandbox, sandbox.uid)
             if sandbox.config.egress != "none" and sandbox.network is None:
-                sandbox.network = await asyncio.to_thread(
+                sandbox.network = await in_thread_to_the_end(
                     SessionNetwork.setup, sandbox.network_name, sandbox.egress,
                     sandbox.state_dir)
             wrap = jail_argv(self.image.files, sandbox.paths.runtime, sandbox.uid,

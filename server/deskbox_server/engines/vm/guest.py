@@ -14,16 +14,19 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from ...errors import DesktopFailed, SessionFailed, Timeout
 from .accel import Accelerator
 from .qemu import AGENT_PORT_ID, GuestImage, VmConfig, VmPaths, guest_files, qemu_argv
 from .qmp import QmpClient, QmpError
 
-__all__ = ["VmGuest", "kill_leftover", "leftover_pid", "start_guest"]
+__all__ = ["VmGuest", "in_thread_to_the_end", "kill_leftover", "leftover_pid", "start_guest"]
+
+T = TypeVar("T")
 
 _POLL_S = 0.02
 _LOG_TAIL = 2000
@@ -164,8 +167,9 @@ async def start_guest(
     connect to its QMP socket. ``wrap``: a command line QEMU's runs under (confinement).
     The guest's agent is not ready yet: wait with :meth:`VmGuest.agent_port_event`."""
     started = time.monotonic()
-    process = await asyncio.to_thread(_spawn, image, config, paths, accel, env,
-                                      net_files or {}, incoming, wrap or [])
+    process = await in_thread_to_the_end(
+        _spawn, image, config, paths, accel, env, net_files or {}, incoming, wrap or [],
+        undo=lambda spawned: _kill_and_wait(spawned.pid, spawned))
     try:
         qmp = await _connect_qmp(paths, process, timeout_s)
     except BaseException:
@@ -174,6 +178,23 @@ async def start_guest(
     guest = VmGuest(process.pid, paths, qmp, process)
     guest.timings["qemu"] = time.monotonic() - started
     return guest
+
+
+async def in_thread_to_the_end(
+    func: Callable[..., T], *args: object, undo: Callable[[T], object] | None = None
+) -> T:
+    """``func(*args)`` in a thread. Cancelled, it still waits for the thread to finish (a
+    thread cannot be stopped) and ``undo``es its result before it re-raises, so that the
+    cleanup that follows finds everything the thread made, and nothing runs on unowned."""
+    work = asyncio.ensure_future(asyncio.to_thread(func, *args))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            result = await work
+            if undo is not None:
+                await asyncio.to_thread(undo, result)
+        raise
 
 
 def _spawn(
