@@ -514,7 +514,10 @@ async def test_an_agent_that_dies_mid_stream(
         async with asyncio.timeout(2):
             with pytest.raises(SessionFailed, match="agent failed"):
                 await vnc.connect()
-            with pytest.raises(AgentFailed, match="the agent closed the stream"):
+            # A killed process's socket ends with EOF, or with a reset where bytes were
+            # still unread in it (a busy host).
+            with pytest.raises(AgentFailed,
+                               match="the agent closed the stream|the stream broke: Connection"):
                 await devtools.open()
     finally:
         await vnc.stop()

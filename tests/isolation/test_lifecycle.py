@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from pathlib import Path
@@ -93,14 +94,17 @@ async def test_adopt_a_running_sandbox(options: RuncOptions) -> None:
         first.destroy()
 
 
-def test_remove_orphans(options: RuncOptions) -> None:
-    others = {cid.removeprefix(options.id_prefix) for cid in options.runc.list_ids()}
-    orphan = RuncSandbox.start(options, f"t-orphan-{os.getpid()}", browser=False)
+def test_remove_orphans(options: RuncOptions, tmp_path: Path) -> None:
+    # Its own prefix and state directory, as every server has: a sweep takes everything
+    # under them (here: the other tests' sandboxes, the VM tests' networks booting meanwhile).
+    own = dataclasses.replace(options, state_dir=tmp_path,
+                              id_prefix=f"deskbox-orphans{os.getpid()}-")
+    orphan = RuncSandbox.start(own, f"t-orphan-{os.getpid()}", browser=False)
     assert orphan.display is not None
     number = orphan.display.number
     orphan._reap_init = lambda: None  # type: ignore[method-assign]  # forgotten, not reaped
-    removed = remove_orphans(options, keep=others)
-    assert orphan.session_id in removed
+    removed = remove_orphans(own)
+    assert removed == [orphan.session_id]
     assert orphan.container_id not in options.runc.list_ids()
     assert not orphan.session_dir.exists()
     assert not os.path.lexists(f"/tmp/.X11-unix/X{number}")

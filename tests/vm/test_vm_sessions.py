@@ -21,11 +21,13 @@ import httpx
 import pytest
 from playwright.sync_api import sync_playwright
 
+from deskbox import Deskbox
 from deskbox_server.engines.vm.sandbox import HIBERNATION_FILE
 
 from ..api.containers import act
 from ..api.helpers import assert_error, decode
 from ..api.sandbox_page import SandboxPage
+from ..api.served import KEY
 from ..api.test_container import running as alive
 from ..api.test_dialects import block_image, claude, gpt, output_image
 from ..rfb_client import RfbViewer
@@ -162,6 +164,17 @@ def test_screenshot_shows_the_page(
     assert image.getpixel((ox + 200, oy + 150)) == RED
     assert image.getpixel((ox + 500, oy + 150)) == GREEN
     assert image.getpixel((ox + 200, oy + 350)) == BLUE
+
+
+def test_the_python_sdk_drives_a_vm(vm: Vm, origin: tuple[int, int]) -> None:
+    ox, oy = origin
+    with Deskbox(str(vm.client.base_url), KEY, timeout=120) as box:
+        session = box.sessions.get(vm.id)
+        assert session.data.backend == "vm"
+        assert session.exec(["echo", "from the guest"]).stdout == "from the guest\n"
+        image = session.screenshot(format="png", as_image=True)
+        assert image.size == (1280, 800)
+        assert image.getpixel((ox + 200, oy + 150))[:3] == RED
 
 
 def test_the_vendor_dialects_drive_a_vm_as_a_container(
