@@ -75,8 +75,11 @@ def interrupt_on_sigterm() -> None:
 
 
 @contextmanager
-def server(state_dir: Path, extra_env: Mapping[str, str] | None = None) -> Iterator[httpx.Client]:
-    """``deskbox serve`` on a free loopback port; ``extra_env`` adds ``DESKBOX_*`` settings."""
+def server(
+    state_dir: Path, extra_env: Mapping[str, str] | None = None, log: Path | None = None,
+) -> Iterator[httpx.Client]:
+    """``deskbox serve`` on a free loopback port; ``extra_env`` adds ``DESKBOX_*`` settings;
+    ``log``: where its log (stderr) goes instead of this terminal."""
     port = free_port()
     env = {
         **os.environ,
@@ -85,11 +88,13 @@ def server(state_dir: Path, extra_env: Mapping[str, str] | None = None) -> Itera
         **(extra_env or {}),
     }
     state_dir.mkdir(parents=True, exist_ok=True)
-    with open(state_dir.parent / "server.out", "wb") as output:
+    with open(state_dir.parent / "server.out", "wb") as output, \
+            open(log if log is not None else os.devnull, "ab") as errors:
         process = subprocess.Popen(
             [str(Path(sys.executable).parent / "deskbox"), "serve", "--host", "127.0.0.1",
              "--port", str(port), "--state-dir", str(state_dir)],
-            env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=None,
+            env=env, stdin=subprocess.DEVNULL, stdout=output,
+            stderr=errors if log is not None else None,
         )
     try:
         # The image build (first run only) reports its progress on the server's stderr.

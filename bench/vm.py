@@ -8,9 +8,9 @@ missing)::
 Starts ``deskbox serve`` with both engines (``DESKBOX_BACKENDS=container,vm``) and, for each
 backend in turn, measures:
 
-- create → running (the create call answers once the desktop is ready: the agent serves
-  and the browser's window is painted) → the start page in a screenshot (its colour);
-  boot → agent ready alone is in the server's log (``agent_ready`` of the start timings);
+- create → the agent listening (the sandbox booted: ``agent_listening`` of the start
+  timings in the server's log) → running (the create call answers once the desktop is
+  ready: the browser's window painted) → the start page in a screenshot (its colour);
 - screenshot (JPEG q75) and click round trips through REST;
 - pause/resume (freeze), hibernate/resume, and a fork into ``--forks`` copies (all running
   when it answers);
@@ -26,6 +26,7 @@ deleted and the server stopped on exit.
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import tempfile
 import time
@@ -47,6 +48,17 @@ from api import (  # bench/api.py (this script's directory)
 )
 
 Figures = dict[str, list[float]]
+
+
+def agent_listening_s(log: Path, session_id: str) -> float:
+    """Seconds from the create to the sandbox's agent listening, from the server's log line
+    ``session ID running (engine E, T s; agent_listening S s, ...)``."""
+    for line in log.read_text(errors="replace").splitlines():
+        if f"session {session_id} running" in line:
+            match = re.search(r"agent_listening ([0-9.]+) s", line)
+            if match:
+                return float(match.group(1))
+    raise SystemExit(f"no start timings of {session_id} in {log}")
 
 
 def create(http: httpx.Client, backend: str) -> tuple[str, float, float]:
@@ -77,11 +89,13 @@ def once(call: Callable[[], httpx.Response]) -> float:
     return time.perf_counter() - started
 
 
-def measure(http: httpx.Client, backend: str, iterations: int, forks: int) -> Figures:
+def measure(http: httpx.Client, log: Path, backend: str, iterations: int, forks: int
+            ) -> Figures:
     figures: Figures = {}
     session_id, created, painted = create(http, backend)
     base = f"/v1/sessions/{session_id}"
     try:
+        figures["create → agent listening (s)"] = [agent_listening_s(log, session_id)]
         figures["create → running: the create's answer (s)"] = [created]
         figures["create → page painted in a screenshot (s)"] = [painted]
         time.sleep(2.0)  # idle: let the start-up's work settle before memory and timings
@@ -131,11 +145,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = {"DESKBOX_BACKENDS": "container,vm", "DESKBOX_MAX_SESSIONS": "12",
            "DESKBOX_MAX_SESSIONS_PER_KEY": "12", "DESKBOX_DESKTOP_CALL_TIMEOUT_S": "120"}
     with tempfile.TemporaryDirectory(prefix="deskbox-bench-vm-") as tmp, \
-            server(Path(tmp) / "state", env) as http:
+            server(Path(tmp) / "state", env, Path(tmp) / "server.log") as http:
         http.timeout = httpx.Timeout(600.0)
         vm = http.get("/healthz").json()["engines"]["vm"]["details"]
         accelerator = vm["accelerator"].upper()
-        results = {backend: measure(http, backend, args.iterations, args.forks)
+        log = Path(tmp) / "server.log"
+        results = {backend: measure(http, log, backend, args.iterations, args.forks)
                    for backend in ("container", "vm")}
     print(f"### VM sessions ({accelerator}) beside container sessions, one run\n")
     print(f"VM accelerator: **{accelerator}** ({vm['accelerator_reason']}).\n")

@@ -1,6 +1,6 @@
 """The warm pool with the vm engine as the default: a plain create takes the VM the pool
-booted ahead (at once, where a boot under TCG takes minutes), and a shutdown cancels the
-refill's boot instead of waiting it out.
+booted ahead (at once, where a boot under TCG takes minutes), the reaper ends it when its
+timeout passes, and a shutdown cancels the refill's boot instead of waiting it out.
 
 Last in the package (by name): the claim starts a refill, a VM boot that would otherwise
 slow the tests after it.
@@ -38,7 +38,7 @@ def pool_qemus(server: PoolServer) -> list[int]:
     return found
 
 
-def test_a_plain_create_takes_the_warm_vm_and_shutdown_cancels_the_refill(
+def test_a_plain_create_takes_the_warm_vm_the_reaper_ends_it_and_shutdown_cancels_the_refill(
     pool_server: PoolServer,
 ) -> None:
     client = pool_server.client
@@ -49,7 +49,7 @@ def test_a_plain_create_takes_the_warm_vm_and_shutdown_cancels_the_refill(
     (warm,) = pool_qemus(pool_server)
 
     started = time.monotonic()
-    created = client.post("/v1/sessions", json={})
+    created = client.post("/v1/sessions", json={"timeout_s": 8})
     took = time.monotonic() - started
     assert created.status_code == 201, created.text
     session = created.json()
@@ -60,7 +60,11 @@ def test_a_plain_create_takes_the_warm_vm_and_shutdown_cancels_the_refill(
     shot = client.get(f"/v1/sessions/{session['id']}/screenshot", params={"format": "png"})
     assert shot.status_code == 200, shot.text
     assert decode(shot.content).size == (1280, 800)
-    assert client.delete(f"/v1/sessions/{session['id']}").status_code == 204
+    # Its timeout passes: the reaper stops it, and its QEMU.
+    deadline = time.monotonic() + 60
+    while client.get(f"/v1/sessions/{session['id']}").json()["state"] != "stopped":
+        assert time.monotonic() < deadline, "the reaper did not stop the VM session"
+        time.sleep(0.5)
     assert warm not in pool_qemus(pool_server)
 
     # The claim started a refill: a VM booting now. A shutdown cancels that boot.

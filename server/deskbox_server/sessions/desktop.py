@@ -70,6 +70,7 @@ class Desktop(Generic[S]):
         engine.check(spec)
         started = time.monotonic()
         sandbox = await engine.create(spec, timeout_s)
+        sandbox.timings["agent_listening"] = time.monotonic() - started
         desktop = cls(engine, sandbox, call_timeout_s)
         try:
             await desktop.connect()

@@ -45,8 +45,9 @@ async def start(
     context.publish(record)
     context.browsers.start(record.id, handle)
     log.info(
-        "session %s running (engine %s, %.2f s)",
+        "session %s running (engine %s, %.2f s; %s)",
         record.id, record.backend, time.monotonic() - started,
+        ", ".join(f"{stage} {seconds:.2f} s" for stage, seconds in handle.sandbox.timings.items()),
     )
     return None
 
