@@ -78,8 +78,7 @@ _TRACES_BEFORE = pytest.StashKey[set[str]]()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Before collection: tests/vm/conftest.py starts its VMs when collection ends, and
-    what they leave must count as ours."""
+    """Before collection: whatever a collection hook starts counts as the suite's."""
     become_subreaper()
     session.config.stash[_TRACES_BEFORE] = _sandbox_traces()
 

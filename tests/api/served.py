@@ -30,11 +30,10 @@ def free_port() -> int:
 @contextmanager
 def serve(
     state_dir: Path, log: Path, extra_env: Mapping[str, str] | None = None,
-    timeout_s: float = 60.0, nice: int = 0,
+    timeout_s: float = 60.0,
 ) -> Iterator[tuple[subprocess.Popen[bytes], httpx.Client]]:
     """``deskbox serve`` on a free loopback port; killed at the end if still running.
-    ``extra_env``: more ``DESKBOX_*`` settings; ``timeout_s``: of each request; ``nice``:
-    the server's niceness, which everything it starts inherits."""
+    ``extra_env``: more ``DESKBOX_*`` settings; ``timeout_s``: of each request."""
     port = free_port()
     env = {**os.environ, "DESKBOX_API_KEYS": KEY, "DESKBOX_IMAGE_STATE_DIR": str(IMAGE_STATE_DIR),
            "DESKBOX_REAPER_INTERVAL_S": "0.5", **(extra_env or {})}
@@ -43,7 +42,6 @@ def serve(
             [str(Path(sys.executable).parent / "deskbox"), "serve", "--host", "127.0.0.1",
              "--port", str(port), "--state-dir", str(state_dir)],
             env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
-            preexec_fn=(lambda: os.nice(nice)) if nice else None,
         )
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=timeout_s,

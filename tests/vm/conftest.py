@@ -4,10 +4,9 @@ package: ``vm.session`` (egress none, on the event page) and ``vm.allowlisted`` 
 allowlist to the peer network's allowed service); a second server's warm pool keeps a
 third VM ready (test_vm_warm_pool.py).
 
-Under software emulation a VM takes a minute or two of CPU to paint its first page, so all
-start as soon as collection ends, at nice 5, and boot on what CPU the rest of the suite
-leaves; when this package's first test comes, its server and VMs get their normal priority
-back and the tests wait only for what is left of the boot.
+Under software emulation a VM takes a minute or two of CPU to paint its first page: all
+three boot at once when the package starts. (Booting them beside the rest of the suite, at
+nice 5, saved no time on 2 busy cores and made timing-sensitive tests flaky.)
 
 The servers are ``deskbox serve`` subprocesses (test_vm_sessions.py kills one with SIGKILL);
 what the tests look at on the host (QEMU's process, its runtime directory, cgroups) is found
@@ -16,7 +15,6 @@ from the session ids."""
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import signal
 import subprocess
@@ -81,32 +79,6 @@ def status_field(pid: int, name: str) -> str:
     raise AssertionError(f"no {name} in /proc/{pid}/status")
 
 
-def descendants(root: int) -> list[int]:
-    """The processes below ``root``."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                stat = (entry / "stat").read_text()
-                children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(
-                    int(entry.name))
-    found, stack = [], list(children.get(root, []))
-    while stack:
-        pid = stack.pop()
-        found.append(pid)
-        stack.extend(children.get(pid, []))
-    return found
-
-
-def renice(root: int, value: int) -> None:
-    """A process and all it started (QEMU's threads included) at niceness ``value``."""
-    for pid in [root, *descendants(root)]:
-        with contextlib.suppress(OSError):
-            for task in Path(f"/proc/{pid}/task").iterdir():  # niceness is per thread
-                with contextlib.suppress(OSError):
-                    os.setpriority(os.PRIO_PROCESS, int(task.name), value)
-
-
 class Vm:
     """The package's VM sessions and the server that runs them now (a restart swaps it)."""
 
@@ -118,10 +90,9 @@ class Vm:
         self.allowlisted: dict[str, Any] = {}
         self.orphans: list[int] = []  # jails that reparented to us when a server died
 
-    def start_server(self, nice: int = 0) -> None:
+    def start_server(self) -> None:
         self.process, self.http = self._stack.enter_context(
-            serve(self.state_dir, self.log, SERVER_ENV, timeout_s=300.0, nice=nice))
-
+            serve(self.state_dir, self.log, SERVER_ENV, timeout_s=300.0))
 
     def kill_server(self) -> None:
         assert self.process is not None
@@ -155,13 +126,12 @@ class Vm:
 
 SERVER_ENV = {"DESKBOX_BACKENDS": "vm,container", "DESKBOX_DEFAULT_BACKEND": "vm",
               "DESKBOX_DESKTOP_CALL_TIMEOUT_S": "60",
-              # Booting at nice 5 beside the rest of the suite takes longer than alone.
+              # Three VMs booting at once on 2 cores take longer than the engine's floor.
               "DESKBOX_START_TIMEOUT_S": "1500"}
 # A second server, whose warm pool keeps one VM ready (test_vm_warm_pool.py).
 POOL_ENV = {"DESKBOX_BACKENDS": "vm", "DESKBOX_DEFAULT_BACKEND": "vm", "DESKBOX_POOL_SIZE": "1",
             "DESKBOX_DESKTOP_CALL_TIMEOUT_S": "60", "DESKBOX_START_TIMEOUT_S": "1500"}
 PEER_INDEX = 1  # the package's peer network: its own, beside tests/isolation's
-EARLY_NICE = 5
 
 
 @dataclass
@@ -171,8 +141,8 @@ class PoolServer:
     state_dir: Path
 
 
-class EarlyVms:
-    """The package's servers and their three VMs, started when collection ends."""
+class VmServers:
+    """The package's servers and their three VMs."""
 
     def __init__(self) -> None:
         # The server's log stays (for a failure's story); the sessions' state goes.
@@ -185,20 +155,21 @@ class EarlyVms:
         self.stack.callback(shutil.rmtree, base / "pool-state", ignore_errors=True)
         try:
             self.pool = PoolServer(*self.stack.enter_context(serve(
-                base / "pool-state", base / "pool-server.log", POOL_ENV, timeout_s=300.0,
-                nice=EARLY_NICE)), base / "pool-state")
+                base / "pool-state", base / "pool-server.log", POOL_ENV, timeout_s=300.0)),
+                base / "pool-state")
             self._start()
         except BaseException:
             self.stack.close()
             raise
 
     def _start(self) -> None:
-        self.vm.start_server(nice=EARLY_NICE)
+        self.vm.start_server()
         _, allowed, _ = peer_addresses(PEER_INDEX)
         bodies = {
             "session": {"display": {"width": 1280, "height": 800},
-                        "browser": {"start_url": events_data_url()}},
-            "allowlisted": {"network": {"egress": "allowlist", "allow": [allowed]}},
+                        "browser": {"start_url": events_data_url()}, "timeout_s": 7200},
+            "allowlisted": {"network": {"egress": "allowlist", "allow": [allowed]},
+                            "timeout_s": 7200},
         }
         self.stack.callback(self._delete)  # runs before the server stops
         for name, body in bodies.items():
@@ -211,33 +182,14 @@ class EarlyVms:
             with contextlib.suppress(httpx.HTTPError, RuntimeError, AssertionError):
                 self.vm.client.delete(f"/v1/sessions/{session_id}")
 
-    def renice(self, value: int) -> None:
-        for process in (self.vm.process, self.pool.process):
-            assert process is not None
-            renice(process.pid, value)
-
     def close(self) -> None:
         self.stack.close()
-
-
-_EARLY = pytest.StashKey["EarlyVms | str"]()  # or why they did not start
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     here = Path(__file__).parent
     if any(Path(str(item.fspath)).parent == here for item in session.items):
         vm_guest()
-        try:
-            session.config.stash[_EARLY] = EarlyVms()
-        except Exception as error:  # noqa: BLE001 (the package's tests fail with it, not the run)
-            session.config.stash[_EARLY] = f"the VM tests' server did not start: {error!r}"
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """If no test of the package ran (the run stopped first), the early VMs end here."""
-    early = session.config.stash.get(_EARLY, None)
-    if isinstance(early, EarlyVms):
-        early.close()
 
 
 @pytest.fixture(scope="package")
@@ -253,22 +205,21 @@ def host_services() -> Iterator[HostServices]:
 
 
 @pytest.fixture(scope="package")
-def vm(request: pytest.FixtureRequest) -> Iterator[Vm]:
-    early = request.config.stash[_EARLY]
-    if isinstance(early, str):
-        pytest.fail(early)
-    early.renice(0)  # the rest of the suite is done: full speed
-    with contextlib.closing(early):
-        for name, session_id in early.started.items():
-            setattr(early.vm, name, running(early.vm.client, session_id))
-        yield early.vm
+def servers() -> Iterator[VmServers]:
+    with contextlib.closing(VmServers()) as started:
+        yield started
 
 
 @pytest.fixture(scope="package")
-def pool_server(vm: Vm, request: pytest.FixtureRequest) -> PoolServer:
-    early = request.config.stash[_EARLY]
-    assert isinstance(early, EarlyVms)
-    return early.pool
+def vm(servers: VmServers) -> Vm:
+    for name, session_id in servers.started.items():
+        setattr(servers.vm, name, running(servers.vm.client, session_id))
+    return servers.vm
+
+
+@pytest.fixture(scope="package")
+def pool_server(vm: Vm, servers: VmServers) -> PoolServer:
+    return servers.pool
 
 
 def running(client: httpx.Client, session_id: str) -> dict[str, Any]:
