@@ -16,7 +16,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import math
-import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
@@ -212,37 +211,17 @@ class DesktopService:
         from .ready import wait_ready
 
         self._first_call()
-        started = time.monotonic()
-
-        def wait(for_browser: bool) -> dict[str, float]:
-            # Its own thread and X connection: waiting must not hold the desktop's.
-            left = max(0.001, float(timeout_s) - (time.monotonic() - started))  # type: ignore[arg-type]
-            return wait_ready(self.display_name, for_browser, left)
-
+        # Its own thread and X connection: waiting for a browser must not hold the desktop's.
         try:
-            timings = await asyncio.to_thread(wait, False)
-            # The desktop's own connections (input, capture: modules imported, shared
-            # memory set up) are made now, while the sandbox is young (a session that
-            # later runs into its pids limit can still be driven), and beside the wait for
-            # the browser rather than after it: in a VM under emulation they take 15 s of
-            # CPU, which would otherwise queue behind Chromium's own start-up.
-            connecting = asyncio.ensure_future(
-                self._on_worker(lambda: self._with_desktop(lambda desktop: None)))
-            try:
-                if browser:
-                    offset = time.monotonic() - started
-                    found = await asyncio.to_thread(wait, True)
-                    timings.update({stage: offset + found[stage]
-                                    for stage in ("browser", "painted")})
-            except BaseException:
-                connecting.cancel()  # the worker finishes the connection on its own
-                with contextlib.suppress(BaseException):
-                    await connecting
-                raise
-            await connecting
+            timings = await asyncio.to_thread(
+                wait_ready, self.display_name, browser, float(timeout_s))  # type: ignore[arg-type]
         except DesktopError as error:
             raise CallError(error.status, error.kind, error.message) from None
-        return {stage: round(seconds, 4) for stage, seconds in timings.items()}
+        # The desktop's own connections (input, capture: libraries found, shared memory
+        # set up) are made now, while the sandbox is young: a session that later runs into
+        # its pids limit (a fork bomb) can still be driven.
+        await self._on_worker(lambda: self._with_desktop(lambda desktop: None))
+        return dict(timings)
 
 
 _M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
