@@ -131,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--formats", default=",".join(FORMATS))
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     formats = [name for name in args.formats.split(",") if name]
     if unknown := set(formats) - set(FORMATS):
         parser.error(f"unknown formats {sorted(unknown)}; choose from {', '.join(FORMATS)}")
