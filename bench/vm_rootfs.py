@@ -108,20 +108,22 @@ async def boot(directory: Path, runtime: Path, number: int) -> dict[str, float]:
     if number == 0:
         accelerator = engine.accelerator
         print(f"{directory.name}: accelerator {accelerator.name} ({accelerator.reason})")
-    started = time.monotonic()
-    sandbox = await engine.create(SessionSpec(id=f"ses_rootfs{number}"), 600)
-    listening = time.monotonic() - started
     try:
-        limits = AgentLimits(handshake_timeout_s=60)
-        reader, writer = await engine.open_stream(sandbox, limits.read_chunk)
-        client = await AgentClient.connect(reader, writer, limits)
-        called = time.monotonic() - started
-        stages = await AgentDesktop(client).ready(True, 600)
-        ready = time.monotonic() - started
-        await client.close()
+        started = time.monotonic()
+        sandbox = await engine.create(SessionSpec(id=f"ses_rootfs{number}"), 600)
+        listening = time.monotonic() - started
+        try:
+            limits = AgentLimits(handshake_timeout_s=60)
+            reader, writer = await engine.open_stream(sandbox, limits.read_chunk)
+            client = await AgentClient.connect(reader, writer, limits)
+            called = time.monotonic() - started
+            stages = await AgentDesktop(client).ready(True, 600)
+            ready = time.monotonic() - started
+            await client.close()
+        finally:
+            await engine.destroy(sandbox)
     finally:
-        await engine.destroy(sandbox)
-        await engine.close()
+        await engine.close()  # also when a create failed: nothing of the engine stays
     return {"agent listening": listening, "painted": called + stages["painted"],
             "desktop ready": ready}
 
