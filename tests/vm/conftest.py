@@ -2,7 +2,8 @@
 session image) before any test's deadline starts, and one server with two VMs serves the
 package: ``vm.session`` (egress none, on the event page) and ``vm.allowlisted`` (egress
 allowlist to the peer network's allowed service); a second server's warm pool keeps a
-third VM ready (test_vm_warm_pool.py).
+third VM ready (test_vm_warm_pool.py). test_vm_egress_all.py boots a fourth, without a
+browser, through the engine.
 
 Under software emulation a VM takes a minute or two of CPU to paint its first page: all
 three boot at once when the package starts. (Booting them beside the rest of the suite, at

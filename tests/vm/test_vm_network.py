@@ -3,9 +3,8 @@ user-mode network inside the session's host-made namespace, whose nftables rules
 container engine's, tests/isolation/test_network.py) decide what it reaches.
 
 Nothing leaves this machine: the "outside world" is tests/peer_network.py's namespace on a
-veth. ``all`` is not run on a VM here: its session would run a browser with the whole
-network open (the container engine's ``all`` is tested without one); it takes the same
-path as ``allowlist`` with a rule set that admits more.
+veth. ``all`` is test_vm_egress_all.py's, on a guest without a browser (one with the
+whole network open would talk to the internet on its own).
 """
 
 from __future__ import annotations

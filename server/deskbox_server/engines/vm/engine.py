@@ -91,10 +91,14 @@ class VmEngine(Engine[VmSandbox]):
         image: Callable[[threading.Event], Path],
         accelerator: Literal["auto", "kvm", "tcg"] = "auto",
         max_execs: int = 8,
+        *,
+        browser: bool = True,
     ) -> None:
         """``image`` finds or builds the guest (blocking; it stops when its event is set)
         and returns its directory (``images/vm-<hash>/``); ``max_execs``: commands and file
-        transfers one session may run at once."""
+        transfers one session may run at once. ``browser=False`` boots guests without one
+        (as the container engine's ``RuncSandbox.start`` can): a desktop that does not talk
+        to the network on its own, for egress tests with the whole network open."""
         self.state_dir = state_dir.resolve()
         self._image_source = image
         self._wanted_accelerator = accelerator
@@ -102,6 +106,7 @@ class VmEngine(Engine[VmSandbox]):
         self._accelerator: Accelerator | None = None
         self._uids = UidPool()
         self._max_execs = max_execs
+        self._browser = browser
 
     @property
     def accelerator(self) -> Accelerator:
@@ -163,7 +168,8 @@ class VmEngine(Engine[VmSandbox]):
             "HOME": GUEST_HOME,
             "DESKBOX_XSERVER": json.dumps(xserver_argv(spec.desktop, _DISPLAYFD, GUEST_DISPLAY)),
             "DESKBOX_WM": json.dumps(wm_argv(WM_CONFIG)),
-            "DESKBOX_BROWSER": json.dumps(browser_argv(spec.desktop, PROFILE_DIR, DEVTOOLS_PORT)),
+            "DESKBOX_BROWSER": json.dumps(
+                browser_argv(spec.desktop, PROFILE_DIR, DEVTOOLS_PORT) if self._browser else []),
             "DESKBOX_AGENT": json.dumps(self._agent_argv()),
         }
         await self._boot_new(sandbox, timeout_s, None)
