@@ -1,5 +1,5 @@
 """The server's commands: ``deskbox-server`` (the same as ``deskbox serve``) and ``deskbox
-image verify``.
+image build|export|inspect|verify``.
 
 The ``deskbox`` command of the client distribution (``deskbox/cli.py``) mounts :func:`serve`
 and :data:`image_app` when this package is importable, so ``deskbox serve`` works wherever
@@ -51,27 +51,122 @@ image_app = typer.Typer(
 )
 
 
-@image_app.command("verify")
-def image_verify(
-    state_dir: Annotated[
-        Path | None,
-        typer.Option(help="The server's state dir, or DESKBOX_IMAGE_STATE_DIR (image cache)."),
-    ] = None,
+StateDirOption = Annotated[
+    Path | None,
+    typer.Option(help="The server's state dir, or DESKBOX_IMAGE_STATE_DIR (image cache)."),
+]
+
+
+def _image_settings(state_dir: Path | None) -> tuple[Path, Path]:
+    """(image cache, recipe dir) as the server would use them."""
+    from .settings import Settings
+
+    overrides: dict[str, object] = {} if state_dir is None else {"image_state_dir": state_dir}
+    settings = Settings(**overrides)  # type: ignore[arg-type]
+    return settings.image_cache_dir, settings.recipe_dir
+
+
+def _progress(line: str) -> None:
+    typer.echo(line, err=True)
+
+
+@image_app.command("build")
+def image_build(
+    state_dir: StateDirOption = None,
+    vm: Annotated[bool, typer.Option(help="Also the vm engine's guest (kernel, initramfs).")]
+    = False,
+    oci: Annotated[bool, typer.Option(help="Also the OCI image (deskbox image export).")]
+    = False,
 ) -> None:
+    """Build the session image (and with --vm, --oci what is made from it) unless cached.
+
+    Progress goes to stderr; each built directory is printed on stdout.
+    """
+    from .engines.image import build_image
+    from .errors import DeskboxError
+
+    cache, recipe = _image_settings(state_dir)
+    scripts = ["build.py", *(["vm_guest.py"] if vm else []), *(["oci_image.py"] if oci else [])]
+    try:
+        for script in scripts:
+            built = build_image(cache, recipe, _progress, script_name=script)
+            typer.echo(built.parent if script == "build.py" else built)
+    except DeskboxError as error:
+        typer.echo(f"error: {error.message}", err=True)
+        raise typer.Exit(2) from None
+
+
+@image_app.command("export")
+def image_export(
+    output: Annotated[Path, typer.Option(
+        "--output", "-o",
+        help="Where to write the OCI archive ('-': standard output, e.g. | podman load).")]
+    = Path("deskbox-session.oci.tar"),
+    state_dir: StateDirOption = None,
+) -> None:
+    """Write the session image as an OCI archive (built first if missing): `podman load`,
+    `docker load` and skopeo (`oci-archive:`) read it."""
+    import shutil
+    import sys
+
+    from .engines.image import OCI_ARCHIVE, build_image
+    from .errors import DeskboxError
+
+    cache, recipe = _image_settings(state_dir)
+    try:
+        archive = build_image(cache, recipe, _progress, script_name="oci_image.py") / OCI_ARCHIVE
+    except DeskboxError as error:
+        typer.echo(f"error: {error.message}", err=True)
+        raise typer.Exit(2) from None
+    size = archive.stat().st_size
+    with open(archive, "rb") as source:
+        if str(output) == "-":
+            shutil.copyfileobj(source, sys.stdout.buffer, 1 << 20)
+            sys.stdout.buffer.flush()
+            return
+        partial = output.with_name(f".{output.name}.partial")
+        try:
+            with open(partial, "wb") as target:
+                shutil.copyfileobj(source, target, 1 << 20)
+            partial.replace(output)
+        except OSError as error:
+            partial.unlink(missing_ok=True)
+            typer.echo(f"error: cannot write {output}: {error.strerror}", err=True)
+            raise typer.Exit(2) from None
+    typer.echo(f"{output}: {size / 2**20:.0f} MiB", err=True)
+
+
+@image_app.command("inspect")
+def image_inspect(state_dir: StateDirOption = None) -> None:
+    """Print what is built of the current recipe, as JSON, building nothing: the session
+    image (hash, package versions, agent, erofs file) and the OCI image (name, digests,
+    labels); null for what is not built."""
+    import json
+
+    from .engines.image import describe_images
+    from .errors import DeskboxError
+
+    cache, recipe = _image_settings(state_dir)
+    try:
+        found = describe_images(cache, recipe)
+    except DeskboxError as error:
+        typer.echo(f"error: {error.message}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(json.dumps(found, indent=2))
+
+
+@image_app.command("verify")
+def image_verify(state_dir: StateDirOption = None) -> None:
     """Compare every file of the session image with the manifest written when it was built.
 
     Exits 0 when the image is intact, 1 listing each difference otherwise.
     """
     from .engines.image import verify_image
     from .errors import DeskboxError
-    from .settings import Settings
 
-    overrides: dict[str, object] = {} if state_dir is None else {"image_state_dir": state_dir}
-    settings = Settings(**overrides)  # type: ignore[arg-type]
+    cache, recipe = _image_settings(state_dir)
     try:
-        problems = verify_image(
-            settings.image_cache_dir, settings.recipe_dir, lambda line: typer.echo(line, err=True)
-        )
+        problems = verify_image(cache, recipe, _progress)
     except DeskboxError as error:
         typer.echo(f"error: {error.message}", err=True)
         raise typer.Exit(2) from None

@@ -1,5 +1,6 @@
 """The session image: a build script of ``desktop_image/`` run as a subprocess, its progress
-relayed (``build.py``: the root filesystem; ``vm_guest.py``: the VM guest made from it).
+relayed (``build.py``: the root filesystem; ``vm_guest.py``: the VM guest made from it;
+``oci_image.py``: the OCI image made from it).
 
 The build is cached by recipe hash under ``<image_state_dir>/images/`` (a cached image is
 found in ~0.1 s; a cold build takes minutes). The server (each engine's ``prepare``) and
@@ -9,6 +10,7 @@ Blocking: call it off the event loop.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -18,12 +20,13 @@ from pathlib import Path
 
 from ..errors import Internal
 
-__all__ = ["build_image", "verify_image"]
+__all__ = ["OCI_ARCHIVE", "build_image", "describe_images", "verify_image"]
 
 Progress = Callable[[str], None]
 _TAIL_LINES = 20
 # build.py's exit status when the cached image fails its start-up integrity check.
 _INTEGRITY_FAILED = 4
+OCI_ARCHIVE = "deskbox-session.oci.tar"  # in oci_image.py's directory (its ARCHIVE)
 
 
 def build_image(
@@ -120,3 +123,28 @@ def verify_image(image_state_dir: Path, recipe_dir: Path, progress: Progress) ->
     if done.returncode not in (0, 1):
         raise Internal(f"could not verify the session image: {done.stderr.strip()[-2000:]}")
     return done.stdout.splitlines()
+
+
+def describe_images(image_state_dir: Path, recipe_dir: Path) -> dict[str, object]:
+    """What is built of ``recipe_dir``'s current recipe, building nothing: the session
+    image's and the OCI image's build manifests (None where not built)."""
+    found: dict[str, object] = {}
+    for part, argv in (("image", ["build.py", "--print-hash"]),
+                       ("oci", ["oci_image.py", "--print-dir"])):
+        done = subprocess.run(
+            [sys.executable, str(recipe_dir / argv[0]), "--state-dir", str(image_state_dir),
+             *argv[1:]],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
+            check=False, timeout=120,
+        )
+        if done.returncode != 0 or not done.stdout.strip():
+            raise Internal(f"could not read the recipe {recipe_dir}: {done.stderr.strip()[-2000:]}")
+        where = done.stdout.strip().splitlines()[-1]
+        directory = image_state_dir / "images" / where if part == "image" else Path(where)
+        try:
+            found[part] = json.loads((directory / "manifest.json").read_text())
+        except FileNotFoundError:
+            found[part] = None
+        except (OSError, ValueError) as error:
+            raise Internal(f"{directory}/manifest.json cannot be read: {error}") from None
+    return found
