@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import Literal
 
 from ..engines import AnyEngine, SessionSpec
-from ..errors import Capacity, DeskboxError, Internal, InvalidRequest, NotFound, SessionFailed
+from ..errors import (
+    Capacity,
+    Conflict,
+    DeskboxError,
+    Internal,
+    InvalidRequest,
+    NotFound,
+    SessionFailed,
+)
 from ..metrics import Metrics
 from ..schemas.health import EngineSummary
 from ..schemas.sessions import SessionCreate, SessionState
@@ -347,7 +355,13 @@ class SessionManager:
         self._publish_state(record)
         live.start_task = asyncio.create_task(self._start(live, engine, spec))
         if wait:
-            await asyncio.shield(live.start_task)
+            try:
+                await asyncio.shield(live.start_task)
+            except asyncio.CancelledError:
+                if not live.start_task.cancelled():
+                    raise
+                raise Conflict(f"session {session_id} was deleted while it was starting"
+                               ) from None
             if record.state is S.failed:
                 reason = record.failure.reason if record.failure else "unknown"
                 raise SessionFailed(f"session {session_id} failed to start: {reason}")
@@ -420,8 +434,19 @@ class SessionManager:
         return live.record
 
     async def _stop(self, live: LiveSession, failure: str | None) -> None:
-        if live.start_task is not None:
-            await asyncio.shield(live.start_task)
+        start = live.start_task
+        if start is not None:
+            engine = self._engines.get(live.record.backend)
+            if not start.done() and engine is not None and engine.create_cancellable:
+                # A VM's boot under emulation takes minutes: a delete, the reaper or the
+                # shutdown ends it now instead of waiting it out (Desktop.start and the
+                # engine's create leave nothing of a cancelled start).
+                start.cancel()
+            try:
+                await asyncio.shield(start)
+            except asyncio.CancelledError:
+                if not start.cancelled():
+                    raise  # this caller was cancelled, not the start
         if live.stop_task is None:
             live.stop_task = asyncio.create_task(self._end(live, failure))
         await asyncio.shield(live.stop_task)
