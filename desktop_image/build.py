@@ -42,7 +42,10 @@ from pathlib import Path
 import agent_install
 import image_store
 
-__all__ = ["Recipe", "ensure_image", "image_dir", "load_recipe", "main"]
+__all__ = [
+    "Recipe", "cached_or_built", "ensure_image", "image_dir", "load_recipe", "made_from_image",
+    "main",
+]
 
 RECIPE_DIR = Path(__file__).resolve().parent
 SUITE = "bookworm"
@@ -249,6 +252,39 @@ def _ensure_base(images: Path, recipe: Recipe, progress: Progress) -> Path:
         os.rename(staging, final)
     progress(f"base {recipe.base_hash} built in {time.monotonic() - started:.0f} s")
     return final / "rootfs"
+
+
+def made_from_image(ensure: Callable[[Path, Progress], Path], state_dir: Path) -> int:
+    """A script's run of ``ensure`` (what it builds from the session image): progress on
+    stderr, the made path on stdout (exit status 0), or why the session image cannot be
+    used (INTEGRITY_FAILED)."""
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    try:
+        made = ensure(state_dir, progress)
+    except image_store.ImageIntegrityError as error:
+        progress(f"error: {error}; run `deskbox image verify` for every difference, or "
+                 "remove the image directory to build it again")
+        return INTEGRITY_FAILED
+    print(made)
+    return 0
+
+
+def cached_or_built(
+    final: Path, marker: str, label: str, make: Callable[[], None], progress: Progress
+) -> Path:
+    """``final``, an image directory beside the session image that is complete once it
+    holds ``marker``: found, or made by ``make`` under a lock of its kind (``label``), so
+    that a second build of it waits for the first and then finds it."""
+    if (final / marker).is_file():
+        progress(f"{label} {final.name} is cached")
+        return final
+    with _locked(final.parent / f".{label.replace(' ', '-')}.lock", progress):
+        if not (final / marker).is_file():  # else built while we waited
+            make()
+    return final
 
 
 @contextlib.contextmanager

@@ -278,14 +278,9 @@ def ensure_oci_image(state_dir: Path, progress: Progress = print) -> Path:
     recipe = build.load_recipe()
     rootfs = build.ensure_image(state_dir, recipe, progress)
     final = oci_dir(state_dir, recipe)
-    if (final / MANIFEST).is_file():
-        progress(f"oci image {final.name} is cached")
-        return final
-    images = final.parent
-    with build._locked(images / ".oci.lock", progress):
-        if not (final / MANIFEST).is_file():  # else built while we waited
-            _build(images, final, recipe, rootfs, progress)
-    return final
+    return build.cached_or_built(
+        final, MANIFEST, "oci image",
+        lambda: _build(final.parent, final, recipe, rootfs, progress), progress)
 
 
 def _build(images: Path, final: Path, recipe: build.Recipe, rootfs: Path,
@@ -327,18 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_dir:
         print(oci_dir(state_dir, build.load_recipe()))
         return 0
-
-    def progress(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
-    try:
-        final = ensure_oci_image(state_dir, progress)
-    except image_store.ImageIntegrityError as error:
-        progress(f"error: {error}; run `deskbox image verify` for every difference, or "
-                 "remove the image directory to build it again")
-        return build.INTEGRITY_FAILED
-    print(final)
-    return 0
+    return build.made_from_image(ensure_oci_image, state_dir)
 
 
 if __name__ == "__main__":

@@ -517,14 +517,9 @@ def ensure_guest(state_dir: Path, progress: Progress = print) -> Path:
     build.ensure_image(state_dir, recipe, progress)
     packages = resolve_packages(progress, state_dir / "images" / ".vm-packages.json")
     final = guest_dir(state_dir, recipe, packages)
-    if (final / MANIFEST).is_file():
-        progress(f"vm guest {final.name} is cached")
-        return final
-    images = final.parent
-    with build._locked(images / ".vm.lock", progress):
-        if not (final / MANIFEST).is_file():  # else built while we waited
-            _build(images, final, recipe, packages, progress)
-    return final
+    return build.cached_or_built(
+        final, MANIFEST, "vm guest",
+        lambda: _build(final.parent, final, recipe, packages, progress), progress)
 
 
 def _build(images: Path, final: Path, recipe: build.Recipe, packages: Packages,
@@ -589,18 +584,7 @@ def main(argv: list[str] | None = None) -> int:
         default=Path(os.environ.get("DESKBOX_STATE_DIR", HERE.parent / ".state")),
     )
     args = parser.parse_args(argv)
-
-    def progress(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
-    try:
-        final = ensure_guest(args.state_dir.resolve(), progress)
-    except image_store.ImageIntegrityError as error:
-        progress(f"error: {error}; run `deskbox image verify` for every difference, or "
-                 "remove the image directory to build it again")
-        return build.INTEGRITY_FAILED
-    print(final)
-    return 0
+    return build.made_from_image(ensure_guest, args.state_dir.resolve())
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ inside the commands: mounting them costs ``deskbox --help`` nothing.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -70,6 +72,18 @@ def _progress(line: str) -> None:
     typer.echo(line, err=True)
 
 
+@contextlib.contextmanager
+def _errors_exit_2() -> Iterator[None]:
+    """A DeskboxError ends the command with its message and exit status 2."""
+    from .errors import DeskboxError
+
+    try:
+        yield
+    except DeskboxError as error:
+        typer.echo(f"error: {error.message}", err=True)
+        raise typer.Exit(2) from None
+
+
 @image_app.command("build")
 def image_build(
     state_dir: StateDirOption = None,
@@ -83,17 +97,13 @@ def image_build(
     Progress goes to stderr; each built directory is printed on stdout.
     """
     from .engines.image import build_image
-    from .errors import DeskboxError
 
     cache, recipe = _image_settings(state_dir)
     scripts = ["build.py", *(["vm_guest.py"] if vm else []), *(["oci_image.py"] if oci else [])]
-    try:
+    with _errors_exit_2():
         for script in scripts:
             built = build_image(cache, recipe, _progress, script_name=script)
             typer.echo(built.parent if script == "build.py" else built)
-    except DeskboxError as error:
-        typer.echo(f"error: {error.message}", err=True)
-        raise typer.Exit(2) from None
 
 
 @image_app.command("export")
@@ -110,14 +120,10 @@ def image_export(
     import sys
 
     from .engines.image import OCI_ARCHIVE, build_image
-    from .errors import DeskboxError
 
     cache, recipe = _image_settings(state_dir)
-    try:
+    with _errors_exit_2():
         archive = build_image(cache, recipe, _progress, script_name="oci_image.py") / OCI_ARCHIVE
-    except DeskboxError as error:
-        typer.echo(f"error: {error.message}", err=True)
-        raise typer.Exit(2) from None
     size = archive.stat().st_size
     with open(archive, "rb") as source:
         if str(output) == "-":
@@ -144,14 +150,10 @@ def image_inspect(state_dir: StateDirOption = None) -> None:
     import json
 
     from .engines.image import describe_images
-    from .errors import DeskboxError
 
     cache, recipe = _image_settings(state_dir)
-    try:
+    with _errors_exit_2():
         found = describe_images(cache, recipe)
-    except DeskboxError as error:
-        typer.echo(f"error: {error.message}", err=True)
-        raise typer.Exit(2) from None
     typer.echo(json.dumps(found, indent=2))
 
 
@@ -162,14 +164,10 @@ def image_verify(state_dir: StateDirOption = None) -> None:
     Exits 0 when the image is intact, 1 listing each difference otherwise.
     """
     from .engines.image import verify_image
-    from .errors import DeskboxError
 
     cache, recipe = _image_settings(state_dir)
-    try:
+    with _errors_exit_2():
         problems = verify_image(cache, recipe, _progress)
-    except DeskboxError as error:
-        typer.echo(f"error: {error.message}", err=True)
-        raise typer.Exit(2) from None
     for problem in problems:
         typer.echo(problem)
     raise typer.Exit(1 if problems else 0)

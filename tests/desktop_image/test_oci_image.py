@@ -9,7 +9,6 @@ entrypoint, labels and layer, and ``deskbox image inspect|export`` show and copy
 from __future__ import annotations
 
 import hashlib
-import importlib
 import io
 import json
 import os
@@ -29,27 +28,17 @@ from isal import igzip
 from deskbox_server.engines.image import OCI_ARCHIVE, build_image
 from deskbox_server.settings import default_recipe_dir
 
-from ..images import IMAGE_STATE_DIR, REPO
+from ..images import IMAGE_STATE_DIR, progress, recipe_module
 
-RECIPE = REPO / "desktop_image"
 BUILD_TIMEOUT_S = 1800
 DESKBOX = str(Path(sys.executable).parent / "deskbox")
 
 
-def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
 @pytest.fixture(scope="module")
 def oci_image() -> Iterator[ModuleType]:
-    """desktop_image/oci_image.py as a module (it imports its siblings as top-level ones)."""
-    sys.path.insert(0, str(RECIPE))
-    try:
-        yield importlib.import_module("oci_image")
-    finally:
-        for name in ("oci_image", "build", "agent_install", "image_store"):
-            sys.modules.pop(name, None)
-        sys.path.remove(str(RECIPE))
+    """desktop_image/oci_image.py as a module."""
+    with recipe_module("oci_image") as module:
+        yield module
 
 
 def _tree(root: Path, reverse: bool) -> None:
@@ -106,7 +95,7 @@ def test_a_layer_is_the_same_bytes_whatever_the_times_and_order(
 @pytest.fixture(scope="module")
 def built() -> Path:
     """The current recipe's OCI image directory (built if missing: the layer in ~a minute)."""
-    return build_image(IMAGE_STATE_DIR, default_recipe_dir(), _progress,
+    return build_image(IMAGE_STATE_DIR, default_recipe_dir(), progress,
                        timeout_s=BUILD_TIMEOUT_S, script_name="oci_image.py")
 
 

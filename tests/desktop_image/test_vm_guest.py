@@ -8,7 +8,6 @@ cached, and the pieces that need no build (cpio, bzImage, signatures) on their o
 
 from __future__ import annotations
 
-import importlib
 import json
 import lzma
 import os
@@ -23,32 +22,23 @@ from types import ModuleType
 
 import pytest
 
-from ..images import IMAGE_STATE_DIR, REPO
+from ..images import IMAGE_STATE_DIR, REPO, progress, recipe_module
 
 RECIPE = REPO / "desktop_image"
 # A cold cache builds the session image (minutes) and the guest (a download, ~15 s).
 BUILD_TIMEOUT_S = 1800
 
 
-def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
 @pytest.fixture(scope="module")
 def vm_guest() -> Iterator[ModuleType]:
-    """desktop_image/vm_guest.py as a module (it imports its siblings as top-level ones)."""
-    sys.path.insert(0, str(RECIPE))
-    try:
-        yield importlib.import_module("vm_guest")
-    finally:
-        for name in ("vm_guest", "build", "agent_install", "image_store"):
-            sys.modules.pop(name, None)
-        sys.path.remove(str(RECIPE))
+    """desktop_image/vm_guest.py as a module."""
+    with recipe_module("vm_guest") as module:
+        yield module
 
 
 @pytest.fixture(scope="module")
 def guest(vm_guest: ModuleType) -> Path:
-    directory: Path = vm_guest.ensure_guest(IMAGE_STATE_DIR, _progress)
+    directory: Path = vm_guest.ensure_guest(IMAGE_STATE_DIR, progress)
     return directory
 
 
@@ -135,7 +125,7 @@ def test_init_is_valid_busybox_sh(tmp_path: Path, initramfs: dict[str, tuple[int
 def test_the_build_is_cached(vm_guest: ModuleType, guest: Path) -> None:
     built = (guest / vm_guest.MANIFEST).stat().st_mtime_ns
     started = time.monotonic()
-    again = vm_guest.ensure_guest(IMAGE_STATE_DIR, _progress)
+    again = vm_guest.ensure_guest(IMAGE_STATE_DIR, progress)
     assert again == guest
     assert time.monotonic() - started < 5.0
     assert (guest / vm_guest.MANIFEST).stat().st_mtime_ns == built

@@ -38,7 +38,7 @@ from deskbox_server.settings import default_recipe_dir
 
 from ..api.sandbox_page import events_data_url
 from ..api.served import reap, serve
-from ..images import IMAGE_STATE_DIR, _progress
+from ..images import IMAGE_STATE_DIR, progress
 from ..peer_network import (
     HostServices,
     Peer,
@@ -52,7 +52,7 @@ BOOT_TIMEOUT_S = 900.0
 
 def vm_guest() -> Path:
     """The current recipe's VM guest directory (``images/vm-<hash>/``), built if missing."""
-    return build_image(IMAGE_STATE_DIR, default_recipe_dir(), _progress, timeout_s=1800,
+    return build_image(IMAGE_STATE_DIR, default_recipe_dir(), progress, timeout_s=1800,
                        script_name="vm_guest.py")
 
 
