@@ -165,8 +165,8 @@ class VmServers:
     @property
     def pool(self) -> PoolServer:
         """The warm pool's server, started when first asked for (once the two VMs above
-        run): its VM boots beside the first tests instead of beside those two, where four
-        emulated guests on two cores kept the event page loading for over 7 minutes."""
+        run): its VM boots beside the first tests instead of beside those two, so that
+        fewer emulated guests share the two cores while the event page loads."""
         if self._pool is None:
             state = self._base / "pool-state"
             self.stack.callback(shutil.rmtree, state, ignore_errors=True)
