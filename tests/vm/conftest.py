@@ -2,12 +2,11 @@
 session image) before any test's deadline starts, and one server with two VMs serves the
 package: ``vm.session`` (egress none, on the event page) and ``vm.allowlisted`` (egress
 allowlist to the peer network's allowed service); a second server's warm pool keeps a
-third VM ready (test_vm_warm_pool.py, last), started once the two run.
-test_vm_egress_all.py boots a fourth, without a browser, through the engine.
+third VM ready (test_vm_warm_pool.py, last). test_vm_egress_all.py boots a fourth, without
+a browser, through the engine.
 
-Under software emulation a VM takes a minute or two of CPU to paint its first page: the two
-boot at once when the package starts (with test_vm_egress_all.py's, which needs a fraction
-of that). (Booting them beside the rest of the suite, at
+Under software emulation a VM takes a minute or two of CPU to paint its first page: all
+three boot at once when the package starts. (Booting them beside the rest of the suite, at
 nice 5, saved no time on 2 busy cores and made timing-sensitive tests flaky.)
 
 The servers are ``deskbox serve`` subprocesses (test_vm_sessions.py kills one with SIGKILL);
@@ -154,25 +153,15 @@ class VmServers:
         self.vm = Vm(base / "state", base / "server.log", self.stack)
         self.stack.callback(lambda: reap(self.vm.orphans))
         self.started: dict[str, str] = {}
-        self._base = base
-        self._pool: PoolServer | None = None
+        self.stack.callback(shutil.rmtree, base / "pool-state", ignore_errors=True)
         try:
+            self.pool = PoolServer(*self.stack.enter_context(serve(
+                base / "pool-state", base / "pool-server.log", POOL_ENV, timeout_s=300.0)),
+                base / "pool-state")
             self._start()
         except BaseException:
             self.stack.close()
             raise
-
-    @property
-    def pool(self) -> PoolServer:
-        """The warm pool's server, started when first asked for (once the two VMs above
-        run): its VM boots beside the first tests instead of beside those two, so that
-        fewer emulated guests share the two cores while the event page loads."""
-        if self._pool is None:
-            state = self._base / "pool-state"
-            self.stack.callback(shutil.rmtree, state, ignore_errors=True)
-            self._pool = PoolServer(*self.stack.enter_context(serve(
-                state, self._base / "pool-server.log", POOL_ENV, timeout_s=300.0)), state)
-        return self._pool
 
     def _start(self) -> None:
         self.vm.start_server()
@@ -226,7 +215,6 @@ def servers() -> Iterator[VmServers]:
 def vm(servers: VmServers) -> Vm:
     for name, session_id in servers.started.items():
         setattr(servers.vm, name, running(servers.vm.client, session_id))
-    servers.pool  # noqa: B018 (its VM boots from now on, while the first tests run)
     return servers.vm
 
 

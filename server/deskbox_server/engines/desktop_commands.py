@@ -38,6 +38,11 @@ BROWSER_FLAGS: tuple[str, ...] = (
     # per session on the host, -43 MiB PSS per session in sandboxes (bench/density.py).
     "--disable-features=Translate,MediaRouter,OptimizationHints,WebUIOmniboxPopup,"
     "WebUIOmniboxAimPopup",
+    # The network service on a thread of the browser process instead of a process of its
+    # own (as Puppeteer runs Chromium): in a VM guest under TCG that process was killed and
+    # restarted during start-up ("Network service crashed or was terminated, restarting
+    # service") and the start page's navigation never committed.
+    "--enable-features=NetworkServiceInProcess2",
     "--disable-session-crashed-bubble",
     "--hide-crash-restore-bubble",
     "--start-maximized",
