@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 
 __all__ = [
     "BROWSER_FLAGS",
     "DEVTOOLS_PORT",
+    "IMAGE_PROFILE_DIR",
+    "IMAGE_WM_CONFIG",
     "DesktopSpec",
     "browser_argv",
+    "session_env",
     "wm_argv",
     "wm_config_path",
     "xserver_argv",
 ]
 
 DEVTOOLS_PORT = 9222  # the browser's, on a sandbox's own loopback
+# Inside the session image: openbox's configuration (copied there by desktop_image/build.py)
+# and the browser's profile, in the home every engine makes writable.
+IMAGE_WM_CONFIG = "/etc/deskbox/openbox-rc.xml"
+IMAGE_PROFILE_DIR = "/root/chromium"
+_DISPLAYFD = 3  # the X server's -displayfd, a pipe the session's init makes
 
 # Measured on this project's hosts (see ARCHITECTURE.md): these start Chromium as root in a
 # headless X session with no network chatter and no first-run UI.
@@ -95,3 +105,16 @@ def browser_argv(spec: DesktopSpec, profile_dir: str, debug_port: int = 0) -> li
         "--remote-allow-origins=*",
         spec.start_url,
     ]
+
+
+def session_env(spec: DesktopSpec, display: int, agent_argv: Sequence[str], browser: bool = True
+                ) -> dict[str, str]:
+    """The command lines the session image's init (``deskbox-session``) starts, in the
+    variables it reads them from: the same desktop on every engine that runs the image."""
+    return {
+        "DESKBOX_XSERVER": json.dumps(xserver_argv(spec, _DISPLAYFD, display)),
+        "DESKBOX_WM": json.dumps(wm_argv(IMAGE_WM_CONFIG)),
+        "DESKBOX_BROWSER": json.dumps(
+            browser_argv(spec, IMAGE_PROFILE_DIR, DEVTOOLS_PORT) if browser else []),
+        "DESKBOX_AGENT": json.dumps(list(agent_argv)),
+    }

@@ -47,7 +47,7 @@ from pathlib import Path
 
 from ...errors import Conflict, DesktopFailed, InvalidRequest, SessionFailed
 from ..base import Sandbox
-from ..desktop_commands import DEVTOOLS_PORT, DesktopSpec, browser_argv, wm_argv, xserver_argv
+from ..desktop_commands import DEVTOOLS_PORT, DesktopSpec, session_env
 from ..network import (
     NETNS_DIR,
     Egress,
@@ -88,9 +88,6 @@ __all__ = [
 
 _SESSION_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 LAUNCHER = "/usr/local/bin/deskbox-session"
-WM_CONFIG = "/etc/deskbox/openbox-rc.xml"  # copied into the image by desktop_image/build.py
-PROFILE_DIR = "/root/chromium"
-_DISPLAYFD = 3  # the launcher hands the X server a pipe on this descriptor
 _SHARED_DIR_OPTIONS = "size=256k,nr_inodes=64"
 _ETC_FILES = ("hosts", "resolv.conf")
 # In the session directory: the X server's display number inside, where not the host's.
@@ -410,14 +407,7 @@ class RuncSandbox(Sandbox):
         assert self.display is not None
         number = self.display.number
         netns, files = self._start_network(egress)
-        env = {
-            "DESKBOX_XSERVER": json.dumps(xserver_argv(spec, _DISPLAYFD, number)),
-            "DESKBOX_WM": json.dumps(wm_argv(WM_CONFIG)),
-            "DESKBOX_BROWSER": json.dumps(
-                browser_argv(spec, PROFILE_DIR, DEVTOOLS_PORT) if browser else []
-            ),
-            "DESKBOX_AGENT": json.dumps(list(AGENT_ARGV)),
-        }
+        env = session_env(spec, number, AGENT_ARGV, browser)
         # Start-up runs at the host's full CPU: under a 1-CPU quota Chromium alone takes
         # ~0.5 s longer to show its window. The session's own quota applies once it is ready.
         host_cpus = float(os.cpu_count() or 1) if boost else limits.cpus

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -31,7 +30,7 @@ from typing import ClassVar, Literal
 
 from ...errors import DesktopFailed, Internal, InvalidRequest, SessionFailed, Timeout
 from ..base import AgentStream, Capability, Engine, SessionSpec, SnapshotInfo
-from ..desktop_commands import DEVTOOLS_PORT, browser_argv, wm_argv, xserver_argv
+from ..desktop_commands import session_env
 from ..network import (
     Egress,
     SessionNetwork,
@@ -58,14 +57,11 @@ __all__ = ["VmEngine"]
 
 log = logging.getLogger("deskbox.vm")
 
-WM_CONFIG = "/etc/deskbox/openbox-rc.xml"
-PROFILE_DIR = f"{GUEST_HOME}/chromium"
 AGENT_ARGV = ("/usr/local/bin/deskbox-agent", "--listen",
               f"serial:/dev/virtio-ports/{AGENT_PORT}")
 # Under TCG the guest's Chromium re-reads a changed keymap and draws typed keys 10-30 times
 # slower than on a host: the agent waits that much longer for it before moving on.
 _TCG_AGENT_PATIENCE = 10
-_DISPLAYFD = 3
 _SAVE_TIMEOUT_S = 300.0
 
 
@@ -166,11 +162,7 @@ class VmEngine(Engine[VmSandbox]):
         sandbox.egress = egress
         sandbox.env = {
             "HOME": GUEST_HOME,
-            "DESKBOX_XSERVER": json.dumps(xserver_argv(spec.desktop, _DISPLAYFD, GUEST_DISPLAY)),
-            "DESKBOX_WM": json.dumps(wm_argv(WM_CONFIG)),
-            "DESKBOX_BROWSER": json.dumps(
-                browser_argv(spec.desktop, PROFILE_DIR, DEVTOOLS_PORT) if self._browser else []),
-            "DESKBOX_AGENT": json.dumps(self._agent_argv()),
+            **session_env(spec.desktop, GUEST_DISPLAY, self._agent_argv(), self._browser),
         }
         await self._boot_new(sandbox, timeout_s, None)
         return sandbox
