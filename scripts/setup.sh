@@ -14,7 +14,7 @@ APT_PACKAGES=(
   erofs-utils              # the session image: a read-only erofs file (desktop_image/image_store.py)
   qemu-system-x86          # the vm engine: each session in a QEMU microVM (desktop_image/vm_guest.py)
   golang-github-containers-common  # /usr/share/containers/seccomp.json: sandboxes' syscall allowlist
-  podman                   # tests/desktop_image/test_oci_image.py: podman load reads the OCI image
+  podman                   # the docker engine's tests (its Docker-compatible service) and podman load of the OCI image
   xdotool scrot            # only for bench/: the peers' way of doing things
   x11-xserver-utils        # only for bench/peers.py: cua-computer-server needs xrandr
   python3 python3-venv python3-dev gcc

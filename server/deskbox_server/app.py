@@ -22,6 +22,7 @@ from .api.deps import Services
 from .api.errors import RequestContext, install_error_handlers
 from .api.openapi import install_openapi
 from .engines import AnyEngine
+from .engines.docker.engine import DockerEngine, DockerOptions
 from .engines.image import build_image
 from .engines.local.engine import LocalEngine
 from .engines.runc.engine import RuncEngine
@@ -32,7 +33,7 @@ from .sessions.manager import SessionManager
 from .sessions.registry import Registry
 from .settings import Settings
 
-__all__ = ["create_app", "default_engines", "runc_engine", "vm_engine"]
+__all__ = ["create_app", "default_engines", "docker_engine", "runc_engine", "vm_engine"]
 
 log = logging.getLogger("deskbox.server")
 image_log = logging.getLogger("deskbox.image")
@@ -44,6 +45,7 @@ def default_engines(settings: Settings) -> dict[str, AnyEngine]:
     known: dict[str, Callable[[Settings], AnyEngine]] = {
         RuncEngine.name: runc_engine,
         VmEngine.name: vm_engine,
+        DockerEngine.name: docker_engine,
         LocalEngine.name: lambda _: LocalEngine(),
     }
     unknown = sorted(set(settings.backends) - set(known))
@@ -80,6 +82,14 @@ def vm_engine(settings: Settings) -> VmEngine:
     guest = _image_builder(settings, "VM guest", "vm_guest.py")
     return VmEngine(settings.state_dir, guest, settings.vm_accelerator,
                     settings.exec_max_concurrent)
+
+
+def docker_engine(settings: Settings) -> DockerEngine:
+    """Containers through the Engine API at ``docker_host``, of the OCI image built (or
+    found cached) and loaded into that daemon by prepare()."""
+    options = DockerOptions(url=settings.docker_url, state_dir=settings.state_dir.resolve(),
+                            max_execs=settings.exec_max_concurrent)
+    return DockerEngine(options, image=_image_builder(settings, "OCI image", "oci_image.py"))
 
 
 def _image_builder(settings: Settings, what: str, script_name: str

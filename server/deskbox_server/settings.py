@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     # The vm engine's accelerator: auto (KVM where /dev/kvm runs a stock guest, else TCG),
     # kvm (refuse to start without it) or tcg.
     vm_accelerator: Literal["auto", "kvm", "tcg"] = "auto"
+    # The docker engine's Engine API (Docker, or `podman system service`); empty: DOCKER_HOST,
+    # else Docker's default socket.
+    docker_host: str = ""
     # X display numbers [display_first, display_last) for container sessions.
     display_first: Annotated[int, Field(ge=1, le=65535)] = 200
     display_last: Annotated[int, Field(ge=2, le=65536)] = 1000
@@ -130,3 +133,7 @@ class Settings(BaseSettings):
     def image_cache_dir(self) -> Path:
         """What ``desktop_image/build.py --state-dir`` is given: images go under its images/."""
         return self.image_state_dir or self.state_dir
+
+    @property
+    def docker_url(self) -> str:
+        return self.docker_host or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"

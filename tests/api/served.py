@@ -30,10 +30,11 @@ def free_port() -> int:
 @contextmanager
 def serve(
     state_dir: Path, log: Path, extra_env: Mapping[str, str] | None = None,
-    timeout_s: float = 60.0,
+    timeout_s: float = 60.0, ready_timeout_s: float = 60.0,
 ) -> Iterator[tuple[subprocess.Popen[bytes], httpx.Client]]:
     """``deskbox serve`` on a free loopback port; killed at the end if still running.
-    ``extra_env``: more ``DESKBOX_*`` settings; ``timeout_s``: of each request."""
+    ``extra_env``: more ``DESKBOX_*`` settings; ``timeout_s``: of each request;
+    ``ready_timeout_s``: until it answers (its engines prepared)."""
     port = free_port()
     env = {**os.environ, "DESKBOX_API_KEYS": KEY, "DESKBOX_IMAGE_STATE_DIR": str(IMAGE_STATE_DIR),
            "DESKBOX_REAPER_INTERVAL_S": "0.5", **(extra_env or {})}
@@ -46,7 +47,7 @@ def serve(
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=timeout_s,
                           headers={"Authorization": f"Bearer {KEY}"}) as http:
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + ready_timeout_s
             while True:
                 assert process.poll() is None, log.read_text()[-3000:]
                 assert time.monotonic() < deadline, "the server did not start"

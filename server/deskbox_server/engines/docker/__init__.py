@@ -1,0 +1,2 @@
+"""The ``docker`` engine: each session a container made through the Docker Engine API
+(engine.py)."""

@@ -1,0 +1,172 @@
+"""The docker engine's one kept connection to an Engine API: Docker's, or Podman's
+compatible service (``podman system service``), through aiodocker.
+
+Only the calls the engine makes, each mapped onto our errors: a refusal names what the
+daemon said (:class:`DaemonRefused`), and a daemon that does not answer is an Internal error
+naming its address and how to start one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiodocker
+import aiohttp
+from aiodocker.exceptions import DockerError
+
+from ...errors import Internal, SessionFailed
+
+__all__ = ["Daemon", "DaemonRefused"]
+
+T = TypeVar("T")
+_LOAD_CHUNK = 4 * 1024 * 1024
+_UNREACHABLE = 900  # aiodocker's status for a connection that failed
+
+
+class DaemonRefused(SessionFailed):
+    """The Engine API answered with an error status."""
+
+    def __init__(self, what: str, status: int, message: str) -> None:
+        super().__init__(f"the container engine refused to {what} ({status}: {message})")
+        self.status = status
+
+
+class Daemon:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._docker: aiodocker.Docker | None = None
+        self.product = ""  # "Docker Engine", "Podman Engine"
+        self.version = ""
+
+    @property
+    def is_podman(self) -> bool:
+        return self.product.startswith("Podman")
+
+    @property
+    def _api(self) -> aiodocker.Docker:
+        if self._docker is None:
+            raise Internal("the docker engine is not prepared")
+        return self._docker
+
+    async def open(self) -> None:
+        self._docker = aiodocker.Docker(url=self.url)
+        try:
+            version = await self._call("tell its version", self._api.version())
+        except BaseException:
+            await self.close()
+            raise
+        components = version.get("Components") or [{}]
+        self.product = str(components[0].get("Name", "Docker Engine"))
+        self.version = str(version.get("Version", ""))
+
+    async def close(self) -> None:
+        if self._docker is not None:
+            docker, self._docker = self._docker, None
+            await docker.close()
+
+    async def _call(self, what: str, call: Awaitable[T]) -> T:
+        try:
+            return await call
+        except DockerError as error:
+            if error.status == _UNREACHABLE:
+                raise self._unreachable(error.message) from None
+            raise DaemonRefused(what, error.status, str(error.message)) from None
+        except (aiohttp.ClientError, OSError) as error:
+            raise self._unreachable(error) from None
+
+    def _unreachable(self, detail: object) -> Internal:
+        return Internal(
+            f"the container engine at {self.url} does not answer ({detail}); start Docker or "
+            "Podman's compatible service (`podman system service`) and point "
+            "DESKBOX_DOCKER_HOST at its socket"
+        )
+
+    # -- images -----------------------------------------------------------------------------
+
+    async def has_image(self, name: str) -> bool:
+        try:
+            await self._call("inspect an image", self._api.images.inspect(name))
+        except DaemonRefused as refused:
+            if refused.status == 404:
+                return False
+            raise
+        return True
+
+    async def load_image(self, archive: Path, progress: Callable[[str], None]) -> None:
+        """``POST /images/load`` of an image archive, streamed from the file."""
+
+        size = max(1, (await asyncio.to_thread(archive.stat)).st_size)
+        file = await asyncio.to_thread(archive.open, "rb")
+
+        async def chunks() -> AsyncIterator[bytes]:
+            sent = reported = 0
+            with file:
+                while chunk := await asyncio.to_thread(file.read, _LOAD_CHUNK):
+                    sent += len(chunk)
+                    if sent - reported >= size // 5 or sent == size:
+                        reported = sent
+                        progress(f"loading {archive.name} into the container engine: "
+                                 f"{sent * 100 // size} %")
+                    yield chunk
+
+        answers = await self._call("load the session image",
+                                   self._api.images.import_image(data=chunks()))
+        for answer in answers or ():
+            if isinstance(answer, dict) and answer.get("error"):
+                raise DaemonRefused("load the session image", 500, str(answer["error"]))
+
+    # -- containers -------------------------------------------------------------------------
+
+    async def create(self, name: str, body: dict[str, Any]) -> str:
+        container = await self._call("create a container",
+                                     self._api.containers.create(body, name=name))
+        return str(container.id)
+
+    def _container(self, container: str) -> aiodocker.containers.DockerContainer:
+        return aiodocker.containers.DockerContainer(self._api, id=container)
+
+    async def start(self, container: str) -> None:
+        await self._call("start a container", self._container(container).start())
+
+    async def pause(self, container: str) -> None:
+        await self._call("pause a container", self._container(container).pause())
+
+    async def unpause(self, container: str) -> None:
+        await self._call("resume a container", self._container(container).unpause())
+
+    async def kill(self, container: str) -> None:
+        """SIGKILL to every process; quiet when it is gone or not running."""
+        try:
+            await self._call("kill a container",
+                             self._container(container).kill(signal="SIGKILL"))
+        except DaemonRefused as refused:
+            if refused.status not in (404, 409):
+                raise
+
+    async def remove(self, container: str) -> None:
+        """Force-remove with its anonymous volumes; quiet when it is gone already."""
+        try:
+            await self._call("remove a container",
+                             self._container(container).delete(force=True, v=True))
+        except DaemonRefused as refused:
+            if refused.status != 404:
+                raise
+
+    async def inspect(self, container: str) -> dict[str, Any] | None:
+        """The container's inspect document, or None when there is no such container."""
+        try:
+            return await self._call("inspect a container", self._container(container).show())
+        except DaemonRefused as refused:
+            if refused.status == 404:
+                return None
+            raise
+
+    async def list_labelled(self, label: str) -> list[dict[str, Any]]:
+        """Every container (running or not) with ``label`` (``key=value``)."""
+        found = await self._call("list containers", self._api.containers.list(
+            all="true", filters=json.dumps({"label": [label]})))
+        return [dict(container._container) for container in found]

@@ -1,0 +1,295 @@
+"""The ``docker`` engine: each session a container of the session image's OCI form, made
+through the Docker Engine API (Docker, or Podman's compatible service), over one kept
+client (daemon.py).
+
+The container runs the session image's own init and agent, as a runc sandbox or a VM
+guest does; the engine starts it and hands the session layer one stream to the agent, a
+unix socket in a host directory the container mounts (agent_socket.py). Pause is the
+engine's pause (the cgroup freezer). Checkpoints are refused: the Engine API has them only
+as an experimental Docker feature. Egress is ``none`` only (no network device but
+loopback): the Engine API cannot say "these addresses and nothing else".
+
+One watcher per engine lists the server's containers every few seconds, so that a
+container that stopped on its own (its init exited, the daemon killed it) fails its
+session with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import resource
+import shutil
+import threading
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ...errors import DeskboxError, Internal, SessionFailed, Timeout
+from ..base import AgentStream, Capability, Engine, SessionSpec
+from ..image import OCI_ARCHIVE
+from ..runc.seccomp import PODMAN_PROFILE, SeccompProfile, seccomp_profile
+from .agent_socket import agent_socket_ready, connect_agent
+from .daemon import Daemon, DaemonRefused
+from .sandbox import DockerSandbox, server_tag
+from .spec import AGENT_SOCKET, LABEL_SERVER, LABEL_SESSION, ContainerLimits, container_body
+
+__all__ = ["DockerEngine", "DockerOptions"]
+
+log = logging.getLogger("deskbox.docker")
+_WATCH_INTERVAL_S = 2.0
+_SOCKET_POLL_S = 0.02
+_INSPECT_EVERY_S = 0.5
+# A container's open files: at most the hard limit this process has, which a daemon on the
+# same host started alike has too (above it the runtime fails the start: raising needs
+# CAP_SYS_RESOURCE).
+_NOFILE = min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+
+
+@dataclass(frozen=True)
+class DockerOptions:
+    url: str  # the Engine API: unix:///var/run/docker.sock, unix:///run/podman/podman.sock
+    state_dir: Path
+    max_execs: int = 8
+    seccomp_source: Path = PODMAN_PROFILE
+    # The image to run; None: the one ``image`` (DockerEngine) finds or builds, loaded into
+    # the daemon by prepare().
+    image: str | None = None
+
+
+class DockerEngine(Engine[DockerSandbox]):
+    name: ClassVar[str] = "docker"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.FREEZE, Capability.EXEC, Capability.RESOURCES, Capability.ADOPT})
+    egress_modes: ClassVar[frozenset[str]] = frozenset({"none"})
+    hint: ClassVar[str] = ("the container and vm backends have it (hibernate, snapshots and "
+                           "forks; egress allowlist and all)")
+    create_cancellable: ClassVar[bool] = True
+
+    def __init__(self, options: DockerOptions,
+                 image: Callable[[threading.Event], Path] | None = None) -> None:
+        """``image``, if given, finds or builds the OCI image (blocking; it stops when its
+        event is set); prepare() loads it into the daemon unless the daemon has it."""
+        self.options = options
+        self._image_builder = image
+        self.image = options.image or ""
+        self.daemon = Daemon(options.url)
+        self.tag = server_tag(options.state_dir)
+        self._seccomp: str | SeccompProfile = ""
+        self._sandboxes: dict[str, DockerSandbox] = {}
+        self._watcher: asyncio.Task[None] | None = None
+
+    def describe(self) -> dict[str, str]:
+        return {"engine_api": self.options.url, "daemon": f"{self.daemon.product} "
+                f"{self.daemon.version}".strip(), "image": self.image}
+
+    async def prepare(self) -> None:
+        profile = await asyncio.to_thread(seccomp_profile, self.options.seccomp_source)
+        await self.daemon.open()
+        if self.daemon.is_podman:
+            # Podman's compatible API takes a path on its host where Docker takes the JSON.
+            path = self.options.state_dir / "docker" / "seccomp.json"
+            await asyncio.to_thread(_write_private, path, json.dumps(profile))
+            self._seccomp = str(path)
+        else:
+            self._seccomp = profile
+        if self._image_builder is not None:
+            await self._load_image(self._image_builder)
+        if not self.image:
+            raise Internal("the docker engine has no image to run")
+        self._watcher = asyncio.create_task(self._watch(), name="deskbox-docker-watch")
+
+    async def _load_image(self, builder: Callable[[threading.Event], Path]) -> None:
+        cancel = threading.Event()
+        try:
+            built = await asyncio.to_thread(builder, cancel)
+        except asyncio.CancelledError:
+            cancel.set()
+            raise
+        manifest = json.loads(await asyncio.to_thread((built / "manifest.json").read_text))
+        self.image = str(manifest["name"])
+        if await self.daemon.has_image(self.image):
+            return
+        log.info("loading %s into %s %s", self.image, self.daemon.product, self.options.url)
+        started = time.monotonic()
+        await self.daemon.load_image(built / OCI_ARCHIVE, log.info)
+        if not await self.daemon.has_image(self.image):
+            raise Internal(f"the container engine loaded {built / OCI_ARCHIVE} but has no "
+                           f"image {self.image}")
+        log.info("%s loaded in %.1f s", self.image, time.monotonic() - started)
+
+    async def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
+        await self.daemon.close()
+
+    # -- start and stop --------------------------------------------------------------------
+
+    async def create(self, spec: SessionSpec, timeout_s: float) -> DockerSandbox:
+        sandbox = DockerSandbox(self.options.state_dir, self.options.max_execs, spec.id)
+        limits = ContainerLimits(nofile=_NOFILE)
+        if spec.resources is not None:
+            limits = ContainerLimits(cpus=spec.resources.cpus,
+                                     memory_mb=spec.resources.memory_mb,
+                                     pids=spec.resources.pids, nofile=_NOFILE)
+        started = time.monotonic()
+        try:
+            await asyncio.to_thread(_make_socket_dir, sandbox.socket_dir)
+            body = container_body(
+                self.image, spec.desktop, sandbox.socket_dir, limits, self._seccomp,
+                {LABEL_SESSION: spec.id, LABEL_SERVER: self.tag},
+                bind_flags=self.daemon.is_podman)
+            sandbox.container_id = await self.daemon.create(sandbox.name, body)
+            self._sandboxes[spec.id] = sandbox
+            await self.daemon.start(sandbox.container_id)
+            sandbox.timings["container_started"] = time.monotonic() - started
+            await self._wait_for_agent(sandbox, started + timeout_s)
+        except BaseException:
+            await asyncio.shield(self.destroy(sandbox))
+            raise
+        sandbox.timings["agent_ready"] = time.monotonic() - started
+        return sandbox
+
+    async def _wait_for_agent(self, sandbox: DockerSandbox, deadline: float) -> None:
+        assert sandbox.container_id is not None
+        next_inspect = 0.0
+        while not agent_socket_ready(sandbox.socket_dir, AGENT_SOCKET):
+            now = time.monotonic()
+            if now > deadline:
+                raise Timeout(f"{sandbox.label}'s agent did not listen in time")
+            if now >= next_inspect:
+                next_inspect = now + _INSPECT_EVERY_S
+                if (ended := _ended(await self.daemon.inspect(sandbox.container_id))):
+                    raise SessionFailed(f"{sandbox.label} {ended} before its agent listened")
+            await asyncio.sleep(_SOCKET_POLL_S)
+
+    async def open_stream(self, sandbox: DockerSandbox, read_limit: int) -> AgentStream:
+        if sandbox.ended is not None:
+            raise SessionFailed(f"{sandbox.label} {sandbox.ended}")
+        return await connect_agent(sandbox.socket_dir, AGENT_SOCKET, read_limit)
+
+    async def kill(self, sandbox: DockerSandbox) -> None:
+        if sandbox.container_id is None:
+            return
+        try:
+            await self.daemon.kill(sandbox.container_id)
+        except DaemonRefused:
+            # Podman refuses to kill what no longer runs (500, "container state improper").
+            if _ended(await self.daemon.inspect(sandbox.container_id)) is None:
+                raise
+
+    async def destroy(self, sandbox: DockerSandbox) -> None:
+        self._sandboxes.pop(sandbox.session_id, None)
+        try:
+            await self.daemon.remove(sandbox.container_id or sandbox.name)
+        except DeskboxError as error:
+            # Never raised for a dead sandbox: what is left goes at the next orphan sweep.
+            log.warning("removing %s: %s", sandbox.label, error)
+        await asyncio.to_thread(shutil.rmtree, sandbox.socket_dir, True)
+
+    async def adopt(self, session_id: str) -> DockerSandbox:
+        sandbox = DockerSandbox(self.options.state_dir, self.options.max_execs, session_id)
+        found = await self.daemon.inspect(sandbox.name)
+        if found is None:
+            raise SessionFailed(f"{sandbox.label} is gone")
+        if (ended := _ended(found)) is not None:
+            raise SessionFailed(f"{sandbox.label} {ended}")
+        labels = (found.get("Config") or {}).get("Labels") or {}
+        if labels.get(LABEL_SESSION) != session_id or labels.get(LABEL_SERVER) != self.tag:
+            raise SessionFailed(f"{sandbox.label} is not this server's")
+        sandbox.container_id = str(found["Id"])
+        if not await asyncio.to_thread(agent_socket_ready, sandbox.socket_dir, AGENT_SOCKET):
+            raise SessionFailed(f"{sandbox.label}'s agent socket is gone")
+        self._sandboxes[session_id] = sandbox
+        return sandbox
+
+    async def remove_orphans(self, keep: Collection[str]) -> list[str]:
+        removed = []
+        for found in await self.daemon.list_labelled(f"{LABEL_SERVER}={self.tag}"):
+            session_id = str((found.get("Labels") or {}).get(LABEL_SESSION, ""))
+            if session_id in keep or session_id in self._sandboxes:
+                continue
+            await self.daemon.remove(str(found["Id"]))
+            removed.append(session_id)
+        # Socket directories of containers that are gone.
+        root = self.options.state_dir / "docker"
+        for entry in await asyncio.to_thread(_subdirectories, root):
+            if entry.name not in keep and entry.name not in self._sandboxes:
+                await asyncio.to_thread(shutil.rmtree, entry, True)
+        return removed
+
+    # -- capabilities ----------------------------------------------------------------------
+
+    async def freeze(self, sandbox: DockerSandbox) -> None:
+        assert sandbox.container_id is not None
+        await self.daemon.pause(sandbox.container_id)
+
+    async def thaw(self, sandbox: DockerSandbox) -> None:
+        assert sandbox.container_id is not None
+        await self.daemon.unpause(sandbox.container_id)
+
+    # -- the watcher -----------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(_WATCH_INTERVAL_S)
+            if not self._sandboxes:
+                continue
+            try:
+                listed = await self.daemon.list_labelled(f"{LABEL_SERVER}={self.tag}")
+            except DeskboxError as error:
+                log.warning("listing the containers: %s", error)
+                continue
+            states = {str(found["Id"]): str(found.get("State", "")) for found in listed}
+            for sandbox in list(self._sandboxes.values()):
+                if sandbox.container_id is None or sandbox.ended is not None:
+                    continue
+                state = states.get(sandbox.container_id)
+                if state is None:
+                    sandbox.ended = "was removed by someone else"
+                elif state not in ("created", "running", "paused"):
+                    sandbox.ended = f"stopped ({state})"
+
+
+def _ended(inspected: dict[str, Any] | None) -> str | None:
+    """Why a container no longer runs (from its inspect document), or None if it runs."""
+    if inspected is None:
+        return "is gone"
+    state = inspected.get("State") or {}
+    if state.get("Running") or state.get("Paused"):
+        return None
+    if state.get("OOMKilled"):
+        return "ran out of memory"
+    if str(state.get("Status", "")) == "created":
+        return None
+    return f"exited (status {state.get('ExitCode')})"
+
+
+def _make_socket_dir(path: Path) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)  # no other host user reaches a session's sockets
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(mode=0o755)
+
+
+def _subdirectories(root: Path) -> list[Path]:
+    try:
+        return [entry for entry in root.iterdir() if entry.is_dir()]
+    except FileNotFoundError:
+        return []
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.chmod(0o644)
+    os.replace(tmp, path)

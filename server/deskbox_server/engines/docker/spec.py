@@ -1,0 +1,116 @@
+"""What the docker engine asks the Engine API for: one container's create body.
+
+The confinement is the runc engine's, as far as the Engine API can say it: no capability,
+no-new-privileges, our seccomp profile (engines/runc/seccomp.py: Podman's allowlist plus our
+denials), the image read-only with tmpfs where a desktop writes, pids, memory and CPU
+limits, and no network device but loopback (egress ``none``). The one host path is the
+session's socket directory, where the agent listens (agent_socket.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..desktop_commands import DesktopSpec, session_env
+from ..runc.seccomp import SeccompProfile
+
+__all__ = [
+    "AGENT_ARGV",
+    "AGENT_SOCKET",
+    "GUEST_DISPLAY",
+    "HOME",
+    "LABEL_SERVER",
+    "LABEL_SESSION",
+    "SOCKET_DIR",
+    "ContainerLimits",
+    "container_body",
+]
+
+LABEL_SESSION = "io.deskbox.session"
+LABEL_SERVER = "io.deskbox.server"  # the state directory's tag: one server's containers
+SOCKET_DIR = "/tmp/.X11-unix"  # the X server's and the agent's sockets, a host directory
+AGENT_SOCKET = "deskbox-agent"
+AGENT_ARGV = ("/usr/local/bin/deskbox-agent", "--listen", f"unix:{SOCKET_DIR}/{AGENT_SOCKET}")
+GUEST_DISPLAY = 99  # the container's only X server
+HOME = "/root"
+_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ContainerLimits:
+    """API.md's defaults, as the runc engine's."""
+
+    cpus: float = 1.0
+    memory_mb: int = 2048
+    pids: int = 1024
+    # tmpfs sizes in MiB; their pages count against the memory limit as well.
+    tmp_mb: int = 512
+    home_mb: int = 512
+    run_mb: int = 64
+    shm_mb: int = 64
+    nofile: int = 65536
+
+
+def container_body(
+    image: str, desktop: DesktopSpec, socket_dir: Path, limits: ContainerLimits,
+    seccomp: SeccompProfile | str, labels: dict[str, str], browser: bool = True,
+    bind_flags: bool = False,
+) -> dict[str, Any]:
+    """The body of ``POST /containers/create``.
+
+    ``seccomp``: the profile itself (Docker takes its JSON in SecurityOpt), or the path of
+    a file holding it on the daemon's host (Podman's compatible API reads a path there).
+    ``bind_flags``: mount the socket directory nosuid, nodev, noexec (Podman takes these
+    in a bind's options; Docker refuses them there).
+    """
+    profile = seccomp if isinstance(seccomp, str) else json.dumps(seccomp, sort_keys=True)
+    memory = limits.memory_mb * _MIB
+
+    def tmpfs(size_mb: int, mode: str, *extra: str) -> str:
+        return ",".join(("rw", "nosuid", "nodev", *extra, f"mode={mode}", f"size={size_mb}m"))
+
+    return {
+        "Image": image,
+        "Hostname": "deskbox",
+        "Env": [f"{name}={value}" for name, value in {
+            "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": HOME, "LANG": "C.UTF-8",
+            **session_env(desktop, GUEST_DISPLAY, AGENT_ARGV, browser),
+        }.items()],
+        "Labels": labels,
+        "WorkingDir": "/",
+        "NetworkDisabled": True,
+        "HostConfig": {
+            "NetworkMode": "none",
+            "CapDrop": ["ALL"],
+            "SecurityOpt": ["no-new-privileges", f"seccomp={profile}"],
+            "ReadonlyRootfs": True,
+            "Tmpfs": {
+                "/tmp": tmpfs(limits.tmp_mb, "1777"),
+                "/run": tmpfs(limits.run_mb, "755"),
+                HOME: tmpfs(limits.home_mb, "700"),
+                "/dev/shm": tmpfs(limits.shm_mb, "1777", "noexec"),
+            },
+            # The only host path: the X server's and the agent's sockets are made here.
+            "Binds": [f"{socket_dir}:{SOCKET_DIR}:rw" + (",nosuid,nodev,noexec" * bind_flags)],
+            "PidsLimit": limits.pids,
+            "Memory": memory,
+            "MemorySwap": memory,  # no swap: the limit is the limit
+            "NanoCpus": int(limits.cpus * 1e9),
+            # Podman 4.3's compatible API fails a start without explicit values ("error
+            # setting rlimit type 7"); Docker takes them as given.
+            "Ulimits": [
+                {"Name": "nofile", "Soft": limits.nofile, "Hard": limits.nofile},
+                {"Name": "nproc", "Soft": limits.pids, "Hard": limits.pids},
+            ],
+            "IpcMode": "private",
+            # deskbox-session writes its logs into the sandbox (/run/deskbox), never to the
+            # host; nothing comes out on stdout.
+            "LogConfig": {"Type": "none", "Config": {}},
+            "RestartPolicy": {"Name": "no"},
+            "AutoRemove": False,
+            "Init": False,  # deskbox-session is the init: it reaps everything
+        },
+    }

@@ -1,0 +1,72 @@
+"""The way to a container's agent refuses what a hostile container can put at its path: a
+symlink to a host socket is not followed, a file is not a socket; the real socket is
+reached (real unix sockets in a temporary directory)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deskbox_server.engines.docker.agent_socket import agent_socket_ready, connect_agent
+from deskbox_server.errors import DesktopFailed
+
+NAME = "deskbox-agent"
+
+
+@pytest.fixture
+def dirs() -> Iterator[tuple[Path, Path]]:
+    with tempfile.TemporaryDirectory() as shared, tempfile.TemporaryDirectory() as host:
+        yield Path(shared), Path(host)
+
+
+def listening(path: Path) -> socket.socket:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+    return server
+
+
+async def greeting(directory: Path) -> bytes:
+    reader, writer = await connect_agent(directory, NAME, 1024)
+    try:
+        return await reader.readexactly(5)
+    finally:
+        writer.close()
+
+
+def test_the_agents_socket_is_reached(dirs: tuple[Path, Path]) -> None:
+    shared, _ = dirs
+    assert not agent_socket_ready(shared, NAME)
+    with listening(shared / NAME) as server:
+        assert agent_socket_ready(shared, NAME)
+
+        async def exchange() -> bytes:
+            task = asyncio.create_task(greeting(shared))
+            peer, _ = await asyncio.to_thread(server.accept)
+            with peer:
+                peer.sendall(b"hello")
+                return await task
+
+        assert asyncio.run(exchange()) == b"hello"
+
+
+def test_a_symlink_to_a_host_socket_is_not_followed(dirs: tuple[Path, Path]) -> None:
+    shared, host = dirs
+    with listening(host / "daemon.sock"):
+        (shared / NAME).symlink_to(host / "daemon.sock")
+        with pytest.raises(DesktopFailed, match="other than a socket"):
+            agent_socket_ready(shared, NAME)
+        with pytest.raises(DesktopFailed, match="other than a socket"):
+            asyncio.run(greeting(shared))
+
+
+def test_a_file_is_not_a_socket(dirs: tuple[Path, Path]) -> None:
+    shared, _ = dirs
+    (shared / NAME).write_text("not a socket")
+    with pytest.raises(DesktopFailed, match="other than a socket"):
+        agent_socket_ready(shared, NAME)

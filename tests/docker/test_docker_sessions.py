@@ -1,0 +1,226 @@
+"""The docker engine end to end, through a ``deskbox serve`` whose only backend is docker,
+against the package's Podman service (conftest.py): a session is a container of the OCI
+image; its agent answers screenshots, clicks, typing, exec and DevTools as on runc; the
+container is confined as a runc sandbox is; pause is the engine's pause; what the Engine
+API cannot do is refused with 422 before anything starts; a killed server's container is
+adopted by the next; a container stopped behind the server's back fails its session; and
+nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ..api.containers import act, page_origin
+from ..api.helpers import assert_error, decode
+from ..api.sandbox_page import SandboxPage, events_data_url
+from ..api.served import serve
+from .conftest import Podman
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+TEXT = "docker ✓ wörld"
+
+
+@dataclass
+class Server:
+    process: Any
+    client: httpx.Client
+    state_dir: Path
+    log: Path
+
+
+@contextlib.contextmanager
+def docker_server(podman: Podman, state_dir: Path, log: Path) -> Iterator[Server]:
+    env = {"DESKBOX_BACKENDS": "docker", "DESKBOX_DEFAULT_BACKEND": "docker",
+           "DESKBOX_DOCKER_HOST": podman.url, "DESKBOX_START_TIMEOUT_S": "60"}
+    # The first server loads the OCI image into the new storage before it answers.
+    with serve(state_dir, log, env, timeout_s=120.0, ready_timeout_s=300.0) as (
+            process, client):
+        yield Server(process, client, state_dir, log)
+
+
+@pytest.fixture(scope="module")
+def base() -> Path:
+    return Path(tempfile.mkdtemp(prefix="deskbox-docker-tests-"))
+
+
+@pytest.fixture(scope="module")
+def server(podman: Podman, base: Path) -> Iterator[Server]:
+    with docker_server(podman, base / "state", base / "server.log") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> httpx.Client:
+    return server.client
+
+
+def create(client: httpx.Client, **body: Any) -> dict[str, Any]:
+    response = client.post("/v1/sessions", json=body)
+    assert response.status_code == 201, response.text
+    session: dict[str, Any] = response.json()
+    assert session["state"] == "running", session
+    return session
+
+
+def containers(podman: Podman) -> list[str]:
+    listed = podman.cli("ps", "--all", "--format", "{{.Names}}")
+    assert listed.returncode == 0, listed.stderr
+    return listed.stdout.split()
+
+
+def inspect(podman: Podman, name: str, template: str) -> str:
+    shown = podman.cli("inspect", "--format", template, name)
+    assert shown.returncode == 0, shown.stderr
+    return shown.stdout.strip()
+
+
+def container_name(server: Server, session: dict[str, Any], podman: Podman) -> str:
+    (name,) = [name for name in containers(podman) if name.endswith(session["id"])]
+    return name
+
+
+def run(client: httpx.Client, session: dict[str, Any], script: str) -> str:
+    response = client.post(f"/v1/sessions/{session['id']}/exec",
+                           json={"cmd": ["sh", "-c", script]})
+    assert response.status_code == 200, response.text
+    result = response.json()
+    assert result["exit_code"] == 0, result
+    return str(result["stdout"])
+
+
+@pytest.fixture(scope="module")
+def session(client: httpx.Client) -> Iterator[dict[str, Any]]:
+    made = create(client, browser={"start_url": events_data_url()})
+    yield made
+    client.delete(f"/v1/sessions/{made['id']}")
+
+
+def test_healthz_describes_the_engine(client: httpx.Client, podman: Podman) -> None:
+    engine = client.get("/healthz").json()["engines"]["docker"]
+    assert engine["capabilities"] == ["adopt", "exec", "freeze", "resources"]
+    assert engine["egress"] == ["none"]
+    assert engine["details"]["engine_api"] == podman.url
+    assert engine["details"]["daemon"].startswith("Podman Engine 4.")
+    assert engine["details"]["image"].startswith("localhost/deskbox-session:")
+
+
+def test_the_desktop_answers_as_on_runc(
+    client: httpx.Client, session: dict[str, Any], podman: Podman, server: Server
+) -> None:
+    assert session["backend"] == "docker"
+    shot = client.get(f"/v1/sessions/{session['id']}/screenshot")
+    assert shot.status_code == 200, shot.text
+    assert decode(shot.content).size == (1280, 800)
+    with SandboxPage(client, session["id"]) as page:
+        page.wait(lambda state: state["clicks"] == 0, timeout_s=30)
+        x, y = page_origin(client, session, page)
+        act(client, session, {"actions": [{"type": "click", "x": x + 900, "y": y + 175},
+                                          {"type": "type", "text": TEXT}]})
+        state = page.wait(lambda state: state["value"] == TEXT, timeout_s=30)
+    assert state["clicks"] == 2 and state["value"] == TEXT
+    version = client.get(f"/v1/sessions/{session['id']}/cdp/json/version")
+    assert version.status_code == 200 and "Chrome/" in version.json()["Browser"]
+
+
+def test_the_container_is_confined(
+    client: httpx.Client, session: dict[str, Any], podman: Podman, server: Server
+) -> None:
+    status = run(client, session, "grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' "
+                 "/proc/self/status; ls /sys/class/net; touch /usr/x 2>&1 || true")
+    fields = dict(line.split(":\t") for line in status.splitlines() if ":\t" in line)
+    assert fields["CapEff"] == "0" * 16 and fields["CapBnd"] == "0" * 16
+    assert fields["NoNewPrivs"] == "1" and fields["Seccomp"] == "2"
+    assert "lo" in status.split() and "eth0" not in status  # egress none: loopback only
+    assert "Read-only file system" in status
+    # Our own seccomp rules, beyond Podman's: no user namespace, no vsock.
+    denied = run(client, session, "unshare -U true 2>&1; python3 -c "
+                 "'import socket; socket.socket(40, 1)' 2>&1 | tail -1; true")
+    assert "Operation not permitted" in denied and "Address family not supported" in denied
+    name = container_name(server, session, podman)
+    assert inspect(podman, name, "{{.HostConfig.Memory}} {{.HostConfig.PidsLimit}} "
+                   "{{.HostConfig.NanoCpus}} {{.HostConfig.ReadonlyRootfs}}") == (
+        f"{2048 * 1024 * 1024} 1024 1000000000 true")
+
+
+def test_what_the_engine_lacks_is_refused_before_anything_starts(
+    client: httpx.Client, session: dict[str, Any], podman: Podman
+) -> None:
+    before = containers(podman)
+    refused = client.post("/v1/sessions", json={
+        "network": {"egress": "allowlist", "allow": ["127.0.0.1"]}})
+    assert "docker engine" in assert_error(refused, 422, "invalid_request")["message"]
+    hibernate = client.post(f"/v1/sessions/{session['id']}/pause", json={"mode": "hibernate"})
+    assert "docker engine" in assert_error(hibernate, 422, "invalid_request")["message"]
+    snapshot = client.post(f"/v1/sessions/{session['id']}/snapshots")
+    assert snapshot.status_code == 422, snapshot.text
+    assert containers(podman) == before
+
+
+def test_pause_is_the_engines_pause(
+    client: httpx.Client, session: dict[str, Any], podman: Podman, server: Server
+) -> None:
+    name = container_name(server, session, podman)
+    paused = client.post(f"/v1/sessions/{session['id']}/pause", json={"mode": "freeze"})
+    assert paused.status_code == 200, paused.text
+    assert inspect(podman, name, "{{.State.Status}}") == "paused"
+    refused = client.post(f"/v1/sessions/{session['id']}/actions",
+                          json={"type": "key", "keys": "a"})
+    assert_error(refused, 409, "conflict")
+    resumed = client.post(f"/v1/sessions/{session['id']}/resume")
+    assert resumed.status_code == 200, resumed.text
+    assert inspect(podman, name, "{{.State.Status}}") == "running"
+    assert client.get(f"/v1/sessions/{session['id']}/screenshot").status_code == 200
+
+
+def test_a_container_stopped_behind_the_servers_back_fails_its_session(
+    client: httpx.Client, podman: Podman, server: Server
+) -> None:
+    doomed = create(client)
+    name = container_name(server, doomed, podman)
+    assert podman.cli("kill", name).returncode == 0
+    deadline = time.monotonic() + 30
+    while (state := client.get(f"/v1/sessions/{doomed['id']}").json())["state"] != "failed":
+        assert time.monotonic() < deadline, state
+        time.sleep(0.2)
+    assert state["failure"]["reason"], state
+    assert client.delete(f"/v1/sessions/{doomed['id']}").status_code == 204
+    assert name not in containers(podman)
+
+
+def test_delete_leaves_nothing(client: httpx.Client, podman: Podman, server: Server) -> None:
+    made = create(client)
+    name = container_name(server, made, podman)
+    socket_dir = server.state_dir / "docker" / made["id"]
+    assert socket_dir.is_dir()
+    assert client.delete(f"/v1/sessions/{made['id']}").status_code == 204
+    assert name not in containers(podman)
+    assert not socket_dir.exists()
+
+
+def test_a_killed_servers_container_is_adopted_by_the_next(podman: Podman, base: Path) -> None:
+    state_dir, log = base / "restart-state", base / "restart.log"
+    with docker_server(podman, state_dir, log) as first:
+        made = create(first.client)
+        name = container_name(first, made, podman)
+        first.process.send_signal(signal.SIGKILL)
+        first.process.wait()
+    assert name in containers(podman)  # the container outlives its server
+    with docker_server(podman, state_dir, log) as second:
+        again = second.client.get(f"/v1/sessions/{made['id']}").json()
+        assert again["state"] == "running", again
+        shot = second.client.get(f"/v1/sessions/{made['id']}/screenshot")
+        assert shot.status_code == 200, shot.text
+    # A server's shutdown ends its sessions, and their containers.
+    assert name not in containers(podman)
