@@ -113,6 +113,6 @@ def test_one_server_per_state_dir(tmp_path: Path) -> None:
 
 def test_unknown_backends_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown backends"):
-        create_app(Settings(state_dir=tmp_path, backends=["container", "docker"]))
+        create_app(Settings(state_dir=tmp_path, backends=["container", "firecracker"]))
     with pytest.raises(ValueError, match="default backend"):
         create_app(Settings(state_dir=tmp_path, backends=["local"]))
