@@ -25,7 +25,7 @@ from ..api.containers import act, page_origin
 from ..api.helpers import assert_error, decode
 from ..api.sandbox_page import SandboxPage, events_data_url
 from ..api.served import serve
-from .conftest import Podman
+from .podman import Podman
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
