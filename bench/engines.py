@@ -1,0 +1,156 @@
+"""The engines side by side, in one run (issue 17): runc (``container``) and ``docker``
+against Podman's Docker-compatible service (started here, with storage of its own).
+
+Run from the repository root (root; builds the session image and the OCI image first if
+missing, and loads the OCI image into the new storage)::
+
+    .venv/bin/python bench/engines.py [--iterations 30] [--creates 3]
+
+For each backend, in one server (``DESKBOX_BACKENDS=container,docker``): create → running
+(the create's answer) and → the start page painted in a screenshot, over ``--creates``
+sessions; REST screenshot (JPEG q75) and click round trips; the idle session's PSS (its
+processes, from ``/proc/PID/smaps_rollup``). The Kubernetes engine is not here: it does not
+exist yet. Prints a markdown table with the docker/container ratio; every session is
+deleted, the server stopped and Podman's storage removed on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+from api import (  # bench/api.py (this script's directory)
+    CLICK,
+    HEIGHT,
+    PAINTED_PAGE,
+    REPO,
+    WIDTH,
+    interrupt_on_sigterm,
+    p95,
+    pss_mib,
+    server,
+    shows_colour,
+    timed,
+)
+
+sys.path.insert(0, str(REPO))
+from tests.docker.podman import Podman, podman_service  # noqa: E402 (the tests' own service)
+
+Figures = dict[str, list[float]]
+
+
+def create(http: httpx.Client, backend: str) -> tuple[str, float, float]:
+    """A session on the painted page: its id, seconds to running and to the page shown."""
+    started = time.perf_counter()
+    response = http.post("/v1/sessions", json={
+        "backend": backend, "display": {"width": WIDTH, "height": HEIGHT},
+        "browser": {"start_url": PAINTED_PAGE},
+    })
+    if response.status_code != 201:
+        raise SystemExit(f"create ({backend}): {response.status_code} {response.text}")
+    session_id: str = response.json()["id"]
+    created = time.perf_counter() - started
+    while True:
+        shot = http.get(f"/v1/sessions/{session_id}/screenshot",
+                        params={"format": "jpeg", "quality": 50, "scale": "320x200"})
+        shot.raise_for_status()
+        if shows_colour(shot.content):
+            return session_id, created, time.perf_counter() - started
+        time.sleep(0.02)
+
+
+def docker_pss_mib(podman: Podman, session_id: str) -> float:
+    """PSS of a docker session's processes: those of its container's cgroup (cgroupfs:
+    ``…/libpod_parent/libpod-<id>``)."""
+    (name,) = [name for name in podman.cli("ps", "--format", "{{.Names}}").stdout.split()
+               if name.endswith(session_id)]
+    container = podman.cli("inspect", "--format", "{{.Id}}", name).stdout.strip()
+    pids: set[int] = set()
+    for procs in Path("/sys/fs/cgroup").glob(f"*/*/*{container}*/cgroup.procs"):
+        pids |= {int(pid) for pid in procs.read_text().split()}
+    if not pids:
+        raise SystemExit(f"no cgroup with processes for the container {name}")
+    total_kib = 0
+    for pid in pids:
+        try:
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue  # exited meanwhile
+        for line in rollup.splitlines():
+            if line.startswith("Pss:"):
+                total_kib += int(line.split()[1])
+    return total_kib / 1024
+
+
+def measure(http: httpx.Client, podman: Podman, backend: str, iterations: int, creates: int
+            ) -> Figures:
+    figures: Figures = {"create → running (s)": [], "create → page painted (s)": []}
+    made = []
+    try:
+        for _ in range(creates):
+            session_id, created, painted = create(http, backend)
+            made.append(session_id)
+            figures["create → running (s)"].append(created)
+            figures["create → page painted (s)"].append(painted)
+        base = f"/v1/sessions/{made[-1]}"
+        time.sleep(2.0)  # idle: let the start-up's work settle before memory and timings
+        figures["PSS of the idle session (MiB)"] = [
+            docker_pss_mib(podman, made[-1]) if backend == "docker" else pss_mib(made[-1])]
+        shot_params: dict[str, str | int] = {"format": "jpeg", "quality": 75}
+        figures["REST screenshot (ms)"] = [1000 * s for s in timed(
+            lambda: http.get(f"{base}/screenshot", params=shot_params).raise_for_status(),
+            iterations)]
+        figures["REST click (ms)"] = [1000 * s for s in timed(
+            lambda: http.post(f"{base}/actions", json=CLICK).raise_for_status(), iterations)]
+    finally:
+        for session_id in made:
+            http.delete(f"/v1/sessions/{session_id}")
+    return figures
+
+
+def cell(samples: Sequence[float]) -> str:
+    if len(samples) == 1:
+        return f"{samples[0]:.2f}"
+    return f"{statistics.median(samples):.2f} (p95 {p95(samples):.2f})"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--creates", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="10 iterations, 2 creates")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.iterations, args.creates = 10, 2
+    if args.iterations < 1 or args.creates < 1:
+        raise SystemExit("--iterations and --creates must be at least 1")
+    interrupt_on_sigterm()
+    with podman_service() as podman, \
+            tempfile.TemporaryDirectory(prefix="deskbox-bench-engines-") as tmp:
+        env = {"DESKBOX_BACKENDS": "container,docker", "DESKBOX_DOCKER_HOST": podman.url}
+        print("the first start loads the OCI image into Podman's new storage...",
+              file=sys.stderr)
+        with server(Path(tmp) / "state", env, Path(tmp) / "server.log") as http:
+            http.timeout = httpx.Timeout(300.0)
+            daemon = http.get("/healthz").json()["engines"]["docker"]["details"]["daemon"]
+            results = {backend: measure(http, podman, backend, args.iterations, args.creates)
+                       for backend in ("container", "docker")}
+    print(f"### Engines side by side, one run (docker: {daemon})\n")
+    print("| figure | container (runc) | docker | docker / container |")
+    print("|---|---|---|---|")
+    for name, container_samples in results["container"].items():
+        docker_samples = results["docker"][name]
+        ratio = statistics.median(docker_samples) / max(statistics.median(container_samples),
+                                                        1e-9)
+        print(f"| {name} | {cell(container_samples)} | {cell(docker_samples)} | {ratio:.1f}× |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
