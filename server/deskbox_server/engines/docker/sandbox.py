@@ -12,9 +12,7 @@ import re
 from pathlib import Path
 
 from ...errors import InvalidRequest
-from ..base import Sandbox
-from ..desktop_commands import DEVTOOLS_PORT
-from .spec import GUEST_DISPLAY, HOME, SOCKET_DIR
+from ..own_desktop import OwnDesktopSandbox
 
 __all__ = ["DockerSandbox", "server_tag"]
 
@@ -26,17 +24,17 @@ def server_tag(state_dir: Path) -> str:
     return hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]
 
 
-class DockerSandbox(Sandbox):
+class DockerSandbox(OwnDesktopSandbox):
     def __init__(self, state_dir: Path, max_execs: int, session_id: str) -> None:
         if not _SESSION_ID.match(session_id):
             raise InvalidRequest(f"session id {session_id!r} is not usable for a container")
+        super().__init__(max_execs)
         self.session_id = session_id
         self.tag = server_tag(state_dir)
         self.name = f"deskbox-{self.tag}-{session_id}"
         self.socket_dir = state_dir.resolve() / "docker" / session_id
         self.container_id: str | None = None
-        self._max_execs = max_execs
-        # Set from the daemon's events (engine.py) when the container stops on its own.
+        # Set by the engine's watcher (engine.py) when the container stops on its own.
         self.ended: str | None = None
         self.timings: dict[str, float] = {}
 
@@ -46,28 +44,3 @@ class DockerSandbox(Sandbox):
 
     def failure(self) -> str | None:
         return self.ended
-
-    @property
-    def agent_display(self) -> str:
-        return f":{GUEST_DISPLAY}"
-
-    @property
-    def vnc_socket_dir(self) -> str:
-        return SOCKET_DIR
-
-    @property
-    def devtools_port(self) -> int:
-        return DEVTOOLS_PORT
-
-    @property
-    def max_execs(self) -> int:
-        return self._max_execs
-
-    def exec_environment(self) -> tuple[dict[str, str], str]:
-        """What the container's init gives its children (deskbox-session), and DISPLAY."""
-        return {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": HOME,
-            "LANG": "C.UTF-8",
-            "DISPLAY": self.agent_display,
-        }, HOME

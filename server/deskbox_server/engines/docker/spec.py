@@ -15,27 +15,23 @@ from pathlib import Path
 from typing import Any
 
 from ..desktop_commands import DesktopSpec, session_env
+from ..own_desktop import OWN_DISPLAY, OWN_HOME, OWN_SOCKET_DIR
 from ..runc.seccomp import SeccompProfile
 
 __all__ = [
     "AGENT_ARGV",
     "AGENT_SOCKET",
-    "GUEST_DISPLAY",
-    "HOME",
     "LABEL_SERVER",
     "LABEL_SESSION",
-    "SOCKET_DIR",
     "ContainerLimits",
     "container_body",
 ]
 
 LABEL_SESSION = "io.deskbox.session"
 LABEL_SERVER = "io.deskbox.server"  # the state directory's tag: one server's containers
-SOCKET_DIR = "/tmp/.X11-unix"  # the X server's and the agent's sockets, a host directory
 AGENT_SOCKET = "deskbox-agent"
-AGENT_ARGV = ("/usr/local/bin/deskbox-agent", "--listen", f"unix:{SOCKET_DIR}/{AGENT_SOCKET}")
-GUEST_DISPLAY = 99  # the container's only X server
-HOME = "/root"
+AGENT_ARGV = ("/usr/local/bin/deskbox-agent", "--listen",
+              f"unix:{OWN_SOCKET_DIR}/{AGENT_SOCKET}")
 _MIB = 1024 * 1024
 
 
@@ -76,8 +72,8 @@ def container_body(
         "Image": image,
         "Hostname": "deskbox",
         "Env": [f"{name}={value}" for name, value in {
-            "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": HOME, "LANG": "C.UTF-8",
-            **session_env(desktop, GUEST_DISPLAY, AGENT_ARGV, browser),
+            "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": OWN_HOME, "LANG": "C.UTF-8",
+            **session_env(desktop, OWN_DISPLAY, AGENT_ARGV, browser),
         }.items()],
         "Labels": labels,
         "WorkingDir": "/",
@@ -90,11 +86,11 @@ def container_body(
             "Tmpfs": {
                 "/tmp": tmpfs(limits.tmp_mb, "1777"),
                 "/run": tmpfs(limits.run_mb, "755"),
-                HOME: tmpfs(limits.home_mb, "700"),
+                OWN_HOME: tmpfs(limits.home_mb, "700"),
                 "/dev/shm": tmpfs(limits.shm_mb, "1777", "noexec"),
             },
             # The only host path: the X server's and the agent's sockets are made here.
-            "Binds": [f"{socket_dir}:{SOCKET_DIR}:rw" + (",nosuid,nodev,noexec" * bind_flags)],
+            "Binds": [f"{socket_dir}:{OWN_SOCKET_DIR}:rw" + (",nosuid,nodev,noexec" * bind_flags)],
             "PidsLimit": limits.pids,
             "Memory": memory,
             "MemorySwap": memory,  # no swap: the limit is the limit

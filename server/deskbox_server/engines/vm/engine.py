@@ -39,6 +39,7 @@ from ..network import (
     resolv_conf,
     resolve_egress,
 )
+from ..own_desktop import OWN_DISPLAY, OWN_HOME
 from .accel import Accelerator, detect_accelerator
 from .guest import VmGuest, in_thread_to_the_end, kill_leftover, leftover_pid, start_guest
 from .jail import UidPool, jail_argv
@@ -46,8 +47,6 @@ from .qemu import AGENT_PORT, GuestImage, VmConfig
 from .qmp import QmpClient
 from .sandbox import (
     CONFIG_FILE,
-    GUEST_DISPLAY,
-    GUEST_HOME,
     HIBERNATION_FILE,
     VmSandbox,
     runtime_root,
@@ -161,8 +160,8 @@ class VmEngine(Engine[VmSandbox]):
         sandbox = VmSandbox(self.state_dir, self._max_execs, spec.id, config)
         sandbox.egress = egress
         sandbox.env = {
-            "HOME": GUEST_HOME,
-            **session_env(spec.desktop, GUEST_DISPLAY, self._agent_argv(), self._browser),
+            "HOME": OWN_HOME,
+            **session_env(spec.desktop, OWN_DISPLAY, self._agent_argv(), self._browser),
         }
         await self._boot_new(sandbox, timeout_s, None)
         return sandbox

@@ -14,24 +14,15 @@ import re
 from pathlib import Path
 
 from ...errors import InvalidRequest
-from ..base import Sandbox
-from ..desktop_commands import DEVTOOLS_PORT
 from ..network import Egress, SessionNetwork
+from ..own_desktop import OwnDesktopSandbox
 from .cgroup import VmCgroup
 from .guest import VmGuest
 from .qemu import VmConfig, VmPaths
 
-__all__ = [
-    "GUEST_DISPLAY",
-    "GUEST_HOME",
-    "VmSandbox",
-    "runtime_root",
-]
+__all__ = ["VmSandbox", "runtime_root"]
 
 _SESSION_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-GUEST_DISPLAY = 99  # the guest has only this one X server
-GUEST_HOME = "/root"
-GUEST_SOCKET_DIR = "/tmp/.X11-unix"
 HIBERNATION_FILE = "hibernation.vmstate"
 CONFIG_FILE = "vm.json"
 
@@ -42,14 +33,14 @@ def runtime_root(state_dir: Path) -> Path:
     return Path("/run/deskbox-vm") / tag
 
 
-class VmSandbox(Sandbox):
+class VmSandbox(OwnDesktopSandbox):
     def __init__(self, state_dir: Path, max_execs: int, session_id: str, config: VmConfig
                  ) -> None:
         if not _SESSION_ID.match(session_id):
             raise InvalidRequest(f"session id {session_id!r} is not usable for a VM")
+        super().__init__(max_execs)
         self.session_id = session_id
         self.config = config
-        self._max_execs = max_execs
         runtime = runtime_root(state_dir)
         self.paths = VmPaths(runtime / session_id)
         self.cgroup = VmCgroup(f"deskbox-vm-{runtime.name}-{session_id}")
@@ -86,29 +77,3 @@ class VmSandbox(Sandbox):
     @property
     def running(self) -> bool:
         return self.guest is not None
-
-    @property
-    def agent_display(self) -> str:
-        return f":{GUEST_DISPLAY}"
-
-    @property
-    def vnc_socket_dir(self) -> str:
-        return GUEST_SOCKET_DIR
-
-    @property
-    def devtools_port(self) -> int:
-        return DEVTOOLS_PORT
-
-    @property
-    def max_execs(self) -> int:
-        return self._max_execs
-
-    def exec_environment(self) -> tuple[dict[str, str], str]:
-        """What the guest's session init gives its children (deskbox-session), and
-        ``DISPLAY``: commands run as the desktop's own processes do."""
-        return {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": GUEST_HOME,
-            "LANG": "C.UTF-8",
-            "DISPLAY": self.agent_display,
-        }, GUEST_HOME
