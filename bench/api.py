@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -220,8 +220,13 @@ def container_pids(session_id: str) -> list[int]:
 
 
 def pss_mib(session_id: str) -> float:
+    return pss_of(container_pids(session_id))
+
+
+def pss_of(pids: Iterable[int]) -> float:
+    """PSS of these processes in MiB, from ``/proc/PID/smaps_rollup``."""
     total_kib = 0
-    for pid in container_pids(session_id):
+    for pid in pids:
         try:
             rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
         except OSError:
@@ -230,6 +235,39 @@ def pss_mib(session_id: str) -> float:
             if line.startswith("Pss:"):
                 total_kib += int(line.split()[1])
     return total_kib / 1024
+
+
+def rest_round_trips(http: httpx.Client, session_id: str, iterations: int
+                     ) -> dict[str, list[float]]:
+    """REST screenshot (JPEG q75) and click round trips of one session, in ms."""
+    base = f"/v1/sessions/{session_id}"
+    params: dict[str, str | int] = {"format": "jpeg", "quality": 75}
+    return {
+        "REST screenshot (ms)": [1000 * s for s in timed(
+            lambda: http.get(f"{base}/screenshot", params=params).raise_for_status(),
+            iterations)],
+        "REST click (ms)": [1000 * s for s in timed(
+            lambda: http.post(f"{base}/actions", json=CLICK).raise_for_status(), iterations)],
+    }
+
+
+def print_side_by_side(results: Mapping[str, Mapping[str, Sequence[float]]],
+                       labels: Mapping[str, str]) -> None:
+    """A markdown table of two backends' figures (``labels``: backend → column title, in
+    order) and the second's ratio to the first."""
+    (first, first_label), (second, second_label) = labels.items()
+    print(f"| figure | {first_label} | {second_label} | {second} / {first} |")
+    print("|---|---|---|---|")
+    for name, first_samples in results[first].items():
+        second_samples = results[second][name]
+        ratio = statistics.median(second_samples) / max(statistics.median(first_samples), 1e-9)
+        print(f"| {name} | {cell(first_samples)} | {cell(second_samples)} | {ratio:.1f}× |")
+
+
+def cell(samples: Sequence[float]) -> str:
+    if len(samples) == 1:
+        return f"{samples[0]:.2f}"
+    return f"{statistics.median(samples):.2f} (p95 {p95(samples):.2f})"
 
 
 def verdict(value_ms: float, target_ms: float) -> str:

@@ -17,7 +17,6 @@ deleted, the server stopped and Podman's storage removed on exit.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -26,17 +25,17 @@ from pathlib import Path
 
 import httpx
 from api import (  # bench/api.py (this script's directory)
-    CLICK,
     HEIGHT,
     PAINTED_PAGE,
     REPO,
     WIDTH,
     interrupt_on_sigterm,
-    p95,
+    print_side_by_side,
     pss_mib,
+    pss_of,
+    rest_round_trips,
     server,
     shows_colour,
-    timed,
 )
 
 sys.path.insert(0, str(REPO))
@@ -76,16 +75,7 @@ def docker_pss_mib(podman: Podman, session_id: str) -> float:
         pids |= {int(pid) for pid in procs.read_text().split()}
     if not pids:
         raise SystemExit(f"no cgroup with processes for the container {name}")
-    total_kib = 0
-    for pid in pids:
-        try:
-            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
-        except OSError:
-            continue  # exited meanwhile
-        for line in rollup.splitlines():
-            if line.startswith("Pss:"):
-                total_kib += int(line.split()[1])
-    return total_kib / 1024
+    return pss_of(pids)
 
 
 def measure(http: httpx.Client, podman: Podman, backend: str, iterations: int, creates: int
@@ -98,26 +88,14 @@ def measure(http: httpx.Client, podman: Podman, backend: str, iterations: int, c
             made.append(session_id)
             figures["create → running (s)"].append(created)
             figures["create → page painted (s)"].append(painted)
-        base = f"/v1/sessions/{made[-1]}"
         time.sleep(2.0)  # idle: let the start-up's work settle before memory and timings
         figures["PSS of the idle session (MiB)"] = [
             docker_pss_mib(podman, made[-1]) if backend == "docker" else pss_mib(made[-1])]
-        shot_params: dict[str, str | int] = {"format": "jpeg", "quality": 75}
-        figures["REST screenshot (ms)"] = [1000 * s for s in timed(
-            lambda: http.get(f"{base}/screenshot", params=shot_params).raise_for_status(),
-            iterations)]
-        figures["REST click (ms)"] = [1000 * s for s in timed(
-            lambda: http.post(f"{base}/actions", json=CLICK).raise_for_status(), iterations)]
+        figures.update(rest_round_trips(http, made[-1], iterations))
     finally:
         for session_id in made:
             http.delete(f"/v1/sessions/{session_id}")
     return figures
-
-
-def cell(samples: Sequence[float]) -> str:
-    if len(samples) == 1:
-        return f"{samples[0]:.2f}"
-    return f"{statistics.median(samples):.2f} (p95 {p95(samples):.2f})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -142,13 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = {backend: measure(http, podman, backend, args.iterations, args.creates)
                        for backend in ("container", "docker")}
     print(f"### Engines side by side, one run (docker: {daemon})\n")
-    print("| figure | container (runc) | docker | docker / container |")
-    print("|---|---|---|---|")
-    for name, container_samples in results["container"].items():
-        docker_samples = results["docker"][name]
-        ratio = statistics.median(docker_samples) / max(statistics.median(container_samples),
-                                                        1e-9)
-        print(f"| {name} | {cell(container_samples)} | {cell(docker_samples)} | {ratio:.1f}× |")
+    print_side_by_side(results, {"container": "container (runc)", "docker": "docker"})
     return 0
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -35,16 +34,15 @@ from pathlib import Path
 
 import httpx
 from api import (  # bench/api.py (this script's directory)
-    CLICK,
     HEIGHT,
     PAINTED_PAGE,
     WIDTH,
     interrupt_on_sigterm,
-    p95,
+    print_side_by_side,
     pss_mib,
+    rest_round_trips,
     server,
     shows_colour,
-    timed,
 )
 
 Figures = dict[str, list[float]]
@@ -100,12 +98,7 @@ def measure(http: httpx.Client, log: Path, backend: str, iterations: int, forks:
         figures["create → page painted in a screenshot (s)"] = [painted]
         time.sleep(2.0)  # idle: let the start-up's work settle before memory and timings
         figures["PSS of the idle session (MiB)"] = [pss_mib(session_id)]
-        shot_params: dict[str, str | int] = {"format": "jpeg", "quality": 75}
-        figures["REST screenshot (ms)"] = [1000 * s for s in timed(
-            lambda: http.get(f"{base}/screenshot", params=shot_params).raise_for_status(),
-            iterations)]
-        figures["REST click (ms)"] = [1000 * s for s in timed(
-            lambda: http.post(f"{base}/actions", json=CLICK).raise_for_status(), iterations)]
+        figures.update(rest_round_trips(http, session_id, iterations))
         freeze, thaw = [], []
         for _ in range(3):
             freeze.append(1000 * once(lambda: http.post(f"{base}/pause",
@@ -125,12 +118,6 @@ def measure(http: httpx.Client, log: Path, backend: str, iterations: int, forks:
     finally:
         http.delete(base)
     return figures
-
-
-def cell(samples: Sequence[float]) -> str:
-    if len(samples) == 1:
-        return f"{samples[0]:.2f}"
-    return f"{statistics.median(samples):.2f} (p95 {p95(samples):.2f})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -154,13 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    for backend in ("container", "vm")}
     print(f"### VM sessions ({accelerator}) beside container sessions, one run\n")
     print(f"VM accelerator: **{accelerator}** ({vm['accelerator_reason']}).\n")
-    print(f"| figure | container (runc) | vm ({accelerator}) | vm / container |")
-    print("|---|---|---|---|")
-    for name, container_samples in results["container"].items():
-        vm_samples = results["vm"][name]
-        ratio = statistics.median(vm_samples) / max(statistics.median(container_samples),
-                                                    1e-9)
-        print(f"| {name} | {cell(container_samples)} | {cell(vm_samples)} | {ratio:.1f}× |")
+    print_side_by_side(results, {"container": "container (runc)", "vm": f"vm ({accelerator})"})
     return 0
 
 
