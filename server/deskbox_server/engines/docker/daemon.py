@@ -18,7 +18,7 @@ import aiodocker
 import aiohttp
 from aiodocker.exceptions import DockerError
 
-from ...errors import Internal, SessionFailed
+from ...errors import DeskboxError, Internal, SessionFailed
 
 __all__ = ["Daemon", "DaemonRefused"]
 
@@ -78,12 +78,15 @@ class Daemon:
         except (aiohttp.ClientError, OSError) as error:
             raise self._unreachable(error) from None
 
-    def _unreachable(self, detail: object) -> Internal:
-        return Internal(
+    def _unreachable(self, detail: object) -> DeskboxError:
+        """At the server's start the server cannot serve (Internal); later, the call's
+        session fails (502) and the server goes on."""
+        message = (
             f"the container engine at {self.url} does not answer ({detail}); start Docker or "
             "Podman's compatible service (`podman system service`) and point "
             "DESKBOX_DOCKER_HOST at its socket"
         )
+        return SessionFailed(message) if self.product else Internal(message)
 
     # -- images -----------------------------------------------------------------------------
 
