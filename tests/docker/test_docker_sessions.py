@@ -158,6 +158,19 @@ def test_the_container_is_confined(
         f"{2048 * 1024 * 1024} 1024 1000000000 true")
 
 
+def test_resources_become_the_containers_limits(
+    client: httpx.Client, podman: Podman, server: Server
+) -> None:
+    made = create(client, resources={"cpus": 0.5, "memory_mb": 1024, "pids": 256})
+    try:
+        name = container_name(server, made, podman)
+        assert inspect(podman, name, "{{.HostConfig.Memory}} {{.HostConfig.PidsLimit}} "
+                       "{{.HostConfig.NanoCpus}}") == f"{1024 * 1024 * 1024} 256 500000000"
+        assert client.get(f"/v1/sessions/{made['id']}/screenshot").status_code == 200
+    finally:
+        client.delete(f"/v1/sessions/{made['id']}")
+
+
 def test_what_the_engine_lacks_is_refused_before_anything_starts(
     client: httpx.Client, session: dict[str, Any], podman: Podman
 ) -> None:

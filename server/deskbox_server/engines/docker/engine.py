@@ -45,10 +45,6 @@ log = logging.getLogger("deskbox.docker")
 _WATCH_INTERVAL_S = 2.0
 _SOCKET_POLL_S = 0.02
 _INSPECT_EVERY_S = 0.5
-# A container's open files: at most the hard limit this process has, which a daemon on the
-# same host started alike has too (above it the runtime fails the start: raising needs
-# CAP_SYS_RESOURCE).
-_NOFILE = min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
 
 
 @dataclass(frozen=True)
@@ -135,11 +131,7 @@ class DockerEngine(Engine[DockerSandbox]):
 
     async def create(self, spec: SessionSpec, timeout_s: float) -> DockerSandbox:
         sandbox = DockerSandbox(self.options.state_dir, self.options.max_execs, spec.id)
-        limits = ContainerLimits(nofile=_NOFILE)
-        if spec.resources is not None:
-            limits = ContainerLimits(cpus=spec.resources.cpus,
-                                     memory_mb=spec.resources.memory_mb,
-                                     pids=spec.resources.pids, nofile=_NOFILE)
+        limits = _limits(spec)
         started = time.monotonic()
         try:
             await asyncio.to_thread(_make_socket_dir, sandbox.socket_dir)
@@ -257,6 +249,20 @@ class DockerEngine(Engine[DockerSandbox]):
                     sandbox.ended = "was removed by someone else"
                 elif state not in ("created", "running", "paused"):
                     sandbox.ended = f"stopped ({state})"
+
+
+def _limits(spec: SessionSpec) -> ContainerLimits:
+    """The session's limits; its rlimits at most the hard limits this process has, which a
+    daemon on the same host started alike has too (above them the runtime fails the start:
+    raising needs CAP_SYS_RESOURCE)."""
+    nofile = min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+    nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    if nproc == resource.RLIM_INFINITY:
+        nproc = 1 << 22
+    if spec.resources is None:
+        return ContainerLimits(nofile=nofile, nproc=nproc)
+    return ContainerLimits(cpus=spec.resources.cpus, memory_mb=spec.resources.memory_mb,
+                           pids=spec.resources.pids, nofile=nofile, nproc=nproc)
 
 
 def _ended(inspected: dict[str, Any] | None) -> str | None:

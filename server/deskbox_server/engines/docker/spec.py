@@ -48,6 +48,9 @@ class ContainerLimits:
     run_mb: int = 64
     shm_mb: int = 64
     nofile: int = 65536
+    # RLIMIT_NPROC counts every process of the user, and a rootful container's root is the
+    # host's: the session's own cap is the cgroup's pids limit, this only has to be set.
+    nproc: int = 65536
 
 
 def container_body(
@@ -99,7 +102,7 @@ def container_body(
             # setting rlimit type 7"); Docker takes them as given.
             "Ulimits": [
                 {"Name": "nofile", "Soft": limits.nofile, "Hard": limits.nofile},
-                {"Name": "nproc", "Soft": limits.pids, "Hard": limits.pids},
+                {"Name": "nproc", "Soft": limits.nproc, "Hard": limits.nproc},
             ],
             "IpcMode": "private",
             # deskbox-session writes its logs into the sandbox (/run/deskbox), never to the
