@@ -252,17 +252,14 @@ class DockerEngine(Engine[DockerSandbox]):
 
 
 def _limits(spec: SessionSpec) -> ContainerLimits:
-    """The session's limits; its rlimits at most the hard limits this process has, which a
-    daemon on the same host started alike has too (above them the runtime fails the start:
+    """The session's limits; its open files at most the hard limit this process has, which
+    a daemon on the same host started alike has too (above it the runtime fails the start:
     raising needs CAP_SYS_RESOURCE)."""
     nofile = min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
-    nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1]
-    if nproc == resource.RLIM_INFINITY:
-        nproc = 1 << 22
     if spec.resources is None:
-        return ContainerLimits(nofile=nofile, nproc=nproc)
+        return ContainerLimits(nofile=nofile)
     return ContainerLimits(cpus=spec.resources.cpus, memory_mb=spec.resources.memory_mb,
-                           pids=spec.resources.pids, nofile=nofile, nproc=nproc)
+                           pids=spec.resources.pids, nofile=nofile)
 
 
 def _ended(inspected: dict[str, Any] | None) -> str | None:

@@ -48,9 +48,6 @@ class ContainerLimits:
     run_mb: int = 64
     shm_mb: int = 64
     nofile: int = 65536
-    # RLIMIT_NPROC counts every process of the user, and a rootful container's root is the
-    # host's: the session's own cap is the cgroup's pids limit, this only has to be set.
-    nproc: int = 65536
 
 
 def container_body(
@@ -98,11 +95,14 @@ def container_body(
             "Memory": memory,
             "MemorySwap": memory,  # no swap: the limit is the limit
             "NanoCpus": int(limits.cpus * 1e9),
-            # Podman 4.3's compatible API fails a start without explicit values ("error
-            # setting rlimit type 7"); Docker takes them as given.
+            # Podman 4.3's defaults for both are above what its runtime may set here ("error
+            # setting rlimit type 7", "type 6"). nproc is the pids limit: the kernel does not
+            # apply it to the host's root (a rootful container), and a rootless container's
+            # user has only the session's processes. Above the daemon's own hard limits the
+            # start fails with its message (a 502).
             "Ulimits": [
                 {"Name": "nofile", "Soft": limits.nofile, "Hard": limits.nofile},
-                {"Name": "nproc", "Soft": limits.nproc, "Hard": limits.nproc},
+                {"Name": "nproc", "Soft": limits.pids, "Hard": limits.pids},
             ],
             "IpcMode": "private",
             # deskbox-session writes its logs into the sandbox (/run/deskbox), never to the
