@@ -70,8 +70,8 @@ def read_page(client: httpx.Client, session_id: str, predicate: Any) -> dict[str
         if state is not None and predicate(state):
             return state
         assert time.monotonic() < deadline, f"the page never got there: {titles}"
-        # Not faster: DevTools requests in a tight loop keep a guest's Chromium that is
-        # still loading its page from committing it (bench/README.md, the VM section).
+        # Not faster: each listing costs the emulated guest's Chromium CPU that its page
+        # needs too.
         time.sleep(1.0)
 
 
