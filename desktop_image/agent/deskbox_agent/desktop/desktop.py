@@ -192,11 +192,15 @@ class Desktop:
 
     def _keymap_reread(self, since: float) -> None:
         """Until the clients have re-read a keyboard mapping changed at ``since`` (≤ 1 s
-        times the patience)."""
+        times the patience). The quiet that ends the first wait, when the clients that
+        re-read are learned, grows with the patience too: under TCG every character typed
+        through a remapped key was lost now and then, likely because Chromium re-read
+        later than the window manager plus 0.1 s and was never learned."""
         if self._keymap_watch is None:
             time.sleep(0.1)
         else:
-            self._keymap_watch.wait_reread(since, timeout_s=1.0 * self._patience)
+            self._keymap_watch.wait_reread(since, timeout_s=1.0 * self._patience,
+                                           quiet_s=0.1 * self._patience)
 
     def _typing_shown(self) -> None:
         """Until the screen has been quiet for a moment after typing (bounded)."""
