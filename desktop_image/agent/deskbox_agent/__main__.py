@@ -1,7 +1,9 @@
 """``python3 -m deskbox_agent``: print the version, or serve on one listening address.
 
 ``--listen unix:PATH`` and ``tcp:HOST:PORT`` accept connections (each its own HTTP/2
-connection); ``serial:PATH`` opens a character device such as a virtio-serial port, serves
+connection); with ``--token-file`` a TCP connection is served only after its first line
+proved the token (a pod's agent, reachable from its whole cluster network: PROTOCOL.md
+"Transport"). ``serial:PATH`` opens a character device such as a virtio-serial port, serves
 the one connection it carries once a host is there, and opens it again when the host goes
 away.
 """
@@ -12,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import hmac
 import logging
 import os
 import select
@@ -33,6 +36,9 @@ __all__ = ["main"]
 log = logging.getLogger("deskbox_agent")
 SERIAL_RETRY_S = 0.2
 SERIAL_POLL_S = 0.05  # how soon a new host's first bytes are served
+TOKEN_PREFIX = b"DESKBOX-AGENT-TOKEN "
+TOKEN_WAIT_S = 5.0  # for a connection's first line
+MIN_TOKEN_CHARS = 32
 
 
 def default_registry() -> Registry:
@@ -47,11 +53,44 @@ def default_registry() -> Registry:
     return registry
 
 
-async def serve(address: str, limits: Limits, registry: Registry) -> None:
+def read_token(path: str) -> bytes:
+    """The token a connection must prove: one line of at least MIN_TOKEN_CHARS printable
+    ASCII characters."""
+    try:
+        with open(path, "rb") as file:
+            token = file.read(4096).strip()
+    except OSError as e:
+        raise SystemExit(f"cannot read the token file {path}: {e.strerror}") from None
+    if len(token) < MIN_TOKEN_CHARS or not all(0x21 <= c <= 0x7E for c in token):
+        raise SystemExit(f"the token in {path} must be {MIN_TOKEN_CHARS} or more printable "
+                         "ASCII characters")
+    return token
+
+
+async def _proved(reader: asyncio.StreamReader, token: bytes) -> bool:
+    """Whether the connection's first line is ``DESKBOX-AGENT-TOKEN <token>``; nothing is
+    answered before, so a peer without the token learns nothing but a closed connection."""
+    try:
+        async with asyncio.timeout(TOKEN_WAIT_S):
+            line = await reader.readuntil(b"\n")
+    except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+        return False
+    return hmac.compare_digest(line, TOKEN_PREFIX + token + b"\n")
+
+
+async def serve(address: str, limits: Limits, registry: Registry,
+                token: bytes | None = None) -> None:
     router = Router(registry, limits)
     scheme, _, rest = address.partition(":")
+    if token is not None and scheme != "tcp":
+        raise SystemExit("--token-file is for tcp: addresses")
 
     async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if token is not None and not await _proved(reader, token):
+            peer = writer.get_extra_info("peername")
+            log.warning("closed a connection from %s that did not prove the token", peer)
+            writer.close()
+            return
         await serve_connection(reader, writer, router, limits)
 
     if scheme == "unix":
@@ -134,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     parser.add_argument("--listen", metavar="ADDRESS",
                         help="unix:PATH, tcp:HOST:PORT or serial:PATH")
+    parser.add_argument("--token-file", metavar="PATH",
+                        help="serve a tcp: connection only after it sent this file's token")
     parser.add_argument("--display", metavar=":N",
                         help="the X display to drive (default: $DISPLAY; none: no desktop calls)")
     parser.add_argument("--patience", type=float, default=1.0, metavar="FACTOR",
@@ -147,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--listen is required (or --version)")
     if not 1.0 <= args.patience <= 100.0:
         parser.error("--patience is a factor from 1 to 100")
+    token = read_token(args.token_file) if args.token_file else None
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="deskbox-agent: %(message)s")
 
@@ -161,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         service = register_desktop(registry, display, args.patience) if display else None
         try:
             with contextlib.suppress(asyncio.CancelledError):
-                await serve(args.listen, Limits(), registry)
+                await serve(args.listen, Limits(), registry, token)
         finally:
             if service is not None:
                 await asyncio.to_thread(service.close)
