@@ -6,6 +6,9 @@ DevTools on its own loopback and ``/root`` as home.
 
 from __future__ import annotations
 
+import re
+
+from ..errors import InvalidRequest
 from .base import Sandbox
 from .desktop_commands import DEVTOOLS_PORT
 
@@ -14,11 +17,17 @@ __all__ = ["OWN_DISPLAY", "OWN_HOME", "OWN_SOCKET_DIR", "OwnDesktopSandbox"]
 OWN_DISPLAY = 99
 OWN_HOME = "/root"
 OWN_SOCKET_DIR = "/tmp/.X11-unix"
+# Session ids become parts of names and paths on the host: container, VM and pod names.
+_SESSION_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 class OwnDesktopSandbox(Sandbox):
-    def __init__(self, max_execs: int) -> None:
+    def __init__(self, max_execs: int, session_id: str, kind: str) -> None:
+        """``kind``: what the sandbox is, in the refusal of an unusable id ("a VM")."""
+        if not _SESSION_ID.match(session_id):
+            raise InvalidRequest(f"session id {session_id!r} is not usable for {kind}")
         self._max_execs = max_execs
+        self.session_id = session_id
 
     @property
     def agent_display(self) -> str:

@@ -8,15 +8,12 @@ server finds it again (adopt) or removes it (orphans). Its socket directory,
 from __future__ import annotations
 
 import hashlib
-import re
 from pathlib import Path
 
-from ...errors import InvalidRequest
 from ..own_desktop import OwnDesktopSandbox
 
 __all__ = ["DockerSandbox", "server_tag"]
 
-_SESSION_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 def server_tag(state_dir: Path) -> str:
@@ -26,10 +23,7 @@ def server_tag(state_dir: Path) -> str:
 
 class DockerSandbox(OwnDesktopSandbox):
     def __init__(self, state_dir: Path, max_execs: int, session_id: str) -> None:
-        if not _SESSION_ID.match(session_id):
-            raise InvalidRequest(f"session id {session_id!r} is not usable for a container")
-        super().__init__(max_execs)
-        self.session_id = session_id
+        super().__init__(max_execs, session_id, "a container")
         self.tag = server_tag(state_dir)
         self.name = f"deskbox-{self.tag}-{session_id}"
         self.socket_dir = state_dir.resolve() / "docker" / session_id

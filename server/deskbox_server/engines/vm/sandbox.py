@@ -10,10 +10,8 @@ shape, for a later server to restore it.
 from __future__ import annotations
 
 import hashlib
-import re
 from pathlib import Path
 
-from ...errors import InvalidRequest
 from ..network import Egress, SessionNetwork
 from ..own_desktop import OwnDesktopSandbox
 from .cgroup import VmCgroup
@@ -22,7 +20,6 @@ from .qemu import VmConfig, VmPaths
 
 __all__ = ["VmSandbox", "runtime_root"]
 
-_SESSION_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 HIBERNATION_FILE = "hibernation.vmstate"
 CONFIG_FILE = "vm.json"
 
@@ -36,10 +33,7 @@ def runtime_root(state_dir: Path) -> Path:
 class VmSandbox(OwnDesktopSandbox):
     def __init__(self, state_dir: Path, max_execs: int, session_id: str, config: VmConfig
                  ) -> None:
-        if not _SESSION_ID.match(session_id):
-            raise InvalidRequest(f"session id {session_id!r} is not usable for a VM")
-        super().__init__(max_execs)
-        self.session_id = session_id
+        super().__init__(max_execs, session_id, "a VM")
         self.config = config
         runtime = runtime_root(state_dir)
         self.paths = VmPaths(runtime / session_id)
