@@ -11,6 +11,8 @@ import pytest
 
 from deskbox_server.engines.processes import become_subreaper
 
+from .docker.podman import Podman, podman_service
+
 
 def _live_descendants(root: int) -> list[str]:
     """Processes below ``root`` that still run (zombies excluded), as "pid name"."""
@@ -99,3 +101,12 @@ def nothing_survives_the_suite(request: pytest.FixtureRequest) -> Iterator[None]
     assert not left, f"processes outlived the suite: {left}"
     traces = _sandbox_traces() - before
     assert not traces, f"sandbox state outlived the suite: {sorted(traces)}"
+
+
+@pytest.fixture(scope="session")
+def podman() -> Iterator[Podman]:
+    """One Podman service (the Docker-compatible Engine API) for the suite: the docker
+    engine's containers and the Kubernetes stand-in's pods run in it, and the OCI image is
+    loaded into its storage once."""
+    with podman_service() as service:
+        yield service

@@ -19,7 +19,7 @@ from types import ModuleType
 from deskbox_server.engines.image import build_image
 from deskbox_server.settings import default_recipe_dir
 
-__all__ = ["IMAGE_STATE_DIR", "progress", "recipe_module", "session_image"]
+__all__ = ["IMAGE_STATE_DIR", "oci_image", "progress", "recipe_module", "session_image"]
 
 REPO = Path(__file__).resolve().parents[1]
 _SHARED_CACHE = Path("/var/cache/deskbox")
@@ -35,6 +35,12 @@ def progress(line: str) -> None:
 def session_image() -> Path:
     """The current recipe's root filesystem; built (minutes, progress on stderr) if missing."""
     return build_image(IMAGE_STATE_DIR, default_recipe_dir(), progress, timeout_s=1800)
+
+
+def oci_image() -> Path:
+    """The current recipe's OCI image directory (``images/oci-<hash>/``), built if missing."""
+    return build_image(IMAGE_STATE_DIR, default_recipe_dir(), progress, timeout_s=1800,
+                       script_name="oci_image.py")
 
 
 @contextlib.contextmanager

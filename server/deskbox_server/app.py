@@ -24,6 +24,7 @@ from .api.openapi import install_openapi
 from .engines import AnyEngine
 from .engines.docker.engine import DockerEngine, DockerOptions
 from .engines.image import build_image
+from .engines.kubernetes.engine import KubernetesEngine, KubernetesOptions
 from .engines.local.engine import LocalEngine
 from .engines.runc.engine import RuncEngine
 from .engines.runc.sandbox import RuncOptions
@@ -33,7 +34,8 @@ from .sessions.manager import SessionManager
 from .sessions.registry import Registry
 from .settings import Settings
 
-__all__ = ["create_app", "default_engines", "docker_engine", "runc_engine", "vm_engine"]
+__all__ = ["create_app", "default_engines", "docker_engine", "kubernetes_engine", "runc_engine",
+           "vm_engine"]
 
 log = logging.getLogger("deskbox.server")
 image_log = logging.getLogger("deskbox.image")
@@ -46,6 +48,7 @@ def default_engines(settings: Settings) -> dict[str, AnyEngine]:
         RuncEngine.name: runc_engine,
         VmEngine.name: vm_engine,
         DockerEngine.name: docker_engine,
+        KubernetesEngine.name: kubernetes_engine,
         LocalEngine.name: lambda _: LocalEngine(),
     }
     unknown = sorted(set(settings.backends) - set(known))
@@ -90,6 +93,18 @@ def docker_engine(settings: Settings) -> DockerEngine:
     options = DockerOptions(url=settings.docker_url, state_dir=settings.state_dir.resolve(),
                             max_execs=settings.exec_max_concurrent)
     return DockerEngine(options, image=_image_builder(settings, "OCI image", "oci_image.py"))
+
+
+def kubernetes_engine(settings: Settings) -> KubernetesEngine:
+    """Pods through the Kubernetes API, of the image the nodes pull (built and pushed by
+    the operator: ``deskbox image export``, then a registry)."""
+    return KubernetesEngine(KubernetesOptions(
+        api=settings.kubernetes_api, namespace=settings.kubernetes_namespace,
+        image=settings.kubernetes_image, fleet=settings.kubernetes_fleet,
+        server_namespace=settings.kubernetes_server_namespace,
+        runtime_class=settings.kubernetes_runtime_class,
+        image_pull_policy=settings.kubernetes_image_pull_policy,
+        max_execs=settings.exec_max_concurrent))
 
 
 def _image_builder(settings: Settings, what: str, script_name: str

@@ -55,6 +55,19 @@ class Settings(BaseSettings):
     # The docker engine's Engine API (Docker, or `podman system service`); empty: DOCKER_HOST,
     # else Docker's default socket.
     docker_host: str = ""
+    # The kubernetes engine. kubernetes_api: the API server's URL without credentials (a
+    # `kubectl proxy`, a stand-in); empty: in-cluster, else the kubeconfig. namespace:
+    # empty is the server pod's own. image: the session image as the nodes pull it.
+    # fleet: the label value of this server's pods. server_namespace: where the server's
+    # own pods run, if not in `namespace` (their NetworkPolicies let only them in).
+    kubernetes_api: str = ""
+    kubernetes_namespace: str = ""
+    kubernetes_server_namespace: str = ""
+    kubernetes_image: str = ""
+    kubernetes_fleet: Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")] = (
+        "deskbox")
+    kubernetes_runtime_class: str = ""
+    kubernetes_image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     # X display numbers [display_first, display_last) for container sessions.
     display_first: Annotated[int, Field(ge=1, le=65535)] = 200
     display_last: Annotated[int, Field(ge=2, le=65536)] = 1000

@@ -1,0 +1,245 @@
+"""The kubernetes engine's one kept connection to the Kubernetes API, through
+kubernetes_asyncio.
+
+Only the calls the engine makes, on plain dicts in Kubernetes' JSON shapes (the manifests of
+spec.py go out as they are, and what comes back is read as JSON), each mapped onto our
+errors: a refusal names what the API server said (:class:`ClusterRefused`), and an API
+server that does not answer is named with its address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+from kubernetes_asyncio import client, config, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.config import ConfigException
+
+from ...errors import Internal, SessionFailed
+
+__all__ = ["Cluster", "ClusterRefused", "Obj"]
+
+Obj = dict[str, Any]
+T = TypeVar("T")
+_IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+class ClusterRefused(SessionFailed):
+    """The API server answered with an error status."""
+
+    def __init__(self, what: str, status: int, message: str) -> None:
+        super().__init__(f"the Kubernetes API refused to {what} ({status}: {message})")
+        self.status = status
+
+
+class Cluster:
+    """``api``: the API server's URL (no credentials: a stand-in, or ``kubectl proxy``);
+    empty: in-cluster (the pod's service account) when run in a pod, else the kubeconfig
+    (``$KUBECONFIG``, ~/.kube/config) and its current context."""
+
+    def __init__(self, api: str, namespace: str) -> None:
+        self.api = api
+        self.namespace = namespace
+        self._client: client.ApiClient | None = None
+        self.where = api
+
+    async def open(self) -> None:
+        configuration = client.Configuration()
+        try:
+            if self.api:
+                configuration.host = self.api
+            elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+                config.load_incluster_config(  # type: ignore[no-untyped-call]
+                    client_configuration=configuration)
+            else:
+                await config.load_kube_config(client_configuration=configuration)
+        except (ConfigException, OSError) as error:
+            raise Internal(f"no Kubernetes API to use: {error} (set DESKBOX_KUBERNETES_API, "
+                           "or run in a pod, or give a kubeconfig)") from None
+        self.where = str(configuration.host)
+        if not self.namespace:
+            self.namespace = await asyncio.to_thread(_in_cluster_namespace)
+        self._client = client.ApiClient(configuration)
+        try:
+            await self._json("list pods", self._core.list_namespaced_pod(
+                self.namespace, limit=1, _preload_content=False))
+        except SessionFailed as error:
+            await self.close()
+            raise Internal(f"the kubernetes engine cannot start: {error}") from None
+
+    async def close(self) -> None:
+        if self._client is not None:
+            api, self._client = self._client, None
+            await api.close()
+
+    @property
+    def _api(self) -> client.ApiClient:
+        if self._client is None:
+            raise Internal("the kubernetes engine is not prepared")
+        return self._client
+
+    @property
+    def _core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self._api)
+
+    @property
+    def _networking(self) -> client.NetworkingV1Api:
+        return client.NetworkingV1Api(self._api)
+
+    async def _call(self, what: str, call: Awaitable[T]) -> T:
+        try:
+            return await call
+        except ApiException as error:
+            raise ClusterRefused(what, int(error.status or 0), _exception_message(error)
+                                 ) from None
+        except (TimeoutError, aiohttp.ClientError, OSError) as error:
+            raise SessionFailed(f"the Kubernetes API at {self.where} does not answer "
+                                f"({error or type(error).__name__})") from None
+
+    async def _json(self, what: str, call: Awaitable[Any]) -> Obj:
+        """The JSON object a call answered (called with ``_preload_content=False``, which
+        leaves the status to us)."""
+        response = await self._call(what, call)
+        try:
+            raw = await self._call(what, response.read())
+        finally:
+            response.release()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        if not 200 <= response.status <= 299:
+            raise ClusterRefused(what, response.status, _message(body, response.reason))
+        if not isinstance(body, dict):
+            raise SessionFailed(f"the Kubernetes API answered {what} with no object")
+        return body
+
+    # -- pods ------------------------------------------------------------------------------
+
+    async def create_pod(self, manifest: Obj) -> Obj:
+        return await self._json("create a pod", self._core.create_namespaced_pod(
+            self.namespace, _as_body(manifest), _preload_content=False))
+
+    async def read_pod(self, name: str) -> Obj | None:
+        """The pod, or None if there is none of that name."""
+        return await self._read("read a pod", self._core.read_namespaced_pod, name)
+
+    async def delete_pod(self, name: str) -> bool:
+        """Whether there was one to delete; its Secret and NetworkPolicy go with it (they
+        name it as their owner)."""
+        return await self._delete("delete a pod", self._core.delete_namespaced_pod, name)
+
+    async def list_pods(self, selector: str) -> tuple[list[Obj], str]:
+        """The pods a label selector picks, and the resourceVersion to watch from."""
+        body = await self._json("list pods", self._core.list_namespaced_pod(
+            self.namespace, label_selector=selector, _preload_content=False))
+        return list(body.get("items") or []), str(
+            (body.get("metadata") or {}).get("resourceVersion", ""))
+
+    async def watch_pods(self, selector: str, since: str, timeout_s: int
+                         ) -> AsyncIterator[tuple[str, Obj]]:
+        """(type, pod) events after ``since`` until the API server ends the watch."""
+        # "object": the events' objects as the JSON they came in, never checked against
+        # the client's models (which refuse what a newer or older API server leaves out).
+        stream = watch.Watch(return_type="object")
+        try:
+            async for event in stream.stream(
+                    self._core.list_namespaced_pod, self.namespace, label_selector=selector,
+                    resource_version=since, timeout_seconds=timeout_s,
+                    allow_watch_bookmarks=False):
+                raw = event.get("raw_object")
+                if isinstance(raw, dict):
+                    yield str(event.get("type", "")), raw
+        except ApiException as error:
+            raise ClusterRefused("watch pods", int(error.status or 0),
+                                 _exception_message(error)) from None
+        except (TimeoutError, aiohttp.ClientError, OSError) as error:
+            raise SessionFailed(f"the Kubernetes API at {self.where} does not answer "
+                                f"({error or type(error).__name__})") from None
+        finally:
+            stream.stop()
+            await stream.close()
+
+    # -- secrets and network policies ------------------------------------------------------
+
+    async def create_secret(self, manifest: Obj) -> Obj:
+        return await self._json("create a secret", self._core.create_namespaced_secret(
+            self.namespace, _as_body(manifest), _preload_content=False))
+
+    async def read_secret(self, name: str) -> Obj | None:
+        return await self._read("read a secret", self._core.read_namespaced_secret, name)
+
+    async def delete_secret(self, name: str) -> bool:
+        return await self._delete("delete a secret", self._core.delete_namespaced_secret, name)
+
+    async def create_network_policy(self, manifest: Obj) -> Obj:
+        return await self._json(
+            "create a network policy", self._networking.create_namespaced_network_policy(
+                self.namespace, _as_body(manifest), _preload_content=False))
+
+    async def list_network_policies(self, selector: str) -> list[Obj]:
+        body = await self._json(
+            "list network policies", self._networking.list_namespaced_network_policy(
+                self.namespace, label_selector=selector, _preload_content=False))
+        return list(body.get("items") or [])
+
+    async def delete_network_policy(self, name: str) -> bool:
+        return await self._delete("delete a network policy",
+                                  self._networking.delete_namespaced_network_policy, name)
+
+    # -- shared ----------------------------------------------------------------------------
+
+    async def _read(self, what: str, method: Callable[..., Awaitable[Any]], name: str
+                    ) -> Obj | None:
+        try:
+            return await self._json(what, method(name, self.namespace, _preload_content=False))
+        except ClusterRefused as error:
+            if error.status == 404:
+                return None
+            raise
+
+    async def _delete(self, what: str, method: Callable[..., Awaitable[Any]], name: str
+                      ) -> bool:
+        try:
+            await self._json(what, method(name, self.namespace, grace_period_seconds=0,
+                                          propagation_policy="Background",
+                                          _preload_content=False))
+        except ClusterRefused as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+
+def _message(body: Any, reason: str | None) -> str:
+    """The message of the Status body the API server sent, else its reason phrase."""
+    if isinstance(body, dict) and body.get("message"):
+        return str(body["message"])[:500]
+    return str(reason or "no reason given")
+
+
+def _exception_message(error: ApiException) -> str:
+    try:
+        body = json.loads(error.body or "")
+    except (ValueError, TypeError):
+        body = None
+    return _message(body, error.reason)
+
+
+def _as_body(manifest: Obj) -> Any:
+    """The client's typed methods take its models, and send a dict as it is: our manifests
+    are Kubernetes JSON already (spec.py)."""
+    return manifest
+
+
+def _in_cluster_namespace() -> str:
+    try:
+        return _IN_CLUSTER_NAMESPACE.read_text().strip() or "default"
+    except OSError:
+        return "default"

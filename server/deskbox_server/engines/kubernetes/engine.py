@@ -1,0 +1,325 @@
+"""The ``kubernetes`` engine: each session a Pod of the session image's OCI form, made
+through the Kubernetes API over one kept client (cluster.py).
+
+Per session: a NetworkPolicy (made first, so the pod never runs without it), the Pod, and a
+Secret with the agent's token, owned by the Pod. The pod runs the image's own init and
+agent; the agent listens on the pod IP and serves only connections that prove the token
+(agent_tcp.py), and no Service exposes it. Freeze and checkpoints are refused: the
+Kubernetes API has neither a pause nor a restore (see ``hint``).
+
+One watch per engine (list, then watch from its resourceVersion, again after every end)
+follows the fleet's pods, so that a pod that ends on its own (evicted, deleted, its init
+exited, out of memory) fails its session with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ...errors import DeskboxError, Internal, SessionFailed, Timeout
+from ..base import AgentStream, Capability, Engine, SessionSpec
+from ..network import resolve_egress
+from .agent_tcp import connect_agent
+from .cluster import Cluster, Obj
+from .sandbox import PodSandbox
+from .spec import (
+    AGENT_PORT,
+    LABEL_FLEET,
+    LABEL_SESSION,
+    PodLimits,
+    PodOptions,
+    egress_rules,
+    network_policy_manifest,
+    pod_manifest,
+    pod_name,
+    secret_manifest,
+    secret_token,
+)
+
+__all__ = ["KubernetesEngine", "KubernetesOptions"]
+
+log = logging.getLogger("deskbox.kubernetes")
+_POLL_S = 0.25
+_WATCH_S = 60  # one watch's length; the next starts from where it ended
+_RETRY_S = 2.0
+# A container waiting for one of these will not start without someone changing something.
+_HOPELESS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
+                       "CreateContainerConfigError", "CreateContainerError",
+                       "RunContainerError", "CrashLoopBackOff", "ErrImageNeverPull"})
+
+
+@dataclass(frozen=True)
+class KubernetesOptions:
+    api: str  # the API server's URL; empty: in-cluster, else the kubeconfig
+    namespace: str  # empty: the server pod's own namespace, else "default"
+    image: str  # the session image, as the cluster's nodes pull it
+    fleet: str = "deskbox"
+    server_namespace: str = ""  # the server's, when the sessions' is another
+    runtime_class: str = ""
+    image_pull_policy: str = "IfNotPresent"
+    max_execs: int = 8
+
+
+class KubernetesEngine(Engine[PodSandbox]):
+    name: ClassVar[str] = "kubernetes"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.EXEC, Capability.RESOURCES, Capability.ADOPT})
+    egress_modes: ClassVar[frozenset[str]] = frozenset({"none", "allowlist", "all"})
+    hint: ClassVar[str] = (
+        "the Kubernetes API can neither pause nor checkpoint a pod (that needs the "
+        "kubelet's checkpoint API, or agent-sandbox's pause and snapshots); the container "
+        "and vm backends have them")
+    # A node may have to pull the image first.
+    start_timeout_floor_s: ClassVar[float] = 120.0
+    handshake_timeout_s: ClassVar[float] = 10.0
+    create_cancellable: ClassVar[bool] = True
+
+    def __init__(self, options: KubernetesOptions) -> None:
+        self.options = options
+        self.pods = PodOptions(image=options.image, fleet=options.fleet,
+                               runtime_class=options.runtime_class,
+                               image_pull_policy=options.image_pull_policy,
+                               server_namespace=options.server_namespace)
+        self.cluster = Cluster(options.api, options.namespace)
+        self._sandboxes: dict[str, PodSandbox] = {}
+        self._watcher: asyncio.Task[None] | None = None
+
+    @property
+    def _selector(self) -> str:
+        return f"{LABEL_FLEET}={self.options.fleet}"
+
+    def describe(self) -> dict[str, str]:
+        return {"api": self.cluster.where, "namespace": self.cluster.namespace,
+                "image": self.options.image, "fleet": self.options.fleet,
+                "runtime_class": self.options.runtime_class or "(the cluster's default)"}
+
+    async def prepare(self) -> None:
+        if not self.options.image:
+            raise Internal("the kubernetes engine needs DESKBOX_KUBERNETES_IMAGE: the "
+                           "session image (desktop_image/oci_image.py) in a registry the "
+                           "cluster's nodes pull from")
+        await self.cluster.open()
+        log.info("kubernetes: pods in namespace %s through %s", self.cluster.namespace,
+                 self.cluster.where)
+        self._watcher = asyncio.create_task(self._watch(), name="deskbox-kubernetes-watch")
+
+    async def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
+        await self.cluster.close()
+
+    # -- start and stop --------------------------------------------------------------------
+
+    async def create(self, spec: SessionSpec, timeout_s: float) -> PodSandbox:
+        sandbox = PodSandbox(self.options.max_execs, spec.id, secrets.token_urlsafe(32))
+        started = time.monotonic()
+        egress = await self._egress_rules(spec)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.cluster.create_network_policy(
+                    network_policy_manifest(self.pods, spec.id, egress))
+                self._sandboxes[spec.id] = sandbox
+                pod = await self.cluster.create_pod(
+                    pod_manifest(self.pods, spec.id, spec.desktop, _limits(spec)))
+                await self.cluster.create_secret(
+                    secret_manifest(self.pods, pod, spec.id, sandbox.token))
+                sandbox.timings["pod_created"] = time.monotonic() - started
+                await self._wait_running(sandbox)
+                sandbox.timings["pod_running"] = time.monotonic() - started
+                await self._wait_for_agent(sandbox)
+        except TimeoutError:
+            await asyncio.shield(self.destroy(sandbox))
+            raise Timeout(f"{sandbox.label} did not start in {timeout_s:.0f} s"
+                          f"{sandbox.waiting_for}") from None
+        except BaseException:
+            await asyncio.shield(self.destroy(sandbox))
+            raise
+        sandbox.timings["agent_ready"] = time.monotonic() - started
+        return sandbox
+
+    async def _egress_rules(self, spec: SessionSpec) -> list[Obj]:
+        if spec.network is None or spec.network.egress == "none":
+            return []
+        egress = await asyncio.to_thread(resolve_egress, spec.network.egress,
+                                         spec.network.allow)
+        return egress_rules(spec.network.egress, [str(a) for a in egress.addresses])
+
+    async def _wait_running(self, sandbox: PodSandbox) -> None:
+        while True:
+            pod = await self.cluster.read_pod(sandbox.name)
+            if pod is None:
+                raise SessionFailed(f"{sandbox.label} was deleted while it started")
+            status = pod.get("status") or {}
+            if (problem := _pod_problem(pod)) is not None:
+                raise SessionFailed(f"{sandbox.label} {problem}")
+            if status.get("phase") == "Running" and status.get("podIP"):
+                sandbox.pod_ip = str(status["podIP"])
+                return
+            sandbox.waiting_for = _waiting_for(pod)
+            await asyncio.sleep(_POLL_S)
+
+    async def _wait_for_agent(self, sandbox: PodSandbox) -> None:
+        sandbox.waiting_for = " (its agent did not listen)"
+        while True:
+            if sandbox.ended is not None:
+                raise SessionFailed(f"{sandbox.label} {sandbox.ended} before its agent "
+                                    "listened")
+            try:
+                _, writer = await connect_agent(sandbox.pod_ip, AGENT_PORT, sandbox.token,
+                                                1024)
+            except SessionFailed:
+                await asyncio.sleep(_POLL_S / 2)
+                continue
+            writer.close()
+            return
+
+    async def open_stream(self, sandbox: PodSandbox, read_limit: int) -> AgentStream:
+        if sandbox.ended is not None:
+            raise SessionFailed(f"{sandbox.label} {sandbox.ended}")
+        return await connect_agent(sandbox.pod_ip, AGENT_PORT, sandbox.token, read_limit)
+
+    async def kill(self, sandbox: PodSandbox) -> None:
+        await self.cluster.delete_pod(sandbox.name)
+
+    async def destroy(self, sandbox: PodSandbox) -> None:
+        self._sandboxes.pop(sandbox.session_id, None)
+        name = sandbox.name
+        for what, delete in (("pod", self.cluster.delete_pod),
+                             ("secret", self.cluster.delete_secret),
+                             ("network policy", self.cluster.delete_network_policy)):
+            try:
+                await delete(name)
+            except DeskboxError as error:
+                # Never raised for a dead sandbox: what is left goes at the next orphan sweep
+                # (the Secret also with its pod, which owns it).
+                log.warning("deleting the %s %s: %s", what, name, error)
+
+    async def adopt(self, session_id: str) -> PodSandbox:
+        sandbox = PodSandbox(self.options.max_execs, session_id)
+        pod = await self.cluster.read_pod(sandbox.name)
+        if pod is None:
+            raise SessionFailed(f"{sandbox.label} is gone")
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if (labels.get(LABEL_SESSION) != session_id
+                or labels.get(LABEL_FLEET) != self.options.fleet):
+            raise SessionFailed(f"{sandbox.label} is not this fleet's")
+        if (problem := _pod_problem(pod)) is not None:
+            raise SessionFailed(f"{sandbox.label} {problem}")
+        status = pod.get("status") or {}
+        if status.get("phase") != "Running" or not status.get("podIP"):
+            raise SessionFailed(f"{sandbox.label} is not running ({status.get('phase')})")
+        secret = await self.cluster.read_secret(sandbox.name)
+        if secret is None or not (token := secret_token(secret)):
+            raise SessionFailed(f"{sandbox.label}'s agent token (its Secret) is gone")
+        sandbox.token, sandbox.pod_ip = token, str(status["podIP"])
+        self._sandboxes[session_id] = sandbox
+        return sandbox
+
+    async def remove_orphans(self, keep: Collection[str]) -> list[str]:
+        removed = []
+        pods, _ = await self.cluster.list_pods(self._selector)
+        for pod in pods:
+            session_id = str(((pod.get("metadata") or {}).get("labels") or {}).get(
+                LABEL_SESSION, ""))
+            if session_id in keep or session_id in self._sandboxes:
+                continue
+            await self.destroy(PodSandbox(self.options.max_execs, session_id))
+            removed.append(session_id)
+        # Policies (and Secrets) of pods that were never made: a server stopped midway.
+        have = {pod_name(s) for s in (*keep, *self._sandboxes)}
+        for policy in await self.cluster.list_network_policies(self._selector):
+            name = str((policy.get("metadata") or {}).get("name", ""))
+            if name and name not in have:
+                await self.cluster.delete_network_policy(name)
+                await self.cluster.delete_secret(name)
+        return removed
+
+    # -- the watch -------------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                await self._follow()
+            except DeskboxError as error:
+                log.warning("watching the pods: %s", error)
+            except Exception:  # the watch must outlive whatever an API server sends
+                log.exception("watching the pods failed")
+            await asyncio.sleep(_RETRY_S)
+
+    async def _follow(self) -> None:
+        """One list, then one watch from its resourceVersion (an informer's loop)."""
+        known = {s.name: s for s in self._sandboxes.values() if s.pod_ip}
+        pods, version = await self.cluster.list_pods(self._selector)
+        listed = {str(p["metadata"]["name"]) for p in pods}
+        for pod in pods:
+            self._observe("MODIFIED", pod)
+        for name, sandbox in known.items():
+            if name not in listed and sandbox.ended is None:
+                sandbox.ended = "was deleted by someone else"
+        async for kind, pod in self.cluster.watch_pods(self._selector, version, _WATCH_S):
+            self._observe(kind, pod)
+
+    def _observe(self, kind: str, pod: Obj) -> None:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        sandbox = self._sandboxes.get(str(labels.get(LABEL_SESSION, "")))
+        if sandbox is None or sandbox.ended is not None:
+            return
+        # Our own deletes forget the sandbox first: any other is someone else's.
+        if kind == "DELETED" or (pod.get("metadata") or {}).get("deletionTimestamp"):
+            sandbox.ended = "was deleted by someone else"
+        elif sandbox.pod_ip and (problem := _pod_problem(pod)) is not None:
+            sandbox.ended = problem
+
+
+def _limits(spec: SessionSpec) -> PodLimits:
+    if spec.resources is None:
+        return PodLimits()
+    return PodLimits(cpus=spec.resources.cpus, memory_mb=spec.resources.memory_mb)
+
+
+def _container_state(pod: Obj) -> Obj:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+    state = statuses[0].get("state") or {}
+    return state if isinstance(state, dict) else {}
+
+
+def _pod_problem(pod: Obj) -> str | None:
+    """Why a pod will not run (any more), or None while it runs or may still start."""
+    status = pod.get("status") or {}
+    state = _container_state(pod)
+    phase = status.get("phase")
+    if phase in ("Failed", "Succeeded"):
+        ended = state.get("terminated") or {}
+        if ended.get("reason") == "OOMKilled":
+            return "ran out of memory"
+        if ended:
+            return f"stopped ({ended.get('reason', phase)}, exit code {ended.get('exitCode')})"
+        # Ended with no container status: evicted, or its node lost.
+        return f"stopped ({status.get('reason') or phase}: {status.get('message', '')})"
+    waiting = state.get("waiting") or {}
+    if waiting.get("reason") in _HOPELESS:
+        return f"cannot start: {waiting['reason']}: {waiting.get('message', '')}".rstrip(": ")
+    return None
+
+
+def _waiting_for(pod: Obj) -> str:
+    """What a pending pod waits for, for the timeout's message."""
+    status = pod.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("status") == "False" and condition.get("message"):
+            return f" ({condition.get('reason')}: {condition['message']})"
+    waiting = _container_state(pod).get("waiting") or {}
+    if waiting.get("reason"):
+        return f" (its container waits: {waiting['reason']})"
+    return f" (pod phase {status.get('phase', 'unknown')})"
+

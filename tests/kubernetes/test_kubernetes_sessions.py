@@ -1,0 +1,301 @@
+"""The kubernetes engine end to end, through a ``deskbox serve`` whose only backend is
+kubernetes, against the stand-in API server (conftest.py, standin.py): a session is a Pod
+(with its Secret and NetworkPolicy) whose agent the server reaches over TCP on the pod IP
+with the session's token; the desktop answers as on runc; the pod spec carries the
+confinement and the limits; what the cluster cannot do is refused with 422; a pod that
+ends behind the server's back fails its session; a killed server's pod is adopted by the
+next and strangers' pods are swept; and a delete leaves no object behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ..api.containers import act, page_origin
+from ..api.helpers import assert_error, decode
+from ..api.sandbox_page import SandboxPage, events_data_url
+from ..api.served import free_port, serve
+from ..images import IMAGE_STATE_DIR
+from .conftest import NAMESPACE, StandIn
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+TEXT = "pod ✓ wörld"
+AGENT_PORT = 7878
+
+
+@dataclass
+class Server:
+    process: Any
+    client: httpx.Client
+    state_dir: Path
+
+
+@contextlib.contextmanager
+def kubernetes_server(standin: StandIn, state_dir: Path, log: Path, **extra: str
+                      ) -> Iterator[Server]:
+    env = {"DESKBOX_BACKENDS": "kubernetes", "DESKBOX_DEFAULT_BACKEND": "kubernetes",
+           "DESKBOX_KUBERNETES_API": standin.url, "DESKBOX_KUBERNETES_NAMESPACE": NAMESPACE,
+           "DESKBOX_KUBERNETES_IMAGE": standin.image, "DESKBOX_START_TIMEOUT_S": "60",
+           **extra}
+    with serve(state_dir, log, env, timeout_s=120.0) as (process, client):
+        yield Server(process, client, state_dir)
+
+
+@pytest.fixture(scope="module")
+def base() -> Path:
+    return Path(tempfile.mkdtemp(prefix="deskbox-kubernetes-tests-"))
+
+
+@pytest.fixture(scope="module")
+def server(standin: StandIn, base: Path) -> Iterator[Server]:
+    with kubernetes_server(standin, base / "state", base / "server.log") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> httpx.Client:
+    return server.client
+
+
+def create(client: httpx.Client, **body: Any) -> dict[str, Any]:
+    response = client.post("/v1/sessions", json=body)
+    assert response.status_code == 201, response.text
+    session: dict[str, Any] = response.json()
+    assert session["state"] == "running", session
+    return session
+
+
+def pod_name(session: dict[str, Any]) -> str:
+    return "deskbox-" + str(session["id"]).replace("_", "-")
+
+
+@pytest.fixture(scope="module")
+def session(client: httpx.Client) -> Iterator[dict[str, Any]]:
+    made = create(client, browser={"start_url": events_data_url()})
+    yield made
+    client.delete(f"/v1/sessions/{made['id']}")
+
+
+def wait_failed(client: httpx.Client, session: dict[str, Any]) -> dict[str, Any]:
+    deadline = time.monotonic() + 30
+    while True:
+        state: dict[str, Any] = client.get(f"/v1/sessions/{session['id']}").json()
+        if state["state"] == "failed":
+            return state
+        assert time.monotonic() < deadline, state
+        time.sleep(0.2)
+
+
+def test_healthz_describes_the_engine(client: httpx.Client, standin: StandIn) -> None:
+    engine = client.get("/healthz").json()["engines"]["kubernetes"]
+    assert engine["capabilities"] == ["adopt", "exec", "resources"]
+    assert engine["egress"] == ["all", "allowlist", "none"]
+    assert engine["details"]["api"] == standin.url
+    assert engine["details"]["namespace"] == NAMESPACE
+    assert engine["details"]["image"] == standin.image
+
+
+def test_the_desktop_answers_as_on_runc(client: httpx.Client, session: dict[str, Any]) -> None:
+    assert session["backend"] == "kubernetes"
+    shot = client.get(f"/v1/sessions/{session['id']}/screenshot")
+    assert shot.status_code == 200, shot.text
+    assert decode(shot.content).size == (1280, 800)
+    with SandboxPage(client, session["id"]) as page:
+        page.wait(lambda state: state["clicks"] == 0, timeout_s=30)
+        x, y = page_origin(client, session, page)
+        act(client, session, {"actions": [{"type": "click", "x": x + 900, "y": y + 175},
+                                          {"type": "type", "text": TEXT}]})
+        state = page.wait(lambda state: state["value"] == TEXT, timeout_s=30)
+    assert state["clicks"] == 2 and state["value"] == TEXT
+    ran = client.post(f"/v1/sessions/{session['id']}/exec",
+                      json={"cmd": ["sh", "-c", "hostname; ls /sys/class/net"]})
+    assert ran.status_code == 200, ran.text
+    assert ran.json()["stdout"].split() == ["deskbox", "eth0", "lo"]
+
+
+def test_the_pod_spec_confines_the_session(session: dict[str, Any], standin: StandIn) -> None:
+    pod = standin.pod(pod_name(session))
+    spec = pod["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["enableServiceLinks"] is False and spec["restartPolicy"] == "Never"
+    assert "runtimeClassName" not in spec  # none configured: the cluster's default
+    (container,) = spec["containers"]
+    assert container["image"] == standin.image
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False, "privileged": False,
+        "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True,
+        "seccompProfile": {"type": "RuntimeDefault"}}
+    assert container["resources"] == {"requests": {"cpu": "1000m", "memory": "2048Mi"},
+                                      "limits": {"cpu": "1000m", "memory": "2048Mi"}}
+    assert pod["metadata"]["labels"]["deskbox.io/session"] == session["id"]
+    assert pod["metadata"]["labels"]["deskbox.io/fleet"] == "deskbox"
+    # The agent's token: a Secret the pod owns (deleted with it), mounted read-only.
+    (secret,) = [s for s in standin.objects("secrets") if s["metadata"]["name"] == pod_name(
+        session)]
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
+    assert {"name": "agent-token", "mountPath": "/etc/deskbox-agent", "readOnly": True} in (
+        container["volumeMounts"])
+    # Default egress none: in only from the server's pods to the agent, out nothing.
+    (policy,) = [p for p in standin.objects("networkpolicies")
+                 if p["metadata"]["name"] == pod_name(session)]
+    assert policy["spec"]["podSelector"] == {"matchLabels": {
+        "deskbox.io/session": session["id"]}}
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert policy["spec"]["egress"] == []
+    assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": AGENT_PORT}]
+    # No Service exposes a session.
+    assert standin.get("/standin/requests") and not any(
+        "/services" in path for _, path in standin.get("/standin/requests"))
+
+
+def _first_bytes(address: tuple[str, int], send: bytes) -> bytes:
+    with socket.create_connection(address, timeout=10) as connection:
+        connection.sendall(send)
+        connection.settimeout(10)
+        chunks = []
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := connection.recv(4096):
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def test_the_agent_serves_only_who_has_the_token(
+    session: dict[str, Any], standin: StandIn
+) -> None:
+    """Any pod of the cluster reaches the agent's port: without the token it gets nothing
+    but a closed connection, neither with HTTP/2 at once nor with a wrong token line."""
+    address = (standin.pod(pod_name(session))["status"]["podIP"], AGENT_PORT)
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")
+    assert _first_bytes(address, preface) == b""
+    assert _first_bytes(address, b"DESKBOX-AGENT-TOKEN " + b"x" * 43 + b"\n" + preface) == b""
+
+
+def test_what_the_cluster_lacks_is_refused(client: httpx.Client, session: dict[str, Any],
+                                           standin: StandIn) -> None:
+    before = standin.names("pods")
+    for mode in ("freeze", "hibernate"):
+        refused = client.post(f"/v1/sessions/{session['id']}/pause", json={"mode": mode})
+        message = assert_error(refused, 422, "invalid_request")["message"]
+        assert "kubernetes engine" in message and "checkpoint API" in message
+    assert client.post(f"/v1/sessions/{session['id']}/snapshots").status_code == 422
+    assert standin.names("pods") == before
+
+
+def test_resources_and_egress_become_the_pods(client: httpx.Client, standin: StandIn) -> None:
+    made = create(client, resources={"cpus": 0.5, "memory_mb": 1024},
+                  network={"egress": "allowlist", "allow": ["127.0.0.1", "10.9.8.7"]})
+    try:
+        pod = standin.pod(pod_name(made))
+        assert pod["spec"]["containers"][0]["resources"]["limits"] == {
+            "cpu": "500m", "memory": "1024Mi"}
+        (policy,) = [p for p in standin.objects("networkpolicies")
+                     if p["metadata"]["name"] == pod_name(made)]
+        allowed, dns = policy["spec"]["egress"]
+        assert allowed == {"to": [{"ipBlock": {"cidr": "10.9.8.7/32"}},
+                                  {"ipBlock": {"cidr": "127.0.0.1/32"}}]}
+        assert {"protocol": "UDP", "port": 53} in dns["ports"]
+        assert client.get(f"/v1/sessions/{made['id']}/screenshot").status_code == 200
+    finally:
+        client.delete(f"/v1/sessions/{made['id']}")
+
+
+def test_a_pod_deleted_behind_the_servers_back_fails_its_session(
+    client: httpx.Client, standin: StandIn
+) -> None:
+    doomed = create(client)
+    httpx.delete(f"{standin.url}/api/v1/namespaces/{NAMESPACE}/pods/{pod_name(doomed)}")
+    state = wait_failed(client, doomed)
+    assert "deleted by someone else" in state["failure"]["reason"]
+    assert client.delete(f"/v1/sessions/{doomed['id']}").status_code == 204
+    assert pod_name(doomed) not in standin.names("networkpolicies")
+    assert pod_name(doomed) not in standin.names("secrets")
+
+
+def test_a_pod_whose_image_cannot_be_pulled_fails_the_create(
+    standin: StandIn, base: Path
+) -> None:
+    with kubernetes_server(standin, base / "noimage-state", base / "noimage.log",
+                           DESKBOX_KUBERNETES_IMAGE="registry.invalid/nothing:1") as server:
+        refused = server.client.post("/v1/sessions", json={})
+        assert "ErrImagePull" in assert_error(refused, 502, "session_failed")["message"]
+        assert not [n for n in standin.names("pods") if n in str(refused.json())]
+
+
+def test_delete_leaves_nothing(client: httpx.Client, standin: StandIn) -> None:
+    made = create(client)
+    name = pod_name(made)
+    uid = standin.pod(name)["metadata"]["uid"]
+    assert name in standin.names("secrets") and name in standin.names("networkpolicies")
+    assert client.delete(f"/v1/sessions/{made['id']}").status_code == 204
+    for plural in ("pods", "secrets", "networkpolicies"):
+        assert name not in standin.names(plural), plural
+    listed = standin.podman.cli("ps", "--all", "--format", "{{.Names}}").stdout.split()
+    assert f"standin-{uid}" not in listed
+
+
+def _stranger(standin: StandIn) -> str:
+    """A pod and a policy of this fleet that no server's registry knows (a server that
+    lost its state): never started (its image is nowhere), as cheap as a stranger gets."""
+    labels = {"deskbox.io/fleet": "deskbox", "deskbox.io/session": "ses_stranger"}
+    meta = {"name": "deskbox-ses-stranger", "labels": labels}
+    for prefix, plural, body in (
+        ("/apis/networking.k8s.io/v1", "networkpolicies",
+         {"metadata": meta, "spec": {"podSelector": {}}}),
+        ("/api/v1", "pods", {"metadata": meta, "spec": {"containers": [
+            {"name": "desktop", "image": "registry.invalid/nothing:1"}]}}),
+    ):
+        made = httpx.post(f"{standin.url}{prefix}/namespaces/{NAMESPACE}/{plural}", json=body)
+        assert made.status_code == 201, made.text
+    return str(meta["name"])
+
+
+def test_a_killed_servers_pod_is_adopted_and_strangers_are_swept(
+    standin: StandIn, base: Path
+) -> None:
+    state_dir, log = base / "restart-state", base / "restart.log"
+    with kubernetes_server(standin, state_dir, log) as first:
+        kept = create(first.client)
+        first.process.send_signal(signal.SIGKILL)
+        first.process.wait()
+    assert pod_name(kept) in standin.names("pods")  # the pod outlives its server
+    stranger = _stranger(standin)
+    with kubernetes_server(standin, state_dir, log) as second:
+        again = second.client.get(f"/v1/sessions/{kept['id']}").json()
+        assert again["state"] == "running", again
+        shot = second.client.get(f"/v1/sessions/{kept['id']}/screenshot")
+        assert shot.status_code == 200, shot.text
+        assert stranger not in standin.names("pods")
+        assert stranger not in standin.names("networkpolicies")
+    # A server's shutdown ends its sessions, and their pods.
+    assert pod_name(kept) not in standin.names("pods")
+
+
+def test_a_server_without_a_kubernetes_api_says_so(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    env = {**os.environ, "DESKBOX_API_KEYS": "k" * 32, "DESKBOX_BACKENDS": "kubernetes",
+           "DESKBOX_DEFAULT_BACKEND": "kubernetes",
+           "DESKBOX_KUBERNETES_API": f"http://127.0.0.1:{port}",
+           "DESKBOX_KUBERNETES_IMAGE": "deskbox-session:x",
+           "DESKBOX_IMAGE_STATE_DIR": str(IMAGE_STATE_DIR)}
+    ended = subprocess.run(
+        [str(Path(sys.executable).parent / "deskbox"), "serve", "--host", "127.0.0.1",
+         "--port", str(free_port()), "--state-dir", str(tmp_path / "state")],
+        env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert ended.returncode != 0
+    assert f"the Kubernetes API at http://127.0.0.1:{port} does not answer" in (
+        ended.stderr + ended.stdout)
