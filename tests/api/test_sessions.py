@@ -129,6 +129,9 @@ def test_no_wait_then_idle_expiry(client: httpx.Client) -> None:
         ({"record": True}, "not supported yet"),
         ({"resources": {"cpus": 1}},
          "resources needs the capability 'resources', which the local engine lacks"),
+        ({"runtime_class": "gvisor"}, "runtime_class needs runtime classes, which the local "
+         "engine lacks; the kubernetes backend has them"),
+        ({"runtime_class": "Not_A_Name"}, "runtime_class"),
     ],
 )
 def test_create_refuses_what_it_cannot_do(

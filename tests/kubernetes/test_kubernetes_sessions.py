@@ -196,11 +196,15 @@ def test_what_the_cluster_lacks_is_refused(client: httpx.Client, session: dict[s
     assert standin.names("pods") == before
 
 
-def test_resources_and_egress_become_the_pods(client: httpx.Client, standin: StandIn) -> None:
+def test_resources_egress_and_runtime_class_become_the_pods(
+    client: httpx.Client, standin: StandIn
+) -> None:
     made = create(client, resources={"cpus": 0.5, "memory_mb": 1024},
-                  network={"egress": "allowlist", "allow": ["127.0.0.1", "10.9.8.7"]})
+                  network={"egress": "allowlist", "allow": ["127.0.0.1", "10.9.8.7"]},
+                  runtime_class="gvisor")
     try:
         pod = standin.pod(pod_name(made))
+        assert pod["spec"]["runtimeClassName"] == "gvisor"  # the stand-in runs it as any
         assert pod["spec"]["containers"][0]["resources"]["limits"] == {
             "cpu": "500m", "memory": "1024Mi"}
         (policy,) = [p for p in standin.objects("networkpolicies")

@@ -67,6 +67,8 @@ class SessionSpec:
     # A snapshot's directory (the session layer found it and checked it is the caller's).
     from_snapshot: Path | None = None
     record: bool = False
+    # The pod's RuntimeClass (engines with runtime_classes), else the engine's default.
+    runtime_class: str | None = None
     # Started ahead of demand (the warm pool): no start-up boost that could slow the
     # sessions that run.
     background: bool = False
@@ -142,6 +144,8 @@ class Engine(ABC, Generic[S]):
     name: ClassVar[str]
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
     egress_modes: ClassVar[frozenset[str]] = frozenset({"all"})
+    # Whether a session may name the runtime its sandbox runs under (a RuntimeClass).
+    runtime_classes: ClassVar[bool] = False
     # What to do instead, in the refusal of what this engine lacks.
     hint: ClassVar[str] = ""
     # A start never gets less than this, whatever the server's start_timeout_s: a VM under
@@ -177,6 +181,9 @@ class Engine(ABC, Generic[S]):
             raise InvalidRequest(f"record is not supported yet by the {self.name} engine")
         if spec.from_snapshot is not None:
             self.require(Capability.CHECKPOINT, "from_snapshot")
+        if spec.runtime_class is not None and not self.runtime_classes:
+            raise EngineLacks(self.name, "runtime_class", "runtime classes",
+                              "the kubernetes backend has them")
         if spec.resources is not None:
             self.require(Capability.RESOURCES, "resources")
         if spec.network is not None and spec.network.egress not in self.egress_modes:

@@ -117,6 +117,11 @@ class SessionCreate(_Body):
     network: Network | None = None
     record: Bool = False
     coordinate_space: CoordinateSpace | None = None
+    # The kubernetes backend's RuntimeClass for this session's pod (gvisor, kata); other
+    # backends refuse it.
+    runtime_class: Annotated[str, Field(
+        min_length=1, max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")] | None = None
 
 
 class Failure(BaseModel):

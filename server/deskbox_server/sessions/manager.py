@@ -338,6 +338,7 @@ class SessionManager:
             network=body.network,
             from_snapshot=snapshot,
             record=body.record,
+            runtime_class=body.runtime_class,
         )
         engine.check(spec)
         # No await between the capacity check and taking the slot.

@@ -61,6 +61,7 @@ class PoolKey:
             and body.resources is None
             and (body.network is None or body.network.egress == "none")
             and not body.record
+            and body.runtime_class is None
         )
         if not plain:
             return None

@@ -72,6 +72,7 @@ class KubernetesEngine(Engine[PodSandbox]):
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.EXEC, Capability.RESOURCES, Capability.ADOPT})
     egress_modes: ClassVar[frozenset[str]] = frozenset({"none", "allowlist", "all"})
+    runtime_classes: ClassVar[bool] = True
     hint: ClassVar[str] = (
         "the Kubernetes API can neither pause nor checkpoint a pod (that needs the "
         "kubelet's checkpoint API, or agent-sandbox's pause and snapshots); the container "
@@ -130,7 +131,8 @@ class KubernetesEngine(Engine[PodSandbox]):
                     network_policy_manifest(self.pods, spec.id, egress))
                 self._sandboxes[spec.id] = sandbox
                 pod = await self.cluster.create_pod(
-                    pod_manifest(self.pods, spec.id, spec.desktop, _limits(spec)))
+                    pod_manifest(self.pods, spec.id, spec.desktop, _limits(spec),
+                                 spec.runtime_class))
                 await self.cluster.create_secret(
                     secret_manifest(self.pods, pod, spec.id, sandbox.token))
                 sandbox.timings["pod_created"] = time.monotonic() - started
