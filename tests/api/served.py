@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from ..docker.podman import as_user
 from ..images import IMAGE_STATE_DIR
 
 __all__ = ["KEY", "free_port", "reap", "serve"]
@@ -31,18 +33,31 @@ def free_port() -> int:
 def serve(
     state_dir: Path, log: Path, extra_env: Mapping[str, str] | None = None,
     timeout_s: float = 60.0, ready_timeout_s: float = 60.0,
+    user: pwd.struct_passwd | None = None,
 ) -> Iterator[tuple[subprocess.Popen[bytes], httpx.Client]]:
     """``deskbox serve`` on a free loopback port; killed at the end if still running.
     ``extra_env``: more ``DESKBOX_*`` settings; ``timeout_s``: of each request;
-    ``ready_timeout_s``: until it answers (its engines prepared)."""
+    ``ready_timeout_s``: until it answers (its engines prepared); ``user``: run as that
+    ordinary user (Debian's python3 with this venv's packages: the venv's own interpreter
+    lives under /root, which no other user may enter)."""
     port = free_port()
-    env = {**os.environ, "DESKBOX_API_KEYS": KEY, "DESKBOX_IMAGE_STATE_DIR": str(IMAGE_STATE_DIR),
-           "DESKBOX_REAPER_INTERVAL_S": "0.5", **(extra_env or {})}
+    settings = {"DESKBOX_API_KEYS": KEY, "DESKBOX_IMAGE_STATE_DIR": str(IMAGE_STATE_DIR),
+                "DESKBOX_REAPER_INTERVAL_S": "0.5", **(extra_env or {})}
+    args = ["serve", "--host", "127.0.0.1", "--port", str(port), "--state-dir", str(state_dir)]
+    if user is None:
+        argv, env = [str(Path(sys.executable).parent / "deskbox"), *args], {**os.environ,
+                                                                            **settings}
+    else:
+        launch = ("import site, sys; site.addsitedir(sys.argv.pop(1)); "
+                  "from deskbox.cli import main; sys.exit(main())")
+        site_packages = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
+        # PYTHONPATH: for the image build the server runs with its own interpreter.
+        argv = as_user(user, ["/usr/bin/python3", "-c", launch, str(site_packages), *args],
+                       {**settings, "PYTHONPATH": str(site_packages)})
+        env = dict(os.environ)
     with open(log, "ab") as output:
         process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "deskbox"), "serve", "--host", "127.0.0.1",
-             "--port", str(port), "--state-dir", str(state_dir)],
-            env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
         )
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=timeout_s,

@@ -1,12 +1,15 @@
 """A Podman service of our own: Debian's Podman as the Docker-compatible Engine API
 (``podman system service``) on a unix socket, with its own storage (overlay) and runtime
 directories, runc as its runtime and cgroupfs as its cgroup manager (no systemd on these
-machines). Used by the docker engine's tests and by bench/engines.py.
+machines). Used by the docker engine's tests and by bench/engines.py. With ``user``, it is
+rootless Podman: the service runs as that ordinary user (``rootless_user``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import pwd
 import shutil
 import subprocess
 import tempfile
@@ -15,9 +18,47 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Podman", "podman_service"]
+__all__ = ["Podman", "as_user", "podman_service", "rootless_user"]
 
 SERVICE_START_S = 60.0
+ROOTLESS_USER = "deskbox-rootless"
+
+
+def rootless_user() -> pwd.struct_passwd:
+    """An ordinary user with subordinate uid and gid ranges (what rootless Podman maps a
+    container's users to), made if missing; the tests run as root."""
+    try:
+        return pwd.getpwnam(ROOTLESS_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--shell", "/usr/sbin/nologin",
+                        ROOTLESS_USER], check=True, capture_output=True)
+    user = pwd.getpwnam(ROOTLESS_USER)
+    subuids = Path("/etc/subuid").read_text() if Path("/etc/subuid").exists() else ""
+    if not any(line.startswith(f"{ROOTLESS_USER}:") for line in subuids.splitlines()):
+        start = 300000
+        subprocess.run(["usermod", "--add-subuids", f"{start}-{start + 65535}",
+                        "--add-subgids", f"{start}-{start + 65535}", ROOTLESS_USER],
+                       check=True, capture_output=True)
+    return user
+
+
+def runtime_dir(user: pwd.struct_passwd) -> Path:
+    """The user's XDG_RUNTIME_DIR (no login session makes one here)."""
+    path = Path(f"/run/user/{user.pw_uid}")
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chown(path, user.pw_uid, user.pw_gid)
+    return path
+
+
+def as_user(user: pwd.struct_passwd | None, argv: list[str],
+            env: dict[str, str] | None = None) -> list[str]:
+    """``argv`` run as ``user`` (none: as we are), with its home and runtime directory."""
+    if user is None:
+        return argv
+    values = {"HOME": user.pw_dir, "XDG_RUNTIME_DIR": str(runtime_dir(user)),
+              "PATH": "/usr/local/bin:/usr/bin:/bin", **(env or {})}
+    return ["runuser", "-u", user.pw_name, "--", "env", "-i",
+            *(f"{k}={v}" for k, v in values.items()), *argv]
 
 
 @dataclass(frozen=True)
@@ -25,25 +66,29 @@ class Podman:
     url: str  # unix:///…/podman.sock, for DESKBOX_DOCKER_HOST
     storage: tuple[str, ...]  # podman's global options for the same storage (the CLI)
     log: Path
+    user: pwd.struct_passwd | None = None  # rootless: the service's user
 
     def cli(self, *args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
         """The podman CLI on the service's storage (what the tests check against)."""
-        return subprocess.run(["podman", *self.storage, *args], capture_output=True,
-                              text=True, timeout=timeout_s, check=False)
+        return subprocess.run(as_user(self.user, ["podman", *self.storage, *args]),
+                              capture_output=True, text=True, timeout=timeout_s, check=False)
 
 
 @contextlib.contextmanager
-def podman_service() -> Iterator[Podman]:
+def podman_service(user: pwd.struct_passwd | None = None) -> Iterator[Podman]:
     # Podman wants its runroot's path under 50 characters.
     own = Path(tempfile.mkdtemp(prefix="dbx-pm-"))
+    if user is not None:
+        os.chown(own, user.pw_uid, user.pw_gid)
     storage = ("--root", str(own / "root"), "--runroot", str(own / "run"),
                "--storage-driver", "overlay", "--runtime", "runc",
                "--cgroup-manager", "cgroupfs", "--events-backend", "none")
     socket = own / "podman.sock"
-    podman = Podman(f"unix://{socket}", storage, own / "service.log")
+    podman = Podman(f"unix://{socket}", storage, own / "service.log", user)
     with open(podman.log, "ab") as log:
         process = subprocess.Popen(
-            ["podman", *storage, "system", "service", "--time", "0", podman.url],
+            as_user(user, ["podman", *storage, "system", "service", "--time", "0",
+                           podman.url]),
             stdin=subprocess.DEVNULL, stdout=log, stderr=log)
     try:
         deadline = time.monotonic() + SERVICE_START_S

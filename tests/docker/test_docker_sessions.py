@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from ..api.containers import act, page_origin
+from ..api.containers import create_running as create
 from ..api.helpers import assert_error, decode
 from ..api.sandbox_page import SandboxPage, events_data_url
 from ..api.served import free_port, serve
@@ -68,14 +69,6 @@ def server(podman: Podman, base: Path) -> Iterator[Server]:
 @pytest.fixture(scope="module")
 def client(server: Server) -> httpx.Client:
     return server.client
-
-
-def create(client: httpx.Client, **body: Any) -> dict[str, Any]:
-    response = client.post("/v1/sessions", json=body)
-    assert response.status_code == 201, response.text
-    session: dict[str, Any] = response.json()
-    assert session["state"] == "running", session
-    return session
 
 
 def containers(podman: Podman) -> list[str]:

@@ -142,7 +142,9 @@ class Engine(ABC, Generic[S]):
     """
 
     name: ClassVar[str]
-    capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    # An instance may narrow its class's set once it knows its host (prepare()): a rootless
+    # container engine without cgroups can neither pause nor limit.
+    capabilities: frozenset[Capability] = frozenset()
     egress_modes: ClassVar[frozenset[str]] = frozenset({"all"})
     # Whether a session may name the runtime its sandbox runs under (a RuntimeClass).
     runtime_classes: ClassVar[bool] = False
@@ -208,6 +210,11 @@ class Engine(ABC, Generic[S]):
         The desktop's own readiness (window manager, browser painted) is its agent's to
         tell; the session layer then calls :meth:`started`.
         """
+
+    async def claimed(self, sandbox: S) -> None:
+        """A sandbox started ahead of demand (``SessionSpec.background``: the warm pool)
+        became a caller's session."""
+        return None
 
     async def started(self, sandbox: S, timeout_s: float) -> None:
         """The desktop is ready: end what only its start-up needed (a CPU boost)."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,6 +29,23 @@ _LOAD_CHUNK = 4 * 1024 * 1024
 _UNREACHABLE = 900  # aiodocker's status for a connection that failed
 
 
+def _socket_owner(url: str) -> int | None:
+    """The uid of the process serving a ``unix://`` Engine API socket (None: not a unix
+    socket, or no answer)."""
+    if not url.startswith("unix://"):
+        return None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.settimeout(5.0)
+            probe.connect(url.removeprefix("unix://"))
+            credentials = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                           struct.calcsize("3i"))
+        except OSError:
+            return None
+    _, uid, _ = struct.unpack("3i", credentials)
+    return int(uid)
+
+
 class DaemonRefused(SessionFailed):
     """The Engine API answered with an error status."""
 
@@ -41,6 +60,10 @@ class Daemon:
         self._docker: aiodocker.Docker | None = None
         self.product = ""  # "Docker Engine", "Podman Engine"
         self.version = ""
+        # Whether the daemon runs as an ordinary user (rootless Podman or Docker), and its
+        # cgroup version ("1", "2"): rootless on cgroup v1 has no cgroups to limit or freeze.
+        self.rootless = False
+        self.cgroup_version = ""
 
     @property
     def is_podman(self) -> bool:
@@ -56,12 +79,24 @@ class Daemon:
         self._docker = aiodocker.Docker(url=self.url)
         try:
             version = await self._call("tell its version", self._api.version())
+            info = await self._call("tell what it runs on", self._api.system.info())
         except BaseException:
             await self.close()
             raise
         components = version.get("Components") or [{}]
         self.product = str(components[0].get("Name", "Docker Engine"))
         self.version = str(version.get("Version", ""))
+        options = [str(option) for option in info.get("SecurityOptions") or []]
+        # Docker says so in its info; Podman 4's compatible info does not, but its socket's
+        # other end is then an ordinary user's process.
+        self.rootless = any(option.split(",")[0] == "name=rootless" for option in options) or (
+            await asyncio.to_thread(_socket_owner, self.url) not in (None, 0))
+        self.cgroup_version = str(info.get("CgroupVersion", ""))
+
+    @property
+    def has_cgroups(self) -> bool:
+        """Whether containers get cgroups of their own: limits and the freezer (pause)."""
+        return not (self.rootless and self.cgroup_version == "1")
 
     async def close(self) -> None:
         if self._docker is not None:

@@ -60,7 +60,7 @@ class DockerOptions:
 
 class DockerEngine(Engine[DockerSandbox]):
     name: ClassVar[str] = "docker"
-    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+    capabilities: frozenset[Capability] = frozenset(
         {Capability.FREEZE, Capability.EXEC, Capability.RESOURCES, Capability.ADOPT})
     egress_modes: ClassVar[frozenset[str]] = frozenset({"none"})
     hint: ClassVar[str] = ("the container and vm backends have it (hibernate, snapshots and "
@@ -81,12 +81,21 @@ class DockerEngine(Engine[DockerSandbox]):
         self._watcher: asyncio.Task[None] | None = None
 
     def describe(self) -> dict[str, str]:
-        return {"engine_api": self.options.url, "daemon": f"{self.daemon.product} "
-                f"{self.daemon.version}".strip(), "image": self.image}
+        details = {"engine_api": self.options.url, "daemon": f"{self.daemon.product} "
+                   f"{self.daemon.version}".strip(), "image": self.image}
+        if self.daemon.rootless:
+            details["rootless"] = ("yes" if self.daemon.has_cgroups else
+                                   "yes, on cgroup v1: no limits and no pause")
+        return details
 
     async def prepare(self) -> None:
         profile = await asyncio.to_thread(seccomp_profile, self.options.seccomp_source)
         await self.daemon.open()
+        if not self.daemon.has_cgroups:
+            # Rootless on cgroup v1: the daemon's user has no cgroup to put a container in.
+            self.capabilities = self.capabilities - {Capability.FREEZE, Capability.RESOURCES}
+            log.warning("the container engine at %s runs rootless on cgroup v1: sessions get "
+                        "no CPU, memory or pids limits, and pause is refused", self.options.url)
         if self.daemon.is_podman:
             # Podman's compatible API takes a path on its host where Docker takes the JSON.
             path = self.options.state_dir / "docker" / "seccomp.json"
@@ -138,7 +147,7 @@ class DockerEngine(Engine[DockerSandbox]):
             body = container_body(
                 self.image, spec.desktop, sandbox.socket_dir, limits, self._seccomp,
                 {LABEL_SESSION: spec.id, LABEL_SERVER: self.tag},
-                bind_flags=self.daemon.is_podman)
+                bind_flags=self.daemon.is_podman, cgroups=self.daemon.has_cgroups)
             sandbox.container_id = await self.daemon.create(sandbox.name, body)
             self._sandboxes[spec.id] = sandbox
             await self.daemon.start(sandbox.container_id)
@@ -221,6 +230,7 @@ class DockerEngine(Engine[DockerSandbox]):
     # -- capabilities ----------------------------------------------------------------------
 
     async def freeze(self, sandbox: DockerSandbox) -> None:
+        self.require(Capability.FREEZE, 'pause mode "freeze"')  # not rootless on cgroup v1
         assert sandbox.container_id is not None
         await self.daemon.pause(sandbox.container_id)
 

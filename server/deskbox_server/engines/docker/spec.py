@@ -52,15 +52,17 @@ class ContainerLimits:
 
 def container_body(
     image: str, desktop: DesktopSpec, socket_dir: Path, limits: ContainerLimits,
-    seccomp: SeccompProfile | str, labels: dict[str, str], browser: bool = True,
-    bind_flags: bool = False,
+    seccomp: SeccompProfile | str, labels: dict[str, str], bind_flags: bool = False,
+    cgroups: bool = True,
 ) -> dict[str, Any]:
     """The body of ``POST /containers/create``.
 
     ``seccomp``: the profile itself (Docker takes its JSON in SecurityOpt), or the path of
     a file holding it on the daemon's host (Podman's compatible API reads a path there).
     ``bind_flags``: mount the socket directory nosuid, nodev, noexec (Podman takes these
-    in a bind's options; Docker refuses them there).
+    in a bind's options; Docker refuses them there). ``cgroups``: whether the daemon can
+    limit memory, CPU and pids (not rootless on cgroup v1); without, the ``nproc`` ulimit is
+    the only cap on the session's processes.
     """
     profile = seccomp if isinstance(seccomp, str) else json.dumps(seccomp, sort_keys=True)
     memory = limits.memory_mb * _MIB
@@ -68,12 +70,18 @@ def container_body(
     def tmpfs(size_mb: int, mode: str, *extra: str) -> str:
         return ",".join(("rw", "nosuid", "nodev", *extra, f"mode={mode}", f"size={size_mb}m"))
 
+    cgroup_limits = {
+        "PidsLimit": limits.pids,
+        "Memory": memory,
+        "MemorySwap": memory,  # no swap: the limit is the limit
+        "NanoCpus": int(limits.cpus * 1e9),
+    } if cgroups else {}
     return {
         "Image": image,
         "Hostname": "deskbox",
         "Env": [f"{name}={value}" for name, value in {
             "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": OWN_HOME, "LANG": "C.UTF-8",
-            **session_env(desktop, OWN_DISPLAY, AGENT_ARGV, browser),
+            **session_env(desktop, OWN_DISPLAY, AGENT_ARGV),
         }.items()],
         "Labels": labels,
         "WorkingDir": "/",
@@ -91,10 +99,7 @@ def container_body(
             },
             # The only host path: the X server's and the agent's sockets are made here.
             "Binds": [f"{socket_dir}:{OWN_SOCKET_DIR}:rw" + (",nosuid,nodev,noexec" * bind_flags)],
-            "PidsLimit": limits.pids,
-            "Memory": memory,
-            "MemorySwap": memory,  # no swap: the limit is the limit
-            "NanoCpus": int(limits.cpus * 1e9),
+            **cgroup_limits,
             # Podman 4.3's defaults for both are above what its runtime may set here ("error
             # setting rlimit type 7", "type 6"). nproc is the pids limit: the kernel does not
             # apply it to the host's root (a rootful container), and a rootless container's

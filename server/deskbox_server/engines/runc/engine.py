@@ -38,7 +38,7 @@ class RuncEngine(Engine[RuncSandbox]):
 
     # "container" on the wire (API.md: a session's ``backend``).
     name: ClassVar[str] = "container"
-    capabilities: ClassVar[frozenset[Capability]] = frozenset(Capability)
+    capabilities: frozenset[Capability] = frozenset(Capability)
     egress_modes: ClassVar[frozenset[str]] = frozenset({"none", "allowlist", "all"})
 
     def __init__(

@@ -68,7 +68,7 @@ class VmEngine(Engine[VmSandbox]):
     """Sessions in QEMU microVMs made from the guest ``image`` builds (or finds cached)."""
 
     name: ClassVar[str] = "vm"
-    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+    capabilities: frozenset[Capability] = frozenset(
         {Capability.FREEZE, Capability.CHECKPOINT, Capability.EXEC, Capability.RESOURCES,
          Capability.ADOPT}
     )
