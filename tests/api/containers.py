@@ -19,8 +19,8 @@ from ..images import IMAGE_STATE_DIR
 from .conftest import DISPLAY, KEY_A, Server, running_server
 from .sandbox_page import SandboxPage, events_data_url
 
-__all__ = ["act", "container_server", "open_session", "page_origin", "sandbox_handle",
-           "sandbox_page"]
+__all__ = ["act", "container_server", "create_running", "open_session", "page_origin",
+           "sandbox_handle", "sandbox_page"]
 
 
 @contextmanager
@@ -51,6 +51,15 @@ def open_session(client: httpx.Client, **body: Any) -> Iterator[dict[str, Any]]:
         yield session
     finally:
         client.delete(f"/v1/sessions/{session['id']}")
+
+
+def create_running(client: httpx.Client, **body: Any) -> dict[str, Any]:
+    """A new session, checked to be running (the caller deletes it)."""
+    response = client.post("/v1/sessions", json=body)
+    assert response.status_code == 201, response.text
+    session: dict[str, Any] = response.json()
+    assert session["state"] == "running", session
+    return session
 
 
 def sandbox_handle(server: Server, session: dict[str, Any]) -> AnyDesktop:

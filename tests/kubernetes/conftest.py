@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +19,9 @@ import pytest
 from deskbox_server.engines.docker.daemon import Daemon
 from deskbox_server.engines.image import OCI_ARCHIVE
 
-from ..api.served import free_port
 from ..docker.podman import Podman
-from ..images import REPO, oci_image
+from ..images import oci_image
+from .standin import standin_process
 
 NAMESPACE = "deskbox-test"
 
@@ -61,7 +58,7 @@ class StandIn:
         return pod
 
 
-def _load_image(podman: Podman) -> str:
+def load_image(podman: Podman) -> str:
     """The OCI image in Podman's storage, as a node would have pulled it; its name."""
     built = oci_image()
     name = str(json.loads((built / "manifest.json").read_text())["name"])
@@ -81,26 +78,7 @@ def _load_image(podman: Podman) -> str:
 
 @pytest.fixture(scope="package")
 def standin(podman: Podman, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandIn]:
-    image = _load_image(podman)
+    image = load_image(podman)
     log = tmp_path_factory.mktemp("standin") / "standin.log"
-    port = free_port()
-    with open(log, "ab") as output:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tests.kubernetes.standin", "--listen",
-             f"127.0.0.1:{port}", "--engine", podman.url],
-            cwd=REPO, env=os.environ.copy(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=output)
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline().decode()
-        assert line.startswith("standin listening on"), log.read_text()[-3000:]
-        yield StandIn(f"http://127.0.0.1:{port}", image, podman, log)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+    with standin_process(podman.url, log) as url:
+        yield StandIn(url, image, podman, log)

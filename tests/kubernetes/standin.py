@@ -15,7 +15,8 @@ Podman lacks gives ErrImagePull), restarts (restartPolicy is Never), NetworkPoli
 enforcement (its objects are kept and served; a pod here reaches only this host anyway).
 
 Run: ``python -m tests.kubernetes.standin --listen 127.0.0.1:PORT --engine unix:///…``;
-it prints ``standin listening on http://…`` once it serves.
+it prints ``standin listening on http://…`` once it serves. :func:`standin_process` does
+that for the tests and bench/engines.py.
 """
 
 from __future__ import annotations
@@ -29,10 +30,13 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 import tempfile
 import traceback
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,7 +47,7 @@ from aiohttp import web
 from deskbox_server.engines.docker.daemon import Daemon
 from deskbox_server.errors import DeskboxError
 
-__all__ = ["StandIn", "main", "selects"]
+__all__ = ["StandIn", "main", "selects", "standin_process"]
 
 Obj = dict[str, Any]
 
@@ -492,6 +496,36 @@ class StandIn:
 async def _serve(args: argparse.Namespace) -> None:
     host, _, port = args.listen.rpartition(":")
     await StandIn(args.engine).run(host, int(port))
+
+
+@contextlib.contextmanager
+def standin_process(engine_url: str, log: Path) -> Iterator[str]:
+    """The stand-in as a process of its own on a free loopback port; its URL. Its pods and
+    their network namespaces go when it ends."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    repo = Path(__file__).resolve().parents[2]
+    with open(log, "ab") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.kubernetes.standin", "--listen",
+             f"127.0.0.1:{port}", "--engine", engine_url],
+            cwd=repo, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=output)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline().decode()
+        if not line.startswith("standin listening on"):
+            raise RuntimeError(f"the stand-in did not start: {log.read_text()[-3000:]}")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from ..api.containers import act, page_origin
+from ..api.containers import create_running as create
 from ..api.helpers import assert_error, decode
 from ..api.sandbox_page import SandboxPage, events_data_url
 from ..api.served import free_port, serve
@@ -70,14 +71,6 @@ def server(standin: StandIn, base: Path) -> Iterator[Server]:
 @pytest.fixture(scope="module")
 def client(server: Server) -> httpx.Client:
     return server.client
-
-
-def create(client: httpx.Client, **body: Any) -> dict[str, Any]:
-    response = client.post("/v1/sessions", json=body)
-    assert response.status_code == 201, response.text
-    session: dict[str, Any] = response.json()
-    assert session["state"] == "running", session
-    return session
 
 
 def pod_name(session: dict[str, Any]) -> str:
@@ -287,6 +280,28 @@ def test_a_killed_servers_pod_is_adopted_and_strangers_are_swept(
         assert stranger not in standin.names("networkpolicies")
     # A server's shutdown ends its sessions, and their pods.
     assert pod_name(kept) not in standin.names("pods")
+
+
+def test_the_warm_pool_is_labelled_pods_claimed_at_create(
+    standin: StandIn, base: Path
+) -> None:
+    def warm() -> list[str]:
+        return [p["metadata"]["name"] for p in standin.objects("pods")
+                if p["metadata"]["labels"].get("deskbox.io/pool") == "warm"]
+
+    with kubernetes_server(standin, base / "pool-state", base / "pool.log",
+                           DESKBOX_POOL_SIZE="1") as server:
+        deadline = time.monotonic() + 120
+        while not (ready := warm()) or 'deskbox_pool_ready{display="1280x800"} 1' not in (
+                server.client.get("/metrics").text):
+            assert time.monotonic() < deadline, standin.objects("pods")
+            time.sleep(0.5)
+        claimed = create(server.client)
+        assert [pod_name(claimed)] == ready  # the warm pod became the session
+        pod = standin.pod(pod_name(claimed))
+        assert "deskbox.io/pool" not in pod["metadata"]["labels"]
+        assert server.client.get(f"/v1/sessions/{claimed['id']}/screenshot").status_code == 200
+        assert server.client.delete(f"/v1/sessions/{claimed['id']}").status_code == 204
 
 
 def test_a_server_without_a_kubernetes_api_says_so(tmp_path: Path) -> None:

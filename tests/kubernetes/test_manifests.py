@@ -78,7 +78,7 @@ def test_nothing_is_granted_cluster_wide_and_only_what_the_engine_calls() -> Non
     granted = {(r["apiGroups"][0], res): set(r["verbs"])
                for r in role["rules"] for res in r["resources"]}
     assert granted == {
-        ("", "pods"): {"create", "get", "list", "watch", "delete"},
+        ("", "pods"): {"create", "get", "list", "watch", "patch", "delete"},
         ("", "secrets"): {"create", "get", "delete"},
         ("networking.k8s.io", "networkpolicies"): {"create", "list", "delete"},
     }

@@ -222,6 +222,10 @@ class Desktop(Generic[S]):
 
     # -- pause, checkpoints and the end ------------------------------------------------
 
+    async def claimed(self) -> None:
+        """This pool desktop became a caller's session (the engine may mark its sandbox)."""
+        await self.engine.claimed(self.sandbox)
+
     async def freeze(self) -> None:
         """Stop every process where it stands (pause mode "freeze"); no call reaches the
         agent until :meth:`thaw`."""

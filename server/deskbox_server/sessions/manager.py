@@ -387,6 +387,10 @@ class SessionManager:
             await handle.destroy()
             raise
         self._publish_state(record)
+        try:
+            await handle.claimed()
+        except DeskboxError as error:  # a label, not the desktop: the session runs on
+            log.warning("session %s: marking its sandbox as claimed: %s", record.id, error)
         self._browsers.start(record.id, handle)
         log.info("session %s running (engine %s, from the warm pool)", record.id, backend_name)
         return record

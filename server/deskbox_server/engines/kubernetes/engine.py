@@ -32,6 +32,7 @@ from .sandbox import PodSandbox
 from .spec import (
     AGENT_PORT,
     LABEL_FLEET,
+    LABEL_POOL,
     LABEL_SESSION,
     PodLimits,
     PodOptions,
@@ -69,7 +70,7 @@ class KubernetesOptions:
 
 class KubernetesEngine(Engine[PodSandbox]):
     name: ClassVar[str] = "kubernetes"
-    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+    capabilities: frozenset[Capability] = frozenset(
         {Capability.EXEC, Capability.RESOURCES, Capability.ADOPT})
     egress_modes: ClassVar[frozenset[str]] = frozenset({"none", "allowlist", "all"})
     runtime_classes: ClassVar[bool] = True
@@ -132,7 +133,7 @@ class KubernetesEngine(Engine[PodSandbox]):
                 self._sandboxes[spec.id] = sandbox
                 pod = await self.cluster.create_pod(
                     pod_manifest(self.pods, spec.id, spec.desktop, _limits(spec),
-                                 spec.runtime_class))
+                                 spec.runtime_class, warm=spec.background))
                 await self.cluster.create_secret(
                     secret_manifest(self.pods, pod, spec.id, sandbox.token))
                 sandbox.timings["pod_created"] = time.monotonic() - started
@@ -184,6 +185,9 @@ class KubernetesEngine(Engine[PodSandbox]):
                 continue
             writer.close()
             return
+
+    async def claimed(self, sandbox: PodSandbox) -> None:
+        await self.cluster.patch_pod(sandbox.name, {"metadata": {"labels": {LABEL_POOL: None}}})
 
     async def open_stream(self, sandbox: PodSandbox, read_limit: int) -> AgentStream:
         if sandbox.ended is not None:

@@ -22,6 +22,7 @@ from .cluster import Obj
 __all__ = [
     "AGENT_PORT",
     "LABEL_FLEET",
+    "LABEL_POOL",
     "LABEL_SESSION",
     "PodLimits",
     "PodOptions",
@@ -38,6 +39,8 @@ AGENT_PORT = 7878
 LABEL_SESSION = "deskbox.io/session"
 # One fleet's pods: every server replica of the same fleet serves them.
 LABEL_FLEET = "deskbox.io/fleet"
+# "warm" on a pod the warm pool started ahead of demand, removed when a create claims it.
+LABEL_POOL = "deskbox.io/pool"
 _LABEL_NAME = "app.kubernetes.io/name"
 _TOKEN_DIR = "/etc/deskbox-agent"
 _TOKEN_KEY = "token"
@@ -84,7 +87,8 @@ def owned_by(pod: Obj) -> list[Obj]:
 
 
 def pod_manifest(options: PodOptions, session_id: str, desktop: DesktopSpec,
-                 limits: PodLimits, runtime_class: str | None = None) -> Obj:
+                 limits: PodLimits, runtime_class: str | None = None, warm: bool = False
+                 ) -> Obj:
     agent = ["/usr/local/bin/deskbox-agent", "--listen", f"tcp:0.0.0.0:{AGENT_PORT}",
              "--token-file", f"{_TOKEN_DIR}/{_TOKEN_KEY}"]
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": OWN_HOME, "LANG": "C.UTF-8",
@@ -137,9 +141,11 @@ def pod_manifest(options: PodOptions, session_id: str, desktop: DesktopSpec,
     }
     if runtime:
         spec["runtimeClassName"] = runtime
+    labels = _labels(options, session_id)
+    if warm:
+        labels[LABEL_POOL] = "warm"
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod_name(session_id), "labels": _labels(options, session_id)},
-            "spec": spec}
+            "metadata": {"name": pod_name(session_id), "labels": labels}, "spec": spec}
 
 
 def secret_manifest(options: PodOptions, pod: Obj, session_id: str, token: str) -> Obj:
