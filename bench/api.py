@@ -253,15 +253,18 @@ def rest_round_trips(http: httpx.Client, session_id: str, iterations: int
 
 def print_side_by_side(results: Mapping[str, Mapping[str, Sequence[float]]],
                        labels: Mapping[str, str]) -> None:
-    """A markdown table of two backends' figures (``labels``: backend → column title, in
-    order) and the second's ratio to the first."""
-    (first, first_label), (second, second_label) = labels.items()
-    print(f"| figure | {first_label} | {second_label} | {second} / {first} |")
-    print("|---|---|---|---|")
+    """A markdown table of backends' figures (``labels``: backend → column title, in order)
+    and each later one's ratio to the first (the baseline, measured in the same run)."""
+    (first, _), *others = labels.items()
+    ratios = [f"{other} / {first}" for other, _ in others]
+    print("| figure | " + " | ".join([*labels.values(), *ratios]) + " |")
+    print("|---" * (1 + len(labels) + len(ratios)) + "|")
     for name, first_samples in results[first].items():
-        second_samples = results[second][name]
-        ratio = statistics.median(second_samples) / max(statistics.median(first_samples), 1e-9)
-        print(f"| {name} | {cell(first_samples)} | {cell(second_samples)} | {ratio:.1f}× |")
+        cells = [cell(results[backend][name]) for backend in labels]
+        base = max(statistics.median(first_samples), 1e-9)
+        cells += [f"{statistics.median(results[other][name]) / base:.1f}×"
+                  for other, _ in others]
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 def cell(samples: Sequence[float]) -> str:
