@@ -195,6 +195,9 @@ class KubernetesEngine(Engine[PodSandbox]):
         return await connect_agent(sandbox.pod_ip, AGENT_PORT, sandbox.token, read_limit)
 
     async def kill(self, sandbox: PodSandbox) -> None:
+        # Forgotten first, as in destroy: the watch then does not take this delete for
+        # someone else's.
+        self._sandboxes.pop(sandbox.session_id, None)
         await self.cluster.delete_pod(sandbox.name)
 
     async def destroy(self, sandbox: PodSandbox) -> None:
