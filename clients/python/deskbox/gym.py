@@ -1,0 +1,224 @@
+"""Gymnasium environments on Deskbox desktops (``pip install 'deskbox[gym]'``).
+
+::
+
+    import gymnasium as gym
+    import deskbox.gym  # registers deskbox/Desktop-v0
+
+    env = gym.make("deskbox/Desktop-v0", start_url="https://example.org",
+                   observation_size=(1024, 640), max_steps=50)
+    obs, info = env.reset(seed=0)          # a new desktop; obs: uint8 (640, 1024, 3)
+    obs, reward, terminated, truncated, info = env.step(
+        {"type": "click", "x": 500, "y": 300})   # coordinates in observation pixels
+    env.close()                            # deletes every session the env made
+
+An observation is the settled screen as an RGB array at the model's size (the session's
+coordinate space: the server maps coordinates and shrinks screenshots to it). An action is
+one API action (a dict, API.md "Actions") or a list of them (a batch); the server checks it,
+and one it refuses leaves the desktop as it was, with the refusal in ``info["error"]``. The
+reward comes from ``evaluate(session)`` (run outside the model's view, after each step):
+1.0 or more terminates the episode; ``max_steps`` truncates it. Each ``reset`` starts a new
+session (from ``snapshot`` if given: the server's snapshot pool makes that a claim of a
+ready copy) and deletes the previous one.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, SupportsFloat
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+from numpy.typing import NDArray
+from PIL import Image
+
+from ._errors import UnprocessableEntity
+from ._sync import Deskbox, Session
+
+__all__ = ["ACTION_TYPES", "ENV_ID", "ActionSpace", "DeskboxEnv", "Observation", "register"]
+
+ENV_ID = "deskbox/Desktop-v0"
+# API.md "Actions": the types a step may send.
+ACTION_TYPES = frozenset({
+    "screenshot", "click", "move", "mouse_down", "mouse_up", "drag", "scroll", "type", "key",
+    "hold_key", "wait", "cursor_position", "screen_size", "zoom", "clipboard_get",
+    "clipboard_set",
+})
+Observation = NDArray[np.uint8]
+Action = Mapping[str, Any] | Sequence[Mapping[str, Any]]
+Evaluate = Callable[[Session], float]
+_SAMPLE_KEYS = ("Escape", "Tab", "Down", "Up", "ctrl+a")
+
+
+class ActionSpace(spaces.Space[Any]):
+    """API actions in a screen of ``width`` × ``height`` (the model's pixels).
+
+    ``contains`` checks an action's shape (a known type; ``x``/``y`` inside the screen); the
+    server checks the rest. ``sample`` draws a pointer or key action, for random policies
+    and Gymnasium's checker.
+    """
+
+    def __init__(self, width: int, height: int, seed: int | None = None) -> None:
+        super().__init__(shape=None, dtype=None, seed=seed)
+        self.width, self.height = width, height
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def sample(self, mask: Any = None, probability: Any = None) -> dict[str, Any]:
+        kind = self.np_random.choice(["move", "click", "scroll", "key"])
+        x = int(self.np_random.integers(0, self.width))
+        y = int(self.np_random.integers(0, self.height))
+        if kind == "key":
+            return {"type": "key", "keys": str(self.np_random.choice(_SAMPLE_KEYS))}
+        if kind == "scroll":
+            return {"type": "scroll", "x": x, "y": y, "dy": int(self.np_random.integers(-3, 4))}
+        return {"type": str(kind), "x": x, "y": y}
+
+    def contains(self, x: Any) -> bool:
+        actions = [x] if isinstance(x, Mapping) else x
+        if not isinstance(actions, Sequence) or isinstance(actions, str) or not actions:
+            return False
+        for action in actions:
+            if not isinstance(action, Mapping) or action.get("type") not in ACTION_TYPES:
+                return False
+            for key, bound in (("x", self.width), ("y", self.height)):
+                value = action.get(key)
+                if value is not None and not (isinstance(value, int) and 0 <= value < bound):
+                    return False
+        return True
+
+    def __repr__(self) -> str:
+        return f"ActionSpace({self.width}x{self.height})"
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, ActionSpace)
+                and (other.width, other.height) == (self.width, self.height))
+
+
+class DeskboxEnv(gymnasium.Env[Observation, Any]):
+    """One desktop per episode; see the module's documentation.
+
+    ``client``: a :class:`deskbox.Deskbox` to use (else one from ``base_url``/``api_key``,
+    or ``DESKBOX_URL``/``DESKBOX_API_KEY``, closed with the env). ``display``: the screen's
+    size; ``observation_size``: the model's (default: the screen's).
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        client: Deskbox | None = None,
+        display: tuple[int, int] = (1280, 800),
+        observation_size: tuple[int, int] | None = None,
+        start_url: str | None = None,
+        snapshot: str | None = None,
+        backend: str | None = None,
+        max_steps: int = 100,
+        evaluate: Evaluate | None = None,
+        render_mode: str | None = "rgb_array",
+        session_timeout_s: int = 900,
+    ) -> None:
+        if max_steps < 1:
+            raise ValueError("max_steps must be at least 1")
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode {render_mode!r}: only 'rgb_array' is offered")
+        self._owns_client = client is None
+        self.client = client if client is not None else Deskbox(base_url, api_key)
+        self.display = display
+        self.size = observation_size or display
+        width, height = self.size
+        self.observation_space = spaces.Box(0, 255, (height, width, 3), np.uint8)
+        self.action_space = ActionSpace(width, height)
+        self.render_mode = render_mode
+        self.start_url, self.snapshot, self.backend = start_url, snapshot, backend
+        self.max_steps, self.evaluate = max_steps, evaluate
+        self.session_timeout_s = session_timeout_s
+        self.session: Session | None = None
+        self.steps = 0
+        self._last: Observation | None = None
+
+    # -- the Gymnasium interface ----------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[Observation, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._end_session()
+        self.steps = 0
+        width, height = self.display
+        self.session = self.client.sessions.create(
+            display={"width": width, "height": height}, start_url=self.start_url,
+            from_snapshot=self.snapshot, backend=self.backend, coordinate_space=self.size,
+            timeout_s=self.session_timeout_s)
+        observation, settled = self._observe([{"type": "wait", "ms": 0}])
+        return observation, {"session_id": self.session.id, "settled": settled}
+
+    def step(self, action: Action) -> tuple[Observation, SupportsFloat, bool, bool,
+                                            dict[str, Any]]:
+        if self.session is None:
+            raise RuntimeError("step() before reset()")
+        self.steps += 1
+        actions = [action] if isinstance(action, Mapping) else list(action)
+        # Nothing episode-specific (the session's id is reset()'s): the same action after the
+        # same reset gives the same info (Gymnasium's determinism check).
+        info: dict[str, Any] = {"steps": self.steps}
+        try:
+            observation, info["settled"] = self._observe(actions)
+        except UnprocessableEntity as refused:
+            # The model's mistake, not the environment's: the desktop is as it was.
+            info["error"] = str(refused)
+            observation, info["settled"] = self._observe([{"type": "wait", "ms": 0}])
+        reward = float(self.evaluate(self.session)) if self.evaluate is not None else 0.0
+        terminated = reward >= 1.0
+        truncated = not terminated and self.steps >= self.max_steps
+        return observation, reward, terminated, truncated, info
+
+    def render(self) -> Observation | None:
+        if self.render_mode is None:
+            return None
+        if self._last is None:
+            raise RuntimeError("render() before reset()")
+        return self._last
+
+    def close(self) -> None:
+        try:
+            self._end_session()
+        finally:
+            if self._owns_client:
+                self.client.close()
+        super().close()
+
+    # -- parts ----------------------------------------------------------------------------
+
+    def _observe(self, actions: list[Mapping[str, Any]]) -> tuple[Observation, bool]:
+        assert self.session is not None
+        result = self.session.act(actions, screenshot={"format": "png"},
+                                  coordinate_space=self.size)
+        assert result.screenshot is not None
+        with Image.open(io.BytesIO(result.screenshot.data)) as image:
+            pixels = np.asarray(image.convert("RGB"), dtype=np.uint8)
+        if pixels.shape != self.observation_space.shape:
+            pixels = np.asarray(Image.fromarray(pixels).resize(self.size), dtype=np.uint8)
+        self._last = pixels
+        return pixels, result.settled
+
+    def _end_session(self) -> None:
+        session, self.session = self.session, None
+        if session is not None:
+            session.close()
+
+
+def register() -> None:
+    """Make ``gymnasium.make(ENV_ID, ...)`` build a :class:`DeskboxEnv` (idempotent; done
+    when this module is imported, as Gymnasium's own environments are)."""
+    if ENV_ID not in gymnasium.registry:
+        gymnasium.register(id=ENV_ID, entry_point="deskbox.gym:DeskboxEnv")
+
+
+register()

@@ -1,0 +1,105 @@
+"""``deskbox.gym``: the Gymnasium environment against a real server (the local backend's
+desktops: Xvfb and Chromium): Gymnasium's own checker passes; ``gymnasium.make`` builds it;
+observations are the settled screen at the model's size; a click that turns the page green
+is rewarded by an evaluator and ends the episode; a refused action is reported, not
+raised; ``max_steps`` truncates; ``close`` deletes every session the env made.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+import warnings
+
+import gymnasium
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+from deskbox import Deskbox, Session
+from deskbox.gym import ACTION_TYPES, ENV_ID, DeskboxEnv
+from deskbox_server.schemas.actions import ActionAdapter
+
+from .conftest import KEY_A, Server
+
+pytestmark = pytest.mark.timeout(180)
+
+SIZE = (640, 400)  # the model's pixels; the screen is 1280x800
+PAGE = "data:text/html," + urllib.parse.quote(
+    "<body style='margin:0;background:#c00000' "
+    "onclick=\"document.body.style.background='#00c000'\"></body>")
+
+
+def green(session: Session) -> float:
+    """The evaluator: 1.0 once the page is green (read from the screen, outside the
+    model's view)."""
+    image = session.screenshot(format="png", as_image=True).convert("RGB")
+    r, g, _ = np.asarray(image)[image.height // 2, image.width // 2]
+    return 1.0 if g > 150 and r < 80 else 0.0
+
+
+def my_sessions(server: Server) -> list[str]:
+    """This key's sessions that still run (stopped ones stay listed)."""
+    with Deskbox(server.url, KEY_A) as box:
+        return [s.id for s in box.sessions.list() if s.state not in ("stopped", "failed")]
+
+
+def test_gymnasiums_checker_passes(local_server: Server) -> None:
+    # A page of its own: on about:blank Chromium's address bar has the focus, and its caret
+    # blinks, so two resets would not look alike.
+    env = gymnasium.make(ENV_ID, base_url=local_server.url, api_key=KEY_A,
+                         observation_size=SIZE, max_steps=5, start_url=PAGE)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            check_env(env.unwrapped, skip_render_check=False)
+        assert [str(w.message) for w in caught] == []
+    finally:
+        env.close()
+    assert my_sessions(local_server) == []
+
+
+def test_an_episode_through_gymnasium_make(local_server: Server) -> None:
+    env = gymnasium.make(ENV_ID, base_url=local_server.url, api_key=KEY_A, start_url=PAGE,
+                         observation_size=SIZE, evaluate=green, max_steps=3)
+    try:
+        obs, info = env.reset(seed=1)
+        assert obs.shape == (400, 640, 3) and obs.dtype == np.uint8
+        assert tuple(obs[200, 320]) == (0xC0, 0, 0)  # red: the page, at the model's size
+        assert info["session_id"] in my_sessions(local_server)
+        first = info["session_id"]
+        # A refused action changes nothing and ends nothing: the model gets the reason.
+        obs, reward, terminated, truncated, info = env.step({"type": "click", "x": -5, "y": 1})
+        assert "x" in info["error"] and (reward, terminated, truncated) == (0.0, False, False)
+        # Coordinates are the model's: (320, 200) is the screen's middle.
+        obs, reward, terminated, truncated, info = env.step(
+            {"type": "click", "x": 320, "y": 200})
+        assert tuple(obs[200, 320]) == (0, 0xC0, 0) and "error" not in info
+        assert (reward, terminated, truncated) == (1.0, True, False)
+        np.testing.assert_array_equal(env.render(), obs)
+        # A new episode is a new desktop; the old one is gone.
+        obs, info = env.reset()
+        assert info["session_id"] != first and tuple(obs[200, 320]) == (0xC0, 0, 0)
+        assert my_sessions(local_server) == [info["session_id"]]
+        for _ in range(3):
+            *_, terminated, truncated, _ = env.step({"type": "move", "x": 10, "y": 10})
+        assert (terminated, truncated) == (False, True)  # max_steps
+    finally:
+        env.close()
+    assert my_sessions(local_server) == []
+
+
+def test_the_action_space_is_the_apis(local_server: Server) -> None:
+    assert set(ActionAdapter.json_schema()["discriminator"]["mapping"]) == ACTION_TYPES
+    env = DeskboxEnv(local_server.url, KEY_A, observation_size=SIZE)
+    try:
+        space = env.action_space
+        space.seed(0)
+        samples = [space.sample() for _ in range(50)]
+        for action in samples:  # each one the server's schema accepts, in the model's screen
+            assert space.contains(action)
+            ActionAdapter.validate_python(action)
+        assert not space.contains({"type": "click", "x": 640, "y": 0})
+        assert not space.contains({"type": "teleport"}) and not space.contains([])
+        assert space.contains([{"type": "key", "keys": "a"}, {"type": "wait", "ms": 5}])
+    finally:
+        env.close()
