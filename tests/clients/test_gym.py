@@ -1,8 +1,9 @@
-"""``deskbox.gym``: the Gymnasium environment against a real server (the local backend's
+"""``deskbox.gym``: the Gymnasium environments against a real server (the local backend's
 desktops: Xvfb and Chromium): Gymnasium's own checker passes; ``gymnasium.make`` builds it;
 observations are the settled screen at the model's size; a click that turns the page green
 is rewarded by an evaluator and ends the episode; a refused action is reported, not
-raised; ``max_steps`` truncates; ``close`` deletes every session the env made.
+raised; ``max_steps`` truncates; ``close`` deletes every session the env made. The vector
+env steps two desktops at once and resets an ended one at the next step.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from deskbox import Deskbox, Session
+from deskbox import AsyncSession, Deskbox, DeskboxError, Session
 from deskbox.gym import ACTION_TYPES, ENV_ID, DeskboxEnv
+from deskbox.gym_vector import DeskboxVectorEnv
 from deskbox_server.schemas.actions import ActionAdapter
 
 from .conftest import KEY_A, Server
@@ -103,3 +105,50 @@ def test_the_action_space_is_the_apis(local_server: Server) -> None:
         assert space.contains([{"type": "key", "keys": "a"}, {"type": "wait", "ms": 5}])
     finally:
         env.close()
+
+
+async def green_async(session: AsyncSession) -> float:
+    image = (await session.screenshot(format="png", as_image=True)).convert("RGB")
+    r, g, _ = np.asarray(image)[image.height // 2, image.width // 2]
+    return 1.0 if g > 150 and r < 80 else 0.0
+
+
+def test_a_vector_env_steps_its_desktops_together_and_autoresets(local_server: Server) -> None:
+    envs = gymnasium.make_vec(ENV_ID, num_envs=2, vectorization_mode="vector_entry_point",
+                              base_url=local_server.url, api_key=KEY_A, start_url=PAGE,
+                              observation_size=SIZE, evaluate=green_async, max_steps=5)
+    try:
+        assert isinstance(envs, DeskboxVectorEnv)
+        obs, infos = envs.reset(seed=3)
+        assert obs.shape == (2, 400, 640, 3) and obs.dtype == np.uint8
+        first = list(infos["session_id"])
+        assert sorted(my_sessions(local_server)) == sorted(first)
+        # The first desktop's click ends its episode; the second only moves.
+        obs, rewards, terminated, truncated, infos = envs.step([
+            {"type": "click", "x": 320, "y": 200}, {"type": "move", "x": 1, "y": 1}])
+        assert list(rewards) == [1.0, 0.0] and list(terminated) == [True, False]
+        assert tuple(obs[0, 200, 320]) == (0, 0xC0, 0) and tuple(obs[1, 200, 320]) == (0xC0, 0, 0)
+        # Next step: the first is reset (a new session, red again; its action not taken).
+        obs, rewards, terminated, truncated, infos = envs.step([
+            {"type": "click", "x": 320, "y": 200}, {"type": "move", "x": 2, "y": 2}])
+        assert list(rewards) == [0.0, 0.0] and not terminated.any()
+        assert infos["_session_id"][0] and not infos["_session_id"][1]
+        assert infos["session_id"][0] not in first
+        assert tuple(obs[0, 200, 320]) == (0xC0, 0, 0)
+        assert sorted(my_sessions(local_server)) == sorted([infos["session_id"][0], first[1]])
+    finally:
+        envs.close()
+    assert my_sessions(local_server) == []
+
+
+def test_a_failed_step_closes_the_vector_env_and_deletes_every_session(
+    local_server: Server
+) -> None:
+    envs = DeskboxVectorEnv(3, local_server.url, KEY_A, start_url=PAGE, observation_size=SIZE)
+    _, infos = envs.reset()
+    with Deskbox(local_server.url, KEY_A) as box:  # one desktop deleted behind its back
+        box.sessions.delete(infos["session_id"][1])
+    with pytest.raises(DeskboxError):
+        envs.step([{"type": "move", "x": 1, "y": 1}] * 3)
+    assert my_sessions(local_server) == []
+    envs.close()  # again: nothing left to do

@@ -37,7 +37,8 @@ from PIL import Image
 from ._errors import UnprocessableEntity
 from ._sync import Deskbox, Session
 
-__all__ = ["ACTION_TYPES", "ENV_ID", "ActionSpace", "DeskboxEnv", "Observation", "register"]
+__all__ = ["ACTION_TYPES", "ENV_ID", "ActionSpace", "DeskboxEnv", "Observation", "pixels",
+           "register"]
 
 ENV_ID = "deskbox/Desktop-v0"
 # API.md "Actions": the types a step may send.
@@ -50,6 +51,15 @@ Observation = NDArray[np.uint8]
 Action = Mapping[str, Any] | Sequence[Mapping[str, Any]]
 Evaluate = Callable[[Session], float]
 _SAMPLE_KEYS = ("Escape", "Tab", "Down", "Up", "ctrl+a")
+
+
+def pixels(png: bytes, size: tuple[int, int]) -> Observation:
+    """A screenshot as an RGB array of ``size`` (width, height)."""
+    with Image.open(io.BytesIO(png)) as image:
+        array = np.asarray(image.convert("RGB"), dtype=np.uint8)
+    if array.shape[:2] != (size[1], size[0]):
+        array = np.asarray(Image.fromarray(array).resize(size), dtype=np.uint8)
+    return array
 
 
 class ActionSpace(spaces.Space[Any]):
@@ -201,12 +211,8 @@ class DeskboxEnv(gymnasium.Env[Observation, Any]):
         result = self.session.act(actions, screenshot={"format": "png"},
                                   coordinate_space=self.size)
         assert result.screenshot is not None
-        with Image.open(io.BytesIO(result.screenshot.data)) as image:
-            pixels = np.asarray(image.convert("RGB"), dtype=np.uint8)
-        if pixels.shape != self.observation_space.shape:
-            pixels = np.asarray(Image.fromarray(pixels).resize(self.size), dtype=np.uint8)
-        self._last = pixels
-        return pixels, result.settled
+        self._last = pixels(result.screenshot.data, self.size)
+        return self._last, result.settled
 
     def _end_session(self) -> None:
         session, self.session = self.session, None
@@ -218,7 +224,8 @@ def register() -> None:
     """Make ``gymnasium.make(ENV_ID, ...)`` build a :class:`DeskboxEnv` (idempotent; done
     when this module is imported, as Gymnasium's own environments are)."""
     if ENV_ID not in gymnasium.registry:
-        gymnasium.register(id=ENV_ID, entry_point="deskbox.gym:DeskboxEnv")
+        gymnasium.register(id=ENV_ID, entry_point="deskbox.gym:DeskboxEnv",
+                           vector_entry_point="deskbox.gym_vector:DeskboxVectorEnv")
 
 
 register()

@@ -1,0 +1,208 @@
+"""``DeskboxVectorEnv``: N desktops stepped together, one event loop for all of them.
+
+::
+
+    envs = gymnasium.make_vec("deskbox/Desktop-v0", num_envs=8,
+                              vectorization_mode="vector_entry_point", start_url=...)
+    obs, infos = envs.reset(seed=0)        # uint8 (8, H, W, 3)
+    obs, rewards, terminated, truncated, infos = envs.step([action] * 8)
+
+The environments' requests go out at once through the async client (no thread per env):
+a step costs about one step of the slowest environment, not the sum. Autoreset is
+Gymnasium's next-step mode: the step after an episode ended resets that environment (a new
+session) and ignores its action. ``evaluate`` is awaited with the session
+(:class:`deskbox.AsyncSession`). ``close`` deletes every session, also after an error or a
+KeyboardInterrupt in a step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+from numpy.typing import NDArray
+
+from ._async import AsyncDeskbox, AsyncSession
+from ._errors import UnprocessableEntity
+from .gym import ActionSpace, Observation, pixels
+
+__all__ = ["AsyncEvaluate", "DeskboxVectorEnv"]
+
+AsyncEvaluate = Callable[[AsyncSession], Awaitable[float]]
+_NOTHING = [{"type": "wait", "ms": 0}]
+
+
+class DeskboxVectorEnv(VectorEnv[NDArray[np.uint8], Any, NDArray[Any]]):
+    metadata = {"render_modes": ["rgb_array"], "autoreset_mode": AutoresetMode.NEXT_STEP}
+
+    def __init__(
+        self,
+        num_envs: int,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        display: tuple[int, int] = (1280, 800),
+        observation_size: tuple[int, int] | None = None,
+        start_url: str | None = None,
+        snapshot: str | None = None,
+        backend: str | None = None,
+        max_steps: int = 100,
+        evaluate: AsyncEvaluate | None = None,
+        render_mode: str | None = "rgb_array",
+        session_timeout_s: int = 900,
+    ) -> None:
+        if num_envs < 1 or max_steps < 1:
+            raise ValueError("num_envs and max_steps must be at least 1")
+        self.num_envs = num_envs
+        self.display = display
+        self.size = observation_size or display
+        width, height = self.size
+        self.single_observation_space = spaces.Box(0, 255, (height, width, 3), np.uint8)
+        self.single_action_space = ActionSpace(width, height)
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        self.render_mode = render_mode
+        self.start_url, self.snapshot, self.backend = start_url, snapshot, backend
+        self.max_steps, self.evaluate = max_steps, evaluate
+        self.session_timeout_s = session_timeout_s
+        self._loop = asyncio.new_event_loop()
+        self._client = AsyncDeskbox(base_url, api_key)
+        self._sessions: list[AsyncSession | None] = [None] * num_envs
+        self._steps = np.zeros(num_envs, dtype=np.int64)
+        self._ended = np.zeros(num_envs, dtype=bool)  # reset at the next step (autoreset)
+        self._last = np.zeros((num_envs, height, width, 3), dtype=np.uint8)
+        self._closed = False
+
+    # -- the Gymnasium interface ----------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None
+              ) -> tuple[NDArray[np.uint8], dict[str, Any]]:
+        super().reset(seed=seed)
+        self._steps[:] = 0
+        self._ended[:] = False
+        results = self._run(*(self._reset_one(i) for i in range(self.num_envs)))
+        infos: dict[str, Any] = {}
+        for i, (observation, info) in enumerate(results):
+            self._last[i] = observation
+            infos = self._add_info(infos, info, i)
+        return self._last.copy(), infos
+
+    def step(self, actions: Sequence[Any]
+             ) -> tuple[NDArray[np.uint8], NDArray[np.float64], NDArray[np.bool_],
+                        NDArray[np.bool_], dict[str, Any]]:
+        if len(actions) != self.num_envs:
+            raise ValueError(f"{len(actions)} actions for {self.num_envs} environments")
+        if any(session is None for session in self._sessions):
+            raise RuntimeError("step() before reset()")
+        results = self._run(*(self._step_one(i, action) for i, action in enumerate(actions)))
+        rewards = np.zeros(self.num_envs, dtype=np.float64)
+        terminated = np.zeros(self.num_envs, dtype=bool)
+        truncated = np.zeros(self.num_envs, dtype=bool)
+        infos: dict[str, Any] = {}
+        for i, (observation, reward, term, trunc, info) in enumerate(results):
+            self._last[i] = observation
+            rewards[i], terminated[i], truncated[i] = reward, term, trunc
+            infos = self._add_info(infos, info, i)
+        self._ended = terminated | truncated
+        return self._last.copy(), rewards, terminated, truncated, infos
+
+    def render(self) -> tuple[NDArray[np.uint8], ...] | None:
+        return None if self.render_mode is None else tuple(self._last)
+
+    def close_extras(self, **kwargs: Any) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            # What an interrupt left running on the loop stops first.
+            self._loop.run_until_complete(self._stop_pending())
+            self._loop.run_until_complete(self._delete_all())
+            self._loop.run_until_complete(self._client.close())
+        finally:
+            self._loop.close()
+
+    # -- one environment --------------------------------------------------------------------
+
+    async def _reset_one(self, i: int) -> tuple[Observation, dict[str, Any]]:
+        await self._delete(i)
+        self._steps[i] = 0
+        width, height = self.display
+        session = await self._client.sessions.create(
+            display={"width": width, "height": height}, start_url=self.start_url,
+            from_snapshot=self.snapshot, backend=self.backend, coordinate_space=self.size,
+            timeout_s=self.session_timeout_s)
+        self._sessions[i] = session
+        observation, settled = await self._observe(session, _NOTHING)
+        return observation, {"session_id": session.id, "settled": settled}
+
+    async def _step_one(self, i: int, action: Any
+                        ) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        if self._ended[i]:  # next-step autoreset: this step's action is not taken
+            observation, started = await self._reset_one(i)
+            return observation, 0.0, False, False, started
+        session = self._sessions[i]
+        assert session is not None
+        self._steps[i] += 1
+        actions = [action] if isinstance(action, Mapping) else list(action)
+        info: dict[str, Any] = {"steps": int(self._steps[i])}
+        try:
+            observation, info["settled"] = await self._observe(session, actions)
+        except UnprocessableEntity as refused:
+            info["error"] = str(refused)
+            observation, info["settled"] = await self._observe(session, _NOTHING)
+        reward = float(await self.evaluate(session)) if self.evaluate is not None else 0.0
+        terminated = reward >= 1.0
+        truncated = not terminated and bool(self._steps[i] >= self.max_steps)
+        return observation, reward, terminated, truncated, info
+
+    async def _observe(self, session: AsyncSession, actions: Sequence[Mapping[str, Any]]
+                       ) -> tuple[Observation, bool]:
+        result = await session.act(actions, screenshot={"format": "png"},
+                                   coordinate_space=self.size)
+        assert result.screenshot is not None
+        return pixels(result.screenshot.data, self.size), result.settled
+
+    async def _delete(self, i: int) -> None:
+        session, self._sessions[i] = self._sessions[i], None
+        if session is not None:
+            await session.close()
+
+    async def _stop_pending(self) -> None:
+        others = asyncio.all_tasks() - {asyncio.current_task()}
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+
+    async def _delete_all(self) -> None:
+        await asyncio.gather(*(self._delete(i) for i in range(self.num_envs)),
+                             return_exceptions=True)
+
+    def _run(self, *calls: Coroutine[Any, Any, Any]) -> list[Any]:
+        """The calls at once on the env's loop, in order. On a failure the others are
+        cancelled, every session goes (the env is closed) and the first error is raised;
+        a KeyboardInterrupt closes it too."""
+
+        async def all_of() -> list[Any]:
+            tasks = [asyncio.ensure_future(call) for call in calls]
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception()]
+            if failed:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                error = failed[0].exception()
+                assert error is not None
+                raise error
+            return [task.result() for task in tasks]
+
+        try:
+            return self._loop.run_until_complete(all_of())
+        except BaseException:
+            self.close()
+            raise
