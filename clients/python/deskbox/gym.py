@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, SupportsFloat
 
 import gymnasium
@@ -37,8 +38,8 @@ from PIL import Image
 from ._errors import UnprocessableEntity
 from ._sync import Deskbox, Session
 
-__all__ = ["ACTION_TYPES", "ENV_ID", "ActionSpace", "DeskboxEnv", "Observation", "pixels",
-           "register"]
+__all__ = ["ACTION_TYPES", "ENV_ID", "NOTHING", "ActionSpace", "DeskboxEnv", "Episodes",
+           "Observation", "as_batch", "pixels", "register"]
 
 ENV_ID = "deskbox/Desktop-v0"
 # API.md "Actions": the types a step may send.
@@ -51,6 +52,52 @@ Observation = NDArray[np.uint8]
 Action = Mapping[str, Any] | Sequence[Mapping[str, Any]]
 Evaluate = Callable[[Session], float]
 _SAMPLE_KEYS = ("Escape", "Tab", "Down", "Up", "ctrl+a")
+
+
+NOTHING: list[Mapping[str, Any]] = [{"type": "wait", "ms": 0}]  # observe without acting
+
+
+@dataclass(frozen=True)
+class Episodes:
+    """What every episode of an env (single or vector) starts from, and when it ends."""
+
+    display: tuple[int, int]
+    size: tuple[int, int]  # the model's pixels
+    start_url: str | None
+    snapshot: str | None
+    backend: str | None
+    max_steps: int
+    session_timeout_s: int
+    render_mode: str | None
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1:
+            raise ValueError("max_steps must be at least 1")
+        if self.render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode {self.render_mode!r}: only 'rgb_array' is offered")
+
+    def observation_space(self) -> spaces.Box[np.uint8]:
+        width, height = self.size
+        return spaces.Box(0, 255, (height, width, 3), np.uint8)
+
+    def action_space(self) -> ActionSpace:
+        return ActionSpace(*self.size)
+
+    def create_args(self) -> dict[str, Any]:
+        """``sessions.create``'s arguments for a new episode's desktop."""
+        width, height = self.display
+        return {"display": {"width": width, "height": height}, "start_url": self.start_url,
+                "from_snapshot": self.snapshot, "backend": self.backend,
+                "coordinate_space": self.size, "timeout_s": self.session_timeout_s}
+
+    def outcome(self, reward: float, steps: int) -> tuple[bool, bool]:
+        """(terminated, truncated): success ends an episode, ``max_steps`` cuts it."""
+        terminated = reward >= 1.0
+        return terminated, not terminated and steps >= self.max_steps
+
+
+def as_batch(action: Action) -> list[Mapping[str, Any]]:
+    return [action] if isinstance(action, Mapping) else list(action)
 
 
 def pixels(png: bytes, size: tuple[int, int]) -> Observation:
@@ -135,21 +182,14 @@ class DeskboxEnv(gymnasium.Env[Observation, Any]):
         render_mode: str | None = "rgb_array",
         session_timeout_s: int = 900,
     ) -> None:
-        if max_steps < 1:
-            raise ValueError("max_steps must be at least 1")
-        if render_mode not in (None, "rgb_array"):
-            raise ValueError(f"render_mode {render_mode!r}: only 'rgb_array' is offered")
+        self.episodes = Episodes(display, observation_size or display, start_url, snapshot,
+                                 backend, max_steps, session_timeout_s, render_mode)
         self._owns_client = client is None
         self.client = client if client is not None else Deskbox(base_url, api_key)
-        self.display = display
-        self.size = observation_size or display
-        width, height = self.size
-        self.observation_space = spaces.Box(0, 255, (height, width, 3), np.uint8)
-        self.action_space = ActionSpace(width, height)
+        self.observation_space = self.episodes.observation_space()
+        self.action_space = self.episodes.action_space()
         self.render_mode = render_mode
-        self.start_url, self.snapshot, self.backend = start_url, snapshot, backend
-        self.max_steps, self.evaluate = max_steps, evaluate
-        self.session_timeout_s = session_timeout_s
+        self.evaluate = evaluate
         self.session: Session | None = None
         self.steps = 0
         self._last: Observation | None = None
@@ -161,12 +201,8 @@ class DeskboxEnv(gymnasium.Env[Observation, Any]):
         super().reset(seed=seed)
         self._end_session()
         self.steps = 0
-        width, height = self.display
-        self.session = self.client.sessions.create(
-            display={"width": width, "height": height}, start_url=self.start_url,
-            from_snapshot=self.snapshot, backend=self.backend, coordinate_space=self.size,
-            timeout_s=self.session_timeout_s)
-        observation, settled = self._observe([{"type": "wait", "ms": 0}])
+        self.session = self.client.sessions.create(**self.episodes.create_args())
+        observation, settled = self._observe(NOTHING)
         return observation, {"session_id": self.session.id, "settled": settled}
 
     def step(self, action: Action) -> tuple[Observation, SupportsFloat, bool, bool,
@@ -174,20 +210,17 @@ class DeskboxEnv(gymnasium.Env[Observation, Any]):
         if self.session is None:
             raise RuntimeError("step() before reset()")
         self.steps += 1
-        actions = [action] if isinstance(action, Mapping) else list(action)
         # Nothing episode-specific (the session's id is reset()'s): the same action after the
         # same reset gives the same info (Gymnasium's determinism check).
         info: dict[str, Any] = {"steps": self.steps}
         try:
-            observation, info["settled"] = self._observe(actions)
+            observation, info["settled"] = self._observe(as_batch(action))
         except UnprocessableEntity as refused:
             # The model's mistake, not the environment's: the desktop is as it was.
             info["error"] = str(refused)
-            observation, info["settled"] = self._observe([{"type": "wait", "ms": 0}])
+            observation, info["settled"] = self._observe(NOTHING)
         reward = float(self.evaluate(self.session)) if self.evaluate is not None else 0.0
-        terminated = reward >= 1.0
-        truncated = not terminated and self.steps >= self.max_steps
-        return observation, reward, terminated, truncated, info
+        return observation, reward, *self.episodes.outcome(reward, self.steps), info
 
     def render(self) -> Observation | None:
         if self.render_mode is None:
@@ -208,10 +241,10 @@ class DeskboxEnv(gymnasium.Env[Observation, Any]):
 
     def _observe(self, actions: list[Mapping[str, Any]]) -> tuple[Observation, bool]:
         assert self.session is not None
-        result = self.session.act(actions, screenshot={"format": "png"},
-                                  coordinate_space=self.size)
+        size = self.episodes.size
+        result = self.session.act(actions, screenshot={"format": "png"}, coordinate_space=size)
         assert result.screenshot is not None
-        self._last = pixels(result.screenshot.data, self.size)
+        self._last = pixels(result.screenshot.data, size)
         return self._last, result.settled
 
     def _end_session(self) -> None:

@@ -22,19 +22,17 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 from numpy.typing import NDArray
 
 from ._async import AsyncDeskbox, AsyncSession
 from ._errors import UnprocessableEntity
-from .gym import ActionSpace, Observation, pixels
+from .gym import NOTHING, Episodes, Observation, as_batch, pixels
 
 __all__ = ["AsyncEvaluate", "DeskboxVectorEnv"]
 
 AsyncEvaluate = Callable[[AsyncSession], Awaitable[float]]
-_NOTHING = [{"type": "wait", "ms": 0}]
 
 
 class DeskboxVectorEnv(VectorEnv[NDArray[np.uint8], Any, NDArray[Any]]):
@@ -56,20 +54,18 @@ class DeskboxVectorEnv(VectorEnv[NDArray[np.uint8], Any, NDArray[Any]]):
         render_mode: str | None = "rgb_array",
         session_timeout_s: int = 900,
     ) -> None:
-        if num_envs < 1 or max_steps < 1:
-            raise ValueError("num_envs and max_steps must be at least 1")
+        if num_envs < 1:
+            raise ValueError("num_envs must be at least 1")
+        self.episodes = Episodes(display, observation_size or display, start_url, snapshot,
+                                 backend, max_steps, session_timeout_s, render_mode)
         self.num_envs = num_envs
-        self.display = display
-        self.size = observation_size or display
-        width, height = self.size
-        self.single_observation_space = spaces.Box(0, 255, (height, width, 3), np.uint8)
-        self.single_action_space = ActionSpace(width, height)
+        self.single_observation_space = self.episodes.observation_space()
+        self.single_action_space = self.episodes.action_space()
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
         self.render_mode = render_mode
-        self.start_url, self.snapshot, self.backend = start_url, snapshot, backend
-        self.max_steps, self.evaluate = max_steps, evaluate
-        self.session_timeout_s = session_timeout_s
+        self.evaluate = evaluate
+        width, height = self.episodes.size
         self._loop = asyncio.new_event_loop()
         self._client = AsyncDeskbox(base_url, api_key)
         self._sessions: list[AsyncSession | None] = [None] * num_envs
@@ -132,13 +128,9 @@ class DeskboxVectorEnv(VectorEnv[NDArray[np.uint8], Any, NDArray[Any]]):
     async def _reset_one(self, i: int) -> tuple[Observation, dict[str, Any]]:
         await self._delete(i)
         self._steps[i] = 0
-        width, height = self.display
-        session = await self._client.sessions.create(
-            display={"width": width, "height": height}, start_url=self.start_url,
-            from_snapshot=self.snapshot, backend=self.backend, coordinate_space=self.size,
-            timeout_s=self.session_timeout_s)
+        session = await self._client.sessions.create(**self.episodes.create_args())
         self._sessions[i] = session
-        observation, settled = await self._observe(session, _NOTHING)
+        observation, settled = await self._observe(session, NOTHING)
         return observation, {"session_id": session.id, "settled": settled}
 
     async def _step_one(self, i: int, action: Any
@@ -149,24 +141,21 @@ class DeskboxVectorEnv(VectorEnv[NDArray[np.uint8], Any, NDArray[Any]]):
         session = self._sessions[i]
         assert session is not None
         self._steps[i] += 1
-        actions = [action] if isinstance(action, Mapping) else list(action)
         info: dict[str, Any] = {"steps": int(self._steps[i])}
         try:
-            observation, info["settled"] = await self._observe(session, actions)
-        except UnprocessableEntity as refused:
+            observation, info["settled"] = await self._observe(session, as_batch(action))
+        except UnprocessableEntity as refused:  # as DeskboxEnv.step: reported, not raised
             info["error"] = str(refused)
-            observation, info["settled"] = await self._observe(session, _NOTHING)
+            observation, info["settled"] = await self._observe(session, NOTHING)
         reward = float(await self.evaluate(session)) if self.evaluate is not None else 0.0
-        terminated = reward >= 1.0
-        truncated = not terminated and bool(self._steps[i] >= self.max_steps)
-        return observation, reward, terminated, truncated, info
+        return observation, reward, *self.episodes.outcome(reward, int(self._steps[i])), info
 
     async def _observe(self, session: AsyncSession, actions: Sequence[Mapping[str, Any]]
                        ) -> tuple[Observation, bool]:
-        result = await session.act(actions, screenshot={"format": "png"},
-                                   coordinate_space=self.size)
+        size = self.episodes.size
+        result = await session.act(actions, screenshot={"format": "png"}, coordinate_space=size)
         assert result.screenshot is not None
-        return pixels(result.screenshot.data, self.size), result.settled
+        return pixels(result.screenshot.data, size), result.settled
 
     async def _delete(self, i: int) -> None:
         session, self._sessions[i] = self._sessions[i], None
