@@ -51,15 +51,18 @@ class QmpClient:
     @classmethod
     async def connect(cls, path: Path, timeout_s: float = DEFAULT_TIMEOUT_S) -> QmpClient:
         """Connect, read QEMU's greeting and leave negotiation mode."""
+        # asyncio.timeout, never wait_for, in this module: Python 3.11's wait_for can swallow
+        # a cancellation that arrives as what it awaits completes (gh-86296), and a delete
+        # of a booting VM then waited out the whole boot (a cancelled start went on).
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_unix_connection(str(path), limit=MAX_LINE), timeout_s
-            )
+            async with asyncio.timeout(timeout_s):
+                reader, writer = await asyncio.open_unix_connection(str(path), limit=MAX_LINE)
         except (OSError, TimeoutError) as error:
             raise QmpError(f"cannot connect to QEMU's QMP socket {path}: {error!r}") from None
         client = cls(reader, writer)
         try:
-            greeting = await asyncio.wait_for(client._read(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                greeting = await client._read()
             if "QMP" not in greeting:
                 raise QmpError(f"QEMU's QMP socket greeted with {str(greeting)[:200]}")
             client._task = asyncio.create_task(client._read_loop(), name=f"qmp {path.name}")
@@ -162,7 +165,8 @@ class QmpClient:
             message["arguments"] = dict(arguments)
         try:
             await send(json.dumps(message).encode() + b"\n")
-            return await asyncio.wait_for(future, timeout_s)
+            async with asyncio.timeout(timeout_s):
+                return await future
         except TimeoutError:
             raise Timeout(f"QEMU did not answer {command} within {timeout_s:.0f} s") from None
         except OSError as error:
@@ -191,7 +195,8 @@ class QmpClient:
             if remaining <= 0:
                 raise Timeout(f"QEMU reported no {name} within {timeout_s:.0f} s")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._event_arrived.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await self._event_arrived.wait()
 
     async def close(self) -> None:
         if self._task is not None:
