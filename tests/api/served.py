@@ -17,7 +17,7 @@ import httpx
 from ..docker.podman import as_user
 from ..images import IMAGE_STATE_DIR
 
-__all__ = ["KEY", "free_port", "reap", "serve"]
+__all__ = ["KEY", "free_port", "reap", "serve", "serve_refused"]
 
 KEY = "restart-test-key-0123456789"
 
@@ -95,3 +95,16 @@ def reap(pids: list[int], timeout_s: float = 10.0) -> None:
             if done:
                 break
             time.sleep(0.05)
+
+
+def serve_refused(state_dir: Path, extra_env: Mapping[str, str]) -> str:
+    """A ``deskbox serve`` that must not start (an engine it cannot prepare): its output,
+    once it exited with a failure."""
+    env = {**os.environ, "DESKBOX_API_KEYS": KEY, "DESKBOX_IMAGE_STATE_DIR": str(IMAGE_STATE_DIR),
+           **extra_env}
+    ended = subprocess.run(
+        [str(Path(sys.executable).parent / "deskbox"), "serve", "--host", "127.0.0.1",
+         "--port", str(free_port()), "--state-dir", str(state_dir)],
+        env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert ended.returncode != 0, ended.stdout + ended.stderr
+    return ended.stdout + ended.stderr

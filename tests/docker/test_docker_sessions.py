@@ -10,10 +10,7 @@ nothing is left behind.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -28,8 +25,7 @@ from ..api.containers import act, page_origin
 from ..api.containers import create_running as create
 from ..api.helpers import assert_error, decode
 from ..api.sandbox_page import SandboxPage, events_data_url
-from ..api.served import free_port, serve
-from ..images import IMAGE_STATE_DIR
+from ..api.served import serve, serve_refused
 from .podman import Podman
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -239,15 +235,8 @@ def test_a_killed_servers_container_is_adopted_by_the_next(podman: Podman, base:
 def test_a_server_whose_engine_api_does_not_answer_says_so(tmp_path: Path) -> None:
     """No daemon at DESKBOX_DOCKER_HOST: the server does not start, and its log says where
     it looked and what to start."""
-    env = {**os.environ, "DESKBOX_API_KEYS": "k" * 32, "DESKBOX_BACKENDS": "docker",
-           "DESKBOX_DEFAULT_BACKEND": "docker",
-           "DESKBOX_DOCKER_HOST": f"unix://{tmp_path}/nothing.sock",
-           "DESKBOX_IMAGE_STATE_DIR": str(IMAGE_STATE_DIR)}
-    ended = subprocess.run(
-        [str(Path(sys.executable).parent / "deskbox"), "serve", "--host", "127.0.0.1",
-         "--port", str(free_port()), "--state-dir", str(tmp_path / "state")],
-        env=env, capture_output=True, text=True, timeout=120, check=False)
-    assert ended.returncode != 0
-    assert f"the container engine at unix://{tmp_path}/nothing.sock does not answer" in (
-        ended.stderr + ended.stdout)
-    assert "podman system service" in ended.stderr + ended.stdout
+    output = serve_refused(tmp_path / "state", {
+        "DESKBOX_BACKENDS": "docker", "DESKBOX_DEFAULT_BACKEND": "docker",
+        "DESKBOX_DOCKER_HOST": f"unix://{tmp_path}/nothing.sock"})
+    assert f"the container engine at unix://{tmp_path}/nothing.sock does not answer" in output
+    assert "podman system service" in output

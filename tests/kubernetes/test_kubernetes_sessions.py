@@ -10,11 +10,8 @@ next and strangers' pods are swept; and a delete leaves no object behind.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -29,8 +26,7 @@ from ..api.containers import act, page_origin
 from ..api.containers import create_running as create
 from ..api.helpers import assert_error, decode
 from ..api.sandbox_page import SandboxPage, events_data_url
-from ..api.served import free_port, serve
-from ..images import IMAGE_STATE_DIR
+from ..api.served import free_port, serve, serve_refused
 from .conftest import NAMESPACE, StandIn
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -306,15 +302,8 @@ def test_the_warm_pool_is_labelled_pods_claimed_at_create(
 
 def test_a_server_without_a_kubernetes_api_says_so(tmp_path: Path) -> None:
     port = free_port()  # nothing listens there
-    env = {**os.environ, "DESKBOX_API_KEYS": "k" * 32, "DESKBOX_BACKENDS": "kubernetes",
-           "DESKBOX_DEFAULT_BACKEND": "kubernetes",
-           "DESKBOX_KUBERNETES_API": f"http://127.0.0.1:{port}",
-           "DESKBOX_KUBERNETES_IMAGE": "deskbox-session:x",
-           "DESKBOX_IMAGE_STATE_DIR": str(IMAGE_STATE_DIR)}
-    ended = subprocess.run(
-        [str(Path(sys.executable).parent / "deskbox"), "serve", "--host", "127.0.0.1",
-         "--port", str(free_port()), "--state-dir", str(tmp_path / "state")],
-        env=env, capture_output=True, text=True, timeout=120, check=False)
-    assert ended.returncode != 0
-    assert f"the Kubernetes API at http://127.0.0.1:{port} does not answer" in (
-        ended.stderr + ended.stdout)
+    output = serve_refused(tmp_path / "state", {
+        "DESKBOX_BACKENDS": "kubernetes", "DESKBOX_DEFAULT_BACKEND": "kubernetes",
+        "DESKBOX_KUBERNETES_API": f"http://127.0.0.1:{port}",
+        "DESKBOX_KUBERNETES_IMAGE": "deskbox-session:x"})
+    assert f"the Kubernetes API at http://127.0.0.1:{port} does not answer" in output
