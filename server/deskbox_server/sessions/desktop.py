@@ -229,6 +229,7 @@ class Desktop(Generic[S]):
     async def freeze(self) -> None:
         """Stop every process where it stands (pause mode "freeze"); no call reaches the
         agent until :meth:`thaw`."""
+        self.engine.require(Capability.FREEZE, 'pause mode "freeze"')
         await self.engine.freeze(self.sandbox)
 
     async def thaw(self) -> None:
