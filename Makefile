@@ -19,7 +19,7 @@ run: setup
 # lint-imports: the layers of pyproject.toml's [tool.importlinter] (deskbox_agent is not
 # installed on the host: it is found through PYTHONPATH).
 lint: setup
-	$(BIN)/ruff check server clients tests bench desktop_image $(SANDBOX_PROGRAMS)
+	$(BIN)/ruff check server clients tests bench tasks desktop_image $(SANDBOX_PROGRAMS)
 	PYTHONPATH=server:desktop_image/agent $(BIN)/lint-imports
 	$(BIN)/mypy
 	for program in $(SANDBOX_PROGRAMS); do $(BIN)/mypy --strict $$program || exit 1; done

@@ -17,7 +17,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from deskbox import AsyncSession, Deskbox, DeskboxError, Session
-from deskbox.gym import ACTION_TYPES, ENV_ID, DeskboxEnv
+from deskbox.gym import ACTION_TYPES, ENV_ID, DeskboxEnv, anthropic_action, openai_action
 from deskbox.gym_vector import DeskboxVectorEnv
 from deskbox_server.schemas.actions import ActionAdapter
 
@@ -88,6 +88,29 @@ def test_an_episode_through_gymnasium_make(local_server: Server) -> None:
     finally:
         env.close()
     assert my_sessions(local_server) == []
+
+
+def test_vendor_tool_calls_are_actions(local_server: Server) -> None:
+    """A model's own tool call is one action: the server translates it in the model's
+    coordinates, as its vendor endpoints do, and the step observes the result."""
+    env = DeskboxEnv(local_server.url, KEY_A, start_url=PAGE, observation_size=SIZE,
+                     evaluate=green, max_steps=5)
+    try:
+        env.reset()
+        clicks = [anthropic_action({"action": "left_click", "coordinate": [320, 200]}),
+                  openai_action({"type": "click", "button": "left", "x": 320, "y": 200})]
+        for click in clicks:
+            assert env.action_space.contains(click)
+            obs, reward, terminated, _, info = env.step(click)
+            assert tuple(obs[200, 320]) == (0, 0xC0, 0) and (reward, terminated) == (1.0, True)
+            env.reset()
+        # A call the server refuses is reported like a refused action.
+        obs, reward, terminated, _, info = env.step(
+            anthropic_action({"action": "left_click", "coordinate": [-4, 2]}))
+        assert "coordinate" in info["error"] and tuple(obs[200, 320]) == (0xC0, 0, 0)
+        assert not env.action_space.contains({"type": "anthropic", "input": "click"})
+    finally:
+        env.close()
 
 
 def test_the_action_space_is_the_apis(local_server: Server) -> None:

@@ -6,6 +6,7 @@ commands (``create``, ``ls``, ``act``, ...) and their exit codes are in ``_comma
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
@@ -77,6 +78,54 @@ def mcp_command(
                    "Install it with: pip install 'deskbox[mcp]'", err=True)
         raise typer.Exit(1) from None
     serve_mcp(url, api_key, timeout)
+
+
+@app.command("eval")
+def eval_command(
+    tasks: Annotated[list[str], typer.Argument(
+        help="Task files, or directories of them (docs/TASKS.md).", show_default=False)],
+    agent: Annotated[str, typer.Option(
+        "--agent", help="The agent: module:callable or path/to/file.py:callable, called as "
+        "agent(observation, instruction) -> actions; a class is made once per episode.",
+        show_default=False)],
+    parallel: Annotated[int, typer.Option(min=1, max=256, help="Episodes at once.")] = 1,
+    repeat: Annotated[int, typer.Option(min=1, help="Episodes per task.")] = 1,
+    seed: Annotated[int, typer.Option(help="The first episode's seed.")] = 0,
+    out: Annotated[Path | None, typer.Option(
+        help="The JSONL file (default deskbox-eval-DATE-TIME.jsonl).")] = None,
+    backend: Annotated[str | None, typer.Option(help="The sessions' backend.")] = None,
+    display: Annotated[str, typer.Option(help="The screen, WxH.")] = "1280x800",
+    observation_size: Annotated[str | None, typer.Option(
+        help="The model's pixels, WxH (default: the screen's).")] = None,
+    url: Url = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Run an agent over tasks on many desktops at once; write one JSONL line per episode
+    and print each task's success rate (95% interval), mean steps and time."""
+    try:
+        from .tasks.eval_command import evaluate_agent  # NumPy and Gymnasium: deskbox[gym]
+    except ModuleNotFoundError as missing:
+        if missing.name is None or missing.name.partition(".")[0] not in _GYM_MODULES:
+            raise
+        typer.echo("deskbox eval: Gymnasium and NumPy are not installed in this environment. "
+                   "Install them with: pip install 'deskbox[gym]'", err=True)
+        raise typer.Exit(1) from None
+    env_options = {"display": _size(display, "--display"), "backend": backend,
+                   "observation_size": _size(observation_size, "--observation-size")
+                   if observation_size else None}
+    raise typer.Exit(evaluate_agent(tasks, agent, url=url, api_key=api_key,
+                                    parallel=parallel, repeat=repeat, seed=seed, out=out,
+                                    env_options=env_options))
+
+
+_GYM_MODULES = {"gymnasium", "numpy", "PIL"}
+
+
+def _size(text: str, option: str) -> tuple[int, int]:
+    width, _, height = text.lower().partition("x")
+    if not (width.isdigit() and height.isdigit()):
+        raise typer.BadParameter(f"{text!r} is not WxH (e.g. 1280x800)", param_hint=option)
+    return int(width), int(height)
 
 
 register(app)

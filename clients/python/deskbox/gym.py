@@ -20,13 +20,22 @@ reward comes from ``evaluate(session)`` (run outside the model's view, after eac
 1.0 or more terminates the episode; ``max_steps`` truncates it. Each ``reset`` starts a new
 session (from ``snapshot`` if given: the server's snapshot pool makes that a claim of a
 ready copy) and deletes the previous one.
+
+With a ``task`` (``deskbox.tasks``: a :class:`~deskbox.tasks.Task` or a task file's path),
+``reset`` also runs the task's setup and puts its instruction in ``info["instruction"]``;
+the task's evaluator gives the reward (its finding in ``info["evaluation"]``) and its
+limits set ``max_steps`` and the episode's wall-clock bound. The model's own tool calls
+are actions too: ``anthropic_action(tool_input)`` and ``openai_action(action)`` wrap them,
+and the server translates them as its vendor endpoints do (API.md "Vendor dialects").
 """
 
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, SupportsFloat
 
 import gymnasium
@@ -37,9 +46,11 @@ from PIL import Image
 
 from ._errors import UnprocessableEntity
 from ._sync import Deskbox, Session
+from .tasks import Task, evaluate, prepare
 
-__all__ = ["ACTION_TYPES", "ENV_ID", "NOTHING", "ActionSpace", "DeskboxEnv", "Episodes",
-           "Observation", "as_batch", "pixels", "register"]
+__all__ = ["ACTION_TYPES", "DIALECTS", "ENV_ID", "NOTHING", "ActionSpace", "DeskboxEnv",
+           "Episodes", "Observation", "anthropic_action", "as_batch", "openai_action",
+           "pixels", "register"]
 
 ENV_ID = "deskbox/Desktop-v0"
 # API.md "Actions": the types a step may send.
@@ -48,6 +59,9 @@ ACTION_TYPES = frozenset({
     "hold_key", "wait", "cursor_position", "screen_size", "zoom", "clipboard_get",
     "clipboard_set",
 })
+# A vendor's tool call as one action: {"type": "anthropic", "input": {...}} (the input of
+# Anthropic's computer tool) or {"type": "openai", "action": {...}} (a computer_call's).
+DIALECTS = frozenset({"anthropic", "openai"})
 Observation = NDArray[np.uint8]
 Action = Mapping[str, Any] | Sequence[Mapping[str, Any]]
 Evaluate = Callable[[Session], float]
@@ -55,6 +69,18 @@ _SAMPLE_KEYS = ("Escape", "Tab", "Down", "Up", "ctrl+a")
 
 
 NOTHING: list[Mapping[str, Any]] = [{"type": "wait", "ms": 0}]  # observe without acting
+# How long reset() waits for the screen to settle (each observation waits up to 2 s).
+RESET_SETTLE_S = 10.0
+
+
+def anthropic_action(tool_input: Mapping[str, Any]) -> dict[str, Any]:
+    """A step's action from the ``input`` of an Anthropic ``computer`` tool_use block."""
+    return {"type": "anthropic", "input": dict(tool_input)}
+
+
+def openai_action(action: Mapping[str, Any]) -> dict[str, Any]:
+    """A step's action from an OpenAI ``computer_call``'s ``action``."""
+    return {"type": "openai", "action": dict(action)}
 
 
 @dataclass(frozen=True)
@@ -69,6 +95,8 @@ class Episodes:
     max_steps: int
     session_timeout_s: int
     render_mode: str | None
+    #: An episode's wall-clock bound (a task's ``limits.timeout_s``): reaching it truncates.
+    timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_steps < 1:
@@ -90,10 +118,12 @@ class Episodes:
                 "from_snapshot": self.snapshot, "backend": self.backend,
                 "coordinate_space": self.size, "timeout_s": self.session_timeout_s}
 
-    def outcome(self, reward: float, steps: int) -> tuple[bool, bool]:
-        """(terminated, truncated): success ends an episode, ``max_steps`` cuts it."""
+    def outcome(self, reward: float, steps: int, seconds: float = 0.0) -> tuple[bool, bool]:
+        """(terminated, truncated): success ends an episode, ``max_steps`` or the episode's
+        time cuts it."""
         terminated = reward >= 1.0
-        return terminated, not terminated and steps >= self.max_steps
+        out_of_time = self.timeout_s is not None and seconds >= self.timeout_s
+        return terminated, not terminated and (steps >= self.max_steps or out_of_time)
 
 
 def as_batch(action: Action) -> list[Mapping[str, Any]]:
@@ -139,6 +169,8 @@ class ActionSpace(spaces.Space[Any]):
         actions = [x] if isinstance(x, Mapping) else x
         if not isinstance(actions, Sequence) or isinstance(actions, str) or not actions:
             return False
+        if isinstance(x, Mapping) and x.get("type") in DIALECTS:
+            return isinstance(x.get("input" if x["type"] == "anthropic" else "action"), Mapping)
         for action in actions:
             if not isinstance(action, Mapping) or action.get("type") not in ACTION_TYPES:
                 return False
@@ -161,7 +193,9 @@ class DeskboxEnv(gymnasium.Env[Observation, Any]):
 
     ``client``: a :class:`deskbox.Deskbox` to use (else one from ``base_url``/``api_key``,
     or ``DESKBOX_URL``/``DESKBOX_API_KEY``, closed with the env). ``display``: the screen's
-    size; ``observation_size``: the model's (default: the screen's).
+    size; ``observation_size``: the model's (default: the screen's). ``task``: a
+    :class:`~deskbox.tasks.Task` or a task file; its limits win over ``max_steps``, and it
+    cannot be given with ``evaluate``.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
@@ -179,11 +213,19 @@ class DeskboxEnv(gymnasium.Env[Observation, Any]):
         backend: str | None = None,
         max_steps: int = 100,
         evaluate: Evaluate | None = None,
+        task: Task | str | Path | None = None,
         render_mode: str | None = "rgb_array",
         session_timeout_s: int = 900,
     ) -> None:
+        self.task = Task.load(task) if isinstance(task, str | Path) else task
+        if self.task is not None and evaluate is not None:
+            raise ValueError("give a task or evaluate, not both: a task brings its evaluator")
+        timeout_s = None
+        if self.task is not None:
+            max_steps, timeout_s = self.task.limits.max_steps, self.task.limits.timeout_s
+            snapshot = self.task.setup.snapshot or snapshot
         self.episodes = Episodes(display, observation_size or display, start_url, snapshot,
-                                 backend, max_steps, session_timeout_s, render_mode)
+                                 backend, max_steps, session_timeout_s, render_mode, timeout_s)
         self._owns_client = client is None
         self.client = client if client is not None else Deskbox(base_url, api_key)
         self.observation_space = self.episodes.observation_space()
@@ -192,6 +234,7 @@ class DeskboxEnv(gymnasium.Env[Observation, Any]):
         self.evaluate = evaluate
         self.session: Session | None = None
         self.steps = 0
+        self._started = 0.0
         self._last: Observation | None = None
 
     # -- the Gymnasium interface ----------------------------------------------------------
@@ -202,8 +245,23 @@ class DeskboxEnv(gymnasium.Env[Observation, Any]):
         self._end_session()
         self.steps = 0
         self.session = self.client.sessions.create(**self.episodes.create_args())
-        observation, settled = self._observe(NOTHING)
-        return observation, {"session_id": self.session.id, "settled": settled}
+        info: dict[str, Any] = {"session_id": self.session.id}
+        if self.task is not None:
+            try:
+                prepare(self.session, self.task)
+            except BaseException:
+                self._end_session()
+                raise
+            info["instruction"] = self.task.instruction
+        # The first observation is of a settled screen: a page still loading or laying out
+        # (on a busy host, longer than one settle bound) would show the model, and the
+        # next reset, a different start.
+        deadline = time.monotonic() + RESET_SETTLE_S
+        observation, info["settled"] = self._observe(NOTHING)
+        while not info["settled"] and time.monotonic() < deadline:
+            observation, info["settled"] = self._observe(NOTHING)
+        self._started = time.monotonic()
+        return observation, info
 
     def step(self, action: Action) -> tuple[Observation, SupportsFloat, bool, bool,
                                             dict[str, Any]]:
@@ -214,13 +272,17 @@ class DeskboxEnv(gymnasium.Env[Observation, Any]):
         # same reset gives the same info (Gymnasium's determinism check).
         info: dict[str, Any] = {"steps": self.steps}
         try:
+            if isinstance(action, Mapping) and action.get("type") in DIALECTS:
+                self._act_in_dialect(action)
+                action = NOTHING
             observation, info["settled"] = self._observe(as_batch(action))
         except UnprocessableEntity as refused:
             # The model's mistake, not the environment's: the desktop is as it was.
             info["error"] = str(refused)
             observation, info["settled"] = self._observe(NOTHING)
-        reward = float(self.evaluate(self.session)) if self.evaluate is not None else 0.0
-        return observation, reward, *self.episodes.outcome(reward, self.steps), info
+        reward = self._reward(info)
+        outcome = self.episodes.outcome(reward, self.steps, time.monotonic() - self._started)
+        return observation, reward, *outcome, info
 
     def render(self) -> Observation | None:
         if self.render_mode is None:
@@ -246,6 +308,22 @@ class DeskboxEnv(gymnasium.Env[Observation, Any]):
         assert result.screenshot is not None
         self._last = pixels(result.screenshot.data, size)
         return self._last, result.settled
+
+    def _act_in_dialect(self, action: Mapping[str, Any]) -> None:
+        assert self.session is not None
+        size = self.episodes.size
+        if action["type"] == "anthropic":
+            self.session.act_anthropic(action["input"], coordinate_space=size)
+        else:
+            self.session.act_openai(action["action"], coordinate_space=size)
+
+    def _reward(self, info: dict[str, Any]) -> float:
+        assert self.session is not None
+        if self.task is not None:
+            evaluation = evaluate(self.session, self.task)
+            info["evaluation"] = evaluation.detail
+            return evaluation.reward
+        return float(self.evaluate(self.session)) if self.evaluate is not None else 0.0
 
     def _end_session(self) -> None:
         session, self.session = self.session, None
