@@ -76,7 +76,11 @@ class Server:
 @contextmanager
 def running_server(settings: Settings) -> Iterator[Server]:
     """uvicorn on a socket we bound (127.0.0.1, a free port), stopped however the test ends."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on connections of a socket whose proto
+    # says TCP, and without it every request after the first on a kept-alive connection
+    # waited out the client's delayed ACK (40 ms; uvicorn writes the head and the body
+    # apart). `deskbox serve` binds through getaddrinfo, which names it.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

@@ -76,6 +76,9 @@ async def _connect(sock: socket.socket, port: int, timeout_s: float) -> None:
 async def connect_tcp(port: int, timeout_s: float = CONNECT_TIMEOUT_S) -> DevtoolsSocket:
     """A connection to ``127.0.0.1:port`` of the host (the unisolated local backend)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # DevTools messages are small and pipelined: Nagle would hold one back until the
+    # previous one is acknowledged.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setblocking(False)
     await _connect(sock, port, timeout_s)
     return DevtoolsSocket(sock, f"127.0.0.1:{port}")
