@@ -6,6 +6,7 @@ basics are in test_agent_desktop.py.)"""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import io
 import time
@@ -182,6 +183,17 @@ async def test_click_buttons(page: Page, button: str) -> None:
         assert of(await page.until_events(lambda es: of(es, "contextmenu")), "contextmenu")
 
 
+async def test_clicks_in_one_batch_each_land_where_they_were_sent(page: Page) -> None:
+    # Clicks sent at once raced each other: Chromium saw the first mousedown, then one
+    # mouseup at the last click's place, and nothing of the clicks between. The textarea's
+    # focus change makes the first click slow to handle, as a label or a button's would.
+    points = [(900, 150), (200, 150), (500, 150), (200, 350)]
+    await page.desk.run([a.Click(x=x, y=y) for x, y in (page.at(*p) for p in points)])
+    await page.until_events(lambda es: len(of(es, "mouseup")) == len(points))
+    for kind in ("mousedown", "mouseup", "click"):
+        assert [(e["clientX"], e["clientY"]) for e in page.events(kind)] == points, kind
+
+
 @pytest.mark.parametrize("count", [2, 3])
 async def test_multi_click_counts(page: Page, count: int) -> None:
     x, y = page.at(700, 450)
@@ -303,6 +315,46 @@ async def test_a_screenshot_after_actions_waits_for_the_screen_to_settle(page: P
     assert result.settled and result.screenshot is not None
     bx, by = page.at(200, 150)
     assert close_to(pixels(result.screenshot)[by - 5:by + 5, bx - 5:bx + 5], (0, 0, 0), 0)
+
+
+async def test_looking_at_a_long_quiet_screen_does_not_wait_a_new_quiet_window(
+        page: Page) -> None:
+    # A quiet window of 1.5 s makes the difference plain: an observation (a batch that only
+    # looks) of a screen quiet for longer answers at once; a batch that acts waits its own.
+    saved = page.desk.settle_options
+    page.desk.settle_options = dataclasses.replace(saved, quiet_s=1.5, timeout_s=5.0)
+    page.cdp.evaluate("document.activeElement.blur()")  # no caret blinking
+    try:
+        await page.desk.run([a.Move(x=3, y=3)], screenshot=a.Screenshot(format="png"))
+        await asyncio.sleep(1.6)
+        started = time.monotonic()
+        result = await page.desk.run([a.Wait(ms=0)], screenshot=a.Screenshot(format="png"))
+        assert result.settled and time.monotonic() - started < 1.0
+        started = time.monotonic()
+        result = await page.desk.run([a.Move(x=4, y=4)], screenshot=a.Screenshot(format="png"))
+        assert result.settled and time.monotonic() - started >= 1.5
+    finally:
+        page.desk.settle_options = saved
+
+
+async def test_a_change_during_a_looking_batch_is_waited_out(page: Page) -> None:
+    saved = page.desk.settle_options
+    page.desk.settle_options = dataclasses.replace(saved, quiet_s=1.0, timeout_s=5.0)
+    page.cdp.evaluate("document.activeElement.blur()")  # no caret blinking
+    try:
+        await page.desk.run([a.Wait(ms=0)], screenshot=a.Screenshot(format="png"))
+        await asyncio.sleep(1.1)  # quiet for longer than the window
+        page.cdp.evaluate(  # changes the screen in the middle of the batch's wait
+            "setTimeout(() => document.getElementById('red').style.background = '#0000ff', 60)")
+        started = time.monotonic()
+        result = await page.desk.run([a.Wait(ms=200)], screenshot=a.Screenshot(format="png"))
+        assert result.settled and time.monotonic() - started >= 1.0  # quiet after the change
+        assert result.screenshot is not None
+        bx, by = page.at(200, 150)
+        assert close_to(pixels(result.screenshot)[by - 5:by + 5, bx - 5:bx + 5], (0, 0, 255), 0)
+    finally:
+        page.cdp.evaluate("document.getElementById('red').style.background = ''")
+        page.desk.settle_options = saved
 
 
 # -- what the desktop cannot do ------------------------------------------------------------

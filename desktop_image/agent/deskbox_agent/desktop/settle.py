@@ -18,7 +18,10 @@ class SettleWatcher:
     """Tracks damage on the root window with one DAMAGE object (ReportNonEmpty).
 
     The server sends one event when the screen first changes and no more until we subtract,
-    so an idle watcher costs nothing; we only re-arm it while waiting for quiet.
+    so an idle watcher costs nothing; we only re-arm it while waiting for quiet. Because the
+    region is emptied only when damage was seen, "no event since the last subtract" means
+    "no change since then": ``quiet_since`` gives that time, so a batch that only looks
+    need not wait out a fresh quiet window on a screen that has long been still.
     """
 
     def __init__(self, display: Display, on_other_event: Callable[[Event], None]) -> None:
@@ -28,6 +31,7 @@ class SettleWatcher:
         self._damage_type = display.extension_event.DamageNotify
         self._on_other_event = on_other_event
         self._damaged = False
+        self._clean_since = time.monotonic()  # the damage region is empty since then
 
     def _handle(self, event: Event) -> None:
         if event.type == self._damage_type:
@@ -35,32 +39,49 @@ class SettleWatcher:
         else:
             self._on_other_event(event)
 
+    def _take_damage(self) -> bool:
+        """Whether the screen changed since the last look; empties the region if so."""
+        drain_events(self._display, self._handle)
+        if not self._damaged:
+            return False
+        self._damaged = False
+        self._display.damage_subtract(self._damage)
+        self._display.flush()
+        self._clean_since = time.monotonic()
+        return True
+
     def arm(self) -> None:
         """Forget damage seen so far: what follows is caused by the next actions."""
-        drain_events(self._display, self._handle)
-        self._display.damage_subtract(self._damage)
-        self._damaged = False
+        self._take_damage()
 
-    def wait_quiet(self, quiet_s: float, timeout_s: float) -> bool:
-        """Wait for ``quiet_s`` without damage; False if it kept changing past ``timeout_s``."""
+    def quiet_since(self) -> float | None:
+        """Since when the screen has not changed, or None if it changed since we last
+        looked. A round trip first: damage the server reported before now is then read."""
+        self._display.sync()
+        drain_events(self._display, self._handle)
+        return None if self._damaged else self._clean_since
+
+    def wait_quiet(self, quiet_s: float, timeout_s: float, since: float | None = None) -> bool:
+        """Wait for ``quiet_s`` without damage, counted from ``since`` if given (a time
+        ``quiet_since`` vouched for), else from now; False if it kept changing past
+        ``timeout_s``."""
         start = time.monotonic()
         deadline = start + timeout_s
-        last_change = start
+        last_change = start if since is None else min(since, start)
+        if since is not None:
+            self._display.sync()  # damage up to now is read before quiet is declared
         while True:
+            if self._take_damage():
+                last_change = time.monotonic()
             now = time.monotonic()
             if now - last_change >= quiet_s:
                 return True
             if now >= deadline:
                 return False
-            wait = min(last_change + quiet_s, deadline) - now
-            if wait_readable(self._display, wait):
-                drain_events(self._display, self._handle)
-                if self._damaged:
-                    last_change = time.monotonic()
-                    self._damaged = False
-                    self._display.damage_subtract(self._damage)
-                    self._display.flush()
+            wait_readable(self._display, min(last_change + quiet_s, deadline) - now)
 
     def pump(self) -> None:
-        """Handle events that arrived between actions (layout changes, stray damage)."""
-        drain_events(self._display, self._handle)
+        """Handle events that arrived between actions (layout changes, stray damage).
+        Damage seen empties the region: quiet is counted from here on, so a batch without
+        actions (the host sends one when it connects) clears damage older than itself."""
+        self._take_damage()
