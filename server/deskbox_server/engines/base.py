@@ -289,3 +289,8 @@ class Engine(ABC, Generic[S]):
         :meth:`create` with ``SessionSpec.from_snapshot`` makes a copy from it.
         """
         raise self.lacks(Capability.CHECKPOINT, "snapshots and forks")
+
+    async def keep_for_restores(self, directory: Path) -> None:
+        """The snapshot in ``directory`` is going to be restored often (a pool keeps copies
+        of it): keep it in the form fastest to restore, until it is deleted. Nothing by
+        default."""

@@ -8,7 +8,9 @@ pool's ready copies of each (pool.py).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
+from ..engines import AnyEngine
 from ..errors import InvalidRequest
 from .pool import SnapshotKey, WarmPool
 from .snapshots import SnapshotRecord, SnapshotStore
@@ -17,10 +19,12 @@ __all__ = ["SnapshotCatalog"]
 
 
 class SnapshotCatalog:
-    def __init__(self, store: SnapshotStore, pool: WarmPool | None, cap_per_key: int) -> None:
+    def __init__(self, store: SnapshotStore, pool: WarmPool | None, cap_per_key: int,
+                 engines: Mapping[str, AnyEngine]) -> None:
         self._store = store
         self._pool = pool
         self._cap_per_key = cap_per_key
+        self._engines = engines
 
     async def get(self, owner: str, snapshot_id: str) -> SnapshotRecord:
         return await asyncio.to_thread(self._store.get, owner, snapshot_id)
@@ -57,6 +61,10 @@ class SnapshotCatalog:
                 f"the pools of this key's snapshots may keep {cap} copies in all "
                 f"({others} kept for other snapshots)"
             )
+        engine = self._engines.get(snapshot.backend)
+        if size > 0 and engine is not None:
+            # Before the pool starts restoring: its copies get the fast form at once.
+            await engine.keep_for_restores(key.directory)
         snapshot = snapshot.model_copy(update={"pool_size": size})
         await asyncio.to_thread(self._store.save, snapshot)
         await self._pool.set_target(key, size)

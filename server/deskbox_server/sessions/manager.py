@@ -93,7 +93,8 @@ class SessionManager:
             settings.desktop_call_timeout_s,
         ) if pool_engine is not None else None
         # GET/DELETE /v1/snapshots and the snapshots' pools (catalog.py).
-        self.catalog = SnapshotCatalog(self.snapshots, self.pool, settings.max_sessions_per_key)
+        self.catalog = SnapshotCatalog(self.snapshots, self.pool, settings.max_sessions_per_key,
+                                       self._engines)
         self._context = SessionContext(
             registry=registry, browsers=self._browsers, links=self.links, frames=self._frames,
             metrics=metrics, publish=self._publish_state, fail=self._fail_soon,

@@ -24,7 +24,7 @@ from .criu import Criu, hibernate_sandbox, restore_sandbox
 from .layout import Limits
 from .sandbox import RuncOptions, RuncSandbox, remove_orphans
 from .seccomp import seccomp_profile
-from .snapshot import restore_copy, take_snapshot
+from .snapshot import keep_unpacked, restore_copy, take_snapshot
 from .stream import open_agent_stream
 
 __all__ = ["RuncEngine"]
@@ -149,3 +149,6 @@ class RuncEngine(Engine[RuncSandbox]):
     ) -> SnapshotInfo:
         stats = await asyncio.to_thread(take_snapshot, sandbox, self._criu, directory, packed)
         return SnapshotInfo(stats.seconds, stats.raw_bytes, stats.compressed_bytes)
+
+    async def keep_for_restores(self, directory: Path) -> None:
+        await asyncio.to_thread(keep_unpacked, directory)

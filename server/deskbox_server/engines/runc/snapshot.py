@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import SessionFailed
-from .criu import CheckpointUnavailable, Criu, dump, pack, restore_from
+from .criu import CheckpointUnavailable, Criu, dump, pack, restore_from, unpack
 from .layout import Limits, SandboxTemplate
 from .sandbox import RuncOptions, RuncSandbox
 
 __all__ = [
-    "ARCHIVE", "TEMPLATE", "SnapshotStats", "read_template", "restore_copy", "snapshot_size",
-    "take_snapshot",
+    "ARCHIVE", "TEMPLATE", "SnapshotStats", "keep_unpacked", "read_template", "restore_copy",
+    "snapshot_size", "take_snapshot",
 ]
 
 TEMPLATE = "sandbox.json"
@@ -127,6 +127,26 @@ def restore_copy(
     return RuncSandbox.restore_copy(
         options, session_id, template, run_restore, limits, timeout_s
     )
+
+
+def keep_unpacked(directory: Path) -> None:
+    """Unpack a kept snapshot's images beside its archive, once: its restores then skip the
+    decompression (0.3-0.9 s of a restore's 1-1.5 s here; bench/rl.py). Unpacked into a
+    scratch directory first and renamed, so a restore never finds half of them."""
+    raw, archive = directory / RAW_IMAGES, directory / ARCHIVE
+    if raw.is_dir() or not archive.is_file():
+        return
+    scratch = Path(tempfile.mkdtemp(prefix="images-", dir=directory))
+    try:
+        unpack(archive, scratch)
+        try:
+            os.rename(scratch, raw)
+        except OSError:
+            if not raw.is_dir():
+                raise
+            # another call unpacked it meanwhile
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def snapshot_size(directory: Path) -> int:
