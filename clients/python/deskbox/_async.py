@@ -98,8 +98,8 @@ class AsyncDeskbox(BaseClient):
 
 
 class AsyncSnapshots:
-    """``box.snapshots``: inspect, list and delete snapshots (``session.snapshot()`` takes
-    one; ``box.sessions.create(from_snapshot=...)`` and ``session.fork(n)`` restore)."""
+    """``box.snapshots``: inspect, list, pool and delete snapshots (``session.snapshot()``
+    takes one; ``box.sessions.create(from_snapshot=...)`` and ``session.fork(n)`` restore)."""
 
     def __init__(self, client: AsyncDeskbox) -> None:
         self._client = client
@@ -113,6 +113,13 @@ class AsyncSnapshots:
 
     async def delete(self, snapshot_id: str, *, timeout: float | None = None) -> None:
         await self._client._send(b.snapshot_delete_call(snapshot_id, timeout))
+
+    async def set_pool(self, snapshot_id: str, size: int, *, timeout: float | None = None
+                 ) -> Snapshot:
+        """Keep ``size`` (0–4) restored copies ready, so that a create ``from_snapshot``
+        takes one at once (API.md "Warm pool"); 0 stops."""
+        body = await self._client._send(b.snapshot_pool_call(snapshot_id, size, timeout))
+        return Snapshot(str(body["id"]), dict(body))
 
 
 class AsyncSessions:

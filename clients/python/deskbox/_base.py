@@ -525,6 +525,11 @@ def snapshot_delete_call(snapshot_id: str, timeout: float | None) -> Call:
     return Call("DELETE", f"/v1/snapshots/{quote(snapshot_id, safe='')}", timeout=timeout)
 
 
+def snapshot_pool_call(snapshot_id: str, size: int, timeout: float | None) -> Call:
+    return Call("PUT", f"/v1/snapshots/{quote(snapshot_id, safe='')}/pool",
+                json={"size": size}, timeout=timeout)
+
+
 def snapshots_of(body: Any) -> list[Snapshot]:
     return [Snapshot(str(item["id"]), dict(item)) for item in body["snapshots"]]
 

@@ -78,7 +78,7 @@ def evaluate(session: Session, expression: str, *, page: str | None = None,
 
 
 def navigate(session: Session, url: str, *, timeout: float = 30) -> None:
-    """Open ``url`` in the active tab and wait until it has loaded."""
+    """Open ``url`` in the active tab and wait until it has loaded and been drawn."""
     target = page_matching(session, None, timeout=timeout)
     deadline = time.monotonic() + timeout
     answer = _call(session, target, "Page.navigate", {"url": url}, timeout)
@@ -89,6 +89,12 @@ def navigate(session: Session, url: str, *, timeout: float = 30) -> None:
             "expression": "[document.readyState, location.href]", "returnByValue": True,
         }, timeout).get("result", {}).get("value")
         if state == ["complete", url]:
+            # Two animation frames: the loaded page has been drawn, not only laid out.
+            _call(session, target, "Runtime.evaluate", {
+                "expression": "new Promise(r => requestAnimationFrame(() => "
+                              "requestAnimationFrame(r)))",
+                "awaitPromise": True,
+            }, timeout)
             return
         if time.monotonic() > deadline:
             raise DevToolsError(f"{url} did not finish loading in {timeout:g} s (at {state})")

@@ -91,6 +91,10 @@ def eval_command(
     parallel: Annotated[int, typer.Option(min=1, max=256, help="Episodes at once.")] = 1,
     repeat: Annotated[int, typer.Option(min=1, help="Episodes per task.")] = 1,
     seed: Annotated[int, typer.Option(help="The first episode's seed.")] = 0,
+    pool: Annotated[int, typer.Option(
+        min=0, max=4, help="Set each task up once, snapshot it, and start its episodes from "
+        "copies, this many kept ready (0: a new desktop and the setup per episode; needs an "
+        "engine with checkpoints).")] = 0,
     out: Annotated[Path | None, typer.Option(
         help="The JSONL file (default deskbox-eval-DATE-TIME.jsonl).")] = None,
     backend: Annotated[str | None, typer.Option(help="The sessions' backend.")] = None,
@@ -115,7 +119,7 @@ def eval_command(
                    if observation_size else None}
     raise typer.Exit(evaluate_agent(tasks, agent, url=url, api_key=api_key,
                                     parallel=parallel, repeat=repeat, seed=seed, out=out,
-                                    env_options=env_options))
+                                    env_options=env_options, pool=pool))
 
 
 _GYM_MODULES = {"gymnasium", "numpy", "PIL"}

@@ -47,6 +47,7 @@ from PIL import Image
 from ._errors import UnprocessableEntity
 from ._sync import Deskbox, Session
 from .tasks import Task, evaluate, prepare
+from .tasks.start import StartStates
 
 __all__ = ["ACTION_TYPES", "DIALECTS", "ENV_ID", "NOTHING", "ActionSpace", "DeskboxEnv",
            "Episodes", "Observation", "anthropic_action", "as_batch", "openai_action",
@@ -69,6 +70,8 @@ _SAMPLE_KEYS = ("Escape", "Tab", "Down", "Up", "ctrl+a")
 
 
 NOTHING: list[Mapping[str, Any]] = [{"type": "wait", "ms": 0}]  # observe without acting
+# A look that waits a settle window of its own (100 ms of no change from now, API.md).
+LOOK_AFTER_CHANGES: list[Mapping[str, Any]] = [{"type": "wait", "ms": 100}]
 # How long reset() waits for the screen to settle (each observation waits up to 2 s).
 RESET_SETTLE_S = 10.0
 
@@ -195,7 +198,9 @@ class DeskboxEnv(gymnasium.Env[Observation, Any]):
     or ``DESKBOX_URL``/``DESKBOX_API_KEY``, closed with the env). ``display``: the screen's
     size; ``observation_size``: the model's (default: the screen's). ``task``: a
     :class:`~deskbox.tasks.Task` or a task file; its limits win over ``max_steps``, and it
-    cannot be given with ``evaluate``.
+    cannot be given with ``evaluate``. ``pool``: reset from a snapshot of the task's start
+    state, with that many restored copies kept ready (1–4; engines with checkpoints), or
+    ``start_states``: a :class:`~deskbox.tasks.start.StartStates` shared with other envs.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
@@ -214,12 +219,16 @@ class DeskboxEnv(gymnasium.Env[Observation, Any]):
         max_steps: int = 100,
         evaluate: Evaluate | None = None,
         task: Task | str | Path | None = None,
+        pool: int = 0,
+        start_states: StartStates | None = None,
         render_mode: str | None = "rgb_array",
         session_timeout_s: int = 900,
     ) -> None:
         self.task = Task.load(task) if isinstance(task, str | Path) else task
         if self.task is not None and evaluate is not None:
             raise ValueError("give a task or evaluate, not both: a task brings its evaluator")
+        if (pool or start_states is not None) and self.task is None:
+            raise ValueError("pool and start_states keep a task's start state: give a task")
         timeout_s = None
         if self.task is not None:
             max_steps, timeout_s = self.task.limits.max_steps, self.task.limits.timeout_s
@@ -232,6 +241,9 @@ class DeskboxEnv(gymnasium.Env[Observation, Any]):
         self.action_space = self.episodes.action_space()
         self.render_mode = render_mode
         self.evaluate = evaluate
+        self._owns_start_states = start_states is None and pool > 0
+        self.start_states = (StartStates(self.client, pool) if self._owns_start_states
+                             else start_states)
         self.session: Session | None = None
         self.steps = 0
         self._started = 0.0
@@ -244,20 +256,30 @@ class DeskboxEnv(gymnasium.Env[Observation, Any]):
         super().reset(seed=seed)
         self._end_session()
         self.steps = 0
-        self.session = self.client.sessions.create(**self.episodes.create_args())
+        changed_just_now = True
+        if self.start_states is not None and self.task is not None:
+            self.session, changed_just_now = self.start_states.desktop(
+                self.task, self.episodes.create_args())
+        else:
+            self.session = self.client.sessions.create(**self.episodes.create_args())
+            if self.task is not None:
+                try:
+                    prepare(self.session, self.task)
+                except BaseException:
+                    self._end_session()
+                    raise
         info: dict[str, Any] = {"session_id": self.session.id}
         if self.task is not None:
-            try:
-                prepare(self.session, self.task)
-            except BaseException:
-                self._end_session()
-                raise
             info["instruction"] = self.task.instruction
         # The first observation is of a settled screen: a page still loading or laying out
         # (on a busy host, longer than one settle bound) would show the model, and the
         # next reset, a different start.
+        # A desktop set up just now may still be drawing what the setup did: the first look
+        # waits out a quiet window of its own (a batch of only a `wait 0` would count the
+        # quiet before it). A copy of a start state has been still since its restore.
         deadline = time.monotonic() + RESET_SETTLE_S
-        observation, info["settled"] = self._observe(NOTHING)
+        observation, info["settled"] = self._observe(LOOK_AFTER_CHANGES if changed_just_now
+                                                     else NOTHING)
         while not info["settled"] and time.monotonic() < deadline:
             observation, info["settled"] = self._observe(NOTHING)
         self._started = time.monotonic()
@@ -295,8 +317,12 @@ class DeskboxEnv(gymnasium.Env[Observation, Any]):
         try:
             self._end_session()
         finally:
-            if self._owns_client:
-                self.client.close()
+            try:
+                if self._owns_start_states and self.start_states is not None:
+                    self.start_states.close()
+            finally:
+                if self._owns_client:
+                    self.client.close()
         super().close()
 
     # -- parts ----------------------------------------------------------------------------

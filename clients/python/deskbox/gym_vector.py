@@ -28,7 +28,7 @@ from numpy.typing import NDArray
 
 from ._async import AsyncDeskbox, AsyncSession
 from ._errors import UnprocessableEntity
-from .gym import NOTHING, Episodes, Observation, as_batch, pixels
+from .gym import LOOK_AFTER_CHANGES, NOTHING, Episodes, Observation, as_batch, pixels
 
 __all__ = ["AsyncEvaluate", "DeskboxVectorEnv"]
 
@@ -130,7 +130,7 @@ class DeskboxVectorEnv(VectorEnv[NDArray[np.uint8], Any, NDArray[Any]]):
         self._steps[i] = 0
         session = await self._client.sessions.create(**self.episodes.create_args())
         self._sessions[i] = session
-        observation, settled = await self._observe(session, NOTHING)
+        observation, settled = await self._observe(session, LOOK_AFTER_CHANGES)
         return observation, {"session_id": session.id, "settled": settled}
 
     async def _step_one(self, i: int, action: Any

@@ -23,6 +23,7 @@ __all__ = ["evaluate_agent", "summary_table"]
 def evaluate_agent(
     task_paths: list[str], agent_spec: str, *, url: str | None, api_key: str | None,
     parallel: int, repeat: int, seed: int, out: Path | None, env_options: dict[str, Any],
+    pool: int = 0,
 ) -> int:
     """Run ``deskbox eval``; the exit code: 0 when every episode ran (whatever its reward),
     1 when some ended in an error, 2 for tasks or an agent that cannot be loaded, 130 on
@@ -54,7 +55,7 @@ def evaluate_agent(
 
         try:
             run(tasks, agent, client=client, parallel=parallel, repeat=repeat, seed=seed,
-                env_options=env_options, on_episode=ended)
+                env_options=env_options, pool=pool, on_episode=ended)
         except KeyboardInterrupt:
             err.print(f"deskbox eval: interrupted after {len(episodes)} of {total} "
                       "episodes; their sessions are deleted")

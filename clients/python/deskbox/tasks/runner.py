@@ -26,6 +26,7 @@ from typing import IO, Any
 from .._sync import Deskbox
 from ..gym import DeskboxEnv, Observation
 from .model import Task, TaskError
+from .start import StartStates
 
 __all__ = ["Episode", "Summary", "collect_tasks", "run", "summarize", "wilson"]
 
@@ -96,9 +97,14 @@ def run(
     repeat: int = 1,
     seed: int = 0,
     env_options: dict[str, Any] | None = None,
+    pool: int = 0,
     on_episode: Callable[[Episode], None] | None = None,
 ) -> list[Episode]:
     """Every task ``repeat`` times (seeds ``seed``, ``seed + 1``, ...), ``parallel`` at once.
+
+    ``pool`` > 0: each task is set up once and snapshotted, and its episodes start from
+    copies of the snapshot, ``pool`` of them kept ready (:class:`StartStates`); the
+    snapshots are deleted at the end.
 
     ``on_episode`` is called (on the calling thread) as each episode ends. A
     KeyboardInterrupt stops the episodes at their next step, deletes their sessions, and
@@ -109,9 +115,23 @@ def run(
     stop = threading.Event()
     jobs = [(task, seed + k) for k in range(repeat) for task in tasks]
     episodes: list[Episode] = []
-    with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="deskbox-eval") as pool:
+    options = dict(env_options or {})
+    start_states = StartStates(client, pool) if pool > 0 else None
+    options["start_states"] = start_states
+    try:
+        _run_jobs(jobs, agent, client, parallel, stop, options, episodes, on_episode)
+    finally:
+        if start_states is not None:
+            start_states.close()
+    return episodes
+
+
+def _run_jobs(jobs: list[tuple[Task, int]], agent: AgentSource, client: Deskbox,
+              parallel: int, stop: threading.Event, env_options: dict[str, Any],
+              episodes: list[Episode], on_episode: Callable[[Episode], None] | None) -> None:
+    with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="deskbox-eval") as threads:
         pending: set[Future[Episode]] = {
-            pool.submit(_episode, client, task, agent, job_seed, stop, env_options or {})
+            threads.submit(_episode, client, task, agent, job_seed, stop, env_options)
             for task, job_seed in jobs
         }
 
@@ -133,7 +153,6 @@ def run(
             running = {future for future in pending if not future.cancel()}
             collect(wait(running).done)
             raise
-    return episodes
 
 
 def _episode(client: Deskbox, task: Task, agent: AgentSource, seed: int,
