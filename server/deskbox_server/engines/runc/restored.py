@@ -23,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ...errors import SessionFailed
@@ -33,6 +34,7 @@ from .mounts import mismatches, parse_mountinfo, repair_commands
 __all__ = ["resume", "seal"]
 
 _TIMEOUT_S = 10.0
+_STOPPING_S = 2.0
 
 # Run by the host's Python, isolated: mount_repair.py says why in a process of its own.
 _REPAIR_SCRIPT = Path(__file__).with_name("mount_repair.py")
@@ -45,12 +47,20 @@ def _mount_table(pid: int) -> str:
 def seal(container_id: str, init_pid: int, config: RuntimeConfig) -> None:
     """Repair and check the mounts of a sandbox restored stopped; SessionFailed naming the
     difference if it cannot be made what ``config`` says (the caller destroys it)."""
-    pids = cgroup_procs(container_id)
-    running = [pid for pid in pids if task_state(pid) not in ("T", "t", "Z", None)]
-    if init_pid not in pids or running:
-        raise SessionFailed(
-            f"the restored sandbox {container_id} was not left stopped (running: {running})"
-        )
+    # A task CRIU lets go with SIGSTOP pending is "R" or "D" until it takes the signal,
+    # which it does before it runs an instruction of its own; with 8 restores at once on 2
+    # cores that outlasted `runc restore` (bench/rl.py). So wait for the stops, briefly.
+    deadline = time.monotonic() + _STOPPING_S
+    while True:
+        pids = cgroup_procs(container_id)
+        running = [pid for pid in pids if task_state(pid) not in ("T", "t", "Z", None)]
+        if init_pid in pids and not running:
+            break
+        if time.monotonic() > deadline:
+            raise SessionFailed(
+                f"the restored sandbox {container_id} was not left stopped (running: {running})"
+            )
+        time.sleep(0.01)
     repairs = repair_commands(parse_mountinfo(_mount_table(init_pid)), config)
     if repairs:
         try:
