@@ -114,10 +114,6 @@ class Desktop(Generic[S]):
         limits = AgentLimits(handshake_timeout_s=self.engine.handshake_timeout_s)
         reader, writer = await self.engine.open_stream(self.sandbox, limits.read_chunk)
         self.attach(await AgentClient.connect(reader, writer, limits))
-        # An empty batch: the agent forgets screen changes older than now (a checkpoint's,
-        # a restore's), so the first look at a settled screen need not wait out a fresh
-        # quiet window (a snapshot pool's claim answers its first observation at once).
-        await self.desktop.run([])
 
     def attach(self, agent: AgentClient | None) -> None:
         """Drive the desktop through ``agent`` from now on (None: not at all)."""

@@ -204,6 +204,15 @@ class WarmPool:
                     if key not in self._targets:  # the pool was dropped meanwhile
                         await self._discard(_Ready(session_id, handle), "pool dropped")
                         continue
+                    try:
+                        # An empty batch: the agent forgets the screen changes of the start
+                        # (or the restore), so the first look after a claim answers at once
+                        # instead of waiting out a quiet window of its own.
+                        await handle.desktop.run([])
+                    except Exception as error:
+                        await self._discard(_Ready(session_id, handle),
+                                            getattr(error, "message", repr(error)))
+                        continue
                     queue = self._ready[key]
                     queue.append(_Ready(session_id, handle))
                     log.info("pool %s: desktop %s ready (%d of %d)", key.label, session_id,

@@ -83,5 +83,6 @@ class SettleWatcher:
     def pump(self) -> None:
         """Handle events that arrived between actions (layout changes, stray damage).
         Damage seen empties the region: quiet is counted from here on, so a batch without
-        actions (the host sends one when it connects) clears damage older than itself."""
+        actions (the warm pool sends one when a desktop is ready) clears damage older than
+        itself."""
         self._take_damage()
