@@ -335,6 +335,11 @@ class Desktop:
                 # last), so each point gets a frame's time to be read on its own.
                 time.sleep(self.settle_options.drag_step_s)
                 self.pointer.move(*point)
+            # The last point gets its frame too: Chromium starts a drag-and-drop of selected
+            # content on a motion, and a release queued behind that motion left its drag
+            # loop waiting, the pointer held where the drag began (tests/clients/test_sdk.py).
+            self.pointer.sync()
+            time.sleep(self.settle_options.drag_step_s)
         finally:
             self.pointer.up(action.button)
 
