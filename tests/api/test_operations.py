@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from typing import Any
 
 import httpx
@@ -67,6 +68,11 @@ def test_access_log_is_json_and_never_holds_the_query_string(
     try:
         response = client.get("/v1/sessions", params={"token": "s3cr3t-token-value"})
         assert response.status_code == 200
+        # The line is written once the answer has gone out: it may come just after it.
+        deadline = time.monotonic() + 5
+        while not any(response.headers["x-request-id"] in line for line in lines):
+            assert time.monotonic() < deadline, "no access log line for the request"
+            time.sleep(0.01)
     finally:
         access.removeHandler(handler)
     entries = [json.loads(line) for line in lines]

@@ -108,6 +108,13 @@ def noise_session(local_server: Server) -> Iterator[dict[str, Any]]:
         assert response.status_code == 201, response.text
         session: dict[str, Any] = response.json()
         try:
+            # The create answers once the page has loaded; its noise is drawn by a script
+            # after that, which a fast client could beat.
+            deadline = time.monotonic() + 20
+            while len(http.get(f"/v1/sessions/{session['id']}/screenshot",
+                               params={"format": "png"}).content) < 200_000:
+                assert time.monotonic() < deadline, "the noise page never drew its noise"
+                time.sleep(0.05)
             yield session
         finally:
             http.delete(f"/v1/sessions/{session['id']}")
