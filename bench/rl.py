@@ -16,9 +16,12 @@ One ``deskbox serve`` (caps raised to 40 sessions), the example task tasks/click
 - pooled reset, for 1, 4 and 8 envs at once, each on a thread resetting ``--resets`` times:
   a claim of a ready copy of the start state (``pool`` copies kept, at most 4 per snapshot:
   beyond that a reset is a restore), p50/p95 latency and resets per second in all;
+- pooled reset with a ready copy waiting each time (a claim: the pool kept up);
 - fork ×4 of a running session;
-- episodes per hour: ``deskbox eval``'s runner, the scripted solver over all 13 example
-  tasks, 4 at once, with and without ``--pool``.
+- episodes per hour: ``deskbox eval``'s runner and the scripted solver, 4 episodes at once,
+  over all the example tasks twice, and over one task 24 times without and with a pool of 2
+  (a pool pays off for many episodes of few tasks: each task's snapshot and copies cost a
+  setup and restores first).
 
 Prints a markdown table (median, p95, ratio to the cold create of the same run). Every
 session and snapshot is deleted and the server stopped on exit.
@@ -125,6 +128,27 @@ def pooled_resets(box: Deskbox, task: Task, envs: int, resets: int, pool: int
     return samples, envs * resets / wall
 
 
+def claims(box: Deskbox, task: Task, n: int) -> list[float]:
+    """Resets with a ready copy waiting each time: what a reset costs when the pool keeps
+    up (an agent's episode lasting longer than a restore)."""
+    states = StartStates(box, pool=1)
+    samples = []
+    try:
+        with DeskboxEnv(client=box, task=task, start_states=states) as env:
+            env.reset()
+            snapshot = box.snapshots.list()[0].id
+            for _ in range(n):
+                deadline = time.monotonic() + 60
+                while box.snapshots.get(snapshot).raw["pool"]["ready"] < 1:
+                    if time.monotonic() > deadline:
+                        raise SystemExit("the pool made no copy in 60 s")
+                    time.sleep(0.05)
+                samples.append(timed(env.reset))
+    finally:
+        states.close()
+    return samples
+
+
 def forks(box: Deskbox, n: int) -> list[float]:
     samples = []
     with box.sessions.create() as session:
@@ -137,16 +161,15 @@ def forks(box: Deskbox, n: int) -> list[float]:
     return samples
 
 
-def episodes_per_hour(box: Deskbox, pool: int) -> float:
-    tasks = collect_tasks([TASKS])
+def episodes_per_hour(box: Deskbox, tasks: list[Task], repeat: int, pool: int) -> float:
     solve = load_callable("solvers.py:solve", TASKS)
     started = time.perf_counter()
-    episodes = run(tasks, solve, client=box, parallel=4, repeat=2, pool=pool)
+    episodes = run(tasks, solve, client=box, parallel=4, repeat=repeat, pool=pool)
     wall = time.perf_counter() - started
-    solved = sum(e.success for e in episodes)
-    if solved != len(episodes):
-        print(f"note: {len(episodes) - solved} of {len(episodes)} episodes not solved",
-              file=sys.stderr)
+    failed = [e for e in episodes if not e.success]
+    if failed:
+        print(f"note: {len(failed)} of {len(episodes)} episodes not solved: "
+              f"{[e.error or e.evaluation for e in failed]}", file=sys.stderr)
     return len(episodes) / wall * 3600
 
 
@@ -182,11 +205,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             rates.append((f"resets per second, {envs} env(s)", per_s))
         print("measuring: forks...", file=sys.stderr)
         rows.append(("fork ×4", forks(box, small)))
-        print("measuring: episodes per hour (13 tasks × 2, 4 at once)...", file=sys.stderr)
-        rates.append(("episodes per hour, scripted solver, 4 at once, no pool",
-                      episodes_per_hour(box, 0)))
-        rates.append((f"episodes per hour, scripted solver, 4 at once, pool {args.pool}",
-                      episodes_per_hour(box, args.pool)))
+        rows.append(("pooled reset with a copy ready (a claim)", claims(box, task, small)))
+        print("measuring: episodes per hour...", file=sys.stderr)
+        every = collect_tasks([TASKS])
+        rates.append((f"episodes per hour, all {len(every)} tasks × 2, 4 at once",
+                      episodes_per_hour(box, every, 2, 0)))
+        for pool in (0, 2):
+            rates.append((f"episodes per hour, one task × 24, 4 at once, pool {pool}",
+                          episodes_per_hour(box, [task], 24, pool)))
     baseline = statistics.median(rows[0][1])
     print("| figure | seconds: median (p95) | ratio to cold create |")
     print("|---|---|---|")
