@@ -9,10 +9,10 @@ import pytest
 
 from deskbox import AsyncDeskbox, Conflict, Deskbox, NotFound, Session, UnprocessableEntity
 from deskbox_server.engines.runc.criu import Criu
-from deskbox_server.settings import Settings
 
-from ..api.conftest import KEY_A, Server, running_server
-from ..images import IMAGE_STATE_DIR, session_image
+from ..api.conftest import KEY_A, Server
+from ..api.containers import container_server as served_container
+from ..images import session_image
 
 pytestmark = pytest.mark.slow
 
@@ -20,13 +20,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def container_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     session_image()
-    settings = Settings(
-        state_dir=tmp_path_factory.mktemp("client-container-state"),
-        api_keys=[KEY_A],
-        image_state_dir=IMAGE_STATE_DIR,
-        reaper_interval_s=0.5,
-    )
-    with running_server(settings) as running:
+    with served_container(tmp_path_factory, "client-container") as running:
         yield running
 
 

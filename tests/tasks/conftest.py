@@ -11,10 +11,10 @@ import pytest
 
 from deskbox import Deskbox
 from deskbox.tasks import Task, load_callable
-from deskbox_server.settings import Settings
 
-from ..api.conftest import KEY_A, Server, running_server
-from ..images import IMAGE_STATE_DIR, session_image
+from ..api.conftest import KEY_A, Server
+from ..api.containers import container_server
+from ..images import session_image
 
 TASKS_DIR = Path(__file__).resolve().parents[2] / "tasks"
 EXAMPLE_TASKS = sorted(TASKS_DIR.glob("*.yaml"))
@@ -32,13 +32,7 @@ def solver(name: str) -> Callable[..., Any]:
 @pytest.fixture(scope="package")
 def task_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     session_image()
-    settings = Settings(
-        state_dir=tmp_path_factory.mktemp("tasks-state"),
-        api_keys=[KEY_A],
-        image_state_dir=IMAGE_STATE_DIR,
-        reaper_interval_s=0.5,
-    )
-    with running_server(settings) as running:
+    with container_server(tmp_path_factory, "tasks") as running:
         yield running
 
 
