@@ -30,10 +30,10 @@ async def run(client: AgentClient, cmd: list[str], **kw: object) -> tuple[
 
 
 def gone(pid: int) -> bool:
-    """The process ended (a zombie waiting for its parent counts as ended)."""
+    """The process ended (a zombie counts); ESRCH while reading means it just did."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return True
 
 
