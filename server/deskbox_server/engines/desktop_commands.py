@@ -46,8 +46,13 @@ BROWSER_FLAGS: tuple[str, ...] = (
     # address-bar popup loaded all the time; without them the popup is drawn natively and
     # works the same. Measured with 3 idle sessions: -38 MiB private memory and -44 MiB PSS
     # per session on the host, -43 MiB PSS per session in sandboxes (bench/density.py).
+    # SpareRendererForSitePerProcess: Chromium keeps an idle renderer ready for the next
+    # site. Without it a session has ~20 MiB of anonymous memory and 11 threads less for a
+    # checkpoint to dump and a restore to rebuild: CRIU's restore 0.46 -> 0.39 s (issue 18).
+    # Cross-site navigations on 2 cores were no slower (p50 0.24-0.26 s either way); a new
+    # tab may pay for its renderer once (0.68 s, in 1 of 2 runs). bench/README.md.
     "--disable-features=Translate,MediaRouter,OptimizationHints,WebUIOmniboxPopup,"
-    "WebUIOmniboxAimPopup",
+    "WebUIOmniboxAimPopup,SpareRendererForSitePerProcess",
     # The network service on a thread of the browser process instead of a process of its
     # own (as Puppeteer runs Chromium): in a VM guest under TCG that process was killed and
     # restarted during start-up ("Network service crashed or was terminated, restarting
