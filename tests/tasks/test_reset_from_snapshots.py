@@ -1,7 +1,8 @@
 """Resets from a task's start state kept as a snapshot (``pool``): the first reset sets the
 task up and snapshots it; the others are copies of it, claimed from the snapshot's pool or
 restored. 20 resets show the same first observation, pixel for pixel; what an episode did
-is gone at the next reset; closing deletes the snapshot and its copies."""
+is gone at the next reset; closing deletes the snapshot and its copies. The vector env does
+the same for N envs at once."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import pytest
 
 from deskbox import Deskbox
 from deskbox.gym import DeskboxEnv
+from deskbox.gym_vector import DeskboxVectorEnv
 from deskbox.tasks.start import StartStates
 
+from ..api.conftest import KEY_A, Server
 from .conftest import TASKS_DIR, example, live_sessions, solver
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -76,3 +79,37 @@ def test_a_pool_needs_a_task(box: Deskbox) -> None:
         DeskboxEnv(client=box, pool=2)
     with pytest.raises(ValueError, match="pool must be 0 to 4"):
         StartStates(box, pool=9)
+
+
+def test_a_vector_env_runs_a_task_from_its_start_state(task_server: Server) -> None:
+    """Two envs on the task's start state: one solves it (reward 1, the evaluator's finding
+    in its info), the other does nothing (0); the solved one's next step resets it to the
+    same start, a copy from the pool; closing deletes the sessions and the snapshot."""
+    with Deskbox(task_server.url, KEY_A) as box:
+        before = live_sessions(box)
+        task = example("click-button")
+        envs = DeskboxVectorEnv(2, task_server.url, KEY_A, task=task, pool=1)
+        try:
+            first, infos = envs.reset(seed=0)
+            assert list(infos["instruction"]) == [task.instruction] * 2
+            assert infos["settled"].all()
+            assert not (first[0] != first[1]).any(), "the two start states differ"
+            solve = solver("solve")(first[0], task.instruction)
+            _, rewards, terminated, truncated, infos = envs.step(
+                [solve, [{"type": "wait", "ms": 0}]])
+            assert rewards.tolist() == [1.0, 0.0]
+            assert terminated.tolist() == [True, False] and not truncated.any()
+            assert all(isinstance(detail, str) and detail for detail in infos["evaluation"])
+            again, rewards, terminated, _, infos = envs.step(
+                [[{"type": "wait", "ms": 0}]] * 2)  # env 0 resets: its action is not taken
+            assert infos["session_id"][0] and rewards.tolist() == [0.0, 0.0]
+            assert not (again[0] != first[0]).any(), "the reset did not give the start again"
+            assert len(box.snapshots.list()) == 1
+        finally:
+            envs.close()
+        assert box.snapshots.list() == [] and live_sessions(box) == before
+
+
+def test_a_vector_env_refuses_a_pool_without_a_task() -> None:
+    with pytest.raises(ValueError, match="give a task"):
+        DeskboxVectorEnv(2, "http://127.0.0.1:9", KEY_A, pool=1)

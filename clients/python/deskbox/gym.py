@@ -46,12 +46,12 @@ from PIL import Image
 
 from ._errors import UnprocessableEntity
 from ._sync import Deskbox, Session
-from .tasks import Task, evaluate, prepare
-from .tasks.start import StartStates
+from .tasks import Task, evaluate
+from .tasks.start import StartStates, task_desktop
 
-__all__ = ["ACTION_TYPES", "DIALECTS", "ENV_ID", "NOTHING", "ActionSpace", "DeskboxEnv",
-           "Episodes", "Observation", "anthropic_action", "as_batch", "openai_action",
-           "pixels", "register"]
+__all__ = ["ACTION_TYPES", "DIALECTS", "ENV_ID", "LOOK_AFTER_CHANGES", "NOTHING",
+           "RESET_SETTLE_S", "ActionSpace", "DeskboxEnv", "Episodes", "Observation",
+           "anthropic_action", "as_batch", "openai_action", "pixels", "register"]
 
 ENV_ID = "deskbox/Desktop-v0"
 # API.md "Actions": the types a step may send.
@@ -257,17 +257,11 @@ class DeskboxEnv(gymnasium.Env[Observation, Any]):
         self._end_session()
         self.steps = 0
         changed_just_now = True
-        if self.start_states is not None and self.task is not None:
-            self.session, changed_just_now = self.start_states.desktop(
-                self.task, self.episodes.create_args())
+        if self.task is not None:
+            self.session, changed_just_now = task_desktop(
+                self.client, self.task, self.episodes.create_args(), self.start_states)
         else:
             self.session = self.client.sessions.create(**self.episodes.create_args())
-            if self.task is not None:
-                try:
-                    prepare(self.session, self.task)
-                except BaseException:
-                    self._end_session()
-                    raise
         info: dict[str, Any] = {"session_id": self.session.id}
         if self.task is not None:
             info["instruction"] = self.task.instruction

@@ -13,12 +13,19 @@ Gymnasium's next-step mode: the step after an episode ended resets that environm
 session) and ignores its action. ``evaluate`` is awaited with the session
 (:class:`deskbox.AsyncSession`). ``close`` deletes every session, also after an error or a
 KeyboardInterrupt in a step.
+
+With a ``task`` (as :class:`deskbox.gym.DeskboxEnv` takes it), each reset runs the task's
+setup, or with ``pool``/``start_states`` claims or restores a copy of its start state, and
+the task's evaluator gives the rewards. Those parts are the task package's blocking calls:
+they run on worker threads while the loop steps the other environments.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,7 +35,18 @@ from numpy.typing import NDArray
 
 from ._async import AsyncDeskbox, AsyncSession
 from ._errors import UnprocessableEntity
-from .gym import LOOK_AFTER_CHANGES, NOTHING, Episodes, Observation, as_batch, pixels
+from ._sync import Deskbox, Session
+from .gym import (
+    LOOK_AFTER_CHANGES,
+    NOTHING,
+    RESET_SETTLE_S,
+    Episodes,
+    Observation,
+    as_batch,
+    pixels,
+)
+from .tasks import Task, evaluate
+from .tasks.start import StartStates, task_desktop
 
 __all__ = ["AsyncEvaluate", "DeskboxVectorEnv"]
 
@@ -51,13 +69,25 @@ class DeskboxVectorEnv(VectorEnv[NDArray[np.uint8], Any, NDArray[Any]]):
         backend: str | None = None,
         max_steps: int = 100,
         evaluate: AsyncEvaluate | None = None,
+        task: Task | str | Path | None = None,
+        pool: int = 0,
+        start_states: StartStates | None = None,
         render_mode: str | None = "rgb_array",
         session_timeout_s: int = 900,
     ) -> None:
         if num_envs < 1:
             raise ValueError("num_envs must be at least 1")
+        self.task = Task.load(task) if isinstance(task, str | Path) else task
+        if self.task is not None and evaluate is not None:
+            raise ValueError("give a task or evaluate, not both: a task brings its evaluator")
+        if (pool or start_states is not None) and self.task is None:
+            raise ValueError("pool and start_states keep a task's start state: give a task")
+        timeout_s = None
+        if self.task is not None:
+            max_steps, timeout_s = self.task.limits.max_steps, self.task.limits.timeout_s
+            snapshot = self.task.setup.snapshot or snapshot
         self.episodes = Episodes(display, observation_size or display, start_url, snapshot,
-                                 backend, max_steps, session_timeout_s, render_mode)
+                                 backend, max_steps, session_timeout_s, render_mode, timeout_s)
         self.num_envs = num_envs
         self.single_observation_space = self.episodes.observation_space()
         self.single_action_space = self.episodes.action_space()
@@ -68,8 +98,15 @@ class DeskboxVectorEnv(VectorEnv[NDArray[np.uint8], Any, NDArray[Any]]):
         width, height = self.episodes.size
         self._loop = asyncio.new_event_loop()
         self._client = AsyncDeskbox(base_url, api_key)
+        # The task package's calls are blocking ones: a client of their own, on threads.
+        self._task_client = Deskbox(base_url, api_key) if self.task is not None else None
+        self._owns_start_states = start_states is None and pool > 0
+        self.start_states = (StartStates(self._task_client, pool)
+                             if self._task_client is not None and self._owns_start_states
+                             else start_states)
         self._sessions: list[AsyncSession | None] = [None] * num_envs
         self._steps = np.zeros(num_envs, dtype=np.int64)
+        self._started = np.zeros(num_envs, dtype=np.float64)  # each episode's monotonic start
         self._ended = np.zeros(num_envs, dtype=bool)  # reset at the next step (autoreset)
         self._last = np.zeros((num_envs, height, width, 3), dtype=np.uint8)
         self._closed = False
@@ -122,16 +159,42 @@ class DeskboxVectorEnv(VectorEnv[NDArray[np.uint8], Any, NDArray[Any]]):
             self._loop.run_until_complete(self._client.close())
         finally:
             self._loop.close()
+            try:
+                if self._owns_start_states and self.start_states is not None:
+                    self.start_states.close()
+            finally:
+                if self._task_client is not None:
+                    self._task_client.close()
 
     # -- one environment --------------------------------------------------------------------
 
     async def _reset_one(self, i: int) -> tuple[Observation, dict[str, Any]]:
         await self._delete(i)
         self._steps[i] = 0
-        session = await self._client.sessions.create(**self.episodes.create_args())
+        info: dict[str, Any] = {}
+        if self.task is not None:
+            session, changed_just_now = await self._task_desktop()
+            info["instruction"] = self.task.instruction
+        else:
+            session = await self._client.sessions.create(**self.episodes.create_args())
+            changed_just_now = True
         self._sessions[i] = session
-        observation, settled = await self._observe(session, LOOK_AFTER_CHANGES)
-        return observation, {"session_id": session.id, "settled": settled}
+        info["session_id"] = session.id
+        # As DeskboxEnv.reset: the first observation is of a settled screen.
+        deadline = time.monotonic() + RESET_SETTLE_S
+        observation, info["settled"] = await self._observe(
+            session, LOOK_AFTER_CHANGES if changed_just_now else NOTHING)
+        while not info["settled"] and time.monotonic() < deadline:
+            observation, info["settled"] = await self._observe(session, NOTHING)
+        self._started[i] = time.monotonic()
+        return observation, info
+
+    async def _task_desktop(self) -> tuple[AsyncSession, bool]:
+        assert self.task is not None and self._task_client is not None
+        made, changed_just_now = await asyncio.to_thread(
+            task_desktop, self._task_client, self.task, self.episodes.create_args(),
+            self.start_states)
+        return AsyncSession(self._client, made.data), changed_just_now
 
     async def _step_one(self, i: int, action: Any
                         ) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
@@ -147,8 +210,19 @@ class DeskboxVectorEnv(VectorEnv[NDArray[np.uint8], Any, NDArray[Any]]):
         except UnprocessableEntity as refused:  # as DeskboxEnv.step: reported, not raised
             info["error"] = str(refused)
             observation, info["settled"] = await self._observe(session, NOTHING)
-        reward = float(await self.evaluate(session)) if self.evaluate is not None else 0.0
-        return observation, reward, *self.episodes.outcome(reward, int(self._steps[i])), info
+        reward = await self._reward(session, info)
+        seconds = time.monotonic() - self._started[i]
+        return observation, reward, *self.episodes.outcome(reward, int(self._steps[i]),
+                                                           seconds), info
+
+    async def _reward(self, session: AsyncSession, info: dict[str, Any]) -> float:
+        if self.task is not None:
+            assert self._task_client is not None
+            evaluation = await asyncio.to_thread(
+                evaluate, Session(self._task_client, session.data), self.task)
+            info["evaluation"] = evaluation.detail
+            return evaluation.reward
+        return float(await self.evaluate(session)) if self.evaluate is not None else 0.0
 
     async def _observe(self, session: AsyncSession, actions: Sequence[Mapping[str, Any]]
                        ) -> tuple[Observation, bool]:

@@ -19,7 +19,7 @@ from .._sync import Deskbox, Session
 from .model import Task
 from .prepare import prepare
 
-__all__ = ["StartStates"]
+__all__ = ["StartStates", "task_desktop"]
 
 # A small screenshot: settling is what is asked for, not the picture.
 _LOOK = {"format": "jpeg", "quality": 10, "scale": {"width": 64, "height": 40}}
@@ -74,3 +74,19 @@ class StartStates:
             snapshots, self._snapshots = list(self._snapshots.values()), {}
         for snapshot in snapshots:
             self.client.snapshots.delete(snapshot)
+
+
+def task_desktop(client: Deskbox, task: Task, create_args: Mapping[str, Any],
+                 start_states: StartStates | None) -> tuple[Session, bool]:
+    """A running desktop in ``task``'s start state, and whether it was set up just now
+    (else a copy of a start state, still since its restore): from ``start_states`` if
+    given, else a new desktop and the task's setup. A failed setup deletes the desktop."""
+    if start_states is not None:
+        return start_states.desktop(task, create_args)
+    session = client.sessions.create(**create_args)
+    try:
+        prepare(session, task)
+    except BaseException:
+        session.close()
+        raise
+    return session, True
