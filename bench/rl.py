@@ -12,7 +12,8 @@ One ``deskbox serve`` (caps raised to 40 sessions), the example task tasks/click
 - cold reset: a new desktop, the task's setup and the first settled observation;
 - restore: a create ``from_snapshot`` of the task's start state with no copy ready, to the
   first observation (CRIU restore), from the zstd archive and from the images a snapshot
-  keeps unpacked once it has been given a pool;
+  keeps unpacked once it has been given a pool; as an env's reset (the previous desktop's
+  delete included) and alone;
 - pooled reset, for 1, 4 and 8 envs at once, each on a thread resetting ``--resets`` times:
   a claim of a ready copy of the start state (``pool`` copies kept, at most 4 per snapshot:
   beyond that a reset is a restore), p50/p95 latency and resets per second in all;
@@ -70,15 +71,18 @@ def cold_resets(box: Deskbox, task: Task, n: int) -> list[float]:
         return [timed(env.reset) for _ in range(n)]
 
 
-def restores(box: Deskbox, task: Task, n: int, unpacked: bool) -> list[float]:
+def restores(box: Deskbox, task: Task, n: int, unpacked: bool
+             ) -> tuple[list[float], list[float]]:
     """``from_snapshot`` with no copy ready: the restore path, from the zstd archive or
-    (``unpacked``) from the images a snapshot keeps unpacked once it was given a pool."""
+    (``unpacked``) from the images a snapshot keeps unpacked once it was given a pool.
+    Timed twice: as ``env.reset()`` (which deletes the previous desktop first), and as the
+    restore alone (a create ``from_snapshot`` to its first observation)."""
     states = StartStates(box, pool=0)
     try:
         with DeskboxEnv(client=box, task=task, start_states=states) as env:
             env.reset()  # sets the task up and snapshots it
+            snapshot = box.snapshots.list()[0].id
             if unpacked:
-                snapshot = box.snapshots.list()[0].id
                 box.snapshots.set_pool(snapshot, 1)  # unpacks its images, then makes a copy
                 deadline = time.monotonic() + 60
                 while box.snapshots.get(snapshot).raw["pool"]["ready"] < 1:
@@ -86,7 +90,15 @@ def restores(box: Deskbox, task: Task, n: int, unpacked: bool) -> list[float]:
                         break
                     time.sleep(0.1)
                 box.snapshots.set_pool(snapshot, 0)  # the images stay unpacked
-            return [timed(env.reset) for _ in range(n)]
+            resets = [timed(env.reset) for _ in range(n)]
+        alone = []
+        for _ in range(n):
+            started = time.perf_counter()
+            session = box.sessions.create(from_snapshot=snapshot)
+            session.act(LOOK, screenshot={"format": "png"})
+            alone.append(time.perf_counter() - started)
+            session.close()
+        return resets, alone
     finally:
         states.close()
 
@@ -194,10 +206,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append(("cold create → first observation (baseline)", cold_creates(box, small)))
         rows.append(("cold reset (new desktop + setup + observation)",
                      cold_resets(box, task, small)))
-        rows.append(("restore from the snapshot (no copy ready), images zstd-packed",
-                     restores(box, task, small, unpacked=False)))
-        rows.append(("restore from the snapshot (no copy ready), images kept unpacked",
-                     restores(box, task, small, unpacked=True)))
+        for unpacked, images in ((False, "images zstd-packed"), (True, "images kept unpacked")):
+            resets, alone = restores(box, task, small, unpacked)
+            rows.append((f"reset by a restore (no copy ready), {images}", resets))
+            rows.append((f"restore alone: create from_snapshot → first observation, {images}",
+                         alone))
         for envs in (int(n) for n in args.envs.split(",")):
             print(f"measuring: pooled resets, {envs} envs...", file=sys.stderr)
             samples, per_s = pooled_resets(box, task, envs, args.resets, args.pool)
