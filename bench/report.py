@@ -44,6 +44,8 @@ QUICK: dict[str, list[str]] = {
     "exec.py": ["--iterations", "20"],
     "server_cpu.py": ["--actions", "100"],
     "click_layers.py": ["--iterations", "20"],
+    "rl.py": ["--resets", "4", "--envs", "1,4"],
+    "volumes.py": ["--runs", "2"],
 }
 
 

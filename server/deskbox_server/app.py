@@ -16,6 +16,7 @@ from .api import actions, cdp, dialects, events, health, sessions, snapshots
 from .api import exec as exec_api
 from .api import tokens as tokens_api
 from .api import vnc as vnc_api
+from .api import volumes as volumes_api
 from .api.abort import ConnectionAbort
 from .api.auth import load_keyring
 from .api.deps import Services
@@ -164,6 +165,7 @@ def create_app(
     app.include_router(health.router)
     app.include_router(sessions.router)
     app.include_router(snapshots.router)
+    app.include_router(volumes_api.router)
     app.include_router(actions.router)
     app.include_router(exec_api.router)
     app.include_router(dialects.router)

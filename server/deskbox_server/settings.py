@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     api_keys: Annotated[list[str], NoDecode, Field(repr=False)] = []
     max_sessions: Annotated[int, Field(ge=0)] = 20
     max_sessions_per_key: Annotated[int, Field(ge=0)] = 10
+    # The sizes of one API key's volumes, in all (disk images are sparse: a volume takes
+    # on the host what was written to it, at most its size).
+    volume_quota_mb: Annotated[int, Field(ge=0)] = 102_400
     default_backend: str = "container"
     # The backends this server offers (DESKBOX_BACKENDS=container,vm,local). "vm": a QEMU
     # microVM per session. "local" runs unisolated host processes: offer it only on a

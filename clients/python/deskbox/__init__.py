@@ -22,6 +22,7 @@ from ._async import (
     AsyncSession,
     AsyncSessions,
     AsyncSnapshots,
+    AsyncVolumes,
 )
 from ._errors import (
     APIConnectionError,
@@ -55,8 +56,9 @@ from ._models import (
     Snapshot,
     Token,
     Upload,
+    Volume,
 )
-from ._sync import ActionsSocket, Deskbox, Session, Sessions, Snapshots
+from ._sync import ActionsSocket, Deskbox, Session, Sessions, Snapshots, Volumes
 
 __all__ = [
     "APIConnectionError",
@@ -70,6 +72,7 @@ __all__ = [
     "AsyncSession",
     "AsyncSessions",
     "AsyncSnapshots",
+    "AsyncVolumes",
     "BadRequest",
     "Conflict",
     "Deskbox",
@@ -98,6 +101,8 @@ __all__ = [
     "Unauthorized",
     "UnprocessableEntity",
     "Upload",
+    "Volume",
+    "Volumes",
     "__version__",
 ]
 

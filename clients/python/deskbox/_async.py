@@ -32,6 +32,7 @@ from ._models import (
     Snapshot,
     Token,
     Upload,
+    Volume,
     to_image,
 )
 
@@ -67,6 +68,7 @@ class AsyncDeskbox(BaseClient):
         )
         self.sessions = AsyncSessions(self)
         self.snapshots = AsyncSnapshots(self)
+        self.volumes = AsyncVolumes(self)
 
     async def __aenter__(self) -> AsyncDeskbox:
         return self
@@ -122,6 +124,27 @@ class AsyncSnapshots:
         return Snapshot(str(body["id"]), dict(body))
 
 
+class AsyncVolumes:
+    """``box.volumes``: persistent volumes of this API key (API.md "Volumes and browser
+    profiles"); ``box.sessions.create(volumes=[...], profile=...)`` mounts them."""
+
+    def __init__(self, client: AsyncDeskbox) -> None:
+        self._client = client
+
+    async def create(self, name: str, size_mb: int, *, timeout: float | None = None) -> Volume:
+        return b.volume_of(await self._client._send(b.volume_create_call(name, size_mb, timeout)))
+
+    async def get(self, name: str, *, timeout: float | None = None) -> Volume:
+        return b.volume_of(await self._client._send(b.volume_get_call(name, timeout)))
+
+    async def list(self, *, timeout: float | None = None) -> list[Volume]:
+        body = await self._client._send(b.volume_list_call(timeout))
+        return [b.volume_of(item) for item in body["volumes"]]
+
+    async def delete(self, name: str, *, timeout: float | None = None) -> None:
+        await self._client._send(b.volume_delete_call(name, timeout))
+
+
 class AsyncSessions:
     """``box.sessions``: create, get and list sessions."""
 
@@ -141,12 +164,17 @@ class AsyncSessions:
         network: Mapping[str, Any] | None = None,
         record: bool | None = None,
         coordinate_space: tuple[int, int] | None = None,
+        volumes: Sequence[Mapping[str, Any]] | None = None,
+        profile: str | None = None,
         wait: bool = True,
         timeout: float | None = None,
     ) -> AsyncSession:
-        """A new session (``POST /v1/sessions``), running unless ``wait=False``."""
+        """A new session (``POST /v1/sessions``), running unless ``wait=False``.
+        ``volumes``: ``[{"name", "path", "read_only"}]`` to mount; ``profile``: the volume
+        that keeps the browser's profile."""
         call = b.create_call(display, start_url, backend, from_snapshot, timeout_s, labels,
-                             resources, network, record, coordinate_space, wait, timeout)
+                             resources, network, record, coordinate_space, wait, timeout,
+                             volumes, profile)
         return AsyncSession(self._client, await self._client._send(call))
 
     async def get(self, session_id: str, *, timeout: float | None = None) -> AsyncSession:

@@ -28,6 +28,7 @@ from ._models import (
     Snapshot,
     Token,
     Upload,
+    Volume,
 )
 
 __all__ = [
@@ -482,11 +483,14 @@ def create_call(
     from_snapshot: str | None, timeout_s: int | None, labels: Mapping[str, str] | None,
     resources: Mapping[str, Any] | None, network: Mapping[str, Any] | None,
     record: bool | None, coordinate_space: tuple[int, int] | None, wait: bool,
-    timeout: float | None,
+    timeout: float | None, volumes: Sequence[Mapping[str, Any]] | None = None,
+    profile: str | None = None,
 ) -> Call:
+    browser = _drop_none(start_url=start_url, profile=profile)
     body = _drop_none(
         display=dict(display) if display else None,
-        browser={"start_url": start_url} if start_url else None,
+        browser=browser or None,
+        volumes=[dict(v) for v in volumes] if volumes else None,
         backend=backend, from_snapshot=from_snapshot, timeout_s=timeout_s,
         labels=dict(labels) if labels else None,
         resources=dict(resources) if resources else None,
@@ -528,6 +532,27 @@ def snapshot_delete_call(snapshot_id: str, timeout: float | None) -> Call:
 def snapshot_pool_call(snapshot_id: str, size: int, timeout: float | None) -> Call:
     return Call("PUT", f"/v1/snapshots/{quote(snapshot_id, safe='')}/pool",
                 json={"size": size}, timeout=timeout)
+
+
+def volume_create_call(name: str, size_mb: int, timeout: float | None) -> Call:
+    return Call("POST", "/v1/volumes", json={"name": name, "size_mb": size_mb},
+                timeout=timeout)
+
+
+def volume_get_call(name: str, timeout: float | None) -> Call:
+    return Call("GET", f"/v1/volumes/{quote(name, safe='')}", timeout=timeout)
+
+
+def volume_list_call(timeout: float | None) -> Call:
+    return Call("GET", "/v1/volumes", timeout=timeout)
+
+
+def volume_delete_call(name: str, timeout: float | None) -> Call:
+    return Call("DELETE", f"/v1/volumes/{quote(name, safe='')}", timeout=timeout)
+
+
+def volume_of(body: Any) -> Volume:
+    return Volume(str(body["name"]), dict(body))
 
 
 def snapshots_of(body: Any) -> list[Snapshot]:

@@ -292,3 +292,12 @@ class Token:
 class Snapshot:
     id: str
     raw: dict[str, Any] = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Volume:
+    """A persistent volume (API.md "Volumes and browser profiles"); ``raw`` is the whole
+    resource (size_mb, used_bytes, attached...)."""
+
+    name: str
+    raw: dict[str, Any] = field(repr=False, compare=False)

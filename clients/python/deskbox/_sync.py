@@ -30,6 +30,7 @@ from ._models import (
     Snapshot,
     Token,
     Upload,
+    Volume,
     to_image,
 )
 
@@ -65,6 +66,7 @@ class Deskbox(BaseClient):
         )
         self.sessions = Sessions(self)
         self.snapshots = Snapshots(self)
+        self.volumes = Volumes(self)
 
     def __enter__(self) -> Deskbox:
         return self
@@ -120,6 +122,27 @@ class Snapshots:
         return Snapshot(str(body["id"]), dict(body))
 
 
+class Volumes:
+    """``box.volumes``: persistent volumes of this API key (API.md "Volumes and browser
+    profiles"); ``box.sessions.create(volumes=[...], profile=...)`` mounts them."""
+
+    def __init__(self, client: Deskbox) -> None:
+        self._client = client
+
+    def create(self, name: str, size_mb: int, *, timeout: float | None = None) -> Volume:
+        return b.volume_of(self._client._send(b.volume_create_call(name, size_mb, timeout)))
+
+    def get(self, name: str, *, timeout: float | None = None) -> Volume:
+        return b.volume_of(self._client._send(b.volume_get_call(name, timeout)))
+
+    def list(self, *, timeout: float | None = None) -> list[Volume]:
+        body = self._client._send(b.volume_list_call(timeout))
+        return [b.volume_of(item) for item in body["volumes"]]
+
+    def delete(self, name: str, *, timeout: float | None = None) -> None:
+        self._client._send(b.volume_delete_call(name, timeout))
+
+
 class Sessions:
     """``box.sessions``: create, get and list sessions."""
 
@@ -139,12 +162,17 @@ class Sessions:
         network: Mapping[str, Any] | None = None,
         record: bool | None = None,
         coordinate_space: tuple[int, int] | None = None,
+        volumes: Sequence[Mapping[str, Any]] | None = None,
+        profile: str | None = None,
         wait: bool = True,
         timeout: float | None = None,
     ) -> Session:
-        """A new session (``POST /v1/sessions``), running unless ``wait=False``."""
+        """A new session (``POST /v1/sessions``), running unless ``wait=False``.
+        ``volumes``: ``[{"name", "path", "read_only"}]`` to mount; ``profile``: the volume
+        that keeps the browser's profile."""
         call = b.create_call(display, start_url, backend, from_snapshot, timeout_s, labels,
-                             resources, network, record, coordinate_space, wait, timeout)
+                             resources, network, record, coordinate_space, wait, timeout,
+                             volumes, profile)
         return Session(self._client, self._client._send(call))
 
     def get(self, session_id: str, *, timeout: float | None = None) -> Session:

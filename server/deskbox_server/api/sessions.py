@@ -31,6 +31,7 @@ def to_resource(record: SessionRecord, request: Request) -> Session:
         timeout_s=record.timeout_s,
         labels=record.body.labels,
         coordinate_space=record.body.coordinate_space,
+        volumes=record.body.volumes,
         failure=record.failure,
         engine=get_services(request).manager.engine_details(record.backend),
         urls=SessionUrls(

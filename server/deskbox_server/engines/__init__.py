@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Capability, Engine, EngineLacks, Sandbox, SessionSpec
+from .base import Capability, Engine, EngineLacks, Sandbox, SessionSpec, VolumeAttach
 
-__all__ = ["AnyEngine", "Capability", "Engine", "EngineLacks", "Sandbox", "SessionSpec"]
+__all__ = ["AnyEngine", "Capability", "Engine", "EngineLacks", "Sandbox", "SessionSpec",
+           "VolumeAttach"]
 
 AnyEngine = Engine[Any]

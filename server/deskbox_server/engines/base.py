@@ -30,6 +30,7 @@ __all__ = [
     "Sandbox",
     "SessionSpec",
     "SnapshotInfo",
+    "VolumeAttach",
 ]
 
 AgentStream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -44,6 +45,7 @@ class Capability(StrEnum):
     EXEC = "exec"  # commands and files inside the sandbox, through its agent
     RESOURCES = "resources"  # per-session CPU, memory and process limits
     ADOPT = "adopt"  # sandboxes outlive their server and the next one takes them over
+    VOLUMES = "volumes"  # persistent volumes mounted into the sandbox (SessionSpec.volumes)
 
 
 class EngineLacks(InvalidRequest):
@@ -72,6 +74,20 @@ class SessionSpec:
     # Started ahead of demand (the warm pool): no start-up boost that could slow the
     # sessions that run.
     background: bool = False
+    # Persistent volumes to mount (engines with Capability.VOLUMES); the session layer
+    # checked they are the caller's and free to attach so.
+    volumes: tuple[VolumeAttach, ...] = ()
+
+
+@dataclass(frozen=True)
+class VolumeAttach:
+    """One volume of a session: its disk image (ext4, engines/volumes.py) and where it
+    appears in the sandbox."""
+
+    name: str
+    disk: Path
+    path: str
+    read_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -188,6 +204,8 @@ class Engine(ABC, Generic[S]):
                               "the kubernetes backend has them")
         if spec.resources is not None:
             self.require(Capability.RESOURCES, "resources")
+        if spec.volumes:
+            self.require(Capability.VOLUMES, "volumes (and browser profiles)")
         if spec.network is not None and spec.network.egress not in self.egress_modes:
             offered = ", ".join(repr(m) for m in sorted(self.egress_modes))
             raise EngineLacks(self.name, f"network egress {spec.network.egress!r}",
@@ -232,6 +250,12 @@ class Engine(ABC, Generic[S]):
     async def destroy(self, sandbox: S) -> None:
         """Stop every process of the sandbox and remove it; idempotent; never raises for
         a dead or frozen sandbox, and never waits on its agent."""
+
+    async def stop(self, sandbox: S) -> None:
+        """Let the sandbox end its programs in order, briefly (what :meth:`kill` does not):
+        engines whose sandboxes keep state beyond themselves (volumes) do. Bounded, never
+        waits on the agent, never raises for a dead or frozen sandbox."""
+        return None
 
     async def kill(self, sandbox: S) -> None:
         """Stop every process of the sandbox now (what :meth:`destroy` does first): a

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .actions import CoordinateSpace
 from .scalars import Bool, IntOnly, NumberOnly
+from .volumes import MAX_VOLUMES, PROFILE_PATH, VolumeMount, VolumeName
 
 __all__ = [
     "MAX_START_URL",
@@ -57,6 +58,9 @@ class Display(_Body):
 
 class Browser(_Body):
     start_url: Annotated[str, Field(min_length=1, max_length=MAX_START_URL)] = "about:blank"
+    # A volume of this name holds the browser's profile (made on first use): cookies,
+    # logins and storage outlive the session.
+    profile: VolumeName | None = None
 
     @field_validator("start_url")
     @classmethod
@@ -122,6 +126,28 @@ class SessionCreate(_Body):
     runtime_class: Annotated[str, Field(
         min_length=1, max_length=253,
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")] | None = None
+    volumes: Annotated[list[VolumeMount], Field(max_length=MAX_VOLUMES)] = []
+
+    @model_validator(mode="after")
+    def _volumes_apart(self) -> SessionCreate:
+        mounts = self.all_volumes()
+        names = [m.name for m in mounts]
+        if len(set(names)) != len(names):
+            raise ValueError("a volume may be mounted once per session (browser.profile "
+                             "counts as a mount)")
+        paths = sorted(m.path for m in mounts)
+        for outer, inner in zip(paths, paths[1:], strict=False):
+            if inner == outer or inner.startswith(outer + "/"):
+                raise ValueError(f"volume paths {outer} and {inner} overlap"
+                                 + (" (browser.profile is mounted at " + PROFILE_PATH + ")"
+                                    if PROFILE_PATH in (outer, inner) else ""))
+        return self
+
+    def all_volumes(self) -> list[VolumeMount]:
+        """``volumes`` and the browser's profile volume, if any."""
+        profile = ([VolumeMount(name=self.browser.profile, path=PROFILE_PATH)]
+                   if self.browser.profile is not None else [])
+        return [*self.volumes, *profile]
 
 
 class Failure(BaseModel):
@@ -148,6 +174,7 @@ class Session(BaseModel):
     timeout_s: int
     labels: dict[str, str]
     coordinate_space: CoordinateSpace | None = None
+    volumes: list[VolumeMount] = []
     failure: Failure | None = None
     engine: dict[str, str] = Field(
         default_factory=dict,

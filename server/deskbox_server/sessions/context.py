@@ -1,5 +1,5 @@
 """What every session of a manager shares (the registry, the browser watch, the links,
-the frame store, metrics) and the two ways back to the manager: publish a state change,
+the frame store, metrics, the volumes) and the two ways back to the manager: publish a state change,
 fail a session. The manager wires one; session.py, state_changes.py and start_stop.py use it.
 """
 
@@ -15,6 +15,7 @@ from .links import SessionLinks
 from .live import LiveSession
 from .pause import FrameStore
 from .registry import Registry
+from .volumes import VolumeStore
 
 __all__ = ["SessionContext"]
 
@@ -32,3 +33,5 @@ class SessionContext:
     publish: Callable[[SessionRecord], None]
     # Fail the session soon (the manager ends it and takes it out of its table).
     fail: Callable[[LiveSession, str], Awaitable[None]]
+    # The volumes sessions attach; a session's are free once its desktop is destroyed.
+    volumes: VolumeStore

@@ -274,11 +274,13 @@ class Desktop(Generic[S]):
         await self.engine.release(self.sandbox)
 
     async def destroy(self) -> None:
-        """Kill the sandbox first, then close the agent's stream, then remove the rest.
+        """Stop the sandbox (engine.stop: briefly, where it has volumes), kill it, then
+        close the agent's stream, then remove the rest.
 
-        Never waits on the sandbox: a stopped or frozen agent answers nothing, and a call
+        Never waits on the agent: a stopped or frozen agent answers nothing, and a call
         waiting on it ends when its stream does.
         """
+        await self.engine.stop(self.sandbox)
         await self.engine.kill(self.sandbox)
         await self.let_go()
         await self.engine.destroy(self.sandbox)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import dataclasses
 import logging
 import os
 import shutil
@@ -22,7 +23,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Literal
 
-from ..engines import AnyEngine, SessionSpec
+from ..engines import AnyEngine, SessionSpec, VolumeAttach
 from ..errors import (
     Capacity,
     Conflict,
@@ -51,6 +52,7 @@ from .recovery import desktop_spec, failed, lock_state_dir, readopt
 from .registry import Registry
 from .session import Session
 from .snapshots import SnapshotRecord, SnapshotStore
+from .volumes import VolumeStore
 
 __all__ = ["LiveSession", "SessionManager"]
 
@@ -85,6 +87,8 @@ class SessionManager:
         # VNC viewers and DevTools sockets, closed before a checkpoint (links.py).
         self.links = SessionLinks()
         self.snapshots = SnapshotStore(settings.state_dir / "snapshots")
+        # /v1/volumes, and the volumes sessions have attached (volumes.py).
+        self.volumes = VolumeStore(settings.state_dir / "volumes", settings.volume_quota_mb)
         self._frames = FrameStore(settings.state_dir / "frames")
         pool_engine = self._engines.get(settings.default_backend)
         self.pool = WarmPool(
@@ -98,6 +102,7 @@ class SessionManager:
         self._context = SessionContext(
             registry=registry, browsers=self._browsers, links=self.links, frames=self._frames,
             metrics=metrics, publish=self._publish_state, fail=self._fail_soon,
+            volumes=self.volumes,
         )
 
     # -- server lifetime ------------------------------------------------------------------
@@ -130,6 +135,7 @@ class SessionManager:
     async def _recover(self) -> None:
         await self._registry.open()
         await asyncio.to_thread(self.snapshots.open)
+        await asyncio.to_thread(self.volumes.open)
         await asyncio.to_thread(self._frames.open)
         for engine in self._engines.values():
             await engine.prepare()
@@ -163,6 +169,7 @@ class SessionManager:
         if isinstance(live, str):
             return live
         self._live[record.id] = live
+        self.volumes.reattach(record.owner, record.id, record.body.all_volumes())
         if record.state is S.running and live.handle is not None:
             self._browsers.start(record.id, live.handle)
         log.info("session %s re-adopted (engine %s, %s)", record.id, record.backend,
@@ -320,6 +327,10 @@ class SessionManager:
             raise InvalidRequest(
                 f"timeout_s may be at most {self._settings.max_timeout_s} on this server"
             )
+        mounts = body.all_volumes()
+        if mounts and snapshot is not None:
+            raise InvalidRequest("a session made from a snapshot (or a fork's copy) cannot "
+                                 "mount volumes or a browser profile")
         key: PoolKey | SnapshotKey | None = None
         if snapshot is None:
             key = PoolKey.of_body(body, self._settings.default_backend)
@@ -340,10 +351,22 @@ class SessionManager:
             from_snapshot=snapshot,
             record=body.record,
             runtime_class=body.runtime_class,
+            volumes=tuple(VolumeAttach(m.name, Path(), m.path, m.read_only) for m in mounts),
         )
         engine.check(spec)
-        # No await between the capacity check and taking the slot.
-        self._check_capacity(owner)
+        if mounts:  # before a profile volume is made for a create that cannot run
+            self._check_capacity(owner)
+            attached = await self.volumes.attach(
+                owner, session_id, mounts,
+                [body.browser.profile] if body.browser.profile is not None else [],
+            )
+            spec = dataclasses.replace(spec, volumes=attached)
+        try:
+            # No await between the capacity check and taking the slot.
+            self._check_capacity(owner)
+        except BaseException:
+            self.volumes.detach(session_id)
+            raise
         record = SessionRecord(
             id=session_id, owner=owner, backend=backend_name, body=body, timeout_s=timeout_s
         )
@@ -353,6 +376,7 @@ class SessionManager:
             await self._registry.save(record)
         except BaseException:
             del self._live[session_id]
+            self.volumes.detach(session_id)
             raise
         self._publish_state(record)
         live.start_task = asyncio.create_task(self._start(live, engine, spec))
@@ -493,6 +517,7 @@ class SessionManager:
     async def snapshot(self, owner: str, session_id: str) -> SnapshotRecord:
         """Checkpoint a running session to a snapshot; it runs on (API.md)."""
         session = self.session(owner, session_id, "live")
+        _refuse_copies_of_volumes(session.record)
         record = session.record
         snapshot_id, directory = self.snapshots.new_id()
         info = await session.checkpoint(directory, packed=True)
@@ -514,6 +539,7 @@ class SessionManager:
         """
         session = self.session(owner, session_id, "live")
         record = session.record
+        _refuse_copies_of_volumes(record)
         self._check_capacity(owner, count)
         directory = await asyncio.to_thread(self.snapshots.fork_directory)
         try:
@@ -571,3 +597,10 @@ class SessionManager:
             except Exception:
                 log.exception("reaper pass failed")
 
+
+def _refuse_copies_of_volumes(record: SessionRecord) -> None:
+    if record.body.all_volumes():
+        raise InvalidRequest(
+            "snapshots and forks of a session with volumes (or a browser profile) are not "
+            "offered: a copy would be a second writer of its volumes"
+        )

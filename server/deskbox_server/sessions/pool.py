@@ -62,6 +62,7 @@ class PoolKey:
             and (body.network is None or body.network.egress == "none")
             and not body.record
             and body.runtime_class is None
+            and not body.volumes  # a pooled desktop has no volume mounted
         )
         if not plain:
             return None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from ..engines import AnyEngine, SessionSpec
 from ..errors import DeskboxError
@@ -72,8 +73,11 @@ async def end(
         await context.registry.save(record)
         context.publish(record)
     await context.browsers.stop(record.id)  # before the browser goes with the desktop
-    if live.handle is not None and not await _remove(
-        live.handle, record.id, stop_timeout_s, removals
+    if live.handle is None:
+        context.volumes.detach(record.id)  # a start that failed removed its sandbox
+    elif not await _remove(
+        live.handle, record.id, stop_timeout_s, removals,
+        lambda: context.volumes.detach(record.id),
     ):
         reason = (f"the desktop was not removed within {stop_timeout_s:g} s; its removal "
                   "goes on")
@@ -90,11 +94,12 @@ async def end(
 
 async def _remove(
     handle: AnyDesktop, session_id: str, timeout_s: float,
-    removals: set[asyncio.Task[None]],
+    removals: set[asyncio.Task[None]], removed: Callable[[], None],
 ) -> bool:
-    """Destroy the desktop; False if that took more than ``timeout_s`` (it goes on in the
-    background, and the manager's shutdown gives it one more bounded wait)."""
-    removal = asyncio.create_task(_destroy(handle, session_id))
+    """Destroy the desktop, then call ``removed``; False if that took more than
+    ``timeout_s`` (it goes on in the background, and the manager's shutdown gives it one
+    more bounded wait)."""
+    removal = asyncio.create_task(_destroy(handle, session_id, removed))
     done, _ = await asyncio.wait({removal}, timeout=timeout_s)
     if done:
         return True
@@ -103,8 +108,10 @@ async def _remove(
     return False
 
 
-async def _destroy(handle: AnyDesktop, session_id: str) -> None:
+async def _destroy(handle: AnyDesktop, session_id: str, removed: Callable[[], None]) -> None:
     try:
         await handle.destroy()
     except Exception:
         log.exception("destroying session %s", session_id)
+    finally:
+        removed()

@@ -72,6 +72,8 @@ class RuncEngine(Engine[RuncSandbox]):
 
     def check(self, spec: SessionSpec) -> None:
         super().check(spec)
+        if spec.from_snapshot is not None and spec.volumes:
+            raise InvalidRequest("a session made from a snapshot cannot mount volumes")
         if spec.network is not None:
             check_allow(spec.network.egress, spec.network.allow)
             if spec.from_snapshot is not None and spec.network.egress != "none":
@@ -97,7 +99,7 @@ class RuncEngine(Engine[RuncSandbox]):
             )
         return await asyncio.to_thread(
             RuncSandbox.start, self.options, spec.id, spec.desktop, limits, True,
-            timeout_s, egress, not spec.background,
+            timeout_s, egress, not spec.background, spec.volumes,
         )
 
     async def started(self, sandbox: RuncSandbox, timeout_s: float) -> None:
@@ -116,6 +118,9 @@ class RuncEngine(Engine[RuncSandbox]):
 
     async def remove_orphans(self, keep: Collection[str]) -> list[str]:
         return await asyncio.to_thread(remove_orphans, self.options, keep)
+
+    async def stop(self, sandbox: RuncSandbox) -> None:
+        await asyncio.to_thread(sandbox.stop)
 
     async def kill(self, sandbox: RuncSandbox) -> None:
         await asyncio.to_thread(sandbox.kill)

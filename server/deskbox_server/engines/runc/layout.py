@@ -6,7 +6,9 @@ What a sandbox gets, and why:
   so everything a session writes lives in its own memory (charged to its cgroup) and
   disappears with it;
 - one host path: the session's socket directory, at /tmp/.X11-unix, where the X server's
-  socket appears (the host reserves its number) and the agent's socket;
+  socket appears (the host reserves its number) and the agent's socket; and the
+  session's persistent volumes, if it has any (ext4 images the host mounted, bound where
+  the session asked, under its home or /tmp);
 - its own pid, mount, ipc, uts, cgroup and network namespaces. Its cgroup namespace is
   rooted at its own cgroup, so /proc/self/cgroup shows "/" and not the host's
   ``/deskbox-<id>`` layout (and a restored copy sees its new cgroup as "/" too). The
@@ -100,6 +102,8 @@ class SandboxConfig:
     # instead of a new empty one, and see these host files read-only (destination, source).
     network_namespace: Path | None = None
     files: tuple[tuple[str, Path], ...] = ()
+    # Persistent volumes, mounted on the host already: (destination, source, read-only).
+    volumes: tuple[tuple[str, Path, bool], ...] = ()
     # The Podman seccomp profile our own (seccomp.py) is made from.
     seccomp_source: Path = PODMAN_PROFILE
     # None: no user namespace (uid 0 inside is the host's root, without capabilities).
@@ -194,6 +198,12 @@ def runtime_config(config: SandboxConfig) -> RuntimeConfig:
         {"destination": destination, "type": "bind", "source": str(source),
          "options": ["bind", "ro", "nosuid", "nodev", "noexec"]}
         for destination, source in config.files
+    ]
+    # After the home's tmpfs: a volume at /root/work is mounted on it, not under it.
+    mounts += [
+        {"destination": destination, "type": "bind", "source": str(source),
+         "options": ["bind", "ro" if read_only else "rw", "nosuid", "nodev"]}
+        for destination, source, read_only in config.volumes
     ]
     namespaces = [
         {"type": kind} for kind in ("pid", "mount", "ipc", "uts", "cgroup", "network")

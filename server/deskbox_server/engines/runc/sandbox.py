@@ -39,6 +39,7 @@ import re
 import resource
 import select
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Collection
@@ -46,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import Conflict, DesktopFailed, InvalidRequest, SessionFailed
-from ..base import Sandbox
+from ..base import Sandbox, VolumeAttach
 from ..desktop_commands import DEVTOOLS_PORT, DesktopSpec, session_env
 from ..network import (
     NETNS_DIR,
@@ -73,12 +74,14 @@ from .layout import (
     Limits,
     SandboxConfig,
     SandboxTemplate,
+    host_root_gid,
     write_bundle,
     write_config,
 )
 from .runtime import Runc
 from .seccomp import PODMAN_PROFILE
 from .stream import AGENT_ARGV, ensure_agent_link
+from .volume_mounts import VOLUMES_FILE, mount_volumes, remount_volumes, unmount_volumes
 
 __all__ = [
     "RuncOptions",
@@ -95,6 +98,8 @@ _INNER_DISPLAY = "inner-display"
 _HIDDEN_ENV = "DESKBOX_"  # the launcher's own variables: not for commands
 # In the session directory: the X server's pid inside the sandbox, seen when it started.
 _XSERVER_PID = "xserver-pid"
+# The launcher gives the browser 3 s after SIGTERM and the rest 1 s (deskbox-session).
+_GRACEFUL_STOP_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -201,6 +206,7 @@ class RuncSandbox(Sandbox):
         timeout_s: float = 30.0,
         network: Egress | None = None,
         boost: bool = True,
+        volumes: tuple[VolumeAttach, ...] = (),
     ) -> RuncSandbox:
         """``boost``: start at the host's full CPU, then apply ``limits.cpus``."""
         sandbox = cls(options, session_id)
@@ -208,7 +214,7 @@ class RuncSandbox(Sandbox):
         try:
             sandbox._start(
                 spec or DesktopSpec(), limits or Limits(), browser, timeout_s,
-                network or Egress(), boost,
+                network or Egress(), boost, volumes,
             )
         except BaseException:
             sandbox.destroy()
@@ -340,8 +346,10 @@ class RuncSandbox(Sandbox):
             path.write_text(f"{self.inner_display}\n")
 
     def release_host_side(self) -> None:
-        """Give back the display number and the shared tmpfs of a checkpointed sandbox
-        (server shutdown); :meth:`adopt_checkpointed` makes them again."""
+        """Give back the display number, the shared tmpfs and the volumes' mounts of a
+        checkpointed sandbox (server shutdown); :meth:`adopt_checkpointed` makes them
+        again."""
+        unmount_volumes(self.shared_dir)
         if self.display is not None:
             self.display.release()
             self.display = None
@@ -366,6 +374,10 @@ class RuncSandbox(Sandbox):
         if display is None:
             sandbox.release_host_side()
             sandbox._prepare_host_side()
+            config = json.loads((sandbox.bundle / "config.json").read_text())
+            gid = host_root_gid(config)
+            remount_volumes(sandbox.shared_dir, sandbox.session_dir,
+                            (gid, gid) if gid is not None else (0, 0))
         else:
             display.take_over()
             sandbox.display = display
@@ -399,7 +411,7 @@ class RuncSandbox(Sandbox):
 
     def _start(
         self, spec: DesktopSpec, limits: Limits, browser: bool, timeout_s: float, egress: Egress,
-        boost: bool,
+        boost: bool, volumes: tuple[VolumeAttach, ...],
     ) -> None:
         started = time.monotonic()
         deadline = started + timeout_s
@@ -412,15 +424,18 @@ class RuncSandbox(Sandbox):
         # ~0.5 s longer to show its window. The session's own quota applies once it is ready.
         host_cpus = float(os.cpu_count() or 1) if boost else limits.cpus
         startup_limits = dataclasses.replace(limits, cpus=max(limits.cpus, host_cpus))
+        # A user namespace only with a network namespace of its own: runc mounts a new
+        # sysfs, which the kernel allows only to a holder of CAP_SYS_ADMIN in the user
+        # namespace owning the network namespace, and the host-made one is the host's.
+        user_ids = self.options.user_ids if netns is None else None
+        root_ids = (user_ids[0], user_ids[0]) if user_ids is not None else (0, 0)
+        binds = mount_volumes(self.shared_dir, self.session_dir, volumes, root_ids)
         config = SandboxConfig(
             rootfs=self.options.rootfs.resolve(), socket_dir=self.socket_dir, args=(LAUNCHER,),
             env=env, limits=startup_limits, cgroups_path=f"/{self.container_id}",
             nofile=min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),
             network_namespace=netns, files=files, seccomp_source=self.options.seccomp_source,
-            # A user namespace only with a network namespace of its own: runc mounts a new
-            # sysfs, which the kernel allows only to a holder of CAP_SYS_ADMIN in the user
-            # namespace owning the network namespace, and the host-made one is the host's.
-            user_ids=self.options.user_ids if netns is None else None,
+            volumes=binds, user_ids=user_ids,
         )
         write_bundle(self.bundle, config)
         pid_file = self.bundle / "init.pid"
@@ -505,6 +520,10 @@ class RuncSandbox(Sandbox):
         except (SessionFailed, OSError) as error:
             errors.append(str(error))
         self._reap_init()
+        try:
+            unmount_volumes(self.shared_dir)
+        except SessionFailed as error:
+            errors.append(str(error))
         network = self.network or SessionNetwork.find(self.container_id, self.session_dir)
         try:
             network.teardown()
@@ -520,6 +539,23 @@ class RuncSandbox(Sandbox):
             shutil.rmtree(self.session_dir, ignore_errors=True)
         if errors:
             raise SessionFailed("; ".join(errors))
+
+    def stop(self) -> None:
+        """Ask a sandbox with volumes to stop, before it is killed: SIGTERM to its init,
+        which ends the browser and the rest in order (a few seconds at most), so that what
+        the browser keeps in memory (it writes cookies every 30 s) reaches its profile
+        volume. Nothing for a sandbox without volumes, whose files all go with it."""
+        if not (self.session_dir / VOLUMES_FILE).is_file():
+            return
+        if self.init_pid is None or self._pidfd is None:
+            return  # checkpointed: nothing runs
+        with contextlib.suppress(SessionFailed):
+            freezer.thaw(self.container_id)
+        try:
+            os.kill(self.init_pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        select.select([self._pidfd], [], [], _GRACEFUL_STOP_S)
 
     def _reap_init(self) -> None:
         """The init may be our child (we are a subreaper, runc exited): collect it."""

@@ -1,0 +1,49 @@
+"""Persistent volumes (API.md "Volumes and browser profiles"): ``POST /v1/volumes``,
+``GET /v1/volumes``, ``GET/DELETE /v1/volumes/{name}``, owned by the API key like sessions."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request, Response
+
+from ..schemas.volumes import Volume, VolumeCreate, VolumeList
+from ..sessions.volumes import VolumeRecord
+from .deps import Caller, get_services
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1/volumes", tags=["volumes"])
+
+
+def _resource(record: VolumeRecord, request: Request) -> Volume:
+    store = get_services(request).manager.volumes
+    return Volume(name=record.name, size_mb=record.size_mb, created_at=record.created_at,
+                  used_bytes=store.used_bytes(record), attached=store.attachments(record))
+
+
+@router.post("", status_code=201, response_model=Volume)
+async def create_volume(request: Request, caller: Caller, body: VolumeCreate) -> Volume:
+    """A new empty volume: a file system of ``size_mb`` (409 if the name is taken)."""
+    record = await get_services(request).manager.volumes.create(caller.key_id, body)
+    return _resource(record, request)
+
+
+@router.get("", response_model=VolumeList)
+async def list_volumes(request: Request, caller: Caller) -> VolumeList:
+    store = get_services(request).manager.volumes
+    records = await asyncio.to_thread(store.list, caller.key_id)
+    return VolumeList(volumes=[_resource(r, request) for r in records])
+
+
+@router.get("/{name}", response_model=Volume)
+async def get_volume(request: Request, caller: Caller, name: str) -> Volume:
+    store = get_services(request).manager.volumes
+    return _resource(store.get(caller.key_id, name), request)
+
+
+@router.delete("/{name}", status_code=204)
+async def delete_volume(request: Request, caller: Caller, name: str) -> Response:
+    """Delete a volume and its files (409 while a session has it attached)."""
+    await get_services(request).manager.volumes.delete(caller.key_id, name)
+    return Response(status_code=204)
