@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from . import __version__
 from .api import actions, cdp, dialects, events, health, sessions, snapshots
 from .api import exec as exec_api
+from .api import secrets as secrets_api
 from .api import tokens as tokens_api
 from .api import vnc as vnc_api
 from .api import volumes as volumes_api
@@ -166,6 +167,7 @@ def create_app(
     app.include_router(sessions.router)
     app.include_router(snapshots.router)
     app.include_router(volumes_api.router)
+    app.include_router(secrets_api.router)
     app.include_router(actions.router)
     app.include_router(exec_api.router)
     app.include_router(dialects.router)

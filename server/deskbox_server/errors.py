@@ -8,6 +8,8 @@ each kind to the error body of API.md in one place. The tree::
     │   └── InvalidAction             invalid_request  422  (an action the desktop cannot do)
     ├── Unauthorized                  unauthorized     401
     ├── Forbidden                     forbidden        403
+    │   └── SecretOriginMismatch      secret_origin_mismatch 403 (a secret's page is not
+    │                                                        focused)
     ├── NotFound                      not_found        404
     ├── Conflict                      conflict         409
     │   └── BrowserUnavailable        conflict         409  (the browser does not answer)
@@ -34,6 +36,7 @@ __all__ = [
     "InvalidAction",
     "InvalidRequest",
     "NotFound",
+    "SecretOriginMismatch",
     "SessionFailed",
     "Timeout",
     "Unauthorized",
@@ -68,6 +71,12 @@ class Unauthorized(DeskboxError):
 class Forbidden(DeskboxError):
     kind = "forbidden"
     status = 403
+
+
+class SecretOriginMismatch(Forbidden):
+    """A secret was to be typed where no page of its allowed origins has the focus."""
+
+    kind = "secret_origin_mismatch"
 
 
 class NotFound(DeskboxError):

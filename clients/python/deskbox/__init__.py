@@ -19,6 +19,7 @@ from __future__ import annotations
 from ._async import (
     AsyncActionsSocket,
     AsyncDeskbox,
+    AsyncSecrets,
     AsyncSession,
     AsyncSessions,
     AsyncSnapshots,
@@ -58,7 +59,15 @@ from ._models import (
     Upload,
     Volume,
 )
-from ._sync import ActionsSocket, Deskbox, Session, Sessions, Snapshots, Volumes
+from ._sync import (
+    ActionsSocket,
+    Deskbox,
+    Secrets,
+    Session,
+    Sessions,
+    Snapshots,
+    Volumes,
+)
 
 __all__ = [
     "APIConnectionError",
@@ -71,6 +80,7 @@ __all__ = [
     "AsyncDeskbox",
     "AsyncSession",
     "AsyncSessions",
+    "AsyncSecrets",
     "AsyncSnapshots",
     "AsyncVolumes",
     "BadRequest",
@@ -88,6 +98,7 @@ __all__ = [
     "RateLimited",
     "RequestTimeout",
     "Screenshot",
+    "Secrets",
     "ServerError",
     "ServiceUnavailable",
     "Session",

@@ -69,6 +69,7 @@ class AsyncDeskbox(BaseClient):
         self.sessions = AsyncSessions(self)
         self.snapshots = AsyncSnapshots(self)
         self.volumes = AsyncVolumes(self)
+        self.secrets = AsyncSecrets(self)
 
     async def __aenter__(self) -> AsyncDeskbox:
         return self
@@ -122,6 +123,27 @@ class AsyncSnapshots:
         takes one at once (API.md "Warm pool"); 0 stops."""
         body = await self._client._send(b.snapshot_pool_call(snapshot_id, size, timeout))
         return Snapshot(str(body["id"]), dict(body))
+
+
+class AsyncSecrets:
+    """``box.secrets``: this API key's secrets (API.md "Secrets"). A value goes in and never
+    comes back: ``list`` gives names and allowed origins."""
+
+    def __init__(self, client: AsyncDeskbox) -> None:
+        self._client = client
+
+    async def create(self, name: str, value: str, allowed_origins: Sequence[str], *,
+               timeout: float | None = None) -> dict[str, Any]:
+        body = await self._client._send(
+            b.secret_create_call(name, value, allowed_origins, timeout))
+        return dict(body)
+
+    async def list(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
+        body = await self._client._send(b.secret_list_call(timeout))
+        return [dict(item) for item in body["secrets"]]
+
+    async def delete(self, name: str, *, timeout: float | None = None) -> None:
+        await self._client._send(b.secret_delete_call(name, timeout))
 
 
 class AsyncVolumes:
@@ -334,10 +356,11 @@ class AsyncSession(SessionBase[AsyncDeskbox]):
     async def exec(
         self, cmd: str | Sequence[str], *, timeout_s: float = 30,
         env: Mapping[str, str] | None = None, background: bool = False,
-        timeout: float | None = None,
+        secrets: Sequence[str] = (), timeout: float | None = None,
     ) -> ExecResult:
-        """Run a command in the sandbox: an argv list, or a string run by ``sh -c``."""
-        call = self._exec_call(cmd, timeout_s, env, background, timeout)
+        """Run a command in the sandbox: an argv list, or a string run by ``sh -c``;
+        ``secrets``: names of the API key's secrets given to it as environment variables."""
+        call = self._exec_call(cmd, timeout_s, env, background, timeout, secrets)
         return self._exec_result(await self._client._send(call))
 
     async def upload(

@@ -299,11 +299,13 @@ class SessionBase(Generic[C]):
 
     def _exec_call(
         self, cmd: str | Sequence[str], timeout_s: float, env: Mapping[str, str] | None,
-        background: bool, timeout: float | None,
+        background: bool, timeout: float | None, secrets: Sequence[str] = (),
     ) -> Call:
         argv = ["sh", "-c", cmd] if isinstance(cmd, str) else [str(a) for a in cmd]
-        body = {"cmd": argv, "timeout_s": timeout_s, "env": dict(env or {}),
-                "background": background}
+        body: dict[str, Any] = {"cmd": argv, "timeout_s": timeout_s, "env": dict(env or {}),
+                                "background": background}
+        if secrets:
+            body["secrets"] = list(secrets)
         wait = timeout if timeout is not None else max(self._client.timeout,
                                                        timeout_s + EXEC_GRACE_S)
         return Call("POST", f"{self._path}/exec", json=body, timeout=wait)
@@ -532,6 +534,21 @@ def snapshot_delete_call(snapshot_id: str, timeout: float | None) -> Call:
 def snapshot_pool_call(snapshot_id: str, size: int, timeout: float | None) -> Call:
     return Call("PUT", f"/v1/snapshots/{quote(snapshot_id, safe='')}/pool",
                 json={"size": size}, timeout=timeout)
+
+
+def secret_create_call(name: str, value: str, allowed_origins: Sequence[str],
+                       timeout: float | None) -> Call:
+    return Call("POST", "/v1/secrets", json={
+        "name": name, "value": value, "allowed_origins": list(allowed_origins)},
+        timeout=timeout)
+
+
+def secret_list_call(timeout: float | None) -> Call:
+    return Call("GET", "/v1/secrets", timeout=timeout)
+
+
+def secret_delete_call(name: str, timeout: float | None) -> Call:
+    return Call("DELETE", f"/v1/secrets/{quote(name, safe='')}", timeout=timeout)
 
 
 def volume_create_call(name: str, size_mb: int, timeout: float | None) -> Call:

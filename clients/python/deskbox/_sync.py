@@ -67,6 +67,7 @@ class Deskbox(BaseClient):
         self.sessions = Sessions(self)
         self.snapshots = Snapshots(self)
         self.volumes = Volumes(self)
+        self.secrets = Secrets(self)
 
     def __enter__(self) -> Deskbox:
         return self
@@ -120,6 +121,27 @@ class Snapshots:
         takes one at once (API.md "Warm pool"); 0 stops."""
         body = self._client._send(b.snapshot_pool_call(snapshot_id, size, timeout))
         return Snapshot(str(body["id"]), dict(body))
+
+
+class Secrets:
+    """``box.secrets``: this API key's secrets (API.md "Secrets"). A value goes in and never
+    comes back: ``list`` gives names and allowed origins."""
+
+    def __init__(self, client: Deskbox) -> None:
+        self._client = client
+
+    def create(self, name: str, value: str, allowed_origins: Sequence[str], *,
+               timeout: float | None = None) -> dict[str, Any]:
+        body = self._client._send(
+            b.secret_create_call(name, value, allowed_origins, timeout))
+        return dict(body)
+
+    def list(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
+        body = self._client._send(b.secret_list_call(timeout))
+        return [dict(item) for item in body["secrets"]]
+
+    def delete(self, name: str, *, timeout: float | None = None) -> None:
+        self._client._send(b.secret_delete_call(name, timeout))
 
 
 class Volumes:
@@ -343,10 +365,11 @@ class Session(SessionBase[Deskbox]):
     def exec(
         self, cmd: str | Sequence[str], *, timeout_s: float = 30,
         env: Mapping[str, str] | None = None, background: bool = False,
-        timeout: float | None = None,
+        secrets: Sequence[str] = (), timeout: float | None = None,
     ) -> ExecResult:
-        """Run a command in the sandbox: an argv list, or a string run by ``sh -c``."""
-        call = self._exec_call(cmd, timeout_s, env, background, timeout)
+        """Run a command in the sandbox: an argv list, or a string run by ``sh -c``;
+        ``secrets``: names of the API key's secrets given to it as environment variables."""
+        call = self._exec_call(cmd, timeout_s, env, background, timeout, secrets)
         return self._exec_result(self._client._send(call))
 
     def upload(

@@ -75,7 +75,8 @@ async def exec_command(
         background=body.background,
         output_limit=settings.exec_output_max_bytes,
     )
-    result = await services.manager.session(caller.key_id, session_id).exec(command)
+    result = await services.manager.session(caller.key_id, session_id).exec(
+        command, tuple(body.secrets))
     outcome = "timed_out" if result.timed_out else "background" if body.background else "exited"
     services.metrics.execs.inc(outcome)
     return ExecResponse(

@@ -35,10 +35,15 @@ _CREATE = ("post", "/v1/sessions")
 _TOKENS = "/v1/sessions/{session_id}/tokens"
 _TOKEN = _TOKENS + "/{token_id}"
 _SNAPSHOTS = "/v1/sessions/{session_id}/snapshots"
+# Collections of the key's own resources: a create can find the name taken or the quota full.
+_NAMED = {"/v1/volumes": "/v1/volumes/{name}", "/v1/secrets": "/v1/secrets/{name}"}
+# Where a `type` action of a secret can be refused (secret_origin_mismatch).
+_ACTIONS = ("/actions", "/actions/anthropic", "/actions/openai")
 _METHODS = ("get", "put", "post", "delete", "patch")
 _DESCRIPTIONS = {
     401: "unauthorized: missing or invalid API key (or session token)",
-    403: "forbidden: the session token is for another session or scope",
+    403: "forbidden: the session token is for another session or scope; "
+         "secret_origin_mismatch: a secret's page does not have the keyboard focus",
     404: "not_found: no such session (or other resource) for this key",
     408: "timeout: the request body stopped arriving (see body_idle_timeout_s)",
     409: "conflict: the session is not in a state that allows this (e.g. paused)",
@@ -60,7 +65,9 @@ def error_statuses(method: str, path: str, tags: frozenset[str], has_body: bool)
         # its worker, its sandbox): the session's own errors can come back.
         if "{" in path or (method, path) == _CREATE:
             statuses |= {404, 409, 429, 502, 504}
-        if tags & TOKEN_TAGS:
+        if method == "post" and path in _NAMED:
+            statuses |= {409, 429}
+        if tags & TOKEN_TAGS or (method == "post" and path.endswith(_ACTIONS)):
             statuses.add(403)
     if has_body:
         statuses |= {408, 413}
@@ -80,8 +87,10 @@ def _error_response(status: int) -> dict[str, Any]:
     return response
 
 
-def _links_to(paths: dict[str, Any], parameter: str, prefix: str) -> dict[str, Any]:
-    """Links from an answer's ``id`` to every operation under ``prefix`` (its resource)."""
+def _links_to(paths: dict[str, Any], parameter: str, prefix: str, field: str = "id"
+              ) -> dict[str, Any]:
+    """Links from an answer's ``field`` to every operation under ``prefix`` (its
+    resource)."""
     links: dict[str, Any] = {}
     for path, operations in paths.items():
         if not path.startswith(prefix):
@@ -90,7 +99,7 @@ def _links_to(paths: dict[str, Any], parameter: str, prefix: str) -> dict[str, A
             if method in _METHODS and "operationId" in operation:
                 links[operation["operationId"]] = {
                     "operationId": operation["operationId"],
-                    "parameters": {parameter: "$response.body#/id"},
+                    "parameters": {parameter: f"$response.body#/{field}"},
                 }
     return links
 
@@ -134,6 +143,10 @@ def describe(document: dict[str, Any]) -> dict[str, Any]:
     snapshot = paths.get(_SNAPSHOTS, {}).get("post", {}).get("responses", {}).get("201")
     if snapshot is not None:
         snapshot["links"] = _links_to(paths, "snapshot_id", "/v1/snapshots/{snapshot_id}")
+    for collection, resource in _NAMED.items():
+        made = paths.get(collection, {}).get("post", {}).get("responses", {}).get("201")
+        if made is not None:
+            made["links"] = _links_to(paths, "name", resource, "name")
     issued = paths.get(_TOKENS, {}).get("post", {}).get("responses", {}).get("201")
     revoke = paths.get(_TOKEN, {}).get("delete", {}).get("operationId")
     if issued is not None and revoke is not None:

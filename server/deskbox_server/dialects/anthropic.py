@@ -29,7 +29,7 @@ from ..media import EncodedImage
 from ..schemas import actions as a
 from ..schemas.results import Point
 from ..schemas.scalars import IntOnly, NumberOnly
-from .plan import Plan, build, check_keys
+from .plan import Plan, build, check_keys, type_actions
 
 __all__ = [
     "ACTION_NAMES",
@@ -229,7 +229,7 @@ def to_plan(tool_input: ComputerInput, shot: a.Screenshot) -> Plan:
             settled = (build(a.Scroll, dx=dx, dy=dy, modifiers=_modifiers(tool_input.text),
                              **_xy(tool_input.coordinate)),)
         case TypeInput():
-            settled = (build(a.TypeText, text=tool_input.text),)
+            settled = type_actions(tool_input.text)
         case KeyInput():
             # xdotool's "key" takes several combos separated by spaces, pressed in turn.
             combos = tool_input.text.split()

@@ -35,7 +35,7 @@ from ..errors import InvalidRequest
 from ..media import EncodedImage
 from ..schemas import actions as a
 from ..schemas.scalars import IntOnly
-from .plan import Plan, build, check_keys
+from .plan import Plan, build, check_keys, type_actions
 
 __all__ = [
     "PIXELS_PER_NOTCH",
@@ -227,7 +227,7 @@ def _translate(action: ComputerAction) -> tuple[a.Action, ...]:
             return (build(a.Scroll, x=action.x, y=action.y, dx=notches(action.scroll_x),
                           dy=notches(action.scroll_y), modifiers=_held(action.keys)),)
         case TypeAction():
-            return (build(a.TypeText, text=action.text),)
+            return type_actions(action.text)
         case KeypressAction():
             combo = "+".join(_held(action.keys))
             return (build(a.Key, keys=combo),)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -12,7 +13,7 @@ from ..errors import InvalidRequest
 from ..keys import parse_combo
 from ..schemas import actions as a
 
-__all__ = ["Plan", "build", "check_keys"]
+__all__ = ["Plan", "build", "check_keys", "type_actions"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -40,6 +41,25 @@ def build(model: type[M], **fields: Any) -> M:
             for e in error.errors()[:3]
         )
         raise InvalidRequest(f"invalid {model.__name__.lower()} action: {problems}") from None
+
+
+# A model names a secret in its text instead of knowing it (API.md "Secrets").
+_SECRET = re.compile(r"\{\{secret:([A-Za-z_][A-Za-z0-9_]{0,63})\}\}")
+
+
+def type_actions(text: str) -> tuple[a.TypeText, ...]:
+    """A dialect's ``type`` text as our type actions: its ``{{secret:NAME}}`` parts become
+    type actions of that secret (the server types the value, after its focus check)."""
+    actions: list[a.TypeText] = []
+    position = 0
+    for match in _SECRET.finditer(text):
+        if match.start() > position:
+            actions.append(build(a.TypeText, text=text[position:match.start()]))
+        actions.append(a.TypeText(secret=match.group(1)))
+        position = match.end()
+    if position < len(text) or not actions:
+        actions.append(build(a.TypeText, text=text[position:]))
+    return tuple(actions)
 
 
 def check_keys(combos: Iterable[str]) -> None:

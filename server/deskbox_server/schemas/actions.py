@@ -150,8 +150,22 @@ class Scroll(_Strict):
 
 
 class TypeText(_Strict):
+    """``text``, or the value of the API key's ``secret`` of that name, which the server
+    types only into a focused field of one of the secret's allowed origins (API.md
+    "Secrets"). ``secret`` never reaches the desktop: the server puts the value in ``text``."""
+
     type: Literal["type"] = "type"
-    text: Annotated[str, Field(max_length=MAX_TYPE_CHARS)]
+    text: Annotated[str, Field(max_length=MAX_TYPE_CHARS)] = ""
+    secret: Annotated[str | None, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$",
+                                        exclude=True)] = None
+
+    @model_validator(mode="after")
+    def _text_or_secret(self) -> Self:
+        if "text" not in self.model_fields_set and self.secret is None:
+            raise ValueError("type needs text, or a secret's name")
+        if self.text and self.secret is not None:
+            raise ValueError("type takes text or a secret, not both")
+        return self
 
 
 class Key(_Strict):

@@ -45,6 +45,10 @@ class ExecRequest(BaseModel):
     timeout_s: Annotated[float, Field(gt=0), NumberOnly] = 30.0
     env: Annotated[dict[EnvName, EnvValue], Field(max_length=MAX_ENV_ENTRIES)] = {}
     background: Bool = False
+    # Secrets of the API key given to this command alone, as environment variables of
+    # their names (API.md "Secrets").
+    secrets: Annotated[list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]],
+                       Field(max_length=32)] = []
 
     @field_validator("cmd")
     @classmethod
@@ -52,6 +56,15 @@ class ExecRequest(BaseModel):
         if not cmd[0]:
             raise ValueError("cmd[0], the program to run, may not be empty")
         return cmd
+
+    @model_validator(mode="after")
+    def _secrets_apart(self) -> ExecRequest:
+        both = set(self.secrets) & set(self.env)
+        if both:
+            raise ValueError(f"{sorted(both)[0]} is given in env and in secrets")
+        if len(set(self.secrets)) != len(self.secrets):
+            raise ValueError("a secret is named twice in secrets")
+        return self
 
     @model_validator(mode="after")
     def _sizes(self) -> ExecRequest:

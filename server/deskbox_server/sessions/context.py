@@ -1,6 +1,7 @@
 """What every session of a manager shares (the registry, the browser watch, the links,
-the frame store, metrics, the volumes) and the two ways back to the manager: publish a state change,
-fail a session. The manager wires one; session.py, state_changes.py and start_stop.py use it.
+the frame store, metrics, the volumes, the secrets) and the two ways back to the manager:
+publish a state change, fail a session. The manager wires one; session.py, state_changes.py
+and start_stop.py use it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from .links import SessionLinks
 from .live import LiveSession
 from .pause import FrameStore
 from .registry import Registry
+from .secrets import SecretStore
 from .volumes import VolumeStore
 
 __all__ = ["SessionContext"]
@@ -35,3 +37,5 @@ class SessionContext:
     fail: Callable[[LiveSession, str], Awaitable[None]]
     # The volumes sessions attach; a session's are free once its desktop is destroyed.
     volumes: VolumeStore
+    # The API keys' secrets: typed (after a focus check) or given to one command.
+    secrets: SecretStore

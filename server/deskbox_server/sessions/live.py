@@ -27,6 +27,9 @@ class LiveSession:
     last_frame: LastFrame | None = None
     # Set while a snapshot or fork checkpoints the running desktop: actions get 409.
     checkpointing: bool = False
+    # The last batch still on its way to the desktop behind an await (a secret's focus
+    # check): later batches wait for it, so that batches reach the desktop in order.
+    last_in_line: asyncio.Future[None] | None = None
 
 
 def not_live(record: SessionRecord) -> DeskboxError:

@@ -50,6 +50,7 @@ from .pause import FrameStore
 from .pool import PoolKey, SnapshotKey, WarmPool, new_session_id
 from .recovery import desktop_spec, failed, lock_state_dir, readopt
 from .registry import Registry
+from .secrets import SecretStore
 from .session import Session
 from .snapshots import SnapshotRecord, SnapshotStore
 from .volumes import VolumeStore
@@ -89,6 +90,9 @@ class SessionManager:
         self.snapshots = SnapshotStore(settings.state_dir / "snapshots")
         # /v1/volumes, and the volumes sessions have attached (volumes.py).
         self.volumes = VolumeStore(settings.state_dir / "volumes", settings.volume_quota_mb)
+        # /v1/secrets (secrets.py), encrypted under the key in the state dir.
+        self.secrets = SecretStore(settings.state_dir / "secrets",
+                                   settings.state_dir / "secrets.key")
         self._frames = FrameStore(settings.state_dir / "frames")
         pool_engine = self._engines.get(settings.default_backend)
         self.pool = WarmPool(
@@ -102,7 +106,7 @@ class SessionManager:
         self._context = SessionContext(
             registry=registry, browsers=self._browsers, links=self.links, frames=self._frames,
             metrics=metrics, publish=self._publish_state, fail=self._fail_soon,
-            volumes=self.volumes,
+            volumes=self.volumes, secrets=self.secrets,
         )
 
     # -- server lifetime ------------------------------------------------------------------
@@ -136,6 +140,7 @@ class SessionManager:
         await self._registry.open()
         await asyncio.to_thread(self.snapshots.open)
         await asyncio.to_thread(self.volumes.open)
+        await asyncio.to_thread(self.secrets.open)
         await asyncio.to_thread(self._frames.open)
         for engine in self._engines.values():
             await engine.prepare()

@@ -10,6 +10,7 @@ session's desktop (desktop.py); pause, resume and checkpoints are in state_chang
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -21,19 +22,21 @@ from websockets.asyncio.client import ClientConnection
 from ..agent.devtools import MAX_LISTING, browser_path, get_json, open_websocket
 from ..agent.vnc_server import VncServer
 from ..engines.base import SnapshotInfo
-from ..errors import Conflict, DeskboxError, SessionFailed
+from ..errors import Conflict, DeskboxError, SecretOriginMismatch, SessionFailed
 from ..media import EncodedImage
 from ..sandbox_io import ExecCommand, ExecResult, FileDownload
 from ..schemas import actions as a
 from ..schemas.pause import PauseMode
-from ..schemas.results import BatchResult
+from ..schemas.results import ActionResult, BatchResult
 from ..schemas.sessions import SessionState as S
 from . import state_changes
 from .context import SessionContext
 from .desktop import AnyDesktop
+from .focus import focused_field_origin
 from .lifecycle import SessionRecord
 from .live import LiveSession, not_live
 from .pause import frozen_image
+from .secrets import redact
 
 __all__ = ["Session"]
 
@@ -83,9 +86,81 @@ class Session:
         view: a.CoordinateSpace | None = None,
         screenshot: a.Screenshot | None = None,
     ) -> BatchResult:
-        """Run a batch of actions. Everything up to the handle's call is synchronous: calls
-        reach the desktop in the order they arrive (the websocket relies on it)."""
-        handle = self._running()
+        """Run a batch of actions. Calls reach the desktop in the order they arrive (the
+        websocket relies on it): everything up to the handle's call is synchronous, except
+        behind a batch that types a secret, which checks the browser's focus first; later
+        batches then wait their turn (:meth:`_in_line`)."""
+        live = self._live
+        secret = any(isinstance(action, a.TypeText) and action.secret for action in actions)
+        if secret or (live.last_in_line is not None and not live.last_in_line.done()):
+            return await self._in_line(actions, view, screenshot, secret)
+        return await self._run(self._running(), actions, view, screenshot)
+
+    async def _in_line(
+        self, actions: Sequence[a.Action], view: a.CoordinateSpace | None,
+        screenshot: a.Screenshot | None, secret: bool,
+    ) -> BatchResult:
+        """Wait for the batch ahead, then hand this one to the desktop and let the next one
+        go once the handoff has begun (the desktop's call is started as a task; the next
+        batch's wait ends after that task's first step, in loop order).
+
+        A batch that types secrets runs in parts, each secret starting one: the focus is
+        checked when its turn comes (after a click before it in the batch, say), and the
+        next batch waits until the last part's handoff.
+        """
+        live = self._live
+        ahead, mine = live.last_in_line, asyncio.get_running_loop().create_future()
+        live.last_in_line = mine
+        loop = asyncio.get_running_loop()
+        done: list[ActionResult] = []
+        try:
+            if ahead is not None:
+                await asyncio.shield(ahead)
+            handle = self._running()
+            for action in actions:  # an unknown name is a 404 before anything runs
+                if isinstance(action, a.TypeText) and action.secret is not None:
+                    self._context.secrets.get(self._live.record.owner, action.secret)
+            parts = _parts(actions) if secret else [list(actions)]
+            for part in parts[:-1]:
+                part = await self._with_secret(handle, part)
+                done += (await self._run(handle, part, view, None)).results
+            last = await self._with_secret(handle, parts[-1])
+            call = asyncio.ensure_future(self._run(handle, last, view, screenshot))
+        finally:
+            loop.call_soon(_release, mine)
+        result = await call
+        return BatchResult(done + result.results, result.screenshot, result.settled)
+
+    async def _with_secret(self, handle: AnyDesktop, part: list[a.Action]) -> list[a.Action]:
+        """``part`` with its first action's secret typed as text, once the browser's focused
+        field is of one of the secret's allowed origins; SecretOriginMismatch (403)
+        otherwise. A part without a secret as it is."""
+        first = part[0] if part else None
+        if not isinstance(first, a.TypeText) or first.secret is None:
+            return part
+        store = self._context.secrets
+        record = store.get(self._live.record.owner, first.secret)
+        focus = await focused_field_origin(handle.open_devtools)
+        if focus is None:
+            raise SecretOriginMismatch(
+                f"secret {record.name!r} is not typed: no page has the keyboard focus (the "
+                "address bar, another window?); click the field first")
+        origin, editable = focus
+        if origin not in record.allowed_origins:
+            raise SecretOriginMismatch(
+                f"secret {record.name!r} is not typed: the focused field is on "
+                f"{origin or 'a frame of another origin'}, not on "
+                f"{', '.join(record.allowed_origins)}")
+        if not editable:
+            raise SecretOriginMismatch(
+                f"secret {record.name!r} is not typed: the focus on {origin} is not in a "
+                "text field; click the field first")
+        return [a.TypeText(text=store.value(record)), *part[1:]]
+
+    async def _run(
+        self, handle: AnyDesktop, actions: Sequence[a.Action], view: a.CoordinateSpace | None,
+        screenshot: a.Screenshot | None,
+    ) -> BatchResult:
         live, metrics = self._live, self._context.metrics
         view = view or live.record.body.coordinate_space
         kind = actions[0].type if actions else "none"
@@ -154,9 +229,16 @@ class Session:
             if live.record.state is S.running:
                 live.record.touch()
 
-    async def exec(self, command: ExecCommand) -> ExecResult:
+    async def exec(self, command: ExecCommand, secrets: Sequence[str] = ()) -> ExecResult:
+        """Run ``command``; ``secrets``: the API key's secrets of these names in its
+        environment (this command's only), their values blanked from its output."""
+        store, owner = self._context.secrets, self._live.record.owner
+        values = {name: store.value(store.get(owner, name)) for name in secrets}
+        if values:
+            command = dataclasses.replace(command, env={**command.env, **values})
         async with self._using() as handle:
-            return await handle.exec(command)
+            result = await handle.exec(command)
+        return redact(result, values) if values else result
 
     async def write_file(self, path: str, chunks: AsyncIterable[bytes], limit: int) -> int:
         async with self._using() as handle:
@@ -209,3 +291,18 @@ class Session:
         return await state_changes.checkpoint(
             self._live, self._context, directory, packed
         )
+
+
+def _release(turn: asyncio.Future[None]) -> None:
+    if not turn.done():
+        turn.set_result(None)
+
+
+def _parts(actions: Sequence[a.Action]) -> list[list[a.Action]]:
+    """The batch cut before each type action of a secret."""
+    parts: list[list[a.Action]] = [[]]
+    for action in actions:
+        if isinstance(action, a.TypeText) and action.secret is not None and parts[-1]:
+            parts.append([])
+        parts[-1].append(action)
+    return parts

@@ -1,0 +1,209 @@
+"""Secrets end to end: a real server, a real runc sandbox, the browser's real focus.
+
+A secret goes in once and never comes out: no answer, log line, event, error body or file
+of the state dir holds its value. It is typed only into a focused field of a page of its
+allowed origins (two local origins here: two ports of the sandbox's loopback), through the
+API's ``type`` or a vendor dialect's ``{{secret:NAME}}``, and given to one command as an
+environment variable.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from deskbox import Deskbox, cdp
+from deskbox_server.settings import Settings
+
+from ..images import IMAGE_STATE_DIR, session_image
+from .conftest import DISPLAY, KEY_A, KEY_B, Server, running_server
+from .helpers import assert_error
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+VALUE = "hunter2-Zq8#secret-value"
+GOOD, EVIL = "http://127.0.0.1:8000", "http://127.0.0.1:8001"
+# The field fills the page: a click anywhere on the page is a click in it.
+LOGIN = ("<title>login</title><input id=pw type=password "
+         "style='position:fixed;left:0;top:0;width:100%;height:100%'>")
+CLICK_FIELD = {"type": "click", "x": 640, "y": 500}
+
+
+class Recorder(httpx.Client):
+    """An API client that keeps every answer's text, to look for the value in them."""
+
+    answers: list[str]
+
+    def request(self, *args: Any, **kwargs: Any) -> httpx.Response:  # type: ignore[override]
+        response = super().request(*args, **kwargs)
+        self.answers.append(response.text + repr(dict(response.headers)))
+        return response
+
+
+@pytest.fixture(scope="module")
+def secret_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    session_image()
+    settings = Settings(state_dir=tmp_path_factory.mktemp("secrets-state"),
+                        api_keys=[KEY_A, KEY_B], image_state_dir=IMAGE_STATE_DIR)
+    with running_server(settings) as running:
+        yield running
+
+
+@pytest.fixture
+def client(secret_server: Server) -> Iterator[Recorder]:
+    with Recorder(base_url=secret_server.url, timeout=60,
+                  headers={"Authorization": f"Bearer {KEY_A}"}) as http:
+        http.answers = []
+        yield http
+        for session in http.get("/v1/sessions").json()["sessions"]:
+            http.delete(f"/v1/sessions/{session['id']}")
+        for secret in http.get("/v1/secrets").json()["secrets"]:
+            http.delete(f"/v1/secrets/{secret['name']}")
+
+
+def store_secret(client: httpx.Client, name: str = "PW") -> None:
+    response = client.post("/v1/secrets", json={
+        "name": name, "value": VALUE, "allowed_origins": [GOOD + "/"]})
+    assert response.status_code == 201, response.text
+    assert response.json()["allowed_origins"] == [GOOD]  # normalised
+
+
+def run(client: httpx.Client, session_id: str, cmd: list[str], **extra: Any) -> dict[str, Any]:
+    response = client.post(f"/v1/sessions/{session_id}/exec",
+                           json={"cmd": cmd, "timeout_s": 30, **extra})
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def serve_origins(client: httpx.Client, session_id: str) -> None:
+    """The login page on two origins of the sandbox's loopback (ports 8000 and 8001)."""
+    assert run(client, session_id, ["sh", "-c", 'mkdir -p /tmp/site && printf %s "$0" > '
+                                    "/tmp/site/login.html", LOGIN])["exit_code"] == 0
+    for port in ("8000", "8001"):
+        run(client, session_id, ["python3", "-m", "http.server", port, "--bind", "127.0.0.1",
+                                 "--directory", "/tmp/site"], background=True)
+    for port in ("8000", "8001"):
+        assert run(client, session_id, ["sh", "-c", "for i in $(seq 50); do python3 -c "
+                   f"\"import urllib.request;urllib.request.urlopen('http://127.0.0.1:{port}/')\""
+                   " 2>/dev/null && exit 0; sleep 0.1; done; exit 1"])["exit_code"] == 0
+
+
+def test_a_secret_is_stored_never_shown_and_the_keys_own(
+    client: Recorder, secret_server: Server
+) -> None:
+    store_secret(client)
+    assert_error(client.post("/v1/secrets", json={
+        "name": "PW", "value": VALUE, "allowed_origins": [GOOD]}), 409, "conflict")
+    listed = client.get("/v1/secrets").json()["secrets"]
+    assert [(s["name"], s["allowed_origins"]) for s in listed] == [("PW", [GOOD])]
+    assert set(client.get("/v1/secrets/PW").json()) == {"name", "allowed_origins", "created_at"}
+    for bad in ({"name": "1PW", "value": VALUE, "allowed_origins": [GOOD]},
+                {"name": "X", "value": VALUE, "allowed_origins": ["github.com"]},
+                {"name": "X", "value": VALUE, "allowed_origins": [GOOD + "/login"]},
+                {"name": "X", "value": VALUE, "allowed_origins": []},
+                {"name": "X", "value": "", "allowed_origins": [GOOD]},
+                {"name": "X", "value": VALUE, "allowed_origins": [GOOD], "extra": VALUE}):
+        assert_error(client.post("/v1/secrets", json=bad), 422, "invalid_request")
+    assert_error(client.get("/v1/secrets/NOPE"), 404, "not_found")
+    with httpx.Client(base_url=secret_server.url,
+                      headers={"Authorization": f"Bearer {KEY_B}"}) as other:
+        assert other.get("/v1/secrets").json()["secrets"] == []
+        assert_error(other.get("/v1/secrets/PW"), 404, "not_found")
+        assert_error(other.delete("/v1/secrets/PW"), 404, "not_found")
+    assert all(VALUE not in answer for answer in client.answers)
+    assert client.delete("/v1/secrets/PW").status_code == 204
+    assert client.get("/v1/secrets").json()["secrets"] == []
+
+
+def test_a_secret_is_typed_only_where_its_origin_has_the_focus(
+    client: Recorder, secret_server: Server, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    store_secret(client)
+    session = client.post("/v1/sessions", json={"display": DISPLAY}).json()
+    sid = session["id"]
+    serve_origins(client, sid)
+    with Deskbox(secret_server.url, KEY_A) as box:
+        handle = box.sessions.get(sid)
+        field = "document.getElementById('pw').value"
+
+        cdp.navigate(handle, f"{GOOD}/login.html")
+        typed = client.post(f"/v1/sessions/{sid}/actions", json={
+            "actions": [CLICK_FIELD, {"type": "type", "secret": "PW"}]})
+        assert typed.status_code == 200, typed.text
+        assert cdp.evaluate(handle, field) == VALUE
+
+        # Another origin, as a prompt-injected page would have it: refused, nothing typed.
+        cdp.navigate(handle, f"{EVIL}/login.html")
+        assert client.post(f"/v1/sessions/{sid}/actions", json={
+            "actions": [CLICK_FIELD]}).status_code == 200
+        error = assert_error(client.post(f"/v1/sessions/{sid}/actions", json={
+            "actions": [{"type": "type", "secret": "PW"}]}), 403, "secret_origin_mismatch")
+        assert EVIL in error["message"] and GOOD in error["message"]
+        assert cdp.evaluate(handle, field) == ""
+        # The same through the Anthropic dialect's placeholder.
+        refused = client.post(f"/v1/sessions/{sid}/actions/anthropic",
+                              json={"action": "type", "text": "{{secret:PW}}"})
+        assert_error(refused, 403, "secret_origin_mismatch")
+        assert cdp.evaluate(handle, field) == ""
+
+        # The allowed origin, but the keyboard in the address bar: no page has the focus.
+        cdp.navigate(handle, f"{GOOD}/login.html")
+        assert client.post(f"/v1/sessions/{sid}/actions", json={
+            "actions": [{"type": "key", "keys": "ctrl+l"}]}).status_code == 200
+        assert_error(client.post(f"/v1/sessions/{sid}/actions", json={
+            "actions": [{"type": "type", "secret": "PW"}]}), 403, "secret_origin_mismatch")
+        assert client.post(f"/v1/sessions/{sid}/actions", json={
+            "actions": [{"type": "key", "keys": "Escape"}, CLICK_FIELD]}).status_code == 200
+
+        # The dialect's placeholder, in the field of the allowed origin, text around it.
+        dialect = client.post(f"/v1/sessions/{sid}/actions/anthropic",
+                              json={"action": "type", "text": "<{{secret:PW}}>"})
+        assert dialect.status_code == 200, dialect.text
+        assert cdp.evaluate(handle, field) == f"<{VALUE}>"
+        assert_error(client.post(f"/v1/sessions/{sid}/actions", json={
+            "actions": [{"type": "type", "secret": "NOPE"}]}), 404, "not_found")
+
+    # Nothing held the value on the way: answers, events, log lines, the state dir.
+    client.delete(f"/v1/sessions/{sid}")
+    events = client.get(f"/v1/sessions/{sid}/events", timeout=5).text
+    assert "state" in events and VALUE not in events
+    assert all(VALUE not in answer for answer in client.answers)
+    assert VALUE not in caplog.text
+    state_dir = secret_server.settings.state_dir
+    for path in Path(state_dir).rglob("*"):
+        if path.is_file():
+            assert VALUE.encode() not in path.read_bytes(), path
+
+
+def test_a_command_gets_a_secret_in_its_environment_and_alone(client: Recorder) -> None:
+    store_secret(client)
+    sid = client.post("/v1/sessions", json={"display": DISPLAY}).json()["id"]
+    shown = run(client, sid, ["sh", "-c", f'test "$PW" = "{VALUE}" && echo "got $PW"'],
+                secrets=["PW"])
+    assert (shown["exit_code"], shown["stdout"]) == (0, "got [secret PW]\n"), shown
+    other = run(client, sid, ["sh", "-c", 'echo "${PW:-unset}"; cat /proc/1/environ'])
+    assert other["stdout"].startswith("unset\n") and VALUE not in other["stdout"]
+    assert_error(client.post(f"/v1/sessions/{sid}/exec", json={
+        "cmd": ["true"], "secrets": ["NOPE"]}), 404, "not_found")
+    assert_error(client.post(f"/v1/sessions/{sid}/exec", json={
+        "cmd": ["true"], "secrets": ["PW"], "env": {"PW": "x"}}), 422, "invalid_request")
+    assert all(VALUE not in answer for answer in client.answers)
+
+
+def test_the_sdk_stores_lists_and_uses_secrets(secret_server: Server) -> None:
+    with Deskbox(secret_server.url, KEY_A) as box:
+        made = box.secrets.create("SDK_TOKEN", VALUE, [GOOD])
+        assert made["name"] == "SDK_TOKEN" and VALUE not in repr(made)
+        assert [s["name"] for s in box.secrets.list()] == ["SDK_TOKEN"]
+        with box.sessions.create() as session:
+            result = session.exec(f'test "$SDK_TOKEN" = "{VALUE}"', secrets=["SDK_TOKEN"])
+            assert result.exit_code == 0
+        box.secrets.delete("SDK_TOKEN")
+        assert box.secrets.list() == []
