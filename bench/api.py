@@ -148,6 +148,18 @@ def shows_colour(data: bytes) -> bool:
     return all(abs(int(p) - c) <= 12 for p, c in zip(pixel, COLOUR, strict=True))
 
 
+def wait_painted(http: httpx.Client, session_id: str, started: float) -> float:
+    """Screenshots until PAINTED_PAGE shows; the seconds since ``started`` (perf_counter)."""
+    while True:
+        shot = http.get(f"/v1/sessions/{session_id}/screenshot",
+                        params={"format": "jpeg", "quality": 50, "scale": "320x200"})
+        shot.raise_for_status()
+        if shows_colour(shot.content):
+            return time.perf_counter() - started
+        if time.perf_counter() - started > 30:
+            raise SystemExit("the start page was not painted within 30 s")
+
+
 def create_to_painted(http: httpx.Client, runs: int) -> tuple[list[float], list[float]]:
     """Seconds from POST /v1/sessions to its return, and to a screenshot of the page."""
     created, painted = [], []
@@ -156,15 +168,7 @@ def create_to_painted(http: httpx.Client, runs: int) -> tuple[list[float], list[
         session_id = create(http, PAINTED_PAGE)
         created.append(time.perf_counter() - started)
         try:
-            while True:
-                shot = http.get(f"/v1/sessions/{session_id}/screenshot",
-                                params={"format": "jpeg", "quality": 50, "scale": "320x200"})
-                shot.raise_for_status()
-                if shows_colour(shot.content):
-                    painted.append(time.perf_counter() - started)
-                    break
-                if time.perf_counter() - started > 30:
-                    raise SystemExit("the start page was not painted within 30 s")
+            painted.append(wait_painted(http, session_id, started))
         finally:
             http.delete(f"/v1/sessions/{session_id}")
     return created, painted

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from api import HEIGHT, PAINTED_PAGE, WIDTH, cell, interrupt_on_sigterm, server, shows_colour
+from api import HEIGHT, PAINTED_PAGE, WIDTH, cell, interrupt_on_sigterm, server, wait_painted
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "no volume (baseline)": {},
@@ -49,15 +49,7 @@ def create_painted_delete(http: httpx.Client, extra: dict[str, Any]) -> tuple[fl
     response.raise_for_status()
     session_id = response.json()["id"]
     try:
-        while True:
-            shot = http.get(f"/v1/sessions/{session_id}/screenshot",
-                            params={"format": "jpeg", "quality": 50, "scale": "320x200"})
-            shot.raise_for_status()
-            if shows_colour(shot.content):
-                painted = time.perf_counter() - started
-                break
-            if time.perf_counter() - started > 30:
-                raise SystemExit("the start page was not painted within 30 s")
+        painted = wait_painted(http, session_id, started)
     finally:
         started = time.perf_counter()
         http.delete(f"/v1/sessions/{session_id}").raise_for_status()

@@ -51,7 +51,7 @@ from .tasks.start import StartStates, task_desktop
 
 __all__ = ["ACTION_TYPES", "DIALECTS", "ENV_ID", "LOOK_AFTER_CHANGES", "NOTHING",
            "RESET_SETTLE_S", "ActionSpace", "DeskboxEnv", "Episodes", "Observation",
-           "anthropic_action", "as_batch", "openai_action", "pixels", "register"]
+           "anthropic_action", "as_batch", "openai_action", "pixels", "register", "task_of"]
 
 ENV_ID = "deskbox/Desktop-v0"
 # API.md "Actions": the types a step may send.
@@ -101,6 +101,18 @@ class Episodes:
     #: An episode's wall-clock bound (a task's ``limits.timeout_s``): reaching it truncates.
     timeout_s: float | None = None
 
+    @classmethod
+    def of(cls, task: Task | None, display: tuple[int, int], size: tuple[int, int],
+           start_url: str | None, snapshot: str | None, backend: str | None, max_steps: int,
+           session_timeout_s: int, render_mode: str | None) -> Episodes:
+        """An env's episodes; a task's limits and start snapshot win over the arguments."""
+        timeout_s = None
+        if task is not None:
+            max_steps, timeout_s = task.limits.max_steps, task.limits.timeout_s
+            snapshot = task.setup.snapshot or snapshot
+        return cls(display, size, start_url, snapshot, backend, max_steps, session_timeout_s,
+                   render_mode, timeout_s)
+
     def __post_init__(self) -> None:
         if self.max_steps < 1:
             raise ValueError("max_steps must be at least 1")
@@ -127,6 +139,18 @@ class Episodes:
         terminated = reward >= 1.0
         out_of_time = self.timeout_s is not None and seconds >= self.timeout_s
         return terminated, not terminated and (steps >= self.max_steps or out_of_time)
+
+
+def task_of(task: Task | str | Path | None, evaluate: bool, start_states: bool
+            ) -> Task | None:
+    """An env's task (loaded from its file if a path), checked against the env's other
+    arguments: ``evaluate`` or ``start_states`` (a pool) given."""
+    loaded = Task.load(task) if isinstance(task, str | Path) else task
+    if loaded is not None and evaluate:
+        raise ValueError("give a task or evaluate, not both: a task brings its evaluator")
+    if start_states and loaded is None:
+        raise ValueError("pool and start_states keep a task's start state: give a task")
+    return loaded
 
 
 def as_batch(action: Action) -> list[Mapping[str, Any]]:
@@ -224,17 +248,9 @@ class DeskboxEnv(gymnasium.Env[Observation, Any]):
         render_mode: str | None = "rgb_array",
         session_timeout_s: int = 900,
     ) -> None:
-        self.task = Task.load(task) if isinstance(task, str | Path) else task
-        if self.task is not None and evaluate is not None:
-            raise ValueError("give a task or evaluate, not both: a task brings its evaluator")
-        if (pool or start_states is not None) and self.task is None:
-            raise ValueError("pool and start_states keep a task's start state: give a task")
-        timeout_s = None
-        if self.task is not None:
-            max_steps, timeout_s = self.task.limits.max_steps, self.task.limits.timeout_s
-            snapshot = self.task.setup.snapshot or snapshot
-        self.episodes = Episodes(display, observation_size or display, start_url, snapshot,
-                                 backend, max_steps, session_timeout_s, render_mode, timeout_s)
+        self.task = task_of(task, evaluate is not None, pool > 0 or start_states is not None)
+        self.episodes = Episodes.of(self.task, display, observation_size or display, start_url,
+                                    snapshot, backend, max_steps, session_timeout_s, render_mode)
         self._owns_client = client is None
         self.client = client if client is not None else Deskbox(base_url, api_key)
         self.observation_space = self.episodes.observation_space()

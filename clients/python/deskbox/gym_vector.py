@@ -44,6 +44,7 @@ from .gym import (
     Observation,
     as_batch,
     pixels,
+    task_of,
 )
 from .tasks import Task, evaluate
 from .tasks.start import StartStates, task_desktop
@@ -77,17 +78,9 @@ class DeskboxVectorEnv(VectorEnv[NDArray[np.uint8], Any, NDArray[Any]]):
     ) -> None:
         if num_envs < 1:
             raise ValueError("num_envs must be at least 1")
-        self.task = Task.load(task) if isinstance(task, str | Path) else task
-        if self.task is not None and evaluate is not None:
-            raise ValueError("give a task or evaluate, not both: a task brings its evaluator")
-        if (pool or start_states is not None) and self.task is None:
-            raise ValueError("pool and start_states keep a task's start state: give a task")
-        timeout_s = None
-        if self.task is not None:
-            max_steps, timeout_s = self.task.limits.max_steps, self.task.limits.timeout_s
-            snapshot = self.task.setup.snapshot or snapshot
-        self.episodes = Episodes(display, observation_size or display, start_url, snapshot,
-                                 backend, max_steps, session_timeout_s, render_mode, timeout_s)
+        self.task = task_of(task, evaluate is not None, pool > 0 or start_states is not None)
+        self.episodes = Episodes.of(self.task, display, observation_size or display, start_url,
+                                    snapshot, backend, max_steps, session_timeout_s, render_mode)
         self.num_envs = num_envs
         self.single_observation_space = self.episodes.observation_space()
         self.single_action_space = self.episodes.action_space()

@@ -22,17 +22,16 @@ from websockets.asyncio.client import ClientConnection
 from ..agent.devtools import MAX_LISTING, browser_path, get_json, open_websocket
 from ..agent.vnc_server import VncServer
 from ..engines.base import SnapshotInfo
-from ..errors import Conflict, DeskboxError, SecretOriginMismatch, SessionFailed
+from ..errors import Conflict, DeskboxError, SessionFailed
 from ..media import EncodedImage
 from ..sandbox_io import ExecCommand, ExecResult, FileDownload
 from ..schemas import actions as a
 from ..schemas.pause import PauseMode
 from ..schemas.results import ActionResult, BatchResult
 from ..schemas.sessions import SessionState as S
-from . import state_changes
+from . import secret_typing, state_changes
 from .context import SessionContext
 from .desktop import AnyDesktop
-from .focus import focused_field_origin
 from .lifecycle import SessionRecord
 from .live import LiveSession, not_live
 from .pause import frozen_image
@@ -117,45 +116,18 @@ class Session:
             if ahead is not None:
                 await asyncio.shield(ahead)
             handle = self._running()
-            for action in actions:  # an unknown name is a 404 before anything runs
-                if isinstance(action, a.TypeText) and action.secret is not None:
-                    self._context.secrets.get(self._live.record.owner, action.secret)
-            parts = _parts(actions) if secret else [list(actions)]
-            for part in parts[:-1]:
-                part = await self._with_secret(handle, part)
+            store, owner = self._context.secrets, live.record.owner
+            await secret_typing.check_names(store, owner, actions)
+            cut = secret_typing.parts(actions) if secret else [list(actions)]
+            for part in cut[:-1]:
+                part = await secret_typing.typed(store, owner, part, handle.open_devtools)
                 done += (await self._run(handle, part, view, None)).results
-            last = await self._with_secret(handle, parts[-1])
+            last = await secret_typing.typed(store, owner, cut[-1], handle.open_devtools)
             call = asyncio.ensure_future(self._run(handle, last, view, screenshot))
         finally:
             loop.call_soon(_release, mine)
         result = await call
         return BatchResult(done + result.results, result.screenshot, result.settled)
-
-    async def _with_secret(self, handle: AnyDesktop, part: list[a.Action]) -> list[a.Action]:
-        """``part`` with its first action's secret typed as text, once the browser's focused
-        field is of one of the secret's allowed origins; SecretOriginMismatch (403)
-        otherwise. A part without a secret as it is."""
-        first = part[0] if part else None
-        if not isinstance(first, a.TypeText) or first.secret is None:
-            return part
-        store = self._context.secrets
-        record = store.get(self._live.record.owner, first.secret)
-        focus = await focused_field_origin(handle.open_devtools)
-        if focus is None:
-            raise SecretOriginMismatch(
-                f"secret {record.name!r} is not typed: no page has the keyboard focus (the "
-                "address bar, another window?); click the field first")
-        origin, editable = focus
-        if origin not in record.allowed_origins:
-            raise SecretOriginMismatch(
-                f"secret {record.name!r} is not typed: the focused field is on "
-                f"{origin or 'a frame of another origin'}, not on "
-                f"{', '.join(record.allowed_origins)}")
-        if not editable:
-            raise SecretOriginMismatch(
-                f"secret {record.name!r} is not typed: the focus on {origin} is not in a "
-                "text field; click the field first")
-        return [a.TypeText(text=store.value(record)), *part[1:]]
 
     async def _run(
         self, handle: AnyDesktop, actions: Sequence[a.Action], view: a.CoordinateSpace | None,
@@ -233,7 +205,8 @@ class Session:
         """Run ``command``; ``secrets``: the API key's secrets of these names in its
         environment (this command's only), their values blanked from its output."""
         store, owner = self._context.secrets, self._live.record.owner
-        values = {name: store.value(store.get(owner, name)) for name in secrets}
+        records = [await asyncio.to_thread(store.get, owner, name) for name in secrets]
+        values = {record.name: store.value(record) for record in records}
         if values:
             command = dataclasses.replace(command, env={**command.env, **values})
         async with self._using() as handle:
@@ -297,12 +270,3 @@ def _release(turn: asyncio.Future[None]) -> None:
     if not turn.done():
         turn.set_result(None)
 
-
-def _parts(actions: Sequence[a.Action]) -> list[list[a.Action]]:
-    """The batch cut before each type action of a secret."""
-    parts: list[list[a.Action]] = [[]]
-    for action in actions:
-        if isinstance(action, a.TypeText) and action.secret is not None and parts[-1]:
-            parts.append([])
-        parts[-1].append(action)
-    return parts

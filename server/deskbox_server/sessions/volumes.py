@@ -109,9 +109,9 @@ class VolumeStore:
             return await self._create(owner, body.name, body.size_mb)
 
     async def _create(self, owner: str, name: str, size_mb: int) -> VolumeRecord:
-        if self._read(owner, name) is not None:
+        if await asyncio.to_thread(self._read, owner, name) is not None:
             raise Conflict(f"a volume {name!r} exists already")
-        used = sum(r.size_mb for r in self.list(owner))
+        used = sum(r.size_mb for r in await asyncio.to_thread(self.list, owner))
         if used + size_mb > self._quota_mb:
             raise Capacity(f"this API key's volumes may hold {self._quota_mb} MB in all "
                            f"({used} MB taken); delete one first")
@@ -133,7 +133,7 @@ class VolumeStore:
 
     async def delete(self, owner: str, name: str) -> None:
         async with self._lock:
-            record = self.get(owner, name)
+            record = await asyncio.to_thread(self.get, owner, name)
             held = self._attached.get((owner, name))
             if held:
                 raise Conflict(f"volume {name!r} is attached to session "
@@ -150,9 +150,9 @@ class VolumeStore:
         mounts = list(mounts)
         async with self._lock:
             for name in profiles:
-                if self._read(owner, name) is None:
+                if await asyncio.to_thread(self._read, owner, name) is None:
                     await self._create(owner, name, PROFILE_SIZE_MB)
-            records = [self.get(owner, m.name) for m in mounts]
+            records = [await asyncio.to_thread(self.get, owner, m.name) for m in mounts]
             # No await from the checks to the registration: no other attach slips between.
             for mount in mounts:
                 held = self._attached.get((owner, mount.name), {})
