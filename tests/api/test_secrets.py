@@ -10,6 +10,7 @@ environment variable.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,28 @@ def test_a_secret_is_typed_only_where_its_origin_has_the_focus(
     for path in Path(state_dir).rglob("*"):
         if path.is_file():
             assert VALUE.encode() not in path.read_bytes(), path
+
+
+def test_a_page_stuck_in_a_script_is_refused_in_bounded_time(
+    client: Recorder, secret_server: Server
+) -> None:
+    """The focus check asks the page: one that never answers is a 403 within seconds, and
+    the session carries on."""
+    store_secret(client)
+    sid = client.post("/v1/sessions", json={"display": DISPLAY}).json()["id"]
+    serve_origins(client, sid)
+    assert run(client, sid, ["sh", "-c", "printf %s \"$0\" > /tmp/site/stuck.html",
+                             LOGIN + "<script>setTimeout(() => { for (;;) {} }, 300)</script>"]
+               )["exit_code"] == 0
+    with Deskbox(secret_server.url, KEY_A) as box:
+        cdp.navigate(box.sessions.get(sid), f"{GOOD}/stuck.html")
+    started = time.monotonic()
+    assert_error(client.post(f"/v1/sessions/{sid}/actions", json={
+        "actions": [CLICK_FIELD, {"type": "wait", "ms": 500}, {"type": "type", "secret": "PW"}]}),
+        403, "secret_origin_mismatch")
+    assert time.monotonic() - started < 15
+    shot = client.post(f"/v1/sessions/{sid}/actions", json={"actions": [{"type": "wait", "ms": 0}]})
+    assert shot.status_code == 200
 
 
 def test_a_command_gets_a_secret_in_its_environment_and_alone(client: Recorder) -> None:

@@ -331,3 +331,22 @@ def test_the_readme_example(volume_server: Server, tmp_path: Path) -> None:
             assert session.exec(["cat", f"{WORK}/first-seen"]).stdout.strip()
         for name in ("work", "alice"):
             box.volumes.delete(name)
+
+
+def test_a_volume_that_does_not_mount_fails_only_that_create(
+    client: httpx.Client, volume_server: Server
+) -> None:
+    """A disk image that is no file system (here its superblock wiped) fails the create
+    with a message naming the volume; nothing stays mounted and the volume is free."""
+    make_volume(client, "broken", 16)
+    [disk] = Path(volume_server.settings.state_dir).glob("volumes/*/broken/disk.ext4")
+    with disk.open("r+b") as image:
+        image.write(b"\0" * 8192)
+    response = client.post("/v1/sessions", json={
+        "volumes": [{"name": "broken", "path": WORK}]})
+    error = assert_error(response, 502, "session_failed")
+    assert "broken" in error["message"]
+    assert client.get("/v1/volumes/broken").json()["attached"] == []
+    assert str(disk) not in Path("/proc/self/mountinfo").read_text()
+    assert subprocess.run(["losetup", "-j", str(disk)], capture_output=True,
+                          text=True).stdout == ""

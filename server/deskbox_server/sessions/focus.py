@@ -53,7 +53,16 @@ FOCUS = r"""(() => {
 
 async def focused_field_origin(open_devtools: Opener) -> tuple[str | None, bool] | None:
     """(origin, editable) of what has the keyboard focus in the browser, or None when no
-    page has it (the address bar, another window, no browser)."""
+    page has it (the address bar, another window, no browser) or the browser does not say
+    within a few seconds in all (a page stuck in a script answers nothing)."""
+    try:
+        async with asyncio.timeout(_TIMEOUT_S):
+            return await _ask(open_devtools)
+    except TimeoutError:
+        return None
+
+
+async def _ask(open_devtools: Opener) -> tuple[str | None, bool] | None:
     try:
         listing = await get_json(await open_devtools(), "/json/list", MAX_LISTING)
     except DeskboxError:

@@ -51,7 +51,7 @@ async def typed(store: SecretStore, owner: str, part: list[a.Action],
     if focus is None:
         raise SecretOriginMismatch(
             f"secret {name!r} is not typed: no page has the keyboard focus (the address bar, "
-            "another window?); click the field first")
+            "another window?), or the browser did not say in time; click the field first")
     origin, editable = focus
     if origin not in record.allowed_origins:
         raise SecretOriginMismatch(
