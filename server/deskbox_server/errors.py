@@ -12,6 +12,7 @@ each kind to the error body of API.md in one place. The tree::
     │                                                        focused)
     ├── NotFound                      not_found        404
     ├── Conflict                      conflict         409
+    │   ├── HumanInControl            human_in_control 409  (a human took the desktop over)
     │   └── BrowserUnavailable        conflict         409  (the browser does not answer)
     ├── Capacity                      capacity         429
     ├── Timeout                       timeout          504
@@ -32,6 +33,7 @@ __all__ = [
     "DesktopFailed",
     "DeskboxError",
     "Forbidden",
+    "HumanInControl",
     "Internal",
     "InvalidAction",
     "InvalidRequest",
@@ -91,6 +93,12 @@ class Conflict(DeskboxError):
 
 class BrowserUnavailable(Conflict):
     """The session runs but its browser does not answer (it is restarting, or gone)."""
+
+
+class HumanInControl(Conflict):
+    """A human took control of the session in its live view: the agent's actions wait."""
+
+    kind = "human_in_control"
 
 
 class Capacity(DeskboxError):

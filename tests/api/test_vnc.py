@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
+from deskbox import Deskbox
 from deskbox_server.logs import RedactTokens
 
 from ..cdp_page import CdpPage
@@ -302,6 +304,87 @@ def test_view_page_in_chromium_with_a_view_token(
         shown = cdp.evaluate("""[document.getElementById('scope').textContent,
             document.getElementById('clip-send').hidden, window.__deskbox.rfb.viewOnly]""")
         assert shown == ["view only", True, True]
+
+
+def _click_and_type_in_the_view(cdp: CdpPage, x: int, y: int, text: str) -> None:
+    """A person's click at desktop pixel (x, y) of the live view's canvas, then keys."""
+    box = cdp.evaluate("""(() => { const c = document.querySelector('#screen canvas');
+        const r = c.getBoundingClientRect();
+        return [r.left, r.top, r.width / c.width, r.height / c.height]; })()""")
+    left, top, sx, sy = box
+    at = {"x": left + x * sx, "y": top + y * sy, "button": "left", "clickCount": 1}
+    for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
+        cdp.call("Input.dispatchMouseEvent", {"type": kind, **at})
+    for char in text:
+        key = {"key": char, "text": char, "code": f"Key{char.upper()}",
+               "windowsVirtualKeyCode": ord(char.upper())}
+        cdp.call("Input.dispatchKeyEvent", {"type": "keyDown", **key})
+        cdp.call("Input.dispatchKeyEvent", {"type": "keyUp", **key})
+
+
+@pytest.mark.slow
+def test_a_human_takes_control_in_the_view_and_hands_back(
+    tmp_path: Path, client: httpx.Client, session: dict[str, Any], page: EventPage,
+    origin: tuple[int, int],
+) -> None:
+    """The agent asks for help; a person with a control link presses "Take control" in the
+    real page; the agent's actions are refused (screenshots still work); the person's
+    click and keys land in the page; "Hand back" gives the agent the desktop again; the
+    event stream tells each step."""
+    ox, oy = origin
+    sid = session["id"]
+    link = f"{session['urls']['view']}?token={issue(client, sid, 'control')['token']}"
+    field = {"x": ox + 900, "y": oy + 175}
+    asked = client.post(f"/v1/sessions/{sid}/handoff", json={"reason": "a captcha"})
+    assert asked.status_code == 200 and asked.json()["needs_help"] is True, asked.text
+    try:
+        with headless_chromium(tmp_path / "viewer") as devtools, CdpPage.first(devtools) as cdp:
+            cdp.navigate(link)
+            assert canvas_pixel(cdp, ox + 200, oy + 150, RED) == list(RED)
+            assert cdp.evaluate("document.getElementById('help').textContent") == (
+                "the agent asks for help: a captcha")
+            cdp.evaluate("document.getElementById('take').click()")
+            deadline = time.monotonic() + 5
+            while not client.get(f"/v1/sessions/{sid}/handoff").json()["human_in_control"]:
+                assert time.monotonic() < deadline, "the page did not take control"
+                time.sleep(0.05)
+            refused = client.post(f"/v1/sessions/{sid}/actions",
+                                  json={"type": "click", **field})
+            assert_error(refused, 409, "human_in_control")
+            looked = client.post(f"/v1/sessions/{sid}/actions", json={
+                "actions": [{"type": "cursor_position"}], "screenshot": {"format": "png"}})
+            assert looked.status_code == 200, looked.text
+            assert client.get(f"/v1/sessions/{sid}/handoff").json()["needs_help"] is False
+            page.cdp.evaluate("document.getElementById('field').value = ''")
+            _click_and_type_in_the_view(cdp, field["x"], field["y"], "human")
+            assert page.wait_value("human") == "human"
+            # An agent waiting for the human (the SDK's long poll) is answered by the
+            # hand-back.
+            with ThreadPoolExecutor(1) as pool, Deskbox(str(client.base_url), KEY_A) as box:
+                agent = box.sessions.get(sid)
+                waiting = pool.submit(agent.wait_for_human, "still stuck", timeout_s=20)
+                time.sleep(0.5)
+                assert not waiting.done()
+                cdp.evaluate("document.getElementById('hand-back').click()")
+                answer = waiting.result(timeout=10)
+            assert answer["human_in_control"] is False and answer["handed_back_at"]
+            deadline = time.monotonic() + 5  # the page shows the answer to its own call
+            while cdp.evaluate("document.getElementById('take').hidden") is not False:
+                assert time.monotonic() < deadline, "the page still offers no Take control"
+                time.sleep(0.05)
+        again = client.post(f"/v1/sessions/{sid}/actions", json={"type": "cursor_position"})
+        assert again.status_code == 200
+        seen: list[str] = []
+        with client.stream("GET", f"/v1/sessions/{sid}/events", timeout=5) as stream:
+            for line in stream.iter_lines():
+                if line.startswith("event: "):
+                    seen.append(line.removeprefix("event: "))
+                if seen[-2:] == ["help_requested", "human_handed_back"]:
+                    break
+        assert seen[-4:] == ["help_requested", "human_took_control", "help_requested",
+                             "human_handed_back"], seen
+    finally:
+        client.delete(f"/v1/sessions/{sid}/control")
 
 
 def test_tokens_never_reach_the_log(

@@ -12,7 +12,8 @@ reproduction of a failure is what was really sent):
   waits, 20,000 characters typed one key at a time, an 8K display) is legal but tests the
   desktop's throughput, not the API; such values are cut down to cheap ones of the same
   shape. Start URLs become ``about:blank``: the local backend's browser shares the host's
-  network, and the fuzzer must not send traffic anywhere.
+  network, and the fuzzer must not send traffic anywhere. A handoff's long poll and a
+  human's lease are cut to a moment.
 
 And one check, ``negative_data_rejected``, in place of Schemathesis's
 ``negative_data_rejection`` (disabled in schemathesis.toml): a case generated as invalid
@@ -131,9 +132,26 @@ def _use_live_session(case: Any) -> None:
         ids["session_id"] = LIVE_SESSION
 
 
+def _tame_handoff(case: Any) -> None:
+    """A long poll waits for a human who never comes, and a human's lease keeps the live
+    session's actions at 409: both cut to a moment."""
+    if case.method.upper() != "POST":
+        return
+    if case.path.endswith("/handoff"):
+        if not isinstance(case.query, dict):
+            case.query = {}
+        case.query["timeout_s"] = _capped(case.query.get("timeout_s", 0.2), 0.2)
+    if case.path.endswith("/control"):
+        if case.body is None:
+            case.body = {}
+        if isinstance(case.body, dict):
+            case.body["lease_s"] = _capped(case.body.get("lease_s", 1), 1)
+
+
 @schemathesis.hook
 def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     _use_live_session(case)
+    _tame_handoff(case)
     body = case.body
     if not isinstance(body, dict):
         return

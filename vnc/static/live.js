@@ -11,6 +11,7 @@ export function endpoints(location) {
   const scheme = location.protocol === 'https:' ? 'wss' : 'ws';
   return {
     status: `${base}/view/status${query}`,
+    control: `${base}/control${query}`,
     vnc: `${scheme}://${location.host}${base}/vnc${query}`,
   };
 }
@@ -19,7 +20,8 @@ export function endpoints(location) {
 export const POLL_CONNECTED_MS = 3000;
 export const POLL_WAITING_MS = 1000;
 
-// ui: the page's elements (screen, state, scope, clip, clipToggle, clipText, clipSend);
+// ui: the page's elements (screen, state, scope, clip, clipToggle, clipText, clipSend, help,
+// take, handBack);
 // RFB: noVNC's client class; fetch and setTimeout: the window's.
 export class LiveView {
   constructor({ ui, RFB, urls, fetch, setTimeout }) {
@@ -33,8 +35,40 @@ export class LiveView {
     this.clipboard = '';
     this.rfb = null;
     this.connecting = false;
+    // The handoff: a human in control (the agent's actions wait), the agent's call for help.
+    this.human = false;
+    this.needsHelp = false;
     ui.clipToggle.addEventListener('click', () => { ui.clip.hidden = !ui.clip.hidden; });
     ui.clipSend.addEventListener('click', () => this.paste());
+    ui.take.addEventListener('click', () => this.control('POST'));
+    ui.handBack.addEventListener('click', () => this.control('DELETE'));
+  }
+
+  // Take control (POST) or hand back (DELETE); the answer is the session's handoff.
+  async control(method) {
+    let response;
+    try {
+      response = await this.fetch(this.urls.control, { method, cache: 'no-store' });
+    } catch {
+      return;
+    }
+    if (!response.ok) return;
+    try {
+      this.showHandoff(await response.json());
+    } catch {
+      // the next status poll shows it
+    }
+  }
+
+  showHandoff({ human_in_control: human, needs_help: needsHelp, reason }) {
+    this.human = human === true;
+    this.needsHelp = needsHelp === true;
+    const control = this.scope === 'control';
+    this.ui.take.hidden = !control || this.human;
+    this.ui.handBack.hidden = !control || !this.human;
+    this.ui.help.hidden = !this.needsHelp && !this.human;
+    this.ui.help.textContent = this.human ? 'you are in control: the agent waits'
+      : this.needsHelp ? `the agent asks for help: ${reason || ''}` : '';
   }
 
   show(text, cls) {
@@ -112,6 +146,7 @@ export class LiveView {
     this.scope = status.scope;
     this.ui.scope.textContent = status.scope === 'control' ? 'control' : 'view only';
     this.ui.clipSend.hidden = status.scope !== 'control';
+    this.showHandoff(status.state === 'running' ? status : {});
     if (status.state === 'running') {
       if (!this.connected) {
         this.show('connecting', 'connecting');

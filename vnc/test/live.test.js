@@ -55,7 +55,8 @@ function response(status, body) {
 // A view whose status poll answers from `answers` (a response, or an Error to throw).
 function harness(answers) {
   const ui = Object.fromEntries(
-    ['screen', 'state', 'scope', 'clip', 'clipToggle', 'clipText', 'clipSend']
+    ['screen', 'state', 'scope', 'clip', 'clipToggle', 'clipText', 'clipSend', 'help', 'take',
+      'handBack']
       .map((name) => [name, new Element()]),
   );
   ui.clip.hidden = true;
@@ -80,13 +81,14 @@ function harness(answers) {
 
 const running = (scope) => response(200, { session_id: 'ses_1', state: 'running', scope });
 
-test('the token goes from the page URL to the status poll and the websocket only', () => {
+test('the token goes from the page URL to the status poll, the control route and the websocket only', () => {
   const urls = endpoints({
     protocol: 'https:', host: 'desk.example:8443', pathname: '/v1/sessions/ses_9/view/',
     search: '?token=a+b/c%3D&other=1',
   });
   assert.deepEqual(urls, {
     status: '/v1/sessions/ses_9/view/status?token=a%20b%2Fc%3D',
+    control: '/v1/sessions/ses_9/control?token=a%20b%2Fc%3D',
     vnc: 'wss://desk.example:8443/v1/sessions/ses_9/vnc?token=a%20b%2Fc%3D',
   });
   const bare = endpoints({ protocol: 'http:', host: 'h', pathname: '/v1/sessions/s/view',
@@ -244,4 +246,28 @@ test('the vendored noVNC is the pinned one, unedited (vnc/update-novnc.sh)', () 
     const data = readFileSync(new URL(file, root));
     assert.equal(createHash('sha256').update(data).digest('hex'), sum, file);
   }
+});
+
+test('a control token may take control and hand back', async () => {
+  const handoff = (human, help) => response(200, {
+    state: 'running', scope: 'control', human_in_control: human, needs_help: help,
+    reason: help ? 'a captcha' : null,
+  });
+  const { view, ui, fetched } = harness([handoff(false, true), handoff(true, false),
+    handoff(false, false)]);
+  await view.refresh();
+  assert.equal(ui.take.hidden, false);
+  assert.equal(ui.handBack.hidden, true);
+  assert.equal(ui.help.textContent, 'the agent asks for help: a captcha');
+  await view.control('POST');
+  assert.deepEqual(fetched.at(-1), {
+    url: '/v1/sessions/ses_1/control?token=tok', options: { method: 'POST', cache: 'no-store' },
+  });
+  assert.equal(view.human, true);
+  assert.equal(ui.take.hidden, true);
+  assert.equal(ui.handBack.hidden, false);
+  await view.control('DELETE');
+  assert.equal(fetched.at(-1).options.method, 'DELETE');
+  assert.equal(view.human, false);
+  assert.equal(ui.help.hidden, true);
 });

@@ -419,6 +419,19 @@ class AsyncSession(SessionBase[AsyncDeskbox]):
         """A link to the live view (read-only with ``view``), carrying a fresh token."""
         return self._view_url(await self.token(scope, ttl_s=ttl_s, timeout=timeout))
 
+    async def ask_for_help(self, reason: str, *, timeout: float | None = None
+                     ) -> dict[str, Any]:
+        """Tell the humans watching that the agent needs one (an event; the session is
+        marked as needing help); the session's handoff state."""
+        return dict(await self._client._send(self._handoff_call(reason, None, timeout)))
+
+    async def wait_for_human(self, reason: str, *, timeout_s: float = 600,
+                       timeout: float | None = None) -> dict[str, Any]:
+        """Ask for help and wait until a human has taken control in the live view and handed
+        it back (or ``timeout_s``, at most 600); the session's handoff state. Meanwhile the
+        agent's actions answer 409 ``human_in_control``."""
+        return dict(await self._client._send(self._handoff_call(reason, timeout_s, timeout)))
+
     async def cdp_url(self, *, ttl_s: int = 600, timeout: float | None = None) -> str:
         """For ``playwright.chromium.connect_over_cdp(url)``, carrying a fresh cdp token."""
         return self._cdp_url(await self.token("cdp", ttl_s=ttl_s, timeout=timeout))

@@ -297,6 +297,14 @@ class SessionBase(Generic[C]):
         return Call("GET", f"{self._path}/screenshot", params=params, timeout=timeout,
                     expect_json=False)
 
+    def _handoff_call(self, reason: str, wait_s: float | None, timeout: float | None
+                      ) -> Call:
+        params = [("wait", "true"), ("timeout_s", f"{wait_s:g}")] if wait_s is not None else []
+        wait = timeout if timeout is not None else (
+            max(self._client.timeout, wait_s + EXEC_GRACE_S) if wait_s is not None else None)
+        return Call("POST", f"{self._path}/handoff", params=params, json={"reason": reason},
+                    timeout=wait)
+
     def _exec_call(
         self, cmd: str | Sequence[str], timeout_s: float, env: Mapping[str, str] | None,
         background: bool, timeout: float | None, secrets: Sequence[str] = (),

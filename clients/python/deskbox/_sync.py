@@ -424,6 +424,19 @@ class Session(SessionBase[Deskbox]):
         """A link to the live view (read-only with ``view``), carrying a fresh token."""
         return self._view_url(self.token(scope, ttl_s=ttl_s, timeout=timeout))
 
+    def ask_for_help(self, reason: str, *, timeout: float | None = None
+                     ) -> dict[str, Any]:
+        """Tell the humans watching that the agent needs one (an event; the session is
+        marked as needing help); the session's handoff state."""
+        return dict(self._client._send(self._handoff_call(reason, None, timeout)))
+
+    def wait_for_human(self, reason: str, *, timeout_s: float = 600,
+                       timeout: float | None = None) -> dict[str, Any]:
+        """Ask for help and wait until a human has taken control in the live view and handed
+        it back (or ``timeout_s``, at most 600); the session's handoff state. Meanwhile the
+        agent's actions answer 409 ``human_in_control``."""
+        return dict(self._client._send(self._handoff_call(reason, timeout_s, timeout)))
+
     def cdp_url(self, *, ttl_s: int = 600, timeout: float | None = None) -> str:
         """For ``playwright.chromium.connect_over_cdp(url)``, carrying a fresh cdp token."""
         return self._cdp_url(self.token("cdp", ttl_s=ttl_s, timeout=timeout))

@@ -63,6 +63,10 @@ class ViewStatus(BaseModel):
     session_id: str
     state: SessionState
     scope: Scope
+    # The handoff (API.md "Human handoff"): a human drives it; its agent asked for help.
+    human_in_control: bool = False
+    needs_help: bool = False
+    reason: str | None = None
 
 
 @router.get("/view/status", response_model=ViewStatus)
@@ -70,7 +74,14 @@ async def view_status(request: Request, session_id: str) -> ViewStatus:
     services = get_services(request)
     grant = authorize(services, request, session_id, _VIEW_SCOPES)
     record = await services.manager.get(grant.owner, session_id)
-    return ViewStatus(session_id=session_id, state=record.state, scope=grant.scope)
+    status = ViewStatus(session_id=session_id, state=record.state, scope=grant.scope)
+    try:
+        handoff = services.manager.session(grant.owner, session_id, "live").handoff.resource()
+    except DeskboxError:
+        return status  # it ended meanwhile
+    status.human_in_control, status.needs_help = handoff.human_in_control, handoff.needs_help
+    status.reason = handoff.reason
+    return status
 
 
 @router.get("/view", response_class=HTMLResponse)

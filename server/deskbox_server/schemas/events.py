@@ -11,14 +11,18 @@ from .sessions import SessionState
 
 __all__ = ["EventType", "SessionEvent"]
 
-EventType = Literal["state", "browser_exited", "browser_restarted"]
+EventType = Literal["state", "browser_exited", "browser_restarted", "help_requested",
+                    "human_took_control", "human_handed_back"]
 
 
 class SessionEvent(BaseModel):
     """One event. ``state``: the session entered ``state`` (``reason`` for ``failed``);
     ``browser_exited``: its browser went away (crash, ``Browser.close``, window closed),
     DevTools clients were disconnected; ``browser_restarted``: a new browser answers, with
-    the same profile, ``browser_restarts`` times so far."""
+    the same profile, ``browser_restarts`` times so far; ``help_requested``: the agent asked
+    for a human (``reason``); ``human_took_control``: a human drives the desktop, the agent's
+    actions answer 409; ``human_handed_back``: the agent may act again (``reason``: handed
+    back, or the lease ran out)."""
 
     id: int
     type: EventType

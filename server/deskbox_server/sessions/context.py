@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..metrics import Metrics
 from .browser_watch import BrowserWatch
+from .events import EventLog
 from .lifecycle import SessionRecord
 from .links import SessionLinks
 from .live import LiveSession
@@ -39,3 +40,5 @@ class SessionContext:
     volumes: VolumeStore
     # The API keys' secrets: typed (after a focus check) or given to one command.
     secrets: SecretStore
+    # Every session's event stream (help requested, a human's control...).
+    events: EventLog

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from ..errors import Conflict, DeskboxError, NotFound, SessionFailed
 from ..schemas.sessions import SessionState as S
 from .desktop import AnyDesktop
+from .handoff import HandoffState
 from .lifecycle import SessionRecord
 from .pause import LastFrame
 
@@ -30,6 +31,9 @@ class LiveSession:
     # The last batch still on its way to the desktop behind an await (a secret's focus
     # check): later batches wait for it, so that batches reach the desktop in order.
     last_in_line: asyncio.Future[None] | None = None
+    # A human's control from the live view, and the agent's requests for help (made on
+    # first use: Session.handoff).
+    handoff: HandoffState | None = None
 
 
 def not_live(record: SessionRecord) -> DeskboxError:

@@ -106,7 +106,7 @@ class SessionManager:
         self._context = SessionContext(
             registry=registry, browsers=self._browsers, links=self.links, frames=self._frames,
             metrics=metrics, publish=self._publish_state, fail=self._fail_soon,
-            volumes=self.volumes, secrets=self.secrets,
+            volumes=self.volumes, secrets=self.secrets, events=self.events,
         )
 
     # -- server lifetime ------------------------------------------------------------------

@@ -26,12 +26,14 @@ from ..errors import Conflict, DeskboxError, SessionFailed
 from ..media import EncodedImage
 from ..sandbox_io import ExecCommand, ExecResult, FileDownload
 from ..schemas import actions as a
+from ..schemas.handoff import Handoff
 from ..schemas.pause import PauseMode
 from ..schemas.results import ActionResult, BatchResult
 from ..schemas.sessions import SessionState as S
 from . import secret_typing, state_changes
 from .context import SessionContext
 from .desktop import AnyDesktop
+from .handoff import HandoffState
 from .lifecycle import SessionRecord
 from .live import LiveSession, not_live
 from .pause import frozen_image
@@ -90,6 +92,8 @@ class Session:
         behind a batch that types a secret, which checks the browser's focus first; later
         batches then wait their turn (:meth:`_in_line`)."""
         live = self._live
+        if live.handoff is not None:
+            live.handoff.check(actions)
         secret = any(isinstance(action, a.TypeText) and action.secret for action in actions)
         if secret or (live.last_in_line is not None and not live.last_in_line.done()):
             return await self._in_line(actions, view, screenshot, secret)
@@ -200,6 +204,36 @@ class Session:
             live.busy -= 1
             if live.record.state is S.running:
                 live.record.touch()
+
+    # -- a human's control and the agent's requests for help (handoff.py) ----------------
+
+    @property
+    def handoff(self) -> HandoffState:
+        live = self._live
+        if live.handoff is None:
+            events, session_id = self._context.events, live.record.id
+            live.handoff = HandoffState(
+                lambda kind, **fields: events.publish(session_id, kind, **fields))
+        return live.handoff
+
+    def take_control(self, lease_s: int) -> Handoff:
+        """A human drives the running session until they hand it back or ``lease_s``."""
+        self._running()
+        self.handoff.take(lease_s)
+        return self.handoff.resource()
+
+    def hand_back(self) -> Handoff:
+        self.handoff.hand_back()
+        return self.handoff.resource()
+
+    async def ask_for_help(self, reason: str, wait_s: float | None) -> Handoff:
+        """Tell humans the agent needs one; with ``wait_s``, answer once a human has taken
+        control and handed back (or after ``wait_s``)."""
+        self._running()
+        self.handoff.ask(reason)
+        if wait_s is not None:
+            await self.handoff.wait_handed_back(wait_s)
+        return self.handoff.resource()
 
     async def exec(self, command: ExecCommand, secrets: Sequence[str] = ()) -> ExecResult:
         """Run ``command``; ``secrets``: the API key's secrets of these names in its

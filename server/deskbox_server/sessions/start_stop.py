@@ -73,6 +73,8 @@ async def end(
         await context.registry.save(record)
         context.publish(record)
     await context.browsers.stop(record.id)  # before the browser goes with the desktop
+    if live.handoff is not None:
+        live.handoff.close()
     if live.handle is None:
         context.volumes.detach(record.id)  # a start that failed removed its sandbox
     elif not await _remove(

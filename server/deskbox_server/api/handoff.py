@@ -1,0 +1,60 @@
+"""Human handoff (API.md "Human handoff"): ``POST/DELETE /v1/sessions/{id}/control`` (a
+human takes the session over from its live view with a control token, and hands it back),
+``POST/GET /v1/sessions/{id}/handoff`` (the agent asks for help, and may wait for it)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+
+from ..schemas.handoff import ControlRequest, Handoff, HelpRequest
+from .deps import Caller, get_services
+from .tokens import authorize
+
+__all__ = ["router"]
+
+# "live view": the control routes take session tokens as the view's other routes do.
+router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["live view"])
+MAX_WAIT_S = 600.0
+
+
+@router.post("/control", response_model=Handoff)
+async def take_control(
+    request: Request, session_id: str, body: ControlRequest | None = None
+) -> Handoff:
+    """Take control (a control token, or the owner's key): the API's actions answer 409
+    ``human_in_control`` until the hand-back or the end of ``lease_s``."""
+    services = get_services(request)
+    grant = authorize(services, request, session_id, "control")
+    session = services.manager.session(grant.owner, session_id)
+    return session.take_control((body or ControlRequest()).lease_s)
+
+
+@router.delete("/control", response_model=Handoff)
+async def hand_back(request: Request, session_id: str) -> Handoff:
+    """Hand the session back to its agent."""
+    services = get_services(request)
+    grant = authorize(services, request, session_id, "control")
+    return services.manager.session(grant.owner, session_id, "live").hand_back()
+
+
+@router.get("/handoff", response_model=Handoff)
+async def handoff_state(request: Request, session_id: str) -> Handoff:
+    """Who drives the session, and whether its agent asked for help (view or control
+    token, or the owner's key)."""
+    services = get_services(request)
+    grant = authorize(services, request, session_id, ("view", "control"))
+    return services.manager.session(grant.owner, session_id, "live").handoff.resource()
+
+
+@router.post("/handoff", response_model=Handoff)
+async def ask_for_help(
+    request: Request, caller: Caller, session_id: str, body: HelpRequest,
+    wait: Annotated[bool, Query(description="answer once a human took control and "
+                                            "handed back")] = False,
+    timeout_s: Annotated[float, Query(gt=0, le=MAX_WAIT_S)] = 60.0,
+) -> Handoff:
+    """The agent asks for a human: an event, and the session marked as needing help."""
+    session = get_services(request).manager.session(caller.key_id, session_id)
+    return await session.ask_for_help(body.reason, timeout_s if wait else None)

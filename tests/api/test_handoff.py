@@ -1,0 +1,102 @@
+"""The handoff's API without a browser (test_vnc.py drives the real page): who may take
+control, the lease, the agent's long poll, bad input. The local backend: fast, real HTTP."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from .conftest import DISPLAY, Server
+from .helpers import assert_error
+
+CLICK = {"type": "click", "x": 10, "y": 10}
+
+
+@pytest.fixture
+def desk(client: httpx.Client) -> Iterator[dict[str, Any]]:
+    response = client.post("/v1/sessions", json={"display": DISPLAY})
+    assert response.status_code == 201, response.text
+    session: dict[str, Any] = response.json()
+    yield session
+    client.delete(f"/v1/sessions/{session['id']}")
+
+
+def token(client: httpx.Client, sid: str, scope: str) -> str:
+    response = client.post(f"/v1/sessions/{sid}/tokens", json={"scope": scope})
+    assert response.status_code == 201, response.text
+    return str(response.json()["token"])
+
+
+def test_only_a_control_link_or_the_owner_takes_control(
+    client: httpx.Client, desk: dict[str, Any], server: Server
+) -> None:
+    sid = desk["id"]
+    control = f"{server.url}/v1/sessions/{sid}/control"
+    assert_error(httpx.post(control, params={"token": token(client, sid, "view")}),
+                 403, "forbidden")
+    assert_error(httpx.post(control), 401, "unauthorized")
+    taken = httpx.post(control, params={"token": token(client, sid, "control")})
+    assert taken.status_code == 200 and taken.json()["human_in_control"] is True, taken.text
+    assert_error(client.post(f"/v1/sessions/{sid}/actions", json=CLICK), 409,
+                 "human_in_control")
+    # Looking goes on; so do the dialects' screenshots.
+    assert client.get(f"/v1/sessions/{sid}/screenshot").status_code == 200
+    assert client.post(f"/v1/sessions/{sid}/actions/anthropic",
+                       json={"action": "screenshot"}).status_code == 200
+    assert_error(client.post(f"/v1/sessions/{sid}/actions/anthropic",
+                             json={"action": "left_click", "coordinate": [5, 5]}),
+                 409, "human_in_control")
+    back = client.delete(f"/v1/sessions/{sid}/control")  # the owner's key may hand back
+    assert back.status_code == 200 and back.json()["human_in_control"] is False
+    assert client.delete(f"/v1/sessions/{sid}/control").status_code == 200  # idempotent
+    assert client.post(f"/v1/sessions/{sid}/actions", json=CLICK).status_code == 200
+
+
+def test_the_lease_runs_out(client: httpx.Client, desk: dict[str, Any]) -> None:
+    sid = desk["id"]
+    taken = client.post(f"/v1/sessions/{sid}/control", json={"lease_s": 1})
+    assert taken.status_code == 200, taken.text
+    assert_error(client.post(f"/v1/sessions/{sid}/actions", json=CLICK), 409,
+                 "human_in_control")
+    time.sleep(1.3)
+    state = client.get(f"/v1/sessions/{sid}/handoff").json()
+    assert state["human_in_control"] is False and state["handed_back_at"], state
+    assert client.post(f"/v1/sessions/{sid}/actions", json=CLICK).status_code == 200
+    with client.stream("GET", f"/v1/sessions/{sid}/events", timeout=5) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data: ") and "human_handed_back" in line:
+                assert "the lease ran out" in line
+                break
+
+
+def test_an_agent_that_waits_is_answered_at_its_timeout(
+    client: httpx.Client, desk: dict[str, Any]
+) -> None:
+    sid = desk["id"]
+    started = time.monotonic()
+    waited = client.post(f"/v1/sessions/{sid}/handoff", params={"wait": "true",
+                         "timeout_s": "0.5"}, json={"reason": "a login form"})
+    assert waited.status_code == 200, waited.text
+    assert 0.4 < time.monotonic() - started < 5
+    body = waited.json()
+    assert (body["needs_help"], body["reason"], body["human_in_control"]) == (
+        True, "a login form", False)
+
+
+def test_bad_handoff_input_is_a_clear_4xx(client: httpx.Client, desk: dict[str, Any]) -> None:
+    sid = desk["id"]
+    for bad in ({}, {"reason": ""}, {"reason": "x" * 1001}, {"reason": "x", "extra": 1}):
+        assert_error(client.post(f"/v1/sessions/{sid}/handoff", json=bad), 422,
+                     "invalid_request")
+    assert_error(client.post(f"/v1/sessions/{sid}/handoff", params={"timeout_s": "601"},
+                             json={"reason": "x"}), 422, "invalid_request")
+    for bad_lease in ({"lease_s": 0}, {"lease_s": "5"}, {"lease_s": 86_401}):
+        assert_error(client.post(f"/v1/sessions/{sid}/control", json=bad_lease), 422,
+                     "invalid_request")
+    assert_error(client.post("/v1/sessions/ses_nope/handoff", json={"reason": "x"}), 404,
+                 "not_found")
+    assert_error(client.post("/v1/sessions/ses_nope/control"), 404, "not_found")
