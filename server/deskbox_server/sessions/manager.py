@@ -356,6 +356,7 @@ class SessionManager:
             from_snapshot=snapshot,
             record=body.record,
             runtime_class=body.runtime_class,
+            # Disks unknown until attached below: enough for engine.check to refuse volumes.
             volumes=tuple(VolumeAttach(m.name, Path(), m.path, m.read_only) for m in mounts),
         )
         engine.check(spec)
