@@ -132,20 +132,29 @@ def _use_live_session(case: Any) -> None:
         ids["session_id"] = LIVE_SESSION
 
 
+def _in_range(value: Any, low: float, high: float) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and low < value <= high
+
+
 def _tame_handoff(case: Any) -> None:
     """A long poll waits for a human who never comes, and a human's lease keeps the live
-    session's actions at 409: both cut to a moment."""
+    session's actions at 409: both cut to a moment. Only valid values are cut (an invalid
+    one stays invalid, for the server to refuse), and a missing one is given."""
     if case.method.upper() != "POST":
         return
     if case.path.endswith("/handoff"):
         if not isinstance(case.query, dict):
             case.query = {}
-        case.query["timeout_s"] = _capped(case.query.get("timeout_s", 0.2), 0.2)
+        wait = case.query.get("timeout_s", 60.0)
+        if _in_range(wait, 0, 600):
+            case.query["timeout_s"] = min(wait, 0.2)
     if case.path.endswith("/control"):
         if case.body is None:
             case.body = {}
         if isinstance(case.body, dict):
-            case.body["lease_s"] = _capped(case.body.get("lease_s", 1), 1)
+            lease = case.body.get("lease_s", 600)
+            if isinstance(lease, int) and _in_range(lease, 0, 86_400):
+                case.body["lease_s"] = 1
 
 
 @schemathesis.hook
