@@ -13,6 +13,7 @@ writing only after that.
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 from ...errors import SessionFailed
 from ..base import VolumeAttach
 from ..volumes import mount_disk, reown
+from .displays import unmount
 
 __all__ = ["VOLUMES_FILE", "mount_volumes", "remount_volumes", "unmount_volumes"]
 
@@ -28,7 +30,6 @@ VOLUMES_FILE = "volumes.json"
 _UNMOUNT_WAIT_S = 5.0
 _libc = ctypes.CDLL(None, use_errno=True)
 _UMOUNT_NOFOLLOW = 8
-_EINVAL, _EBUSY, _ENOENT = 22, 16, 2
 
 
 def _targets(shared_dir: Path) -> Path:
@@ -103,9 +104,9 @@ def _unmount(target: Path) -> bool:
         if _libc.umount2(os.fsencode(target), _UMOUNT_NOFOLLOW) == 0:
             continue  # mounted more than once: take them all off
         error = ctypes.get_errno()
-        if error in (_EINVAL, _ENOENT):  # nothing (more) mounted there
+        if error in (errno.EINVAL, errno.ENOENT):  # nothing (more) mounted there
             return True
-        if error != _EBUSY or time.monotonic() > deadline:
-            _libc.umount2(os.fsencode(target), 2 | _UMOUNT_NOFOLLOW)  # MNT_DETACH
+        if error != errno.EBUSY or time.monotonic() > deadline:
+            unmount(target)  # detached lazily: gone once its last user is
             return False
         time.sleep(0.05)
