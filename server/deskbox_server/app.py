@@ -15,6 +15,7 @@ from . import __version__
 from .api import actions, cdp, dialects, events, health, sessions, snapshots
 from .api import exec as exec_api
 from .api import handoff as handoff_api
+from .api import recordings as recordings_api
 from .api import secrets as secrets_api
 from .api import tokens as tokens_api
 from .api import vnc as vnc_api
@@ -177,5 +178,6 @@ def create_app(
     app.include_router(tokens_api.router)
     app.include_router(vnc_api.router)
     app.include_router(handoff_api.router)
+    app.include_router(recordings_api.router)
     vnc_api.mount_assets(app)
     return app

@@ -43,6 +43,12 @@ class Settings(BaseSettings):
     # The sizes of one API key's volumes, in all (disk images are sparse: a volume takes
     # on the host what was written to it, at most its size).
     volume_quota_mb: Annotated[int, Field(ge=0)] = 102_400
+    # Session recordings (API.md "Recordings and trajectories"): one API key's on disk in
+    # all, how long a stopped one is kept, and the video's frame cap and JPEG quality.
+    recording_quota_mb: Annotated[int, Field(ge=0)] = 10_240
+    recording_ttl_h: Annotated[float, Field(gt=0)] = 7 * 24.0
+    recording_fps: Annotated[float, Field(gt=0, le=30)] = 4.0
+    recording_quality: Annotated[int, Field(ge=1, le=100)] = 60
     default_backend: str = "container"
     # The backends this server offers (DESKBOX_BACKENDS=container,vm,local). "vm": a QEMU
     # microVM per session. "local" runs unisolated host processes: offer it only on a

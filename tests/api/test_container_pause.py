@@ -6,6 +6,7 @@ session survives the reaper and can be deleted.
 
 from __future__ import annotations
 
+import json
 import stat
 import threading
 import time
@@ -272,3 +273,49 @@ def test_hibernate_frees_the_sandbox_and_resume_restores_it(
     finally:
         assert client.delete(f"/v1/sessions/{sid}").status_code == 204
     assert Runc().state(container_id) is None
+
+
+def test_a_recording_goes_on_through_freeze_hibernate_and_a_snapshot(
+    client: httpx.Client,
+) -> None:
+    """The frames' watch leads into the sandbox: it stops for every pause and checkpoint
+    (CRIU would refuse a connection from the host) and starts again after each."""
+    session = new_session(client, record=True)
+    sid = session["id"]
+    snapshot = None
+    try:
+        for mode in ("freeze", "hibernate", None):
+            if mode is None:
+                made = client.post(f"/v1/sessions/{sid}/snapshots", timeout=120)
+                assert made.status_code == 201, made.text
+                snapshot = made.json()["id"]
+            else:
+                paused = client.post(f"/v1/sessions/{sid}/pause", json={"mode": mode},
+                                     timeout=120)
+                assert paused.status_code == 200, paused.text
+                assert client.post(f"/v1/sessions/{sid}/resume", timeout=120
+                                   ).status_code == 200
+            typed = client.post(f"/v1/sessions/{sid}/actions", json={
+                "type": "type", "text": f"after {mode or 'snapshot'}"})
+            assert typed.status_code == 200, typed.text
+        deadline = time.monotonic() + 10
+        while True:
+            lines = client.get(f"/v1/sessions/{sid}/trajectory").text.splitlines()
+            entries = [json.loads(line) for line in lines]
+            last_action = [e for e in entries if e["kind"] == "action"][-1]
+            if last_action["frame_after"] != last_action["frame_before"] or \
+                    time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        states = [e["event"].get("state") for e in entries if e["kind"] == "event"]
+        assert states == [None, "paused", "running", "hibernated", "running"], states
+        actions = [e for e in entries if e["kind"] == "action"]
+        assert len(actions) == 3
+        # Each resume (and the snapshot) gave the watch back: the typing after it is seen.
+        for action in actions:
+            assert action["frame_after"] is not None, action
+            assert action["frame_after"] != action["frame_before"], action
+    finally:
+        client.delete(f"/v1/sessions/{sid}")
+        if snapshot is not None:
+            client.delete(f"/v1/snapshots/{snapshot}")

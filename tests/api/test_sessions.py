@@ -126,7 +126,6 @@ def test_no_wait_then_idle_expiry(client: httpx.Client) -> None:
          "network egress 'allowlist' needs that egress mode, which the local engine lacks; "
          "it offers 'all'"),
         ({"network": {"egress": "none"}}, "network egress 'none' needs"),
-        ({"record": True}, "not supported yet"),
         ({"resources": {"cpus": 1}},
          "resources needs the capability 'resources', which the local engine lacks"),
         ({"runtime_class": "gvisor"}, "runtime_class needs runtime classes, which the local "

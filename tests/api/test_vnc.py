@@ -7,6 +7,7 @@ Chromium.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterator
@@ -329,11 +330,13 @@ def test_a_human_takes_control_in_the_view_and_hands_back(
 ) -> None:
     """The agent asks for help; a person with a control link presses "Take control" in the
     real page; the agent's actions are refused (screenshots still work); the person's
-    click and keys land in the page; "Hand back" gives the agent the desktop again; the
-    event stream tells each step."""
+    click and keys land in the page and in the session's recording; "Hand back" gives the
+    agent the desktop again; the event stream tells each step."""
     ox, oy = origin
     sid = session["id"]
-    link = f"{session['urls']['view']}?token={issue(client, sid, 'control')['token']}"
+    control = issue(client, sid, "control")
+    link = f"{session['urls']['view']}?token={control['token']}"
+    assert client.post(f"/v1/sessions/{sid}/recording/start").status_code == 200
     field = {"x": ox + 900, "y": oy + 175}
     asked = client.post(f"/v1/sessions/{sid}/handoff", json={"reason": "a captcha"})
     assert asked.status_code == 200 and asked.json()["needs_help"] is True, asked.text
@@ -383,8 +386,22 @@ def test_a_human_takes_control_in_the_view_and_hands_back(
                     break
         assert seen[-4:] == ["help_requested", "human_took_control", "help_requested",
                              "human_handed_back"], seen
+        client.post(f"/v1/sessions/{sid}/recording/stop")
+        entries = [json.loads(line) for line in
+                   client.get(f"/v1/sessions/{sid}/trajectory").text.splitlines()]
+        steps = [(e["source"]["type"], e["action"]["type"], e.get("error", {}).get("type"))
+                 for e in entries if e["kind"] == "action"]
+        assert ("api_key", "click", "human_in_control") in steps, steps
+        human = [e for e in entries if e["kind"] == "action" and e["source"] == {
+            "type": "token", "id": control["id"]}]
+        assert [e["action"]["type"] for e in human] == ["click", "type"], human
+        assert human[1]["action"]["text"] == "human"
+        assert abs(human[0]["screen_point"]["x"] - field["x"]) <= 2
+        events = [e["event"]["type"] for e in entries if e["kind"] == "event"]
+        assert "human_took_control" in events and "human_handed_back" in events
     finally:
         client.delete(f"/v1/sessions/{sid}/control")
+        client.delete(f"/v1/sessions/{sid}/recording")
 
 
 def test_tokens_never_reach_the_log(

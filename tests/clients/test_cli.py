@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import termios
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -226,3 +227,31 @@ def test_create_no_wait_then_rm(local_server: Server) -> None:
     removed = deskbox(local_server, "rm", body["id"])
     assert removed.returncode == 0 and removed.stdout.strip() == body["id"]
     assert deskbox(local_server, "rm", body["id"]).returncode == 0  # idempotent
+
+
+def test_record_and_export(local_server: Server, tmp_path: Path) -> None:
+    made = deskbox(local_server, "create", "--width", "640", "--height", "480", "--record",
+                   "--start-url", "data:text/html,<body>recorded</body>")
+    assert made.returncode == 0, made.stderr
+    sid = made.stdout.strip()
+    try:
+        assert deskbox(local_server, "act", sid, '{"type": "click", "x": 30, "y": 40}'
+                       ).returncode == 0
+        stopped = deskbox(local_server, "record", sid, "--stop")
+        assert stopped.returncode == 0, stopped.stderr
+        assert stopped.stdout.startswith(f"{sid} stopped (1 actions")
+        archive, video = tmp_path / "r.zip", tmp_path / "r.mp4"
+        assert deskbox(local_server, "export", sid, "-o", str(archive)).returncode == 0
+        with zipfile.ZipFile(archive) as zipped:
+            lines = zipped.read("trajectory.jsonl").decode().splitlines()
+        clicks = [e for e in map(json.loads, lines) if e["kind"] == "action"]
+        assert clicks[0]["action"] == {"type": "click", "x": 30, "y": 40}
+        exported = deskbox(local_server, "export", sid, "--video", "-o", str(video), "--json")
+        assert exported.returncode == 0, exported.stderr
+        assert video.read_bytes()[4:8] == b"ftyp"  # an MP4 container
+        assert json.loads(exported.stdout)["size"] == video.stat().st_size
+        assert deskbox(local_server, "record", sid).returncode == 0  # it goes on
+    finally:
+        deskbox(local_server, "rm", sid)
+    missing = deskbox(local_server, "export", "ses_00000000000000000000")
+    assert missing.returncode == EXIT_CODES["not_found"]

@@ -326,6 +326,25 @@ class SessionBase(Generic[C]):
         return Call("GET", f"{self._path}/files", params=[("path", path)], timeout=timeout,
                     expect_json=False)
 
+    def _recording_call(self, verb: Literal["start", "stop"], timeout: float | None) -> Call:
+        return Call("POST", f"{self._path}/recording/{verb}", timeout=timeout)
+
+    def _trajectory_call(self, timeout: float | None) -> Call:
+        return Call("GET", f"{self._path}/trajectory", timeout=timeout, expect_json=False)
+
+    def _video_call(self, timeout: float | None) -> Call:
+        # Encoded on the first request: give it time.
+        return Call("GET", f"{self._path}/recording.mp4", expect_json=False,
+                    timeout=timeout if timeout is not None else max(self._client.timeout, 300))
+
+    def _export_call(self, timeout: float | None) -> Call:
+        return Call("GET", f"{self._path}/trajectory.zip", expect_json=False,
+                    timeout=timeout if timeout is not None else max(self._client.timeout, 300))
+
+    @staticmethod
+    def _entries(data: bytes) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in data.splitlines() if line.strip()]
+
     def _pause_call(self, mode: str, timeout: float | None) -> Call:
         return Call("POST", f"{self._path}/pause", json={"mode": mode}, timeout=timeout)
 

@@ -176,6 +176,8 @@ def register(app: typer.Typer) -> None:
         timeout_s: Annotated[int | None, typer.Option(help="Idle timeout (seconds).")] = None,
         from_snapshot: Annotated[str | None, typer.Option(help="Snapshot id.")] = None,
         wait: Annotated[bool, typer.Option(help="Wait until it runs.")] = True,
+        record: Annotated[bool, typer.Option(
+            "--record", help="Record it (deskbox export saves the recording).")] = False,
         url: Url = None, api_key: ApiKey = None, as_json: Json = False,
     ) -> None:
         """Create a session; prints its id."""
@@ -185,7 +187,7 @@ def register(app: typer.Typer) -> None:
                 session = box.sessions.create(
                     display=display or None, start_url=start_url, backend=backend,
                     labels=_labels(label or []), timeout_s=timeout_s,
-                    from_snapshot=from_snapshot, wait=wait,
+                    from_snapshot=from_snapshot, wait=wait, record=record or None,
                 )
             if as_json:
                 _print_json(_session_json(session))

@@ -424,6 +424,37 @@ class Session(SessionBase[Deskbox]):
         """A link to the live view (read-only with ``view``), carrying a fresh token."""
         return self._view_url(self.token(scope, ttl_s=ttl_s, timeout=timeout))
 
+    # recordings ------------------------------------------------------------------------
+
+    def start_recording(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """Record from now on (actions, frames, events); the recording resource."""
+        return dict(self._client._send(self._recording_call("start", timeout)))
+
+    def stop_recording(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """Stop recording; it is kept (past the session) until it expires."""
+        return dict(self._client._send(self._recording_call("stop", timeout)))
+
+    def trajectory(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
+        """The recording's entries in time order: actions (with the frames before and
+        after them), frames and events."""
+        return self._entries(self._client._send(self._trajectory_call(timeout)))
+
+    def recording(self, path: str | os.PathLike[str] | None = None, *,
+                  timeout: float | None = None) -> bytes:
+        """The recording's video (MP4, H.264); also written to ``path`` if given."""
+        data: bytes = self._client._send(self._video_call(timeout))
+        if path is not None:
+            Path(path).write_bytes(data)
+        return data
+
+    def export(self, path: str | os.PathLike[str] | None = None, *,
+               timeout: float | None = None) -> bytes:
+        """The recording as a zip: trajectory.jsonl, recording.json, frames/, shots/."""
+        data: bytes = self._client._send(self._export_call(timeout))
+        if path is not None:
+            Path(path).write_bytes(data)
+        return data
+
     def ask_for_help(self, reason: str, *, timeout: float | None = None
                      ) -> dict[str, Any]:
         """Tell the humans watching that the agent needs one (an event; the session is

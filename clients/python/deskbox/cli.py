@@ -12,6 +12,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from ._commands import ApiKey, Url, register
+from ._recording_commands import register_recordings
 
 __all__ = ["app", "main"]
 
@@ -133,6 +134,7 @@ def _size(text: str, option: str) -> tuple[int, int]:
 
 
 register(app)
+register_recordings(app)
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 """A desktop (a sandbox's, or the local backend's), driven through its agent (the
-``act``, ``grab``, ``ready`` and ``info`` calls of desktop_image/agent/PROTOCOL.md).
+``act``, ``grab``, ``ready``, ``info`` and ``watch`` calls of desktop_image/agent/PROTOCOL.md).
 
 :class:`AgentDesktop` takes the server's own action models and answers with the server's
 types (``BatchResult``, ``EncodedImage``, ``Frame``): a session needs nothing else to drive
@@ -48,6 +48,8 @@ _LENGTH = struct.Struct(">I")
 _MAGIC = {"image/jpeg": (b"\xff\xd8\xff",), "image/png": (b"\x89PNG\r\n\x1a\n",),
           "image/webp": (b"RIFF",)}
 _READY_GRACE_S = 5.0
+# ``watch``: past its own timeout the agent still captures and encodes (≈ 10 ms) once.
+_WATCH_GRACE_S = 5.0
 MAX_READY_CALL_S = 300.0  # the longest ``ready`` the agent accepts (PROTOCOL.md)
 
 
@@ -202,6 +204,24 @@ class AgentDesktop:
         if len(pixels) != size:
             raise self._client.fail(f"grab: {len(pixels)} bytes for {width}x{height} pixels")
         return Frame(np.frombuffer(pixels, dtype=np.uint8).reshape(height, width, 4))
+
+    async def watch(self, timeout_s: float, quality: int, now: bool = False,
+                    ) -> EncodedImage | None:
+        """The whole screen as JPEG once it changed since the last ``watch``'s capture (at
+        once with ``now``); None if it did not within ``timeout_s``. On a stream of its
+        own (it waits for seconds), so that the call stream stays free."""
+        width, height = await self._screen_size()
+        expect = _Expect("image", "image/jpeg", width, height)
+        result = await self._call(
+            "watch", {"timeout_s": timeout_s, "quality": quality, "now": now},
+            timeout_s + _WATCH_GRACE_S, _LENGTH.size + MAX_HEADER + expect.max_bytes,
+            stall_fails=False)
+        header, parts = self._split(result.content_type, result.body)
+        changed, image = header.get("changed"), header.get("image")
+        if set(header) != {"changed", "image"} or type(changed) is not bool or (
+                changed != (image is not None)):
+            raise self._client.fail("watch: not {changed, image}")
+        return None if image is None else self._image(image, expect, parts, "watch: image")
 
     # -- plumbing -------------------------------------------------------------------------
 

@@ -126,11 +126,18 @@ async def vnc_ws(websocket: WebSocket, session_id: str) -> None:
             offered = websocket.scope.get("subprotocols") or []
             await websocket.accept(subprotocol="binary" if "binary" in offered else None)
             accepted = True
-            stats = await run_proxy(
-                websocket, reader, writer, allow_input=grant.scope == "control",
-                max_buffer=services.settings.vnc_viewer_buffer_bytes,
-                send_timeout_s=services.settings.ws_send_timeout_s,
-            )
+            viewer_id = f"viewer-{id(websocket):x}"
+            source = ({"type": "token", "id": grant.token_id} if grant.token_id
+                      else {"type": "api_key", "id": grant.owner})
+            try:
+                stats = await run_proxy(
+                    websocket, reader, writer, allow_input=grant.scope == "control",
+                    max_buffer=services.settings.vnc_viewer_buffer_bytes,
+                    send_timeout_s=services.settings.ws_send_timeout_s,
+                    on_input=lambda message: session.human_input(viewer_id, source, message),
+                )
+            finally:
+                session.human_left(viewer_id)
             if stats.too_slow:
                 services.metrics.slow_clients.inc("vnc")
             log.info(

@@ -68,7 +68,6 @@ class SessionSpec:
     network: Network | None = None
     # A snapshot's directory (the session layer found it and checked it is the caller's).
     from_snapshot: Path | None = None
-    record: bool = False
     # The pod's RuntimeClass (engines with runtime_classes), else the engine's default.
     runtime_class: str | None = None
     # Started ahead of demand (the warm pool): no start-up boost that could slow the
@@ -195,8 +194,6 @@ class Engine(ABC, Generic[S]):
 
     def check(self, spec: SessionSpec) -> None:
         """Refuse what this engine cannot honour, before anything starts."""
-        if spec.record:
-            raise InvalidRequest(f"record is not supported yet by the {self.name} engine")
         if spec.from_snapshot is not None:
             self.require(Capability.CHECKPOINT, "from_snapshot")
         if spec.runtime_class is not None and not self.runtime_classes:

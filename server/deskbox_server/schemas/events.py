@@ -12,7 +12,8 @@ from .sessions import SessionState
 __all__ = ["EventType", "SessionEvent"]
 
 EventType = Literal["state", "browser_exited", "browser_restarted", "help_requested",
-                    "human_took_control", "human_handed_back"]
+                    "human_took_control", "human_handed_back", "recording_started",
+                    "recording_stopped"]
 
 
 class SessionEvent(BaseModel):
@@ -22,7 +23,8 @@ class SessionEvent(BaseModel):
     the same profile, ``browser_restarts`` times so far; ``help_requested``: the agent asked
     for a human (``reason``); ``human_took_control``: a human drives the desktop, the agent's
     actions answer 409; ``human_handed_back``: the agent may act again (``reason``: handed
-    back, or the lease ran out)."""
+    back, or the lease ran out); ``recording_started``, ``recording_stopped`` (``reason``:
+    asked, the session ended, the quota was reached)."""
 
     id: int
     type: EventType

@@ -1,7 +1,7 @@
 """What every session of a manager shares (the registry, the browser watch, the links,
-the frame store, metrics, the volumes, the secrets) and the two ways back to the manager:
-publish a state change, fail a session. The manager wires one; session.py, state_changes.py
-and start_stop.py use it.
+the frame store, metrics, the volumes, the secrets, the recordings) and the two ways back
+to the manager: publish a state change, fail a session. The manager wires one; session.py,
+state_changes.py and start_stop.py use it.
 """
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ from dataclasses import dataclass
 
 from ..metrics import Metrics
 from .browser_watch import BrowserWatch
+from .desktop import AnyDesktop
 from .events import EventLog
 from .lifecycle import SessionRecord
 from .links import SessionLinks
 from .live import LiveSession
 from .pause import FrameStore
+from .recordings import Recordings
 from .registry import Registry
 from .secrets import SecretStore
 from .volumes import VolumeStore
@@ -42,3 +44,16 @@ class SessionContext:
     secrets: SecretStore
     # Every session's event stream (help requested, a human's control...).
     events: EventLog
+    # The recordings going on; a recording takes frames while its session runs.
+    recordings: Recordings
+
+    def watch(self, session_id: str, handle: AnyDesktop) -> None:
+        """The session runs (again): follow its browser, take its recording's frames."""
+        self.browsers.start(session_id, handle)
+        self.recordings.watch(session_id, handle)
+
+    async def unwatch(self, session_id: str) -> None:
+        """The session stops running (a pause, a checkpoint, its end): nothing of the
+        server keeps a connection into it."""
+        await self.browsers.stop(session_id)
+        await self.recordings.unwatch(session_id)

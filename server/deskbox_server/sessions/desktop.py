@@ -29,7 +29,7 @@ from ..agent.vnc import AgentVnc
 from ..agent.vnc_server import VncServer
 from ..engines.base import Capability, Engine, S, SessionSpec, SnapshotInfo
 from ..errors import BrowserUnavailable, DesktopFailed
-from ..media import Frame
+from ..media import EncodedImage, Frame
 from ..sandbox_io import ExecCommand, ExecResult, FileDownload
 from ..schemas import actions as a
 from ..schemas.results import BatchResult
@@ -175,6 +175,11 @@ class Desktop(Generic[S]):
     async def grab(self) -> Frame:
         """The whole screen's pixels, now (kept as the last frame of a paused session)."""
         return await self.desktop.grab()
+
+    async def watch(self, timeout_s: float, quality: int, now: bool = False,
+                    ) -> EncodedImage | None:
+        """The screen as JPEG once it changed since the last watch (or now); None if not."""
+        return await self.desktop.watch(timeout_s, quality, now)
 
     # -- exec and files: inside the sandbox, through its agent ----------------------------
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import dataclasses
+import datetime as dt
 import logging
 import os
 import shutil
@@ -48,6 +49,8 @@ from .links import SessionLinks
 from .live import LiveSession, not_live
 from .pause import FrameStore
 from .pool import PoolKey, SnapshotKey, WarmPool, new_session_id
+from .recording_store import RecordingStore
+from .recordings import Recordings
 from .recovery import desktop_spec, failed, lock_state_dir, readopt
 from .registry import Registry
 from .secrets import SecretStore
@@ -94,6 +97,13 @@ class SessionManager:
         self.secrets = SecretStore(settings.state_dir / "secrets",
                                    settings.state_dir / "secrets.key")
         self._frames = FrameStore(settings.state_dir / "frames")
+        # Recordings of sessions, kept past them (recordings.py, recording_store.py).
+        self.recordings = Recordings(
+            RecordingStore(settings.state_dir / "recordings",
+                           dt.timedelta(hours=settings.recording_ttl_h)),
+            self.events, settings.recording_fps, settings.recording_quality,
+            settings.recording_quota_mb << 20,
+        )
         pool_engine = self._engines.get(settings.default_backend)
         self.pool = WarmPool(
             pool_engine, [PoolKey.parse(d) for d in settings.pool_displays],
@@ -107,6 +117,7 @@ class SessionManager:
             registry=registry, browsers=self._browsers, links=self.links, frames=self._frames,
             metrics=metrics, publish=self._publish_state, fail=self._fail_soon,
             volumes=self.volumes, secrets=self.secrets, events=self.events,
+            recordings=self.recordings,
         )
 
     # -- server lifetime ------------------------------------------------------------------
@@ -142,6 +153,7 @@ class SessionManager:
         await asyncio.to_thread(self.volumes.open)
         await asyncio.to_thread(self.secrets.open)
         await asyncio.to_thread(self._frames.open)
+        await asyncio.to_thread(self.recordings.store.open)
         for engine in self._engines.values():
             await engine.prepare()
         # This process holds no desktop yet: what the registry calls live was left by a
@@ -176,7 +188,7 @@ class SessionManager:
         self._live[record.id] = live
         self.volumes.reattach(record.owner, record.id, record.body.all_volumes())
         if record.state is S.running and live.handle is not None:
-            self._browsers.start(record.id, live.handle)
+            self._context.watch(record.id, live.handle)
         log.info("session %s re-adopted (engine %s, %s)", record.id, record.backend,
                  record.state.value)
         return None
@@ -189,6 +201,7 @@ class SessionManager:
                 await self._reaper
         if self.pool is not None:
             await self.pool.close()
+        await self.recordings.close()
         # Hibernated sessions stay on disk for the next server; the others stop.
         await asyncio.gather(
             *(self._stop(live, None) if live.record.state is not S.hibernated
@@ -332,6 +345,8 @@ class SessionManager:
             raise InvalidRequest(
                 f"timeout_s may be at most {self._settings.max_timeout_s} on this server"
             )
+        if body.record:
+            self.recordings.check_quota(owner)
         mounts = body.all_volumes()
         if mounts and snapshot is not None:
             raise InvalidRequest("a session made from a snapshot (or a fork's copy) cannot "
@@ -354,7 +369,6 @@ class SessionManager:
             resources=body.resources,
             network=body.network,
             from_snapshot=snapshot,
-            record=body.record,
             runtime_class=body.runtime_class,
             # Disks unknown until attached below: enough for engine.check to refuse volumes.
             volumes=tuple(VolumeAttach(m.name, Path(), m.path, m.read_only) for m in mounts),
@@ -422,7 +436,9 @@ class SessionManager:
             await handle.claimed()
         except DeskboxError as error:  # a label, not the desktop: the session runs on
             log.warning("session %s: marking its sandbox as claimed: %s", record.id, error)
-        self._browsers.start(record.id, handle)
+        self._context.watch(record.id, handle)
+        if body.record:
+            await self._context.recordings.begin(record, handle)
         log.info("session %s running (engine %s, from the warm pool)", record.id, backend_name)
         return record
 
@@ -600,6 +616,7 @@ class SessionManager:
             await asyncio.sleep(self._settings.reaper_interval_s)
             try:
                 await self.reap()
+                await asyncio.to_thread(self.recordings.store.sweep)
             except Exception:
                 log.exception("reaper pass failed")
 

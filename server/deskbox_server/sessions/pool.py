@@ -60,7 +60,6 @@ class PoolKey:
             and body.from_snapshot is None
             and body.resources is None
             and (body.network is None or body.network.egress == "none")
-            and not body.record
             and body.runtime_class is None
             and not body.volumes  # a pooled desktop has no volume mounted
         )

@@ -37,6 +37,8 @@ from .handoff import HandoffState
 from .lifecycle import SessionRecord
 from .live import LiveSession, not_live
 from .pause import frozen_image
+from .recorder import Source
+from .recording_store import RecordingMeta
 from .secrets import redact
 
 __all__ = ["Session"]
@@ -91,6 +93,26 @@ class Session:
         websocket relies on it): everything up to the handle's call is synchronous, except
         behind a batch that types a secret, which checks the browser's focus first; later
         batches then wait their turn (:meth:`_in_line`)."""
+        recorder = self._context.recordings.recorder(self._live.record.id)
+        if recorder is None:
+            return await self._act(actions, view, screenshot)
+        started = recorder.now()
+        source = {"type": "api_key", "id": self._live.record.owner}
+        space = view or self._live.record.body.coordinate_space
+        try:
+            result = await self._act(actions, view, screenshot)
+        except DeskboxError as error:
+            recorder.batch(source, actions, space, started, None, error)
+            raise
+        recorder.batch(source, actions, space, started, result, None)
+        return result
+
+    async def _act(
+        self,
+        actions: Sequence[a.Action],
+        view: a.CoordinateSpace | None,
+        screenshot: a.Screenshot | None,
+    ) -> BatchResult:
         live = self._live
         if live.handoff is not None:
             live.handoff.check(actions)
@@ -234,6 +256,31 @@ class Session:
         if wait_s is not None:
             await self.handoff.wait_handed_back(wait_s)
         return self.handoff.resource()
+
+    # -- recording (recordings.py) ----------------------------------------------------------
+
+    async def start_recording(self) -> RecordingMeta:
+        """Record from now on (frames while it runs); it goes on if it records already."""
+        live = self._live
+        if live.record.state not in (S.running, S.paused, S.hibernated):
+            raise not_live(live.record)
+        return await self._context.recordings.begin(live.record, live.handle)
+
+    async def stop_recording(self) -> RecordingMeta:
+        record = self._live.record
+        meta = await self._context.recordings.end(record.id)
+        return meta or self._context.recordings.store.owned(record.owner, record.id)
+
+    def human_input(self, viewer_id: str, source: Source, message: bytes) -> None:
+        """A control viewer's input message, kept if the session records."""
+        recorder = self._context.recordings.recorder(self._live.record.id)
+        if recorder is not None:
+            recorder.human(viewer_id, source, message)
+
+    def human_left(self, viewer_id: str) -> None:
+        recorder = self._context.recordings.recorder(self._live.record.id)
+        if recorder is not None:
+            recorder.human_left(viewer_id)
 
     async def exec(self, command: ExecCommand, secrets: Sequence[str] = ()) -> ExecResult:
         """Run ``command``; ``secrets``: the API key's secrets of these names in its

@@ -44,7 +44,9 @@ async def start(
     record.touch()
     await context.registry.save(record)
     context.publish(record)
-    context.browsers.start(record.id, handle)
+    context.watch(record.id, handle)
+    if record.body.record:
+        await context.recordings.begin(record, handle)
     log.info(
         "session %s running (engine %s, %.2f s; %s)",
         record.id, record.backend, time.monotonic() - started,
@@ -72,7 +74,8 @@ async def end(
             log.warning("session %s failed: %s", record.id, failure)
         await context.registry.save(record)
         context.publish(record)
-    await context.browsers.stop(record.id)  # before the browser goes with the desktop
+    await context.recordings.end(record.id, "the session ended")
+    await context.unwatch(record.id)  # before the browser goes with the desktop
     if live.handoff is not None:
         live.handoff.close()
     if live.handle is None:

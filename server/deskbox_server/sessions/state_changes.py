@@ -54,7 +54,7 @@ async def pause(
                 raise Conflict(f"session {record.id} was {record.state.value} meanwhile")
             # Its DevTools connection would time out on a frozen browser, and leads out of
             # the sandbox (CRIU cannot dump it): no watch meanwhile.
-            await context.browsers.stop(record.id)
+            await context.unwatch(record.id)
             if mode == "freeze":
                 await handle.freeze()
             else:
@@ -65,7 +65,7 @@ async def pause(
         except BaseException as error:
             if still_pausing():
                 record.transition(S.running)
-                context.browsers.start(record.id, handle)
+                context.watch(record.id, handle)
             if mode == "hibernate":
                 await asyncio.to_thread(context.frames.forget, record.id)
             if isinstance(error, SessionFailed):  # e.g. its X server did not answer
@@ -102,7 +102,7 @@ async def resume(live: LiveSession, context: SessionContext) -> SessionRecord:
         record.touch()
         await context.registry.save(record)
         context.publish(record)
-        context.browsers.start(record.id, handle)
+        context.watch(record.id, handle)
     log.info("session %s resumed", record.id)
     return record
 
@@ -120,13 +120,13 @@ async def _checkpointing(
     live.checkpointing = True
     try:
         await drain(lambda: live.busy, record.id, DRAIN_TIMEOUT_S)
-        await context.browsers.stop(record.id)
+        await context.unwatch(record.id)
         try:
             async with context.links.closed(record.id):
                 yield handle
         finally:
             if record.state is S.running:
-                context.browsers.start(record.id, handle)
+                context.watch(record.id, handle)
     finally:
         live.checkpointing = False
 

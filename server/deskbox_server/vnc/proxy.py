@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -162,11 +163,14 @@ async def run_proxy(
     max_cut_text: int = 1 << 20,
     max_buffer: int = 32 << 20,
     send_timeout_s: float = 30.0,
+    on_input: Callable[[bytes], None] | None = None,
 ) -> ProxyStats:
-    """Serve one accepted websocket until either side closes; closes both."""
+    """Serve one accepted websocket until either side closes; closes both. ``on_input``
+    sees each key and pointer message passed to the server."""
     stats = ProxyStats()
     viewer = _ViewerStream(websocket)
-    messages = ClientMessages(allow_input=allow_input, max_cut_text=max_cut_text)
+    messages = ClientMessages(allow_input=allow_input, max_cut_text=max_cut_text,
+                              on_input=on_input)
     outbox = _Outbox(max_buffer)
     close_code, reason = 1000, ""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -75,6 +76,8 @@ class ClientMessages:
 
     allow_input: bool
     max_cut_text: int = 1 << 20
+    # Called with each key and pointer message let through (a recording keeps them).
+    on_input: Callable[[bytes], None] | None = None
     dropped: dict[int, int] = field(default_factory=dict)
     forwarded: int = 0
     _buffer: bytearray = field(default_factory=bytearray)
@@ -95,6 +98,8 @@ class ClientMessages:
                 continue
             out += message
             self.forwarded += 1
+            if self.on_input is not None and kind in (KEY_EVENT, POINTER_EVENT):
+                self.on_input(message)
         return bytes(out)
 
     @property

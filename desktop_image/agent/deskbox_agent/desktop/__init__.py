@@ -1,5 +1,6 @@
 """The desktop the agent drives: its own X display (XTEST input, capture and encoding,
-settling, clipboard, keymaps) behind the calls ``act``, ``grab``, ``ready`` and ``info``.
+settling, clipboard, keymaps) behind the calls ``act``, ``grab``, ``ready``, ``info`` and
+``watch``.
 
 Inside the sandbox the X server is the session's own, so this is plain python-xlib and
 mss: the host, which treats the whole sandbox as hostile, never speaks X11 to it.

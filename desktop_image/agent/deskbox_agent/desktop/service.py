@@ -1,4 +1,6 @@
-"""The desktop's calls (``act``, ``grab``, ``ready``, ``info``) over one worker thread.
+"""The desktop's calls (``act``, ``grab``, ``ready``, ``info``, ``watch``) over one worker
+thread (``ready`` and ``watch`` wait for seconds: each on a thread and X connection of its
+own).
 
 X work blocks, so it runs on the desktop's one thread, not on the event loop; a lock
 keeps the calls one at a time and in the order they came, so batches keep their order.
@@ -16,6 +18,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import math
+import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
@@ -28,11 +31,13 @@ if TYPE_CHECKING:
     from . import actions as a
     from .desktop import ActionResult, Desktop
     from .encode import EncodedImage
+    from .watch import Wake, Watch
 
 __all__ = ["DesktopService", "register_desktop"]
 
 T = TypeVar("T")
 MAX_READY_S = 300.0
+MAX_WATCH_S = 60.0
 IDLE_TRIM_S = 2.0  # after this long without a desktop call, free memory goes back
 # The reply to one action that has no result and no screenshot (a click): always the same.
 _NO_RESULTS = Parts().blob({"results": [None], "settled": True, "screenshot": None})
@@ -49,6 +54,11 @@ class DesktopService:
         self._lock: asyncio.Lock | None = None
         self._malloc: _Malloc | None = None
         self._trim: asyncio.TimerHandle | None = None
+        # ``watch``: its own thread, X connection and wake-up pipe, made on its first call.
+        self._watch: Watch | None = None
+        self._watch_executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._watch_wake: Wake | None = None
+        self._closed = False
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -112,9 +122,12 @@ class DesktopService:
                 self._trim = loop.call_later(IDLE_TRIM_S, self._trim_idle, self._malloc)
 
     def _trim_idle(self, malloc: _Malloc) -> None:
-        if self._executor is not None:
+        # On the watch's thread if only watch calls came (a recording of a desktop that
+        # a person drives over VNC).
+        executor = self._executor or self._watch_executor
+        if executor is not None:
             with contextlib.suppress(RuntimeError):  # shut down meanwhile: nothing to trim
-                self._executor.submit(malloc.trim)
+                executor.submit(malloc.trim)
 
     def _connected(self) -> Desktop:
         """The desktop, connected now if it is not (on the worker thread)."""
@@ -135,9 +148,19 @@ class DesktopService:
             raise
 
     def close(self) -> None:
-        """Ends the worker (after the call it runs); call from a thread, not the loop."""
+        """Ends the worker (after the call it runs) and the watch's thread (its wait cut
+        short); call from a thread, not the loop."""
+        self._closed = True
         if self._trim is not None:
             self._trim.cancel()
+        if self._watch_executor is not None:
+            assert self._watch_wake is not None
+            self._watch_wake.wake()
+            self._watch_executor.shutdown(wait=True, cancel_futures=True)
+            watch, self._watch = self._watch, None
+            if watch is not None:
+                watch.close()
+            self._watch_wake.close()
         if self._executor is not None:
             desktop, self._desktop = self._desktop, None
             if desktop is not None:
@@ -223,6 +246,62 @@ class DesktopService:
         await self._on_worker(lambda: self._with_desktop(lambda desktop: None))
         return dict(timings)
 
+    async def watch(self, args: Mapping[str, Json]) -> Blob:
+        timeout_s, quality, now = _watch_args(args)
+        if self._closed:
+            raise CallError(503, "desktop_failed", "the desktop has been stopped")
+        from .watch import Wake
+
+        malloc = self._first_call()
+        if self._watch_executor is None:
+            self._watch_wake = Wake()
+            self._watch_executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="desktop-watch")
+        wake = self._watch_wake
+        assert wake is not None
+        gone = threading.Event()
+
+        def stopped() -> bool:
+            return gone.is_set() or self._closed
+
+        def work() -> Blob:
+            image = self._watched(timeout_s, quality, now, wake, stopped)
+            parts = Parts()
+            return parts.blob({"changed": image is not None,
+                               "image": None if image is None else _image(image, parts)})
+
+        loop = asyncio.get_running_loop()
+        if self._trim is not None:
+            self._trim.cancel()  # a recording is busy: its frame buffers stay for the next
+        try:
+            return await loop.run_in_executor(self._watch_executor, work)
+        except asyncio.CancelledError:
+            # The host gave the call up: its wait ends now, not at its timeout, so that
+            # the next watch does not queue behind it.
+            gone.set()
+            wake.wake()
+            raise
+        except DesktopError as error:
+            raise CallError(error.status, error.kind, error.message) from None
+        finally:
+            self._trim = loop.call_later(IDLE_TRIM_S, self._trim_idle, malloc)
+
+    def _watched(self, timeout_s: float, quality: int, now: bool, wake: Wake,
+                 stopped: Callable[[], bool]) -> EncodedImage | None:
+        """The next frame, on the watch's thread; connects first if not connected."""
+        if self._watch is None:
+            from .watch import Watch
+
+            self._watch = Watch(self.display_name)
+        watch = self._watch
+        try:
+            return watch.next_frame(timeout_s, quality, now, wake, stopped)
+        except DesktopFailed:
+            # As _with_desktop: the next call connects afresh.
+            self._watch = None
+            watch.close()
+            raise
+
 
 _M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
 
@@ -260,6 +339,21 @@ def _only(args: Mapping[str, Json], allowed: tuple[str, ...]) -> None:
         raise CallError(422, "invalid_action", f"unknown field {unknown[0][:64]!r}")
 
 
+def _watch_args(args: Mapping[str, Json]) -> tuple[float, int, bool]:
+    _only(args, ("timeout_s", "quality", "now"))
+    timeout_s = args.get("timeout_s", 10.0)
+    quality = args.get("quality", 60)
+    now = args.get("now", False)
+    if not (isinstance(timeout_s, int | float) and type(timeout_s) is not bool
+            and math.isfinite(timeout_s) and 0 < timeout_s <= MAX_WATCH_S):
+        raise CallError(422, "invalid_action", f"timeout_s must be in (0, {MAX_WATCH_S}]")
+    if type(quality) is not int or not 1 <= quality <= 100:
+        raise CallError(422, "invalid_action", "quality must be an integer in [1, 100]")
+    if type(now) is not bool:
+        raise CallError(422, "invalid_action", "now must be true or false")
+    return float(timeout_s), quality, now
+
+
 def _image(image: EncodedImage, parts: Parts) -> dict[str, Json]:
     return {"type": "image", "media_type": image.media_type, "width": image.width,
             "height": image.height, **parts.add(image.data)}
@@ -293,4 +387,5 @@ def register_desktop(
     registry.register("grab", service.grab)
     registry.register("ready", service.ready)
     registry.register("info", service.info)
+    registry.register("watch", service.watch)
     return service

@@ -1,0 +1,127 @@
+"""Recordings and trajectories (API.md "Recordings and trajectories"): start and stop a
+session's recording, read it back (trajectory, frames, video, zip export), list and delete
+an API key's recordings. They outlive their sessions until they expire."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import FileResponse
+from starlette.background import BackgroundTask
+
+from ..errors import DeskboxError, NotFound
+from ..schemas.recordings import Recording, RecordingList
+from ..sessions import recording_media as media
+from ..sessions.recording_store import RecordingMeta
+from .deps import Caller, Services, get_services
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["recordings"])
+_SESSION = "/v1/sessions/{session_id}"
+_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_NDJSON = "application/x-ndjson"
+
+
+def _resource(meta: RecordingMeta) -> Recording:
+    return Recording.model_validate(meta.model_dump(exclude={"owner", "entries"}))
+
+
+def _recording(services: Services, owner: str, session_id: str) -> RecordingMeta:
+    if not _ID.match(session_id):
+        raise NotFound(f"session {session_id!r} has no recording")
+    return services.manager.recordings.store.owned(owner, session_id)
+
+
+async def _flushed(services: Services, owner: str, session_id: str) -> RecordingMeta:
+    """The recording, with what its recorder still holds written first (a read sees every
+    action made before it)."""
+    meta = _recording(services, owner, session_id)
+    recorder = services.manager.recordings.recorder(session_id)
+    if recorder is not None:
+        await recorder.flush()
+    return meta
+
+
+@router.post(_SESSION + "/recording/start", response_model=Recording)
+async def start_recording(request: Request, caller: Caller, session_id: str) -> Recording:
+    """Record the session from now on; a stopped recording of it goes on (appended)."""
+    session = get_services(request).manager.session(caller.key_id, session_id, "live")
+    return _resource(await session.start_recording())
+
+
+@router.post(_SESSION + "/recording/stop", response_model=Recording)
+async def stop_recording(request: Request, caller: Caller, session_id: str) -> Recording:
+    services = get_services(request)
+    try:
+        session = services.manager.session(caller.key_id, session_id, "live")
+    except DeskboxError:  # it ended: so did its recording
+        return _resource(_recording(services, caller.key_id, session_id))
+    return _resource(await session.stop_recording())
+
+
+@router.get(_SESSION + "/recording", response_model=Recording)
+async def get_recording(request: Request, caller: Caller, session_id: str) -> Recording:
+    return _resource(_recording(get_services(request), caller.key_id, session_id))
+
+
+@router.delete(_SESSION + "/recording", status_code=204)
+async def delete_recording(request: Request, caller: Caller, session_id: str) -> Response:
+    """Stop it if it records, then delete it with its frames and video."""
+    services = get_services(request)
+    _recording(services, caller.key_id, session_id)
+    await services.manager.recordings.end(session_id)
+    await asyncio.to_thread(services.manager.recordings.store.delete, caller.key_id, session_id)
+    return Response(status_code=204)
+
+
+@router.get("/v1/recordings", response_model=RecordingList)
+async def list_recordings(request: Request, caller: Caller) -> RecordingList:
+    store = get_services(request).manager.recordings.store
+    return RecordingList(recordings=[_resource(m) for m in store.all(caller.key_id)])
+
+
+@router.get(_SESSION + "/trajectory", response_class=Response,
+            responses={200: {"content": {_NDJSON: {}}}})
+async def get_trajectory(request: Request, caller: Caller, session_id: str) -> Response:
+    """JSON lines in time order: actions (with their frames), frames, events."""
+    services = get_services(request)
+    meta = await _flushed(services, caller.key_id, session_id)
+    store = services.manager.recordings.store
+    body = await asyncio.to_thread(
+        lambda: b"".join(media.trajectory_lines(media.trajectory(store, meta))))
+    return Response(body, media_type=_NDJSON)
+
+
+@router.get(_SESSION + "/recording/frames/{n}", response_class=FileResponse,
+            responses={200: {"content": {"image/jpeg": {}}}})
+async def get_frame(request: Request, caller: Caller, session_id: str, n: int) -> Response:
+    services = get_services(request)
+    meta = await _flushed(services, caller.key_id, session_id)
+    path = media.frame_path(services.manager.recordings.store, meta, n)
+    return FileResponse(path, media_type="image/jpeg",
+                        headers={"Cache-Control": "private, max-age=3600"})
+
+
+@router.get(_SESSION + "/recording.mp4", response_class=FileResponse,
+            responses={200: {"content": {"video/mp4": {}}}})
+async def get_video(request: Request, caller: Caller, session_id: str) -> Response:
+    """The frames as H.264 video (encoded on the first request, then kept)."""
+    services = get_services(request)
+    meta = await _flushed(services, caller.key_id, session_id)
+    path = await asyncio.to_thread(media.video, services.manager.recordings.store, meta)
+    return FileResponse(path, media_type="video/mp4", filename=f"{session_id}.mp4")
+
+
+@router.get(_SESSION + "/trajectory.zip", response_class=FileResponse,
+            responses={200: {"content": {"application/zip": {}}}})
+async def export_recording(request: Request, caller: Caller, session_id: str) -> Response:
+    """trajectory.jsonl, recording.json, frames/ and shots/ in one zip."""
+    services = get_services(request)
+    meta = await _flushed(services, caller.key_id, session_id)
+    path = await asyncio.to_thread(media.export_zip, services.manager.recordings.store, meta)
+    return FileResponse(path, media_type="application/zip",
+                        filename=f"{session_id}-trajectory.zip",
+                        background=BackgroundTask(path.unlink, missing_ok=True))

@@ -1,0 +1,270 @@
+"""One session's recording while it records: its entries, frames and events.
+
+The agent's hot path pays for a dict and a JSON line per action: entries and files wait
+in memory and a writer task appends them to disk on a worker thread every
+:data:`FLUSH_S` (recording_store.py). The video's frames come from the desktop's agent
+(its ``watch`` call: a JPEG when the screen changed, captured and encoded inside the
+sandbox, on its CPU budget), at most ``fps`` a second, while the session runs
+(recordings.py starts and stops the loop with the session's state).
+
+Each entry has ``seq`` and ``t`` (seconds since the recording began). Which frames were
+before and after an action is worked out when the trajectory is read
+(recording_media.py): frames may come after the action that caused them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..errors import DeskboxError
+from ..media import EncodedImage
+from ..schemas import actions as a
+from ..schemas.events import SessionEvent
+from ..schemas.results import BatchResult
+from .desktop import AnyDesktop
+from .human_input import HumanAction, HumanInput
+from .recording_store import RecordingMeta, RecordingStore
+
+__all__ = ["FLUSH_S", "Recorder", "Source"]
+
+log = logging.getLogger("deskbox.recordings")
+
+FLUSH_S = 0.5
+_WATCH_S = 5.0  # one watch call's wait: a checkpoint's cancel leaves the agent this long
+_RETRY_S = 1.0
+_LAST_FRAME_S = 1.0  # a frame taken at once: when frames start or stop
+_EXTS = {"image/jpeg": "jpeg", "image/png": "png", "image/webp": "webp"}
+
+Source = dict[str, str]  # {"type": "api_key" | "token", "id": ...}
+
+
+class Recorder:
+    def __init__(
+        self, meta: RecordingMeta, store: RecordingStore, screen: tuple[int, int],
+        fps: float, quality: int, within_quota: Callable[[int], bool],
+        stop: Callable[[str], None],
+    ) -> None:
+        """``within_quota(n)``: may n more bytes be written; ``stop(reason)``: end this
+        recording (the table does: recordings.py)."""
+        self.meta = meta
+        self._store = store
+        self._screen = screen
+        self._fps = fps
+        self._quality = quality
+        self._within_quota = within_quota
+        self._stop = stop
+        self._lines: list[bytes] = []
+        self._files: list[tuple[str, bytes]] = []
+        self._humans: dict[str, HumanInput] = {}
+        self._writing = asyncio.Lock()
+        self._writer = asyncio.create_task(self._write_forever(),
+                                           name=f"deskbox-recorder-{meta.session_id}")
+        self._frames: asyncio.Task[None] | None = None
+        self._watched: AnyDesktop | None = None
+        self.closed = False
+
+    def now(self) -> float:
+        """Seconds since the recording began (it may have been stopped and begun again)."""
+        return time.time() - self.meta.started_at.timestamp()
+
+    # -- entries --------------------------------------------------------------------------
+
+    def _entry(self, kind: str, t: float, **fields: Any) -> int:
+        seq = self.meta.entries
+        self.meta.entries += 1
+        entry = {"seq": seq, "kind": kind, "t": round(t, 3), **fields}
+        self._lines.append(json.dumps(entry, separators=(",", ":")).encode() + b"\n")
+        return seq
+
+    def batch(
+        self, source: Source, actions: Sequence[a.Action], view: a.CoordinateSpace | None,
+        started: float, result: BatchResult | None, error: DeskboxError | None,
+    ) -> None:
+        """A batch the API ran (or refused: ``error``), each action an entry."""
+        if self.closed:
+            return
+        ended = self.now()
+        shot = result.screenshot if result is not None else None
+        for index, action in enumerate(actions):
+            last = index == len(actions) - 1
+            fields: dict[str, Any] = {
+                "end_t": round(ended, 3), "source": source, "action": _wire(action),
+                "screen_point": self._screen_point(action, view),
+            }
+            if last and error is not None:
+                fields["error"] = {"type": error.kind, "message": error.message}
+            if last and shot is not None:
+                name = f"shots/{self.meta.entries:06d}.{_EXTS[shot.media_type]}"
+                fields["screenshot"] = name
+                self._files.append((name, shot.data))
+            self._entry("action", started, **fields)
+            self.meta.actions += 1
+
+    def human(self, viewer_id: str, source: Source, message: bytes) -> None:
+        """One RFB input message of a control viewer (``viewer_id``: its connection)."""
+        if self.closed:
+            return
+        viewer = self._humans.get(viewer_id)
+        if viewer is None:
+            viewer = self._humans[viewer_id] = HumanInput(
+                lambda done: self._human_action(source, done), self.now)
+        viewer.message(message)
+
+    def human_left(self, viewer_id: str) -> None:
+        viewer = self._humans.pop(viewer_id, None)
+        if viewer is not None:
+            viewer.flush()
+
+    def _human_action(self, source: Source, done: HumanAction) -> None:
+        action = done.action
+        point = None
+        if "x" in action:
+            point = {"x": action["x"], "y": action["y"]}
+        elif action["type"] == "drag":
+            path = action["path"]
+            assert isinstance(path, list)
+            point = {"x": path[0][0], "y": path[0][1]}
+        self._entry("action", done.started, end_t=round(done.ended, 3), source=source,
+                    action=action, screen_point=point)
+        self.meta.actions += 1
+
+    def event(self, event: SessionEvent) -> None:
+        if not self.closed:
+            self._entry("event", event.at.timestamp() - self.meta.started_at.timestamp(),
+                        event=event.model_dump(mode="json", exclude_none=True,
+                                               exclude={"session_id", "id"}))
+
+    def _screen_point(
+        self, action: a.Action, view: a.CoordinateSpace | None
+    ) -> dict[str, int] | None:
+        """Where the action acts, in the screen's pixels (the replay's click marker)."""
+        if isinstance(action, a.Drag):
+            x, y = action.path[0]
+        elif isinstance(action, a.Click | a.Move | a.MouseDown | a.MouseUp | a.Scroll):
+            if action.x is None or action.y is None:
+                return None
+            x, y = action.x, action.y
+        else:
+            return None
+        if view is not None:
+            width, height = self._screen
+            x, y = x * width // view.width, y * height // view.height
+        return {"x": x, "y": y}
+
+    # -- the video's frames ---------------------------------------------------------------
+
+    def watch(self, handle: AnyDesktop, first: bool = True) -> None:
+        """Take frames from this desktop (it runs) until :meth:`unwatch`; ``first``: the
+        first one at once, whether the screen changed or not."""
+        if self._frames is None and not self.closed:
+            self._watched = handle
+            self._frames = asyncio.create_task(
+                self._take_frames(handle, first), name=f"deskbox-frames-{self.meta.session_id}")
+
+    async def watch_from_now(self, handle: AnyDesktop) -> None:
+        """:meth:`watch`, once the screen as it is now is a frame (so that the first
+        action recorded has a frame before it)."""
+        await self._last_frame(handle)
+        self.watch(handle, first=False)
+
+    async def unwatch(self) -> None:
+        """Stop taking frames, after one last of the screen as it is: the loop may be
+        waiting out its frame cap while the last action's change is on screen."""
+        task, self._frames = self._frames, None
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        handle, self._watched = self._watched, None
+        if handle is not None:
+            await self._last_frame(handle)
+
+    async def _last_frame(self, handle: AnyDesktop) -> None:
+        """The screen as it is, now."""
+        try:
+            async with asyncio.timeout(_LAST_FRAME_S):
+                image = await handle.watch(_LAST_FRAME_S, self._quality, now=True)
+        except (DeskboxError, TimeoutError):
+            return  # a desktop that fails or ends: the frames so far are what there is
+        if image is not None:
+            self._frame(image)
+
+    async def _take_frames(self, handle: AnyDesktop, first: bool) -> None:
+        interval = 1.0 / self._fps
+        while True:
+            started = time.monotonic()
+            try:
+                image = await handle.watch(_WATCH_S, self._quality, now=first)
+            except DeskboxError as error:
+                log.debug("session %s: no frame: %s", self.meta.session_id, error.message)
+                await asyncio.sleep(_RETRY_S)
+                first = True
+                continue
+            first = False
+            if image is not None:
+                self._frame(image)
+                await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+    def _frame(self, image: EncodedImage) -> None:
+        meta = self.meta
+        if meta.width is None:
+            meta.width, meta.height = image.width, image.height
+        number = meta.frames
+        meta.frames += 1
+        self._files.append((f"frames/{number:06d}.jpg", image.data))
+        self._entry("frame", self.now(), frame=number)
+
+    # -- to disk --------------------------------------------------------------------------
+
+    async def _write_forever(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_S)
+            for viewer in self._humans.values():
+                viewer.tick()
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write what waits; past the key's quota, the recording stops (nothing more is
+        kept than what fit)."""
+        async with self._writing:
+            lines, files = self._lines, self._files
+            if not lines and not files:
+                return
+            self._lines, self._files = [], []
+            size = sum(len(line) for line in lines) + sum(len(data) for _, data in files)
+            if not self._within_quota(size):
+                if not self.closed:
+                    self.closed = True  # nothing more is taken
+                    self._stop("the API key's recording quota is used up")
+                return
+            meta = self.meta
+            meta.bytes += await asyncio.to_thread(self._store.append, meta, lines, files)
+            await asyncio.to_thread(self._store.save, meta)
+
+    async def close(self) -> None:
+        """Stop taking frames and entries; write what waits. Idempotent."""
+        for viewer in list(self._humans.values()):
+            viewer.flush()
+        self._humans.clear()
+        self.closed = True
+        await self.unwatch()
+        self._writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._writer
+        await self.flush()
+
+
+def _wire(action: a.Action) -> dict[str, Any]:
+    """The action as the trajectory keeps it: a secret's name, never its value."""
+    wire = {"type": action.type, **action.model_dump(mode="json", exclude_defaults=True)}
+    if isinstance(action, a.TypeText) and action.secret is not None:
+        wire.pop("text", None)
+        wire["secret"] = action.secret
+    return wire

@@ -1,0 +1,151 @@
+"""Recordings on disk: one directory per recorded session, kept after the session until
+it expires or is deleted, within a per-key quota.
+
+    <state_dir>/recordings/<session id>/   (0700: frames show whatever was on screen)
+        meta.json          the Recording resource, its owner and counters
+        trajectory.jsonl   every entry as it happened (recorder.py writes them)
+        frames/000000.jpg  the video's frames, each written when the screen changed
+        shots/000007.jpeg  the settled screenshot a batch asked for, by the entry's seq
+        video-<n>.mp4      made on request from the first n frames (recording_media.py)
+
+Blocking: call from a worker thread, except :meth:`meta`, :meth:`owned`, :meth:`used`
+(in-memory). The live recorder only appends; the API reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import threading
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from ..errors import NotFound
+from ..schemas.recordings import Recording
+from .lifecycle import utcnow
+
+__all__ = ["RecordingMeta", "RecordingStore"]
+
+log = logging.getLogger("deskbox.recordings")
+
+
+class RecordingMeta(Recording):
+    owner: str
+    entries: int = 0  # lines of trajectory.jsonl: the next entry's seq
+
+
+class RecordingStore:
+    def __init__(self, root: Path, ttl: timedelta) -> None:
+        self.root = root
+        self._ttl = ttl
+        self._metas: dict[str, RecordingMeta] = {}
+        self._lock = threading.Lock()  # the table, between the loop and worker threads
+
+    # -- the table ------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Load what a previous server left; one that was recording then is stopped now
+        (its session is not followed across a restart), the expired ones go."""
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for directory in sorted(self.root.iterdir()):
+            try:
+                meta = RecordingMeta.model_validate_json((directory / "meta.json").read_text())
+            except (OSError, ValueError):
+                log.warning("recording %s: unreadable; removed", directory.name)
+                shutil.rmtree(directory, ignore_errors=True)
+                continue
+            if meta.state == "recording":
+                self.stopped(meta, "the server restarted")
+                self.save(meta)
+            self._metas[meta.session_id] = meta
+        self.sweep()
+
+    def meta(self, session_id: str) -> RecordingMeta | None:
+        return self._metas.get(session_id)
+
+    def owned(self, owner: str, session_id: str) -> RecordingMeta:
+        meta = self._metas.get(session_id)
+        if meta is None or meta.owner != owner:
+            raise NotFound(f"session {session_id} has no recording")
+        return meta
+
+    def all(self, owner: str) -> list[RecordingMeta]:
+        with self._lock:
+            mine = [m for m in self._metas.values() if m.owner == owner]
+        return sorted(mine, key=lambda m: m.started_at, reverse=True)
+
+    def used(self, owner: str) -> int:
+        """Bytes of ``owner``'s recordings on disk (frames, shots, trajectories)."""
+        with self._lock:
+            return sum(m.bytes for m in self._metas.values() if m.owner == owner)
+
+    # -- one recording ---------------------------------------------------------------------
+
+    def directory(self, session_id: str) -> Path:
+        return self.root / session_id
+
+    def begin(self, owner: str, session_id: str) -> RecordingMeta:
+        """A new recording of the session, or its stopped one going on (appended to)."""
+        meta = self._metas.get(session_id)
+        if meta is None:
+            meta = RecordingMeta(session_id=session_id, owner=owner, state="recording",
+                                 started_at=utcnow(), frames=0, actions=0, bytes=0)
+            directory = self.directory(session_id)
+            directory.mkdir(mode=0o700, exist_ok=True)
+            (directory / "frames").mkdir(mode=0o700, exist_ok=True)
+            (directory / "shots").mkdir(mode=0o700, exist_ok=True)
+        else:
+            meta.state, meta.stopped_at, meta.stop_reason, meta.expires_at = (
+                "recording", None, None, None)
+        self.save(meta)
+        with self._lock:
+            self._metas[session_id] = meta
+        return meta
+
+    def stopped(self, meta: RecordingMeta, reason: str | None) -> None:
+        """Mark it stopped (in memory; :meth:`save` writes it): it expires from now."""
+        now = utcnow()
+        meta.state, meta.stopped_at, meta.stop_reason = "stopped", now, reason
+        meta.expires_at = now + self._ttl
+
+    def append(self, meta: RecordingMeta, lines: list[bytes],
+               files: list[tuple[str, bytes]]) -> int:
+        """Write files (relative to the recording) and trajectory lines; bytes written."""
+        directory = self.directory(meta.session_id)
+        written = 0
+        for name, data in files:
+            (directory / name).write_bytes(data)
+            written += len(data)
+        if lines:
+            data = b"".join(lines)
+            with open(directory / "trajectory.jsonl", "ab") as trajectory:
+                trajectory.write(data)
+            written += len(data)
+        return written
+
+    def save(self, meta: RecordingMeta) -> None:
+        path = self.directory(meta.session_id) / "meta.json"
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(meta.model_dump_json())
+        temporary.replace(path)
+
+    def delete(self, owner: str, session_id: str) -> None:
+        self.owned(owner, session_id)
+        with self._lock:
+            self._metas.pop(session_id, None)
+        shutil.rmtree(self.directory(session_id), ignore_errors=True)
+
+    def sweep(self, now: datetime | None = None) -> list[str]:
+        """Delete the recordings past their expiry; their session ids."""
+        now = now or utcnow()
+        with self._lock:
+            expired = [m.session_id for m in self._metas.values()
+                       if m.expires_at is not None and m.expires_at <= now]
+            for session_id in expired:
+                self._metas.pop(session_id, None)
+        for session_id in expired:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(self.directory(session_id))
+            log.info("recording of session %s expired; deleted", session_id)
+        return expired

@@ -1,0 +1,122 @@
+"""The recordings going on: which sessions record, and when each one's frames are taken.
+
+A recording begins with ``"record": true`` at create or ``POST .../recording/start`` and
+ends when asked, when its session ends, or at the key's quota; it stays on disk
+(recording_store.py) until it expires. Frames are taken only while the session runs: the
+session layer calls :meth:`watch` and :meth:`unwatch` where it starts and stops the
+browser watch (pause, resume, checkpoints). Each recording follows its session's events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from ..errors import Capacity
+from ..schemas.sessions import SessionState
+from .desktop import AnyDesktop
+from .events import EventLog
+from .lifecycle import SessionRecord
+from .recorder import Recorder
+from .recording_store import RecordingMeta, RecordingStore
+
+__all__ = ["Recordings"]
+
+log = logging.getLogger("deskbox.recordings")
+
+
+class Recordings:
+    def __init__(
+        self, store: RecordingStore, events: EventLog, fps: float, quality: int,
+        quota_bytes: int,
+    ) -> None:
+        self.store = store
+        self._events = events
+        self._fps = fps
+        self._quality = quality
+        self._quota = quota_bytes
+        self._live: dict[str, Recorder] = {}
+        self._followers: dict[str, asyncio.Task[None]] = {}
+        self._ending: set[asyncio.Task[RecordingMeta | None]] = set()
+
+    def recorder(self, session_id: str) -> Recorder | None:
+        return self._live.get(session_id)
+
+    async def begin(self, record: SessionRecord, handle: AnyDesktop | None) -> RecordingMeta:
+        """Record the session from now on (it goes on if it records already)."""
+        recorder = self._live.get(record.id)
+        if recorder is not None:
+            return recorder.meta
+        owner = record.owner
+        self.check_quota(owner)
+        meta = await asyncio.to_thread(self.store.begin, owner, record.id)
+        display = record.body.display
+        recorder = Recorder(
+            meta, self.store, (display.width, display.height), self._fps, self._quality,
+            lambda size: self.store.used(owner) + size <= self._quota,
+            lambda reason: self._end_soon(record.id, reason),
+        )
+        self._live[record.id] = recorder
+        history = self._events.history(record.id)
+        recorder.event(self._events.publish(record.id, "recording_started"))
+        self._followers[record.id] = asyncio.create_task(
+            self._follow(recorder, history[-1].id + 1 if history else 1),
+            name=f"deskbox-recording-events-{record.id}")
+        if handle is not None and record.state is SessionState.running:
+            await recorder.watch_from_now(handle)
+        log.info("session %s: recording", record.id)
+        return meta
+
+    def check_quota(self, owner: str) -> None:
+        """Capacity (429) if ``owner``'s recordings fill their quota."""
+        if self.store.used(owner) >= self._quota:
+            raise Capacity(f"the API key's recordings use their quota of "
+                           f"{self._quota >> 20} MiB; delete some first")
+
+    async def end(self, session_id: str, reason: str | None = None) -> RecordingMeta | None:
+        """Stop the session's recording (None: it was not recording); ``reason`` None:
+        it was asked to."""
+        recorder = self._live.pop(session_id, None)
+        if recorder is None:
+            return None
+        follower = self._followers.pop(session_id, None)
+        if follower is not None:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+        recorder.event(self._events.publish(session_id, "recording_stopped",
+                                            reason=reason or "asked"))
+        await recorder.close()
+        meta = recorder.meta
+        self.store.stopped(meta, reason)
+        await asyncio.to_thread(self.store.save, meta)
+        log.info("session %s: recording stopped (%s; %d frames, %d actions, %d bytes)",
+                 session_id, reason or "asked", meta.frames, meta.actions, meta.bytes)
+        return meta
+
+    def _end_soon(self, session_id: str, reason: str) -> None:
+        task = asyncio.create_task(self.end(session_id, reason))
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)
+
+    async def _follow(self, recorder: Recorder, first_id: int) -> None:
+        async for event in self._events.follow(recorder.meta.session_id, after=first_id - 1):
+            if event is not None and event.type != "recording_started":
+                recorder.event(event)
+
+    def watch(self, session_id: str, handle: AnyDesktop) -> None:
+        recorder = self._live.get(session_id)
+        if recorder is not None:
+            recorder.watch(handle)
+
+    async def unwatch(self, session_id: str) -> None:
+        recorder = self._live.get(session_id)
+        if recorder is not None:
+            await recorder.unwatch()
+
+    async def close(self) -> None:
+        """The server stops: every recording stops, what waited is written."""
+        for session_id in list(self._live):
+            await self.end(session_id, "the server stopped")
+        await asyncio.gather(*self._ending, return_exceptions=True)

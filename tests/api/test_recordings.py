@@ -1,0 +1,279 @@
+"""Recordings and trajectories (API.md "Recordings and trajectories") on the local backend:
+real HTTP, a real desktop and agent, a real RFB viewer for the human's input, the video
+decoded with PyAV. The console's replay page is tested in a browser (test_console.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import time
+import zipfile
+from collections.abc import Iterator
+from typing import Any
+
+import av
+import httpx
+import pytest
+from PIL import Image
+
+from deskbox_server.sessions.human_input import HumanAction, HumanInput
+from deskbox_server.settings import Settings
+
+from ..rfb_client import RfbViewer
+from .conftest import DISPLAY, KEY_A, KEY_B, Server, running_server
+from .helpers import assert_error
+
+PAGE = ("data:text/html,<body style='margin:0;background:%23fff'>"
+        "<input id=q style='font-size:40px;width:900px' autofocus></body>")
+
+
+def trajectory(client: httpx.Client, sid: str) -> list[dict[str, Any]]:
+    response = client.get(f"/v1/sessions/{sid}/trajectory")
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("application/x-ndjson")
+    return [json.loads(line) for line in response.text.splitlines()]
+
+
+def wait_for(check: Any, timeout_s: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def recorded(client: httpx.Client) -> Iterator[dict[str, Any]]:
+    response = client.post("/v1/sessions", json={
+        "display": DISPLAY, "record": True, "browser": {"start_url": PAGE}})
+    assert response.status_code == 201, response.text
+    session: dict[str, Any] = response.json()
+    yield session
+    client.delete(f"/v1/sessions/{session['id']}")
+    client.delete(f"/v1/sessions/{session['id']}/recording")
+
+
+def test_a_recording_keeps_actions_frames_screenshots_and_events(
+    client: httpx.Client, recorded: dict[str, Any]
+) -> None:
+    sid = recorded["id"]
+    # A scaled coordinate space: the replay's marker is still in screen pixels.
+    click = client.post(f"/v1/sessions/{sid}/actions", json={
+        "actions": [{"type": "click", "x": 320, "y": 20}],
+        "coordinate_space": {"width": 640, "height": 400}})
+    assert click.status_code == 200, click.text
+    typed = client.post(f"/v1/sessions/{sid}/actions", json={
+        "actions": [{"type": "type", "text": "hello recording"}, {"type": "key", "keys": "Return"}],
+        "screenshot": {"format": "png"}})
+    assert typed.status_code == 200, typed.text
+    assert_error(client.post(f"/v1/sessions/{sid}/actions", json={
+        "actions": [{"type": "click", "x": 5000, "y": 5}]}), 422, "invalid_request")
+    assert client.post(f"/v1/sessions/{sid}/handoff", json={"reason": "a captcha"}).status_code \
+        == 200
+
+    def after_the_typing() -> list[dict[str, Any]] | None:
+        # The frame of the typing's change comes after it (at most 4 frames a second).
+        entries = trajectory(client, sid)
+        keys = [e for e in entries if e["kind"] == "action" and e["action"]["type"] == "key"]
+        done = keys and any(e["kind"] == "frame" and e["t"] >= keys[0]["end_t"]
+                            for e in entries)
+        return entries if done else None
+
+    entries = wait_for(after_the_typing)
+    actions = [e for e in entries if e["kind"] == "action"]
+    assert [a["action"]["type"] for a in actions] == ["click", "type", "key", "click"]
+    first, text, key, refused = actions
+    assert first["source"] == {"type": "api_key", "id": first["source"]["id"]}
+    assert first["screen_point"] == {"x": 640, "y": 40}
+    assert text["action"]["text"] == "hello recording" and key["action"]["keys"] == "Return"
+    assert key["screenshot"] and "screenshot" not in text
+    assert refused["error"]["type"] == "invalid_request" and "5000" in refused["error"]["message"]
+    assert all(e["t"] <= e["end_t"] for e in actions)
+    assert [e["t"] for e in entries] == sorted(e["t"] for e in entries)
+    events = [e["event"]["type"] for e in entries if e["kind"] == "event"]
+    assert events[0] == "recording_started" and "help_requested" in events
+    # The typing changed the screen: the frame after it is not the frame before it.
+    assert text["frame_before"] is not None and key["frame_after"] is not None
+    assert key["frame_after"] > text["frame_before"]
+
+    before = client.get(f"/v1/sessions/{sid}/recording/frames/{text['frame_before']}")
+    after = client.get(f"/v1/sessions/{sid}/recording/frames/{key['frame_after']}")
+    assert before.headers["content-type"] == "image/jpeg"
+    images = [Image.open(io.BytesIO(r.content)) for r in (before, after)]
+    assert all(i.size == (1280, 800) for i in images)
+    assert images[0].tobytes() != images[1].tobytes()
+
+    recording = client.get(f"/v1/sessions/{sid}/recording").json()
+    assert recording["state"] == "recording" and recording["actions"] == 4
+    assert recording["frames"] >= 2 and recording["bytes"] > 0
+    assert (recording["width"], recording["height"]) == (1280, 800)
+
+
+def test_the_video_and_the_export(client: httpx.Client, recorded: dict[str, Any]) -> None:
+    sid = recorded["id"]
+    client.post(f"/v1/sessions/{sid}/actions", json={"type": "type", "text": "more"})
+    video = client.get(f"/v1/sessions/{sid}/recording.mp4", timeout=60)
+    assert video.status_code == 200 and video.headers["content-type"] == "video/mp4"
+    with av.open(io.BytesIO(video.content)) as container:
+        stream = container.streams.video[0]
+        assert stream.codec_context.name == "h264"
+        decoded = list(container.decode(stream))
+    assert (decoded[0].width, decoded[0].height) == (1280, 800) and len(decoded) >= 2
+
+    export = client.get(f"/v1/sessions/{sid}/trajectory.zip", timeout=60)
+    assert export.status_code == 200 and export.headers["content-type"] == "application/zip"
+    with zipfile.ZipFile(io.BytesIO(export.content)) as archive:
+        names = archive.namelist()
+        lines = archive.read("trajectory.jsonl").decode().splitlines()
+        meta = json.loads(archive.read("recording.json"))
+    assert "frames/000000.jpg" in names and any(n.startswith("shots/") for n in names)
+    assert meta["session_id"] == sid and "owner" not in meta
+    assert any(json.loads(line).get("action", {}).get("text") == "more" for line in lines)
+
+
+def test_a_humans_input_through_the_live_view_is_recorded(
+    client: httpx.Client, recorded: dict[str, Any]
+) -> None:
+    sid = recorded["id"]
+    token = client.post(f"/v1/sessions/{sid}/tokens", json={"scope": "control"}).json()
+    with RfbViewer(f"{recorded['urls']['vnc_ws']}?token={token['token']}") as viewer:
+        viewer.click(200, 30)
+        for char in "hi":
+            viewer.key(ord(char), True)
+            viewer.key(ord(char), False)
+        viewer.key(0xFF0D, True)  # Return
+        viewer.key(0xFF0D, False)
+
+    def human() -> list[dict[str, Any]]:
+        return [e for e in trajectory(client, sid)
+                if e["kind"] == "action" and e["source"]["type"] == "token"]
+
+    actions = wait_for(lambda: len(human()) >= 3 and human())
+    assert [a["action"] for a in actions] == [
+        {"type": "click", "x": 200, "y": 30, "button": "left"},
+        {"type": "type", "text": "hi"}, {"type": "key", "keys": "Return"}]
+    assert {a["source"]["id"] for a in actions} == {token["id"]}
+    assert actions[0]["screen_point"] == {"x": 200, "y": 30}
+
+
+def test_a_secrets_name_is_kept_never_its_value(
+    client: httpx.Client, recorded: dict[str, Any]
+) -> None:
+    sid = recorded["id"]
+    value = "hunter2-recorded-never"
+    assert client.post("/v1/secrets", json={
+        "name": "REC_PW", "value": value,
+        "allowed_origins": ["https://example.org"]}).status_code == 201
+    try:
+        # Not typed here (the focused page is not of its origin), and kept as refused.
+        assert_error(client.post(f"/v1/sessions/{sid}/actions", json={
+            "type": "type", "secret": "REC_PW"}), 403, "secret_origin_mismatch")
+        raw = client.get(f"/v1/sessions/{sid}/trajectory").text
+        assert value not in raw
+        refused = [json.loads(line) for line in raw.splitlines() if "REC_PW" in line]
+        assert refused[-1]["action"] == {"type": "type", "secret": "REC_PW"}
+        assert refused[-1]["error"]["type"] == "secret_origin_mismatch"
+    finally:
+        client.delete("/v1/secrets/REC_PW")
+
+
+def test_a_recording_outlives_its_session(client: httpx.Client, server: Server) -> None:
+    created = client.post("/v1/sessions", json={"display": DISPLAY})
+    sid = created.json()["id"]
+    assert_error(client.get(f"/v1/sessions/{sid}/recording"), 404, "not_found")
+    started = client.post(f"/v1/sessions/{sid}/recording/start")
+    assert started.status_code == 200 and started.json()["state"] == "recording"
+    assert client.post(f"/v1/sessions/{sid}/recording/start").json()["started_at"] == \
+        started.json()["started_at"]  # starting again: it goes on
+    client.post(f"/v1/sessions/{sid}/actions", json={"type": "move", "x": 3, "y": 4})
+    stopped = client.post(f"/v1/sessions/{sid}/recording/stop").json()
+    assert stopped["state"] == "stopped" and stopped["stop_reason"] is None
+    assert stopped["expires_at"] > stopped["stopped_at"]
+    client.post(f"/v1/sessions/{sid}/actions", json={"type": "move", "x": 9, "y": 9})
+    assert client.post(f"/v1/sessions/{sid}/recording/start").json()["state"] == "recording"
+    assert client.delete(f"/v1/sessions/{sid}").status_code == 204
+
+    recording = client.get(f"/v1/sessions/{sid}/recording").json()
+    assert recording["state"] == "stopped" and recording["stop_reason"] == "the session ended"
+    assert recording["actions"] == 1  # the move between the two parts was not recorded
+    listed = client.get("/v1/recordings").json()["recordings"]
+    assert sid in [r["session_id"] for r in listed]
+    events = [e["event"] for e in trajectory(client, sid) if e["kind"] == "event"]
+    assert [e["type"] for e in events].count("recording_started") == 2
+    assert events[-1] == {"type": "recording_stopped", "at": events[-1]["at"],
+                          "reason": "the session ended"}
+
+    with server.client(KEY_B) as other:  # another key sees none of it
+        assert_error(other.get(f"/v1/sessions/{sid}/trajectory"), 404, "not_found")
+        assert sid not in [r["session_id"] for r in other.get("/v1/recordings").json()[
+            "recordings"]]
+    assert client.delete(f"/v1/sessions/{sid}/recording").status_code == 204
+    assert_error(client.get(f"/v1/sessions/{sid}/recording.mp4"), 404, "not_found")
+    assert_error(client.post(f"/v1/sessions/{sid}/recording/start"), 404, "not_found")
+
+
+def test_bad_requests(client: httpx.Client, recorded: dict[str, Any]) -> None:
+    sid = recorded["id"]
+    assert_error(client.get(f"/v1/sessions/{sid}/recording/frames/99999"), 404, "not_found")
+    assert_error(client.get(f"/v1/sessions/{sid}/recording/frames/-1"), 404, "not_found")
+    assert_error(client.get(f"/v1/sessions/{sid}/recording/frames/abc"), 422,
+                 "invalid_request")
+    assert_error(client.get("/v1/sessions/..%2F..%2Fetc/trajectory"), 404, "not_found")
+    assert_error(client.post("/v1/sessions/nope/recording/start"), 404, "not_found")
+    assert_error(client.post("/v1/sessions", json={"record": "yes"}), 422, "invalid_request")
+
+
+def test_quota_and_expiry(tmp_path: Any) -> None:
+    full = Settings(state_dir=tmp_path / "full", api_keys=[KEY_A], backends=["local"],
+                    default_backend="local", recording_quota_mb=0)
+    with running_server(full) as server, server.client() as client:
+        assert_error(client.post("/v1/sessions", json={"record": True}), 429, "capacity")
+    brief = Settings(state_dir=tmp_path / "brief", api_keys=[KEY_A], backends=["local"],
+                     default_backend="local", recording_ttl_h=1 / 3600,
+                     reaper_interval_s=0.2)
+    with running_server(brief) as server, server.client(KEY_A) as client:
+        sid = client.post("/v1/sessions", json={"display": DISPLAY, "record": True}).json()["id"]
+        assert client.post(f"/v1/sessions/{sid}/recording/stop").json()["state"] == "stopped"
+        assert wait_for(lambda: client.get(f"/v1/sessions/{sid}/recording").status_code
+                        == 404, timeout_s=5)
+        client.delete(f"/v1/sessions/{sid}")
+
+
+def test_a_humans_rfb_input_reads_as_actions() -> None:
+    """Drag, wheel, combos and the typing pause, from the raw messages a viewer sends."""
+    done: list[HumanAction] = []
+    clock = [0.0]
+    viewer = HumanInput(done.append, lambda: clock[0])
+
+    def pointer(mask: int, x: int, y: int) -> None:
+        viewer.message(struct.pack(">BBHH", 5, mask, x, y))
+
+    def key(keysym: int, down: bool = True) -> None:
+        viewer.message(struct.pack(">BBHI", 4, down, 0, keysym))
+
+    pointer(1, 20, 20)
+    pointer(1, 120, 90)
+    pointer(0, 200, 200)  # released far from the press: a drag
+    pointer(8, 5, 5)
+    pointer(0, 5, 5)
+    pointer(8, 5, 5)  # two notches up at one place: one scroll
+    key(ord("H"))
+    key(ord("i"))
+    clock[0] = 2.0
+    viewer.tick()  # the pause ends the typing
+    key(0xFFE3)
+    key(ord("c"))
+    key(0xFFE3, down=False)
+    key(0xFF56)
+    key(0x1000000 + ord("ж"))
+    viewer.flush()
+    assert [d.action for d in done] == [
+        {"type": "drag", "path": [[20, 20], [200, 200]], "button": "left"},
+        {"type": "scroll", "x": 5, "y": 5, "dy": -2},
+        {"type": "type", "text": "Hi"},
+        {"type": "key", "keys": "ctrl+c"},
+        {"type": "key", "keys": "Page_Down"},
+        {"type": "type", "text": "ж"},
+    ]
