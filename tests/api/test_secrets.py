@@ -127,7 +127,8 @@ def test_a_secret_is_typed_only_where_its_origin_has_the_focus(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     store_secret(client)
-    session = client.post("/v1/sessions", json={"display": DISPLAY}).json()
+    # Recorded: the recording keeps each secret's name, never its value.
+    session = client.post("/v1/sessions", json={"display": DISPLAY, "record": True}).json()
     sid = session["id"]
     serve_origins(client, sid)
     with Deskbox(secret_server.url, KEY_A) as box:
@@ -171,10 +172,14 @@ def test_a_secret_is_typed_only_where_its_origin_has_the_focus(
         assert_error(client.post(f"/v1/sessions/{sid}/actions", json={
             "actions": [{"type": "type", "secret": "NOPE"}]}), 404, "not_found")
 
-    # Nothing held the value on the way: answers, events, log lines, the state dir.
+    # Nothing held the value on the way: answers, events, the recording, log lines, the
+    # state dir (the recording's files in it).
     client.delete(f"/v1/sessions/{sid}")
     events = client.get(f"/v1/sessions/{sid}/events", timeout=5).text
     assert "state" in events and VALUE not in events
+    trajectory = client.get(f"/v1/sessions/{sid}/trajectory").text
+    assert trajectory.count('"secret":"PW"') >= 5 and VALUE not in trajectory
+    assert client.get(f"/v1/sessions/{sid}/trajectory.zip").status_code == 200
     assert all(VALUE not in answer for answer in client.answers)
     assert VALUE not in caplog.text
     state_dir = secret_server.settings.state_dir
