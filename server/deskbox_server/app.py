@@ -13,6 +13,7 @@ from fastapi import FastAPI
 
 from . import __version__
 from .api import actions, cdp, dialects, events, health, sessions, snapshots
+from .api import console as console_api
 from .api import exec as exec_api
 from .api import handoff as handoff_api
 from .api import recordings as recordings_api
@@ -179,5 +180,6 @@ def create_app(
     app.include_router(vnc_api.router)
     app.include_router(handoff_api.router)
     app.include_router(recordings_api.router)
+    app.include_router(console_api.router())
     vnc_api.mount_assets(app)
     return app
