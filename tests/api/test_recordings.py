@@ -68,20 +68,24 @@ def test_a_recording_keeps_actions_frames_screenshots_and_events(
         "actions": [{"type": "type", "text": "hello recording"}, {"type": "key", "keys": "Return"}],
         "screenshot": {"format": "png"}})
     assert typed.status_code == 200, typed.text
-    assert_error(client.post(f"/v1/sessions/{sid}/actions", json={
-        "actions": [{"type": "click", "x": 5000, "y": 5}]}), 422, "invalid_request")
-    assert client.post(f"/v1/sessions/{sid}/handoff", json={"reason": "a captcha"}).status_code \
-        == 200
 
     def after_the_typing() -> list[dict[str, Any]] | None:
-        # The frame of the typing's change comes after it (at most 4 frames a second).
+        # The typing's frame comes after it (at most 4 a second), as an agent that looks
+        # before it acts again would see it; frame_after is the first frame taken before
+        # the next action.
         entries = trajectory(client, sid)
         keys = [e for e in entries if e["kind"] == "action" and e["action"]["type"] == "key"]
         done = keys and any(e["kind"] == "frame" and e["t"] >= keys[0]["end_t"]
                             for e in entries)
         return entries if done else None
 
-    entries = wait_for(after_the_typing)
+    assert wait_for(after_the_typing)
+    assert_error(client.post(f"/v1/sessions/{sid}/actions", json={
+        "actions": [{"type": "click", "x": 5000, "y": 5}]}), 422, "invalid_request")
+    assert client.post(f"/v1/sessions/{sid}/handoff", json={"reason": "a captcha"}).status_code \
+        == 200
+    entries = trajectory(client, sid)
+
     actions = [e for e in entries if e["kind"] == "action"]
     assert [a["action"]["type"] for a in actions] == ["click", "type", "key", "click"]
     first, text, key, refused = actions
