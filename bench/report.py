@@ -46,6 +46,7 @@ QUICK: dict[str, list[str]] = {
     "click_layers.py": ["--iterations", "20"],
     "rl.py": ["--resets", "4", "--envs", "1,4"],
     "volumes.py": ["--runs", "2"],
+    "recording.py": ["--rounds", "1", "--iterations", "10"],
 }
 
 
