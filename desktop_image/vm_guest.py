@@ -63,6 +63,9 @@ What the host must give QEMU (the guest finds nothing else):
                           default: with a virtio-serial device, at least one port)
       net=none            none: loopback only; user: eth0 (virtio-net) as QEMU's user-mode
                           network expects it, 10.0.2.15/24 via 10.0.2.2
+      volume=0:rw:/root/work  a session volume (repeatable): the ext4 virtio-blk disk with
+                          serial deskbox-vol<index> (0-7), mounted ro or rw (nosuid, nodev)
+                          on the path (under /root/ or /tmp/, plain names)
 
   Optional, with ``net=user``: ``opt/deskbox/hosts`` and ``opt/deskbox/resolv.conf``, the
   session's /etc/hosts and /etc/resolv.conf (bind-mounted read-only over the image's).
@@ -124,10 +127,10 @@ BUSYBOX_PACKAGE = "busybox-static"
 # microvm's devices sit on, the root disk, the serial ports (the agent's channel), fw_cfg
 # (the configuration), erofs (the root's file system), vsock (a host channel without
 # chardevs, for the engine to use if it wants), virtio_net (the NIC of egress all and
-# allowlist). Any that the kernel has built in is skipped.
+# allowlist), ext4 (the session's volumes). Any that the kernel has built in is skipped.
 MODULES = (
     "virtio_mmio", "virtio_blk", "virtio_console", "qemu_fw_cfg", "erofs",
-    "vmw_vsock_virtio_transport", "virtio_net",
+    "vmw_vsock_virtio_transport", "virtio_net", "ext4",
 )
 KERNEL_FILE = "vmlinux"
 INITRAMFS_FILE = "initramfs.cpio"

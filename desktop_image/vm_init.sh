@@ -37,6 +37,9 @@ mount -t devtmpfs -o nosuid,mode=0755 devtmpfs /dev || fail "cannot mount devtmp
 step "loading modules"
 while read -r module; do
     [ -n "$module" ] || continue
+    # Loaded already: one that another module's init asked the kernel for (ext4 and
+    # jbd2 take crc32c through the crypto API, which loads crc32c_generic itself).
+    [ -d "/sys/module/$module" ] && continue
     insmod "/lib/modules/$module.ko" || fail "cannot load the kernel module $module"
 done < /lib/modules/load.order
 
@@ -54,6 +57,7 @@ is_number() {
 }
 
 hostname=deskbox pids=0 tmp_mb=512 run_mb=64 home_mb=512 shm_mb=256 ports= net=none
+volumes=
 while IFS='=' read -r key value || [ -n "$key" ]; do
     case "$key" in
         '') ;;
@@ -74,6 +78,16 @@ while IFS='=' read -r key value || [ -n "$key" ]; do
                 none | user) net=$value ;;
                 *) fail "opt/deskbox/init: net=$value is neither none nor user" ;;
             esac ;;
+        volume)  # INDEX:ro|rw:PATH, PATH under /root/ or /tmp/ of plain names (the host's)
+            case "$value" in
+                [0-7]:r[ow]:/root/?* | [0-7]:r[ow]:/tmp/?*) ;;
+                *) fail "opt/deskbox/init: volume=$value is not INDEX:ro|rw:PATH" ;;
+            esac
+            case "$value" in
+                *[!A-Za-z0-9._/:-]* | */../* | */./* | */.. | */.)
+                    fail "opt/deskbox/init: volume=$value has a path of other than plain names" ;;
+            esac
+            volumes="$volumes $value" ;;
         *) fail "opt/deskbox/init: unknown key '$key'" ;;
     esac
 done < "$config/init/raw"
@@ -125,6 +139,23 @@ mount_tmpfs() {  # mountpoint size_mb mode
 mount_tmpfs /tmp "$tmp_mb" 1777
 mount_tmpfs /run "$run_mb" 755
 mount_tmpfs "$home" "$home_mb" 700
+
+# The session's volumes: ext4 disks found by their serial (deskbox-vol<index>), mounted
+# where the session asked, read-only or not; above the tmpfs of /root and /tmp.
+for volume in $volumes; do
+    index=${volume%%:*} rest=${volume#*:}
+    mode=${rest%%:*} path=${rest#*:}
+    disk=
+    for candidate in /sys/block/vd*; do
+        [ "$(cat "$candidate/serial" 2>/dev/null)" = "deskbox-vol$index" ] &&
+            disk=/dev/${candidate##*/}
+    done
+    [ -n "$disk" ] || fail "no virtio-blk disk with serial deskbox-vol$index (volume $path)"
+    mkdir -p "/newroot$path" || fail "cannot make the mount point $path"
+    mount -t ext4 -o "$mode,nosuid,nodev" "$disk" "/newroot$path" ||
+        fail "cannot mount the volume $disk (ext4) on $path"
+    step "volume $disk on $path ($mode)"
+done
 
 # /dev/virtio-ports/<name> for each virtio-serial port (there is no udev): a port names
 # itself once the host has announced it, so wait for the names (and for `ports`).

@@ -109,6 +109,7 @@ def kubernetes_engine(settings: Settings) -> KubernetesEngine:
         server_namespace=settings.kubernetes_server_namespace,
         runtime_class=settings.kubernetes_runtime_class,
         image_pull_policy=settings.kubernetes_image_pull_policy,
+        storage_class=settings.kubernetes_storage_class,
         max_execs=settings.exec_max_concurrent))
 
 

@@ -77,6 +77,8 @@ class Settings(BaseSettings):
         "deskbox")
     kubernetes_runtime_class: str = ""
     kubernetes_image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    # The StorageClass of the volumes' PersistentVolumeClaims; empty: the cluster's default.
+    kubernetes_storage_class: str = ""
     # X display numbers [display_first, display_last) for container sessions.
     display_first: Annotated[int, Field(ge=1, le=65535)] = 200
     display_last: Annotated[int, Field(ge=2, le=65536)] = 1000

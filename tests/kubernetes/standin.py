@@ -7,8 +7,10 @@ uids, resourceVersions, labels, owner references and their garbage collection, l
 selectors, watches with resourceVersion and timeoutSeconds, Status bodies for errors), and
 acts as the kubelet and the network: a Pod gets a network namespace of its own with one
 veth to this host (its "pod IP", 10.251.N.2; no route beyond this host, so no egress at
-all), its Secret volumes as read-only files, its emptyDir volumes as tmpfs, and its
-container runs in Podman (the Engine API at ``--engine``) from the image of that name.
+all), its Secret volumes as read-only files, its emptyDir volumes as tmpfs, its
+PersistentVolumeClaims as host directories (one per claim, made when the claim is and
+removed with it: "Bound" at once, no size limit), and its container runs in Podman (the
+Engine API at ``--engine``) from the image of that name.
 
 What it does not do: authentication, admission, scheduling, quotas, image pulls (an image
 Podman lacks gives ErrImagePull), restarts (restartPolicy is Never), NetworkPolicy
@@ -56,6 +58,7 @@ KINDS = {
     "pods": ("Pod", "v1"),
     "secrets": ("Secret", "v1"),
     "networkpolicies": ("NetworkPolicy", "networking.k8s.io/v1"),
+    "persistentvolumeclaims": ("PersistentVolumeClaim", "v1"),
 }
 _STANDIN_LABEL = "io.deskbox.standin"
 _POLL_S = 0.5
@@ -212,6 +215,18 @@ class Kubelet:
                 return secret
             await asyncio.sleep(_POLL_S)
 
+    def claim_directory(self, claim: Obj) -> Path:
+        """The host directory that stands in for a claim's volume."""
+        return self.files / f"claim-{claim['metadata']['uid']}"
+
+    async def _claim(self, namespace: str, name: str) -> Obj:
+        """A claim a volume names, waited for as the kubelet waits for a Secret."""
+        while True:
+            claim = self.store.objects.get(("persistentvolumeclaims", namespace, name))
+            if claim is not None:
+                return claim
+            await asyncio.sleep(_POLL_S)
+
     async def _run(self, namespace: str, name: str, uid: str) -> None:
         pod = self.store.objects[("pods", namespace, name)]
         spec = pod["spec"]
@@ -244,6 +259,12 @@ class Kubelet:
                     path.write_bytes(base64.b64decode(value))
                     path.chmod(volume["secret"].get("defaultMode", 0o644))
                 binds.append(f"{directory}:{mount['mountPath']}:ro")
+            elif "persistentVolumeClaim" in volume:
+                source = volume["persistentVolumeClaim"]
+                claim = await self._claim(namespace, source["claimName"])
+                read_only = source.get("readOnly") or mount.get("readOnly")
+                binds.append(f"{self.claim_directory(claim)}:{mount['mountPath']}"
+                             f"{':ro' if read_only else ''}")
             elif "emptyDir" in volume:
                 size = str(volume["emptyDir"].get("sizeLimit", "64Mi")).replace("Mi", "m")
                 tmpfs[mount["mountPath"]] = f"rw,nosuid,nodev,size={size}"
@@ -397,6 +418,9 @@ class StandIn:
                     obj.setdefault("data", {})[key] = base64.b64encode(value.encode()).decode()
             if plural == "pods":
                 obj["status"] = {"phase": "Pending"}
+            if plural == "persistentvolumeclaims":  # bound at once to a directory
+                self.kubelet.claim_directory(obj).mkdir(mode=0o755)
+                obj["status"] = {"phase": "Bound"}
             self.store.put(plural, ns, obj, "ADDED")
             if plural == "pods":
                 self.kubelet.start(ns, obj)
@@ -437,6 +461,8 @@ class StandIn:
             self.store.put(plural, ns, obj, "MODIFIED")
             await self.kubelet.stop(uid)
         self.store.remove(plural, ns, obj["metadata"]["name"])
+        if plural == "persistentvolumeclaims":
+            shutil.rmtree(self.kubelet.claim_directory(obj), ignore_errors=True)
         # The garbage collector: what this object owned goes with it.
         for (other_plural, other_ns, _), other in list(self.store.objects.items()):
             owners = other["metadata"].get("ownerReferences") or []

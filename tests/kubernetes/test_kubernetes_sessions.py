@@ -92,7 +92,7 @@ def wait_failed(client: httpx.Client, session: dict[str, Any]) -> dict[str, Any]
 
 def test_healthz_describes_the_engine(client: httpx.Client, standin: StandIn) -> None:
     engine = client.get("/healthz").json()["engines"]["kubernetes"]
-    assert engine["capabilities"] == ["adopt", "exec", "resources"]
+    assert engine["capabilities"] == ["adopt", "exec", "resources", "volumes"]
     assert engine["egress"] == ["all", "allowlist", "none"]
     assert engine["details"]["api"] == standin.url
     assert engine["details"]["namespace"] == NAMESPACE
@@ -205,6 +205,51 @@ def test_resources_egress_and_runtime_class_become_the_pods(
         assert client.get(f"/v1/sessions/{made['id']}/screenshot").status_code == 200
     finally:
         client.delete(f"/v1/sessions/{made['id']}")
+
+
+def run(client: httpx.Client, session: dict[str, Any], script: str) -> dict[str, Any]:
+    ran = client.post(f"/v1/sessions/{session['id']}/exec", json={"cmd": ["sh", "-c", script]})
+    assert ran.status_code == 200, ran.text
+    result: dict[str, Any] = ran.json()
+    return result
+
+
+def test_a_volume_is_a_claim_that_outlives_its_pods(
+    client: httpx.Client, standin: StandIn
+) -> None:
+    """A Deskbox volume on the cluster: a PersistentVolumeClaim made with the first session
+    that mounts it, kept after that session, mounted read-only by the next, deleted with
+    the volume (the stand-in binds each claim to a host directory)."""
+    assert client.post("/v1/volumes", json={"name": "kwork", "size_mb": 64}).status_code == 201
+    try:
+        writer = create(client, volumes=[{"name": "kwork", "path": "/root/work"}])
+        try:
+            (claim,) = standin.objects("persistentvolumeclaims")
+            assert claim["spec"] == {"accessModes": ["ReadWriteOnce"],
+                                     "resources": {"requests": {"storage": "64Mi"}}}
+            pod = standin.pod(pod_name(writer))["spec"]
+            (volume,) = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
+            assert volume["persistentVolumeClaim"] == {
+                "claimName": claim["metadata"]["name"], "readOnly": False}
+            assert {"name": volume["name"], "mountPath": "/root/work", "readOnly": False} in \
+                pod["containers"][0]["volumeMounts"]
+            assert run(client, writer, "echo kept > /root/work/note")["exit_code"] == 0
+            assert_error(client.post("/v1/sessions", json={
+                "volumes": [{"name": "kwork", "path": "/root/other"}]}), 409, "conflict")
+        finally:
+            client.delete(f"/v1/sessions/{writer['id']}")
+        reader = create(client, volumes=[{"name": "kwork", "path": "/tmp/ref",
+                                          "read_only": True}])
+        try:
+            assert run(client, reader, "cat /tmp/ref/note")["stdout"] == "kept\n"
+            refused = run(client, reader, "echo x > /tmp/ref/x")
+            assert refused["exit_code"] != 0 and "Read-only" in refused["stderr"]
+        finally:
+            client.delete(f"/v1/sessions/{reader['id']}")
+        assert standin.names("persistentvolumeclaims") == [claim["metadata"]["name"]]
+    finally:
+        assert client.delete("/v1/volumes/kwork").status_code == 204
+    assert standin.names("persistentvolumeclaims") == []
 
 
 def test_a_pod_deleted_behind_the_servers_back_fails_its_session(

@@ -5,16 +5,19 @@ privilege: nothing cluster-wide, the server held to the "restricted" Pod Securit
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
 
+from deskbox_server.engines.base import VolumeAttach
 from deskbox_server.engines.desktop_commands import DesktopSpec
 from deskbox_server.engines.kubernetes.spec import (
     PodLimits,
     PodOptions,
+    claim_manifest,
     egress_rules,
     network_policy_manifest,
     pod_manifest,
@@ -55,8 +58,14 @@ def test_every_deployed_object_is_valid(version: str) -> None:
 @pytest.mark.parametrize("version", VERSIONS)
 def test_the_engines_objects_are_valid(version: str) -> None:
     options = PodOptions(image="registry.example.com/deskbox-session:1", fleet="deskbox",
-                         runtime_class="gvisor", server_namespace="deskbox")
-    pod = pod_manifest(options, "ses_0a1b", DesktopSpec(), PodLimits(cpus=0.5))
+                         runtime_class="gvisor", server_namespace="deskbox",
+                         storage_class="fast")
+    volumes = (VolumeAttach("work", Path(), "/root/work", key="k_1/work", size_mb=1024),
+               VolumeAttach("ref", Path(), "/tmp/ref", True, key="k_1/ref", size_mb=64))
+    pod = pod_manifest(options, "ses_0a1b", DesktopSpec(), PodLimits(cpus=0.5),
+                       volumes=volumes)
+    for volume in volumes:
+        kubernetes_validate.validate(claim_manifest(options, volume), version, strict=True)
     pod["metadata"]["uid"] = "5f0c3e4e-2b1a-4c5d-9e8f-0a1b2c3d4e5f"  # as the API answers
     for egress in ("none", "all"):
         kubernetes_validate.validate(
@@ -81,6 +90,7 @@ def test_nothing_is_granted_cluster_wide_and_only_what_the_engine_calls() -> Non
         ("", "pods"): {"create", "get", "list", "watch", "patch", "delete"},
         ("", "secrets"): {"create", "get", "delete"},
         ("networking.k8s.io", "networkpolicies"): {"create", "list", "delete"},
+        ("", "persistentvolumeclaims"): {"create", "delete"},
     }
 
 

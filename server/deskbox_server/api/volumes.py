@@ -48,5 +48,5 @@ async def get_volume(request: Request, caller: Caller, name: str) -> Volume:
 @router.delete("/{name}", status_code=204)
 async def delete_volume(request: Request, caller: Caller, name: str) -> Response:
     """Delete a volume and its files (409 while a session has it attached)."""
-    await get_services(request).manager.volumes.delete(caller.key_id, name)
+    await get_services(request).manager.delete_volume(caller.key_id, name)
     return Response(status_code=204)

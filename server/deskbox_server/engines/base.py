@@ -87,6 +87,10 @@ class VolumeAttach:
     disk: Path
     path: str
     read_only: bool = False
+    # The volume's identity across engines ("<owner>/<name>"; a cluster's claim is named
+    # after it) and its size: what an engine that keeps volumes of its own needs.
+    key: str = ""
+    size_mb: int = 0
 
 
 @dataclass(frozen=True)
@@ -187,6 +191,11 @@ class Engine(ABC, Generic[S]):
     def lacks(self, capability: Capability, needed_for: str) -> EngineLacks:
         return EngineLacks(self.name, needed_for, f"the capability {capability.value!r}",
                            self.hint)
+
+    async def drop_volume(self, key: str) -> None:
+        """The volume ``key`` (VolumeAttach.key) was deleted: forget what this engine keeps
+        of it (a cluster's claim). Engines that mount the server's disk images keep nothing."""
+        return None
 
     def require(self, capability: Capability, needed_for: str) -> None:
         if capability not in self.capabilities:

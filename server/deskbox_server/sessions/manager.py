@@ -231,6 +231,19 @@ class SessionManager:
                 return
         await self._stop(live, None)
 
+    # -- volumes ------------------------------------------------------------------------
+
+    async def delete_volume(self, owner: str, name: str) -> None:
+        """Delete a volume (409 while attached), then what engines keep of it (a cluster's
+        claim): a failure there is logged, the volume is gone for the API either way."""
+        await self.volumes.delete(owner, name)
+        for engine in self._engines.values():
+            try:
+                await engine.drop_volume(f"{owner}/{name}")
+            except DeskboxError as error:
+                log.warning("volume %s of %s: the %s engine kept its copy: %s", name, owner,
+                            engine.name, error.message)
+
     # -- queries --------------------------------------------------------------------------
 
     def describe_engines(self) -> dict[str, EngineSummary]:

@@ -166,7 +166,8 @@ class VolumeStore:
                     )
             self._register(owner, session_id, mounts)
         return tuple(
-            VolumeAttach(m.name, self._directory(owner, r.name) / _DISK, m.path, m.read_only)
+            VolumeAttach(m.name, self._directory(owner, r.name) / _DISK, m.path, m.read_only,
+                         key=f"{owner}/{r.name}", size_mb=r.size_mb)
             for m, r in zip(mounts, records, strict=True)
         )
 

@@ -200,6 +200,24 @@ class Cluster:
         return await self._delete("delete a network policy",
                                   self._networking.delete_namespaced_network_policy, name)
 
+    # -- persistent volume claims ---------------------------------------------------------
+
+    async def create_claim(self, manifest: Obj) -> Obj | None:
+        """The claim, or None if one of that name exists already."""
+        try:
+            return await self._json(
+                "create a persistent volume claim",
+                self._core.create_namespaced_persistent_volume_claim(
+                    self.namespace, _as_body(manifest), _preload_content=False))
+        except ClusterRefused as error:
+            if error.status == 409:
+                return None
+            raise
+
+    async def delete_claim(self, name: str) -> bool:
+        return await self._delete("delete a persistent volume claim",
+                                  self._core.delete_namespaced_persistent_volume_claim, name)
+
     # -- shared ----------------------------------------------------------------------------
 
     async def _read(self, what: str, method: Callable[..., Awaitable[Any]], name: str

@@ -36,6 +36,8 @@ from .spec import (
     LABEL_SESSION,
     PodLimits,
     PodOptions,
+    claim_manifest,
+    claim_name,
     egress_rules,
     network_policy_manifest,
     pod_manifest,
@@ -65,13 +67,14 @@ class KubernetesOptions:
     server_namespace: str = ""  # the server's, when the sessions' is another
     runtime_class: str = ""
     image_pull_policy: str = "IfNotPresent"
+    storage_class: str = ""  # the volumes' claims'; empty: the cluster's default
     max_execs: int = 8
 
 
 class KubernetesEngine(Engine[PodSandbox]):
     name: ClassVar[str] = "kubernetes"
     capabilities: frozenset[Capability] = frozenset(
-        {Capability.EXEC, Capability.RESOURCES, Capability.ADOPT})
+        {Capability.EXEC, Capability.RESOURCES, Capability.ADOPT, Capability.VOLUMES})
     egress_modes: ClassVar[frozenset[str]] = frozenset({"none", "allowlist", "all"})
     runtime_classes: ClassVar[bool] = True
     hint: ClassVar[str] = (
@@ -88,7 +91,8 @@ class KubernetesEngine(Engine[PodSandbox]):
         self.pods = PodOptions(image=options.image, fleet=options.fleet,
                                runtime_class=options.runtime_class,
                                image_pull_policy=options.image_pull_policy,
-                               server_namespace=options.server_namespace)
+                               server_namespace=options.server_namespace,
+                               storage_class=options.storage_class)
         self.cluster = Cluster(options.api, options.namespace)
         self._sandboxes: dict[str, PodSandbox] = {}
         self._watcher: asyncio.Task[None] | None = None
@@ -130,10 +134,13 @@ class KubernetesEngine(Engine[PodSandbox]):
             async with asyncio.timeout(timeout_s):
                 await self.cluster.create_network_policy(
                     network_policy_manifest(self.pods, spec.id, egress))
+                for volume in spec.volumes:  # made on first use; kept after the pod
+                    await self.cluster.create_claim(claim_manifest(self.pods, volume))
                 self._sandboxes[spec.id] = sandbox
                 pod = await self.cluster.create_pod(
                     pod_manifest(self.pods, spec.id, spec.desktop, _limits(spec),
-                                 spec.runtime_class, warm=spec.background))
+                                 spec.runtime_class, warm=spec.background,
+                                 volumes=spec.volumes))
                 await self.cluster.create_secret(
                     secret_manifest(self.pods, pod, spec.id, sandbox.token))
                 sandbox.timings["pod_created"] = time.monotonic() - started
@@ -233,6 +240,11 @@ class KubernetesEngine(Engine[PodSandbox]):
         sandbox.token, sandbox.pod_ip = token, str(status["podIP"])
         self._sandboxes[session_id] = sandbox
         return sandbox
+
+    async def drop_volume(self, key: str) -> None:
+        if await self.cluster.delete_claim(claim_name(key)):
+            log.info("deleted the persistent volume claim %s of volume %s", claim_name(key),
+                     key)
 
     async def remove_orphans(self, keep: Collection[str]) -> list[str]:
         removed = []

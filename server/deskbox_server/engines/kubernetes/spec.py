@@ -7,14 +7,21 @@ default seccomp profile, a read-only root with memory-backed emptyDirs where a d
 writes, requests = limits from ``resources``, no service account token, no service links.
 The agent listens on TCP on the pod IP and serves only connections that prove the token
 the Secret carries (agent_tcp.py). No Service exposes it.
+
+A session's volumes are PersistentVolumeClaims, one per Deskbox volume (named after its
+owner and name, made on first use with the volume's size, deleted with the volume), mounted
+where the session asked, read-only or not.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..base import VolumeAttach
 from ..desktop_commands import DesktopSpec, session_env
 from ..own_desktop import OWN_DISPLAY, OWN_HOME
 from .cluster import Obj
@@ -26,6 +33,8 @@ __all__ = [
     "LABEL_SESSION",
     "PodLimits",
     "PodOptions",
+    "claim_manifest",
+    "claim_name",
     "egress_rules",
     "network_policy_manifest",
     "owned_by",
@@ -61,6 +70,8 @@ class PodOptions:
     # ``server_namespace`` when the sessions have a namespace of their own.
     server_selector: tuple[tuple[str, str], ...] = ((_LABEL_NAME, "deskbox-server"),)
     server_namespace: str = ""
+    # The claims' StorageClass; empty: the cluster's default.
+    storage_class: str = ""
 
 
 @dataclass(frozen=True)
@@ -86,9 +97,29 @@ def owned_by(pod: Obj) -> list[Obj]:
              "blockOwnerDeletion": False}]
 
 
+def claim_name(key: str) -> str:
+    """The claim of the volume ``key`` (``<owner>/<name>``: a DNS-1123 name whatever the
+    owner's id is made of)."""
+    return "deskbox-vol-" + hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def claim_manifest(options: PodOptions, volume: VolumeAttach) -> Obj:
+    """A volume's claim: not owned by any pod (it outlives sessions); ReadWriteOnce, as
+    every storage class offers (the server lets one session write, or several read)."""
+    spec: Obj = {"accessModes": ["ReadWriteOnce"],
+                 "resources": {"requests": {"storage": f"{volume.size_mb}Mi"}}}
+    if options.storage_class:
+        spec["storageClassName"] = options.storage_class
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim_name(volume.key), "labels": {
+                _LABEL_NAME: "deskbox-volume", "app.kubernetes.io/managed-by": "deskbox",
+                LABEL_FLEET: options.fleet}},
+            "spec": spec}
+
+
 def pod_manifest(options: PodOptions, session_id: str, desktop: DesktopSpec,
-                 limits: PodLimits, runtime_class: str | None = None, warm: bool = False
-                 ) -> Obj:
+                 limits: PodLimits, runtime_class: str | None = None, warm: bool = False,
+                 volumes: Sequence[VolumeAttach] = ()) -> Obj:
     agent = ["/usr/local/bin/deskbox-agent", "--listen", f"tcp:0.0.0.0:{AGENT_PORT}",
              "--token-file", f"{_TOKEN_DIR}/{_TOKEN_KEY}"]
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": OWN_HOME, "LANG": "C.UTF-8",
@@ -139,6 +170,13 @@ def pod_manifest(options: PodOptions, session_id: str, desktop: DesktopSpec,
             memory_dir("shm", limits.shm_mb),
         ],
     }
+    for index, volume in enumerate(volumes):
+        spec["containers"][0]["volumeMounts"].append(
+            {"name": f"volume-{index}", "mountPath": volume.path,
+             "readOnly": volume.read_only})
+        spec["volumes"].append(
+            {"name": f"volume-{index}", "persistentVolumeClaim": {
+                "claimName": claim_name(volume.key), "readOnly": volume.read_only}})
     if runtime:
         spec["runtimeClassName"] = runtime
     labels = _labels(options, session_id)

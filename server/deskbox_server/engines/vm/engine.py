@@ -43,7 +43,7 @@ from ..own_desktop import OWN_DISPLAY, OWN_HOME
 from .accel import Accelerator, detect_accelerator
 from .guest import VmGuest, in_thread_to_the_end, kill_leftover, leftover_pid, start_guest
 from .jail import UidPool, jail_argv
-from .qemu import AGENT_PORT, GuestImage, VmConfig
+from .qemu import AGENT_PORT, GuestImage, VmConfig, VmVolume
 from .qmp import QmpClient
 from .sandbox import (
     CONFIG_FILE,
@@ -70,7 +70,7 @@ class VmEngine(Engine[VmSandbox]):
     name: ClassVar[str] = "vm"
     capabilities: frozenset[Capability] = frozenset(
         {Capability.FREEZE, Capability.CHECKPOINT, Capability.EXEC, Capability.RESOURCES,
-         Capability.ADOPT}
+         Capability.ADOPT, Capability.VOLUMES}
     )
     egress_modes: ClassVar[frozenset[str]] = frozenset({"none", "allowlist", "all"})
     hint: ClassVar[str] = "use the container engine (\"backend\": \"container\") for it"
@@ -157,6 +157,9 @@ class VmEngine(Engine[VmSandbox]):
             egress = await asyncio.to_thread(resolve_egress, spec.network.egress,
                                              spec.network.allow)
             config = dataclasses.replace(config, egress=egress.mode)
+        if spec.volumes:
+            config = dataclasses.replace(config, volumes=tuple(
+                VmVolume(str(v.disk), v.path, v.read_only) for v in spec.volumes))
         sandbox = VmSandbox(self.state_dir, self._max_execs, spec.id, config)
         sandbox.egress = egress
         sandbox.env = {

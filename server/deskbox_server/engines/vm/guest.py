@@ -210,22 +210,34 @@ def _spawn(
         path.unlink(missing_ok=True)
         path.write_bytes(content)
         path.chmod(0o644)  # for QEMU's user; the directory keeps everyone else out
-    incoming_fd = os.open(incoming, os.O_RDONLY | os.O_CLOEXEC) if incoming else None
+    opened: list[int] = []
     try:
+        incoming_fd = None
+        if incoming is not None:
+            incoming_fd = os.open(incoming, os.O_RDONLY | os.O_CLOEXEC)
+            opened.append(incoming_fd)
+        volume_fds: list[list[int]] = []
+        for volume in config.volumes:
+            volume_fds.append([])
+            for access in volume.access_modes:
+                # Not following a link: the disk is the volume store's own file.
+                volume_fds[-1].append(
+                    os.open(volume.disk, access | os.O_CLOEXEC | os.O_NOFOLLOW))
+                opened.append(volume_fds[-1][-1])
         with open(paths.qemu_log, "ab") as qemu_log:
             process = subprocess.Popen(
-                [*wrap, *qemu_argv(image, config, paths, accel, files, incoming_fd)],
+                [*wrap, *qemu_argv(image, config, paths, accel, files, incoming_fd,
+                                   volume_fds)],
                 stdin=subprocess.DEVNULL, stdout=qemu_log, stderr=qemu_log,
-                pass_fds=(incoming_fd,) if incoming_fd is not None else (),
-                start_new_session=True,
+                pass_fds=opened, start_new_session=True,
             )
         # The leader of QEMU's process group (its jail's unshare, or QEMU): what a later
         # server adopts or kills.
         paths.pid.write_text(f"{process.pid}\n")
         return process
     finally:
-        if incoming_fd is not None:
-            os.close(incoming_fd)
+        for fd in opened:
+            os.close(fd)
 
 
 def leftover_pid(paths: VmPaths) -> int | None:

@@ -17,7 +17,8 @@ virtio-serial port. No monitor, VNC or other port on TCP; ``-nodefaults`` and
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
+import os
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,17 +95,38 @@ class VmConfig:
     run_mb: int = 64
     home_mb: int = 512
     shm_mb: int = 256
+    # The session's volumes, each a virtio-blk disk the guest's /init mounts.
+    volumes: tuple[VmVolume, ...] = ()
 
     @property
     def cgroup_memory_bytes(self) -> int:
         return (self.memory_mb + QEMU_OVERHEAD_MB) << 20
 
     def to_json(self) -> str:
-        return json.dumps(self.__dict__)
+        return json.dumps({**self.__dict__, "volumes": [v.__dict__ for v in self.volumes]})
 
     @classmethod
     def from_json(cls, text: str) -> VmConfig:
-        return cls(**json.loads(text))
+        fields = json.loads(text)
+        volumes = tuple(VmVolume(**v) for v in fields.pop("volumes", []))
+        return cls(**fields, volumes=volumes)
+
+
+@dataclass(frozen=True)
+class VmVolume:
+    """A volume's disk image on the host and where the guest mounts it (a path under
+    /root/ or /tmp/ of plain names: schemas/volumes.py)."""
+
+    disk: str
+    path: str
+    read_only: bool = False
+
+    @property
+    def access_modes(self) -> tuple[int, ...]:
+        """How QEMU opens the disk: read-only, or read-write and read-only too (it probes
+        the image read-only first and takes, from the descriptors it was given, one opened
+        with the access it asks for)."""
+        return (os.O_RDONLY,) if self.read_only else (os.O_RDWR, os.O_RDONLY)
 
 
 @dataclass(frozen=True)
@@ -156,9 +178,15 @@ def guest_files(
         "shm_mb": str(config.shm_mb),
         "net": "none" if config.egress == "none" else "user",
     }
+    # One line each, "volume=<disk index>:<ro|rw>:<path>" (/init finds the disk by its
+    # serial, deskbox-vol<index>).
+    volume_lines = "".join(
+        f"volume={index}:{'ro' if volume.read_only else 'rw'}:{volume.path}\n"
+        for index, volume in enumerate(config.volumes))
     files = {
         "env": env_bytes,
-        "init": "".join(f"{key}={value}\n" for key, value in lines.items()).encode(),
+        "init": ("".join(f"{key}={value}\n" for key, value in lines.items())
+                 + volume_lines).encode(),
     }
     if config.egress != "none":
         for name in ("hosts", "resolv.conf"):
@@ -177,9 +205,12 @@ def kernel_cmdline(accel: Accelerator) -> str:
 def qemu_argv(
     image: GuestImage, config: VmConfig, paths: VmPaths, accel: Accelerator,
     fw_cfg: Collection[str], incoming_fd: int | None = None,
+    volume_fds: Sequence[Sequence[int]] = (),
 ) -> list[str]:
     """The whole command line; ``fw_cfg``: the names of the guest's files in ``paths``;
-    ``incoming_fd``: restore from the migration stream on it."""
+    ``incoming_fd``: restore from the migration stream on it; ``volume_fds``: the disk
+    image of each of ``config.volumes``, opened in each of its ``access_modes`` (QEMU,
+    jailed, sees no volume's file: it gets descriptors the server opened)."""
     argv = [
         QEMU,
         "-name", "deskbox,debug-threads=on",
@@ -205,6 +236,16 @@ def qemu_argv(
     ]
     for name in fw_cfg:
         argv += ["-fw_cfg", f"name=opt/deskbox/{name},file={paths.fw_cfg(name)}"]
+    for index, (volume, fds) in enumerate(zip(config.volumes, volume_fds, strict=True)):
+        readonly = "on" if volume.read_only else "off"
+        for fd in fds:
+            argv += ["-add-fd", f"fd={fd},set={index + 1}"]
+        # file.locking=off: the server's attachments (one writer, or readers) are the
+        # lock; QEMU's own, on the descriptors it was given, refused a restored guest its
+        # disk when it activated it after the migration ("Failed to get shared write lock").
+        argv += ["-drive", f"id=vol{index},file=/dev/fdset/{index + 1},format=raw,if=none,"
+                           f"readonly={readonly},file.locking=off",
+                 "-device", f"virtio-blk-device,drive=vol{index},serial=deskbox-vol{index}"]
     if config.egress != "none":
         # QEMU's user-mode network runs in the host-made network namespace QEMU was started
         # in: the guest's connections become QEMU's sockets there, which its nftables
