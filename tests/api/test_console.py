@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import os
 import re
 import shutil
@@ -173,6 +174,14 @@ def wait_for(page: Page, script: str, arg: Any = None, until: Any = bool) -> Any
     return value
 
 
+def eventually(check: Any) -> None:
+    """Wait (20 s at most) until ``check()`` is true: what the server says, polled."""
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while not check():
+        assert time.monotonic() < deadline, "it never came"
+        time.sleep(0.1)
+
+
 def near(pixel: list[int], expected: tuple[int, int, int], tolerance: int = 40) -> bool:
     return all(abs(p - e) <= tolerance for p, e in zip(pixel, expected, strict=True))
 
@@ -297,6 +306,53 @@ def test_the_live_view_opens_and_connects(quiet: Page, session: dict[str, Any]) 
             expect(view.locator("#screen canvas")).to_be_visible()
         finally:
             view.close()
+
+
+def test_a_human_takes_over_in_the_view_and_hands_back(
+    quiet: Page, client: httpx.Client, session: dict[str, Any]
+) -> None:
+    """From the console's Control link, in Playwright: "Take control" refuses the agent's
+    actions (looking goes on), the person's click lands on the desktop (the agent's
+    cursor_position sees it) and in the recording as the human's, "Hand back" ends it."""
+    sid = session["id"]
+    with quiet.context.expect_page(timeout=TIMEOUT_MS) as opened:
+        card(quiet, sid).locator("button[data-act=control]").click()
+    view = opened.value
+    try:
+        view.wait_for_url(f"**/v1/sessions/{sid}/view?token=dbt_*", timeout=TIMEOUT_MS)
+        wait_for(view, "() => Boolean(window.__deskbox && window.__deskbox.connected)")
+        view.click("#take")
+        eventually(lambda: client.get(f"/v1/sessions/{sid}/handoff").json()[
+            "human_in_control"])
+        refused = client.post(f"/v1/sessions/{sid}/actions",
+                              json={"type": "click", "x": 5, "y": 5})
+        assert refused.status_code == 409 and refused.json()["error"]["type"] == \
+            "human_in_control"
+        x, y = 321, 234
+        canvas = view.locator("#screen canvas")
+        box = canvas.bounding_box()
+        assert box is not None
+        width, height = view.evaluate(
+            "() => { const c = document.querySelector('#screen canvas');"
+            " return [c.width, c.height]; }")
+        view.mouse.click(box["x"] + (x + 0.5) * box["width"] / width,
+                         box["y"] + (y + 0.5) * box["height"] / height)
+        eventually(lambda: client.post(f"/v1/sessions/{sid}/actions", json={
+            "type": "cursor_position"}).json()["results"][0] == {"x": x, "y": y})
+        view.click("#hand-back")
+        eventually(lambda: not client.get(f"/v1/sessions/{sid}/handoff").json()[
+            "human_in_control"])
+        assert client.post(f"/v1/sessions/{sid}/actions",
+                           json={"type": "move", "x": 5, "y": 5}).status_code == 200
+    finally:
+        view.close()
+    lines = client.get(f"/v1/sessions/{sid}/trajectory").text.splitlines()
+    entries = [json.loads(line) for line in lines]
+    human = [e for e in entries if e["kind"] == "action" and e["source"]["type"] == "token"]
+    assert human and human[-1]["action"] == {"type": "click", "x": x, "y": y,
+                                             "button": "left"}, human
+    events = [e["event"]["type"] for e in entries if e["kind"] == "event"]
+    assert {"human_took_control", "human_handed_back"} <= set(events), events
 
 
 def test_create_ask_for_help_and_delete(
