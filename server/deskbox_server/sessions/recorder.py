@@ -75,12 +75,11 @@ class Recorder:
 
     # -- entries --------------------------------------------------------------------------
 
-    def _entry(self, kind: str, t: float, **fields: Any) -> int:
+    def _entry(self, kind: str, t: float, **fields: Any) -> None:
         seq = self.meta.entries
         self.meta.entries += 1
         entry = {"seq": seq, "kind": kind, "t": round(t, 3), **fields}
         self._lines.append(json.dumps(entry, separators=(",", ":")).encode() + b"\n")
-        return seq
 
     def batch(
         self, source: Source, actions: Sequence[a.Action], view: a.CoordinateSpace | None,
@@ -245,8 +244,14 @@ class Recorder:
                     self._stop("the API key's recording quota is used up")
                 return
             meta = self.meta
-            meta.bytes += await asyncio.to_thread(self._store.append, meta, lines, files)
-            await asyncio.to_thread(self._store.save, meta)
+            try:
+                meta.bytes += await asyncio.to_thread(self._store.append, meta, lines, files)
+                await asyncio.to_thread(self._store.save, meta)
+            except OSError as error:  # a full disk: stop, rather than hold entries in memory
+                log.error("session %s: cannot write its recording: %s", meta.session_id, error)
+                if not self.closed:
+                    self.closed = True
+                    self._stop(f"the recording could not be written: {error.strerror}")
 
     async def close(self) -> None:
         """Stop taking frames and entries; write what waits. Idempotent."""
