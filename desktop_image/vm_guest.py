@@ -415,7 +415,7 @@ def _module_order(module_root: Path, wanted: Iterable[str]) -> tuple[list[str], 
             raise RuntimeError(f"kernel modules depend on each other in a circle: {chain}")
         if name not in files and soft:
             found = provider(name)
-            if found is None:
+            if found is None or found in content:  # ext4 and jbd2 both name "crc32c"
                 return
             name = found
         if name not in files:

@@ -37,9 +37,6 @@ mount -t devtmpfs -o nosuid,mode=0755 devtmpfs /dev || fail "cannot mount devtmp
 step "loading modules"
 while read -r module; do
     [ -n "$module" ] || continue
-    # Loaded already: one that another module's init asked the kernel for (ext4 and
-    # jbd2 take crc32c through the crypto API, which loads crc32c_generic itself).
-    [ -d "/sys/module/$module" ] && continue
     insmod "/lib/modules/$module.ko" || fail "cannot load the kernel module $module"
 done < /lib/modules/load.order
 

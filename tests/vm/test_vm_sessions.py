@@ -91,7 +91,8 @@ def test_healthz_names_the_accelerator(client: httpx.Client) -> None:
     vm = engines["vm"]
     assert vm["details"]["accelerator"] == "tcg"  # this host's /dev/kvm is kvm-pvm
     assert "kvm-pvm" in vm["details"]["accelerator_reason"]
-    assert vm["capabilities"] == ["adopt", "checkpoint", "exec", "freeze", "resources"]
+    assert vm["capabilities"] == ["adopt", "checkpoint", "exec", "freeze", "resources",
+                                  "volumes"]
     assert vm["egress"] == ["all", "allowlist", "none"]
     assert "adopt" in engines["container"]["capabilities"]
 
