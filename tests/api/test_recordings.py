@@ -117,7 +117,9 @@ def test_a_recording_keeps_actions_frames_screenshots_and_events(
 
 def test_the_video_and_the_export(client: httpx.Client, recorded: dict[str, Any]) -> None:
     sid = recorded["id"]
-    client.post(f"/v1/sessions/{sid}/actions", json={"type": "type", "text": "more"})
+    assert client.post(f"/v1/sessions/{sid}/actions", json={
+        "actions": [{"type": "type", "text": "more"}], "screenshot": {"format": "jpeg"}}
+    ).status_code == 200
     video = client.get(f"/v1/sessions/{sid}/recording.mp4", timeout=60)
     assert video.status_code == 200 and video.headers["content-type"] == "video/mp4"
     with av.open(io.BytesIO(video.content)) as container:
@@ -281,3 +283,22 @@ def test_a_humans_rfb_input_reads_as_actions() -> None:
         {"type": "key", "keys": "Page_Down"},
         {"type": "type", "text": "ж"},
     ]
+
+
+def test_a_hostile_frame_is_a_clear_error_not_a_crash(
+    client: httpx.Client, server: Server
+) -> None:
+    """Frames are a sandbox's JPEGs: the video is encoded in a confined process of its own,
+    and a frame that is not what it should be fails that process, not the server."""
+    sid = client.post("/v1/sessions", json={"display": DISPLAY, "record": True}).json()["id"]
+    try:
+        assert client.post(f"/v1/sessions/{sid}/recording/stop").status_code == 200
+        frame = server.settings.state_dir / "recordings" / sid / "frames" / "000000.jpg"
+        frame.write_bytes(b"\xff\xd8\xff" + b"\x00" * 64)  # JPEG's magic, then nothing
+        error = assert_error(client.get(f"/v1/sessions/{sid}/recording.mp4"), 502,
+                             "session_failed")
+        assert "could not be encoded" in error["message"]
+        assert client.get("/healthz").status_code == 200
+    finally:
+        client.delete(f"/v1/sessions/{sid}")
+        client.delete(f"/v1/sessions/{sid}/recording")

@@ -13,23 +13,22 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import threading
 import zipfile
 from collections.abc import Iterator
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from ..errors import NotFound
+from ..errors import NotFound, SessionFailed, Timeout
 from .recording_store import RecordingMeta, RecordingStore
 
 __all__ = ["export_zip", "trajectory", "video"]
 
 _VIDEO_LOCK = threading.Lock()  # one encoding at a time: it takes a core while it runs
-_TIME_BASE = Fraction(1, 1000)
+_ENCODE_TIMEOUT_S = 600
 
 
 def _entries(store: RecordingStore, meta: RecordingMeta) -> list[dict[str, Any]]:
@@ -84,11 +83,9 @@ def frame_path(store: RecordingStore, meta: RecordingMeta, number: int) -> Path:
 
 def video(store: RecordingStore, meta: RecordingMeta) -> Path:
     """The video of the frames so far, made on first request and kept (made again once
-    more frames came)."""
-    import av  # a large library: loaded when a video is first asked for
-    from PIL import Image
-
-    if meta.frames == 0:
+    more frames came). Encoded by video_encode.py in a process of its own, which limits
+    its memory and CPU time: the frames are a sandbox's JPEGs, hostile data to decode."""
+    if meta.frames == 0 or meta.width is None or meta.height is None:
         raise NotFound(f"recording of session {meta.session_id} has no frame yet")
     directory = store.directory(meta.session_id)
     entries = _entries(store, meta)
@@ -101,28 +98,22 @@ def video(store: RecordingStore, meta: RecordingMeta) -> Path:
             return target
         for old in directory.glob("video-*.mp4"):
             old.unlink(missing_ok=True)
-        width, height = (meta.width or 2) // 2 * 2, (meta.height or 2) // 2 * 2  # 4:2:0
-        with tempfile.NamedTemporaryFile(dir=directory, suffix=".mp4", delete=False) as part:
-            partial = Path(part.name)
+        partial = directory / "video.partial.mp4"
+        job = {"out": str(partial), "width": meta.width, "height": meta.height, "frames": [
+            [t, str(directory / "frames" / f"{number:06d}.jpg")]
+            for t, number in [*frames, (end, frames[-1][1])]]}
         try:
-            with av.open(str(partial), mode="w", format="mp4") as container:
-                stream = container.add_stream("libx264", rate=30)
-                stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-                stream.time_base = stream.codec_context.time_base = _TIME_BASE
-                stream.codec_context.options = {"preset": "veryfast", "crf": "28",
-                                                "threads": "1"}
-                last_pts, picture = -1, None
-                for t, number in [*frames, (end, frames[-1][1])]:
-                    with Image.open(directory / "frames" / f"{number:06d}.jpg") as image:
-                        rgb = np.asarray(image.convert("RGB"))
-                    picture = av.VideoFrame.from_ndarray(rgb, format="rgb24")
-                    picture = picture.reformat(width=width, height=height, format="yuv420p")
-                    # Frames come at most ``fps`` a second, never two in one millisecond.
-                    last_pts = picture.pts = max(int(t * 1000), last_pts + 1)
-                    picture.time_base = _TIME_BASE
-                    container.mux(stream.encode(picture))
-                container.mux(stream.encode(None))
+            done = subprocess.run(
+                [sys.executable, "-m", "deskbox_server.sessions.video_encode"],
+                input=json.dumps(job).encode(), capture_output=True, check=False,
+                timeout=_ENCODE_TIMEOUT_S)
+            if done.returncode != 0:
+                reason = done.stderr.decode(errors="replace").strip().splitlines()
+                raise SessionFailed("the recording's frames could not be encoded: "
+                                    f"{reason[-1] if reason else f'exit {done.returncode}'}")
             os.replace(partial, target)
+        except subprocess.TimeoutExpired:
+            raise Timeout(f"encoding the video took over {_ENCODE_TIMEOUT_S:g} s") from None
         finally:
             partial.unlink(missing_ok=True)
     return target
