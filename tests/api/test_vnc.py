@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -307,8 +307,10 @@ def test_view_page_in_chromium_with_a_view_token(
         assert shown == ["view only", True, True]
 
 
-def _click_and_type_in_the_view(cdp: CdpPage, x: int, y: int, text: str) -> None:
-    """A person's click at desktop pixel (x, y) of the live view's canvas, then keys."""
+def _click_and_type_in_the_view(cdp: CdpPage, x: int, y: int, text: str,
+                                focused: Callable[[], bool]) -> None:
+    """A person's click at desktop pixel (x, y) of the live view's canvas, then, once
+    ``focused`` says the click gave the field the focus (as a person sees the caret), keys."""
     box = cdp.evaluate("""(() => { const c = document.querySelector('#screen canvas');
         const r = c.getBoundingClientRect();
         return [r.left, r.top, r.width / c.width, r.height / c.height]; })()""")
@@ -316,6 +318,10 @@ def _click_and_type_in_the_view(cdp: CdpPage, x: int, y: int, text: str) -> None
     at = {"x": left + x * sx, "y": top + y * sy, "button": "left", "clickCount": 1}
     for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
         cdp.call("Input.dispatchMouseEvent", {"type": kind, **at})
+    deadline = time.monotonic() + 5
+    while not focused():
+        assert time.monotonic() < deadline, "the click did not reach the field"
+        time.sleep(0.02)
     for char in text:
         key = {"key": char, "text": char, "code": f"Key{char.upper()}",
                "windowsVirtualKeyCode": ord(char.upper())}
@@ -358,8 +364,11 @@ def test_a_human_takes_control_in_the_view_and_hands_back(
                 "actions": [{"type": "cursor_position"}], "screenshot": {"format": "png"}})
             assert looked.status_code == 200, looked.text
             assert client.get(f"/v1/sessions/{sid}/handoff").json()["needs_help"] is False
-            page.cdp.evaluate("document.getElementById('field').value = ''")
-            _click_and_type_in_the_view(cdp, field["x"], field["y"], "human")
+            page.cdp.evaluate("document.getElementById('field').value = ''; "
+                              "document.activeElement.blur()")
+            _click_and_type_in_the_view(
+                cdp, field["x"], field["y"], "human", lambda: page.cdp.evaluate(
+                    "document.activeElement && document.activeElement.id") == "field")
             assert page.wait_value("human") == "human"
             # An agent waiting for the human (the SDK's long poll) is answered by the
             # hand-back.
