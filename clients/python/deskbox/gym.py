@@ -371,8 +371,12 @@ def register() -> None:
     """Make ``gymnasium.make(ENV_ID, ...)`` build a :class:`DeskboxEnv` (idempotent; done
     when this module is imported, as Gymnasium's own environments are)."""
     if ENV_ID not in gymnasium.registry:
+        # nondeterministic: a fresh desktop's browser is not pixel-exact from one seeded
+        # reset to the next (its toolbar's icons have been seen a shade apart); a reset from
+        # a start state (snapshot) is, and tests/tasks/test_reset_from_snapshots.py says so.
         gymnasium.register(id=ENV_ID, entry_point="deskbox.gym:DeskboxEnv",
-                           vector_entry_point="deskbox.gym_vector:DeskboxVectorEnv")
+                           vector_entry_point="deskbox.gym_vector:DeskboxVectorEnv",
+                           nondeterministic=True)
 
 
 register()
