@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
@@ -151,6 +152,21 @@ def _wait_listening(proc: subprocess.Popen[bytes], socket_path: Path) -> None:
             proc.kill()
             raise AssertionError(f"the agent did not start: {proc.communicate()[1]!r}")
         time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def scripted_agent(script: str, mode: str, socket_path: Path) -> Iterator[Path]:
+    """An agent whose calls ``script`` (a program run with ``python -c``) replaces, as a
+    hostile one would answer: ``mode`` (HOSTILE_MODE) picks how."""
+    env = {**os.environ, "PYTHONPATH": str(AGENT_DIR), "HOSTILE_MODE": mode}
+    env.pop("DISPLAY", None)
+    proc = subprocess.Popen([sys.executable, "-c", script, "--listen", f"unix:{socket_path}"],
+                            env=env, stderr=subprocess.PIPE)
+    try:
+        _wait_listening(proc, socket_path)
+        yield socket_path
+    finally:
+        stop_agent(proc)
 
 
 def stop_agent(proc: subprocess.Popen[bytes]) -> None:

@@ -8,9 +8,6 @@ connection with AgentFailed and a reason, never hand the caller bad data.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -22,7 +19,7 @@ from deskbox_server.agent.desktop import AgentDesktop
 from deskbox_server.errors import AgentFailed
 from deskbox_server.schemas import actions as a
 
-from .conftest import AGENT_DIR, _wait_listening, stop_agent
+from .conftest import scripted_agent
 
 HOSTILE_DESKTOP = """
 import json, os, struct, sys
@@ -92,16 +89,8 @@ sys.exit(m.main(sys.argv[1:]))
 
 @pytest.fixture
 def hostile_socket(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
-    socket_path = tmp_path / "hostile.sock"
-    env = {**os.environ, "PYTHONPATH": str(AGENT_DIR), "HOSTILE_MODE": request.param}
-    env.pop("DISPLAY", None)
-    proc = subprocess.Popen([sys.executable, "-c", HOSTILE_DESKTOP, "--listen",
-                             f"unix:{socket_path}"], env=env, stderr=subprocess.PIPE)
-    try:
-        _wait_listening(proc, socket_path)
+    with scripted_agent(HOSTILE_DESKTOP, request.param, tmp_path / "hostile.sock") as socket_path:
         yield socket_path
-    finally:
-        stop_agent(proc)
 
 
 @pytest_asyncio.fixture(loop_scope="function")

@@ -8,7 +8,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -27,7 +26,7 @@ from deskbox_server.schemas import actions as a
 from deskbox_server.schemas.results import Size
 
 from ..local_desktop import HostDesktop
-from .conftest import AGENT_DIR, _wait_listening, start_desktop_agent, stop_agent
+from .conftest import scripted_agent, start_desktop_agent, stop_agent
 from .desk_page import decode
 from .test_agent_desktop import start_xserver
 
@@ -239,16 +238,8 @@ sys.exit(m.main(sys.argv[1:]))
 
 @pytest.fixture
 def hostile_socket(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
-    socket_path = tmp_path / "hostile.sock"
-    env = {**os.environ, "PYTHONPATH": str(AGENT_DIR), "HOSTILE_MODE": request.param}
-    env.pop("DISPLAY", None)
-    proc = subprocess.Popen([sys.executable, "-c", HOSTILE_WATCH, "--listen",
-                             f"unix:{socket_path}"], env=env, stderr=subprocess.PIPE)
-    try:
-        _wait_listening(proc, socket_path)
+    with scripted_agent(HOSTILE_WATCH, request.param, tmp_path / "hostile.sock") as socket_path:
         yield socket_path
-    finally:
-        stop_agent(proc)
 
 
 @pytest.mark.parametrize(("hostile_socket", "reason"), [
