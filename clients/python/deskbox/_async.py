@@ -437,7 +437,7 @@ class AsyncSession(SessionBase[AsyncDeskbox]):
     async def recording(self, path: str | os.PathLike[str] | None = None, *,
                   timeout: float | None = None) -> bytes:
         """The recording's video (MP4, H.264); also written to ``path`` if given."""
-        data: bytes = await self._client._send(self._video_call(timeout))
+        data: bytes = await self._client._send(self._recording_file_call("recording.mp4", timeout))
         if path is not None:
             await asyncio.to_thread(Path(path).write_bytes, data)
         return data
@@ -445,7 +445,7 @@ class AsyncSession(SessionBase[AsyncDeskbox]):
     async def export(self, path: str | os.PathLike[str] | None = None, *,
                timeout: float | None = None) -> bytes:
         """The recording as a zip: trajectory.jsonl, recording.json, frames/, shots/."""
-        data: bytes = await self._client._send(self._export_call(timeout))
+        data: bytes = await self._client._send(self._recording_file_call("trajectory.zip", timeout))
         if path is not None:
             await asyncio.to_thread(Path(path).write_bytes, data)
         return data

@@ -332,13 +332,10 @@ class SessionBase(Generic[C]):
     def _trajectory_call(self, timeout: float | None) -> Call:
         return Call("GET", f"{self._path}/trajectory", timeout=timeout, expect_json=False)
 
-    def _video_call(self, timeout: float | None) -> Call:
-        # Encoded on the first request: give it time.
-        return Call("GET", f"{self._path}/recording.mp4", expect_json=False,
-                    timeout=timeout if timeout is not None else max(self._client.timeout, 300))
-
-    def _export_call(self, timeout: float | None) -> Call:
-        return Call("GET", f"{self._path}/trajectory.zip", expect_json=False,
+    def _recording_file_call(self, name: Literal["recording.mp4", "trajectory.zip"],
+                             timeout: float | None) -> Call:
+        # Made by the server on request (the video is encoded then): give it time.
+        return Call("GET", f"{self._path}/{name}", expect_json=False,
                     timeout=timeout if timeout is not None else max(self._client.timeout, 300))
 
     @staticmethod

@@ -442,7 +442,7 @@ class Session(SessionBase[Deskbox]):
     def recording(self, path: str | os.PathLike[str] | None = None, *,
                   timeout: float | None = None) -> bytes:
         """The recording's video (MP4, H.264); also written to ``path`` if given."""
-        data: bytes = self._client._send(self._video_call(timeout))
+        data: bytes = self._client._send(self._recording_file_call("recording.mp4", timeout))
         if path is not None:
             Path(path).write_bytes(data)
         return data
@@ -450,7 +450,7 @@ class Session(SessionBase[Deskbox]):
     def export(self, path: str | os.PathLike[str] | None = None, *,
                timeout: float | None = None) -> bytes:
         """The recording as a zip: trajectory.jsonl, recording.json, frames/, shots/."""
-        data: bytes = self._client._send(self._export_call(timeout))
+        data: bytes = self._client._send(self._recording_file_call("trajectory.zip", timeout))
         if path is not None:
             Path(path).write_bytes(data)
         return data

@@ -25,7 +25,7 @@ from typing import Any
 from ..errors import NotFound, SessionFailed, Timeout
 from .recording_store import RecordingMeta, RecordingStore
 
-__all__ = ["export_zip", "trajectory", "video"]
+__all__ = ["export_zip", "frame_path", "trajectory", "trajectory_lines", "video"]
 
 _VIDEO_LOCK = threading.Lock()  # one encoding at a time: it takes a core while it runs
 _ENCODE_TIMEOUT_S = 600
