@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import secrets
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -37,10 +38,12 @@ from .engines.vm.engine import VmEngine
 from .metrics import Metrics
 from .sessions.manager import SessionManager
 from .sessions.registry import Registry
+from .sessions.shared_registry import SharedRegistry
+from .sessions.tokens import TokenStore
 from .settings import Settings
 
 __all__ = ["create_app", "default_engines", "docker_engine", "kubernetes_engine", "runc_engine",
-           "vm_engine"]
+           "session_registry", "vm_engine"]
 
 log = logging.getLogger("deskbox.server")
 image_log = logging.getLogger("deskbox.image")
@@ -110,7 +113,23 @@ def kubernetes_engine(settings: Settings) -> KubernetesEngine:
         runtime_class=settings.kubernetes_runtime_class,
         image_pull_policy=settings.kubernetes_image_pull_policy,
         storage_class=settings.kubernetes_storage_class,
-        max_execs=settings.exec_max_concurrent))
+        max_execs=settings.exec_max_concurrent,
+        replica=settings.kubernetes_replica or (
+            "deskbox-" + secrets.token_hex(4) if settings.registry == "cluster" else ""),
+        replica_uid=settings.kubernetes_replica_uid))
+
+
+def session_registry(settings: Settings, engines: Mapping[str, AnyEngine]) -> Registry:
+    """The state dir's registry, or with ``registry=cluster`` the one a fleet of servers
+    shares through its one engine's cluster."""
+    if settings.registry == "local":
+        return Registry(settings.database_path)
+    shared = [engine.shared_records for engine in engines.values()]
+    if len(shared) != 1 or shared[0] is None:
+        raise ValueError(
+            "DESKBOX_REGISTRY=cluster needs the kubernetes backend as the server's only one "
+            f"(backends: {', '.join(engines) or 'none'}): the cluster holds the records")
+    return SharedRegistry(settings.database_path, shared[0])
 
 
 def _image_builder(settings: Settings, what: str, script_name: str
@@ -132,13 +151,12 @@ def create_app(
 ) -> FastAPI:
     settings = settings or Settings()
     metrics = Metrics()
-    manager = SessionManager(
-        settings,
-        Registry(settings.database_path),
-        engines if engines is not None else default_engines(settings),
-        metrics,
-    )
-    services = Services(settings, load_keyring(settings), manager, metrics)
+    engines = engines if engines is not None else default_engines(settings)
+    registry = session_registry(settings, engines)
+    manager = SessionManager(settings, registry, engines, metrics)
+    tokens = TokenStore(shared=registry.records if isinstance(registry, SharedRegistry)
+                        else None)
+    services = Services(settings, load_keyring(settings), manager, metrics, tokens=tokens)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

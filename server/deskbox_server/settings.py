@@ -79,6 +79,15 @@ class Settings(BaseSettings):
     kubernetes_image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     # The StorageClass of the volumes' PersistentVolumeClaims; empty: the cluster's default.
     kubernetes_storage_class: str = ""
+    # Where session records and tokens live. local: this server's state dir (one server).
+    # cluster: the kubernetes engine's cluster (a Secret per session), so that several
+    # server replicas serve every session (docs/GUIDE.md "Several server replicas").
+    registry: Literal["local", "cluster"] = "local"
+    # This replica's name and uid among the fleet's servers (in a pod: its own, from the
+    # downward API); empty name: a random one per process.
+    kubernetes_replica: Annotated[
+        str, Field(pattern=r"^([a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?)?$")] = ""
+    kubernetes_replica_uid: str = ""
     # X display numbers [display_first, display_last) for container sessions.
     display_first: Annotated[int, Field(ge=1, le=65535)] = 200
     display_last: Annotated[int, Field(ge=2, le=65536)] = 1000

@@ -4,7 +4,8 @@ Kubernetes' JSON shapes, with each Pod backed by a real container.
 No Kubernetes API server can run on these machines, so the engine's tests run against
 this. It keeps Pods, Secrets and NetworkPolicies of any namespace in memory (names,
 uids, resourceVersions, labels, owner references and their garbage collection, label
-selectors, watches with resourceVersion and timeoutSeconds, Status bodies for errors), and
+selectors, JSON merge patches of labels, annotations, owner references and a Secret's data,
+watches with resourceVersion and timeoutSeconds, Status bodies for errors), and
 acts as the kubelet and the network: a Pod gets a network namespace of its own with one
 veth to this host (its "pod IP", 10.251.N.2; no route beyond this host, so no egress at
 all), its Secret volumes as read-only files, its emptyDir volumes as tmpfs, its
@@ -394,7 +395,8 @@ class StandIn:
             return status_body(404, "NotFound", f"the server could not find {request.path}")
         if request.method == "GET":
             selector = request.query.get("labelSelector", "")
-            if request.query.get("watch") in ("true", "1"):
+            # As the API server parses it (Go's ParseBool): the client sends "True".
+            if request.query.get("watch", "").lower() in ("true", "1", "t"):
                 return await self.watch(request, plural, ns, selector)
             kind, api = KINDS[plural]
             return web.json_response({"kind": kind + "List", "apiVersion": api,
@@ -449,6 +451,18 @@ class StandIn:
                         obj["metadata"].setdefault(key, {}).pop(label, None)
                     else:
                         obj["metadata"].setdefault(key, {})[label] = value
+            meta = patch.get("metadata") or {}
+            if "ownerReferences" in meta:  # a merge patch replaces a list, null removes it
+                if meta["ownerReferences"] is None:
+                    obj["metadata"].pop("ownerReferences", None)
+                else:
+                    obj["metadata"]["ownerReferences"] = meta["ownerReferences"]
+            if plural == "secrets":
+                for key, value in (patch.get("data") or {}).items():
+                    if value is None:
+                        obj.setdefault("data", {}).pop(key, None)
+                    else:
+                        obj.setdefault("data", {})[key] = value
             return web.json_response(self.store.put(plural, ns, obj, "MODIFIED"))
         return status_body(405, "MethodNotAllowed", f"{request.method} is not served here")
 

@@ -5,6 +5,7 @@ privilege: nothing cluster-wide, the server held to the "restricted" Pod Securit
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import yaml
 from deskbox_server.engines.base import VolumeAttach
 from deskbox_server.engines.desktop_commands import DesktopSpec
 from deskbox_server.engines.kubernetes.spec import (
+    LABEL_REPLICA,
     PodLimits,
     PodOptions,
     claim_manifest,
@@ -77,6 +79,13 @@ def test_the_engines_objects_are_valid(version: str) -> None:
     kubernetes_validate.validate(pod, version, strict=True)
     kubernetes_validate.validate(secret_manifest(options, pod, "ses_0a1b", "t" * 43), version,
                                  strict=True)
+    # A replica's warm pod: labelled with the replica, owned by its pod.
+    replica = dataclasses.replace(options, server_namespace="", replica="deskbox-server-7c9d",
+                                  replica_uid="0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0")
+    warm = pod_manifest(replica, "ses_0a1c", DesktopSpec(), PodLimits(), warm=True)
+    kubernetes_validate.validate(warm, version, strict=True)
+    assert warm["metadata"]["labels"][LABEL_REPLICA] == "deskbox-server-7c9d"
+    assert warm["metadata"]["ownerReferences"][0]["name"] == "deskbox-server-7c9d"
 
 
 def test_nothing_is_granted_cluster_wide_and_only_what_the_engine_calls() -> None:
@@ -88,7 +97,8 @@ def test_nothing_is_granted_cluster_wide_and_only_what_the_engine_calls() -> Non
                for r in role["rules"] for res in r["resources"]}
     assert granted == {
         ("", "pods"): {"create", "get", "list", "watch", "patch", "delete"},
-        ("", "secrets"): {"create", "get", "delete"},
+        # list and patch: the session records and tokens the replicas share.
+        ("", "secrets"): {"create", "get", "list", "patch", "delete"},
         ("networking.k8s.io", "networkpolicies"): {"create", "list", "delete"},
         ("", "persistentvolumeclaims"): {"create", "delete"},
     }
@@ -111,5 +121,18 @@ def test_the_server_meets_the_restricted_pod_security_standard() -> None:
     config = next(o for o in objects if o["kind"] == "ConfigMap")["data"]
     assert config["DESKBOX_BACKENDS"] == "kubernetes"
     assert config["DESKBOX_KUBERNETES_NAMESPACE"] == "deskbox-sessions"
+
+
+def test_replicas_share_the_cluster_as_their_registry() -> None:
+    objects = rendered()
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    assert deployment["spec"]["replicas"] >= 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    config = next(o for o in objects if o["kind"] == "ConfigMap")["data"]
+    assert config["DESKBOX_REGISTRY"] == "cluster"
+    (server,) = deployment["spec"]["template"]["spec"]["containers"]
+    fields = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in server["env"]}
+    assert fields == {"DESKBOX_KUBERNETES_REPLICA": "metadata.name",
+                      "DESKBOX_KUBERNETES_REPLICA_UID": "metadata.uid"}
 
 

@@ -6,6 +6,7 @@ import struct
 
 import pytest
 
+from deskbox_server.engines.base import SharedEntry
 from deskbox_server.errors import Forbidden, NotFound, Unauthorized
 from deskbox_server.sessions.tokens import TokenStore
 from deskbox_server.vnc.rfb import ClientMessages, RfbError, client_version
@@ -63,25 +64,83 @@ def test_client_versions() -> None:
         client_version(b"GET / HTTP/1.1\r\n")
 
 
-def test_tokens_are_scoped_expire_and_revoke() -> None:
+async def test_tokens_are_scoped_expire_and_revoke() -> None:
     now = [1000.0]
     store = TokenStore(clock=lambda: now[0])
-    token, record = store.issue("key_a", "ses_1", "view", ttl_s=60)
-    assert token not in repr(record) and store.verify(token, "ses_1", "view") == record
-    assert store.verify(token, "ses_1", ("view", "control")).scope == "view"
+    token, record = await store.issue("key_a", "ses_1", "view", ttl_s=60)
+    assert token not in repr(record) and await store.verify(token, "ses_1", "view") == record
+    assert (await store.verify(token, "ses_1", ("view", "control"))).scope == "view"
     with pytest.raises(Forbidden):
-        store.verify(token, "ses_1", "control")
+        await store.verify(token, "ses_1", "control")
     with pytest.raises(Forbidden):
-        store.verify(token, "ses_2", "view")
+        await store.verify(token, "ses_2", "view")
     with pytest.raises(Unauthorized):
-        store.verify(token + "x", "ses_1", "view")
+        await store.verify(token + "x", "ses_1", "view")
     with pytest.raises(NotFound):
-        store.revoke("key_b", "ses_1", record.id)
-    store.revoke("key_a", "ses_1", record.id)
+        await store.revoke("key_b", "ses_1", record.id)
+    await store.revoke("key_a", "ses_1", record.id)
     with pytest.raises(Unauthorized):
-        store.verify(token, "ses_1", "view")
-    short, _ = store.issue("key_a", "ses_1", "control", ttl_s=5)
+        await store.verify(token, "ses_1", "view")
+    short, _ = await store.issue("key_a", "ses_1", "control", ttl_s=5)
     now[0] += 5
     with pytest.raises(Unauthorized):
-        store.verify(short, "ses_1", "control")
+        await store.verify(short, "ses_1", "control")
     assert len(store) == 0
+
+
+class FleetTable:
+    """The fleet's shared records as two servers see them (a seam we own: engines/base.py's
+    SharedRecords; the cluster's Secrets are tested in tests/kubernetes)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, SharedEntry] = {}
+
+    async def put(self, session_id: str, owner: str, live: bool, record: str) -> None:
+        old = self.entries.get(session_id)
+        self.entries[session_id] = SharedEntry(session_id, record, old.tokens if old else {})
+
+    async def read(self, session_id: str) -> SharedEntry | None:
+        return self.entries.get(session_id)
+
+    async def add_token(self, session_id: str, digest: str, token: str) -> bool:
+        if session_id not in self.entries:
+            return False
+        self.entries[session_id].tokens[digest] = token
+        return True
+
+    async def drop_token(self, session_id: str, digest: str) -> None:
+        self.entries[session_id].tokens.pop(digest, None)
+
+    async def owned(self, owner: str) -> list[SharedEntry]:
+        raise NotImplementedError
+
+    live = ended = owned
+
+    async def delete(self, session_id: str) -> None:
+        raise NotImplementedError
+
+
+async def test_a_fleets_tokens_open_and_close_through_every_server() -> None:
+    now = [1000.0]
+    table = FleetTable()
+    await table.put("ses_1", "key_a", True, "{}")
+    one = TokenStore(clock=lambda: now[0], shared=table)
+    two = TokenStore(clock=lambda: now[0], shared=table)
+    token, record = await one.issue("key_a", "ses_1", "control", ttl_s=60)
+    assert (await two.verify(token, "ses_1", "control")).id == record.id
+    with pytest.raises(Forbidden):
+        await two.verify(token, "ses_1", "view")
+    with pytest.raises(Unauthorized):  # the other server knows it only with its session
+        await two.verify(token, "ses_2", "control")
+    with pytest.raises(NotFound):  # a session the fleet has no record of
+        await one.issue("key_a", "ses_9", "view", ttl_s=60)
+    with pytest.raises(NotFound):
+        await two.revoke("key_b", "ses_1", record.id)
+    await two.revoke("key_a", "ses_1", record.id)
+    for store in (one, two):
+        with pytest.raises(Unauthorized):
+            await store.verify(token, "ses_1", "control")
+    short, _ = await two.issue("key_a", "ses_1", "view", ttl_s=5)
+    now[0] += 5
+    with pytest.raises(Unauthorized):
+        await one.verify(short, "ses_1", "view")

@@ -65,7 +65,7 @@ def _result_out(result: ActionResult) -> ActionResultOut:
 async def run_actions(
     request: Request, caller: Caller, session_id: str, body: ActionsRequest
 ) -> ActionsResponse:
-    session = get_services(request).manager.session(caller.key_id, session_id)
+    session = await get_services(request).manager.session(caller.key_id, session_id)
     batch = await session.act(body.actions, body.coordinate_space, body.screenshot)
     return ActionsResponse(
         results=[_result_out(r) for r in batch.results],
@@ -106,7 +106,7 @@ async def screenshot(
     scale: Annotated[str | None, Query(description="WIDTHxHEIGHT",
                                        json_schema_extra={"pattern": SIZE_PATTERN})] = None,
 ) -> Response:
-    session = get_services(request).manager.session(caller.key_id, session_id)
+    session = await get_services(request).manager.session(caller.key_id, session_id)
     # A paused session's screen is its last frame, captured when it was paused.
     image, frozen = await session.screenshot(format, quality, _scale(scale))
     headers = {FROZEN_HEADER: "true"} if frozen else {}
@@ -146,7 +146,7 @@ async def _handle_message(services: Services, owner: str, session_id: str, text:
     except ValidationError as error:
         return _error_reply(_raw_id(text), InvalidRequest(validation_message(error.errors())))
     try:
-        session = services.manager.session(owner, session_id)
+        session = await services.manager.session(owner, session_id)
         batch = await session.act([message.action], message.coordinate_space, message.screenshot)
     except DeskboxError as error:
         return _error_reply(message.id, error)
@@ -180,7 +180,7 @@ async def actions_ws(websocket: WebSocket, session_id: str) -> None:
     services = get_services(websocket)
     try:
         owner = authenticate(services.keyring, websocket).key_id
-        services.manager.session(owner, session_id).ensure_running()
+        (await services.manager.session(owner, session_id)).ensure_running()
     except DeskboxError as error:
         services.metrics.errors.inc(error.kind)
         await websocket.send_denial_response(deskbox_error_response(error))

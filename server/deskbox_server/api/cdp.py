@@ -88,17 +88,17 @@ def _ws_base(connection: HTTPConnection, session_id: str) -> str:
     return f"{scheme}://{http.split('://', 1)[1]}/v1/sessions/{session_id}/cdp"
 
 
-def _session(
+async def _session(
     services: Services, connection: HTTPConnection, session_id: str
 ) -> tuple[str, Session]:
-    grant = authorize(services, connection, session_id, "cdp")
-    session = services.manager.session(grant.owner, session_id)
+    grant = await authorize(services, connection, session_id, "cdp")
+    session = await services.manager.session(grant.owner, session_id)
     session.ensure_running()
     return grant.owner, session
 
 
 async def _listing(request: Request, session_id: str, path: str) -> object:
-    _, session = _session(get_services(request), request, session_id)
+    _, session = await _session(get_services(request), request, session_id)
     return await session.devtools_json(path)
 
 
@@ -168,7 +168,7 @@ async def _proxy(websocket: WebSocket, session_id: str, target_id: str | None) -
     counted = False
     try:
         try:
-            owner, browser = _session(services, websocket, session_id)
+            owner, browser = await _session(services, websocket, session_id)
             if session.sockets >= MAX_SOCKETS_PER_SESSION:
                 raise Capacity(
                     f"session {session_id} has {MAX_SOCKETS_PER_SESSION} DevTools connections "
@@ -198,7 +198,7 @@ async def _proxy(websocket: WebSocket, session_id: str, target_id: str | None) -
 
         def touch() -> None:
             with contextlib.suppress(DeskboxError):
-                services.manager.session(owner, session_id).touch()
+                services.manager.held(owner, session_id).touch()
 
         try:
             async with services.manager.links.hold(session_id, close_for_checkpoint):

@@ -62,7 +62,7 @@ async def _answer(
     view: a.CoordinateSpace | None,
 ) -> EncodedImage | Point:
     """Run the plan through the session's worker, as ``POST /actions`` does."""
-    session = get_services(request).manager.session(caller.key_id, session_id)
+    session = await get_services(request).manager.session(caller.key_id, session_id)
     batch = await session.act(plan.actions, view, plan.screenshot)
     if plan.screenshot is not None and batch.screenshot is not None:
         response.headers[SETTLED_HEADER] = "true" if batch.settled else "false"

@@ -75,7 +75,7 @@ async def exec_command(
         background=body.background,
         output_limit=settings.exec_output_max_bytes,
     )
-    result = await services.manager.session(caller.key_id, session_id).exec(
+    result = await (await services.manager.session(caller.key_id, session_id)).exec(
         command, tuple(body.secrets))
     outcome = "timed_out" if result.timed_out else "background" if body.background else "exited"
     services.metrics.execs.inc(outcome)
@@ -116,7 +116,7 @@ async def upload_file(
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise PayloadTooLarge(f"the upload is larger than this server's limit of {limit} bytes")
-    session = services.manager.session(caller.key_id, session_id)
+    session = await services.manager.session(caller.key_id, session_id)
     size = await session.write_file(path, request.stream(), limit)
     services.metrics.file_bytes.inc("upload", amount=size)
     return FileWritten(path=path, size=size)
@@ -154,7 +154,7 @@ async def download_file(
     services = get_services(request)
     check_sandbox_path(path)
     limit = services.settings.file_max_bytes
-    session = services.manager.session(caller.key_id, session_id)
+    session = await services.manager.session(caller.key_id, session_id)
     closer = AsyncExitStack()
     download = await closer.enter_async_context(session.read_file(path, limit))
     metrics = services.metrics

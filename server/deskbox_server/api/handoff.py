@@ -26,8 +26,8 @@ async def take_control(
     """Take control (a control token, or the owner's key): the API's actions answer 409
     ``human_in_control`` until the hand-back or the end of ``lease_s``."""
     services = get_services(request)
-    grant = authorize(services, request, session_id, "control")
-    session = services.manager.session(grant.owner, session_id)
+    grant = await authorize(services, request, session_id, "control")
+    session = await services.manager.session(grant.owner, session_id)
     return session.take_control((body or ControlRequest()).lease_s)
 
 
@@ -35,8 +35,8 @@ async def take_control(
 async def hand_back(request: Request, session_id: str) -> Handoff:
     """Hand the session back to its agent."""
     services = get_services(request)
-    grant = authorize(services, request, session_id, "control")
-    return services.manager.session(grant.owner, session_id, "live").hand_back()
+    grant = await authorize(services, request, session_id, "control")
+    return (await services.manager.session(grant.owner, session_id, "live")).hand_back()
 
 
 @router.get("/handoff", response_model=Handoff)
@@ -44,8 +44,9 @@ async def handoff_state(request: Request, session_id: str) -> Handoff:
     """Who drives the session, and whether its agent asked for help (view or control
     token, or the owner's key)."""
     services = get_services(request)
-    grant = authorize(services, request, session_id, ("view", "control"))
-    return services.manager.session(grant.owner, session_id, "live").handoff.resource()
+    grant = await authorize(services, request, session_id, ("view", "control"))
+    session = await services.manager.session(grant.owner, session_id, "live")
+    return session.handoff.resource()
 
 
 @router.post("/handoff", response_model=Handoff)
@@ -56,5 +57,5 @@ async def ask_for_help(
     timeout_s: Annotated[float, Query(gt=0, le=MAX_WAIT_S)] = 60.0,
 ) -> Handoff:
     """The agent asks for a human: an event, and the session marked as needing help."""
-    session = get_services(request).manager.session(caller.key_id, session_id)
+    session = await get_services(request).manager.session(caller.key_id, session_id)
     return await session.ask_for_help(body.reason, timeout_s if wait else None)

@@ -48,7 +48,7 @@ async def _flushed(services: Services, owner: str, session_id: str) -> Recording
 @router.post(_SESSION + "/recording/start", response_model=Recording)
 async def start_recording(request: Request, caller: Caller, session_id: str) -> Recording:
     """Record the session from now on; a stopped recording of it goes on (appended)."""
-    session = get_services(request).manager.session(caller.key_id, session_id, "live")
+    session = await get_services(request).manager.session(caller.key_id, session_id, "live")
     return _resource(await session.start_recording())
 
 
@@ -56,7 +56,7 @@ async def start_recording(request: Request, caller: Caller, session_id: str) -> 
 async def stop_recording(request: Request, caller: Caller, session_id: str) -> Recording:
     services = get_services(request)
     try:
-        session = services.manager.session(caller.key_id, session_id, "live")
+        session = await services.manager.session(caller.key_id, session_id, "live")
     except DeskboxError:  # it ended: so did its recording
         return _resource(_recording(services, caller.key_id, session_id))
     return _resource(await session.stop_recording())

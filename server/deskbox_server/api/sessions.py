@@ -96,14 +96,14 @@ async def pause(
 ) -> Session:
     """Freeze the session (409 `conflict` for actions until resumed); see API.md."""
     mode = (body or PauseRequest()).mode
-    session = get_services(request).manager.session(caller.key_id, session_id, "live")
+    session = await get_services(request).manager.session(caller.key_id, session_id, "live")
     record = await session.pause(mode)
     return to_resource(record, request)
 
 
 @router.post("/{session_id}/resume", response_model=Session)
 async def resume(request: Request, caller: Caller, session_id: str) -> Session:
-    session = get_services(request).manager.session(caller.key_id, session_id, "live")
+    session = await get_services(request).manager.session(caller.key_id, session_id, "live")
     record = await session.resume()
     return to_resource(record, request)
 

@@ -30,7 +30,7 @@ async def issue_token(
 ) -> TokenIssued:
     services = get_services(request)
     await services.manager.get(caller.key_id, session_id)  # 404 unless the caller owns it
-    token, record = services.tokens.issue(caller.key_id, session_id, body.scope, body.ttl_s)
+    token, record = await services.tokens.issue(caller.key_id, session_id, body.scope, body.ttl_s)
     return TokenIssued(
         id=record.id, token=token, scope=record.scope, session_id=session_id,
         expires_at=record.expires_at_utc,
@@ -43,7 +43,7 @@ async def revoke_token(
 ) -> Response:
     services = get_services(request)
     await services.manager.get(caller.key_id, session_id)
-    services.tokens.revoke(caller.key_id, session_id, token_id)
+    await services.tokens.revoke(caller.key_id, session_id, token_id)
     return Response(status_code=204)
 
 
@@ -67,7 +67,7 @@ def presented_token(connection: HTTPConnection) -> str | None:
     return None
 
 
-def authorize(
+async def authorize(
     services: Services, connection: HTTPConnection, session_id: str,
     scopes: Scope | Collection[Scope],
 ) -> Grant:
@@ -82,7 +82,7 @@ def authorize(
     if credential is None:
         raise Unauthorized("missing token: add ?token=<session token> (or a bearer header)")
     if looks_like_token(credential):
-        record = services.tokens.verify(credential, session_id, wanted)
+        record = await services.tokens.verify(credential, session_id, wanted)
         return Grant(record.owner, record.scope, record.id)
     if connection.query_params.get("token"):
         raise Unauthorized("invalid session token (unknown, revoked or expired)")

@@ -72,13 +72,15 @@ class ViewStatus(BaseModel):
 @router.get("/view/status", response_model=ViewStatus)
 async def view_status(request: Request, session_id: str) -> ViewStatus:
     services = get_services(request)
-    grant = authorize(services, request, session_id, _VIEW_SCOPES)
+    grant = await authorize(services, request, session_id, _VIEW_SCOPES)
     record = await services.manager.get(grant.owner, session_id)
     status = ViewStatus(session_id=session_id, state=record.state, scope=grant.scope)
     try:
-        handoff = services.manager.session(grant.owner, session_id, "live").handoff.resource()
+        # Only a session this server holds can be under a human's control (one server
+        # keeps the handoff: one_server_only).
+        handoff = services.manager.held(grant.owner, session_id, "live").handoff.resource()
     except DeskboxError:
-        return status  # it ended meanwhile
+        return status  # it ended meanwhile, or another server of the fleet serves it
     status.human_in_control, status.needs_help = handoff.human_in_control, handoff.needs_help
     status.reason = handoff.reason
     return status
@@ -87,7 +89,7 @@ async def view_status(request: Request, session_id: str) -> ViewStatus:
 @router.get("/view", response_class=HTMLResponse)
 async def view_page(request: Request, session_id: str) -> HTMLResponse:
     services = get_services(request)
-    grant = authorize(services, request, session_id, _VIEW_SCOPES)
+    grant = await authorize(services, request, session_id, _VIEW_SCOPES)
     await services.manager.get(grant.owner, session_id)
     template: Template = request.app.state.view_template
     page = template.substitute(
@@ -102,8 +104,8 @@ async def vnc_ws(websocket: WebSocket, session_id: str) -> None:
     services = get_services(websocket)
     accepted = False
     try:
-        grant = authorize(services, websocket, session_id, _VIEW_SCOPES)
-        session = services.manager.session(grant.owner, session_id)
+        grant = await authorize(services, websocket, session_id, _VIEW_SCOPES)
+        session = await services.manager.session(grant.owner, session_id)
         session.ensure_running()
         upstream: list[asyncio.StreamWriter] = []
 

@@ -16,7 +16,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import ClassVar, Generic, TypeVar
+from typing import ClassVar, Generic, Protocol, TypeVar
 
 from ..errors import InvalidRequest, SessionFailed
 from ..schemas.sessions import Network, Resources
@@ -29,6 +29,8 @@ __all__ = [
     "EngineLacks",
     "Sandbox",
     "SessionSpec",
+    "SharedEntry",
+    "SharedRecords",
     "SnapshotInfo",
     "VolumeAttach",
 ]
@@ -46,6 +48,42 @@ class Capability(StrEnum):
     RESOURCES = "resources"  # per-session CPU, memory and process limits
     ADOPT = "adopt"  # sandboxes outlive their server and the next one takes them over
     VOLUMES = "volumes"  # persistent volumes mounted into the sandbox (SessionSpec.volumes)
+
+
+@dataclass(frozen=True)
+class SharedEntry:
+    """One session's record as a fleet of servers shares it (:class:`SharedRecords`): the
+    registry's JSON of it, and its session tokens' JSON by the SHA-256 of each token."""
+
+    session_id: str
+    record: str
+    tokens: dict[str, str] = field(default_factory=dict)
+
+
+class SharedRecords(Protocol):
+    """Where every server of a fleet keeps the sessions' records and tokens (the cluster,
+    for the kubernetes engine), so that any of them serves any session. What is kept is
+    opaque here: the session layer's JSON."""
+
+    async def put(self, session_id: str, owner: str, live: bool, record: str) -> None:
+        """Write a session's record (made on first write); ``live``: whether it may still
+        run, for :meth:`live`."""
+
+    async def read(self, session_id: str) -> SharedEntry | None: ...
+
+    async def owned(self, owner: str) -> list[SharedEntry]: ...
+
+    async def live(self) -> list[SharedEntry]: ...
+
+    async def ended(self) -> list[SharedEntry]: ...
+
+    async def delete(self, session_id: str) -> None: ...
+
+    async def add_token(self, session_id: str, digest: str, token: str) -> bool:
+        """Keep a token's JSON under its digest; False if the session has no record."""
+        ...
+
+    async def drop_token(self, session_id: str, digest: str) -> None: ...
 
 
 class EngineLacks(InvalidRequest):
@@ -178,6 +216,9 @@ class Engine(ABC, Generic[S]):
     # cancels a start it no longer wants at shutdown instead of waiting it out (a VM's boot
     # under TCG takes minutes; runc's start runs in a thread, which cannot be cancelled).
     create_cancellable: ClassVar[bool] = False
+    # Where a fleet of servers shares the sessions' records, if this engine's sandboxes can
+    # be reached from every server of one (a cluster's pods): DESKBOX_REGISTRY=cluster.
+    shared_records: SharedRecords | None = None
 
     def start_timeout(self, configured_s: float) -> float:
         """The deadline of one start of this engine's sandboxes (desktop painted)."""
@@ -275,6 +316,11 @@ class Engine(ABC, Generic[S]):
         engine's sandboxes do not outlive their server.
         """
         raise SessionFailed(f"the {self.name} engine's sandboxes do not outlive their server")
+
+    def forget(self, sandbox: S) -> None:
+        """Another server of the fleet serves this sandbox now: stop following it (its
+        end is no longer this server's news). Nothing by default."""
+        return None
 
     async def adopt_checkpointed(self, session_id: str) -> S:
         """Take over a sandbox a previous server checkpointed (:meth:`restore` brings it

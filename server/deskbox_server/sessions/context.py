@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from ..errors import DeskboxError
 from ..metrics import Metrics
 from .browser_watch import BrowserWatch
 from .desktop import AnyDesktop
@@ -36,8 +37,9 @@ class SessionContext:
     metrics: Metrics
     # Publish a state change as an event (events.py).
     publish: Callable[[SessionRecord], None]
-    # Fail the session soon (the manager ends it and takes it out of its table).
-    fail: Callable[[LiveSession, str], Awaitable[None]]
+    # Fail the session soon (the manager ends it and takes it out of its table). In a
+    # fleet, a session another server ended is let go instead: the error to raise then.
+    fail: Callable[[LiveSession, str], Awaitable[DeskboxError | None]]
     # The volumes sessions attach; a session's are free once its desktop is destroyed.
     volumes: VolumeStore
     # The API keys' secrets: typed (after a focus check) or given to one command.

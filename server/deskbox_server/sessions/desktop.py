@@ -143,6 +143,12 @@ class Desktop(Generic[S]):
         if agent is not None:
             await agent.close()
 
+    async def hand_over(self) -> None:
+        """Another server of the fleet serves this desktop from now on: close our stream
+        and stop following the sandbox, leaving it running."""
+        await self.let_go()
+        self.engine.forget(self.sandbox)
+
     def failure(self) -> str | None:
         """Why the desktop is broken (a process died, its agent stopped answering), or None
         while it is healthy. Cheap: the reaper calls it from the event loop."""

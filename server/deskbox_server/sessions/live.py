@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from ..errors import Conflict, DeskboxError, NotFound, SessionFailed
+from ..errors import Conflict, DeskboxError, InvalidRequest, NotFound, SessionFailed
 from ..schemas.sessions import SessionState as S
 from .desktop import AnyDesktop
 from .handoff import HandoffState
 from .lifecycle import SessionRecord
 from .pause import LastFrame
 
-__all__ = ["LiveSession", "not_live"]
+__all__ = ["LiveSession", "not_live", "one_server_only"]
 
 
 @dataclass
@@ -45,3 +45,11 @@ def not_live(record: SessionRecord) -> DeskboxError:
         reason = record.failure.reason if record.failure else "unknown"
         return SessionFailed(f"session {record.id} has failed: {reason}")
     return NotFound(f"session {record.id} is {record.state.value}")
+
+
+def one_server_only(what: str) -> InvalidRequest:
+    """What needs one server's disk or memory for the session's whole life, refused in a
+    fleet whose servers share the sessions (any of them may serve the next request)."""
+    return InvalidRequest(
+        f"{what} is not offered when servers share their sessions (DESKBOX_REGISTRY="
+        "cluster): it is kept by one server, and the next request may reach another")

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from ..schemas.sessions import Failure, SessionCreate, SessionState
 from .lifecycle import LIVE_STATES, SessionRecord
 
-__all__ = ["Registry"]
+__all__ = ["Registry", "record_from_json", "record_json"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -57,7 +58,7 @@ def _row(record: SessionRecord) -> _Row:
     )
 
 
-def _record(row: sqlite3.Row) -> SessionRecord:
+def _record(row: sqlite3.Row | Mapping[str, Any]) -> SessionRecord:
     return SessionRecord(
         id=row["id"],
         owner=row["owner"],
@@ -71,7 +72,25 @@ def _record(row: sqlite3.Row) -> SessionRecord:
     )
 
 
+def record_json(record: SessionRecord) -> str:
+    """A record as the JSON a fleet shares (shared_registry.py): the registry's columns."""
+    return json.dumps(dict(zip(_COLUMNS.split(", "), _row(record), strict=True)))
+
+
+def record_from_json(text: str) -> SessionRecord:
+    """ValueError (pydantic's ValidationError is one) unless ``text`` is a record's JSON."""
+    try:
+        fields = json.loads(text)
+        return _record(fields)
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"not a session record: {error!r}") from None
+
+
 class Registry:
+    # Whether other servers share these records (SharedRegistry): sessions then move
+    # between servers, and what only one server can hold is refused.
+    shared = False
+
     def __init__(self, path: Path) -> None:
         self._path = path
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="registry")

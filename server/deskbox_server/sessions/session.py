@@ -35,7 +35,7 @@ from .context import SessionContext
 from .desktop import AnyDesktop
 from .handoff import HandoffState
 from .lifecycle import SessionRecord
-from .live import LiveSession, not_live
+from .live import LiveSession, not_live, one_server_only
 from .pause import frozen_image
 from .recorder import Source
 from .recording_store import RecordingMeta
@@ -168,7 +168,8 @@ class Session:
             result = await handle.run(actions, view, screenshot)
         except SessionFailed as error:
             metrics.actions.inc(kind, "error", amount=len(actions) or 1)
-            await self._context.fail(live, error.message)
+            if (ended := await self._context.fail(live, error.message)) is not None:
+                raise ended from None
             raise
         except DeskboxError:
             metrics.actions.inc(kind, "error")
@@ -220,12 +221,17 @@ class Session:
         try:
             yield handle
         except SessionFailed as error:
-            await self._context.fail(live, error.message)
+            if (ended := await self._context.fail(live, error.message)) is not None:
+                raise ended from None
             raise
         finally:
             live.busy -= 1
             if live.record.state is S.running:
                 live.record.touch()
+
+    def _one_server(self, what: str) -> None:
+        if self._context.registry.shared:
+            raise one_server_only(what)
 
     # -- a human's control and the agent's requests for help (handoff.py) ----------------
 
@@ -240,6 +246,7 @@ class Session:
 
     def take_control(self, lease_s: int) -> Handoff:
         """A human drives the running session until they hand it back or ``lease_s``."""
+        self._one_server("a human's control")
         self._running()
         self.handoff.take(lease_s)
         return self.handoff.resource()
@@ -251,6 +258,7 @@ class Session:
     async def ask_for_help(self, reason: str, wait_s: float | None) -> Handoff:
         """Tell humans the agent needs one; with ``wait_s``, answer once a human has taken
         control and handed back (or after ``wait_s``)."""
+        self._one_server("asking for help")
         self._running()
         self.handoff.ask(reason)
         if wait_s is not None:
@@ -261,6 +269,7 @@ class Session:
 
     async def start_recording(self) -> RecordingMeta:
         """Record from now on (frames while it runs); it goes on if it records already."""
+        self._one_server("recording")
         live = self._live
         if live.record.state not in (S.running, S.paused, S.hibernated):
             raise not_live(live.record)

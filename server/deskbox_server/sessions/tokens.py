@@ -4,16 +4,21 @@ A token grants one scope (``view``, ``control`` or ``cdp``) on one session, for 
 time, until it is revoked. Only a SHA-256 of each token is kept (the token itself is shown
 once, when it is issued); looking one up hashes what was presented, so neither the store
 nor a log line ever holds a usable token. The store lives in memory: a restarted server
-has forgotten every token, which is the safe direction.
+has forgotten every token, which is the safe direction. In a fleet of servers
+(``DESKBOX_REGISTRY=cluster``) each digest is also kept with its session's shared record,
+so a token issued through one server opens the session through any other, and a revoke
+through any of them closes it everywhere.
 
 The one call other modules need::
 
-    grant = tokens.verify(token, session_id, "control")   # or ("view", "control")
+    grant = await tokens.verify(token, session_id, "control")   # or ("view", "control")
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import secrets
 import time
 from collections.abc import Callable, Collection
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal, get_args
 
+from ..engines.base import SharedRecords
 from ..errors import Capacity, Forbidden, NotFound, Unauthorized
 
 __all__ = ["SCOPES", "Scope", "SessionToken", "TokenStore", "looks_like_token"]
@@ -56,16 +62,30 @@ def _digest(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 
+def _shared_token(text: str) -> SessionToken | None:
+    try:
+        fields = json.loads(text)
+        token = SessionToken(**fields)
+    except (ValueError, TypeError):
+        return None
+    return token if token.scope in SCOPES else None
+
+
 class TokenStore:
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    """``shared``: where a fleet of servers keeps its sessions' records (the tokens' digests
+    go with them); None: this server's memory only."""
+
+    def __init__(self, clock: Callable[[], float] = time.time,
+                 shared: SharedRecords | None = None) -> None:
         self._clock = clock
+        self._shared = shared
         self._by_digest: dict[str, SessionToken] = {}
         self._digest_by_id: dict[str, str] = {}
 
     def __len__(self) -> int:
         return len(self._by_digest)
 
-    def issue(
+    async def issue(
         self, owner: str, session_id: str, scope: Scope, ttl_s: float
     ) -> tuple[str, SessionToken]:
         """A new token (shown once) and its record. The caller checked ``owner`` owns it."""
@@ -89,24 +109,51 @@ class TokenStore:
             expires_at=self._clock() + ttl_s,
         )
         digest = _digest(token)
+        if self._shared is not None and not await self._shared.add_token(
+                session_id, digest, json.dumps(dataclasses.asdict(record))):
+            raise NotFound(f"no session {session_id!r}")
         self._by_digest[digest] = record
         self._digest_by_id[record.id] = digest
         return token, record
 
-    def revoke(self, owner: str, session_id: str, token_id: str) -> None:
+    async def revoke(self, owner: str, session_id: str, token_id: str) -> None:
         """Forget the token at once; NotFound unless ``owner`` issued it for ``session_id``."""
         digest = self._digest_by_id.get(token_id)
         record = self._by_digest.get(digest) if digest is not None else None
-        if record is None or record.owner != owner or record.session_id != session_id:
+        if record is None and self._shared is not None:
+            digest, record = await self._shared_by_id(session_id, token_id)
+        if (digest is None or record is None or record.owner != owner
+                or record.session_id != session_id):
             raise NotFound(f"no token {token_id!r} for session {session_id}")
+        if self._shared is not None:
+            await self._shared.drop_token(session_id, digest)
         self._drop(record.id)
 
-    def forget_session(self, session_id: str) -> None:
-        """Drop every token of a session (it has ended)."""
-        for record in [t for t in self._by_digest.values() if t.session_id == session_id]:
-            self._drop(record.id)
+    async def _shared_by_id(self, session_id: str, token_id: str
+                            ) -> tuple[str | None, SessionToken | None]:
+        assert self._shared is not None
+        entry = await self._shared.read(session_id)
+        for digest, text in (entry.tokens.items() if entry is not None else ()):
+            token = _shared_token(text)
+            if token is not None and token.id == token_id:
+                return digest, token
+        return None, None
 
-    def verify(
+    async def _shared_lookup(self, digest: str, session_id: str) -> SessionToken | None:
+        """The token of ``digest`` as the fleet keeps it with ``session_id``'s record: the
+        truth, whoever issued or revoked it."""
+        assert self._shared is not None
+        entry = await self._shared.read(session_id)
+        text = entry.tokens.get(digest) if entry is not None else None
+        found = _shared_token(text) if text is not None else None
+        if found is None:  # revoked through another server, or never this session's
+            if (mine := self._by_digest.get(digest)) is not None and (
+                    mine.session_id == session_id):
+                self._drop(mine.id)
+            return self._by_digest.get(digest)  # another session's: Forbidden below
+        return found
+
+    async def verify(
         self, token: str, session_id: str, scope: Scope | Collection[Scope]
     ) -> SessionToken:
         """The token's record if it is live, for ``session_id`` and one of ``scope``.
@@ -115,7 +162,11 @@ class TokenStore:
         another session or scope. Messages never repeat the token.
         """
         scopes: Collection[str] = (scope,) if isinstance(scope, str) else scope
-        record = self._by_digest.get(_digest(token)) if looks_like_token(token) else None
+        record = None
+        if looks_like_token(token):
+            digest = _digest(token)
+            record = (self._by_digest.get(digest) if self._shared is None
+                      else await self._shared_lookup(digest, session_id))
         if record is None:
             raise Unauthorized("invalid session token (unknown, revoked or expired)")
         if record.expires_at <= self._clock():

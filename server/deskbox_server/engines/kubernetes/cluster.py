@@ -185,6 +185,22 @@ class Cluster:
     async def delete_secret(self, name: str) -> bool:
         return await self._delete("delete a secret", self._core.delete_namespaced_secret, name)
 
+    async def patch_secret(self, name: str, patch: Obj) -> Obj | None:
+        """A JSON merge patch of the secret (null removes a key); None if there is none."""
+        merge: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
+        try:
+            return await self._json("patch a secret", self._core.patch_namespaced_secret(
+                name, self.namespace, _as_body(patch), _preload_content=False, **merge))
+        except ClusterRefused as error:
+            if error.status == 404:
+                return None
+            raise
+
+    async def list_secrets(self, selector: str) -> list[Obj]:
+        body = await self._json("list secrets", self._core.list_namespaced_secret(
+            self.namespace, label_selector=selector, _preload_content=False))
+        return list(body.get("items") or [])
+
     async def create_network_policy(self, manifest: Obj) -> Obj:
         return await self._json(
             "create a network policy", self._networking.create_namespaced_network_policy(

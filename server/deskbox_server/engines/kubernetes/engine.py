@@ -28,11 +28,13 @@ from ..base import AgentStream, Capability, Engine, SessionSpec
 from ..network import resolve_egress
 from .agent_tcp import connect_agent
 from .cluster import Cluster, Obj
+from .records import ClusterRecords
 from .sandbox import PodSandbox
 from .spec import (
     AGENT_PORT,
     LABEL_FLEET,
     LABEL_POOL,
+    LABEL_REPLICA,
     LABEL_SESSION,
     PodLimits,
     PodOptions,
@@ -69,6 +71,10 @@ class KubernetesOptions:
     image_pull_policy: str = "IfNotPresent"
     storage_class: str = ""  # the volumes' claims'; empty: the cluster's default
     max_execs: int = 8
+    # This server among the fleet's replicas (labels its warm pods), and its pod's uid
+    # (owns them: the garbage collector removes a replica's warm pods with it).
+    replica: str = ""
+    replica_uid: str = ""
 
 
 class KubernetesEngine(Engine[PodSandbox]):
@@ -92,8 +98,10 @@ class KubernetesEngine(Engine[PodSandbox]):
                                runtime_class=options.runtime_class,
                                image_pull_policy=options.image_pull_policy,
                                server_namespace=options.server_namespace,
-                               storage_class=options.storage_class)
+                               storage_class=options.storage_class,
+                               replica=options.replica, replica_uid=options.replica_uid)
         self.cluster = Cluster(options.api, options.namespace)
+        self.shared_records = ClusterRecords(self.cluster, options.fleet)
         self._sandboxes: dict[str, PodSandbox] = {}
         self._watcher: asyncio.Task[None] | None = None
 
@@ -194,7 +202,9 @@ class KubernetesEngine(Engine[PodSandbox]):
             return
 
     async def claimed(self, sandbox: PodSandbox) -> None:
-        await self.cluster.patch_pod(sandbox.name, {"metadata": {"labels": {LABEL_POOL: None}}})
+        # A session's pod outlives the replica that made it (another one serves it then).
+        await self.cluster.patch_pod(sandbox.name, {"metadata": {
+            "labels": {LABEL_POOL: None}, "ownerReferences": None}})
 
     async def open_stream(self, sandbox: PodSandbox, read_limit: int) -> AgentStream:
         if sandbox.ended is not None:
@@ -241,29 +251,42 @@ class KubernetesEngine(Engine[PodSandbox]):
         self._sandboxes[session_id] = sandbox
         return sandbox
 
+    def forget(self, sandbox: PodSandbox) -> None:
+        if self._sandboxes.get(sandbox.session_id) is sandbox:
+            del self._sandboxes[sandbox.session_id]
+
     async def drop_volume(self, key: str) -> None:
         if await self.cluster.delete_claim(claim_name(key)):
             log.info("deleted the persistent volume claim %s of volume %s", claim_name(key),
                      key)
 
     async def remove_orphans(self, keep: Collection[str]) -> list[str]:
+        """Remove the fleet's pods of sessions not in ``keep``, and the policies and
+        Secrets of pods never made; never another replica's warm pods and their policies
+        (its own pod owns them, and the garbage collector removes them with it)."""
         removed = []
         pods, _ = await self.cluster.list_pods(self._selector)
         for pod in pods:
-            session_id = str(((pod.get("metadata") or {}).get("labels") or {}).get(
-                LABEL_SESSION, ""))
-            if session_id in keep or session_id in self._sandboxes:
+            labels = (pod.get("metadata") or {}).get("labels") or {}
+            session_id = str(labels.get(LABEL_SESSION, ""))
+            if (session_id in keep or session_id in self._sandboxes
+                    or (LABEL_POOL in labels and self._peers(labels))):
                 continue
             await self.destroy(PodSandbox(self.options.max_execs, session_id))
             removed.append(session_id)
-        # Policies (and Secrets) of pods that were never made: a server stopped midway.
         have = {pod_name(s) for s in (*keep, *self._sandboxes)}
         for policy in await self.cluster.list_network_policies(self._selector):
-            name = str((policy.get("metadata") or {}).get("name", ""))
-            if name and name not in have:
+            meta = policy.get("metadata") or {}
+            name = str(meta.get("name", ""))
+            if name and name not in have and not self._peers(meta.get("labels") or {}):
                 await self.cluster.delete_network_policy(name)
                 await self.cluster.delete_secret(name)
         return removed
+
+    def _peers(self, labels: Obj) -> bool:
+        """Whether the object is labelled as another replica's."""
+        replica = labels.get(LABEL_REPLICA)
+        return bool(replica) and replica != self.options.replica
 
     # -- the watch -------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ __all__ = [
     "AGENT_PORT",
     "LABEL_FLEET",
     "LABEL_POOL",
+    "LABEL_REPLICA",
     "LABEL_SESSION",
     "PodLimits",
     "PodOptions",
@@ -50,6 +51,8 @@ LABEL_SESSION = "deskbox.io/session"
 LABEL_FLEET = "deskbox.io/fleet"
 # "warm" on a pod the warm pool started ahead of demand, removed when a create claims it.
 LABEL_POOL = "deskbox.io/pool"
+# The server replica that made the object (its pod's name, when the server runs in a pod).
+LABEL_REPLICA = "deskbox.io/replica"
 _LABEL_NAME = "app.kubernetes.io/name"
 _TOKEN_DIR = "/etc/deskbox-agent"
 _TOKEN_KEY = "token"
@@ -72,6 +75,9 @@ class PodOptions:
     server_namespace: str = ""
     # The claims' StorageClass; empty: the cluster's default.
     storage_class: str = ""
+    # The server replica making the objects (its pod's name and uid, or empty).
+    replica: str = ""
+    replica_uid: str = ""
 
 
 @dataclass(frozen=True)
@@ -86,8 +92,21 @@ class PodLimits:
 
 
 def _labels(options: PodOptions, session_id: str) -> dict[str, str]:
-    return {_LABEL_NAME: "deskbox-session", "app.kubernetes.io/managed-by": "deskbox",
-            LABEL_FLEET: options.fleet, LABEL_SESSION: session_id}
+    labels = {_LABEL_NAME: "deskbox-session", "app.kubernetes.io/managed-by": "deskbox",
+              LABEL_FLEET: options.fleet, LABEL_SESSION: session_id}
+    if options.replica:
+        labels[LABEL_REPLICA] = options.replica
+    return labels
+
+
+def _owned_by_server(options: PodOptions) -> list[Obj]:
+    """A warm pod belongs to the replica that started it: the garbage collector removes it
+    with that replica's pod (a claim lets go of it). Only within one namespace: an owner
+    in another namespace reads as missing, and the collector would remove it at once."""
+    if not (options.replica and options.replica_uid) or options.server_namespace:
+        return []
+    return [{"apiVersion": "v1", "kind": "Pod", "name": options.replica,
+             "uid": options.replica_uid, "blockOwnerDeletion": False}]
 
 
 def owned_by(pod: Obj) -> list[Obj]:
@@ -180,10 +199,12 @@ def pod_manifest(options: PodOptions, session_id: str, desktop: DesktopSpec,
     if runtime:
         spec["runtimeClassName"] = runtime
     labels = _labels(options, session_id)
+    metadata: Obj = {"name": pod_name(session_id), "labels": labels}
     if warm:
         labels[LABEL_POOL] = "warm"
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod_name(session_id), "labels": labels}, "spec": spec}
+        if owners := _owned_by_server(options):
+            metadata["ownerReferences"] = owners
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
 def secret_manifest(options: PodOptions, pod: Obj, session_id: str, token: str) -> Obj:

@@ -1,0 +1,74 @@
+"""The registry of a fleet of servers (``DESKBOX_REGISTRY=cluster``): every record is also
+written where the whole fleet reads it (an engine's :class:`SharedRecords`: Secrets in the
+cluster), and read from there first, so that any server answers for any session.
+
+The local SQLite file stays beside it: a server's own counts of ended sessions, and what a
+lookup falls back on for records the fleet swept.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from pathlib import Path
+
+from ..engines.base import SharedEntry, SharedRecords
+from .lifecycle import LIVE_STATES, SessionRecord, utcnow
+from .registry import Registry, record_from_json, record_json
+
+__all__ = ["SharedRegistry"]
+
+log = logging.getLogger("deskbox.sessions")
+# How long the fleet keeps an ended session's record (GET answers it until then).
+_ENDED_KEPT = timedelta(days=1)
+
+
+def _records(entries: list[SharedEntry]) -> list[SessionRecord]:
+    records = []
+    for entry in entries:
+        try:
+            records.append(record_from_json(entry.record))
+        except ValueError as error:
+            log.warning("the shared record of session %s is unreadable: %s",
+                        entry.session_id, error)
+    return records
+
+
+class SharedRegistry(Registry):
+    shared = True
+
+    def __init__(self, path: Path, records: SharedRecords) -> None:
+        super().__init__(path)
+        self.records = records
+
+    async def save(self, record: SessionRecord) -> None:
+        # The fleet's copy first: a failure there leaves the local one as it was.
+        await self.records.put(record.id, record.owner, record.state in LIVE_STATES,
+                               record_json(record))
+        await super().save(record)
+
+    async def get(self, session_id: str) -> SessionRecord | None:
+        entry = await self.records.read(session_id)
+        if entry is None:
+            return await super().get(session_id)
+        found = _records([entry])
+        return found[0] if found else None
+
+    async def owned(self, owner: str) -> list[SessionRecord]:
+        mine = [r for r in _records(await self.records.owned(owner)) if r.owner == owner]
+        return sorted(mine, key=lambda r: (r.created_at, r.id))
+
+    async def live(self) -> list[SessionRecord]:
+        """The fleet's live sessions (whichever server serves them)."""
+        return _records(await self.records.live())
+
+    async def sweep(self) -> list[str]:
+        """Forget the fleet's records of sessions that ended and were made over a day ago;
+        their ids."""
+        cutoff = utcnow() - _ENDED_KEPT
+        swept = []
+        for record in _records(await self.records.ended()):
+            if record.state not in LIVE_STATES and record.created_at < cutoff:
+                await self.records.delete(record.id)
+                swept.append(record.id)
+        return swept

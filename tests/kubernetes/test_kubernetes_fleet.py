@@ -1,0 +1,162 @@
+"""Two server replicas, one cluster (``DESKBOX_REGISTRY=cluster``): session records and
+tokens live in the cluster's Secrets (here the stand-in API server's), so that either
+replica serves any session, as replicas behind one Service do. Each replica is a real
+``deskbox serve`` with its own state dir; the session's pod is one real container whose
+agent both reach over TCP.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ..api.containers import act, page_origin
+from ..api.containers import create_running as create
+from ..api.helpers import assert_error, decode
+from ..api.sandbox_page import SandboxPage, events_data_url
+from ..api.served import serve_refused
+from .conftest import StandIn
+from .test_kubernetes_sessions import Server, kubernetes_server, pod_name
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+# A fleet of its own: the other tests' servers (fleet "deskbox") never sweep its pods.
+FLEET = {"DESKBOX_REGISTRY": "cluster", "DESKBOX_KUBERNETES_FLEET": "fleet-test"}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fleet")
+
+
+def replica(standin: StandIn, base: Path, name: str) -> Any:
+    return kubernetes_server(standin, base / f"{name}-state", base / f"{name}.log",
+                             DESKBOX_KUBERNETES_REPLICA=name, **FLEET)
+
+
+@pytest.fixture(scope="module")
+def one(standin: StandIn, base: Path) -> Iterator[Server]:
+    with replica(standin, base, "one") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def two(standin: StandIn, base: Path, one: Server) -> Iterator[Server]:
+    with replica(standin, base, "two") as server:
+        yield server
+
+
+def state(server: Server, session: dict[str, Any]) -> str:
+    response = server.client.get(f"/v1/sessions/{session['id']}")
+    assert response.status_code == 200, response.text
+    return str(response.json()["state"])
+
+
+def until(check: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "not within the time"
+        time.sleep(0.2)
+
+
+def test_a_session_made_on_one_replica_is_driven_through_the_other(
+    one: Server, two: Server, standin: StandIn
+) -> None:
+    session = create(one.client, browser={"start_url": events_data_url()})
+    assert two.client.get(f"/v1/sessions/{session['id']}").json()["state"] == "running"
+    assert session["id"] in [s["id"] for s in two.client.get("/v1/sessions").json()["sessions"]]
+    # The session's record and owner are in the cluster, where both replicas read them.
+    assert f"{pod_name(session)}-record" in standin.names("secrets")
+
+    shot = two.client.get(f"/v1/sessions/{session['id']}/screenshot")
+    assert shot.status_code == 200, shot.text
+    assert decode(shot.content).size == (1280, 800)
+    with SandboxPage(two.client, session["id"]) as page:  # exec, through the second
+        page.wait(lambda s: s["clicks"] == 0, timeout_s=30)
+        x, y = page_origin(two.client, session, page)
+        act(two.client, session, {"actions": [{"type": "click", "x": x + 900, "y": y + 175},
+                                              {"type": "type", "text": "two"}]})
+        act(one.client, session, {"type": "type", "text": " and one"})
+        seen = page.wait(lambda s: s["value"] == "two and one", timeout_s=30)
+    assert seen["value"] == "two and one"
+
+    # A token issued through one replica opens the live view's status through the other;
+    # revoked through the other, it opens nothing anywhere.
+    issued = one.client.post(f"/v1/sessions/{session['id']}/tokens", json={"scope": "view"})
+    assert issued.status_code == 201, issued.text
+    token = issued.json()["token"]
+    status = f"/v1/sessions/{session['id']}/view/status"
+    for server in (two, one):
+        opened = httpx.get(f"{server.client.base_url}{status}", params={"token": token})
+        assert opened.status_code == 200, opened.text
+        assert opened.json()["state"] == "running"
+    revoked = two.client.delete(f"/v1/sessions/{session['id']}/tokens/{issued.json()['id']}")
+    assert revoked.status_code == 204, revoked.text
+    for server in (one, two):
+        refused = httpx.get(f"{server.client.base_url}{status}", params={"token": token})
+        assert_error(refused, 401, "unauthorized")
+
+    # A delete through one replica ends it for both: stopped, not failed, and gone.
+    assert two.client.delete(f"/v1/sessions/{session['id']}").status_code == 204
+    assert state(two, session) == "stopped"
+    until(lambda: state(one, session) == "stopped")
+    after = one.client.post(f"/v1/sessions/{session['id']}/actions",
+                            json={"type": "move", "x": 5, "y": 5})
+    assert_error(after, 404, "not_found")
+    assert state(one, session) == "stopped"  # one's failed stream did not make it failed
+    until(lambda: pod_name(session) not in standin.names("pods"))
+
+
+def test_the_idle_clock_counts_requests_through_every_replica(
+    one: Server, two: Server, standin: StandIn
+) -> None:
+    session = create(one.client, timeout_s=4)
+    # Driven only through two for longer than its timeout: one, which made it, keeps it.
+    until_s = time.monotonic() + 7
+    while time.monotonic() < until_s:
+        shot = two.client.get(f"/v1/sessions/{session['id']}/screenshot")
+        assert shot.status_code == 200, shot.text
+        time.sleep(0.5)
+    assert state(one, session) == state(two, session) == "running"
+    # Left alone, it is stopped (by either), and both say so.
+    until(lambda: state(one, session) == state(two, session) == "stopped", timeout_s=30)
+    until(lambda: pod_name(session) not in standin.names("pods"))
+
+
+def test_a_replica_that_stops_leaves_its_sessions_to_the_others(
+    one: Server, standin: StandIn, base: Path
+) -> None:
+    with replica(standin, base, "three") as three:
+        session = create(three.client)
+    # three stopped (SIGTERM): its session runs on, and one serves it.
+    assert state(one, session) == "running"
+    shot = one.client.get(f"/v1/sessions/{session['id']}/screenshot")
+    assert shot.status_code == 200, shot.text
+    assert pod_name(session) in standin.names("pods")
+    assert one.client.delete(f"/v1/sessions/{session['id']}").status_code == 204
+    assert state(one, session) == "stopped"
+
+
+def test_what_one_server_keeps_is_refused_in_a_fleet(one: Server, two: Server) -> None:
+    refused = one.client.post("/v1/sessions", json={"record": True})
+    assert_error(refused, 422, "invalid_request")
+    assert "DESKBOX_REGISTRY=cluster" in refused.json()["error"]["message"]
+    session = create(one.client)
+    try:
+        for path, body in (("recording/start", None), ("control", {})):
+            answer = two.client.post(f"/v1/sessions/{session['id']}/{path}", json=body)
+            assert_error(answer, 422, "invalid_request")
+    finally:
+        assert two.client.delete(f"/v1/sessions/{session['id']}").status_code == 204
+
+
+def test_a_cluster_registry_needs_the_kubernetes_engine(tmp_path: Path) -> None:
+    output = serve_refused(tmp_path / "state", {
+        "DESKBOX_REGISTRY": "cluster", "DESKBOX_BACKENDS": "local",
+        "DESKBOX_DEFAULT_BACKEND": "local"})
+    assert "DESKBOX_REGISTRY=cluster needs the kubernetes backend" in output
