@@ -2,15 +2,11 @@
 recovery at start; snapshots and forks of a session.
 
 The manager owns the live sessions of this process (their desktops, desktop.py) and keeps the
-registry in step with every state change. In a fleet of servers that share their registry
-(``DESKBOX_REGISTRY=cluster``, shared_registry.py), a session started by one server is
-taken over by any other that gets a request for it (each holds its own stream to the
-agent), and let go when another one ended it; the reaper keeps the idle clocks in step.
-
-What one session does (actions, screenshots, exec and files, the live view, DevTools,
-pause and resume) is its :class:`Session` (session.py), which
-:meth:`SessionManager.session` hands out. Requests reach it already
-parsed; it raises only ``DeskboxError`` subclasses.
+registry in step with every state change; in a fleet of servers that share their registry,
+fleet.py decides when a session moves between them. What one session does (actions,
+screenshots, exec and files, the live view, DevTools, pause and resume) is its
+:class:`Session` (session.py), which :meth:`SessionManager.session` hands out. Requests
+reach it already parsed; it raises only ``DeskboxError`` subclasses.
 """
 
 from __future__ import annotations
@@ -49,6 +45,7 @@ from .catalog import SnapshotCatalog
 from .context import SessionContext
 from .desktop import AnyDesktop
 from .events import EventLog
+from .fleet import Fleet
 from .lifecycle import LIVE_STATES, SessionRecord, utcnow
 from .links import SessionLinks
 from .live import LiveSession, not_live, one_server_only
@@ -69,8 +66,6 @@ __all__ = ["LiveSession", "SessionManager"]
 log = logging.getLogger("deskbox.sessions")
 _RECENT = 1024
 S = SessionState
-# How often a server of a fleet sweeps the shared records of long-ended sessions.
-_SWEEP_S = 60.0
 
 
 class SessionManager:
@@ -93,9 +88,11 @@ class SessionManager:
         # Removals of desktops that outlasted stop_timeout_s: they go on in the background.
         self._removals: set[asyncio.Task[None]] = set()
         self._lock_fd: int | None = None
-        # Sessions of the fleet being taken over by this server: one takeover each.
-        self._takeovers: dict[str, asyncio.Task[LiveSession]] = {}
-        self._swept_at = 0.0
+        # This server's part in a fleet that shares the registry (fleet.py), if it does.
+        self._fleet = Fleet(
+            registry, self, settings.max_sessions_per_key, settings.retry_after_s,
+            settings.reaper_interval_s,
+        ) if isinstance(registry, SharedRegistry) else None
         # GET /v1/sessions/{id}/events: state changes, browser exits and restarts.
         self.events = EventLog()
         self._browsers = BrowserWatch(self.events)
@@ -172,7 +169,7 @@ class SessionManager:
         # request here, and none of them is an orphan.
         adopted: dict[str, set[str]] = {name: set() for name in self._engines}
         for record in await self._registry.live():
-            if self._registry.shared:
+            if self._fleet is not None:
                 adopted.setdefault(record.backend, set()).add(record.id)
                 continue
             reason = await self._adopt(record)
@@ -221,7 +218,7 @@ class SessionManager:
         # stay for the other servers; the others stop.
         await asyncio.gather(
             *(self._let_go(live) if live.record.state is S.hibernated
-              else self._hand_over(live) if self._handed_over_at_shutdown(live)
+              else self.hand_over(live) if self._handed_over_at_shutdown(live)
               else self._stop(live, None) for live in list(self._live.values())),
             return_exceptions=True,
         )
@@ -236,10 +233,10 @@ class SessionManager:
             self._lock_fd = None
 
     def _handed_over_at_shutdown(self, live: LiveSession) -> bool:
-        return (self._registry.shared and live.record.state is S.running
+        return (self._fleet is not None and live.record.state is S.running
                 and live.stop_task is None and live.handle is not None)
 
-    async def _hand_over(self, live: LiveSession, ended: SessionRecord | None = None) -> None:
+    async def hand_over(self, live: LiveSession, ended: SessionRecord | None = None) -> None:
         """Let go of a session the fleet's other servers serve (or one of them ended:
         ``ended``, its record), leaving its desktop as it is."""
         session_id = live.record.id
@@ -315,7 +312,7 @@ class SessionManager:
     async def get(self, owner: str, session_id: str) -> SessionRecord:
         live = self._live.get(session_id)
         mine = live.record if live is not None and live.record.owner == owner else None
-        if mine is not None and not self._registry.shared:
+        if mine is not None and self._fleet is None:
             return mine
         record = await self._registry.get(session_id)
         # In a fleet the shared record is the truth, unless only our idle clock is newer.
@@ -344,8 +341,8 @@ class SessionManager:
         The Session checks the state each of its calls needs. In a fleet, a running
         session another server started is taken over here first."""
         live = self._live.get(session_id)
-        if live is None and self._registry.shared:
-            live = await self._reach(owner, session_id)
+        if live is None and self._fleet is not None:
+            live = await self._fleet.reach(owner, session_id)
         return self._session_of(live, owner, session_id, missing)
 
     def held(
@@ -368,134 +365,32 @@ class SessionManager:
         """The desktop of a running session of ``owner`` (for tests)."""
         return self.held(owner, session_id).handle
 
-    # -- a fleet of servers (DESKBOX_REGISTRY=cluster) -----------------------------------
+    # -- for fleet.py ---------------------------------------------------------------------
 
-    async def _reach(self, owner: str, session_id: str) -> LiveSession | None:
-        """The fleet's running session ``session_id`` of ``owner``, taken over by this
-        server; None if the fleet has no such session; not_live's error if it does not run."""
-        record = await self._registry.get(session_id)
-        if record is None or record.owner != owner:
-            return None
-        if record.state is not S.running:
-            raise not_live(record)
-        return await self._taking_over(record)
+    @property
+    def holding(self) -> Mapping[str, LiveSession]:
+        """The sessions this server holds."""
+        return self._live
 
-    async def _taking_over(self, record: SessionRecord) -> LiveSession:
-        """One takeover of a session at a time, whoever asks."""
-        task = self._takeovers.get(record.id)
-        if task is None:
-            task = asyncio.create_task(self._take_over(record))
-            self._takeovers[record.id] = task
-            task.add_done_callback(lambda _: self._takeovers.pop(record.id, None))
-        return await asyncio.shield(task)
-
-    async def _take_over(self, record: SessionRecord) -> LiveSession:
-        held = self._live.get(record.id)
-        if held is not None:
-            return held
+    async def adopt_running(self, record: SessionRecord) -> LiveSession | str:
+        """Hold a running session another server of the fleet started; or why not."""
         live = await readopt(record, self._engines.get(record.backend), self._frames,
                              self._settings.desktop_call_timeout_s)
         if isinstance(live, str):
-            now = await self._registry.get(record.id)
-            if now is not None and now.state is not S.running:
-                raise not_live(now)  # ended by its server meanwhile
-            reason = live.replace("the server restarted and could not re-adopt it",
-                                  "no server of the fleet could reach it")
-            log.warning("session %s failed: %s", record.id, reason)
-            await self._registry.save(failed(record, reason))
-            self._publish_state(record)
-            raise not_live(record)
+            return live
         self._live[record.id] = live
         if live.handle is not None:
             self._context.watch(record.id, live.handle)
-        log.info("session %s taken over from the fleet (engine %s)", record.id, record.backend)
         return live
 
-    async def _reach_to_delete(self, owner: str, session_id: str) -> LiveSession | None:
-        """The fleet's session, taken over to be stopped here; None if it has ended (or
-        ends meanwhile)."""
-        record = await self.get(owner, session_id)
-        if record.state is S.starting:
-            raise Conflict(f"session {session_id} is still starting on another server; "
-                           "delete it once it runs")
-        if record.state is not S.running:
-            return None
-        try:
-            return await self._taking_over(record)
-        except DeskboxError:
-            if (await self.get(owner, session_id)).state in LIVE_STATES:
-                raise
-            return None
+    async def record_failure(self, record: SessionRecord, reason: str) -> None:
+        log.warning("session %s failed: %s", record.id, reason)
+        await self._registry.save(failed(record, reason))
+        self._publish_state(record)
 
-    async def _ended_elsewhere(self, session_id: str) -> SessionRecord | None:
-        """The shared record of a session this server holds, if another server ended it
-        (or is ending it)."""
-        try:
-            record = await self._registry.get(session_id)
-        except DeskboxError as error:
-            log.warning("session %s: reading the fleet's record: %s", session_id, error)
-            return None
-        if record is None or record.state in (S.starting, S.running):
-            return None
-        return record
-
-    async def _check_fleet_capacity(self, owner: str, count: int = 1) -> None:
-        """The API key's cap over the whole fleet (soft: two servers creating at once may
-        both pass)."""
-        if not self._registry.shared:
-            return
-        mine = sum(1 for r in await self._registry.owned(owner) if r.state in LIVE_STATES)
-        if mine + count > self._settings.max_sessions_per_key:
-            raise Capacity(
-                f"this API key has its maximum of {self._settings.max_sessions_per_key} "
-                "live sessions; delete one first",
-                self._settings.retry_after_s,
-            )
-
-    async def _reconcile(self) -> None:
-        """One pass of a fleet's server: let go of sessions another server ended; keep the
-        idle clocks of the sessions held by several servers in step (the latest request
-        anywhere counts); stop the expired ones no server holds."""
-        if not isinstance(self._registry, SharedRegistry):
-            return
-        fleet = {r.id: r for r in await self._registry.live()}
-        interval = dt.timedelta(seconds=self._settings.reaper_interval_s)
-        for live in list(self._live.values()):
-            record = live.record
-            if live.stop_task or live.changing.locked() or record.state is not S.running:
-                continue
-            shared = fleet.get(record.id)
-            if shared is None or shared.state is S.stopping:
-                ended = shared or await self._ended_elsewhere(record.id)
-                if ended is not None:
-                    await self._hand_over(live, ended)
-                continue
-            if shared.state is not S.running:  # listed before our own start ended
-                continue
-            if shared.expires_at is None or record.expires_at is None:
-                continue
-            if shared.expires_at > record.expires_at:
-                record.expires_at = shared.expires_at
-            elif record.expires_at > shared.expires_at + dt.timedelta(seconds=1):
-                await self._registry.save(record)
-        now = utcnow()
-        for record in fleet.values():
-            if record.id in self._live or record.state is not S.running:
-                continue
-            # Servers that hold a session push its clock every pass: three passes late,
-            # none does.
-            if record.expires_at is not None and now > record.expires_at + 3 * interval:
-                log.info("session %s idle for %d s, held by no server: stopping it",
-                         record.id, record.timeout_s)
-                with suppress(DeskboxError):
-                    live = await self._taking_over(record)
-                    if live.stop_task is None:
-                        live.stop_task = asyncio.create_task(self._end(live, None))
-        if time.monotonic() - self._swept_at > _SWEEP_S:
-            self._swept_at = time.monotonic()
-            swept = await self._registry.sweep()
-            if swept:
-                log.info("forgot the records of %d long-ended sessions", len(swept))
+    def stop_soon(self, live: LiveSession) -> None:
+        if live.stop_task is None:
+            live.stop_task = asyncio.create_task(self._end(live, None))
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -549,13 +444,14 @@ class SessionManager:
                 f"timeout_s may be at most {self._settings.max_timeout_s} on this server"
             )
         if body.record:
-            if self._registry.shared:
+            if self._fleet is not None:
                 raise one_server_only("recording")
             self.recordings.check_quota(owner)
         mounts = body.all_volumes()
-        if mounts and self._registry.shared:
-            raise one_server_only("a session with volumes or a browser profile")
-        await self._check_fleet_capacity(owner)
+        if self._fleet is not None:
+            if mounts:
+                raise one_server_only("a session with volumes or a browser profile")
+            await self._fleet.check_capacity(owner)
         if mounts and snapshot is not None:
             raise InvalidRequest("a session made from a snapshot (or a fork's copy) cannot "
                                  "mount volumes or a browser profile")
@@ -677,8 +573,8 @@ class SessionManager:
 
     async def delete(self, owner: str, session_id: str) -> None:
         live = self._live.get(session_id)
-        if live is None and self._registry.shared:
-            live = await self._reach_to_delete(owner, session_id)
+        if live is None and self._fleet is not None:
+            live = await self._fleet.reach_to_delete(await self.get(owner, session_id))
         if live is None or live.record.owner != owner:
             await self.get(owner, session_id)  # 404 for ids never seen (or not this key's)
             return
@@ -686,8 +582,8 @@ class SessionManager:
 
     async def keepalive(self, owner: str, session_id: str) -> SessionRecord:
         live = self._live.get(session_id)
-        if live is None and self._registry.shared:
-            live = await self._reach(owner, session_id)
+        if live is None and self._fleet is not None:
+            live = await self._fleet.reach(owner, session_id)
         if live is None or live.record.owner != owner:
             record = await self.get(owner, session_id)
             raise not_live(record)
@@ -742,11 +638,11 @@ class SessionManager:
     async def _fail_soon(self, live: LiveSession, reason: str) -> DeskboxError | None:
         """Fail the session; in a fleet, first ask whether another server ended it (its
         desktop is gone because of that): let it go then, and return what to raise."""
-        if live.stop_task is None and self._registry.shared:
-            ended = await self._ended_elsewhere(live.record.id)
+        if live.stop_task is None and self._fleet is not None:
+            ended = await self._fleet.ended_elsewhere(live.record.id)
             if ended is not None:
                 if live.stop_task is None:
-                    await self._hand_over(live, ended)
+                    await self.hand_over(live, ended)
                 return not_live(ended)
         if live.stop_task is None:
             live.stop_task = asyncio.create_task(self._end(live, reason))
@@ -784,7 +680,8 @@ class SessionManager:
         record = session.record
         _refuse_copies_of_volumes(record)
         self._check_capacity(owner, count)
-        await self._check_fleet_capacity(owner, count)
+        if self._fleet is not None:
+            await self._fleet.check_capacity(owner, count)
         directory = await asyncio.to_thread(self.snapshots.fork_directory)
         try:
             started = time.monotonic()
@@ -815,14 +712,14 @@ class SessionManager:
         """One pass: fail sessions whose desktop died, stop those idle past their timeout."""
         if self.pool is not None:
             self.pool.check()
-        try:
-            await self._reconcile()
-        except DeskboxError as error:  # the fleet's records unreachable: reap what we hold
-            log.warning("keeping in step with the fleet: %s", error.message)
+        grace = dt.timedelta(0)
+        if self._fleet is not None:
+            try:
+                await self._fleet.reconcile()
+            except DeskboxError as error:  # the fleet's records unreachable: reap ours
+                log.warning("keeping in step with the fleet: %s", error.message)
+            grace = self._fleet.clock_grace
         now = utcnow()
-        # In a fleet another server's requests reach our clock a pass late at most.
-        grace = dt.timedelta(
-            seconds=self._settings.reaper_interval_s if self._registry.shared else 0)
         for live in list(self._live.values()):
             record = live.record
             if record.state not in (S.running, S.paused, S.hibernated) or live.handle is None:

@@ -1,0 +1,182 @@
+"""This server's part in a fleet of servers that share one registry
+(``DESKBOX_REGISTRY=cluster``, shared_registry.py): any of them serves any session.
+
+A request for a running session another server started makes this one take it over (its
+own stream to the session's agent, as after a restart; both then hold it). A session
+another server ended is let go of here, at the next request for it or the next reaper
+pass. Each pass also keeps the idle clocks in step (the latest request through any server
+counts) and stops the expired sessions no server holds. The session table (manager.py)
+keeps the sessions; this module decides when they move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections.abc import Mapping
+from contextlib import suppress
+from typing import Protocol
+
+from ..errors import Capacity, Conflict, DeskboxError
+from ..schemas.sessions import SessionState as S
+from .lifecycle import LIVE_STATES, SessionRecord, utcnow
+from .live import LiveSession, not_live
+from .shared_registry import SharedRegistry
+
+__all__ = ["Fleet", "FleetHost"]
+
+log = logging.getLogger("deskbox.sessions")
+# How often a server sweeps the fleet's records of long-ended sessions.
+_SWEEP_S = 60.0
+# A newer idle clock than the fleet's by more than this is pushed to it.
+_CLOCK_SLACK = dt.timedelta(seconds=1)
+# Servers holding a session push its clock every pass: this many passes past its expiry,
+# none holds it.
+_UNHELD_PASSES = 3
+
+
+class FleetHost(Protocol):
+    """What the fleet's logic needs of the session table (manager.py)."""
+
+    @property
+    def holding(self) -> Mapping[str, LiveSession]: ...
+
+    async def adopt_running(self, record: SessionRecord) -> LiveSession | str:
+        """Hold the running session of another server: the session, or why not."""
+        ...
+
+    async def hand_over(self, live: LiveSession, ended: SessionRecord | None) -> None: ...
+
+    async def record_failure(self, record: SessionRecord, reason: str) -> None: ...
+
+    def stop_soon(self, live: LiveSession) -> None: ...
+
+
+class Fleet:
+    def __init__(self, registry: SharedRegistry, host: FleetHost, max_per_key: int,
+                 retry_after_s: int, reaper_interval_s: float) -> None:
+        self._registry = registry
+        self._host = host
+        self._max_per_key = max_per_key
+        self._retry_after_s = retry_after_s
+        self._interval = dt.timedelta(seconds=reaper_interval_s)
+        # Sessions being taken over: one takeover each, whoever asks.
+        self._takeovers: dict[str, asyncio.Task[LiveSession]] = {}
+        self._swept_at = 0.0
+
+    @property
+    def clock_grace(self) -> dt.timedelta:
+        """How late another server's requests may reach our idle clock: one pass."""
+        return self._interval
+
+    async def reach(self, owner: str, session_id: str) -> LiveSession | None:
+        """The fleet's running session ``session_id`` of ``owner``, held here from now on;
+        None if the fleet has no such session; not_live's error if it does not run."""
+        record = await self._registry.get(session_id)
+        if record is None or record.owner != owner:
+            return None
+        if record.state is not S.running:
+            raise not_live(record)
+        return await self._taking_over(record)
+
+    async def reach_to_delete(self, record: SessionRecord) -> LiveSession | None:
+        """The fleet's session, held here to be stopped; None if it ended (or ends
+        meanwhile)."""
+        if record.state is S.starting:
+            raise Conflict(f"session {record.id} is still starting on another server; "
+                           "delete it once it runs")
+        if record.state is not S.running:
+            return None
+        try:
+            return await self._taking_over(record)
+        except DeskboxError:
+            now = await self._registry.get(record.id)
+            if now is not None and now.state in LIVE_STATES:
+                raise
+            return None
+
+    async def _taking_over(self, record: SessionRecord) -> LiveSession:
+        task = self._takeovers.get(record.id)
+        if task is None:
+            task = asyncio.create_task(self._take_over(record))
+            self._takeovers[record.id] = task
+            task.add_done_callback(lambda _: self._takeovers.pop(record.id, None))
+        return await asyncio.shield(task)
+
+    async def _take_over(self, record: SessionRecord) -> LiveSession:
+        held = self._host.holding.get(record.id)
+        if held is not None:
+            return held
+        live = await self._host.adopt_running(record)
+        if not isinstance(live, str):
+            log.info("session %s taken over from the fleet (engine %s)", record.id,
+                     record.backend)
+            return live
+        now = await self._registry.get(record.id)
+        if now is not None and now.state is not S.running:
+            raise not_live(now)  # ended by its server meanwhile
+        # readopt's reasons are a restarted server's.
+        reason = live.replace("the server restarted and could not re-adopt it",
+                              "no server of the fleet could reach it")
+        await self._host.record_failure(record, reason)
+        raise not_live(record)
+
+    async def ended_elsewhere(self, session_id: str) -> SessionRecord | None:
+        """The fleet's record of a session this server holds, if another server ended it
+        (or is ending it)."""
+        try:
+            record = await self._registry.get(session_id)
+        except DeskboxError as error:
+            log.warning("session %s: reading the fleet's record: %s", session_id, error)
+            return None
+        if record is None or record.state in (S.starting, S.running):
+            return None
+        return record
+
+    async def check_capacity(self, owner: str, count: int = 1) -> None:
+        """The API key's cap over the whole fleet (soft: two servers creating at once may
+        both pass)."""
+        mine = sum(1 for r in await self._registry.owned(owner) if r.state in LIVE_STATES)
+        if mine + count > self._max_per_key:
+            raise Capacity(f"this API key has its maximum of {self._max_per_key} live "
+                           "sessions; delete one first", self._retry_after_s)
+
+    async def reconcile(self) -> None:
+        """One reaper pass: let go of sessions another server ended, keep the idle clocks
+        in step, stop the expired sessions no server holds, sweep old records."""
+        fleet = {r.id: r for r in await self._registry.live()}
+        for live in list(self._host.holding.values()):
+            await self._keep_in_step(live, fleet.get(live.record.id))
+        now = utcnow()
+        for record in fleet.values():
+            if (record.id in self._host.holding or record.state is not S.running
+                    or record.expires_at is None
+                    or now <= record.expires_at + _UNHELD_PASSES * self._interval):
+                continue
+            log.info("session %s idle for %d s, held by no server: stopping it", record.id,
+                     record.timeout_s)
+            with suppress(DeskboxError):
+                self._host.stop_soon(await self._taking_over(record))
+        if time.monotonic() - self._swept_at > _SWEEP_S:
+            self._swept_at = time.monotonic()
+            if swept := await self._registry.sweep():
+                log.info("forgot the records of %d long-ended sessions", len(swept))
+
+    async def _keep_in_step(self, live: LiveSession, shared: SessionRecord | None) -> None:
+        record = live.record
+        if live.stop_task or live.changing.locked() or record.state is not S.running:
+            return
+        if shared is None or shared.state is S.stopping:
+            ended = shared or await self.ended_elsewhere(record.id)
+            if ended is not None:
+                await self._host.hand_over(live, ended)
+            return
+        if (shared.state is not S.running  # listed before our own start ended
+                or shared.expires_at is None or record.expires_at is None):
+            return
+        if shared.expires_at > record.expires_at:
+            record.expires_at = shared.expires_at
+        elif record.expires_at > shared.expires_at + _CLOCK_SLACK:
+            await self._registry.save(record)
