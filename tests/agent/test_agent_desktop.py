@@ -149,6 +149,37 @@ async def test_a_screenshot_decodes_and_shows_the_page(page: Page, fmt: str) -> 
     assert green[1] > 200 and green[0] < 60 and green[2] < 60
 
 
+async def test_a_marked_screen_skips_a_repaint_but_never_a_change(page: Page) -> None:
+    """``mark`` (sent before a checkpoint) lets the next look take damage that left every
+    pixel as marked for a repaint; damage that changed pixels is waited out and shown."""
+    x, y = page.at(200, 150)  # the red box, under the cover
+    look = [a.Screenshot(format="png")]
+
+    def cover(colour: str) -> None:
+        page.cdp.evaluate(
+            "(() => { const d = document.getElementById('cover') || document.body.appendChild("
+            "Object.assign(document.createElement('div'), {id: 'cover'}));"
+            f"d.style.cssText = 'position:fixed;inset:0;z-index:99;background:{colour}'; }})()")
+        page.cdp.wait_painted()
+
+    try:
+        await page.desk.mark()
+        cover("rgb(0, 0, 255)")
+        changed = await page.desk.run(look)
+        assert changed.settled and isinstance(shot := changed.results[0], EncodedImage)
+        assert decode(shot).getpixel((x, y)) == (0, 0, 255)
+
+        await page.desk.mark()  # two changes that end where they began: a repaint
+        cover("rgb(0, 255, 0)")
+        cover("rgb(0, 0, 255)")
+        same = await page.desk.run(look)
+        assert same.settled and isinstance(shot := same.results[0], EncodedImage)
+        assert decode(shot).getpixel((x, y)) == (0, 0, 255)
+    finally:
+        page.cdp.evaluate("document.getElementById('cover')?.remove()")
+        page.cdp.wait_painted()
+
+
 async def test_region_scale_view_and_zoom(page: Page) -> None:
     rx, ry = page.at(100, 100)
     region = a.Region(x=rx, y=ry, width=200, height=100)

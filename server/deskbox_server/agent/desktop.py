@@ -43,7 +43,7 @@ PARTS_TYPE = "application/vnd.deskbox.parts"
 MAX_HEADER = 1 << 20  # the JSON header of a parts reply: results of at most 1000 actions
 IMAGE_SLACK = 64 * 1024  # container overhead past the raw pixels (PNG chunks, JPEG tables)
 MAX_CLIPBOARD_BYTES = 4 * 200_000  # the agent's cap in characters, 4 bytes each in UTF-8
-_INFO_BODY = 64 * 1024
+_SMALL_BODY = 64 * 1024
 _LENGTH = struct.Struct(">I")
 _MAGIC = {"image/jpeg": (b"\xff\xd8\xff",), "image/png": (b"\x89PNG\r\n\x1a\n",),
           "image/webp": (b"RIFF",)}
@@ -93,7 +93,7 @@ class AgentDesktop:
     # -- the calls ------------------------------------------------------------------------
 
     async def info(self) -> DesktopInfo:
-        value = (await self._call("info", {}, self.call_timeout_s, _INFO_BODY)).json()
+        value = (await self._call("info", {}, self.call_timeout_s, _SMALL_BODY)).json()
         if not isinstance(value, dict):
             raise self._client.fail("info: not a JSON object")
         width, height = value.get("width"), value.get("height")
@@ -127,7 +127,7 @@ class AgentDesktop:
 
     async def _ready_once(self, browser: bool, timeout_s: float) -> dict[str, float]:
         value = (await self._call("ready", {"browser": browser, "timeout_s": timeout_s},
-                                  timeout_s + _READY_GRACE_S, _INFO_BODY,
+                                  timeout_s + _READY_GRACE_S, _SMALL_BODY,
                                   stall_fails=False)).json()
         stages = ("xserver", "wm", "browser", "painted") if browser else ("xserver", "wm")
         timings: dict[str, float] = {}
@@ -204,6 +204,11 @@ class AgentDesktop:
         if len(pixels) != size:
             raise self._client.fail(f"grab: {len(pixels)} bytes for {width}x{height} pixels")
         return Frame(np.frombuffer(pixels, dtype=np.uint8).reshape(height, width, 4))
+
+    async def mark(self) -> None:
+        """Have the agent note the screen as it is now (before a checkpoint): until an
+        action, its looks take a repaint that changes no pixel for no change."""
+        await self._call("mark", {}, self.call_timeout_s, _SMALL_BODY)
 
     async def watch(self, timeout_s: float, quality: int, now: bool = False,
                     ) -> EncodedImage | None:

@@ -213,6 +213,15 @@ class DesktopService:
 
         return await self._on_worker(lambda: self._with_desktop(work))
 
+    async def mark(self, args: Mapping[str, Json]) -> Json:
+        _only(args, ())
+
+        def work(desktop: Desktop) -> Json:
+            desktop.mark()
+            return {}
+
+        return await self._on_worker(lambda: self._with_desktop(work))
+
     async def info(self, args: Mapping[str, Json]) -> Json:
         _only(args, ())
 
@@ -387,5 +396,6 @@ def register_desktop(
     registry.register("grab", service.grab)
     registry.register("ready", service.ready)
     registry.register("info", service.info)
+    registry.register("mark", service.mark)
     registry.register("watch", service.watch)
     return service

@@ -54,6 +54,14 @@ class SettleWatcher:
         """Forget damage seen so far: what follows is caused by the next actions."""
         self._take_damage()
 
+    def forgive(self) -> float:
+        """The damage so far left every pixel as it was (a repaint): empty the region and
+        count quiet from before it; since when that is."""
+        clean_since = self._clean_since
+        self._take_damage()
+        self._clean_since = clean_since
+        return clean_since
+
     def quiet_since(self) -> float | None:
         """Since when the screen has not changed, or None if it changed since we last
         looked. A round trip first: damage the server reported before now is then read."""
@@ -61,18 +69,24 @@ class SettleWatcher:
         drain_events(self._display, self._handle)
         return None if self._damaged else self._clean_since
 
-    def wait_quiet(self, quiet_s: float, timeout_s: float, since: float | None = None) -> bool:
+    def wait_quiet(self, quiet_s: float, timeout_s: float, since: float | None = None,
+                   unchanged: Callable[[], bool] | None = None) -> bool:
         """Wait for ``quiet_s`` without damage, counted from ``since`` if given (a time
         ``quiet_since`` vouched for), else from now; False if it kept changing past
-        ``timeout_s``."""
+        ``timeout_s``. ``unchanged``: asked after damage, whether the screen is as it was
+        (a repaint of the same pixels counts as no change)."""
         start = time.monotonic()
         deadline = start + timeout_s
         last_change = start if since is None else min(since, start)
         if since is not None:
             self._display.sync()  # damage up to now is read before quiet is declared
         while True:
+            clean_since = self._clean_since
             if self._take_damage():
-                last_change = time.monotonic()
+                if unchanged is not None and unchanged():
+                    self._clean_since = clean_since
+                else:
+                    last_change = time.monotonic()
             now = time.monotonic()
             if now - last_change >= quiet_s:
                 return True
