@@ -334,9 +334,10 @@ class SessionBase(Generic[C]):
 
     def _recording_file_call(self, name: Literal["recording.mp4", "trajectory.zip"],
                              timeout: float | None) -> Call:
-        # Made by the server on request (the video is encoded then): give it time.
+        # Made by the server on request: it may encode the video for up to 600 s (then
+        # answers 504), so the default wait outlasts that.
         return Call("GET", f"{self._path}/{name}", expect_json=False,
-                    timeout=timeout if timeout is not None else max(self._client.timeout, 300))
+                    timeout=timeout if timeout is not None else max(self._client.timeout, 630))
 
     @staticmethod
     def _entries(data: bytes) -> list[dict[str, Any]]:
