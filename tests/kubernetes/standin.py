@@ -445,6 +445,10 @@ class StandIn:
             return web.json_response(obj)
         if request.method == "PATCH":
             patch = await request.json()
+            expected = (patch.get("metadata") or {}).get("resourceVersion")
+            if expected is not None and expected != obj["metadata"]["resourceVersion"]:
+                return status_body(409, "Conflict", f'Operation cannot be fulfilled on {plural} '
+                                   f'"{name}": the object has been modified')
             for key in ("labels", "annotations"):
                 for label, value in ((patch.get("metadata") or {}).get(key) or {}).items():
                     if value is None:

@@ -15,12 +15,15 @@ from typing import Any
 import httpx
 import pytest
 
+from deskbox_server.engines.kubernetes.cluster import Cluster
+from deskbox_server.engines.kubernetes.records import ClusterRecords
+
 from ..api.containers import act, page_origin
 from ..api.containers import create_running as create
 from ..api.helpers import assert_error, decode
 from ..api.sandbox_page import SandboxPage, events_data_url
 from ..api.served import serve_refused
-from .conftest import StandIn
+from .conftest import NAMESPACE, StandIn
 from .test_kubernetes_sessions import Server, kubernetes_server, pod_name
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -160,3 +163,24 @@ def test_a_cluster_registry_needs_the_kubernetes_engine(tmp_path: Path) -> None:
         "DESKBOX_REGISTRY": "cluster", "DESKBOX_BACKENDS": "local",
         "DESKBOX_DEFAULT_BACKEND": "local"})
     assert "DESKBOX_REGISTRY=cluster needs the kubernetes backend" in output
+
+
+async def test_a_record_written_over_a_newer_one_is_refused(standin: StandIn) -> None:
+    """The idle clock's push (fleet.py) writes only over the record it read: a state change
+    another replica made since wins."""
+    cluster = Cluster(standin.url, NAMESPACE)
+    await cluster.open()
+    records = ClusterRecords(cluster, "fleet-unit")
+    try:
+        await records.put("ses_0f0f", "key_a", True, '{"clock": 1}')
+        read = await records.read("ses_0f0f")
+        assert read is not None and read.version
+        await records.put("ses_0f0f", "key_a", False, '{"state": "stopping"}')  # another's
+        assert not await records.put_if("ses_0f0f", '{"clock": 2}', read.version)
+        now = await records.read("ses_0f0f")
+        assert now is not None and now.record == '{"state": "stopping"}'
+        assert [e.session_id for e in await records.ended()] == ["ses_0f0f"]
+        assert await records.put_if("ses_0f0f", '{"clock": 3}', now.version)
+    finally:
+        await records.delete("ses_0f0f")
+        await cluster.close()

@@ -99,6 +99,9 @@ class FleetTable:
         old = self.entries.get(session_id)
         self.entries[session_id] = SharedEntry(session_id, record, old.tokens if old else {})
 
+    async def put_if(self, session_id: str, record: str, version: str) -> bool:
+        raise NotImplementedError
+
     async def read(self, session_id: str) -> SharedEntry | None:
         return self.entries.get(session_id)
 

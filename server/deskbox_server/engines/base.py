@@ -58,6 +58,8 @@ class SharedEntry:
     session_id: str
     record: str
     tokens: dict[str, str] = field(default_factory=dict)
+    # The stored version (a resourceVersion), for a write only if nobody wrote since.
+    version: str = ""
 
 
 class SharedRecords(Protocol):
@@ -68,6 +70,10 @@ class SharedRecords(Protocol):
     async def put(self, session_id: str, owner: str, live: bool, record: str) -> None:
         """Write a session's record (made on first write); ``live``: whether it may still
         run, for :meth:`live`."""
+
+    async def put_if(self, session_id: str, record: str, version: str) -> bool:
+        """Write the record only if it is still at ``version``; whether it was."""
+        ...
 
     async def read(self, session_id: str) -> SharedEntry | None: ...
 

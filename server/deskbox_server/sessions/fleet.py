@@ -146,11 +146,11 @@ class Fleet:
     async def reconcile(self) -> None:
         """One reaper pass: let go of sessions another server ended, keep the idle clocks
         in step, stop the expired sessions no server holds, sweep old records."""
-        fleet = {r.id: r for r in await self._registry.live()}
+        versions = {r.id: (r, version) for r, version in await self._registry.live_versions()}
         for live in list(self._host.holding.values()):
-            await self._keep_in_step(live, fleet.get(live.record.id))
+            await self._keep_in_step(live, *versions.get(live.record.id, (None, "")))
         now = utcnow()
-        for record in fleet.values():
+        for record, _ in versions.values():
             if (record.id in self._host.holding or record.state is not S.running
                     or record.expires_at is None
                     or now <= record.expires_at + _UNHELD_PASSES * self._interval):
@@ -164,7 +164,8 @@ class Fleet:
             if swept := await self._registry.sweep():
                 log.info("forgot the records of %d long-ended sessions", len(swept))
 
-    async def _keep_in_step(self, live: LiveSession, shared: SessionRecord | None) -> None:
+    async def _keep_in_step(self, live: LiveSession, shared: SessionRecord | None,
+                            version: str) -> None:
         record = live.record
         if live.stop_task or live.changing.locked() or record.state is not S.running:
             return
@@ -179,4 +180,6 @@ class Fleet:
         if shared.expires_at > record.expires_at:
             record.expires_at = shared.expires_at
         elif record.expires_at > shared.expires_at + _CLOCK_SLACK:
-            await self._registry.save(record)
+            # Only over the record as it was read: another server's state change since
+            # (a delete) wins, and the next pass reads it.
+            await self._registry.save_if(record, version)

@@ -23,15 +23,19 @@ log = logging.getLogger("deskbox.sessions")
 _ENDED_KEPT = timedelta(days=1)
 
 
-def _records(entries: list[SharedEntry]) -> list[SessionRecord]:
+def _versioned(entries: list[SharedEntry]) -> list[tuple[SessionRecord, str]]:
     records = []
     for entry in entries:
         try:
-            records.append(record_from_json(entry.record))
+            records.append((record_from_json(entry.record), entry.version))
         except ValueError as error:
             log.warning("the shared record of session %s is unreadable: %s",
                         entry.session_id, error)
     return records
+
+
+def _records(entries: list[SharedEntry]) -> list[SessionRecord]:
+    return [record for record, _ in _versioned(entries)]
 
 
 class SharedRegistry(Registry):
@@ -61,6 +65,18 @@ class SharedRegistry(Registry):
     async def live(self) -> list[SessionRecord]:
         """The fleet's live sessions (whichever server serves them)."""
         return _records(await self.records.live())
+
+    async def live_versions(self) -> list[tuple[SessionRecord, str]]:
+        """:meth:`live`, each with the version it was read at (for :meth:`save_if`)."""
+        return _versioned(await self.records.live())
+
+    async def save_if(self, record: SessionRecord, version: str) -> bool:
+        """Save the record only if the fleet's copy is still at ``version`` (no server
+        changed it since it was read); whether it was saved."""
+        if not await self.records.put_if(record.id, record_json(record), version):
+            return False
+        await super().save(record)
+        return True
 
     async def sweep(self) -> list[str]:
         """Forget the fleet's records of sessions that ended and were made over a day ago;

@@ -51,7 +51,8 @@ def _entry(secret: Obj) -> SharedEntry | None:
     return SharedEntry(
         session_id=str(labels.get(LABEL_SESSION, "")), record=decoded[_RECORD],
         tokens={key[len(_TOKEN):]: value for key, value in decoded.items()
-                if key.startswith(_TOKEN)})
+                if key.startswith(_TOKEN)},
+        version=str((secret.get("metadata") or {}).get("resourceVersion", "")))
 
 
 class ClusterRecords:
@@ -83,6 +84,16 @@ class ClusterRecords:
                 raise
             # Made by another replica between our patch and our create: patch it.
             await self._cluster.patch_secret(name, patch)
+
+    async def put_if(self, session_id: str, record: str, version: str) -> bool:
+        # A merge patch that names a resourceVersion is refused (409) if the object moved on.
+        patch = {"metadata": {"resourceVersion": version}, "data": {_RECORD: _encode(record)}}
+        try:
+            return await self._cluster.patch_secret(record_name(session_id), patch) is not None
+        except ClusterRefused as error:
+            if error.status == 409:
+                return False
+            raise
 
     async def read(self, session_id: str) -> SharedEntry | None:
         secret = await self._cluster.read_secret(record_name(session_id))
