@@ -19,7 +19,6 @@ import logging
 import os
 import select
 import signal
-import socket
 import sys
 import termios
 import tty
@@ -95,8 +94,9 @@ async def serve(address: str, limits: Limits, registry: Registry,
         await serve_connection(reader, writer, router, limits)
 
     if scheme == "unix":
-        server = await asyncio.start_unix_server(on_connection, sock=_listening_unix(rest),
-                                                 limit=limits.read_chunk)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(rest)
+        server = await asyncio.start_unix_server(on_connection, rest, limit=limits.read_chunk)
     elif scheme == "tcp":
         host, _, port = rest.rpartition(":")
         server = await asyncio.start_server(on_connection, host, int(port),
@@ -166,27 +166,6 @@ async def _wait_for_host(fd: int) -> None:
         if not events or not events[0][1] & select.POLLHUP:
             return
         await asyncio.sleep(SERIAL_POLL_S)
-
-
-def _listening_unix(path: str) -> socket.socket:
-    """A socket listening at ``path``, which appears there only once it listens: the host
-    connects as soon as the name exists, and a socket bound but not yet listening would
-    refuse it. So it is bound under a name of its own, then renamed into place."""
-    staging = f"{path}.{os.getpid()}"
-    for name in (path, staging):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(staging)
-        sock.listen(128)
-        os.rename(staging, path)
-    except BaseException:
-        sock.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(staging)
-        raise
-    return sock
 
 
 def main(argv: list[str] | None = None) -> int:
