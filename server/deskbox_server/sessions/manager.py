@@ -245,9 +245,7 @@ class SessionManager:
         del self._live[session_id]
         if ended is not None:
             live.record = ended
-            self._recent[session_id] = ended
-            while len(self._recent) > _RECENT:
-                self._recent.popitem(last=False)
+            self._remember_ended(ended)
         await self._context.unwatch(session_id)
         if live.handle is not None:
             try:
@@ -626,10 +624,14 @@ class SessionManager:
             self.events.end(record.id)
             if self._live.pop(record.id, None) is not None:
                 self._ended[record.state] = self._ended.get(record.state, 0) + 1
-                self._recent[record.id] = record
-                while len(self._recent) > _RECENT:
-                    self._recent.popitem(last=False)
+                self._remember_ended(record)
         log.info("session %s %s", record.id, record.state.value)
+
+    def _remember_ended(self, record: SessionRecord) -> None:
+        """Keep an ended session's record a while: acting on it says why, with no query."""
+        self._recent[record.id] = record
+        while len(self._recent) > _RECENT:
+            self._recent.popitem(last=False)
 
     def _publish_state(self, record: SessionRecord) -> None:
         reason = record.failure.reason if record.failure and record.state is S.failed else None
@@ -735,7 +737,7 @@ class SessionManager:
                 await self._fail_soon(live, f"the desktop failed: {reason}")
             elif live.busy == 0 and record.expired(now - grace):
                 log.info("session %s idle for %d s: stopping it", record.id, record.timeout_s)
-                live.stop_task = asyncio.create_task(self._end(live, None))
+                self.stop_soon(live)
 
     async def _reap_forever(self) -> None:
         while True:
