@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,3 +71,31 @@ def test_a_file_is_not_a_socket(dirs: tuple[Path, Path]) -> None:
     (shared / NAME).write_text("not a socket")
     with pytest.raises(DesktopFailed, match="other than a socket"):
         agent_socket_ready(shared, NAME)
+
+
+def test_a_socket_bound_but_not_yet_listening_is_waited_for(dirs: tuple[Path, Path]) -> None:
+    # The agent binds, then listens: a connect in between is refused by the kernel.
+    shared, _ = dirs
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(shared / NAME))
+
+        async def exchange() -> bytes:
+            task = asyncio.create_task(greeting(shared))
+            await asyncio.sleep(0.3)
+            server.listen(1)
+            peer, _ = await asyncio.to_thread(server.accept)
+            with peer:
+                peer.sendall(b"hello")
+                return await task
+
+        assert asyncio.run(exchange()) == b"hello"
+
+
+def test_a_socket_nobody_listens_on_fails_in_bounded_time(dirs: tuple[Path, Path]) -> None:
+    shared, _ = dirs
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(shared / NAME))
+        started = time.monotonic()
+        with pytest.raises(DesktopFailed, match="does not answer"):
+            asyncio.run(greeting(shared))
+        assert time.monotonic() - started < 5

@@ -16,11 +16,15 @@ import contextlib
 import os
 import socket
 import stat
+import time
 from pathlib import Path
 
 from ...errors import DesktopFailed
 
 __all__ = ["agent_socket_ready", "connect_agent"]
+
+_REFUSED_GRACE_S = 2.0
+_REFUSED_RETRY_S = 0.02
 
 
 def _open_entry(directory: Path, name: str) -> int | None:
@@ -51,6 +55,19 @@ def agent_socket_ready(directory: Path, name: str) -> bool:
 
 
 def _connected(directory: Path, name: str) -> socket.socket:
+    # The agent binds its socket, then listens: a connect in between is refused. That gap
+    # is short, so a refusal is retried for a while before it counts as no agent.
+    refused_until = time.monotonic() + _REFUSED_GRACE_S
+    while True:
+        try:
+            return _connect_once(directory, name)
+        except ConnectionRefusedError as error:
+            if time.monotonic() > refused_until:
+                raise DesktopFailed(f"the sandbox's agent does not answer ({error})") from None
+        time.sleep(_REFUSED_RETRY_S)
+
+
+def _connect_once(directory: Path, name: str) -> socket.socket:
     fd = _open_entry(directory, name)
     if fd is None:
         raise DesktopFailed("the sandbox's agent is not listening")
@@ -59,6 +76,9 @@ def _connected(directory: Path, name: str) -> socket.socket:
         sock.settimeout(5.0)
         sock.connect(f"/proc/self/fd/{fd}")
         sock.setblocking(False)
+    except ConnectionRefusedError:
+        sock.close()
+        raise
     except OSError as error:
         sock.close()
         raise DesktopFailed(f"the sandbox's agent does not answer ({error})") from None
