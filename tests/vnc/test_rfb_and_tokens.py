@@ -6,10 +6,11 @@ import struct
 
 import pytest
 
-from deskbox_server.engines.base import SharedEntry
 from deskbox_server.errors import Forbidden, NotFound, Unauthorized
 from deskbox_server.sessions.tokens import TokenStore
 from deskbox_server.vnc.rfb import ClientMessages, RfbError, client_version
+
+from ..fleet_table import FleetTable
 
 PIXEL_FORMAT = b"\x00\x00\x00\x00" + bytes(16)
 ENCODINGS = struct.pack(">BxHii", 2, 2, 0, 7)
@@ -86,41 +87,6 @@ async def test_tokens_are_scoped_expire_and_revoke() -> None:
     with pytest.raises(Unauthorized):
         await store.verify(short, "ses_1", "control")
     assert len(store) == 0
-
-
-class FleetTable:
-    """The fleet's shared records as two servers see them (a seam we own: engines/base.py's
-    SharedRecords; the cluster's Secrets are tested in tests/kubernetes)."""
-
-    def __init__(self) -> None:
-        self.entries: dict[str, SharedEntry] = {}
-
-    async def put(self, session_id: str, owner: str, live: bool, record: str) -> None:
-        old = self.entries.get(session_id)
-        self.entries[session_id] = SharedEntry(session_id, record, old.tokens if old else {})
-
-    async def put_if(self, session_id: str, record: str, version: str) -> bool:
-        raise NotImplementedError
-
-    async def read(self, session_id: str) -> SharedEntry | None:
-        return self.entries.get(session_id)
-
-    async def add_token(self, session_id: str, digest: str, token: str) -> bool:
-        if session_id not in self.entries:
-            return False
-        self.entries[session_id].tokens[digest] = token
-        return True
-
-    async def drop_token(self, session_id: str, digest: str) -> None:
-        self.entries[session_id].tokens.pop(digest, None)
-
-    async def owned(self, owner: str) -> list[SharedEntry]:
-        raise NotImplementedError
-
-    live = ended = owned
-
-    async def delete(self, session_id: str) -> None:
-        raise NotImplementedError
 
 
 async def test_a_fleets_tokens_open_and_close_through_every_server() -> None:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from contextlib import suppress
 from typing import Protocol
 
-from ..errors import Capacity, Conflict, DeskboxError
+from ..errors import Capacity, Conflict, DeskboxError, SessionFailed
 from ..schemas.sessions import SessionState as S
 from .lifecycle import LIVE_STATES, SessionRecord, utcnow
 from .live import LiveSession, not_live
@@ -35,6 +35,9 @@ _CLOCK_SLACK = dt.timedelta(seconds=1)
 # Servers holding a session push its clock every pass: this many passes past its expiry,
 # none holds it.
 _UNHELD_PASSES = 3
+# A session this server cannot reach is failed for the whole fleet only once its takeovers
+# have failed for this many passes: one failed connection may be a passing network fault.
+_UNREACHABLE_PASSES = 2
 
 
 class FleetHost(Protocol):
@@ -64,6 +67,8 @@ class Fleet:
         self._interval = dt.timedelta(seconds=reaper_interval_s)
         # Sessions being taken over: one takeover each, whoever asks.
         self._takeovers: dict[str, asyncio.Task[LiveSession]] = {}
+        # When a takeover of each session first failed, in the current run of failures.
+        self._unreachable_since: dict[str, float] = {}
         self._swept_at = 0.0
 
     @property
@@ -90,27 +95,30 @@ class Fleet:
         if record.state is not S.running:
             return None
         try:
-            return await self._taking_over(record)
+            return await self._taking_over(record, patient=False)
         except DeskboxError:
             now = await self._registry.get(record.id)
             if now is not None and now.state in LIVE_STATES:
                 raise
             return None
 
-    async def _taking_over(self, record: SessionRecord) -> LiveSession:
+    async def _taking_over(self, record: SessionRecord, patient: bool = True) -> LiveSession:
+        """Held here, taken over if need be. ``patient``: a session this server cannot
+        reach fails only after a while (502 until then); else at once (it is to end)."""
         task = self._takeovers.get(record.id)
         if task is None:
-            task = asyncio.create_task(self._take_over(record))
+            task = asyncio.create_task(self._take_over(record, patient))
             self._takeovers[record.id] = task
             task.add_done_callback(lambda _: self._takeovers.pop(record.id, None))
         return await asyncio.shield(task)
 
-    async def _take_over(self, record: SessionRecord) -> LiveSession:
+    async def _take_over(self, record: SessionRecord, patient: bool = True) -> LiveSession:
         held = self._host.holding.get(record.id)
         if held is not None:
             return held
         live = await self._host.adopt_running(record)
         if not isinstance(live, str):
+            self._unreachable_since.pop(record.id, None)
             log.info("session %s taken over from the fleet (engine %s)", record.id,
                      record.backend)
             return live
@@ -120,8 +128,23 @@ class Fleet:
         # readopt's reasons are a restarted server's.
         reason = live.replace("the server restarted and could not re-adopt it",
                               "no server of the fleet could reach it")
+        if patient and not self._unreachable_for_long(record.id):
+            raise SessionFailed(
+                f"session {record.id} runs, but this server could not reach its desktop "
+                f"({reason}); try again")
+        self._unreachable_since.pop(record.id, None)
         await self._host.record_failure(record, reason)
         raise not_live(record)
+
+    def _unreachable_for_long(self, session_id: str) -> bool:
+        """Note a failed takeover; whether they have failed for _UNREACHABLE_PASSES."""
+        now = time.monotonic()
+        give_up_s = _UNREACHABLE_PASSES * self._interval.total_seconds()
+        for other, since in list(self._unreachable_since.items()):
+            if now - since > 4 * give_up_s:  # nobody asked again: forget it
+                del self._unreachable_since[other]
+        since = self._unreachable_since.setdefault(session_id, now)
+        return now - since >= give_up_s
 
     async def ended_elsewhere(self, session_id: str) -> SessionRecord | None:
         """The fleet's record of a session this server holds, if another server ended it
@@ -158,7 +181,7 @@ class Fleet:
             log.info("session %s idle for %d s, held by no server: stopping it", record.id,
                      record.timeout_s)
             with suppress(DeskboxError):
-                self._host.stop_soon(await self._taking_over(record))
+                self._host.stop_soon(await self._taking_over(record, patient=False))
         if time.monotonic() - self._swept_at > _SWEEP_S:
             self._swept_at = time.monotonic()
             if swept := await self._registry.sweep():

@@ -1,0 +1,39 @@
+"""The fleet's shared records as the servers of a fleet see them, in memory (a seam we
+own: engines/base.py's SharedRecords; the cluster's Secrets are tested in
+tests/kubernetes)."""
+
+from __future__ import annotations
+
+from deskbox_server.engines.base import SharedEntry
+
+
+class FleetTable:
+    def __init__(self) -> None:
+        self.entries: dict[str, SharedEntry] = {}
+
+    async def put(self, session_id: str, owner: str, live: bool, record: str) -> None:
+        old = self.entries.get(session_id)
+        self.entries[session_id] = SharedEntry(session_id, record, old.tokens if old else {})
+
+    async def put_if(self, session_id: str, record: str, version: str) -> bool:
+        raise NotImplementedError
+
+    async def read(self, session_id: str) -> SharedEntry | None:
+        return self.entries.get(session_id)
+
+    async def add_token(self, session_id: str, digest: str, token: str) -> bool:
+        if session_id not in self.entries:
+            return False
+        self.entries[session_id].tokens[digest] = token
+        return True
+
+    async def drop_token(self, session_id: str, digest: str) -> None:
+        self.entries[session_id].tokens.pop(digest, None)
+
+    async def owned(self, owner: str) -> list[SharedEntry]:
+        raise NotImplementedError
+
+    live = ended = owned
+
+    async def delete(self, session_id: str) -> None:
+        raise NotImplementedError
