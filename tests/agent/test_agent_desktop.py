@@ -6,6 +6,7 @@ DevTools, so every test checks what the page received, not what we sent."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import subprocess
@@ -219,6 +220,34 @@ async def test_capture_and_grab(page: Page) -> None:
     assert frozen.size == (640, 400) and len(colours(frozen)) > 16
     info = await page.desk.info()
     assert (info.width, info.height, info.capture) == (1280, 800, "xshm")
+
+
+async def test_a_deflated_grab_is_the_raw_grab_in_a_hundredth_of_the_bytes(
+    desk_socket: Path,
+) -> None:
+    client = await AgentClient.connect_unix(str(desk_socket))
+    try:
+        assert "grab_deflated" in client.hello_info.calls
+        raw = await client.call("grab", {})
+        deflated = await client.call("grab_deflated", {})
+    finally:
+        await client.close()
+    raw_pixels, deflated_pixels = raw.body[-1280 * 800 * 4:], deflated.body
+    assert len(deflated_pixels) < len(raw_pixels) // 20
+    # What the host makes of either: the same frame (the screen did not change between).
+    frames = []
+    for name in ("grab", "grab_deflated"):
+        client = await AgentClient.connect_unix(str(desk_socket))
+        try:
+            if name == "grab":  # an agent without the deflated call: the host falls back
+                client.hello_info = dataclasses.replace(
+                    client.hello_info,
+                    calls=tuple(c for c in client.hello_info.calls if c != "grab_deflated"))
+            frames.append((await AgentDesktop(client).grab()).pixels)
+        finally:
+            await client.close()
+    assert frames[0].shape == frames[1].shape == (800, 1280, 4)
+    assert (frames[0][..., :3] == frames[1][..., :3]).all()
 
 
 async def test_ready_with_and_without_a_browser(desk: AgentDesktop) -> None:

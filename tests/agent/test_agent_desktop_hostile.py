@@ -1,9 +1,10 @@
 """The host's AgentDesktop against agents whose desktop calls answer hostile replies.
 
-Each agent is the real deskbox-agent server with ``act``, ``grab`` and ``info`` replaced
-by handlers that send a crafted reply over the real protocol (huge header lengths, offsets
-past the body, images of the wrong size or format). Every one must fail the agent's
-connection with AgentFailed and a reason, never hand the caller bad data.
+Each agent is the real deskbox-agent server with ``act``, ``grab``, ``grab_deflated`` and
+``info`` replaced by handlers that send a crafted reply over the real protocol (huge header
+lengths, offsets past the body, images of the wrong size or format, a deflate bomb).
+Every one must fail the agent's connection with AgentFailed and a reason, never hand the
+caller bad data.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from deskbox_server.schemas import actions as a
 from .conftest import scripted_agent
 
 HOSTILE_DESKTOP = """
-import json, os, struct, sys
+import json, os, struct, sys, zlib
 from deskbox_agent import __main__ as m
 from deskbox_agent.registry import Blob
 
@@ -79,9 +80,25 @@ async def grab(args):
                  b"\\0" * (1280 * 800 * 4 - 1))
 
 
+async def grab_deflated(args):
+    size = 1280 * 800 * 4
+    if MODE == "deflate_bomb":  # 1 GB of zeros in a megabyte
+        data = zlib.compress(bytes(1 << 30), 9)
+    elif MODE == "deflate_short":
+        data = zlib.compress(bytes(size - 1))
+    elif MODE == "deflate_garbage":
+        data = b"\x78\x01" + os.urandom(4096)
+    else:
+        raise AssertionError(MODE)
+    return parts({"width": 1280, "height": 800, "pixel_format": "bgrx",
+                  "encoding": "deflate", "pixels": {"offset": 0, "length": len(data)}}, data)
+
+
 registry = m.default_registry()
 for name, handler in (("info", info), ("act", act), ("grab", grab)):
     registry.register(name, handler)
+if MODE.startswith("deflate"):
+    registry.register("grab_deflated", grab_deflated)
 m.default_registry = lambda: registry
 sys.exit(m.main(sys.argv[1:]))
 """
@@ -132,4 +149,14 @@ async def test_a_malformed_act_reply_fails_the_agent(hostile: AgentDesktop, reas
 @pytest.mark.parametrize("hostile_socket", ["wrong_size"], indirect=True)
 async def test_a_short_grab_fails_the_agent(hostile: AgentDesktop) -> None:
     with pytest.raises(AgentFailed, match=r"grab: 4095999 bytes for 1280x800 pixels"):
+        await hostile.grab()
+
+
+@pytest.mark.parametrize(
+    "hostile_socket", ["deflate_bomb", "deflate_short", "deflate_garbage"], indirect=True)
+async def test_a_deflated_grab_that_is_not_the_screen_fails_the_agent(
+    hostile: AgentDesktop,
+) -> None:
+    with pytest.raises(AgentFailed,
+                       match=r"grab: the deflated pixels are not 4096000 bytes \(1280x800\)"):
         await hostile.grab()
