@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from deskbox_server.agent import AgentLimits
 from deskbox_server.agent.client import AgentClient, ExecChunk, ExecStatus
 from deskbox_server.engines.base import SessionSpec, VolumeAttach
 from deskbox_server.engines.vm.engine import VmEngine
@@ -43,7 +44,10 @@ async def run(agent: AgentClient, *argv: str) -> tuple[int, str]:
 
 async def connect(engine: VmEngine, sandbox: VmSandbox) -> AgentClient:
     reader, writer = await engine.open_stream(sandbox, 1 << 18)
-    return await AgentClient.connect(reader, writer)
+    # The engine's own handshake deadline: an emulated guest just restored can take more
+    # than the default 5 s to answer on a busy host (seen once in a full run).
+    limits = AgentLimits(handshake_timeout_s=engine.handshake_timeout_s)
+    return await AgentClient.connect(reader, writer, limits)
 
 
 def host_read(disk: Path, path: str) -> str:
