@@ -40,20 +40,25 @@ async def greeting(directory: Path) -> bytes:
         writer.close()
 
 
+async def answered(server: socket.socket, shared: Path, listen_after_s: float = 0.0) -> bytes:
+    """What a connect to the agent's socket reads when ``server`` (listening after
+    ``listen_after_s`` if it is only bound) answers it with a greeting."""
+    task = asyncio.create_task(greeting(shared))
+    if listen_after_s:
+        await asyncio.sleep(listen_after_s)
+        server.listen(1)
+    peer, _ = await asyncio.to_thread(server.accept)
+    with peer:
+        peer.sendall(b"hello")
+        return await task
+
+
 def test_the_agents_socket_is_reached(dirs: tuple[Path, Path]) -> None:
     shared, _ = dirs
     assert not agent_socket_ready(shared, NAME)
     with listening(shared / NAME) as server:
         assert agent_socket_ready(shared, NAME)
-
-        async def exchange() -> bytes:
-            task = asyncio.create_task(greeting(shared))
-            peer, _ = await asyncio.to_thread(server.accept)
-            with peer:
-                peer.sendall(b"hello")
-                return await task
-
-        assert asyncio.run(exchange()) == b"hello"
+        assert asyncio.run(answered(server, shared)) == b"hello"
 
 
 def test_a_symlink_to_a_host_socket_is_not_followed(dirs: tuple[Path, Path]) -> None:
@@ -78,17 +83,7 @@ def test_a_socket_bound_but_not_yet_listening_is_waited_for(dirs: tuple[Path, Pa
     shared, _ = dirs
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
         server.bind(str(shared / NAME))
-
-        async def exchange() -> bytes:
-            task = asyncio.create_task(greeting(shared))
-            await asyncio.sleep(0.3)
-            server.listen(1)
-            peer, _ = await asyncio.to_thread(server.accept)
-            with peer:
-                peer.sendall(b"hello")
-                return await task
-
-        assert asyncio.run(exchange()) == b"hello"
+        assert asyncio.run(answered(server, shared, listen_after_s=0.3)) == b"hello"
 
 
 def test_a_socket_nobody_listens_on_fails_in_bounded_time(dirs: tuple[Path, Path]) -> None:
