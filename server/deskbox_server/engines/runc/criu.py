@@ -8,7 +8,9 @@ non-unix sockets and CRIU reads it), so scripts/criu.sh rebuilds Debian's source
 scripts/criu-sockopt.patch. runc is given the wrapper as ``--criu``; CRIU reads its further
 options from the bundle's ``criu.conf`` (the ``org.criu.config`` annotation oci.py writes).
 ``network-lock`` must not appear there (CRIU 4.1.1 crashes parsing it in RPC mode): the
-wrapper puts an ``iptables-restore`` of the private root on CRIU's PATH instead.
+wrapper gives runc's CRIU runs ``--network-lock skip`` itself (scripts/criu.sh says why),
+and puts an ``iptables-restore`` of the private root on CRIU's PATH for the restores of
+checkpoints made with the lock. kerndat.py keeps CRIU's kernel probe cached.
 
 Images are packed into one zstd tar (mode 0600) in the session directory (mode 0700).
 Where CRIU cannot work, :func:`hibernate_sandbox` raises an error that names the cause, read

@@ -21,6 +21,7 @@ from ..network import Egress, check_allow, resolve_egress
 from ..processes import become_subreaper
 from . import freezer
 from .criu import Criu, hibernate_sandbox, restore_sandbox
+from .kerndat import keep_kerndat_cache
 from .layout import Limits
 from .sandbox import RuncOptions, RuncSandbox, remove_orphans
 from .seccomp import seccomp_profile
@@ -60,6 +61,8 @@ class RuncEngine(Engine[RuncSandbox]):
         # Refuse to serve at all without the syscall allowlist (Internal, naming its
         # package); every sandbox start reads it again, so a later loss fails that session.
         await asyncio.to_thread(seccomp_profile, self.options.seccomp_source)
+        if self._criu.missing() is None:
+            await asyncio.to_thread(keep_kerndat_cache, self._criu.wrapper)
         if self._image is None:
             return
         cancel = threading.Event()

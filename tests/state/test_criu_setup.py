@@ -1,0 +1,121 @@
+"""How CRIU is run: its kernel cache (engines/runc/kerndat.py) and its network lock
+(scripts/criu.sh's wrapper), each of which cost every checkpoint and restore tens of ms."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deskbox_server.engines.runc import kerndat
+from deskbox_server.engines.runc.criu import Criu, dump
+from deskbox_server.engines.runc.sandbox import RuncOptions, RuncSandbox
+
+from ..images import session_image
+from ..sandbox_agent import until_ready
+
+pytestmark = pytest.mark.skipif(Criu().missing() is not None,
+                                reason="CRIU 4.1 is not installed (scripts/criu.sh)")
+
+_KDAT_MAGIC = 0x57023458  # criu/include/magic.h: the first word of CRIU's cache
+_NETWORK_LOCK_FIELD = 11  # images/inventory.proto: network_lock_method
+_NETWORK_LOCK_SKIP = 2  # criu/include/cr_options.h: NETWORK_LOCK_SKIP
+
+
+@pytest.fixture
+def disk_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a host whose /run is no tmpfs, where CRIU keeps no cache of its own."""
+    monkeypatch.setattr(kerndat, "_run_fstype", lambda: "ext4")
+
+
+def test_the_cache_is_made_where_criu_cannot_keep_one(tmp_path: Path, disk_run: None) -> None:
+    cache = tmp_path / "criu.kdat"
+    assert kerndat.keep_kerndat_cache(Criu().wrapper, cache)
+    data = cache.read_bytes()
+    assert struct.unpack_from("<I", data)[0] == _KDAT_MAGIC
+    assert cache.stat().st_mode & 0o777 == 0o600
+    assert not list(tmp_path.glob("criu.kdat.*")), "no partial file is left behind"
+
+
+def test_a_cache_from_before_this_boot_is_made_again(tmp_path: Path, disk_run: None) -> None:
+    cache = tmp_path / "criu.kdat"
+    cache.write_bytes(b"a cache of another kernel")
+    os.utime(cache, (0, 0))  # 1970: before this boot
+    assert kerndat.keep_kerndat_cache(Criu().wrapper, cache)
+    assert struct.unpack_from("<I", cache.read_bytes())[0] == _KDAT_MAGIC
+    fresh = cache.read_bytes()
+    assert kerndat.keep_kerndat_cache(Criu().wrapper, cache)
+    assert cache.read_bytes() == fresh, "a cache of this boot is kept as it is"
+
+
+def test_without_criu_there_is_no_cache_and_no_error(tmp_path: Path, disk_run: None) -> None:
+    cache = tmp_path / "criu.kdat"
+    assert not kerndat.keep_kerndat_cache(tmp_path / "no-criu", cache)
+    assert not cache.exists()
+
+
+def test_criu_loads_the_cache_the_server_keeps(tmp_path: Path) -> None:
+    assert kerndat.keep_kerndat_cache(Criu().wrapper)
+    log = tmp_path / "check.log"
+    subprocess.run([str(Criu().wrapper), "check", "-v4", "-o", str(log)],
+                   capture_output=True, timeout=60, check=False)
+    assert f"Loaded kdat cache from {kerndat.KERNDAT_CACHE}" in log.read_text()
+
+
+# -- the network lock ----------------------------------------------------------------------
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, at
+
+
+def _inventory_field(images: Path, number: int) -> int | None:
+    """A varint field of CRIU's inventory image: two magic words, the entry's length, then
+    the protobuf entry."""
+    data = (images / "inventory.img").read_bytes()
+    (size,) = struct.unpack_from("<I", data, 8)
+    entry, at = data[12:12 + size], 0
+    while at < len(entry):
+        key, at = _varint(entry, at)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, at = _varint(entry, at)
+            if field == number:
+                return value
+        elif wire == 2:
+            length, at = _varint(entry, at)
+            at += length
+        else:
+            at += 8 if wire == 1 else 4
+    return None
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Iterator[RuncSandbox]:
+    options = RuncOptions(state_dir=tmp_path / "state", rootfs=session_image(),
+                          id_prefix="deskbox-lock-")
+    box = RuncSandbox.start(options, f"l{os.getpid()}", browser=False)
+    try:
+        yield until_ready(box, browser=False)
+    finally:
+        box.destroy()
+
+
+@pytest.mark.slow
+def test_checkpoints_skip_the_network_lock(sandbox: RuncSandbox, tmp_path: Path) -> None:
+    images, logs = tmp_path / "images", tmp_path / "work"
+    images.mkdir()
+    logs.mkdir()
+    dump(sandbox, Criu(), images, logs, leave_running=True)
+    assert _inventory_field(images, _NETWORK_LOCK_FIELD) == _NETWORK_LOCK_SKIP
