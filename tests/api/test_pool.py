@@ -178,6 +178,37 @@ def test_a_snapshot_pool_serves_creates_from_the_snapshot(server: Server) -> Non
             a.delete(f"/v1/sessions/{sid}")
 
 
+def test_deleting_a_snapshot_while_its_pool_restores_is_no_failure(
+    server: Server, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The deleted snapshot's images vanish under the copy being restored, whose restore
+    then fails: that is the delete working, not the pool failing (it once logged a warning
+    "starting a desktop ... failed" for it, and waited 2 s before going on)."""
+    pool = server.services.manager.pool
+    assert pool is not None
+    with server.client(KEY_A) as a:
+        source = a.post("/v1/sessions", json={})
+        assert source.status_code == 201, source.text
+        sid = source.json()["id"]
+        try:
+            snapshot = a.post(f"/v1/sessions/{sid}/snapshots").json()
+            with caplog.at_level("INFO", logger="deskbox.pool"):
+                pooled = a.put(f"/v1/snapshots/{snapshot['id']}/pool", json={"size": 1})
+                assert pooled.status_code == 200, pooled.text
+                # At once: the pool's first restore has begun and not ended.
+                assert a.delete(f"/v1/snapshots/{snapshot['id']}").status_code == 204
+                deadline = time.monotonic() + 30
+                while not any("dropped" in r.getMessage() or r.levelname == "WARNING"
+                              for r in caplog.records):
+                    assert time.monotonic() < deadline, "the pool's copy was never dropped"
+                    time.sleep(0.1)
+            warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+            assert not warnings
+            assert not pool.snapshot_keys(key_id(KEY_A))
+        finally:
+            a.delete(f"/v1/sessions/{sid}")
+
+
 def test_a_shutdown_during_a_refill_ends_once_that_desktop_has_started(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:

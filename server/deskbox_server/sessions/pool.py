@@ -197,6 +197,12 @@ class WarmPool:
                             self._call_timeout_s,
                         )
                     except Exception as error:
+                        if key not in self._targets:
+                            # Dropped meanwhile: a deleted snapshot's images vanish under
+                            # the restore, which then fails as it should. Nothing is wrong.
+                            log.info("pool %s: dropped while a desktop started (%s)",
+                                     key.label, getattr(error, "message", repr(error)))
+                            continue
                         log.warning("pool: starting a desktop for %s failed: %s", key.label,
                                     getattr(error, "message", repr(error)))
                         await asyncio.sleep(_RETRY_AFTER_FAILURE_S)
