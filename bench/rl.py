@@ -161,9 +161,35 @@ def claims(box: Deskbox, task: Task, n: int) -> list[float]:
     return samples
 
 
+def _busy_cpus() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the host since boot, from /proc/stat."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        ticks = [int(field) for field in stat.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks) - idle) / hz, sum(ticks) / hz
+
+
+def wait_for_quiet(limit_s: float = 30.0, busy_below: float = 0.25) -> None:
+    """Until the host's CPUs are at most ``busy_below`` busy over half a second: the pools
+    of the figures before go on restoring and removing copies for a while after them."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        busy, total = _busy_cpus()
+        time.sleep(0.5)
+        busy_after, total_after = _busy_cpus()
+        if busy_after - busy <= busy_below * (total_after - total):
+            return
+
+
 def forks(box: Deskbox, n: int) -> list[float]:
+    """Forks of a desktop that has shown its first observation, on a host that has wound
+    down from the figures before; a fork's copies are deleted before the next fork."""
     samples = []
+    wait_for_quiet()
     with box.sessions.create() as session:
+        session.act(LOOK, screenshot={"format": "png"})
+        wait_for_quiet()
         for _ in range(n):
             started = time.perf_counter()
             copies = session.fork(4)
