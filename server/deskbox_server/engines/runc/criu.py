@@ -53,6 +53,7 @@ __all__ = [
     "restore",
     "restore_from",
     "restore_sandbox",
+    "share_images",
     "unpack",
 ]
 
@@ -214,17 +215,28 @@ def unpack(archive: Path, images: Path) -> None:
         raise SessionFailed("the checkpoint is corrupted: it holds no CRIU inventory")
 
 
-def _share_images(images: Path, gid: int) -> None:
+def share_images(images: Path, gid: int) -> None:
     """Let the sandbox's own gid read ``images``: in a user namespace, CRIU reads most of
     them from inside it, as the restored processes' user (the host's root can still).
-    Nothing else of the host runs as that gid, and the images are that sandbox's own."""
-    for directory, _, files in os.walk(images):
-        os.chown(directory, 0, gid)
-        os.chmod(directory, 0o750)
+    Nothing else of the host runs as that gid, and the images are that sandbox's own.
+
+    The top directory is done last, so that it says the whole tree is done: the copies of
+    a fork, restored at once from one tree, then find it shared instead of each doing it
+    again (a fork shares it once, right after its dump)."""
+    done = images.stat()
+    if done.st_gid == gid and done.st_mode & 0o777 == 0o750:
+        return
+    for directory, subdirectories, files in os.walk(images):
         for name in files:
             path = os.path.join(directory, name)
             os.chown(path, 0, gid, follow_symlinks=False)
             os.chmod(path, 0o640, follow_symlinks=False)
+        for name in subdirectories:
+            path = os.path.join(directory, name)
+            os.chown(path, 0, gid)
+            os.chmod(path, 0o750)
+    os.chown(images, 0, gid)
+    os.chmod(images, 0o750)
 
 
 def restore(sandbox: RuncSandbox, criu: Criu, images: Path, logs: Path) -> float:
@@ -244,7 +256,7 @@ def restore(sandbox: RuncSandbox, criu: Criu, images: Path, logs: Path) -> float
     config: RuntimeConfig = json.loads((sandbox.bundle / "config.json").read_text())
     gid = host_root_gid(config)
     if gid is not None:
-        _share_images(images, gid)
+        share_images(images, gid)
     pid_file = sandbox.bundle / "init.pid"
     pid_file.unlink(missing_ok=True)
     done = _runc_criu(sandbox.options.runc, criu, "restore", "--detach", "--file-locks",

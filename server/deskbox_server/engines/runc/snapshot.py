@@ -24,8 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import SessionFailed
-from .criu import CheckpointUnavailable, Criu, dump, pack, restore_from, unpack
-from .layout import Limits, SandboxTemplate
+from .criu import (
+    CheckpointUnavailable,
+    Criu,
+    dump,
+    pack,
+    restore_from,
+    share_images,
+    unpack,
+)
+from .layout import Limits, SandboxTemplate, host_root_gid
 from .sandbox import RuncOptions, RuncSandbox
 
 __all__ = [
@@ -81,6 +89,10 @@ def take_snapshot(
         if packed:
             compressed = pack(images, directory / ARCHIVE)
             shutil.rmtree(images)
+        else:
+            gid = host_root_gid(template.config)
+            if gid is not None:  # once here, not in each of the copies restored at once
+                share_images(images, gid)
         _write_private(directory / TEMPLATE, template.to_json())
         return SnapshotStats(time.monotonic() - started, raw, compressed)
     except BaseException:
