@@ -35,6 +35,7 @@ class SessionTable:
         self.registry = registry
         self.unreachable = unreachable
         self.attempts = 0
+        self.attempt_s = 0.0  # how long an attempt takes
         self.held: dict[str, LiveSession] = {}
 
     @property
@@ -43,6 +44,7 @@ class SessionTable:
 
     async def adopt_running(self, record: SessionRecord) -> LiveSession | str:
         self.attempts += 1
+        await asyncio.sleep(self.attempt_s)
         if self.attempts <= self.unreachable:
             return "the server restarted and could not re-adopt it: connection refused"
         self.held[record.id] = LiveSession(record)
@@ -118,3 +120,21 @@ async def test_a_delete_of_an_unreachable_session_fails_it_at_once(
     assert await fleet.reach_to_delete(record) is None
     assert await state(registry) is S.failed
     assert table.attempts == 1
+
+
+async def test_a_delete_joining_a_patient_takeover_still_fails_it_at_once(
+    registry: SharedRegistry,
+) -> None:
+    """A request's takeover that fails answers it "try again"; a delete that arrived
+    meanwhile and shared that attempt must not get the same answer: it ends the session."""
+    fleet, table = await fleet_with_session(registry, unreachable=100)
+    table.attempt_s = 0.1
+    record = await registry.get("ses_elsewhere")
+    assert record is not None
+    patient = asyncio.create_task(fleet.reach("key_a", "ses_elsewhere"))
+    await asyncio.sleep(0.02)  # its takeover is under way
+    assert await fleet.reach_to_delete(record) is None
+    assert await state(registry) is S.failed
+    with pytest.raises(SessionFailed, match="try again"):
+        await patient
+    assert table.attempts == 2

@@ -65,8 +65,9 @@ class Fleet:
         self._max_per_key = max_per_key
         self._retry_after_s = retry_after_s
         self._interval = dt.timedelta(seconds=reaper_interval_s)
-        # Sessions being taken over: one takeover each, whoever asks.
-        self._takeovers: dict[str, asyncio.Task[LiveSession]] = {}
+        # Sessions being taken over: one takeover each, whoever asks; and whether it is a
+        # patient one (_taking_over).
+        self._takeovers: dict[str, tuple[asyncio.Task[LiveSession], bool]] = {}
         # When a takeover of each session first failed, in the current run of failures.
         self._unreachable_since: dict[str, float] = {}
         self._swept_at = 0.0
@@ -105,12 +106,24 @@ class Fleet:
     async def _taking_over(self, record: SessionRecord, patient: bool = True) -> LiveSession:
         """Held here, taken over if need be. ``patient``: a session this server cannot
         reach fails only after a while (502 until then); else at once (it is to end)."""
-        task = self._takeovers.get(record.id)
-        if task is None:
-            task = asyncio.create_task(self._take_over(record, patient))
-            self._takeovers[record.id] = task
-            task.add_done_callback(lambda _: self._takeovers.pop(record.id, None))
-        return await asyncio.shield(task)
+        entry = self._takeovers.get(record.id)
+        if entry is None or entry[0].done():
+            entry = (asyncio.create_task(self._take_over(record, patient)), patient)
+            self._takeovers[record.id] = entry
+            entry[0].add_done_callback(lambda done: self._drop_takeover(record.id, done))
+        task, shared_patience = entry
+        try:
+            return await asyncio.shield(task)
+        except SessionFailed:
+            if patient or not shared_patience:
+                raise
+            # The attempt this caller joined was a patient one, whose failure only says
+            # "try again"; this caller ends the session (a delete), so it tries on its own.
+            return await self._taking_over(record, patient=False)
+
+    def _drop_takeover(self, session_id: str, done: asyncio.Task[LiveSession]) -> None:
+        if self._takeovers.get(session_id, (None, True))[0] is done:
+            del self._takeovers[session_id]
 
     async def _take_over(self, record: SessionRecord, patient: bool = True) -> LiveSession:
         held = self._host.holding.get(record.id)
