@@ -11,10 +11,8 @@ pixel-identical), read through the sandbox's agent, reachable again after the re
 from __future__ import annotations
 
 import asyncio
-import os
 import stat
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,30 +25,18 @@ from deskbox_server.engines.runc.criu import (
 )
 from deskbox_server.engines.runc.layout import SANDBOX_USER_IDS
 from deskbox_server.engines.runc.runtime import Runc
-from deskbox_server.engines.runc.sandbox import RuncOptions, RuncSandbox
+from deskbox_server.engines.runc.sandbox import RuncSandbox
 from deskbox_server.schemas import actions as a
 from deskbox_server.schemas.results import ClipboardText
 
 from ..api.test_container import cgroup_dirs
-from ..images import session_image
-from ..sandbox_agent import agent_desktop, until_ready
+from ..sandbox_agent import agent_desktop
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(Criu().missing() is not None,
                        reason="CRIU 4.1 is not installed (scripts/criu.sh)"),
 ]
-
-
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Iterator[RuncSandbox]:
-    options = RuncOptions(state_dir=tmp_path / "state", rootfs=session_image(),
-                               id_prefix="deskbox-ckpt-")
-    box = RuncSandbox.start(options, f"c{os.getpid()}", browser=False)
-    try:
-        yield until_ready(box, browser=False)
-    finally:
-        box.destroy()
 
 
 def screen_and_mark(sandbox: RuncSandbox, mark: str | None) -> tuple[bytes, str]:

@@ -6,17 +6,13 @@ from __future__ import annotations
 import os
 import struct
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from deskbox_server.engines.runc import kerndat
 from deskbox_server.engines.runc.criu import Criu, dump
-from deskbox_server.engines.runc.sandbox import RuncOptions, RuncSandbox
-
-from ..images import session_image
-from ..sandbox_agent import until_ready
+from deskbox_server.engines.runc.sandbox import RuncSandbox
 
 pytestmark = pytest.mark.skipif(Criu().missing() is not None,
                                 reason="CRIU 4.1 is not installed (scripts/criu.sh)")
@@ -100,17 +96,6 @@ def _inventory_field(images: Path, number: int) -> int | None:
         else:
             at += 8 if wire == 1 else 4
     return None
-
-
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Iterator[RuncSandbox]:
-    options = RuncOptions(state_dir=tmp_path / "state", rootfs=session_image(),
-                          id_prefix="deskbox-lock-")
-    box = RuncSandbox.start(options, f"l{os.getpid()}", browser=False)
-    try:
-        yield until_ready(box, browser=False)
-    finally:
-        box.destroy()
 
 
 @pytest.mark.slow
