@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from api import KEY, REPO, cell, interrupt_on_sigterm, server  # bench/api.py
+from density import host_busy_jiffies  # bench/density.py
 
 from deskbox import Deskbox
 from deskbox.gym import DeskboxEnv
@@ -161,23 +162,14 @@ def claims(box: Deskbox, task: Task, n: int) -> list[float]:
     return samples
 
 
-def _busy_cpus() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the host since boot, from /proc/stat."""
-    with open("/proc/stat", encoding="ascii") as stat:
-        ticks = [int(field) for field in stat.readline().split()[1:]]
-    idle = ticks[3] + ticks[4]  # idle, iowait
-    hz = os.sysconf("SC_CLK_TCK")
-    return (sum(ticks) - idle) / hz, sum(ticks) / hz
-
-
 def wait_for_quiet(limit_s: float = 30.0, busy_below: float = 0.25) -> None:
     """Until the host's CPUs are at most ``busy_below`` busy over half a second: the pools
     of the figures before go on restoring and removing copies for a while after them."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
-        busy, total = _busy_cpus()
+        busy, total = host_busy_jiffies()
         time.sleep(0.5)
-        busy_after, total_after = _busy_cpus()
+        busy_after, total_after = host_busy_jiffies()
         if busy_after - busy <= busy_below * (total_after - total):
             return
 
