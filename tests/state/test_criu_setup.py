@@ -1,8 +1,10 @@
-"""How CRIU is run: its kernel cache (engines/runc/kerndat.py) and its network lock
-(scripts/criu.sh's wrapper), each of which cost every checkpoint and restore tens of ms."""
+"""How CRIU is run: its kernel cache (engines/runc/kerndat.py), its network lock and its
+tmpfs images (scripts/criu.sh's wrapper and helpers), each of which cost every checkpoint
+and restore tens of ms."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import struct
 import subprocess
@@ -11,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from deskbox_server.engines.runc import kerndat
-from deskbox_server.engines.runc.criu import Criu, dump
+from deskbox_server.engines.runc.criu import Criu, dump, restore
 from deskbox_server.engines.runc.sandbox import RuncSandbox
 
 pytestmark = pytest.mark.skipif(Criu().missing() is not None,
@@ -105,3 +107,36 @@ def test_checkpoints_skip_the_network_lock(sandbox: RuncSandbox, tmp_path: Path)
     logs.mkdir()
     dump(sandbox, Criu(), images, logs, leave_running=True)
     assert _inventory_field(images, _NETWORK_LOCK_FIELD) == _NETWORK_LOCK_SKIP
+
+
+# -- tmpfs images ---------------------------------------------------------------------------
+
+
+def _sandbox_shell(sandbox: RuncSandbox, script: str) -> str:
+    done = subprocess.run(
+        [*sandbox.options.runc.command(), "exec", sandbox.container_id, "sh", "-c", script],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_tmpfs_is_kept_as_plain_tar_and_gzipped_images_still_restore(
+    sandbox: RuncSandbox, tmp_path: Path
+) -> None:
+    _sandbox_shell(sandbox, "echo kept in a tmpfs > /tmp/mark")
+    images, dump_logs, restore_logs = tmp_path / "images", tmp_path / "dump", tmp_path / "restore"
+    for directory in (images, dump_logs, restore_logs):
+        directory.mkdir()
+    dump(sandbox, Criu(), images, dump_logs, leave_running=False)
+    sandbox.release_init()
+    tmpfs_images = sorted(images.glob("tmpfs-dev-*.img"))
+    assert tmpfs_images
+    for image in tmpfs_images:
+        data = image.read_bytes()
+        assert data[257:262] == b"ustar", f"{image.name} is not a plain tar"
+        # What CRIU wrote before scripts/criu.sh's tar helper: a checkpoint of then.
+        image.write_bytes(gzip.compress(data, compresslevel=1))
+    restore(sandbox, Criu(), images, restore_logs)
+    assert _sandbox_shell(sandbox, "cat /tmp/mark") == "kept in a tmpfs\n"
