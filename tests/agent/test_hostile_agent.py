@@ -5,6 +5,7 @@ growth here, while a connection to a good agent keeps working."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import subprocess
 import sys
 import time
@@ -146,6 +147,21 @@ async def test_a_call_nobody_answers_times_out_alone(tmp_path: Path, agent_socke
         assert type(failure.value).__name__ == "Timeout"
         assert 0.5 <= time.monotonic() - started < 1.5
         await client.close()
+    await good_agent_works(agent_socket)
+
+
+async def test_an_agent_that_does_not_hang_up_is_cut_off(
+    tmp_path: Path, agent_socket: Path
+) -> None:
+    """Before a checkpoint the host waits for the agent to close its end as well; one that
+    never does is cut off after ``close_timeout_s``."""
+    limits = dataclasses.replace(LIMITS, close_timeout_s=0.5)
+    with hostile("never_answers_call", tmp_path) as path:
+        client = await AgentClient.connect_unix(path, limits)
+        started = time.monotonic()
+        await client.close(wait_for_agent=True)
+        assert 0.5 <= time.monotonic() - started < 1.5
+        assert client.failed_reason == "the connection was closed by the host"
     await good_agent_works(agent_socket)
 
 

@@ -223,11 +223,12 @@ class AgentClient:
     def failed_reason(self) -> str | None:
         return self._conn.failed_reason
 
-    async def close(self) -> None:
+    async def close(self, wait_for_agent: bool = False) -> None:
+        """Hang up (``wait_for_agent``: see AgentConnection.close)."""
         # The connection first: failing it wakes a call waiting on the call stream, which
         # dropping the stream first would leave waiting (it is no longer one of the
         # connection's streams then).
-        await self._conn.close()
+        await self._conn.close(wait_for_agent)
         self._calls.close()
 
     def fail(self, reason: str) -> AgentFailed:

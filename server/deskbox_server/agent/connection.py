@@ -227,6 +227,7 @@ class AgentConnection:
         self._owed = 0  # connection window not handed back yet
         self._unread = 0  # bytes received for live streams that no reader took yet
         self._task: asyncio.Task[None] | None = None
+        self._closing = False  # close() waits for the agent's end of the stream
         writer.transport.set_write_buffer_limits(high=256 * 1024)
 
     async def start(self) -> None:
@@ -264,11 +265,21 @@ class AgentConnection:
         if self.failed_reason is not None:
             raise AgentFailed(self.failed_reason)
 
-    async def close(self) -> None:
+    async def close(self, wait_for_agent: bool = False) -> None:
+        """Hang up. ``wait_for_agent``: first wait a moment for the agent to close its end.
+
+        A checkpoint wants that: CRIU refuses a sandbox whose socket still names a peer
+        outside it, so our end gone is not enough; the agent closes its own (and the
+        DevTools and VNC connections it relays) once it reads our GOAWAY. An agent that
+        does not in ``close_timeout_s`` is cut off, and the checkpoint then names the
+        socket left. Not waiting is for a sandbox that may be frozen or killed."""
         if self.failed_reason is None:
             with contextlib.suppress(h2.exceptions.H2Error):
                 self.h2.close_connection()
             self.flush_soon()
+            if wait_for_agent and self._task is not None:
+                self._closing = True
+                await asyncio.wait({self._task}, timeout=self.limits.close_timeout_s)
             self.fail("the connection was closed by the host")
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
@@ -377,6 +388,8 @@ class AgentConnection:
             while True:
                 data = await self._reader.read(self.limits.read_chunk)
                 if not data:
+                    if self._closing:  # it hung up as asked (close)
+                        return
                     raise self.fail("the agent closed the stream")
                 frames_before = self._guard.frames
                 empty_before = self._guard.empty_data

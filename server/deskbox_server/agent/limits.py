@@ -29,6 +29,7 @@ class AgentLimits:
     read_chunk: int = 256 * KIB
     handshake_timeout_s: float = 5.0  # the agent's SETTINGS and the answer to /v1/hello
     write_timeout_s: float = 10.0  # an agent that stops reading what we send
+    close_timeout_s: float = 2.0  # for the agent to hang up its end once we close ours
     call_timeout_s: float = 30.0  # default for one RPC, head and body
     exec_grace_s: float = 10.0  # past an exec's own timeout: for the agent to kill and report
     max_rpc_body: int = 64 * MIB  # default cap of one RPC's response body

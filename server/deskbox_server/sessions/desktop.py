@@ -138,15 +138,17 @@ class Desktop(Generic[S]):
             raise DesktopFailed(f"{self.sandbox.label} is not running")
         return agent
 
-    async def let_go(self) -> None:
+    async def let_go(self, for_checkpoint: bool = False) -> None:
         """Close the host's stream to the agent and leave the sandbox as it is (before a
-        checkpoint, or a server that stops and leaves it to the next one)."""
+        checkpoint, or a server that stops and leaves it to the next one). Before a
+        checkpoint, the agent is given a moment to close its end too (CRIU cannot dump a
+        connection to the outside, even a half-closed one)."""
         agent, self.agent, self._desktop = self.agent, None, None
         devtools, self._devtools = self._devtools, None
         if devtools is not None:
             await devtools.close()
         if agent is not None:
-            await agent.close()
+            await agent.close(wait_for_agent=for_checkpoint)
 
     async def hand_over(self) -> None:
         """Another server of the fleet serves this desktop from now on: close our stream
@@ -255,7 +257,7 @@ class Desktop(Generic[S]):
         """Checkpoint the sandbox to disk; its processes end (pause mode "hibernate")."""
         self.engine.require(Capability.CHECKPOINT, 'pause mode "hibernate"')
         await self._mark()
-        await self.let_go()
+        await self.let_go(for_checkpoint=True)
         try:
             await self.engine.checkpoint(self.sandbox)
         except BaseException:
@@ -272,7 +274,7 @@ class Desktop(Generic[S]):
         new stream to its agent."""
         self.engine.require(Capability.CHECKPOINT, "snapshots and forks")
         await self._mark()
-        await self.let_go()
+        await self.let_go(for_checkpoint=True)
         try:
             return await self.engine.snapshot(self.sandbox, directory, packed)
         finally:
