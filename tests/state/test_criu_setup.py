@@ -1,6 +1,6 @@
-"""How CRIU is run: its kernel cache (engines/runc/kerndat.py), its network lock and its
-tmpfs images (scripts/criu.sh's wrapper and helpers), each of which cost every checkpoint
-and restore tens of ms."""
+"""How CRIU is run: its kernel cache (engines/runc/kerndat.py), its network lock, its
+tmpfs images (scripts/criu.sh's wrapper and helpers) and the freeze before a dump (criu.py),
+each of which cost checkpoints or restores tens of ms."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from deskbox_server.engines.runc import kerndat
+from deskbox_server.engines.runc import freezer, kerndat
 from deskbox_server.engines.runc.criu import Criu, dump, restore
 from deskbox_server.engines.runc.sandbox import RuncSandbox
 
@@ -140,3 +140,25 @@ def test_tmpfs_is_kept_as_plain_tar_and_gzipped_images_still_restore(
         image.write_bytes(gzip.compress(data, compresslevel=1))
     restore(sandbox, Criu(), images, restore_logs)
     assert _sandbox_shell(sandbox, "cat /tmp/mark") == "kept in a tmpfs\n"
+
+
+# -- the freeze ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_dump_leaves_the_sandbox_running_or_frozen_as_it_was(
+    sandbox: RuncSandbox, tmp_path: Path
+) -> None:
+    """The sandbox is frozen before CRIU sees it (CRIU's own freeze waits 100 ms when it
+    has not finished at once): thawed after, unless it was frozen before (paused)."""
+    container_id = sandbox.container_id
+    for was_frozen in (False, True):
+        if was_frozen:
+            freezer.freeze(container_id)
+        images, logs = tmp_path / f"images-{was_frozen}", tmp_path / f"work-{was_frozen}"
+        images.mkdir()
+        logs.mkdir()
+        dump(sandbox, Criu(), images, logs, leave_running=True)
+        assert freezer.frozen(container_id) is was_frozen
+    freezer.thaw(container_id)
+    assert _sandbox_shell(sandbox, "echo alive") == "alive\n"
