@@ -109,7 +109,7 @@ def test_checkpoints_skip_the_network_lock(sandbox: RuncSandbox, tmp_path: Path)
     assert _inventory_field(images, _NETWORK_LOCK_FIELD) == _NETWORK_LOCK_SKIP
 
 
-# -- tmpfs images ---------------------------------------------------------------------------
+# -- tmpfs images --------------------------------------------------------------------------
 
 
 def _sandbox_shell(sandbox: RuncSandbox, script: str) -> str:
@@ -142,7 +142,7 @@ def test_tmpfs_is_kept_as_plain_tar_and_gzipped_images_still_restore(
     assert _sandbox_shell(sandbox, "cat /tmp/mark") == "kept in a tmpfs\n"
 
 
-# -- the freeze ------------------------------------------------------------------------------
+# -- the freeze ----------------------------------------------------------------------------
 
 
 @pytest.mark.slow
