@@ -272,7 +272,8 @@ class AgentConnection:
         outside it, so our end gone is not enough; the agent closes its own (and the
         DevTools and VNC connections it relays) once it reads our GOAWAY. An agent that
         does not in ``close_timeout_s`` is cut off, and the checkpoint then names the
-        socket left. Not waiting is for a sandbox that may be frozen or killed."""
+        socket left. Not waiting is for a sandbox that may be frozen or killed, and for a
+        stream that the agent's close does not end (a VM's port, which QEMU holds open)."""
         if self.failed_reason is None:
             with contextlib.suppress(h2.exceptions.H2Error):
                 self.h2.close_connection()

@@ -218,6 +218,10 @@ class Engine(ABC, Generic[S]):
     start_timeout_floor_s: ClassVar[float] = 0.0
     # The agent's first answer over a new stream (its SETTINGS and /v1/hello).
     handshake_timeout_s: ClassVar[float] = 5.0
+    # Whether the agent closing its end of the stream ends the host's end too (EOF), so
+    # that the host can wait for it before a checkpoint. Not through a device QEMU holds
+    # open (a VM's virtio-serial port): the VM engine waits for the port's event itself.
+    stream_ends_with_agent: ClassVar[bool] = True
     # Whether a create cancelled midway (asyncio) leaves nothing behind: the warm pool then
     # cancels a start it no longer wants at shutdown instead of waiting it out (a VM's boot
     # under TCG takes minutes; runc's start runs in a thread, which cannot be cancelled).

@@ -148,7 +148,7 @@ class Desktop(Generic[S]):
         if devtools is not None:
             await devtools.close()
         if agent is not None:
-            await agent.close(wait_for_agent=for_checkpoint)
+            await agent.close(for_checkpoint and self.engine.stream_ends_with_agent)
 
     async def hand_over(self) -> None:
         """Another server of the fleet serves this desktop from now on: close our stream

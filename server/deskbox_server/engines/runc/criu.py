@@ -188,10 +188,11 @@ def dump(
 def _frozen_for_criu(container_id: str) -> Iterator[None]:
     """The sandbox frozen before CRIU sees it, and thawed after if it was running.
 
-    CRIU freezes a sandbox's cgroup itself, but then looks at it again only every 100 ms
-    (criu/seize.c, freeze_processes), while the freeze is done in about a millisecond:
-    each dump lost ~100 ms. Given a frozen cgroup, CRIU seizes the tasks at once, thaws the
-    cgroup while it holds them, and freezes it again before it lets them go: alive after a
+    CRIU freezes a sandbox's cgroup itself, and when its first look finds the freeze not
+    done yet, it looks again only 100 ms later (criu/seize.c, freeze_processes), while the
+    freeze is done in about a millisecond: a quarter of an idle desktop's dumps lost 100 ms
+    that way. Given a frozen cgroup, CRIU seizes the tasks at once, thaws the cgroup while
+    it holds them, and freezes it again before it lets them go: alive after a
     ``--leave-running`` dump or a failed one, so they are thawed here. After a dump that
     ends them, their cgroup is gone, and there is nothing to thaw."""
     was_frozen = freezer.frozen(container_id)

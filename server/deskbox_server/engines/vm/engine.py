@@ -79,6 +79,7 @@ class VmEngine(Engine[VmSandbox]):
     start_timeout_floor_s: ClassVar[float] = 180.0
     handshake_timeout_s: ClassVar[float] = 30.0
     create_cancellable: ClassVar[bool] = True  # _boot_new destroys what a cancel interrupts
+    stream_ends_with_agent: ClassVar[bool] = False  # see _agent_let_go
 
     def __init__(
         self,
