@@ -1,6 +1,6 @@
 """How CRIU is run: its kernel cache (engines/runc/kerndat.py), its network lock, its
-tmpfs images (scripts/criu.sh's wrapper and helpers) and the freeze before a dump (criu.py),
-each of which cost checkpoints or restores tens of ms."""
+tmpfs images (scripts/criu.sh's wrapper and helpers), each of which cost checkpoints or
+restores tens of ms, and the freeze a dump leaves as it found it."""
 
 from __future__ import annotations
 
@@ -149,8 +149,8 @@ def test_tmpfs_is_kept_as_plain_tar_and_gzipped_images_still_restore(
 def test_a_dump_leaves_the_sandbox_running_or_frozen_as_it_was(
     sandbox: RuncSandbox, tmp_path: Path
 ) -> None:
-    """The sandbox is frozen before CRIU sees it (CRIU's own freeze waits 100 ms when it
-    has not finished at once): thawed after, unless it was frozen before (paused)."""
+    """CRIU freezes the sandbox for the dump and thaws it after, unless it was frozen
+    before (a paused session): a snapshot neither pauses nor resumes it."""
     container_id = sandbox.container_id
     for was_frozen in (False, True):
         if was_frozen:

@@ -27,7 +27,6 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -175,37 +174,12 @@ def dump(
         )
     (sandbox.bundle / CRIU_CONFIG).write_text(CRIU_OPTIONS)
     extra = ("--leave-running",) if leave_running else ()
-    with _frozen_for_criu(sandbox.container_id):
-        done = _runc_criu(sandbox.options.runc, criu, "checkpoint", *extra, "--file-locks",
-                          "--image-path", str(images), "--work-path", str(logs),
-                          sandbox.container_id)
+    done = _runc_criu(sandbox.options.runc, criu, "checkpoint", *extra, "--file-locks",
+                      "--image-path", str(images), "--work-path", str(logs),
+                      sandbox.container_id)
     if done.returncode != 0:
         raise CheckpointUnavailable(_explain(logs / "dump.log", done.stderr))
     return sum(f.stat().st_size for f in images.rglob("*") if f.is_file())
-
-
-@contextlib.contextmanager
-def _frozen_for_criu(container_id: str) -> Iterator[None]:
-    """The sandbox frozen before CRIU sees it, and thawed after if it was running.
-
-    CRIU freezes a sandbox's cgroup itself, and when its first look finds the freeze not
-    done yet, it looks again only 100 ms later (criu/seize.c, freeze_processes), while the
-    freeze is done in about a millisecond: a quarter of an idle desktop's dumps lost 100 ms
-    that way. Given a frozen cgroup, CRIU seizes the tasks at once, thaws the cgroup while
-    it holds them, and freezes it again before it lets them go: alive after a
-    ``--leave-running`` dump or a failed one, so they are thawed here. After a dump that
-    ends them, their cgroup is gone, and there is nothing to thaw."""
-    was_frozen = freezer.frozen(container_id)
-    try:
-        freezer.freeze(container_id)
-    except SessionFailed as error:  # e.g. a task stuck in the kernel: thawed again
-        raise CheckpointUnavailable(error.message) from None
-    try:
-        yield
-    finally:
-        if not was_frozen:
-            with contextlib.suppress(SessionFailed):
-                freezer.thaw(container_id)
 
 
 def pack(images: Path, archive: Path) -> int:
