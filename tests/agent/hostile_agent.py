@@ -20,6 +20,7 @@ from hyperframe.frame import (
     ContinuationFrame,
     DataFrame,
     Frame,
+    GoAwayFrame,
     HeadersFrame,
     PingFrame,
     SettingsFrame,
@@ -57,6 +58,7 @@ class Peer:
     def __init__(self, conn: socket.socket) -> None:
         self.conn = conn
         self.opened: list[int] = []
+        self.goaway = False
         self.lock = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -78,6 +80,10 @@ class Peer:
                         with self.lock:
                             self.opened.append(frame.stream_id)
                             self.lock.notify_all()
+                    elif isinstance(frame, GoAwayFrame):
+                        with self.lock:
+                            self.goaway = True
+                            self.lock.notify_all()
                     buf = buf[9 + length:]
                 chunk = self.conn.recv(65536)
                 if not chunk:
@@ -89,6 +95,10 @@ class Peer:
     def wait_for(self, stream_id: int) -> None:
         with self.lock:
             self.lock.wait_for(lambda: stream_id in self.opened, timeout=30)
+
+    def wait_for_goaway(self) -> None:
+        with self.lock:
+            self.lock.wait_for(lambda: self.goaway, timeout=30)
 
     def send(self, raw: bytes) -> None:
         self.conn.sendall(raw)
@@ -137,6 +147,12 @@ def attack(mode: str, peer: Peer) -> None:
         peer.send(headers(1, [(":status", "404")], {"END_HEADERS", "END_STREAM"}))
         time.sleep(30)
     hello(peer)
+    if mode == "slow_hang_up":
+        # A well-behaved agent, only slow to close its end once the host says goodbye.
+        peer.wait_for_goaway()
+        time.sleep(0.3)
+        peer.conn.close()
+        return
     peer.wait_for(3)
     if mode == "continuation_flood":
         peer.send(headers(3, ok_head, set()))

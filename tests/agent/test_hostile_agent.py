@@ -165,6 +165,18 @@ async def test_an_agent_that_does_not_hang_up_is_cut_off(
     await good_agent_works(agent_socket)
 
 
+async def test_closing_for_a_checkpoint_waits_for_the_agent_to_hang_up(tmp_path: Path) -> None:
+    """CRIU refuses a sandbox whose socket names a peer outside it, even a peer already
+    closed: before a checkpoint, the host's close returns only once the agent has closed
+    its end too (here 0.3 s after our GOAWAY), and as a close, not as a failure."""
+    with hostile("slow_hang_up", tmp_path) as path:
+        client = await AgentClient.connect_unix(path, LIMITS)
+        started = time.monotonic()
+        await client.close(wait_for_agent=True)
+        assert 0.3 <= time.monotonic() - started < 1.5
+        assert client.failed_reason == "the connection was closed by the host"
+
+
 async def test_the_agent_survives_bad_clients(agent_socket: Path) -> None:
     """Anything in the sandbox can reach the agent's socket too: garbage, a frame header
     announcing 16 MiB, or a client that connects and says nothing ends only that
