@@ -3,7 +3,8 @@
 It speaks raw bytes (frames made with hyperframe and hpack, the libraries under h2), so it
 can send what no HTTP/2 library would. Modes answer the first request (hello, stream 1)
 correctly unless they attack the handshake, then attack the host's next request
-(stream 3). It serves one connection, then exits.
+(stream 3); ``slow_hang_up`` attacks nothing, it only closes its end late. It serves one
+connection, then exits.
 """
 
 from __future__ import annotations
