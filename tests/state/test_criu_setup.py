@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import struct
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from deskbox_server.engines.runc import freezer, kerndat
+from deskbox_server.engines.runc import criu, freezer, kerndat
 from deskbox_server.engines.runc.criu import Criu, dump, restore
 from deskbox_server.engines.runc.sandbox import RuncSandbox
 
@@ -162,3 +163,32 @@ def test_a_dump_leaves_the_sandbox_running_or_frozen_as_it_was(
         assert freezer.frozen(container_id) is was_frozen
     freezer.thaw(container_id)
     assert _sandbox_shell(sandbox, "echo alive") == "alive\n"
+
+
+@pytest.mark.slow
+def test_criu_looks_again_at_a_freezing_sandbox_within_milliseconds(
+    sandbox: RuncSandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CRIU 4.1.1 looks at a cgroup it is freezing again only 100 ms later, while a freeze
+    takes about a millisecond; patched (scripts/criu-freeze-poll.patch), it looks every
+    0.2 ms at first. Two busy processes in the sandbox make the first look find it still
+    freezing."""
+    spin = "(while :; do :; done) </dev/null >/dev/null 2>&1 &"
+    _sandbox_shell(sandbox, f"{spin} {spin}")
+    monkeypatch.setattr(criu, "CRIU_OPTIONS",
+                        criu.CRIU_OPTIONS.replace("verbosity=1", "verbosity=4"))
+    looks = re.compile(r"^\((\d+\.\d+)\) freezer\.state=(\w+)$", re.MULTILINE)
+    saw_freezing = False
+    for attempt in range(3):
+        images, logs = tmp_path / f"images-{attempt}", tmp_path / f"work-{attempt}"
+        images.mkdir()
+        logs.mkdir()
+        dump(sandbox, Criu(), images, logs, leave_running=True)
+        states = [(float(at), state) for at, state in looks.findall(
+            (logs / "dump.log").read_text())]
+        assert states and states[0][1] == "THAWED", states[:3]
+        frozen_at = next(at for at, state in states if state == "FROZEN")
+        saw_freezing |= any(state == "FREEZING" for _, state in states)
+        waited = frozen_at - states[0][0]
+        assert waited < 0.05, f"CRIU saw the freeze done after {waited:.3f} s"
+    assert saw_freezing, "the busy sandbox was frozen at CRIU's first look every time"
