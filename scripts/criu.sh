@@ -72,6 +72,7 @@ libaio-dev,libbsd-dev,libgnutls28-dev,libnftables-dev,uuid-dev,python3,dpkg-dev 
       --setup-hook="echo 'deb-src $MIRROR $SUITE main' >> \"\$1/etc/apt/sources.list\"" \
       "$SUITE" "$build" "$MIRROR" 2>&1 | sed -u 's/^/setup:   /'
     cp "${PATCHES[@]}" "$build/root/"
+    # The patches' names follow the script, as its arguments.
     chroot "$build" sh -ec '
       cd /root
       apt-get update -qq
@@ -80,11 +81,11 @@ libaio-dev,libbsd-dev,libgnutls28-dev,libnftables-dev,uuid-dev,python3,dpkg-dev 
       mkdir src
       tar -C src --strip-components=1 -xf criu_*.orig.tar.*
       cd src
-      for fix in /root/criu-sockopt.patch /root/criu-freeze-poll.patch; do
-        patch -p1 < "$fix"
+      for fix in "$@"; do
+        patch -p1 < "/root/$fix"
       done
       make -j"$(nproc)" criu >/dev/null
-    ' 2>&1 | sed -u 's/^/setup:   /'
+    ' sh "${PATCHES[@]##*/}" 2>&1 | sed -u 's/^/setup:   /'
     [ -x "$build/root/src/criu/criu" ] || { echo "setup: the CRIU build failed" >&2; exit 1; }
     install -m 0755 "$build/root/src/criu/criu" "$ROOT/usr/sbin/criu"
     rm -rf "$build"

@@ -17,6 +17,8 @@ from deskbox_server.engines.runc import criu, freezer, kerndat
 from deskbox_server.engines.runc.criu import Criu, dump, restore
 from deskbox_server.engines.runc.sandbox import RuncSandbox
 
+from ..isolation.conftest import exec_in
+
 pytestmark = pytest.mark.skipif(Criu().missing() is not None,
                                 reason="CRIU 4.1 is not installed (scripts/criu.sh)")
 
@@ -114,10 +116,7 @@ def test_checkpoints_skip_the_network_lock(sandbox: RuncSandbox, tmp_path: Path)
 
 
 def _sandbox_shell(sandbox: RuncSandbox, script: str) -> str:
-    done = subprocess.run(
-        [*sandbox.options.runc.command(), "exec", sandbox.container_id, "sh", "-c", script],
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, check=False,
-    )
+    done = exec_in(sandbox, "sh", "-c", script)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
