@@ -5,7 +5,8 @@ host connects to it (tests/impostors.py). It answers the handshake (``hello`` of
 protocol it is given) and ``info`` (a 64x48 screen) as an agent would, so the session
 resumes (modes ``mute`` and ``no_hello`` do not: they say nothing at all, or nothing to
 ``hello``); then it misbehaves on the first ``act`` (or ``exec`` in the ``exec_flood`` mode)
-the host sends it. The desktop's calls come as messages of the call stream
+the host sends it; in the ``bad_frame`` mode it offers ``grab_deflated`` and answers it
+with pixels one byte short of its screen. The desktop's calls come as messages of the call stream
 (``POST /v1/calls``), answered there. HTTP/2 through the image's own h2
 (/usr/lib/deskbox-agent); what no h2 would send is written as raw frames. Only the
 standard library and those wheels: this runs in the image's Python 3.11.
@@ -20,6 +21,7 @@ import socket
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 
 sys.path.append("/usr/lib/deskbox-agent")
@@ -141,6 +143,15 @@ def parts_reply(request: bytes, length: int, sent: int) -> bytes:
     return len(header).to_bytes(4, "big") + header + data
 
 
+def short_frame() -> bytes:
+    """A ``grab_deflated`` answer whose pixels inflate to one byte short of the screen."""
+    pixels = zlib.compress(b"\0" * (SCREEN[0] * SCREEN[1] * 4 - 1), 1)
+    header = json.dumps({"width": SCREEN[0], "height": SCREEN[1], "pixel_format": "bgrx",
+                         "encoding": "deflate",
+                         "pixels": {"offset": 0, "length": len(pixels)}}).encode()
+    return len(header).to_bytes(4, "big") + header + pixels
+
+
 def misbehave(mode: str, peer: Peer, stream_id: int, request: bytes) -> None:
     ok_head = [(":status", "200"), ("content-type", PARTS)]
     if mode == "garbage":
@@ -233,8 +244,10 @@ def serve(mode: str, protocol: int, conn: socket.socket) -> None:
                     if path == "/v1/hello" and mode == "no_hello":
                         peer.drain()
                     elif path == "/v1/hello":
+                        offered = ["grab_deflated"] if mode == "bad_frame" else []
                         peer.answer(event.stream_id, "application/json", json.dumps(
-                            {"protocol": protocol, "agent": "impostor", "calls": []}).encode())
+                            {"protocol": protocol, "agent": "impostor",
+                             "calls": offered}).encode())
                     elif path == "/v1/calls":
                         calls[event.stream_id] = Calls()
                         peer.h2.send_headers(event.stream_id,
@@ -248,6 +261,9 @@ def serve(mode: str, protocol: int, conn: socket.socket) -> None:
                             peer.send(event.stream_id, calls_reply("application/json", json.dumps(
                                 {"display": ":1", "width": SCREEN[0], "height": SCREEN[1],
                                  "capture": "impostor"}).encode()))
+                        elif message["call"] == "grab_deflated" and mode == "bad_frame":
+                            peer.send(event.stream_id, calls_reply(PARTS, short_frame()))
+                            peer.drain()
                         elif message["call"] == "act":
                             misbehave(mode, peer, event.stream_id,
                                       json.dumps(message["args"]).encode())

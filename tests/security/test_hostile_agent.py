@@ -13,7 +13,8 @@ session goes to ``failed`` with the reason (in the API and in its events), and t
 (/healthz), a neighbouring session (its screenshots as fast as before) and the server's
 memory (this process's RSS: the server runs in it) carry on as they were. An impostor
 silent in the handshake (no SETTINGS, or no answer to hello) fails the resume instead,
-within the handshake's timeout.
+within the handshake's timeout; one whose last frame at a pause is not its screen fails
+the pause, and its frozen sandbox goes.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from deskbox_server.agent import PROTOCOL
 from deskbox_server.agent.desktop import IMAGE_SLACK
 from deskbox_server.agent.limits import AgentLimits
 from deskbox_server.engines.runc.criu import Criu
+from deskbox_server.engines.runc.runtime import Runc
 
 from ..impostors import failed_event, hibernate_resume, new_session, start_impostor, wait_failed
 
@@ -154,6 +156,32 @@ def test_an_agent_silent_in_its_handshake_fails_the_resume(
         assert wanted in reason, reason
         assert failed_event(client, victim).get("reason") == reason
         print(f"\nFIGURE {mode}: resume {seconds:.2f} s -> 502; {reason}")
+    finally:
+        client.delete(f"/v1/sessions/{victim}")
+    carry_on(client, neighbour)
+
+
+def test_a_bad_frame_at_a_pause_fails_only_its_own_session(
+    client: httpx.Client, neighbour: Neighbour
+) -> None:
+    """The host unpacks a pause's last frame while the sandbox freezes: a frame that is not
+    the screen's fails the pause and the session, frozen by then, and its sandbox goes."""
+    victim = new_session(client, browser=PAGE)
+    try:
+        start_impostor(client, victim, PROGRAM, "bad_frame", str(PROTOCOL))
+        resumed = hibernate_resume(client, victim)
+        assert resumed.status_code == 200, resumed.text
+
+        response = client.post(f"/v1/sessions/{victim}/pause", json={"mode": "freeze"})
+        assert response.status_code == 502, response.text
+        wanted = "grab: the deflated pixels are not 12288 bytes (64x48)"
+        error = response.json()["error"]
+        assert error["type"] == "session_failed" and wanted in error["message"], error
+        assert wanted in wait_failed(client, victim)["failure"]["reason"]
+        deadline = time.monotonic() + 30
+        while [cid for cid in Runc().list_ids() if cid.endswith("-" + victim)]:
+            assert time.monotonic() < deadline, "the failed session's sandbox is still there"
+            time.sleep(0.2)
     finally:
         client.delete(f"/v1/sessions/{victim}")
     carry_on(client, neighbour)

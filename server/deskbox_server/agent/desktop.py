@@ -39,7 +39,7 @@ from ..schemas.results import ActionResult, BatchResult, ClipboardText, Point, S
 from ..settle import SettleOptions, batch_allowance_s
 from .client import AgentClient, CallResult, Json
 
-__all__ = ["PARTS_TYPE", "AgentDesktop", "DesktopInfo"]
+__all__ = ["PARTS_TYPE", "AgentDesktop", "DesktopInfo", "PackedFrame"]
 
 PARTS_TYPE = "application/vnd.deskbox.parts"
 MAX_HEADER = 1 << 20  # the JSON header of a parts reply: results of at most 1000 actions
@@ -195,8 +195,13 @@ class AgentDesktop:
         return image
 
     async def grab(self) -> Frame:
-        """The whole screen's raw pixels, now (the frozen frame of a paused session):
-        deflated by an agent that offers it (a 4 MB frame took the stream ~20 ms)."""
+        """The whole screen's raw pixels, now (the frozen frame of a paused session)."""
+        return await (await self.grab_packed()).unpack()
+
+    async def grab_packed(self) -> PackedFrame:
+        """The whole screen as the agent sent it: deflated by an agent that offers it (a
+        4 MB frame took the stream ~20 ms). Its size and encoding are checked here, its
+        pixels by :meth:`PackedFrame.unpack`."""
         width, height = await self._screen_size()
         size = width * height * 4
         deflated = "grab_deflated" in self._client.hello_info.calls
@@ -211,15 +216,7 @@ class AgentDesktop:
         if header.get("encoding", "raw") != ("deflate" if deflated else "raw"):
             raise self._client.fail(f"grab: pixels encoded as {header.get('encoding')!r}")
         pixels = self._part(header.get("pixels"), parts, cap, "grab: pixels")
-        if deflated:
-            inflated = await asyncio.to_thread(_inflate, pixels, size)
-            if inflated is None:
-                raise self._client.fail(
-                    f"grab: the deflated pixels are not {size} bytes ({width}x{height})")
-            pixels = inflated
-        if len(pixels) != size:
-            raise self._client.fail(f"grab: {len(pixels)} bytes for {width}x{height} pixels")
-        return Frame(np.frombuffer(pixels, dtype=np.uint8).reshape(height, width, 4))
+        return PackedFrame(self._client, pixels, width, height, deflated)
 
     async def mark(self) -> None:
         """Have the agent note the screen as it is now (before a checkpoint): until an
@@ -415,6 +412,32 @@ def _agent_reason(message: str, kind: str) -> str | None:
     ``agent: <kind>: <message>``)."""
     prefix = f"agent: {kind}: "
     return message[len(prefix):] if message.startswith(prefix) else None
+
+
+@dataclass(frozen=True)
+class PackedFrame:
+    """A grab as the agent sent it. Unpacking it (inflating 4 MB takes a couple of
+    milliseconds) is a step of its own, so that a pause can freeze the sandbox meanwhile."""
+
+    client: AgentClient
+    data: bytes
+    width: int
+    height: int
+    deflated: bool
+
+    async def unpack(self) -> Frame:
+        """The pixels; a frame that is not the screen's fails the agent's connection."""
+        width, height, size = self.width, self.height, self.width * self.height * 4
+        pixels = self.data
+        if self.deflated:
+            inflated = await asyncio.to_thread(_inflate, self.data, size)
+            if inflated is None:
+                raise self.client.fail(
+                    f"grab: the deflated pixels are not {size} bytes ({width}x{height})")
+            pixels = inflated
+        if len(pixels) != size:
+            raise self.client.fail(f"grab: {len(pixels)} bytes for {width}x{height} pixels")
+        return Frame(np.frombuffer(pixels, dtype=np.uint8).reshape(height, width, 4))
 
 
 def _inflate(data: bytes, size: int) -> bytes | None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Generic
 
 from ..agent.client import AgentClient
-from ..agent.desktop import AgentDesktop
+from ..agent.desktop import AgentDesktop, PackedFrame
 from ..agent.devtools import DevtoolsSocket
 from ..agent.devtools_channels import AgentDevtools
 from ..agent.exec_slots import ExecSlots
@@ -31,7 +31,7 @@ from ..agent.vnc import AgentVnc
 from ..agent.vnc_server import VncServer
 from ..engines.base import Capability, Engine, S, SessionSpec, SnapshotInfo
 from ..errors import BrowserUnavailable, DeskboxError, DesktopFailed
-from ..media import EncodedImage, Frame
+from ..media import EncodedImage
 from ..sandbox_io import ExecCommand, ExecResult, FileDownload
 from ..schemas import actions as a
 from ..schemas.results import BatchResult
@@ -185,9 +185,10 @@ class Desktop(Generic[S]):
         (DesktopFailed, and :meth:`failure` says so from then on)."""
         return await self.desktop.run(actions, view, screenshot)
 
-    async def grab(self) -> Frame:
-        """The whole screen's pixels, now (kept as the last frame of a paused session)."""
-        return await self.desktop.grab()
+    async def grab(self) -> PackedFrame:
+        """The whole screen, now, as its agent sent it (unpacked, the last frame of a
+        paused session)."""
+        return await self.desktop.grab_packed()
 
     async def watch(self, timeout_s: float, quality: int, now: bool = False,
                     ) -> EncodedImage | None:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from ..engines.base import SnapshotInfo
 from ..errors import Conflict, SessionFailed
@@ -24,6 +25,7 @@ from .pause import DRAIN_TIMEOUT_S, LastFrame, drain
 __all__ = ["checkpoint", "pause", "resume"]
 
 log = logging.getLogger("deskbox.sessions")
+T = TypeVar("T")
 
 
 async def pause(
@@ -49,15 +51,17 @@ async def pause(
         try:
             await drain(lambda: live.busy, record.id, DRAIN_TIMEOUT_S)
             if still_pausing():
-                frame = await handle.grab()
+                # Its DevTools connection would time out on a frozen browser, and leads out
+                # of the sandbox (CRIU cannot dump it): no watch meanwhile. It lets go
+                # while the agent grabs the screen; neither waits for the other.
+                packed = await _beside(handle.grab(), context.unwatch(record.id))
             if not still_pausing():
                 raise Conflict(f"session {record.id} was {record.state.value} meanwhile")
-            # Its DevTools connection would time out on a frozen browser, and leads out of
-            # the sandbox (CRIU cannot dump it): no watch meanwhile.
-            await context.unwatch(record.id)
             if mode == "freeze":
-                await handle.freeze()
+                # The agent's part is done: the host unpacks the frame while it freezes.
+                frame = await _beside(packed.unpack(), handle.freeze())
             else:
+                frame = await packed.unpack()
                 # Kept on disk too: a server that restarts shows it until resumed.
                 await asyncio.to_thread(context.frames.save, record.id, frame)
                 async with context.links.closed(record.id):
@@ -105,6 +109,17 @@ async def resume(live: LiveSession, context: SessionContext) -> SessionRecord:
         context.watch(record.id, handle)
     log.info("session %s resumed", record.id)
     return record
+
+
+async def _beside(main: Awaitable[T], other: Awaitable[object]) -> T:
+    """``main``'s result once ``other`` has ended too: the two run at once, and an error
+    of either is raised only when both are over (a pause leaves nothing running)."""
+    result, other_result = await asyncio.gather(main, other, return_exceptions=True)
+    if isinstance(result, BaseException):
+        raise result
+    if isinstance(other_result, BaseException):
+        raise other_result
+    return result
 
 
 @asynccontextmanager
