@@ -221,7 +221,7 @@ def test_snapshot_leaves_the_session_running_and_restores_as_a_copy(
 
 
 def test_fork_makes_independent_running_copies(
-    client: httpx.Client, server: Server, source: tuple[str, tuple[int, int]],
+    client: httpx.Client, server: Server, state_dir: Path, source: tuple[str, tuple[int, int]],
 ) -> None:
     sid, origin = source
     text = page_state(client, sid)["value"]
@@ -231,6 +231,13 @@ def test_fork_makes_independent_running_copies(
     try:
         assert len(set(copies)) == 3 and sid not in copies
         assert all(s["state"] == "running" for s in response.json()["sessions"])
+        # The fork's checkpoint goes once the copies run (after the answer, which does not
+        # wait for it).
+        forks = state_dir / "snapshots" / ".forks"
+        deadline = time.monotonic() + 10
+        while any(forks.iterdir()):
+            assert time.monotonic() < deadline, list(forks.iterdir())
+            time.sleep(0.05)
         handles = [handle_of(server, c) for c in [sid, *copies]]
         assert len({h.sandbox.container_id for h in handles}) == 4
         assert len({h.sandbox.display_name for h in handles}) == 4
