@@ -10,9 +10,10 @@ import json
 import os
 import signal
 import stat
+import threading
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from deskbox_server.engines.runc.layout import SANDBOX_USER_IDS
 from deskbox_server.engines.runc.runtime import Runc
 from deskbox_server.engines.runc.sandbox import RuncSandbox
 from deskbox_server.sessions.desktop import AnyDesktop
+from deskbox_server.sessions.fork_scratch import scratch_prefix
 from deskbox_server.settings import Settings
 
 from ..api.conftest import DISPLAY, KEY_A, Server, running_server
@@ -225,19 +227,24 @@ def test_fork_makes_independent_running_copies(
 ) -> None:
     sid, origin = source
     text = page_state(client, sid)["value"]
-    response = client.post(f"/v1/sessions/{sid}/fork", json={"count": 3})
+    # The fork checkpoints in memory, in the server's own scratch directory (/dev/shm).
+    (scratch,) = Path("/dev/shm").glob(scratch_prefix(state_dir) + "*")
+    seen: set[str] = set()
+    with watching(lambda: seen.update(p.name for p in scratch.iterdir())):
+        response = client.post(f"/v1/sessions/{sid}/fork", json={"count": 3})
     assert response.status_code == 201, response.text
     copies = [s["id"] for s in response.json()["sessions"]]
     try:
         assert len(set(copies)) == 3 and sid not in copies
         assert all(s["state"] == "running" for s in response.json()["sessions"])
-        # The fork's checkpoint goes once the copies run (after the answer, which does not
-        # wait for it).
-        forks = state_dir / "snapshots" / ".forks"
+        assert len(seen) == 1, seen
+        # The checkpoint goes once the copies run (after the answer, which does not wait
+        # for it); nothing went to the disk.
         deadline = time.monotonic() + 10
-        while any(forks.iterdir()):
-            assert time.monotonic() < deadline, list(forks.iterdir())
+        while any(scratch.iterdir()):
+            assert time.monotonic() < deadline, list(scratch.iterdir())
             time.sleep(0.05)
+        assert not any((state_dir / "snapshots" / ".forks").glob("*"))
         handles = [handle_of(server, c) for c in [sid, *copies]]
         assert len({h.sandbox.container_id for h in handles}) == 4
         assert len({h.sandbox.display_name for h in handles}) == 4
@@ -275,6 +282,24 @@ def test_fork_makes_independent_running_copies(
     for handle in handles[1:]:
         assert Runc().state(handle.sandbox.container_id) is None
         assert not cgroup_dirs(handle.sandbox.container_id)
+
+
+@contextmanager
+def watching(look: Callable[[], object], every_s: float = 0.005) -> Iterator[None]:
+    """Call ``look`` every few milliseconds on a thread while the block runs."""
+    done = threading.Event()
+
+    def loop() -> None:
+        while not done.wait(every_s):
+            look()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def test_fork_refuses_what_it_cannot_do(

@@ -37,7 +37,7 @@ from ..errors import (
 )
 from ..metrics import Metrics
 from ..schemas.health import EngineSummary
-from ..schemas.sessions import SessionCreate, SessionState
+from ..schemas.sessions import Resources, SessionCreate, SessionState
 from ..settings import Settings
 from . import start_stop
 from .browser_watch import BrowserWatch
@@ -46,6 +46,7 @@ from .context import SessionContext
 from .desktop import AnyDesktop
 from .events import EventLog
 from .fleet import Fleet
+from .fork_scratch import ForkDirectories
 from .lifecycle import LIVE_STATES, SessionRecord, utcnow
 from .links import SessionLinks
 from .live import LiveSession, not_live, one_server_only
@@ -99,6 +100,10 @@ class SessionManager:
         # VNC viewers and DevTools sockets, closed before a checkpoint (links.py).
         self.links = SessionLinks()
         self.snapshots = SnapshotStore(settings.state_dir / "snapshots")
+        self._forks = ForkDirectories(
+            self.snapshots.forks_on_disk,
+            Path(settings.fork_scratch_dir) if settings.fork_scratch_dir else None,
+            settings.state_dir)
         # /v1/volumes, and the volumes sessions have attached (volumes.py).
         self.volumes = VolumeStore(settings.state_dir / "volumes", settings.volume_quota_mb)
         # /v1/secrets (secrets.py), encrypted under the key in the state dir.
@@ -158,6 +163,7 @@ class SessionManager:
     async def _recover(self) -> None:
         await self._registry.open()
         await asyncio.to_thread(self.snapshots.open)
+        await asyncio.to_thread(self._forks.open)
         await asyncio.to_thread(self.volumes.open)
         await asyncio.to_thread(self.secrets.open)
         await asyncio.to_thread(self._frames.open)
@@ -224,6 +230,7 @@ class SessionManager:
         )
         if self._removals:  # a last chance, bounded, for removals that overran
             await asyncio.wait(self._removals, timeout=self._settings.stop_timeout_s)
+        await asyncio.to_thread(self._forks.close)
         for engine in self._engines.values():
             with suppress(Exception):
                 await engine.close()
@@ -684,7 +691,8 @@ class SessionManager:
         self._check_capacity(owner, count)
         if self._fleet is not None:
             await self._fleet.check_capacity(owner, count)
-        directory = await asyncio.to_thread(self.snapshots.fork_directory)
+        room = (record.body.resources or Resources()).memory_mb << 20
+        directory = await asyncio.to_thread(self._forks.new, room)
         try:
             started = time.monotonic()
             await session.checkpoint(directory, packed=False)

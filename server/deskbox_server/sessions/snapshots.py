@@ -4,7 +4,8 @@ The backend writes its checkpoint into the directory (engines/runc/snapshot.py);
 store adds ``snapshot.json`` (mode 0600: owner, source session, sizes) last, so a directory
 without it is a snapshot that never finished (the server died meanwhile) and is removed at
 start. Snapshots outlive the server: the directory is the whole truth, nothing else indexes
-it. Forks checkpoint into ``<state>/snapshots/.forks/`` and remove it once the copies run.
+it. Forks checkpoint in memory, or into ``<state>/snapshots/.forks/`` (fork_scratch.py), and
+remove it once the copies run.
 
 The files hold the session's memory: only the server's user can read them.
 """
@@ -69,11 +70,10 @@ class SnapshotStore:
         snapshot_id = "snap_" + secrets.token_hex(10)
         return snapshot_id, self.directory(snapshot_id)
 
-    def fork_directory(self) -> Path:
-        """A directory (not yet made) for a fork's short-lived checkpoint."""
-        forks = self.root / _FORKS
-        forks.mkdir(mode=0o700, exist_ok=True)
-        return forks / secrets.token_hex(8)
+    @property
+    def forks_on_disk(self) -> Path:
+        """Where forks checkpoint when not in memory (fork_scratch.py); cleared at open."""
+        return self.root / _FORKS
 
     def save(self, record: SnapshotRecord) -> None:
         directory = self.directory(record.id)
