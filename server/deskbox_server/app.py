@@ -36,6 +36,7 @@ from .engines.runc.engine import RuncEngine
 from .engines.runc.sandbox import RuncOptions
 from .engines.vm.engine import VmEngine
 from .metrics import Metrics
+from .scratch import Scratch
 from .sessions.manager import SessionManager
 from .sessions.registry import Registry
 from .sessions.shared_registry import SharedRegistry
@@ -82,6 +83,8 @@ def runc_engine(settings: Settings) -> RuncEngine:
         displays=(settings.display_first, settings.display_last),
         id_prefix=prefix,
         max_execs=settings.exec_max_concurrent,
+        scratch=Scratch(Path(settings.scratch_dir) if settings.scratch_dir else None,
+                        state_dir, "images"),
     )
 
     return RuncEngine(options, image=_image_builder(settings, "session image", "build.py"))

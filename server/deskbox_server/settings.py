@@ -49,10 +49,11 @@ class Settings(BaseSettings):
     recording_ttl_h: Annotated[float, Field(gt=0)] = 7 * 24.0
     recording_fps: Annotated[float, Field(gt=0, le=30)] = 4.0
     recording_quality: Annotated[int, Field(ge=1, le=100)] = 60
-    # A fork's checkpoint lives about a second; in this directory (a tmpfs) it never reaches
-    # the disk, when it has room for the session's memory limit (sessions/fork_scratch.py).
-    # Empty: always the state dir.
-    fork_scratch_dir: str = "/dev/shm"
+    # Checkpoint images that live about a second (a fork's; a snapshot's or a hibernation's
+    # before they are packed; an archive's while it is restored) go to a private directory
+    # in this tmpfs when it has room for the session's memory limit, and never reach the
+    # disk (scratch.py). Empty: always the state dir.
+    scratch_dir: str = "/dev/shm"
     default_backend: str = "container"
     # The backends this server offers (DESKBOX_BACKENDS=container,vm,local). "vm": a QEMU
     # microVM per session. "local" runs unisolated host processes: offer it only on a

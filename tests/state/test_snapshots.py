@@ -27,8 +27,8 @@ from deskbox_server.engines.runc.criu import Criu
 from deskbox_server.engines.runc.layout import SANDBOX_USER_IDS
 from deskbox_server.engines.runc.runtime import Runc
 from deskbox_server.engines.runc.sandbox import RuncSandbox
+from deskbox_server.scratch import scratch_prefix
 from deskbox_server.sessions.desktop import AnyDesktop
-from deskbox_server.sessions.fork_scratch import scratch_prefix
 from deskbox_server.settings import Settings
 
 from ..api.conftest import DISPLAY, KEY_A, Server, running_server
@@ -165,8 +165,13 @@ def test_snapshot_leaves_the_session_running_and_restores_as_a_copy(
 ) -> None:
     sid, origin = source
     before = screenshot(client, sid)
-    response = client.post(f"/v1/sessions/{sid}/snapshots")
+    # The raw images live in memory until packed: in the engine's scratch directory.
+    (scratch,) = Path("/dev/shm").glob(scratch_prefix(state_dir, "images") + "*")
+    seen: set[str] = set()
+    with watching(lambda: seen.update(p.name for p in scratch.iterdir())):
+        response = client.post(f"/v1/sessions/{sid}/snapshots")
     assert response.status_code == 201, response.text
+    assert [name[:5] for name in seen] == ["dump-"] and not any(scratch.iterdir()), seen
     snapshot = response.json()
     snap_id = snapshot["id"]
     assert snap_id.startswith("snap_") and snapshot["session_id"] == sid
@@ -180,14 +185,21 @@ def test_snapshot_leaves_the_session_running_and_restores_as_a_copy(
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
     files = [path for path in directory.rglob("*") if path.is_file()]
     assert files and all(stat.S_IMODE(path.stat().st_mode) == 0o600 for path in files)
+    assert sorted(path.name for path in directory.iterdir()) == [
+        "images.tar.zst", "sandbox.json", "snapshot.json"]  # packed; no raw images left
 
     # The source ran on through it and still takes input.
     assert client.get(f"/v1/sessions/{sid}").json()["state"] == "running"
     type_into_field(client, sid, origin, " source")
     page_state(client, sid, lambda s: s["value"] == TEXT + " source")
 
-    created = client.post("/v1/sessions", json={"from_snapshot": snap_id, "labels": {"k": "v"}})
+    # A restore unpacks the archive there too, for as long as CRIU reads it.
+    seen.clear()
+    with watching(lambda: seen.update(p.name for p in scratch.iterdir())):
+        created = client.post("/v1/sessions",
+                              json={"from_snapshot": snap_id, "labels": {"k": "v"}})
     assert created.status_code == 201, created.text
+    assert [name[:8] for name in seen] == ["restore-"] and not any(scratch.iterdir()), seen
     copy = created.json()
     try:
         assert copy["state"] == "running" and copy["id"] != sid
@@ -228,7 +240,7 @@ def test_fork_makes_independent_running_copies(
     sid, origin = source
     text = page_state(client, sid)["value"]
     # The fork checkpoints in memory, in the server's own scratch directory (/dev/shm).
-    (scratch,) = Path("/dev/shm").glob(scratch_prefix(state_dir) + "*")
+    (scratch,) = Path("/dev/shm").glob(scratch_prefix(state_dir, "fork") + "*")
     seen: set[str] = set()
     with watching(lambda: seen.update(p.name for p in scratch.iterdir())):
         response = client.post(f"/v1/sessions/{sid}/fork", json={"count": 3})

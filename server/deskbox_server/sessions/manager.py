@@ -102,7 +102,7 @@ class SessionManager:
         self.snapshots = SnapshotStore(settings.state_dir / "snapshots")
         self._forks = ForkDirectories(
             self.snapshots.forks_on_disk,
-            Path(settings.fork_scratch_dir) if settings.fork_scratch_dir else None,
+            Path(settings.scratch_dir) if settings.scratch_dir else None,
             settings.state_dir)
         # /v1/volumes, and the volumes sessions have attached (volumes.py).
         self.volumes = VolumeStore(settings.state_dir / "volumes", settings.volume_quota_mb)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from ...errors import InvalidRequest, SessionFailed
 from ..network import bring_up_loopback
 from . import freezer, restored
-from .layout import CRIU_CONFIG, RuntimeConfig, host_root_gid
+from .layout import CRIU_CONFIG, Limits, RuntimeConfig, host_root_gid
 from .runtime import Runc
 from .stream import link_agent
 
@@ -53,6 +53,7 @@ __all__ = [
     "restore",
     "restore_from",
     "restore_sandbox",
+    "scratch_dirs",
     "share_images",
     "unpack",
 ]
@@ -144,14 +145,30 @@ def _runc_criu(runc: Runc, criu: Criu, *args: str) -> subprocess.CompletedProces
     )
 
 
-def _scratch(parent: Path, prefix: str) -> tuple[Path, Path, Path]:
-    """A private scratch directory under ``parent`` with ``images/`` and ``work/`` in it."""
-    parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+def scratch_dirs(sandbox: RuncSandbox, parent: Path, prefix: str) -> tuple[Path, Path, Path]:
+    """A private directory for images that live for moments, with ``images/`` and ``work/``
+    in it: in the engine's scratch directory (a tmpfs, scratch.py) if that has room for the
+    sandbox's memory limit, which bounds its images; else under ``parent``."""
+    base = None
+    if sandbox.options.scratch is not None:
+        base = sandbox.options.scratch.room(_memory_limit(sandbox))
+    if base is None:
+        parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        base = parent
+    scratch = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
     images, logs = scratch / "images", scratch / "work"
     images.mkdir(mode=0o700)
     logs.mkdir(mode=0o700)
     return scratch, images, logs
+
+
+def _memory_limit(sandbox: RuncSandbox) -> int:
+    """The sandbox's memory limit in bytes, from its bundle (its tmpfs files count in it)."""
+    try:
+        config = json.loads((sandbox.bundle / "config.json").read_text())
+        return int(config["linux"]["resources"]["memory"]["limit"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return Limits().memory_mb << 20
 
 
 def dump(
@@ -294,8 +311,8 @@ def restore_from(
     sandbox: RuncSandbox, criu: Criu, archive: Path, raw: Path | None = None
 ) -> float:
     """:func:`restore` the sandbox from the ``raw`` images if given, else from ``archive``
-    unpacked into a scratch directory of its session directory; the seconds it took."""
-    scratch, images, logs = _scratch(sandbox.session_dir, "restore-")
+    unpacked into a scratch directory (:func:`scratch_dirs`); the seconds it took."""
+    scratch, images, logs = scratch_dirs(sandbox, sandbox.session_dir, "restore-")
     try:
         started = time.monotonic()
         if raw is None:
@@ -315,7 +332,8 @@ def hibernate_sandbox(sandbox: RuncSandbox, criu: Criu) -> DumpStats:
     On failure the sandbox runs on (CRIU resumes it) and CheckpointUnavailable says why.
     """
     archive = archive_path(sandbox)
-    scratch, images, logs = _scratch(archive.parent, "dump-")
+    archive.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    scratch, images, logs = scratch_dirs(sandbox, archive.parent, "dump-")
     try:
         started = time.monotonic()
         raw = dump(sandbox, criu, images, logs, leave_running=False)

@@ -63,6 +63,8 @@ class RuncEngine(Engine[RuncSandbox]):
         await asyncio.to_thread(seccomp_profile, self.options.seccomp_source)
         if self._criu.missing() is None:
             await asyncio.to_thread(keep_kerndat_cache, self._criu.wrapper)
+        if self.options.scratch is not None:
+            await asyncio.to_thread(self.options.scratch.open)
         if self._image is None:
             return
         cancel = threading.Event()
@@ -160,3 +162,7 @@ class RuncEngine(Engine[RuncSandbox]):
 
     async def keep_for_restores(self, directory: Path) -> None:
         await asyncio.to_thread(keep_unpacked, directory)
+
+    async def close(self) -> None:
+        if self.options.scratch is not None:
+            await asyncio.to_thread(self.options.scratch.close)

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import Conflict, DesktopFailed, InvalidRequest, SessionFailed
+from ...scratch import Scratch
 from ..base import Sandbox, VolumeAttach
 from ..desktop_commands import DEVTOOLS_PORT, DesktopSpec, session_env
 from ..network import (
@@ -116,6 +117,9 @@ class RuncOptions:
     shared_root: Path = Path("/run/deskbox")
     # runc execs (commands, file transfers) one session may run at once (exec_slots.py).
     max_execs: int = 8
+    # Where checkpoint images that live for moments go when it has room (scratch.py); the
+    # engine opens and closes it.
+    scratch: Scratch | None = None
 
 
 class RuncSandbox(Sandbox):

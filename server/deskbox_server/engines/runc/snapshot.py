@@ -30,6 +30,7 @@ from .criu import (
     dump,
     pack,
     restore_from,
+    scratch_dirs,
     share_images,
     unpack,
 )
@@ -80,16 +81,20 @@ def take_snapshot(
     directory.mkdir(mode=0o700)
     try:
         started = time.monotonic()
-        images = directory / RAW_IMAGES
-        images.mkdir(mode=0o700)
-        logs = Path(tempfile.mkdtemp(prefix="dump-", dir=directory))
-        raw = dump(sandbox, criu, images, logs, leave_running=True)
-        shutil.rmtree(logs)
         compressed = None
-        if packed:
-            compressed = pack(images, directory / ARCHIVE)
-            shutil.rmtree(images)
-        else:
+        if packed:  # the raw images live until packed: in the scratch directory if it has room
+            scratch, images, logs = scratch_dirs(sandbox, directory, "dump-")
+            try:
+                raw = dump(sandbox, criu, images, logs, leave_running=True)
+                compressed = pack(images, directory / ARCHIVE)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+        else:  # a fork's: its directory was chosen for images that live for moments
+            images = directory / RAW_IMAGES
+            images.mkdir(mode=0o700)
+            logs = Path(tempfile.mkdtemp(prefix="dump-", dir=directory))
+            raw = dump(sandbox, criu, images, logs, leave_running=True)
+            shutil.rmtree(logs)
             gid = host_root_gid(template.config)
             if gid is not None:  # once here, not in each of the copies restored at once
                 share_images(images, gid)
