@@ -16,6 +16,8 @@ each kind to the error body of API.md in one place. The tree::
     │   └── BrowserUnavailable        conflict         409  (the browser does not answer)
     ├── Capacity                      capacity         429
     ├── Timeout                       timeout          504
+    ├── InsufficientStorage           insufficient_storage 507 (no room on the server's
+    │                                                        disk to keep a checkpoint)
     ├── SessionFailed                 session_failed   502
     │   ├── DesktopFailed             session_failed   502  (a desktop process died)
     │   └── AgentFailed               session_failed   502  (the sandbox's agent broke the
@@ -34,6 +36,7 @@ __all__ = [
     "DeskboxError",
     "Forbidden",
     "HumanInControl",
+    "InsufficientStorage",
     "Internal",
     "InvalidAction",
     "InvalidRequest",
@@ -113,6 +116,13 @@ class Capacity(DeskboxError):
 class Timeout(DeskboxError):
     kind = "timeout"
     status = 504
+
+
+class InsufficientStorage(DeskboxError):
+    """The server's disk has no room to keep a checkpoint; the session is as it was."""
+
+    kind = "insufficient_storage"
+    status = 507
 
 
 class SessionFailed(DeskboxError):

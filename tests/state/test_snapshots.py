@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import stat
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -312,6 +313,42 @@ def watching(look: Callable[[], object], every_s: float = 0.005) -> Iterator[Non
     finally:
         done.set()
         thread.join()
+
+
+def test_a_hibernate_with_no_room_for_its_checkpoint_leaves_the_session_running(
+    client: httpx.Client, server: Server,
+) -> None:
+    """The disk under the session's checkpoint is full (a 64 KiB tmpfs there): the pause
+    answers 507, and the session runs on from the images CRIU had dumped, typed text and
+    all; with room again it hibernates."""
+    session_id = new_session(client)
+    full = handle_of(server, session_id).sandbox.session_dir / "hibernate"
+    full.mkdir(mode=0o700)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "deskbox-full",
+                    str(full)], check=True)
+    try:
+        origin = field_origin(client, server, session_id)
+        type_into_field(client, session_id, origin, TEXT)
+        page_state(client, session_id, lambda s: s["value"] == TEXT)
+        error = assert_error(
+            client.post(f"/v1/sessions/{session_id}/pause", json={"mode": "hibernate"}),
+            507, "insufficient_storage")
+        assert "no room on the server's disk" in error["message"], error
+        assert "No space left on device" in error["message"], error
+        assert client.get(f"/v1/sessions/{session_id}").json()["state"] == "running"
+        assert page_state(client, session_id)["value"] == TEXT
+        type_into_field(client, session_id, origin, " after")
+        page_state(client, session_id, lambda s: s["value"] == TEXT + " after")
+
+        subprocess.run(["umount", str(full)], check=True)
+        paused = client.post(f"/v1/sessions/{session_id}/pause", json={"mode": "hibernate"})
+        assert paused.status_code == 200 and paused.json()["state"] == "hibernated", paused.text
+        resumed = client.post(f"/v1/sessions/{session_id}/resume")
+        assert resumed.status_code == 200, resumed.text
+        assert page_state(client, session_id)["value"] == TEXT + " after"
+    finally:
+        subprocess.run(["umount", str(full)], check=False, capture_output=True)
+        client.delete(f"/v1/sessions/{session_id}")
 
 
 def test_fork_refuses_what_it_cannot_do(

@@ -36,6 +36,7 @@ __all__ = [
     "DeskboxError",
     "Forbidden",
     "GatewayTimeout",
+    "InsufficientStorage",
     "MethodNotAllowed",
     "NotFound",
     "PayloadTooLarge",
@@ -140,6 +141,10 @@ class GatewayTimeout(ServerError):
     """504: the server gave up waiting (``timeout``)."""
 
 
+class InsufficientStorage(ServerError):
+    """507: no room on the server's disk to keep a checkpoint; the session is as it was."""
+
+
 _BY_STATUS: dict[int, type[APIError]] = {
     400: BadRequest,
     401: Unauthorized,
@@ -154,6 +159,7 @@ _BY_STATUS: dict[int, type[APIError]] = {
     502: SessionFailed,
     503: ServiceUnavailable,
     504: GatewayTimeout,
+    507: InsufficientStorage,
 }
 
 _STATUS_BY_KIND: dict[str, int] = {
@@ -165,6 +171,7 @@ _STATUS_BY_KIND: dict[str, int] = {
     "capacity": 429,
     "session_failed": 502,
     "timeout": 504,
+    "insufficient_storage": 507,
     "internal": 500,
 }
 

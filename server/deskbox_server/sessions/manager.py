@@ -718,8 +718,8 @@ class SessionManager:
 
     def _remove_soon(self, directory: Path) -> None:
         """Remove a fork's checkpoint after its answer, not before: unlinking its images
-        (~170 MB of page cache) took 10-20 ms of every fork. Shutdown waits for it, and
-        the next start removes what a killed server left (Snapshots.open)."""
+        (~170 MB) took 10-20 ms of every fork. Shutdown waits for it; what a killed
+        server left, the next start removes (Scratch.open, SnapshotStore.open)."""
         removal = asyncio.create_task(asyncio.to_thread(shutil.rmtree, directory, True))
         self._removals.add(removal)
         removal.add_done_callback(self._removals.discard)

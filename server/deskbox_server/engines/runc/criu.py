@@ -20,6 +20,7 @@ from CRIU's own log; the sandbox then runs on.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -29,9 +30,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
-from ...errors import InvalidRequest, SessionFailed
+from ...errors import DeskboxError, InsufficientStorage, InvalidRequest, SessionFailed
 from ..network import bring_up_loopback
 from . import freezer, restored
 from .layout import CRIU_CONFIG, Limits, RuntimeConfig, host_root_gid
@@ -210,11 +211,19 @@ def pack(images: Path, archive: Path) -> int:
     )
     if packed.returncode != 0:
         partial.unlink(missing_ok=True)
-        raise SessionFailed("could not compress the checkpoint: "
-                            + packed.stderr[-2000:].decode(errors="replace"))
+        detail = packed.stderr[-2000:].decode(errors="replace").strip()
+        _check_room(detail, archive.parent)
+        raise SessionFailed(f"could not compress the checkpoint: {detail}")
     os.chmod(partial, 0o600)
     os.replace(partial, archive)
     return archive.stat().st_size
+
+
+def _check_room(detail: str, where: Path) -> None:
+    """InsufficientStorage if tar's ``detail`` says the disk under ``where`` is full."""
+    if os.strerror(errno.ENOSPC) in detail:
+        raise InsufficientStorage(
+            f"no room on the server's disk for the checkpoint ({where}): {detail}")
 
 
 def unpack(archive: Path, images: Path) -> None:
@@ -226,8 +235,9 @@ def unpack(archive: Path, images: Path) -> None:
         stdin=subprocess.DEVNULL, capture_output=True, timeout=300, check=False,
     )
     if unpacked.returncode != 0:
-        raise SessionFailed("the checkpoint is corrupted: "
-                            + unpacked.stderr[-2000:].decode(errors="replace").strip())
+        detail = unpacked.stderr[-2000:].decode(errors="replace").strip()
+        _check_room(detail, images)
+        raise SessionFailed(f"the checkpoint is corrupted: {detail}")
     if not (images / "inventory.img").is_file():
         raise SessionFailed("the checkpoint is corrupted: it holds no CRIU inventory")
 
@@ -329,7 +339,8 @@ def restore_from(
 def hibernate_sandbox(sandbox: RuncSandbox, criu: Criu) -> DumpStats:
     """Checkpoint the sandbox (its processes end) into its archive (:func:`archive_path`).
 
-    On failure the sandbox runs on (CRIU resumes it) and CheckpointUnavailable says why.
+    On failure the sandbox runs on (CRIU resumes it) and CheckpointUnavailable says why;
+    if the archive cannot be written, it runs on from its images (:func:`_run_on`).
     """
     archive = archive_path(sandbox)
     archive.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -337,10 +348,30 @@ def hibernate_sandbox(sandbox: RuncSandbox, criu: Criu) -> DumpStats:
     try:
         started = time.monotonic()
         raw = dump(sandbox, criu, images, logs, leave_running=False)
-        compressed = pack(images, archive)
+        try:
+            compressed = pack(images, archive)
+        except DeskboxError as error:
+            _run_on(sandbox, criu, images, logs, error)
         return DumpStats(time.monotonic() - started, raw, compressed)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_on(
+    sandbox: RuncSandbox, criu: Criu, images: Path, logs: Path, error: DeskboxError
+) -> NoReturn:
+    """The hibernation's processes have ended but its archive could not be written (a full
+    disk): restore them from their images rather than lose the session, then raise why it
+    did not hibernate (not a failure of the session: it runs on)."""
+    sandbox.release_init()
+    try:
+        restore(sandbox, criu, images, logs)
+    except SessionFailed as failed:
+        raise SessionFailed(f"{error.message}; and the session did not run on from its "
+                            f"images: {failed.message}") from None
+    if isinstance(error, InsufficientStorage):
+        raise error
+    raise CheckpointUnavailable(f"the session runs on, not hibernated: {error.message}")
 
 
 def restore_sandbox(sandbox: RuncSandbox, criu: Criu) -> float:
