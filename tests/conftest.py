@@ -45,7 +45,7 @@ PREFIX = "deskbox-"  # container ids, cgroups and network namespaces of sandboxe
 
 def _sandbox_traces() -> set[str]:
     """Sandbox state the kernel, runc and QEMU keep: containers, cgroups, netns, mounts,
-    X locks, VM runtime directories."""
+    X locks, VM runtime directories; and the servers' scratch directories."""
     traces: set[str] = set()
     runc_root = Path("/run/runc")
     if runc_root.is_dir():
@@ -69,6 +69,8 @@ def _sandbox_traces() -> set[str]:
         traces |= {f"vm:{p.parent.name}/{p.name}" for p in vm_root.glob("*/*")}
     # Temp dirs of browsers started on the host (a killed Chromium leaves them behind).
     traces |= {f"tmp:{p.name}" for p in Path("/tmp").glob("org.chromium.Chromium.*")}
+    # The servers' scratch directories for checkpoint images (server/deskbox_server/scratch.py).
+    traces |= {f"scratch:{p.name}" for p in Path("/dev/shm").glob("deskbox-*")}
     for line in Path("/proc/self/mounts").read_text().splitlines():
         target = line.split()[1]
         if "/sessions/" in target or PREFIX in target:

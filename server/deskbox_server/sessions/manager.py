@@ -149,6 +149,10 @@ class SessionManager:
                 if live.handle is not None:
                     await live.handle.let_go()
             self._live.clear()
+            await asyncio.to_thread(self._forks.close)
+            for engine in self._engines.values():
+                with suppress(Exception):
+                    await engine.close()
             await self._registry.close()
             os.close(self._lock_fd)
             self._lock_fd = None

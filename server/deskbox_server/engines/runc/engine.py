@@ -63,17 +63,17 @@ class RuncEngine(Engine[RuncSandbox]):
         await asyncio.to_thread(seccomp_profile, self.options.seccomp_source)
         if self._criu.missing() is None:
             await asyncio.to_thread(keep_kerndat_cache, self._criu.wrapper)
+        if self._image is not None:
+            cancel = threading.Event()
+            try:
+                rootfs = await asyncio.to_thread(self._image, cancel)
+            except asyncio.CancelledError:
+                cancel.set()
+                raise
+            self.options = dataclasses.replace(self.options, rootfs=rootfs)
+        # Last: a prepare that failed leaves nothing behind.
         if self.options.scratch is not None:
             await asyncio.to_thread(self.options.scratch.open)
-        if self._image is None:
-            return
-        cancel = threading.Event()
-        try:
-            rootfs = await asyncio.to_thread(self._image, cancel)
-        except asyncio.CancelledError:
-            cancel.set()
-            raise
-        self.options = dataclasses.replace(self.options, rootfs=rootfs)
 
     def check(self, spec: SessionSpec) -> None:
         super().check(spec)
