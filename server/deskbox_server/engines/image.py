@@ -10,6 +10,7 @@ Blocking: call it off the event loop.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from ..errors import Internal
 
-__all__ = ["OCI_ARCHIVE", "build_image", "describe_images", "verify_image"]
+__all__ = ["OCI_ARCHIVE", "build_image", "build_off_loop", "describe_images", "verify_image"]
 
 Progress = Callable[[str], None]
 _TAIL_LINES = 20
@@ -106,6 +107,17 @@ def build_image(
     if not built.is_dir():
         raise Internal(f"the image build reported {built}, which is not a directory")
     return built
+
+
+async def build_off_loop(build: Callable[[threading.Event], Path]) -> Path:
+    """``build`` (an engine's image builder) on a thread; a cancelled caller (a server
+    stopped during its start) sets the builder's event, so that the build stops too."""
+    cancel = threading.Event()
+    try:
+        return await asyncio.to_thread(build, cancel)
+    except asyncio.CancelledError:
+        cancel.set()
+        raise
 
 
 def verify_image(image_state_dir: Path, recipe_dir: Path, progress: Progress) -> list[str]:

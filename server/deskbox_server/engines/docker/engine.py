@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 from ...errors import DeskboxError, Internal, SessionFailed, Timeout
 from ..base import AgentStream, Capability, Engine, SessionSpec
-from ..image import OCI_ARCHIVE
+from ..image import OCI_ARCHIVE, build_off_loop
 from ..runc.seccomp import PODMAN_PROFILE, SeccompProfile, seccomp_profile
 from .agent_socket import agent_socket_ready, connect_agent
 from .daemon import Daemon, DaemonRefused
@@ -110,12 +110,7 @@ class DockerEngine(Engine[DockerSandbox]):
         self._watcher = asyncio.create_task(self._watch(), name="deskbox-docker-watch")
 
     async def _load_image(self, builder: Callable[[threading.Event], Path]) -> None:
-        cancel = threading.Event()
-        try:
-            built = await asyncio.to_thread(builder, cancel)
-        except asyncio.CancelledError:
-            cancel.set()
-            raise
+        built = await build_off_loop(builder)
         manifest = json.loads(await asyncio.to_thread((built / "manifest.json").read_text))
         self.image = str(manifest["name"])
         if await self.daemon.has_image(self.image):

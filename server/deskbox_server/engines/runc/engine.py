@@ -17,6 +17,7 @@ from typing import ClassVar
 
 from ...errors import InvalidRequest
 from ..base import AgentStream, Capability, Engine, SessionSpec, SnapshotInfo
+from ..image import build_off_loop
 from ..network import Egress, check_allow, resolve_egress
 from ..processes import become_subreaper
 from . import freezer
@@ -64,12 +65,7 @@ class RuncEngine(Engine[RuncSandbox]):
         if self._criu.missing() is None:
             await asyncio.to_thread(keep_kerndat_cache, self._criu.wrapper)
         if self._image is not None:
-            cancel = threading.Event()
-            try:
-                rootfs = await asyncio.to_thread(self._image, cancel)
-            except asyncio.CancelledError:
-                cancel.set()
-                raise
+            rootfs = await build_off_loop(self._image)
             self.options = dataclasses.replace(self.options, rootfs=rootfs)
         # Last: a prepare that failed leaves nothing behind.
         if self.options.scratch is not None:

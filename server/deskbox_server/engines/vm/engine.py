@@ -31,6 +31,7 @@ from typing import ClassVar, Literal
 from ...errors import DesktopFailed, Internal, InvalidRequest, SessionFailed, Timeout
 from ..base import AgentStream, Capability, Engine, SessionSpec, SnapshotInfo
 from ..desktop_commands import session_env
+from ..image import build_off_loop
 from ..network import (
     Egress,
     SessionNetwork,
@@ -120,12 +121,7 @@ class VmEngine(Engine[VmSandbox]):
                            "qemu-system-x86; scripts/setup.sh installs it)")
         accelerator = self.accelerator
         log.info("vm engine: %s (%s)", accelerator.name, accelerator.reason)
-        cancel = threading.Event()
-        try:
-            directory = await asyncio.to_thread(self._image_source, cancel)
-        except asyncio.CancelledError:
-            cancel.set()
-            raise
+        directory = await build_off_loop(self._image_source)
         self._image = GuestImage.from_directory(directory)
 
     @property
