@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, NoReturn
 from ...errors import DeskboxError, InsufficientStorage, InvalidRequest, SessionFailed
 from ..network import bring_up_loopback
 from . import freezer, restored
-from .layout import CRIU_CONFIG, Limits, RuntimeConfig, host_root_gid
+from .layout import CRIU_CONFIG, RuntimeConfig, host_root_gid, memory_limit
 from .runtime import Runc
 from .stream import link_agent
 
@@ -152,7 +152,7 @@ def scratch_dirs(sandbox: RuncSandbox, parent: Path, prefix: str) -> tuple[Path,
     sandbox's memory limit, which bounds its images; else under ``parent``."""
     base = None
     if sandbox.options.scratch is not None:
-        base = sandbox.options.scratch.room(_memory_limit(sandbox))
+        base = sandbox.options.scratch.room(memory_limit(sandbox.bundle))
     if base is None:
         parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         base = parent
@@ -161,15 +161,6 @@ def scratch_dirs(sandbox: RuncSandbox, parent: Path, prefix: str) -> tuple[Path,
     images.mkdir(mode=0o700)
     logs.mkdir(mode=0o700)
     return scratch, images, logs
-
-
-def _memory_limit(sandbox: RuncSandbox) -> int:
-    """The sandbox's memory limit in bytes, from its bundle (its tmpfs files count in it)."""
-    try:
-        config = json.loads((sandbox.bundle / "config.json").read_text())
-        return int(config["linux"]["resources"]["memory"]["limit"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return Limits().memory_mb << 20
 
 
 def dump(

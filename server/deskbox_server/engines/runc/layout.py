@@ -50,6 +50,7 @@ __all__ = [
     "SandboxTemplate",
     "config_json",
     "host_root_gid",
+    "memory_limit",
     "write_bundle",
     "write_config",
 ]
@@ -265,6 +266,16 @@ def host_root_gid(config: RuntimeConfig) -> int | None:
         if mapping["containerID"] == 0:
             return mapping["hostID"]
     return None
+
+
+def memory_limit(bundle_dir: Path) -> int:
+    """The memory limit in bytes of the sandbox of ``bundle_dir`` (its tmpfs files count in
+    it too); API.md's default where its config is unreadable or names none."""
+    try:
+        config: RuntimeConfig = json.loads((bundle_dir / "config.json").read_text())
+        return int(config["linux"]["resources"]["memory"]["limit"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return Limits().memory_mb << 20
 
 
 def config_json(config: SandboxConfig) -> str:
