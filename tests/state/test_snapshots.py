@@ -25,6 +25,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from deskbox_server.api.auth import key_id
 from deskbox_server.engines.runc.criu import Criu
+from deskbox_server.engines.runc.freezer import frozen
 from deskbox_server.engines.runc.layout import SANDBOX_USER_IDS
 from deskbox_server.engines.runc.runtime import Runc
 from deskbox_server.engines.runc.sandbox import RuncSandbox
@@ -242,8 +243,15 @@ def test_fork_makes_independent_running_copies(
     text = page_state(client, sid)["value"]
     # The fork checkpoints in memory, in the server's own scratch directory (/dev/shm).
     (scratch,) = Path("/dev/shm").glob(scratch_prefix(state_dir, "fork") + "*")
+    source_id = handle_of(server, sid).sandbox.container_id
     seen: set[str] = set()
-    with watching(lambda: seen.update(p.name for p in scratch.iterdir())):
+    source_frozen: set[bool] = set()
+
+    def look() -> None:
+        seen.update(p.name for p in scratch.iterdir())
+        source_frozen.add(frozen(source_id))
+
+    with watching(look):
         response = client.post(f"/v1/sessions/{sid}/fork", json={"count": 3})
     assert response.status_code == 201, response.text
     copies = [s["id"] for s in response.json()["sessions"]]
@@ -251,6 +259,8 @@ def test_fork_makes_independent_running_copies(
         assert len(set(copies)) == 3 and sid not in copies
         assert all(s["state"] == "running" for s in response.json()["sessions"])
         assert len(seen) == 1, seen
+        # The source kept still while its copies were restored, and runs on after.
+        assert True in source_frozen and not frozen(source_id)
         # The checkpoint goes once the copies run (after the answer, which does not wait
         # for it); nothing went to the disk.
         deadline = time.monotonic() + 10

@@ -5,9 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Capability, Engine, EngineLacks, Sandbox, SessionSpec, VolumeAttach
+from .base import (
+    Capability,
+    Engine,
+    EngineLacks,
+    Sandbox,
+    SessionSpec,
+    StartTogether,
+    VolumeAttach,
+)
 
 __all__ = ["AnyEngine", "Capability", "Engine", "EngineLacks", "Sandbox", "SessionSpec",
-           "VolumeAttach"]
+           "StartTogether", "VolumeAttach"]
 
 AnyEngine = Engine[Any]

@@ -11,6 +11,8 @@ error that names it (:class:`EngineLacks`), before anything starts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -32,6 +34,7 @@ __all__ = [
     "SharedEntry",
     "SharedRecords",
     "SnapshotInfo",
+    "StartTogether",
     "VolumeAttach",
 ]
 
@@ -102,6 +105,28 @@ class EngineLacks(InvalidRequest):
         self.lacking = lacking
 
 
+class StartTogether:
+    """The copies of one fork, let go at one moment once all of them are restored.
+
+    A copy that ran while the others were still being restored took the CPU those
+    restores were bound by (an animated page: bench/README.md, "the copies let go
+    together"). An engine's restore waits here, on its own thread, just before the copy's
+    processes run; the session layer calls :meth:`abort` for a copy that fails, so that
+    the others go on without it. Engines that cannot hold a restored copy ignore it.
+    """
+
+    def __init__(self, count: int, timeout_s: float = 60.0) -> None:
+        self._barrier = threading.Barrier(count, timeout=timeout_s)
+
+    def wait(self) -> None:
+        """Block until every copy waits here, or one failed (then return at once)."""
+        with contextlib.suppress(threading.BrokenBarrierError):
+            self._barrier.wait()
+
+    def abort(self) -> None:
+        self._barrier.abort()
+
+
 @dataclass(frozen=True)
 class SessionSpec:
     """What the session layer asks an engine for (already validated wire values)."""
@@ -120,6 +145,8 @@ class SessionSpec:
     # Persistent volumes to mount (engines with Capability.VOLUMES); the session layer
     # checked they are the caller's and free to attach so.
     volumes: tuple[VolumeAttach, ...] = ()
+    # One of a fork's copies (from_snapshot is the fork's checkpoint): run with the others.
+    together: StartTogether | None = None
 
 
 @dataclass(frozen=True)

@@ -245,6 +245,10 @@ class Desktop(Generic[S]):
         """This pool desktop became a caller's session (the engine may mark its sandbox)."""
         await self.engine.claimed(self.sandbox)
 
+    @property
+    def can_freeze(self) -> bool:
+        return Capability.FREEZE in self.engine.capabilities
+
     async def freeze(self) -> None:
         """Stop every process where it stands (pause mode "freeze"); no call reaches the
         agent until :meth:`thaw`."""

@@ -25,7 +25,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Literal
 
-from ..engines import AnyEngine, SessionSpec, VolumeAttach
+from ..engines import AnyEngine, SessionSpec, StartTogether, VolumeAttach
 from ..errors import (
     Capacity,
     Conflict,
@@ -437,7 +437,8 @@ class SessionManager:
         return record
 
     async def _create(
-        self, owner: str, body: SessionCreate, wait: bool, snapshot: Path | None = None
+        self, owner: str, body: SessionCreate, wait: bool, snapshot: Path | None = None,
+        together: StartTogether | None = None,
     ) -> SessionRecord:
         backend_name = body.backend or self._settings.default_backend
         engine = self._engines.get(backend_name)
@@ -483,6 +484,7 @@ class SessionManager:
             network=body.network,
             from_snapshot=snapshot,
             runtime_class=body.runtime_class,
+            together=together,
             # Disks unknown until attached below: enough for engine.check to refuse volumes.
             volumes=tuple(VolumeAttach(m.name, Path(), m.path, m.read_only) for m in mounts),
         )
@@ -672,7 +674,7 @@ class SessionManager:
         _refuse_copies_of_volumes(session.record)
         record = session.record
         snapshot_id, directory = self.snapshots.new_id()
-        info = await session.checkpoint(directory, packed=True)
+        info = await session.checkpoint(directory)
         snapshot = SnapshotRecord(
             id=snapshot_id, owner=owner, session_id=record.id, backend=record.backend,
             body=record.body.model_copy(update={"from_snapshot": None}),
@@ -699,12 +701,13 @@ class SessionManager:
         directory = await asyncio.to_thread(self._forks.new, room)
         try:
             started = time.monotonic()
-            await session.checkpoint(directory, packed=False)
-            body = record.body.model_copy(update={"from_snapshot": None})
-            results = await asyncio.gather(
-                *(self._create(owner, body, True, directory) for _ in range(count)),
-                return_exceptions=True,
-            )
+            async with session.copying(directory):
+                body = record.body.model_copy(update={"from_snapshot": None})
+                together = StartTogether(count)
+                results = await asyncio.gather(
+                    *(self._copy(owner, body, directory, together) for _ in range(count)),
+                    return_exceptions=True,
+                )
         finally:
             self._remove_soon(directory)
         copies = [r for r in results if isinstance(r, SessionRecord)]
@@ -719,6 +722,16 @@ class SessionManager:
         log.info("session %s forked into %s (%.2f s)", record.id,
                  ", ".join(c.id for c in copies), time.monotonic() - started)
         return copies
+
+    async def _copy(
+        self, owner: str, body: SessionCreate, checkpoint: Path, together: StartTogether
+    ) -> SessionRecord:
+        """One copy of a fork, running; one that fails lets the others run without it."""
+        try:
+            return await self._create(owner, body, True, checkpoint, together)
+        except BaseException:
+            together.abort()
+            raise
 
     def _remove_soon(self, directory: Path) -> None:
         """Remove a fork's checkpoint after its answer, not before: unlinking its images

@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -349,11 +349,15 @@ class Session:
     async def resume(self) -> SessionRecord:
         return await state_changes.resume(self._live, self._context)
 
-    async def checkpoint(self, directory: Path, packed: bool) -> SnapshotInfo:
-        """Checkpoint the running desktop into ``directory``; it keeps running."""
-        return await state_changes.checkpoint(
-            self._live, self._context, directory, packed
-        )
+    async def checkpoint(self, directory: Path) -> SnapshotInfo:
+        """Checkpoint the running desktop into ``directory`` (a snapshot); it keeps
+        running."""
+        return await state_changes.checkpoint(self._live, self._context, directory)
+
+    def copying(self, directory: Path) -> AbstractAsyncContextManager[SnapshotInfo]:
+        """Checkpoint the running desktop into ``directory`` for copies made within the
+        block (a fork); it keeps still until the block ends, then runs on."""
+        return state_changes.copying(self._live, self._context, directory)
 
 
 def _release(turn: asyncio.Future[None]) -> None:

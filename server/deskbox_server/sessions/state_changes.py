@@ -22,7 +22,7 @@ from .lifecycle import SessionRecord, utcnow
 from .live import LiveSession, not_live
 from .pause import DRAIN_TIMEOUT_S, LastFrame, drain
 
-__all__ = ["checkpoint", "pause", "resume"]
+__all__ = ["checkpoint", "copying", "pause", "resume"]
 
 log = logging.getLogger("deskbox.sessions")
 T = TypeVar("T")
@@ -147,14 +147,57 @@ async def _checkpointing(
 
 
 async def checkpoint(
-    live: LiveSession, context: SessionContext, directory: Path,
+    live: LiveSession, context: SessionContext, directory: Path
+) -> SnapshotInfo:
+    """Checkpoint the running session into the new ``directory``, compressed, to keep (a
+    snapshot); it runs on."""
+    async with live.changing, _checkpointing(live, context) as handle:
+        return await _snapshot(live, context, handle, directory, True)
+
+
+@asynccontextmanager
+async def copying(
+    live: LiveSession, context: SessionContext, directory: Path
+) -> AsyncIterator[SnapshotInfo]:
+    """Checkpoint the running session into the new ``directory`` for copies made within
+    the block (a fork), raw. Until the block ends the session stays as during its
+    checkpoint (actions get 409) and, if its engine can freeze it, frozen: the copies'
+    restores are bound by the CPU, which its page would take otherwise (an animated one;
+    bench/README.md, "the copies let go together"). Then it runs on."""
+    async with live.changing, _checkpointing(live, context) as handle:
+        info = await _snapshot(live, context, handle, directory, False)
+        held = await _hold(handle, live.record.id)
+        try:
+            yield info
+        finally:
+            if held:
+                try:
+                    await handle.thaw()
+                except SessionFailed as error:
+                    await context.fail(live, error.message)
+                    raise
+
+
+async def _snapshot(
+    live: LiveSession, context: SessionContext, handle: AnyDesktop, directory: Path,
     packed: bool,
 ) -> SnapshotInfo:
-    """Checkpoint the running session into the new ``directory``; it runs on. ``packed``:
-    compressed, to keep (a snapshot); else raw, for copies made at once (a fork)."""
-    async with live.changing, _checkpointing(live, context) as handle:
-        try:
-            return await handle.snapshot(directory, packed)
-        except SessionFailed as error:  # the desktop did not come back
-            await context.fail(live, error.message)
-            raise
+    try:
+        return await handle.snapshot(directory, packed)
+    except SessionFailed as error:  # the desktop did not come back
+        await context.fail(live, error.message)
+        raise
+
+
+async def _hold(handle: AnyDesktop, session_id: str) -> bool:
+    """Freeze the desktop if its engine can; whether it is frozen. Best effort: a freeze
+    that did not finish thawed the sandbox again, and the copies are made all the same."""
+    if not handle.can_freeze:
+        return False
+    try:
+        await handle.freeze()
+    except SessionFailed as error:
+        log.warning("session %s was not held still for its copies: %s", session_id,
+                    error.message)
+        return False
+    return True

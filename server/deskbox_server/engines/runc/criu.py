@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from ...errors import DeskboxError, InsufficientStorage, InvalidRequest, SessionFailed
+from ..base import StartTogether
 from ..network import bring_up_loopback
 from . import freezer, restored
 from .layout import CRIU_CONFIG, RuntimeConfig, host_root_gid, memory_limit
@@ -257,9 +258,13 @@ def share_images(images: Path, gid: int) -> None:
     os.chmod(images, 0o750)
 
 
-def restore(sandbox: RuncSandbox, criu: Criu, images: Path, logs: Path) -> float:
+def restore(
+    sandbox: RuncSandbox, criu: Criu, images: Path, logs: Path,
+    together: StartTogether | None = None,
+) -> float:
     """``runc restore`` the sandbox's bundle from ``images``, stopped; seal it
-    (restored.py), publish its X socket and link its agent's, then let it run.
+    (restored.py), publish its X socket and link its agent's, then let it run (once the
+    other copies of its fork are restored too: ``together``).
 
     The sandbox may be another one than the dumped one (a fork): its bundle names its own
     socket directory, cgroup and limits; the X server inside keeps its display number
@@ -304,12 +309,15 @@ def restore(sandbox: RuncSandbox, criu: Criu, images: Path, logs: Path) -> float
             sandbox.options.runc.delete(sandbox.container_id)
         sandbox.release_init()
         raise
+    if together is not None:
+        together.wait()
     restored.resume(sandbox.container_id)
     return time.monotonic() - started
 
 
 def restore_from(
-    sandbox: RuncSandbox, criu: Criu, archive: Path, raw: Path | None = None
+    sandbox: RuncSandbox, criu: Criu, archive: Path, raw: Path | None = None,
+    together: StartTogether | None = None,
 ) -> float:
     """:func:`restore` the sandbox from the ``raw`` images if given, else from ``archive``
     unpacked into a scratch directory (:func:`scratch_dirs`); the seconds it took."""
@@ -318,7 +326,7 @@ def restore_from(
         started = time.monotonic()
         if raw is None:
             unpack(archive, images)
-        restore(sandbox, criu, raw or images, logs)
+        restore(sandbox, criu, raw or images, logs, together)
         return time.monotonic() - started
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -90,7 +90,7 @@ class RuncEngine(Engine[RuncSandbox]):
         if spec.from_snapshot is not None:
             return await asyncio.to_thread(
                 restore_copy, self.options, spec.id, spec.from_snapshot, self._criu, limits,
-                timeout_s,
+                timeout_s, spec.together,
             )
         egress = Egress()
         if spec.network is not None and spec.network.egress != "none":

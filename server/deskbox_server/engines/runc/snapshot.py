@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import SessionFailed
+from ..base import StartTogether
 from .criu import (
     CheckpointUnavailable,
     Criu,
@@ -122,8 +123,10 @@ def restore_copy(
     criu: Criu,
     limits: Limits | None = None,
     timeout_s: float = 30.0,
+    together: StartTogether | None = None,
 ) -> RuncSandbox:
-    """A new sandbox for ``session_id`` running a copy of the snapshot in ``directory``.
+    """A new sandbox for ``session_id`` running a copy of the snapshot in ``directory``
+    (let go with the other copies of its fork: ``together``).
 
     SessionFailed naming the cause (a missing or corrupted snapshot, a session image that
     is gone, CRIU's error) leaves nothing of the new sandbox behind.
@@ -139,7 +142,7 @@ def restore_copy(
         raise SessionFailed(f"the snapshot in {directory} has no images")
 
     def run_restore(sandbox: RuncSandbox) -> None:
-        restore_from(sandbox, criu, archive, raw if raw.is_dir() else None)
+        restore_from(sandbox, criu, archive, raw if raw.is_dir() else None, together)
 
     return RuncSandbox.restore_copy(
         options, session_id, template, run_restore, limits, timeout_s
