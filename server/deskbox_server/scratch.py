@@ -36,9 +36,9 @@ class Scratch:
         self._prefix = scratch_prefix(state_dir, purpose)
         self._private: Path | None = None
 
-    def open(self) -> None:
+    def open(self, needed: bool = True) -> None:
         """Remove what a killed server of this state dir left, then make this server's
-        own directory (or do without: callers then write to the disk)."""
+        own directory if it is ``needed`` (or do without: callers then write to the disk)."""
         if self._base is None:
             return
         try:
@@ -46,7 +46,8 @@ class Scratch:
                 if entry.name.startswith(self._prefix) and _own_directory(entry):
                     log.info("removing the scratch directory %s a previous server left", entry)
                     shutil.rmtree(entry, ignore_errors=True)
-            self._private = Path(tempfile.mkdtemp(prefix=self._prefix, dir=self._base))
+            if needed:
+                self._private = Path(tempfile.mkdtemp(prefix=self._prefix, dir=self._base))
         except OSError as error:
             log.warning("checkpoint images go to the disk: no scratch directory in %s (%s)",
                         self._base, error)

@@ -14,6 +14,7 @@ import pytest
 
 from deskbox_server.api.auth import key_id
 from deskbox_server.schemas.sessions import SessionCreate, SessionState
+from deskbox_server.scratch import scratch_prefix
 from deskbox_server.sessions.lifecycle import SessionRecord
 from deskbox_server.sessions.registry import Registry
 from deskbox_server.settings import Settings
@@ -262,3 +263,10 @@ def test_what_the_engine_lacks_is_refused_by_name_and_the_session_runs_on(
     assert client.get(f"/v1/sessions/{session['id']}").json()["state"] == "running"
     shot = client.post(f"/v1/sessions/{session['id']}/actions", json={"type": "screen_size"})
     assert shot.status_code == 200, shot.text
+
+
+def test_a_server_whose_engines_cannot_fork_makes_no_fork_scratch(server: Server) -> None:
+    """The local engine checkpoints nothing: no scratch directory for forks in /dev/shm."""
+    prefix = scratch_prefix(server.settings.state_dir, "fork")
+    assert Path(server.settings.scratch_dir).is_dir()
+    assert not list(Path(server.settings.scratch_dir).glob(prefix + "*"))

@@ -31,7 +31,7 @@ def test_a_fork_checkpoints_in_the_scratch_while_it_has_room(
 ) -> None:
     state, on_disk, scratch = dirs
     forks = ForkDirectories(on_disk, scratch, state)
-    forks.open()
+    forks.open(forks=True)
     (private,) = scratch.iterdir()
     assert private.name.startswith(scratch_prefix(state, "fork"))
     assert private.stat().st_mode & 0o777 == 0o700
@@ -54,7 +54,7 @@ def test_without_a_scratch_directory_forks_go_to_the_disk(
     state, on_disk, scratch = dirs
     for missing in (None, scratch / "not-there"):
         forks = ForkDirectories(on_disk, missing, state)
-        forks.open()  # a scratch that is not there is no error
+        forks.open(forks=True)  # a scratch that is not there is no error
         assert forks.new(MIB).parent == on_disk
         forks.close()
 
@@ -103,3 +103,15 @@ def test_a_start_removes_its_state_dirs_old_scratch_and_nothing_else(
         Scratch(scratch, state, "images").open()
         assert foreign.is_dir()
     images.close()
+
+
+def test_a_server_that_cannot_fork_makes_no_fork_scratch_but_clears_a_killed_ones(
+    dirs: tuple[Path, Path, Path],
+) -> None:
+    state, on_disk, scratch = dirs
+    left = scratch / (scratch_prefix(state, "fork") + "killed")
+    left.mkdir()
+    forks = ForkDirectories(on_disk, scratch, state)
+    forks.open(forks=False)
+    assert list(scratch.iterdir()) == []
+    forks.close()

@@ -19,8 +19,10 @@ class ForkDirectories:
         self._on_disk = on_disk
         self._scratch = Scratch(scratch, state_dir, "fork")
 
-    def open(self) -> None:
-        self._scratch.open()
+    def open(self, forks: bool) -> None:
+        """Clear what a killed server left; make the scratch directory if this server's
+        engines can fork (``forks``)."""
+        self._scratch.open(needed=forks)
 
     def new(self, room_bytes: int) -> Path:
         """A directory for one fork's checkpoint, of at most ``room_bytes``."""

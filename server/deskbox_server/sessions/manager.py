@@ -25,7 +25,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Literal
 
-from ..engines import AnyEngine, SessionSpec, StartTogether, VolumeAttach
+from ..engines import AnyEngine, Capability, SessionSpec, StartTogether, VolumeAttach
 from ..errors import (
     Capacity,
     Conflict,
@@ -167,7 +167,8 @@ class SessionManager:
     async def _recover(self) -> None:
         await self._registry.open()
         await asyncio.to_thread(self.snapshots.open)
-        await asyncio.to_thread(self._forks.open)
+        forks = any(Capability.CHECKPOINT in e.capabilities for e in self._engines.values())
+        await asyncio.to_thread(self._forks.open, forks)
         await asyncio.to_thread(self.volumes.open)
         await asyncio.to_thread(self.secrets.open)
         await asyncio.to_thread(self._frames.open)
