@@ -191,3 +191,27 @@ def test_criu_looks_again_at_a_freezing_sandbox_within_milliseconds(
         waited = frozen_at - states[0][0]
         assert waited < 0.05, f"CRIU saw the freeze done after {waited:.3f} s"
     assert saw_freezing, "the busy sandbox was frozen at CRIU's first look every time"
+
+
+# -- cgroups -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_dump_collects_the_sandboxs_cgroups_once(
+    sandbox: RuncSandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CRIU 4.1.1 compared each thread's cgroups with the sets it had made before giving
+    them the init's cgroup-namespace prefix, so no thread outside the init matched one: each
+    made a set of its own and collected every controller again (a mount and a walk each;
+    ~55 ms of a desktop's dump). Patched (scripts/criu-cgroup-sets.patch), they share one:
+    CRIU's own set and the sandbox's."""
+    monkeypatch.setattr(criu, "CRIU_OPTIONS",
+                        criu.CRIU_OPTIONS.replace("verbosity=1", "verbosity=4"))
+    images, logs = tmp_path / "images", tmp_path / "work"
+    images.mkdir()
+    logs.mkdir()
+    dump(sandbox, Criu(), images, logs, leave_running=True)
+    log = (logs / "dump.log").read_text()
+    threads, sets = log.count("Dumping cgroups for thread"), log.count("New css ID")
+    assert threads >= 6, threads  # CRIU itself, the init, Xvfb, openbox, the agent's threads
+    assert sets == 2, f"{sets} cgroup sets made for {threads} threads"
