@@ -18,9 +18,9 @@ Starts ``deskbox serve`` as bench/api.py does, creates one session with a page t
 - ``--snapshots`` rounds of ``POST /snapshots`` and a create ``from_snapshot``, and
   ``--forks`` calls of ``POST /fork {"count": --fork}`` (all copies running when it answers).
 
-Prints a markdown table with the issue's targets (freeze ≤ 10 ms, restore ≤ 0.5 s,
-fork ×4 ≤ 2 s). The
-session is deleted and the server stopped on exit.
+Prints a markdown table with the issues' targets (freeze ≤ 10 ms, restore ≤ 0.5 s; fork ×4
+≤ 1 s, issue 18's, where issue 6 asked ≤ 2 s). The session is deleted and the server
+stopped on exit.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(row("POST /resume from hibernate (API)", hibernated[1], 500.0))
     print(row("POST /snapshots (API, session runs on)", snapshots, 0))
     print(row("create from_snapshot (API, to running)", restores, 500.0))
-    print(row(f"POST /fork count={args.fork} (API, all running)", forks, 2000.0))
+    print(row(f"POST /fork count={args.fork} (API, all running)", forks, 1000.0))
     raw, packed = sizes[-1]
     print(f"\ncheckpoint of that session: {raw / 2**20:.0f} MiB raw, "
           f"{packed / 2**20:.1f} MiB with zstd -1")
