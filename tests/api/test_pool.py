@@ -192,6 +192,13 @@ def test_deleting_a_snapshot_while_its_pool_restores_is_no_failure(
         sid = source.json()["id"]
         try:
             snapshot = a.post(f"/v1/sessions/{sid}/snapshots").json()
+            # The pool refills the desktop the source took first, one start at a time:
+            # until it has, the snapshot's restore would not begin before the delete (with
+            # a fast snapshot it had not, and nothing was there to be dropped).
+            deadline = time.monotonic() + 60
+            while pool.ready(KEY) < 1:
+                assert time.monotonic() < deadline, "the warm pool did not refill"
+                time.sleep(0.05)
             with caplog.at_level("INFO", logger="deskbox.pool"):
                 pooled = a.put(f"/v1/snapshots/{snapshot['id']}/pool", json={"size": 1})
                 assert pooled.status_code == 200, pooled.text

@@ -37,6 +37,9 @@ class CopyInThread:
                  together: StartTogether) -> None:
         self.container_id = sandbox.options.id_prefix + name
         self.together = together
+        # Written by `runc restore` once CRIU is done (its tasks stopped, then sealed).
+        self.pid_file = (sandbox.options.state_dir.resolve() / "sessions" / name / "bundle"
+                         / "init.pid")
         self.copy: RuncSandbox | None = None
         self.error: BaseException | None = None
 
@@ -57,12 +60,14 @@ class CopyInThread:
             return []
 
     def wait_all_stopped(self, timeout_s: float = 30.0) -> None:
-        """Until the copy is restored: every one of its processes stopped."""
+        """Until the copy is restored: every one of its processes stopped (while CRIU
+        restores them they run, or stop under its ptrace, "t")."""
         deadline = time.monotonic() + timeout_s
         while True:
             states = self.states()
             if (self.copy is not None or self.error is not None
-                    or (len(states) > 1 and all(s in ("T", "t") for s in states))):
+                    or (self.pid_file.exists() and len(states) > 1
+                        and all(s == "T" for s in states))):
                 break
             assert time.monotonic() < deadline, states
             time.sleep(0.01)
@@ -92,6 +97,18 @@ def copies() -> Iterator[list[RuncSandbox | CopyInThread]]:
         item.destroy()
 
 
+def first_copy_held(
+    sandbox: RuncSandbox, checkpoint: Path, copies: list[RuncSandbox | CopyInThread],
+    count: int,
+) -> tuple[StartTogether, CopyInThread]:
+    """The first of ``count`` copies of a fork, restored and held stopped for the others."""
+    together = StartTogether(count)
+    first = CopyInThread(sandbox, checkpoint, f"a{os.getpid()}", together)
+    copies.append(first)
+    first.wait_all_stopped()
+    return together, first
+
+
 def running(copy: RuncSandbox) -> bool:
     states = [task_state(pid) for pid in cgroup_procs(copy.container_id)]
     return bool(states) and not any(s in ("T", "t") for s in states)
@@ -100,15 +117,12 @@ def running(copy: RuncSandbox) -> bool:
 def test_a_copy_stays_stopped_until_the_last_is_restored(
     sandbox: RuncSandbox, checkpoint: Path, copies: list[RuncSandbox | CopyInThread]
 ) -> None:
-    together = StartTogether(2)
-    first = CopyInThread(sandbox, checkpoint, f"a{os.getpid()}", together)
-    copies.append(first)
-    first.wait_all_stopped()
+    together, first = first_copy_held(sandbox, checkpoint, copies, 2)
     # Restored and sealed; without the others it does not run, however long they take.
     held_until = time.monotonic() + 1.0
     while time.monotonic() < held_until:
         states = first.states()
-        assert states and all(s in ("T", "t") for s in states), states
+        assert states and all(s == "T" for s in states), states
         time.sleep(0.02)
     second = restore_copy(sandbox.options, f"b{os.getpid()}", checkpoint, Criu(),
                           together=together)
@@ -123,10 +137,7 @@ def test_a_copy_stays_stopped_until_the_last_is_restored(
 def test_a_copy_that_fails_lets_the_others_go(
     sandbox: RuncSandbox, checkpoint: Path, copies: list[RuncSandbox | CopyInThread]
 ) -> None:
-    together = StartTogether(3)
-    first = CopyInThread(sandbox, checkpoint, f"a{os.getpid()}", together)
-    copies.append(first)
-    first.wait_all_stopped()
+    together, first = first_copy_held(sandbox, checkpoint, copies, 3)
     aborted = time.monotonic()
     together.abort()  # what the session layer does for a copy that failed
     copy = first.join(timeout_s=5)
