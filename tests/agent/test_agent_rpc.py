@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import uvloop
 
 from deskbox_server.agent import PROTOCOL, AgentClient, ExecChunk, ExecStatus
 from deskbox_server.errors import AgentFailed, InvalidRequest, NotFound, SessionFailed, Timeout
@@ -298,3 +299,20 @@ def test_h2speed_changes_no_output() -> None:
         data = bytes(range(256)) * (size // 256 + 1)
         assert short_data_repr(data[:size]) == original(data[:size])
     assert short_data_repr(None) == original(None)
+
+
+def test_closing_after_the_loop_closed_the_transport_is_no_error(agent_socket: Path) -> None:
+    """A killed sandbox resets the agent's socket, and the server's loop (uvloop) closes
+    the transport before the client's read loop has run. A delete at that moment closed
+    the client, whose goodbye write raised there, and the sandbox was never destroyed (its
+    runc container and session directory were left)."""
+    async def scenario() -> None:
+        client = await AgentClient.connect_unix(str(agent_socket))
+        client._conn._writer.transport.close()  # as the loop does on the peer's reset
+        await asyncio.sleep(0)  # the handle closed; the read loop's turn not yet come
+        await client.close()
+        assert client.failed_reason is not None
+
+    # The server's loop (serve.py); asyncio's own drops such a write.
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(scenario())

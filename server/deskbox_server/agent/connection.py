@@ -314,7 +314,10 @@ class AgentConnection:
 
     def flush_soon(self) -> None:
         data = self.h2.data_to_send()
-        if data and self.failed_reason is None:
+        # A transport the loop closed (the sandbox killed, its end reset) before our read
+        # loop has seen it: uvloop raises on a write there, asyncio drops it. Nothing can
+        # reach the agent any more; the read loop fails the connection on its next turn.
+        if data and self.failed_reason is None and not self._writer.is_closing():
             self._writer.write(data)
 
     async def flush(self) -> None:

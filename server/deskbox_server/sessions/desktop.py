@@ -323,8 +323,10 @@ class Desktop(Generic[S]):
         """
         await self.engine.stop(self.sandbox)
         await self.engine.kill(self.sandbox)
-        await self.let_go()
-        await self.engine.destroy(self.sandbox)
+        try:
+            await self.let_go()
+        finally:  # a stream that fails to close must not leave the sandbox behind
+            await self.engine.destroy(self.sandbox)
 
 
 AnyDesktop = Desktop[Any]
