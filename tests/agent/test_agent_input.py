@@ -168,6 +168,31 @@ async def test_only_the_first_keys_after_a_click_wait_for_it_to_land(page: Page)
     assert second_s < 0.3
 
 
+async def test_keys_wait_for_a_click_to_react_counting_from_the_click(page: Page) -> None:
+    """A click that changes nothing on the screen (the red box, with nothing focused) gives
+    keys that follow at once its whole reaction window (0.15 s from the click); keys that
+    come after the window are not held up by it again."""
+    desk = page.desk
+    red = page.at(200, 150)
+    await desk.perform(a.Click(x=red[0], y=red[1]))  # the focus leaves wherever it was
+    await asyncio.sleep(0.3)
+
+    started = time.monotonic()
+    await desk.run([a.Click(x=red[0], y=red[1]), a.Key(keys="shift")])
+    right_after_s = time.monotonic() - started
+
+    await desk.perform(a.Click(x=red[0], y=red[1]))
+    await asyncio.sleep(0.3)
+    started = time.monotonic()
+    await desk.perform(a.Key(keys="shift"))
+    later_s = time.monotonic() - started
+
+    keys = await page.until_events(lambda es: len(of(es, "keydown")) == 2)
+    assert [k["key"] for k in of(keys, "keydown")] == ["Shift", "Shift"]
+    assert right_after_s >= 0.14
+    assert later_s < 0.1  # it waited 0.15 s for a reaction and 0.03 s of quiet again
+
+
 # -- the pointer ---------------------------------------------------------------------------
 
 
