@@ -4,11 +4,15 @@ that asks for more than the pool has starts cold."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 
+from deskbox_server.agent.desktop import AgentDesktop
 from deskbox_server.api.auth import key_id
 from deskbox_server.engines.runc.criu import Criu
 from deskbox_server.sessions.pool import PoolKey
@@ -213,6 +217,65 @@ def test_deleting_a_snapshot_while_its_pool_restores_is_no_failure(
             assert not warnings
             assert not pool.snapshot_keys(key_id(KEY_A))
         finally:
+            a.delete(f"/v1/sessions/{sid}")
+
+
+@pytest.mark.skipif(Criu().missing() is not None,
+                    reason="CRIU 4.1 is not installed (scripts/criu.sh)")
+def test_a_snapshot_pool_dropped_while_its_copy_settles_leaves_the_refills_running(
+    server: Server, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pool desktop, once started, gets an empty batch before it counts as ready. The
+    snapshot deleted during that batch: the copy is dropped and the pool goes on refilling
+    (the missing queue once raised, which ended the refills and failed the shutdown)."""
+    pool = server.services.manager.pool
+    assert pool is not None
+    settling, release = threading.Event(), threading.Event()
+    hold = [False]
+    run = AgentDesktop.run
+
+    async def held(self: AgentDesktop, actions: Sequence[Any], *args: Any) -> Any:
+        if hold[0] and not actions:  # the pool's empty batch (our seam, the real call after)
+            hold[0] = False
+            settling.set()
+            await asyncio.to_thread(release.wait, 30)
+        return await run(self, actions, *args)
+
+    monkeypatch.setattr(AgentDesktop, "run", held)
+    with server.client(KEY_A) as a:
+        source = a.post("/v1/sessions", json={})
+        assert source.status_code == 201, source.text
+        sid = source.json()["id"]
+        try:
+            snapshot = a.post(f"/v1/sessions/{sid}/snapshots").json()
+            deadline = time.monotonic() + 60
+            while pool.ready(KEY) < 1:  # the warm pool's refill is not the one held
+                assert time.monotonic() < deadline, "the warm pool did not refill"
+                time.sleep(0.05)
+            hold[0] = True
+            with caplog.at_level("INFO", logger="deskbox.pool"):
+                pooled = a.put(f"/v1/snapshots/{snapshot['id']}/pool", json={"size": 1})
+                assert pooled.status_code == 200, pooled.text
+                assert settling.wait(60), "the snapshot's copy never got its empty batch"
+                assert a.delete(f"/v1/snapshots/{snapshot['id']}").status_code == 204
+                release.set()
+                deadline = time.monotonic() + 30
+                while not any("pool dropped" in r.getMessage() for r in caplog.records):
+                    assert time.monotonic() < deadline, "the settled copy was never dropped"
+                    time.sleep(0.05)
+            assert not pool.snapshot_keys(key_id(KEY_A))
+            # The refills go on: a create takes the warm desktop and the pool makes another.
+            claimed = pool.claimed
+            copy = a.post("/v1/sessions", json={})
+            assert copy.status_code == 201, copy.text
+            assert pool.claimed == claimed + 1
+            a.delete(f"/v1/sessions/{copy.json()['id']}")
+            deadline = time.monotonic() + 60
+            while pool.ready(KEY) < 1:
+                assert time.monotonic() < deadline, "the pool stopped refilling"
+                time.sleep(0.05)
+        finally:
+            release.set()
             a.delete(f"/v1/sessions/{sid}")
 
 

@@ -207,9 +207,6 @@ class WarmPool:
                                     getattr(error, "message", repr(error)))
                         await asyncio.sleep(_RETRY_AFTER_FAILURE_S)
                         continue
-                    if key not in self._targets:  # the pool was dropped meanwhile
-                        await self._discard(_Ready(session_id, handle), "pool dropped")
-                        continue
                     try:
                         # An empty batch: the agent forgets the screen changes of the start
                         # (or the restore), so the first look after a claim answers at once
@@ -218,6 +215,12 @@ class WarmPool:
                     except Exception as error:
                         await self._discard(_Ready(session_id, handle),
                                             getattr(error, "message", repr(error)))
+                        continue
+                    # Checked after the last await: a pool dropped during the start or the
+                    # empty batch has no queue any more (a KeyError here once ended the
+                    # refills for good, and the server's shutdown with them).
+                    if key not in self._targets:
+                        await self._discard(_Ready(session_id, handle), "pool dropped")
                         continue
                     queue = self._ready[key]
                     queue.append(_Ready(session_id, handle))
