@@ -8,8 +8,10 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
+import httpx
 import pytest
 
 from deskbox_server.agent.desktop import AgentDesktop
@@ -45,6 +47,23 @@ def wait_ready(server: Server, count: int = 1, timeout_s: float = 90.0) -> None:
     while pool.ready(KEY) < count:
         assert time.monotonic() < deadline, "the pool did not fill"
         time.sleep(0.1)
+
+
+@contextmanager
+def snapshot_of_a_plain_session(server: Server, a: httpx.Client) -> Iterator[dict[str, Any]]:
+    """A plain session's snapshot (the session is deleted on exit), once the warm pool has
+    refilled the desktop the session took: the pool starts one desktop at a time, so until
+    then a snapshot pool's first restore would not begin (with a fast snapshot it had not,
+    and a test's delete found nothing to drop)."""
+    source = a.post("/v1/sessions", json={})
+    assert source.status_code == 201, source.text
+    sid = source.json()["id"]
+    try:
+        snapshot: dict[str, Any] = a.post(f"/v1/sessions/{sid}/snapshots").json()
+        wait_ready(server, timeout_s=60)
+        yield snapshot
+    finally:
+        a.delete(f"/v1/sessions/{sid}")
 
 
 def test_a_plain_create_takes_a_ready_desktop_and_the_pool_refills(server: Server) -> None:
@@ -190,34 +209,20 @@ def test_deleting_a_snapshot_while_its_pool_restores_is_no_failure(
     "starting a desktop ... failed" for it, and waited 2 s before going on)."""
     pool = server.services.manager.pool
     assert pool is not None
-    with server.client(KEY_A) as a:
-        source = a.post("/v1/sessions", json={})
-        assert source.status_code == 201, source.text
-        sid = source.json()["id"]
-        try:
-            snapshot = a.post(f"/v1/sessions/{sid}/snapshots").json()
-            # The pool refills the desktop the source took first, one start at a time:
-            # until it has, the snapshot's restore would not begin before the delete (with
-            # a fast snapshot it had not, and nothing was there to be dropped).
-            deadline = time.monotonic() + 60
-            while pool.ready(KEY) < 1:
-                assert time.monotonic() < deadline, "the warm pool did not refill"
-                time.sleep(0.05)
-            with caplog.at_level("INFO", logger="deskbox.pool"):
-                pooled = a.put(f"/v1/snapshots/{snapshot['id']}/pool", json={"size": 1})
-                assert pooled.status_code == 200, pooled.text
-                # At once: the pool's first restore has begun and not ended.
-                assert a.delete(f"/v1/snapshots/{snapshot['id']}").status_code == 204
-                deadline = time.monotonic() + 30
-                while not any("dropped" in r.getMessage() or r.levelname == "WARNING"
-                              for r in caplog.records):
-                    assert time.monotonic() < deadline, "the pool's copy was never dropped"
-                    time.sleep(0.1)
-            warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-            assert not warnings
-            assert not pool.snapshot_keys(key_id(KEY_A))
-        finally:
-            a.delete(f"/v1/sessions/{sid}")
+    with server.client(KEY_A) as a, snapshot_of_a_plain_session(server, a) as snapshot:
+        with caplog.at_level("INFO", logger="deskbox.pool"):
+            pooled = a.put(f"/v1/snapshots/{snapshot['id']}/pool", json={"size": 1})
+            assert pooled.status_code == 200, pooled.text
+            # At once: the pool's first restore has begun and not ended.
+            assert a.delete(f"/v1/snapshots/{snapshot['id']}").status_code == 204
+            deadline = time.monotonic() + 30
+            while not any("dropped" in r.getMessage() or r.levelname == "WARNING"
+                          for r in caplog.records):
+                assert time.monotonic() < deadline, "the pool's copy was never dropped"
+                time.sleep(0.1)
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert not warnings
+        assert not pool.snapshot_keys(key_id(KEY_A))
 
 
 @pytest.mark.skipif(Criu().missing() is not None,
@@ -242,17 +247,9 @@ def test_a_snapshot_pool_dropped_while_its_copy_settles_leaves_the_refills_runni
         return await run(self, actions, *args)
 
     monkeypatch.setattr(AgentDesktop, "run", held)
-    with server.client(KEY_A) as a:
-        source = a.post("/v1/sessions", json={})
-        assert source.status_code == 201, source.text
-        sid = source.json()["id"]
+    with server.client(KEY_A) as a, snapshot_of_a_plain_session(server, a) as snapshot:
+        hold[0] = True  # the warm pool's refill, done above, is not the one held
         try:
-            snapshot = a.post(f"/v1/sessions/{sid}/snapshots").json()
-            deadline = time.monotonic() + 60
-            while pool.ready(KEY) < 1:  # the warm pool's refill is not the one held
-                assert time.monotonic() < deadline, "the warm pool did not refill"
-                time.sleep(0.05)
-            hold[0] = True
             with caplog.at_level("INFO", logger="deskbox.pool"):
                 pooled = a.put(f"/v1/snapshots/{snapshot['id']}/pool", json={"size": 1})
                 assert pooled.status_code == 200, pooled.text
@@ -263,20 +260,16 @@ def test_a_snapshot_pool_dropped_while_its_copy_settles_leaves_the_refills_runni
                 while not any("pool dropped" in r.getMessage() for r in caplog.records):
                     assert time.monotonic() < deadline, "the settled copy was never dropped"
                     time.sleep(0.05)
-            assert not pool.snapshot_keys(key_id(KEY_A))
-            # The refills go on: a create takes the warm desktop and the pool makes another.
-            claimed = pool.claimed
-            copy = a.post("/v1/sessions", json={})
-            assert copy.status_code == 201, copy.text
-            assert pool.claimed == claimed + 1
-            a.delete(f"/v1/sessions/{copy.json()['id']}")
-            deadline = time.monotonic() + 60
-            while pool.ready(KEY) < 1:
-                assert time.monotonic() < deadline, "the pool stopped refilling"
-                time.sleep(0.05)
         finally:
             release.set()
-            a.delete(f"/v1/sessions/{sid}")
+        assert not pool.snapshot_keys(key_id(KEY_A))
+        # The refills go on: a create takes the warm desktop and the pool makes another.
+        claimed = pool.claimed
+        copy = a.post("/v1/sessions", json={})
+        assert copy.status_code == 201, copy.text
+        assert pool.claimed == claimed + 1
+        a.delete(f"/v1/sessions/{copy.json()['id']}")
+        wait_ready(server, timeout_s=60)
 
 
 def test_a_shutdown_during_a_refill_ends_once_that_desktop_has_started(
