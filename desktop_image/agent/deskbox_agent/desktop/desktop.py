@@ -45,7 +45,6 @@ _LOOKING_ACTIONS = (a.Wait, a.Screenshot, a.Zoom, a.CursorPosition, a.ScreenSize
                     a.ClipboardGet)
 _BUTTON_RECENT_S = 1.0  # a key later than this after a click is not racing it
 _BUTTON_LAND_MAX_S = 0.5
-_BUTTON_REACT_S = 0.15  # a click that shows nothing within this is not waited on longer
 X_ERRORS = (ConnectionClosedError, XError, OSError)
 _MAX_QUICK_NOTCHES = 20
 
@@ -231,26 +230,23 @@ class Desktop:
         self._settle.wait_quiet(self.settle_options.typing_quiet_s, 1.0 * self._patience)
 
     def _let_buttons_land(self, react: bool = False) -> None:
-        """After a recent button event, until the screen has gone quiet; with ``react``
-        (keys follow), until it has first reacted to the click (its focus ring or caret),
-        if it does within 0.15 s: with 4 desktops busy on 2 cores, Chromium drew the new
-        focus later than 30 ms of quiet, and the keys went to the old one (a form's email
-        typed into its name field, tests/tasks/test_readme_tasks.py).
+        """After a recent button event, until the screen has gone quiet (30 ms); with
+        ``react`` (keys follow), first until the X server has let the click through to its
+        window. openbox's click-to-focus holds a click until it has had its turn; keys sent
+        meanwhile go at once to the window focused before (a form's email typed into its
+        name field with 4 desktops busy on 2 cores, tests/tasks/test_readme_tasks.py). Once
+        the click is through, keys sent after it reach every client after it, and Chromium
+        handles its input in order: the field the click focused gets them.
 
         Once per button event: the keys of a later action (the Return after typing that
         followed a click) no longer race it, so they do not wait for quiet again (30 ms or
-        more while the page still redraws the typing).
-
-        Both waits count from the click, not from the keys: keys that come after the
-        reaction window of a click that changed nothing (a click in the field that already
-        had the focus, the caret where it was) go at once, where they waited out the
-        window and the quiet again (180 ms, holding up every other call to the desktop)."""
+        more while the page still redraws the typing). The quiet counts from the click, not
+        from the keys: keys long after a click that changed nothing go at once."""
         clicked = self._last_button_at
         if time.monotonic() - clicked < _BUTTON_RECENT_S:
             self.pointer.sync()
             if react:
-                react_by = clicked + _BUTTON_REACT_S * self._patience
-                self._settle.wait_change(max(0.0, react_by - time.monotonic()))
+                self.pointer.wait_let_through(_BUTTON_LAND_MAX_S * self._patience)
             clean_since = self._settle.quiet_since()
             self._settle.wait_quiet(
                 self.settle_options.click_to_key_s, _BUTTON_LAND_MAX_S * self._patience,

@@ -20,6 +20,9 @@ PendingSync = request.GetInputFocus
 BUTTONS: dict[str, int] = {"left": 1, "middle": 2, "right": 3, "back": 8, "forward": 9}
 _REPEAT_GAP_S = 0.01
 _WHEEL_UP, _WHEEL_DOWN, _WHEEL_LEFT, _WHEEL_RIGHT = 4, 5, 6, 7
+# The core state mask has a bit for buttons 1-5 only (Button1Mask is 1 << 8).
+_MASKED_BUTTONS = range(1, 6)
+_QUICK_POLL_S, _QUICK_POLLS, _POLL_S = 0.0005, 10, 0.002
 
 
 class Pointer:
@@ -29,6 +32,7 @@ class Pointer:
         self._display = display
         self._root = display.screen().root
         self._fake = FakeInput(display)
+        self._held: set[int] = set()  # buttons we pressed and have not released
 
     def position(self) -> tuple[int, int]:
         reply = self._root.query_pointer()
@@ -39,9 +43,11 @@ class Pointer:
 
     def down(self, button: str) -> None:
         self._fake.send(X.ButtonPress, BUTTONS[button])
+        self._held.add(BUTTONS[button])
 
     def up(self, button: str) -> None:
         self._fake.send(X.ButtonRelease, BUTTONS[button])
+        self._held.discard(BUTTONS[button])
 
     def click(self, button: str, count: int) -> None:
         for index in range(count):
@@ -60,6 +66,31 @@ class Pointer:
             for _ in range(notches):
                 self._fake.send(X.ButtonPress, button)
                 self._fake.send(X.ButtonRelease, button)
+
+    def held_back(self) -> bool:
+        """True while the X server holds back button events we sent: a button we released
+        still reads as down. A synchronous grab does that (a window manager's
+        click-to-focus: openbox sees the press first and lets it through to the window
+        with ReplayPointer); until then the press and release reach no window, while keys
+        sent meanwhile are delivered at once, to the window focused before the click."""
+        mask = int(self._root.query_pointer().mask)
+        return any(mask & (X.Button1Mask << (button - 1)) and button not in self._held
+                   for button in _MASKED_BUTTONS)
+
+    def wait_let_through(self, timeout_s: float) -> bool:
+        """Until the X server has delivered the button events we sent (see
+        :meth:`held_back`); False if it still held them after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        polls = 0
+        while self.held_back():
+            now = time.monotonic()
+            if now >= deadline:
+                return False
+            # Polled: nothing tells another client when a grab lets go, and the wait is
+            # rare and short (the window manager's turn on a CPU).
+            time.sleep(min(_QUICK_POLL_S if polls < _QUICK_POLLS else _POLL_S, deadline - now))
+            polls += 1
+        return True
 
     def sync(self) -> None:
         """One round trip: the server has generated every event we sent."""

@@ -94,19 +94,6 @@ class SettleWatcher:
                 return False
             wait_readable(self._display, min(last_change + quiet_s, deadline) - now)
 
-    def wait_change(self, timeout_s: float) -> bool:
-        """Until the screen has changed since the last :meth:`arm` (at most ``timeout_s``);
-        the damage stays to be seen by :meth:`wait_quiet`."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            drain_events(self._display, self._handle)
-            remaining = deadline - time.monotonic()
-            if self._damaged:
-                return True
-            if remaining <= 0:
-                return False
-            wait_readable(self._display, remaining)
-
     def pump(self) -> None:
         """Handle events that arrived between actions (layout changes, stray damage).
         Damage seen empties the region: quiet is counted from here on, so a batch without
