@@ -24,10 +24,10 @@ class SettleOptions:
     quiet_s: float = 0.1
     timeout_s: float = 2.0
     drag_step_s: float = 0.02
-    # Chromium routes mouse events through an asynchronous hit test but key events straight
-    # to the focused element: a key sent right after a click can overtake it (ctrl+a hits
-    # the old focus). Keys right after a button event wait until the screen has been quiet
-    # this long (at most 0.5 s).
+    # A key sent right after a click can overtake it (ctrl+a hits the old focus): the window
+    # manager's click-to-focus holds the click until it has had its turn. Keys right after
+    # a button event wait until the click is through and the screen has been quiet this
+    # long since it (at most 0.5 s).
     click_to_key_s: float = 0.03
     # How long the screen must stay unchanged after typing borrowed keys before the
     # keyboard mapping is restored (see Keyboard._temporarily_mapped). Longer than a CFS

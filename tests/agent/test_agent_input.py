@@ -137,7 +137,8 @@ async def test_shift_is_held_across_a_shifted_run_and_released(page: Page) -> No
 
 
 async def test_keys_right_after_a_click_go_where_the_click_put_the_focus(page: Page) -> None:
-    """A key must not overtake the click before it (Chromium hit-tests clicks asynchronously)."""
+    """A key must not overtake the click before it (the click-to-focus of the window
+    manager holds a click until it has had its turn)."""
     x, y = page.at(900, 175)
     elsewhere = page.at(500, 450)
     for attempt in range(5):

@@ -203,9 +203,9 @@ class SettleOptions:
     quiet_s: float = 0.1
     timeout_s: float = 2.0
     drag_step_s: float = 0.02
-    # Chromium routes mouse events through an asynchronous hit test but key events straight
-    # to the focused element: keys right after a button event wait until the screen has
-    # been quiet this long (at most 0.5 s).
+    # Keys right after a button event wait until the X server has let it through (a window
+    # manager's click-to-focus holds it) and the screen has been quiet this long since it
+    # (at most 0.5 s): Desktop._let_buttons_land.
     click_to_key_s: float = 0.03
     # How long the screen must stay unchanged after typing borrowed keys before the
     # keyboard mapping is restored (Keyboard._temporarily_mapped).
