@@ -244,9 +244,11 @@ class Desktop:
         from the keys: keys long after a click that changed nothing go at once."""
         clicked = self._last_button_at
         if time.monotonic() - clicked < _BUTTON_RECENT_S:
-            self.pointer.sync()
             if react:
+                # Its first query is a round trip too: the click's events are processed.
                 self.pointer.wait_let_through(_BUTTON_LAND_MAX_S * self._patience)
+            else:
+                self.pointer.sync()
             clean_since = self._settle.quiet_since()
             self._settle.wait_quiet(
                 self.settle_options.click_to_key_s, _BUTTON_LAND_MAX_S * self._patience,

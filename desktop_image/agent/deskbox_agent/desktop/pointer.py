@@ -79,7 +79,8 @@ class Pointer:
 
     def wait_let_through(self, timeout_s: float) -> bool:
         """Until the X server has delivered the button events we sent (see
-        :meth:`held_back`); False if it still held them after ``timeout_s``."""
+        :meth:`held_back`); False if it still held them after ``timeout_s``. A button a
+        live viewer holds down reads the same: bounded, such keys wait ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         polls = 0
         while self.held_back():
