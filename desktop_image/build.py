@@ -68,6 +68,7 @@ APT_OPTIONS = ('Acquire::Languages "none"',)
 # Files of the server package that the session needs too: (path in the repository, in image).
 SHARED_FILES = (
     ("server/deskbox_server/engines/data/openbox-rc.xml", "etc/deskbox/openbox-rc.xml"),
+    ("server/deskbox_server/engines/data/gtk-settings.ini", "etc/gtk-3.0/settings.ini"),
 )
 
 Progress = Callable[[str], None]

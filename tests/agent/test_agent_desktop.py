@@ -150,6 +150,23 @@ async def test_a_screenshot_decodes_and_shows_the_page(page: Page, fmt: str) -> 
     assert green[1] > 200 and green[0] < 60 and green[2] < 60
 
 
+async def test_a_focused_text_field_looks_the_same_in_every_screenshot(page: Page) -> None:
+    """The caret does not blink (the GTK settings every desktop's browser reads): looks at
+    one state 0.3 s apart over 1.5 s are the same picture, the caret in it. A blinking
+    caret toggles every 0.5 s, so some of these would differ."""
+    await page.focus_field()
+    await page.desk.perform(a.TypeText(text="caret"))
+    await page.until("document.getElementById('field').value === 'caret'")
+    await asyncio.sleep(0.2)
+    looks = []
+    for _ in range(6):
+        looks.append((await page.desk.capture("png")).data)
+        await asyncio.sleep(0.3)
+    assert len(set(looks)) == 1, f"{len(set(looks))} different pictures of one state"
+    field = decode(await page.desk.capture("png")).crop((*page.at(700, 100), *page.at(1100, 250)))
+    assert len(colours(field)) > 2  # the text and the caret are in it
+
+
 async def test_a_marked_screen_skips_a_repaint_but_never_a_change(page: Page) -> None:
     """``mark`` (sent before a checkpoint) lets the next look take damage that left every
     pixel as marked for a repaint; damage that changed pixels is waited out and shown."""

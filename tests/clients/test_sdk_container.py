@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -76,6 +77,23 @@ def test_cli_exec_round(container_server: Server, session: Session) -> None:
 
 @pytest.mark.skipif(Criu().missing() is not None,
                     reason="CRIU 4.1 is not installed (scripts/criu.sh)")
+def test_a_focused_field_looks_the_same_in_every_screenshot(container_server: Server) -> None:
+    """The session image's browser keeps its caret steady (/etc/gtk-3.0/settings.ini):
+    screenshots of one state 0.3 s apart are the same picture. A blinking caret toggles
+    every 0.5 s, so some of them would differ."""
+    with Deskbox(container_server.url, KEY_A) as box, box.sessions.create(
+        display={"width": 800, "height": 600},
+        start_url="data:text/html,<title>caret</title><input autofocus>",
+    ) as session:
+        session.type("caret")
+        time.sleep(0.3)
+        looks = []
+        for _ in range(6):
+            looks.append(session.screenshot())
+            time.sleep(0.3)
+        assert len(set(looks)) == 1, f"{len(set(looks))} different pictures of one state"
+
+
 def test_pause_hibernate_snapshot_and_fork(container_server: Server) -> None:
     with Deskbox(container_server.url, KEY_A) as box, box.sessions.create(
         display={"width": 800, "height": 600},

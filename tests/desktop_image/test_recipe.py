@@ -18,7 +18,6 @@ import pytest
 from ..images import REPO
 
 RECIPE = REPO / "desktop_image"
-SHARED = Path("server/deskbox_server/engines/data/openbox-rc.xml")
 
 
 @pytest.fixture(scope="module")
@@ -39,12 +38,13 @@ def build() -> Iterator[ModuleType]:
 
 
 @pytest.fixture
-def recipe_dir(tmp_path: Path) -> Path:
-    """A copy of the recipe (and the server file it shares), to edit."""
+def recipe_dir(build: ModuleType, tmp_path: Path) -> Path:
+    """A copy of the recipe (and the server files it shares), to edit."""
     copy = tmp_path / "repo" / "desktop_image"
     shutil.copytree(RECIPE, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    (copy.parent / SHARED).parent.mkdir(parents=True)
-    shutil.copy(REPO / SHARED, copy.parent / SHARED)
+    for shared, _ in build.SHARED_FILES:
+        (copy.parent / shared).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / shared, copy.parent / shared)
     return copy
 
 

@@ -14,6 +14,7 @@ __all__ = [
     "IMAGE_WM_CONFIG",
     "DesktopSpec",
     "browser_argv",
+    "gtk_settings_path",
     "session_env",
     "wm_argv",
     "wm_config_path",
@@ -107,6 +108,12 @@ def xserver_argv(spec: DesktopSpec, displayfd: int, display: int | None = None) 
 def wm_config_path() -> str:
     """Our openbox rc.xml, shipped inside the package (and copied into the session image)."""
     return str(resources.files("deskbox_server.engines") / "data" / "openbox-rc.xml")
+
+
+def gtk_settings_path() -> str:
+    """The GTK settings the browser reads (a steady caret), shipped inside the package;
+    the session image has them as /etc/gtk-3.0/settings.ini, a host desktop in its home."""
+    return str(resources.files("deskbox_server.engines") / "data" / "gtk-settings.ini")
 
 
 def wm_argv(config_path: str | None = None) -> list[str]:

@@ -22,7 +22,13 @@ from pathlib import Path
 
 from ...errors import DesktopFailed, Timeout
 from ..base import Sandbox
-from ..desktop_commands import DesktopSpec, browser_argv, wm_argv, xserver_argv
+from ..desktop_commands import (
+    DesktopSpec,
+    browser_argv,
+    gtk_settings_path,
+    wm_argv,
+    xserver_argv,
+)
 from ..processes import ProcessSet, become_subreaper
 
 __all__ = ["AGENT_SOCKET", "LocalSandbox", "agent_package_dir"]
@@ -86,7 +92,9 @@ class LocalSandbox(Sandbox):
 
     def _env(self) -> dict[str, str]:
         home = self.workdir / "home"
-        home.mkdir(exist_ok=True)
+        gtk_config = home / ".config" / "gtk-3.0"
+        gtk_config.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(gtk_settings_path(), gtk_config / "settings.ini")
         tmp = self.workdir / "tmp"
         tmp.mkdir(exist_ok=True)
         return {
