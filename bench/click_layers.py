@@ -15,9 +15,10 @@ blocks, so load on the host hits them alike), one click in flight:
 - ``service``: in a separate process on the same display and agent package, the agent's
   ``DesktopService.act`` awaited directly (its worker-thread hop, parsing, X work and reply
   body, without the protocol);
-- ``hop``: that process's ``Desktop.run([click])`` on a worker thread, awaited from its
-  event loop (the service's thread hop without the rest of it);
-- ``X work``: that process's ``Desktop.run([click])`` alone (XTEST press and release, XSync);
+- ``hop``: that process's X work (below) on a worker thread, awaited from its event loop
+  (a thread hop; the service sends a single click from its loop, without one);
+- ``X work``: that process's ``Desktop.send_pointer(click)`` until ``synced`` (XTEST press
+  and release and the round trip after them: what the service does for a click);
 - ``cua``: cua-computer-server's ``left_click`` through its websocket.
 
 Prints p50/p95, the CPU each process spent per click (from /proc/PID/task/*/schedstat), the
@@ -64,7 +65,7 @@ REST_S = 0.3  # between blocks: the page's click handling goes quiet
 # "xwork N" in,
 # one JSON list of N durations (s) out.
 IN_PROCESS = r"""
-import asyncio, json, sys, time
+import asyncio, json, select, sys, time
 from concurrent.futures import ThreadPoolExecutor
 from deskbox_agent.desktop import actions as A
 from deskbox_agent.desktop.desktop import Desktop
@@ -72,9 +73,13 @@ from deskbox_agent.desktop.service import DesktopService
 display, x, y, settle = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
 args = {"actions": [{"type": "click", "x": x, "y": y}], "view": None, "screenshot": None,
         "settle": settle}
+def x_work(desktop, action, options):
+    pending = desktop.send_pointer(action, None, options)
+    while not desktop.synced(pending):
+        select.select([desktop.x_connection.fileno()], [], [], 1.0)
 async def main():
     service, desktop = DesktopService(display), Desktop(display)
-    actions, options = A.parse_actions(args["actions"]), A.parse_settle(settle)
+    [action], options = A.parse_actions(args["actions"]), A.parse_settle(settle)
     loop, worker = asyncio.get_running_loop(), ThreadPoolExecutor(max_workers=1)
     for line in sys.stdin:
         kind, n = line.split()
@@ -84,10 +89,9 @@ async def main():
             if kind == "service":
                 await service.act(args)
             elif kind == "hop":
-                await loop.run_in_executor(
-                    worker, lambda: desktop.run(actions, None, None, options))
+                await loop.run_in_executor(worker, x_work, desktop, action, options)
             else:
-                desktop.run(actions, None, None, options)
+                x_work(desktop, action, options)
             out.append(time.perf_counter() - started)
         print(json.dumps(out), flush=True)
 asyncio.run(main())
@@ -217,9 +221,9 @@ def main() -> int:
             "echo: the protocol's floor": lambda n: loop.run_until_complete(
                 timed_async(lambda: client.call("echo", {}), n)),
             "service: DesktopService.act, no protocol": lambda n: in_process_block("service", n),
-            "hop: Desktop.run on a worker thread, awaited": lambda n: in_process_block(
+            "hop: the X work on a worker thread, awaited": lambda n: in_process_block(
                 "hop", n),
-            "X work: Desktop.run alone": lambda n: in_process_block("xwork", n),
+            "X work: Desktop.send_pointer until synced": lambda n: in_process_block("xwork", n),
         }
         pids = {"server": server_pid, "agent": agent_pid, "Xvfb": xvfb_pid,
                 "in-process": in_process.pid}
