@@ -71,8 +71,8 @@ class Pointer:
         """True while the X server holds back button events we sent: a button we released
         still reads as down. A synchronous grab does that (a window manager's
         click-to-focus: openbox sees the press first and lets it through to the window
-        with ReplayPointer); until then the press and release reach no window, while keys
-        sent meanwhile are delivered at once, to the window focused before the click."""
+        with ReplayPointer); until then the click reaches only the window manager, while
+        keys sent meanwhile are delivered at once, to the window focused before it."""
         mask = int(self._root.query_pointer().mask)
         return any(mask & (X.Button1Mask << (button - 1)) and button not in self._held
                    for button in _MASKED_BUTTONS)
