@@ -27,7 +27,7 @@ class SettleOptions:
     # A key sent right after a click can overtake it (ctrl+a hits the old focus): the window
     # manager's click-to-focus holds the click until it has had its turn. Keys right after
     # a button event wait until the click is through and the screen has been quiet this
-    # long since it (at most 0.5 s).
+    # long since it (given up 0.12 s later on a screen that keeps changing).
     click_to_key_s: float = 0.03
     # How long the screen must stay unchanged after typing borrowed keys before the
     # keyboard mapping is restored (see Keyboard._temporarily_mapped). Longer than a CFS

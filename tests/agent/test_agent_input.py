@@ -198,6 +198,30 @@ async def test_keys_after_a_click_that_changes_nothing_do_not_wait_for_a_reactio
     assert later_s < 0.12
 
 
+async def test_keys_after_a_click_on_a_page_that_never_stops_moving_wait_only_a_moment(
+    page: Page,
+) -> None:
+    """A spinner keeps the screen changing, so the 30 ms of quiet that keys after a click
+    wait for never comes: they give up after 0.15 s (they waited 0.5 s) and still land in
+    the field the click focused."""
+    page.cdp.evaluate("""(() => {
+        const style = document.createElement('style');
+        style.textContent = '@keyframes spin { to { transform: rotate(360deg) } }';
+        const spinner = document.createElement('div');
+        spinner.style.cssText = 'position:absolute;left:1000px;top:450px;width:60px;' +
+            'height:60px;background:#3366cc;animation:spin 0.5s linear infinite';
+        document.head.append(style);
+        document.body.append(spinner);
+    })()""")
+    await asyncio.sleep(1.0)  # the page's own set-up click is no longer recent
+    field = page.at(900, 175)
+    started = time.monotonic()
+    await page.desk.run([a.Click(x=field[0], y=field[1]), a.TypeText(text="spin")])
+    elapsed_s = time.monotonic() - started
+    await page.until("document.getElementById('field').value === 'spin'")
+    assert 0.1 < elapsed_s < 0.3, elapsed_s
+
+
 async def test_keys_after_a_click_the_window_manager_holds_wait_until_it_lets_it_through(
     page: Page, host_desktop: HostDesktop,
 ) -> None:

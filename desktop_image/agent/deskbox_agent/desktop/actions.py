@@ -205,7 +205,7 @@ class SettleOptions:
     drag_step_s: float = 0.02
     # Keys right after a button event wait until the X server has let it through (a window
     # manager's click-to-focus holds it) and the screen has been quiet this long since it
-    # (at most 0.5 s): Desktop._let_buttons_land.
+    # (given up 0.12 s later on a screen that keeps changing): Desktop._let_buttons_land.
     click_to_key_s: float = 0.03
     # How long the screen must stay unchanged after typing borrowed keys before the
     # keyboard mapping is restored (Keyboard._temporarily_mapped).
