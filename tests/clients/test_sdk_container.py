@@ -75,8 +75,6 @@ def test_cli_exec_round(container_server: Server, session: Session) -> None:
     assert timed.returncode == 124
 
 
-@pytest.mark.skipif(Criu().missing() is not None,
-                    reason="CRIU 4.1 is not installed (scripts/criu.sh)")
 def test_a_focused_field_looks_the_same_in_every_screenshot(container_server: Server) -> None:
     """The session image's browser keeps its caret steady (/etc/gtk-3.0/settings.ini):
     screenshots of one state 0.3 s apart are the same picture. A blinking caret toggles
@@ -94,6 +92,8 @@ def test_a_focused_field_looks_the_same_in_every_screenshot(container_server: Se
         assert len(set(looks)) == 1, f"{len(set(looks))} different pictures of one state"
 
 
+@pytest.mark.skipif(Criu().missing() is not None,
+                    reason="CRIU 4.1 is not installed (scripts/criu.sh)")
 def test_pause_hibernate_snapshot_and_fork(container_server: Server) -> None:
     with Deskbox(container_server.url, KEY_A) as box, box.sessions.create(
         display={"width": 800, "height": 600},
