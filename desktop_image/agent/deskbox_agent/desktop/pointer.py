@@ -77,21 +77,21 @@ class Pointer:
         return any(mask & (X.Button1Mask << (button - 1)) and button not in self._held
                    for button in _MASKED_BUTTONS)
 
-    def wait_let_through(self, timeout_s: float) -> bool:
+    def wait_let_through(self, timeout_s: float) -> None:
         """Until the X server has delivered the button events we sent (see
-        :meth:`held_back`); False if it still held them after ``timeout_s``. A button a
-        live viewer holds down reads the same: bounded, such keys wait ``timeout_s``."""
+        :meth:`held_back`), at most ``timeout_s``: what follows goes then either way. A
+        button a live viewer holds down reads the same: bounded, such keys wait
+        ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         polls = 0
         while self.held_back():
             now = time.monotonic()
             if now >= deadline:
-                return False
+                return
             # Polled: nothing tells another client when a grab lets go, and the wait is
             # rare and short (the window manager's turn on a CPU).
             time.sleep(min(_QUICK_POLL_S if polls < _QUICK_POLLS else _POLL_S, deadline - now))
             polls += 1
-        return True
 
     def sync(self) -> None:
         """One round trip: the server has generated every event we sent."""
