@@ -17,8 +17,9 @@ blocks, so load on the host hits them alike), one click in flight:
   body, without the protocol);
 - ``hop``: that process's X work (below) on a worker thread, awaited from its event loop
   (a thread hop; the service sends a single click from its loop, without one);
-- ``X work``: that process's ``Desktop.send_pointer(click)`` until ``synced`` (XTEST press
-  and release and the round trip after them: what the service does for a click);
+- ``X work``: that process's ``Desktop.send_pointer(click)`` until ``pointer_confirmed``
+  (XTEST press and release and the round trip after them; the service replies after the
+  send and waits for the round trip before the next click);
 - ``cua``: cua-computer-server's ``left_click`` through its websocket.
 
 Prints p50/p95, the CPU each process spent per click (from /proc/PID/task/*/schedstat), the
@@ -74,8 +75,8 @@ display, x, y, settle = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.lo
 args = {"actions": [{"type": "click", "x": x, "y": y}], "view": None, "screenshot": None,
         "settle": settle}
 def x_work(desktop, action, options):
-    pending = desktop.send_pointer(action, None, options)
-    while not desktop.synced(pending):
+    desktop.send_pointer(action, None, options)
+    while not desktop.pointer_confirmed():
         select.select([desktop.x_connection.fileno()], [], [], 1.0)
 async def main():
     service, desktop = DesktopService(display), Desktop(display)
@@ -223,7 +224,7 @@ def main() -> int:
             "service: DesktopService.act, no protocol": lambda n: in_process_block("service", n),
             "hop: the X work on a worker thread, awaited": lambda n: in_process_block(
                 "hop", n),
-            "X work: Desktop.send_pointer until synced": lambda n: in_process_block("xwork", n),
+            "X work: Desktop.send_pointer until confirmed": lambda n: in_process_block("xwork", n),
         }
         pids = {"server": server_pid, "agent": agent_pid, "Xvfb": xvfb_pid,
                 "in-process": in_process.pid}

@@ -194,7 +194,8 @@ def ours_ws(ws: ClientConnection) -> Method:
         {
             OPERATIONS[0]: "image bytes received (the agent: XShm grab + libjpeg-turbo)",
             OPERATIONS[1]: "image bytes received (the agent: PNG, ISA-L deflate level 1)",
-            OPERATIONS[2]: "X server processed press+release (the agent: XTEST + XSync)",
+            OPERATIONS[2]: "press+release written to the X server (the agent: XTEST;"
+                           " processed before the next action)",
         },
     )
 
@@ -220,7 +221,8 @@ def ours_rest(http: httpx.Client, session_id: str) -> Method:
         {OPERATIONS[0]: lambda: shot("jpeg"), OPERATIONS[1]: lambda: shot("png"),
          OPERATIONS[2]: click},
         {OPERATIONS[0]: "response body received", OPERATIONS[1]: "response body received",
-         OPERATIONS[2]: "X server processed press+release (XTEST + XSync)"},
+         OPERATIONS[2]: "press+release written to the X server (XTEST; processed before the"
+                        " next action)"},
     )
 
 

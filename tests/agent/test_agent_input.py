@@ -267,6 +267,31 @@ async def test_click_buttons(page: Page, button: str) -> None:
         assert of(await page.until_events(lambda es: of(es, "contextmenu")), "contextmenu")
 
 
+async def test_a_click_is_answered_once_sent_and_the_next_waits_for_the_x_server(
+    page: Page, host_desktop: HostDesktop,
+) -> None:
+    """A lone click is answered once its events are written to the X server (which then
+    works beside the reply's way back); the next action waits until the X server has
+    processed them. With Xvfb stopped: the first click is answered, the second is not until
+    Xvfb runs again, and then the page has both clicks."""
+    xvfb = next(c.popen for c in host_desktop.processes.children if c.name == "Xvfb")
+    x, y = page.at(700, 450)
+    await asyncio.sleep(0.3)  # an earlier test's click is no longer recent
+    page.clear()
+
+    xvfb.send_signal(signal.SIGSTOP)
+    try:
+        await asyncio.wait_for(page.desk.perform(a.Click(x=x, y=y)), 1.0)
+        second = asyncio.ensure_future(page.desk.perform(a.Click(x=x, y=y)))
+        await asyncio.sleep(0.3)
+        assert not second.done()
+    finally:
+        xvfb.send_signal(signal.SIGCONT)
+    await asyncio.wait_for(second, 5.0)
+    await asyncio.sleep(0.3)
+    assert len(await page.wait_for("click", 2)) == 2
+
+
 async def test_clicks_in_one_batch_each_land_where_they_were_sent(page: Page) -> None:
     # Clicks sent at once raced each other: Chromium saw the first mousedown, then one
     # mouseup at the last click's place, and nothing of the clicks between. The textarea's

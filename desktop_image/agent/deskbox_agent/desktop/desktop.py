@@ -2,8 +2,8 @@
 
 A ``Desktop`` holds the X connections of one display and is not thread-safe: the service
 (``service.py``) creates and uses it on the desktop's one worker thread, one call at a
-time; only ``send_pointer`` and ``synced`` (which never wait on the X server) are called
-from the event loop, in their turn.
+time; only ``send_pointer`` and ``pointer_confirmed`` (which never wait on the X server)
+are called from the event loop, in their turn.
 """
 
 from __future__ import annotations
@@ -129,6 +129,8 @@ class Desktop:
             raise
         self._closed = False
         self._last_button_at = 0.0
+        # The round trip behind the last ``send_pointer``, until its reply is read.
+        self._unconfirmed: PendingSync | None = None
         # The checksum of the screen as the host's last ``mark`` found it (before a
         # checkpoint), until an action or a look at other pixels.
         self._marked: int | None = None
@@ -270,11 +272,11 @@ class Desktop:
 
     def send_pointer(
         self, action: a.Action, view: a.View | None, settle: a.SettleOptions | None,
-    ) -> PendingSync:
+    ) -> None:
         """``run([action])`` for a quick pointer action (:func:`sends_without_waiting`),
-        up to its round trip: the events are sent and a request is on its way whose reply
-        says the X server has processed them. Nothing here waits on the X server; the
-        caller polls :meth:`synced` when the connection is readable."""
+        without its round trip: the events are sent, and behind them a request whose reply
+        says the X server has processed them. Call it only once :meth:`pointer_confirmed`;
+        nothing here waits on the X server."""
         self._check_alive()
         if settle is not None:
             self.settle_options = settle
@@ -290,17 +292,33 @@ class Desktop:
                 raise AssertionError(f"{type(action).__name__} is not a pointer action")
             if buttons:
                 self._last_button_at = time.monotonic()
-            return self.pointer.start_sync()
+            self._unconfirmed = self.pointer.start_sync()
         except X_ERRORS as error:
             raise self._failure(error) from None
 
-    def synced(self, pending: PendingSync) -> bool:
-        """Read what the X server sent so far, without blocking; True once ``pending``'s
-        reply is in (every event sent before it has been processed)."""
+    def pointer_confirmed(self) -> bool:
+        """Read what the X server sent so far, without blocking; True once it has processed
+        every event of the last :meth:`send_pointer`. (Requests of any other call come
+        after them on the same connection, so those need not ask.)"""
+        if self._unconfirmed is None:
+            return True
         try:
-            return self.pointer.synced(pending)
+            if not self.pointer.synced(self._unconfirmed):
+                return False
         except X_ERRORS as error:
             raise self._failure(error) from None
+        self._unconfirmed = None
+        return True
+
+    def confirm_pointer(self) -> None:
+        """Block until :meth:`pointer_confirmed`: the capture reads the screen through a
+        connection of its own, which the X server may serve before this one's events."""
+        if not self.pointer_confirmed():
+            try:
+                self.pointer.sync()  # reads the awaited reply on its way
+            except X_ERRORS as error:
+                raise self._failure(error) from None
+            self._unconfirmed = None
 
     def _pointer_input(self, action: a.Action, space: Space) -> bool:
         """Send a pointer action's events (no round trip after them); False if ``action``

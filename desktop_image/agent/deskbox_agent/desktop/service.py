@@ -89,12 +89,15 @@ class DesktopService:
     async def _pointer_now(
         self, action: a.Action, view: a.View | None, settle: a.SettleOptions | None,
     ) -> Blob | None:
-        """One quick pointer action on the event loop, not the worker: its events and the
-        round trip that confirms them are well under a millisecond of X work, and the two
-        thread hops it saves (each a wake-up, under the sandbox's CPU quota) cost more.
-        Nothing here blocks: the round trip's reply is awaited on the X connection's
-        readability. It takes its turn with the worker's calls (the same lock) and uses
-        the same connection. None if the desktop was lost before its turn came."""
+        """One quick pointer action on the event loop, not the worker: its events are well
+        under a millisecond of X work, and the two thread hops it saves (each a wake-up,
+        under the sandbox's CPU quota) cost more. The reply goes once they are sent: the
+        round trip that confirms them is awaited before the next quick action is sent
+        (a flood of clicks is held to the X server's pace) and before any other call's
+        work, so the X server's turn on a CPU overlaps the reply's way to the client.
+        Nothing here blocks: the reply is awaited on the X connection's readability. It
+        takes its turn with the worker's calls (the same lock) and uses the same
+        connection. None if the desktop was lost before its turn came."""
         assert self._lock is not None
         if self._trim is not None:
             self._trim.cancel()
@@ -105,9 +108,9 @@ class DesktopService:
                 if desktop is None:
                     return None
                 try:
-                    pending = desktop.send_pointer(action, view, settle)
-                    while not desktop.synced(pending):
+                    while not desktop.pointer_confirmed():
                         await wait_readable(desktop.x_connection.fileno())
+                    desktop.send_pointer(action, view, settle)
                 except DesktopFailed:
                     # As _with_desktop: the next call connects afresh (closing may block).
                     self._desktop = None
@@ -140,6 +143,7 @@ class DesktopService:
     def _with_desktop(self, work: Callable[[Desktop], T]) -> T:
         desktop = self._connected()
         try:
+            desktop.confirm_pointer()
             return work(desktop)
         except DesktopFailed:
             # The X server went away: drop this connection, the next call makes a new one.
