@@ -120,8 +120,9 @@ def leaves_nothing(container_id: str, pids: set[int], session_dir: Path) -> None
     assert not mounts_mentioning(str(session_dir))
 
 
-# A screenshot runs on the agent's worker thread; a lone click on its event loop (awaiting
-# the X server's reply there): both must fail the session at the deadline.
+# A screenshot runs on the agent's worker thread; a lone click on its event loop, answered
+# once its events are written to the X server, whose reply it awaits before the next action:
+# a screenshot, and the click after a click, must fail the session at the deadline.
 STALLED_CALLS: dict[str, tuple[str, str, dict[str, Any] | None]] = {
     "screenshot": ("GET", "/screenshot", None),
     "click": ("POST", "/actions", {"actions": [{"type": "click", "x": 10, "y": 10}]}),
@@ -137,6 +138,9 @@ def test_an_action_on_a_stalled_x_server_fails_the_session_within_its_deadline(
     container_id = sandbox_of(server, session).sandbox.container_id
     STALLS[stall](client, session)
     method, path, body = STALLED_CALLS[call]
+    if call == "click":
+        first = client.request(method, f"/v1/sessions/{session['id']}{path}", json=body)
+        assert first.status_code == 200, first.text  # the X server has it, to do later
     shot = InFlight(client, method, f"/v1/sessions/{session['id']}{path}", body)
     started = time.monotonic()
     shot.start()
