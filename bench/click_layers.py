@@ -25,6 +25,9 @@ blocks, so load on the host hits them alike), one click in flight:
 Prints p50/p95, the CPU each process spent per click (from /proc/PID/task/*/schedstat), the
 server's own mean ``Session.act`` time during the ``ws`` blocks (its
 ``deskbox_action_duration_seconds`` histogram), and how many clicks the page counted.
+Then lone clicks through ``ws``, ``agent`` and ``cua`` after the desktop sat idle for
+``COLD_RESTS_S`` (``--cold-reps`` each, in turns): an agent's clicks come seconds apart,
+after a model's turn, when every process on the path starts with cold caches.
 """
 
 from __future__ import annotations
@@ -61,6 +64,10 @@ from tests.cdp_page import CdpPage  # noqa: E402
 ROUNDS = 5
 WARMUP = 10
 REST_S = 0.3  # between blocks: the page's click handling goes quiet
+# Idle times before a lone click: an agent's clicks come after a model's turn, seconds
+# apart, so every process on the path starts it with cold caches.
+COLD_RESTS_S = (0.1, 0.5, 2.0)
+COLD_LAYERS = ("ws", "agent", "cua")
 
 # Runs in its own process with the agent's package: one line "service N", "hop N" or
 # "xwork N" in,
@@ -173,6 +180,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--no-cua", action="store_true")
+    parser.add_argument("--cold-reps", type=int, default=10,
+                        help="lone clicks per idle time and layer (0: none)")
     args = parser.parse_args()
     bench_api.interrupt_on_sigterm()
     load_before = os.getloadavg()[0]
@@ -258,6 +267,16 @@ def main() -> int:
                         now = act_histogram(http)
                         in_server[0] += now[0] - histogram[0]
                         in_server[1] += now[1] - histogram[1]
+        cold_layers = {name: run for name, run in layers.items()
+                       if name.startswith(COLD_LAYERS)}
+        cold: dict[tuple[float, str], list[float]] = {
+            (rest, name): [] for rest in COLD_RESTS_S for name in cold_layers}
+        for rest in COLD_RESTS_S if args.cold_reps > 0 else ():
+            peers.progress(f"lone clicks after {rest:g} s idle: {args.cold_reps} per layer")
+            for _ in range(args.cold_reps):
+                for name, run in cold_layers.items():
+                    time.sleep(rest)
+                    cold[rest, name] += run(1)
     print(f"## A websocket click, layer by layer ({args.iterations} per layer, in turns)\n")
     print("| layer | p50 ms | p95 ms | n | clicks the page counted | CPU per click, µs: "
           + " / ".join(pids) + " |")
@@ -275,6 +294,16 @@ def main() -> int:
           f" given {REST_S:g} s to reach the page.")
     print(f"- {os.cpu_count()} CPUs; 1-minute load average {load_before:.2f} before,"
           f" {os.getloadavg()[0]:.2f} after.")
+    if args.cold_reps > 0:
+        print(f"\n## A lone click after the desktop sat idle ({args.cold_reps} per idle time"
+              " and layer, in turns; p50 ms)\n")
+        print("| idle before the click | " + " | ".join(n.split(":")[0] for n in cold_layers)
+              + " |")
+        print("|---|" + "---:|" * len(cold_layers))
+        for rest in COLD_RESTS_S:
+            print(f"| {rest:g} s | " + " | ".join(
+                f"{statistics.median(cold[rest, name]) * 1000:.2f}" for name in cold_layers)
+                + " |")
     return 0
 
 
