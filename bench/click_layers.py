@@ -64,8 +64,7 @@ from tests.cdp_page import CdpPage  # noqa: E402
 ROUNDS = 5
 WARMUP = 10
 REST_S = 0.3  # between blocks: the page's click handling goes quiet
-# Idle times before a lone click: an agent's clicks come after a model's turn, seconds
-# apart, so every process on the path starts it with cold caches.
+# Idle times before a lone click (see the module's docstring).
 COLD_RESTS_S = (0.1, 0.5, 2.0)
 COLD_LAYERS = ("ws", "agent", "cua")
 
