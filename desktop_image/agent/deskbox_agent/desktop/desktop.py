@@ -298,8 +298,8 @@ class Desktop:
 
     def pointer_confirmed(self) -> bool:
         """Read what the X server sent so far, without blocking; True once it has processed
-        every event of the last :meth:`send_pointer`. (Requests of any other call come
-        after them on the same connection, so those need not ask.)"""
+        every event of the last :meth:`send_pointer` (the next one waits for it, and every
+        other call through :meth:`confirm_pointer`)."""
         if self._unconfirmed is None:
             return True
         try:

@@ -95,7 +95,7 @@ class DesktopService:
         round trip that confirms them is awaited before the next quick action is sent
         (a flood of clicks is held to the X server's pace) and before any other call's
         work, so the X server's turn on a CPU overlaps the reply's way to the client.
-        Nothing here blocks: the reply is awaited on the X connection's readability. It
+        Nothing here blocks: the round trip is awaited on the X connection's readability. It
         takes its turn with the worker's calls (the same lock) and uses the same
         connection. None if the desktop was lost before its turn came."""
         assert self._lock is not None
