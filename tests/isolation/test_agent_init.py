@@ -12,7 +12,7 @@ import pytest
 
 from deskbox_server.agent import PROTOCOL
 from deskbox_server.engines.runc.displays import listener_pid, namespace_pid, same_pid_namespace
-from deskbox_server.engines.runc.sandbox import RuncSandbox
+from deskbox_server.engines.runc.sandbox import RuncOptions, RuncSandbox
 from deskbox_server.engines.runc.stream import (
     AGENT_SOCKET,
     agent_link,
@@ -20,7 +20,7 @@ from deskbox_server.engines.runc.stream import (
 )
 from deskbox_server.errors import DesktopFailed
 
-from ..sandbox_agent import connect_agent
+from ..sandbox_agent import connect_agent, until_ready
 from .conftest import exec_in
 
 
@@ -105,3 +105,25 @@ def test_the_inits_children_get_stdio_and_a_session_each_and_nothing_else(
         assert fds["0"] == "/dev/null", (name, fds)
         if name != "browser":  # Chromium points its stdio elsewhere itself
             assert fds["1"] == fds["2"] == f"/run/deskbox/{name}.log", (name, fds)
+
+
+def test_a_profile_that_is_no_directory_does_not_end_the_session(options: RuncOptions) -> None:
+    """The init clears the profile's lock files before it starts the browser again; a
+    profile path that a user's command turned into a file used to kill PID 1 (and the
+    session) there. Now the browser is started again and says what it makes of it."""
+    box = RuncSandbox.start(options, f"t-profile-file-{os.getpid()}")
+    try:
+        until_ready(box)
+        status = json.loads(exec_in(box, "cat", "/run/deskbox/status.json").stdout)
+        broken = exec_in(box, "sh", "-c", "rm -rf /root/chromium && echo > /root/chromium"
+                         f" && kill -9 {status['pids']['browser']}")
+        assert broken.returncode == 0, broken.stderr
+        deadline = time.monotonic() + 15
+        while exec_in(box, "cat", "/run/deskbox/session.log").stdout.count("started browser") < 2:
+            assert box.failure() is None, box.failure()
+            assert time.monotonic() < deadline, "the init did not start the browser again"
+            time.sleep(0.1)
+        assert box.failure() is None
+        assert exec_in(box, "true").returncode == 0
+    finally:
+        box.destroy()
