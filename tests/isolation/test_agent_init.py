@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import subprocess
 import time
 
 import pytest
@@ -18,9 +20,9 @@ from deskbox_server.engines.runc.stream import (
     agent_link,
     ensure_agent_link,
 )
-from deskbox_server.errors import DesktopFailed
+from deskbox_server.errors import DesktopFailed, Timeout
 
-from ..sandbox_agent import connect_agent, until_ready
+from ..sandbox_agent import agent_desktop, connect_agent, until_ready, wait_ready
 from .conftest import exec_in
 
 
@@ -107,6 +109,56 @@ def test_the_inits_children_get_stdio_and_a_session_each_and_nothing_else(
             assert fds["1"] == fds["2"] == f"/run/deskbox/{name}.log", (name, fds)
 
 
+# A loop inside the sandbox that kills every Chromium process it finds for 8 s: a browser
+# that keeps crashing as it starts. It ends by itself: a `runc exec` killed from the host
+# leaves its process to a reaper outside the sandbox, and the sandbox's init can then not
+# finish dying.
+_KILL_BROWSERS = (
+    "import os, signal, time\n"
+    "end = time.monotonic() + 8\n"
+    "while time.monotonic() < end:\n"
+    "    for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+    "        try:\n"
+    "            if open(f'/proc/{pid}/comm').read().strip() == 'chromium':\n"
+    "                os.kill(int(pid), signal.SIGKILL)\n"
+    "        except OSError:\n"
+    "            pass\n"
+    "    time.sleep(0.02)\n"
+)
+
+
+def test_a_browser_that_keeps_dying_is_named_in_the_ready_timeout(options: RuncOptions) -> None:
+    """``ready`` that found no browser window in time quotes the init's log, so the session's
+    start error says why (here: the browser killed as it starts, again and again)."""
+    box = RuncSandbox.start(options, f"t-crashing-browser-{os.getpid()}")
+    killer: subprocess.Popen[bytes] | None = None
+    try:
+        until_ready(box)
+        killer = subprocess.Popen(
+            [*box.options.runc.command(), "exec", box.container_id, "python3", "-c",
+             _KILL_BROWSERS], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 5
+        while "exited with -9" not in exec_in(box, "cat", "/run/deskbox/session.log").stdout:
+            assert time.monotonic() < deadline, "the browser was not killed"
+            time.sleep(0.05)
+
+        async def ready() -> None:
+            async with agent_desktop(box) as desktop:
+                await desktop.ready(True, 3.0)
+
+        with pytest.raises(Timeout) as timed_out:
+            asyncio.run(ready())
+        message = str(timed_out.value)
+        assert "waiting for the browser window; the session's init: " in message, message
+        assert re.search(r'"\d+\.\d+ deskbox-session: (browser \(pid \d+\) exited with -9|'
+                         r"restarting the browser in [\d.]+ s|started browser \(pid \d+\))",
+                         message), message
+    finally:
+        if killer is not None:
+            killer.wait(timeout=30)
+        box.destroy()
+
+
 def test_a_profile_that_is_no_directory_does_not_end_the_session(options: RuncOptions) -> None:
     """The init clears the profile's lock files before it starts the browser again; a
     profile path that a user's command turned into a file used to kill PID 1 (and the
@@ -125,5 +177,49 @@ def test_a_profile_that_is_no_directory_does_not_end_the_session(options: RuncOp
             time.sleep(0.1)
         assert box.failure() is None
         assert exec_in(box, "true").returncode == 0
+    finally:
+        box.destroy()
+
+
+# Inside the sandbox: kill the browser, then stop the one the init starts next (its pid
+# is in status.json at once, Chromium's window comes 0.2 s or more later): a browser that
+# hangs before it shows a window.
+_HANG_NEXT_BROWSER = (
+    "import json, os, signal, time\n"
+    "def browser():\n"
+    "    try:\n"
+    "        return json.load(open('/run/deskbox/status.json'))['pids'].get('browser')\n"
+    "    except (OSError, ValueError):\n"
+    "        return None\n"
+    "old = browser()\n"
+    "os.kill(old, signal.SIGKILL)\n"
+    "end = time.monotonic() + 10\n"
+    "while time.monotonic() < end:\n"
+    "    new = browser()\n"
+    "    if new not in (None, old):\n"
+    "        os.kill(new, signal.SIGSTOP)\n"
+    "        print(new)\n"
+    "        raise SystemExit(0)\n"
+    "    time.sleep(0.002)\n"
+    "raise SystemExit('no new browser')\n"
+)
+
+
+def test_a_browser_stuck_without_a_window_is_started_again(options: RuncOptions) -> None:
+    """A browser that shows no window and uses no CPU (here: stopped as it starts) is
+    killed while ``ready`` waits, 10 s after it was first seen; the init starts it again
+    and the desktop comes up."""
+    box = RuncSandbox.start(options, f"t-stuck-browser-{os.getpid()}")
+    try:
+        until_ready(box)
+        hung = exec_in(box, "python3", "-c", _HANG_NEXT_BROWSER)
+        assert hung.returncode == 0, hung.stderr
+        stopped = int(hung.stdout)
+        started = time.monotonic()
+        stages = asyncio.run(wait_ready(box))
+        assert 10 <= time.monotonic() - started < 25, stages
+        log = exec_in(box, "cat", "/run/deskbox/session.log").stdout
+        assert f"browser (pid {stopped}) exited with -9" in log, log
+        assert log.count("started browser") == 3, log
     finally:
         box.destroy()

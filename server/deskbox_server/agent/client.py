@@ -88,7 +88,7 @@ class CallResult:
         return value
 
 
-def _clean(text: str, limit: int = 512) -> str:
+def _clean(text: str, limit: int = 1024) -> str:
     return _CONTROL.sub("?", text)[:limit]
 
 

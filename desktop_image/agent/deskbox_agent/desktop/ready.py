@@ -61,8 +61,13 @@ def _connect(display_name: str, deadline: float) -> xdisplay.Display:
         select.select([], [], [], _SOCKET_RETRY_S)
 
 
-def wait_ready(display_name: str, browser: bool, timeout_s: float) -> dict[str, float]:
-    """Seconds from the call until each stage was reached: xserver, wm[, browser, painted]."""
+def wait_ready(
+    display_name: str, browser: bool, timeout_s: float,
+    while_no_browser_window: Callable[[], None] = lambda: None,
+) -> dict[str, float]:
+    """Seconds from the call until each stage was reached: xserver, wm[, browser, painted].
+    ``while_no_browser_window`` is called each time the browser's window is looked for in
+    vain (at least every 50 ms)."""
     started = time.monotonic()
     deadline = started + timeout_s
     timings: dict[str, float] = {}
@@ -82,11 +87,14 @@ def wait_ready(display_name: str, browser: bool, timeout_s: float) -> dict[str, 
         if browser:
 
             def browser_window_viewable() -> bool:
-                return any(
+                if any(
                     window_viewable(w)
                     and (w.get_wm_class() or ("", ""))[1].lower().startswith("chromium")
                     for w in top_level_clients(x)
-                )
+                ):
+                    return True
+                while_no_browser_window()
+                return False
 
             _wait(x, browser_window_viewable, deadline, "the browser window")
             timings["browser"] = time.monotonic() - started

@@ -26,6 +26,7 @@ from ..fdwait import wait_readable
 from ..registry import Blob, CallError, Json, Registry
 from .errors import DesktopError, DesktopFailed, InvalidAction
 from .parts import Parts
+from .session_init import StuckBrowser, clues
 
 if TYPE_CHECKING:
     from . import actions as a
@@ -241,12 +242,15 @@ class DesktopService:
         from .ready import wait_ready
 
         self._first_call()
+        stuck = StuckBrowser()
         # Its own thread and X connection: waiting for a browser must not hold the desktop's.
         try:
             timings = await asyncio.to_thread(
-                wait_ready, self.display_name, browser, float(timeout_s))  # type: ignore[arg-type]
+                wait_ready, self.display_name, browser, float(timeout_s),  # type: ignore[arg-type]
+                stuck.check)
         except DesktopError as error:
-            raise CallError(error.status, error.kind, error.message) from None
+            why = clues("wm", "browser") if browser else clues("wm")
+            raise CallError(error.status, error.kind, error.message + why) from None
         # The desktop's own connections (input, capture: libraries found, shared memory
         # set up) are made now, while the sandbox is young: a session that later runs into
         # its pids limit (a fork bomb) can still be driven.
