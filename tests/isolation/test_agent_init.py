@@ -223,3 +223,29 @@ def test_a_browser_stuck_without_a_window_is_started_again(options: RuncOptions)
         assert log.count("started browser") == 3, log
     finally:
         box.destroy()
+
+
+def test_a_full_run_directory_does_not_end_the_session(options: RuncOptions) -> None:
+    """The init's log and status.json live in the sandbox's small /run, which its user can
+    fill; PID 1 then goes on without them and still starts the browser again."""
+    box = RuncSandbox.start(options, f"t-full-run-{os.getpid()}")
+    try:
+        until_ready(box)
+        status = json.loads(exec_in(box, "cat", "/run/deskbox/status.json").stdout)
+        # Every process started after this shell (the next browser) has a higher pid.
+        fill = exec_in(box, "sh", "-c", "dd if=/dev/zero of=/run/fill bs=64k; "
+                       f"kill -9 {status['pids']['browser']}; echo $$")
+        assert "No space left on device" in fill.stderr, fill.stderr
+        last_pid = int(fill.stdout)
+        deadline = time.monotonic() + 15
+        while not any(int(pid) > last_pid and comm == "chromium" for pid, comm in (
+                line.split() for line in exec_in(box, "ps", "-e", "-o", "pid=,comm=")
+                .stdout.splitlines())):
+            assert box.failure() is None, box.failure()
+            assert time.monotonic() < deadline, "the init did not start the browser again"
+            time.sleep(0.1)
+        # Room again: the desktop comes up as before.
+        assert exec_in(box, "rm", "/run/fill").returncode == 0
+        asyncio.run(wait_ready(box))
+    finally:
+        box.destroy()
