@@ -11,34 +11,24 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from deskbox_agent.desktop import session_init
 
 
-def test_the_last_whole_lines_of_each_log_are_quoted(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(session_init.ENV, str(tmp_path))
+def test_the_last_whole_lines_of_each_log_are_quoted(tmp_path: Path) -> None:
     # A log far bigger than what is read of it: only whole lines from its end.
     (tmp_path / "session.log").write_text("".join(f"line {n}\n" for n in range(5000)))
     (tmp_path / "browser.log").write_text('a "quoted"\x1b[31m word\n\n\nrestarting\n')
     (tmp_path / "wm.log").write_text("")
-    assert session_init.clues("wm", "browser", "missing") == (
+    assert session_init.clues(str(tmp_path), "wm", "browser", "missing") == (
         '; the session\'s init: "line 4997", "line 4998", "line 4999"'
         "; the browser's output: \"a 'quoted'?[31m word\", \"restarting\"")
 
 
-def test_a_long_line_is_cut_and_no_directory_means_nothing_to_quote(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(session_init.ENV, str(tmp_path))
+def test_a_long_line_is_cut(tmp_path: Path) -> None:
     (tmp_path / "session.log").write_text("x" * 10_000)
-    quoted = session_init.clues()
+    quoted = session_init.clues(str(tmp_path))
     assert quoted.startswith('; the session\'s init: "xxx') and quoted.endswith('x…"')
     assert len(quoted) < 250
-    monkeypatch.delenv(session_init.ENV)
-    assert session_init.clues("browser") == ""
 
 
 def _browser_status(tmp_path: Path, pid: int) -> None:
@@ -53,20 +43,18 @@ def _check_for(stuck: session_init.StuckBrowser, seconds: float) -> None:
         time.sleep(0.05)
 
 
-def test_a_browser_that_does_nothing_is_killed_and_a_busy_one_is_not(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_browser_that_does_nothing_is_killed_and_a_busy_one_is_not(tmp_path: Path) -> None:
     """StuckBrowser reads the init's status.json for the browser's pid and its CPU time
     from /proc: stuck (asleep, stopped or deadlocked) is killed, slow (busy) is left."""
-    monkeypatch.setenv(session_init.ENV, str(tmp_path))
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     idle = subprocess.Popen(["sleep", "60"])
     try:
         _browser_status(tmp_path, busy.pid)
-        stuck = session_init.StuckBrowser(after_s=0.6)
+        stuck = session_init.StuckBrowser(str(tmp_path), after_s=0.6)
         _check_for(stuck, 1.5)
         assert busy.poll() is None and stuck.restarted == []
-        assert f"the browser (pid {busy.pid}): state R" in session_init.clues("browser")
+        quoted = session_init.clues(str(tmp_path), "browser")
+        assert f"the browser (pid {busy.pid}): state R" in quoted, quoted
 
         _browser_status(tmp_path, idle.pid)  # the init started another one
         _check_for(stuck, 0.3)

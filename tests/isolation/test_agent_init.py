@@ -4,11 +4,13 @@ when it exits; the host links its socket like the X socket and checks the listen
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
 import subprocess
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -109,6 +111,55 @@ def test_the_inits_children_get_stdio_and_a_session_each_and_nothing_else(
             assert fds["1"] == fds["2"] == f"/run/deskbox/{name}.log", (name, fds)
 
 
+@contextlib.contextmanager
+def own_sandbox(options: RuncOptions, name: str) -> Iterator[RuncSandbox]:
+    """A ready sandbox of the test's own, for tests that break its browser."""
+    box = RuncSandbox.start(options, f"t-{name}-{os.getpid()}")
+    try:
+        until_ready(box)
+        yield box
+    finally:
+        box.destroy()
+
+
+def kill_browser_after(box: RuncSandbox, script: str) -> subprocess.CompletedProcess[str]:
+    """Runs the shell ``script`` in the sandbox, kills its browser, and waits until the
+    init started a new one (a chromium with a higher pid than the script's shell); the
+    sandbox must stay alive all the while."""
+    status = json.loads(exec_in(box, "cat", "/run/deskbox/status.json").stdout)
+    done = exec_in(box, "sh", "-c", f"{script}; kill -9 {status['pids']['browser']}; echo $$")
+    last_pid = int(done.stdout.split()[-1])
+    deadline = time.monotonic() + 15
+    while not any(int(pid) > last_pid and comm == "chromium" for pid, comm in (
+            line.split() for line in exec_in(box, "ps", "-e", "-o", "pid=,comm=")
+            .stdout.splitlines())):
+        assert box.failure() is None, box.failure()
+        assert time.monotonic() < deadline, "the init did not start the browser again"
+        time.sleep(0.1)
+    return done
+
+
+def test_a_profile_that_is_no_directory_does_not_end_the_session(options: RuncOptions) -> None:
+    """The init clears the profile's lock files before it starts the browser again; a
+    profile path that a user's command turned into a file used to kill PID 1 (and the
+    session) there. Now the browser is started again and says what it makes of it."""
+    with own_sandbox(options, "profile-file") as box:
+        kill_browser_after(box, "rm -rf /root/chromium && echo > /root/chromium")
+        assert box.failure() is None
+        assert exec_in(box, "true").returncode == 0
+
+
+def test_a_full_run_directory_does_not_end_the_session(options: RuncOptions) -> None:
+    """The init's log and status.json live in the sandbox's small /run, which its user can
+    fill; PID 1 then goes on without them and still starts the browser again."""
+    with own_sandbox(options, "full-run") as box:
+        filled = kill_browser_after(box, "dd if=/dev/zero of=/run/fill bs=64k")
+        assert "No space left on device" in filled.stderr, filled.stderr
+        # Room again: the desktop comes up as before.
+        assert exec_in(box, "rm", "/run/fill").returncode == 0
+        asyncio.run(wait_ready(box))
+
+
 # A loop inside the sandbox that kills every Chromium process it finds for 8 s: a browser
 # that keeps crashing as it starts. It ends by itself: a `runc exec` killed from the host
 # leaves its process to a reaper outside the sandbox, and the sandbox's init can then not
@@ -130,55 +181,29 @@ _KILL_BROWSERS = (
 def test_a_browser_that_keeps_dying_is_named_in_the_ready_timeout(options: RuncOptions) -> None:
     """``ready`` that found no browser window in time quotes the init's log, so the session's
     start error says why (here: the browser killed as it starts, again and again)."""
-    box = RuncSandbox.start(options, f"t-crashing-browser-{os.getpid()}")
-    killer: subprocess.Popen[bytes] | None = None
-    try:
-        until_ready(box)
+    with own_sandbox(options, "crashing-browser") as box:
         killer = subprocess.Popen(
             [*box.options.runc.command(), "exec", box.container_id, "python3", "-c",
              _KILL_BROWSERS], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 5
-        while "exited with -9" not in exec_in(box, "cat", "/run/deskbox/session.log").stdout:
-            assert time.monotonic() < deadline, "the browser was not killed"
-            time.sleep(0.05)
+        try:
+            deadline = time.monotonic() + 5
+            while "exited with -9" not in exec_in(box, "cat", "/run/deskbox/session.log").stdout:
+                assert time.monotonic() < deadline, "the browser was not killed"
+                time.sleep(0.05)
 
-        async def ready() -> None:
-            async with agent_desktop(box) as desktop:
-                await desktop.ready(True, 3.0)
+            async def ready() -> None:
+                async with agent_desktop(box) as desktop:
+                    await desktop.ready(True, 3.0)
 
-        with pytest.raises(Timeout) as timed_out:
-            asyncio.run(ready())
+            with pytest.raises(Timeout) as timed_out:
+                asyncio.run(ready())
+        finally:
+            killer.wait(timeout=30)
         message = str(timed_out.value)
         assert "waiting for the browser window; the session's init: " in message, message
         assert re.search(r'"\d+\.\d+ deskbox-session: (browser \(pid \d+\) exited with -9|'
                          r"restarting the browser in [\d.]+ s|started browser \(pid \d+\))",
                          message), message
-    finally:
-        if killer is not None:
-            killer.wait(timeout=30)
-        box.destroy()
-
-
-def test_a_profile_that_is_no_directory_does_not_end_the_session(options: RuncOptions) -> None:
-    """The init clears the profile's lock files before it starts the browser again; a
-    profile path that a user's command turned into a file used to kill PID 1 (and the
-    session) there. Now the browser is started again and says what it makes of it."""
-    box = RuncSandbox.start(options, f"t-profile-file-{os.getpid()}")
-    try:
-        until_ready(box)
-        status = json.loads(exec_in(box, "cat", "/run/deskbox/status.json").stdout)
-        broken = exec_in(box, "sh", "-c", "rm -rf /root/chromium && echo > /root/chromium"
-                         f" && kill -9 {status['pids']['browser']}")
-        assert broken.returncode == 0, broken.stderr
-        deadline = time.monotonic() + 15
-        while exec_in(box, "cat", "/run/deskbox/session.log").stdout.count("started browser") < 2:
-            assert box.failure() is None, box.failure()
-            assert time.monotonic() < deadline, "the init did not start the browser again"
-            time.sleep(0.1)
-        assert box.failure() is None
-        assert exec_in(box, "true").returncode == 0
-    finally:
-        box.destroy()
 
 
 # Inside the sandbox: kill the browser, then stop the one the init starts next (its pid
@@ -209,9 +234,7 @@ def test_a_browser_stuck_without_a_window_is_started_again(options: RuncOptions)
     """A browser that shows no window and uses no CPU (here: stopped as it starts) is
     killed while ``ready`` waits, 10 s after it was first seen; the init starts it again
     and the desktop comes up."""
-    box = RuncSandbox.start(options, f"t-stuck-browser-{os.getpid()}")
-    try:
-        until_ready(box)
+    with own_sandbox(options, "stuck-browser") as box:
         hung = exec_in(box, "python3", "-c", _HANG_NEXT_BROWSER)
         assert hung.returncode == 0, hung.stderr
         stopped = int(hung.stdout)
@@ -221,31 +244,3 @@ def test_a_browser_stuck_without_a_window_is_started_again(options: RuncOptions)
         log = exec_in(box, "cat", "/run/deskbox/session.log").stdout
         assert f"browser (pid {stopped}) exited with -9" in log, log
         assert log.count("started browser") == 3, log
-    finally:
-        box.destroy()
-
-
-def test_a_full_run_directory_does_not_end_the_session(options: RuncOptions) -> None:
-    """The init's log and status.json live in the sandbox's small /run, which its user can
-    fill; PID 1 then goes on without them and still starts the browser again."""
-    box = RuncSandbox.start(options, f"t-full-run-{os.getpid()}")
-    try:
-        until_ready(box)
-        status = json.loads(exec_in(box, "cat", "/run/deskbox/status.json").stdout)
-        # Every process started after this shell (the next browser) has a higher pid.
-        fill = exec_in(box, "sh", "-c", "dd if=/dev/zero of=/run/fill bs=64k; "
-                       f"kill -9 {status['pids']['browser']}; echo $$")
-        assert "No space left on device" in fill.stderr, fill.stderr
-        last_pid = int(fill.stdout)
-        deadline = time.monotonic() + 15
-        while not any(int(pid) > last_pid and comm == "chromium" for pid, comm in (
-                line.split() for line in exec_in(box, "ps", "-e", "-o", "pid=,comm=")
-                .stdout.splitlines())):
-            assert box.failure() is None, box.failure()
-            assert time.monotonic() < deadline, "the init did not start the browser again"
-            time.sleep(0.1)
-        # Room again: the desktop comes up as before.
-        assert exec_in(box, "rm", "/run/fill").returncode == 0
-        asyncio.run(wait_ready(box))
-    finally:
-        box.destroy()

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 
 from . import PROTOCOL, VERSION
 from .desktop import register_desktop
+from .desktop.session_init import ENV as INIT_DIR_ENV
 from .h2server import serve_connection
 from .limits import Limits
 from .registry import Json, Registry
@@ -189,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 1.0 <= args.patience <= 100.0:
         parser.error("--patience is a factor from 1 to 100")
     token = read_token(args.token_file) if args.token_file else None
+    # Out of the environment: the commands the agent runs see no DESKBOX_ variable.
+    init_dir = os.environ.pop(INIT_DIR_ENV, "") or None
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="deskbox-agent: %(message)s")
 
@@ -200,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             loop.add_signal_handler(sig, task.cancel)
         registry = default_registry()
         display = args.display or os.environ.get("DISPLAY") or None
-        service = register_desktop(registry, display, args.patience) if display else None
+        service = (register_desktop(registry, display, args.patience, init_dir)
+                   if display else None)
         try:
             with contextlib.suppress(asyncio.CancelledError):
                 await serve(args.listen, Limits(), registry, token)

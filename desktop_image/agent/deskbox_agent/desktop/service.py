@@ -47,9 +47,11 @@ _NO_RESULTS = Parts().blob({"results": [None], "settled": True, "screenshot": No
 class DesktopService:
     """The desktop of one display, driven from one thread."""
 
-    def __init__(self, display_name: str, patience: float = 1.0) -> None:
+    def __init__(self, display_name: str, patience: float = 1.0,
+                 init_dir: str | None = None) -> None:
         self.display_name = display_name
         self._patience = patience
+        self._init_dir = init_dir  # the session init's files (session_init.py), if any
         self._desktop: Desktop | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._lock: asyncio.Lock | None = None
@@ -242,14 +244,16 @@ class DesktopService:
         from .ready import wait_ready
 
         self._first_call()
-        stuck = StuckBrowser()
+        init = self._init_dir
+        stuck = StuckBrowser(init).check if init else lambda: None
         # Its own thread and X connection: waiting for a browser must not hold the desktop's.
         try:
             timings = await asyncio.to_thread(
                 wait_ready, self.display_name, browser, float(timeout_s),  # type: ignore[arg-type]
-                stuck.check)
+                stuck)
         except DesktopError as error:
-            why = clues("wm", "browser") if browser else clues("wm")
+            processes = ("wm", "browser") if browser else ("wm",)
+            why = clues(init, *processes) if init else ""
             raise CallError(error.status, error.kind, error.message + why) from None
         # The desktop's own connections (input, capture: libraries found, shared memory
         # set up) are made now, while the sandbox is young: a session that later runs into
@@ -409,11 +413,12 @@ def _grab(desktop: Desktop, deflate: bool) -> Blob:
 
 
 def register_desktop(
-    registry: Registry, display_name: str, patience: float = 1.0
+    registry: Registry, display_name: str, patience: float = 1.0, init_dir: str | None = None
 ) -> DesktopService:
     """Register the desktop's calls for ``display_name``; nothing connects until a call.
-    ``patience``: see :class:`Desktop`."""
-    service = DesktopService(display_name, patience)
+    ``patience``: see :class:`Desktop`; ``init_dir``: the session init's files, which
+    ``ready`` reads (desktop/session_init.py)."""
+    service = DesktopService(display_name, patience, init_dir)
     registry.register("act", service.act)
     registry.register("grab", service.grab)
     registry.register("grab_deflated", service.grab_deflated)

@@ -1,8 +1,9 @@
 """What the agent knows of the session's init, for a desktop that does not come up in time.
 
 ``deskbox-session`` (the image's PID 1) tells the agent in the environment variable
-:data:`ENV` where it writes its files: its own log (which process exited, with what, and
-when it was started again), each process's output (``browser.log``: Chromium's stderr) and
+:data:`ENV` (which the agent takes out of its environment, so that commands it runs do not
+see it) the directory of its files: its own log (which process exited, with what, and when
+it was started again), each process's output (``browser.log``: Chromium's stderr) and
 ``status.json`` (the processes' pids). A ``ready`` that timed out quotes the logs' last
 lines and the browser's state, so that "no browser window in 30 s" comes with why: a
 browser that keeps crashing, one that is stuck, what it printed last. While ``ready``
@@ -27,16 +28,9 @@ _CHARS = 900  # of them all: the host keeps 1,024 characters of an error's messa
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
-def _directory() -> str | None:
-    return os.environ.get(ENV) or None
-
-
-def clues(*processes: str) -> str:
+def clues(directory: str, *processes: str) -> str:
     """``; <name>'s log: "…", "…"`` for the init's own log and each of ``processes``'
-    output that has any, and the browser's state; empty without the init's directory."""
-    directory = _directory()
-    if directory is None:
-        return ""
+    output that has any, and the browser's state."""
     quoted = []
     for name, label in [("session", "the session's init"),
                         *((process, f"the {process}'s output") for process in processes)]:
@@ -44,18 +38,15 @@ def clues(*processes: str) -> str:
         if lines:
             quoted.append(f"{label}: " + ", ".join(f'"{line}"' for line in lines))
     if "browser" in processes:
-        pid = browser_pid()
+        pid = browser_pid(directory)
         stat = _stat(pid) if pid is not None else None
         if pid is not None and stat is not None:
             quoted.append(f"the browser (pid {pid}): state {stat[0]}, {stat[1]:.2f} s of CPU")
     return _cut("".join(f"; {part}" for part in quoted), _CHARS)
 
 
-def browser_pid() -> int | None:
-    """The browser's pid as the init last wrote it, or None (no init, no browser)."""
-    directory = _directory()
-    if directory is None:
-        return None
+def browser_pid(directory: str) -> int | None:
+    """The browser's pid as the init last wrote it, or None."""
     try:
         with open(os.path.join(directory, "status.json"), "rb") as status:
             pid = json.loads(status.read(65536)).get("pids", {}).get("browser")
@@ -77,7 +68,8 @@ class StuckBrowser:
     while ``ready`` waits for the window.
     """
 
-    def __init__(self, after_s: float = 10.0, idle_cpu_s: float = 0.1) -> None:
+    def __init__(self, directory: str, after_s: float = 10.0, idle_cpu_s: float = 0.1) -> None:
+        self.directory = directory
         self.after_s = after_s
         self.idle_cpu_s = idle_cpu_s
         self.restarted: list[int] = []
@@ -91,7 +83,7 @@ class StuckBrowser:
         if now < self._next_check:
             return
         self._next_check = now + 0.25
-        pid = browser_pid()
+        pid = browser_pid(self.directory)
         stat = _stat(pid) if pid is not None else None
         if pid is None or stat is None:
             return  # no browser, or one that just exited: the init starts it again
