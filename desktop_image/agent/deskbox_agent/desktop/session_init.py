@@ -57,9 +57,9 @@ def browser_pid(directory: str) -> int | None:
 
 class StuckBrowser:
     """Restarts a browser that has shown no window for ``after_s`` since we first saw it
-    and used less than ``idle_cpu_s`` of CPU over the last ``after_s / 2``: stuck, not slow
-    (a browser starting on a busy host keeps using CPU). Killing it is enough: the init
-    starts it again (deskbox-session).
+    and used less than ``idle_cpu_s`` of CPU over the last ``after_s / 2``, never seen
+    waiting for a disk meanwhile: stuck, not slow (a browser starting on a busy host keeps
+    using CPU). Killing it is enough: the init starts it again (deskbox-session).
 
     Seen a few times in this project's test runs, with four sessions starting at once on
     two cores (fewer than 1 start in 300): a browser that showed no window in 30 s, where
@@ -89,6 +89,8 @@ class StuckBrowser:
             return  # no browser, or one that just exited: the init starts it again
         if pid != self._pid:
             self._pid, self._first_seen, self._samples = pid, now, []
+        if stat[0] == "D":
+            self._samples = []  # waiting for a disk (a VM's, reading Chromium): not stuck
         self._samples.append((now, stat[1]))
         window = self.after_s / 2
         while len(self._samples) > 1 and self._samples[1][0] <= now - window:
