@@ -160,13 +160,13 @@ def test_a_full_run_directory_does_not_end_the_session(options: RuncOptions) -> 
         asyncio.run(wait_ready(box))
 
 
-# A loop inside the sandbox that kills every Chromium process it finds for 8 s: a browser
+# A loop inside the sandbox that kills every Chromium process it finds for 5 s: a browser
 # that keeps crashing as it starts. It ends by itself: a `runc exec` killed from the host
 # leaves its process to a reaper outside the sandbox, and the sandbox's init can then not
 # finish dying.
 _KILL_BROWSERS = (
     "import os, signal, time\n"
-    "end = time.monotonic() + 8\n"
+    "end = time.monotonic() + 5\n"
     "while time.monotonic() < end:\n"
     "    for pid in filter(str.isdigit, os.listdir('/proc')):\n"
     "        try:\n"
