@@ -43,11 +43,19 @@ def _check_for(stuck: session_init.StuckBrowser, seconds: float) -> None:
         time.sleep(0.05)
 
 
+def _process(name: str, code: str) -> subprocess.Popen[bytes]:
+    """A Python process that calls itself ``name`` (its /proc comm), then runs ``code``."""
+    rename = f"import ctypes; ctypes.CDLL(None).prctl(15, {name.encode()!r}, 0, 0, 0)\n"
+    return subprocess.Popen([sys.executable, "-c", rename + code])
+
+
 def test_a_browser_that_does_nothing_is_killed_and_a_busy_one_is_not(tmp_path: Path) -> None:
     """StuckBrowser reads the init's status.json for the browser's pid and its CPU time
-    from /proc: stuck (asleep, stopped or deadlocked) is killed, slow (busy) is left."""
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    idle = subprocess.Popen(["sleep", "60"])
+    from /proc: stuck (asleep, stopped or deadlocked) is killed, slow (busy) is left, and a
+    process that is no browser (a pid the kernel gave to another) is never killed."""
+    busy = _process("chromium", "while True: pass")
+    idle = _process("chromium", "import time; time.sleep(60)")
+    other = _process("python3", "import time; time.sleep(60)")
     try:
         _browser_status(tmp_path, busy.pid)
         stuck = session_init.StuckBrowser(str(tmp_path), after_s=0.6)
@@ -56,12 +64,16 @@ def test_a_browser_that_does_nothing_is_killed_and_a_busy_one_is_not(tmp_path: P
         quoted = session_init.clues(str(tmp_path), "browser")
         assert f"the browser (pid {busy.pid}): state R" in quoted, quoted
 
+        _browser_status(tmp_path, other.pid)
+        _check_for(stuck, 1.5)
+        assert other.poll() is None and stuck.restarted == []
+
         _browser_status(tmp_path, idle.pid)  # the init started another one
         _check_for(stuck, 0.3)
         assert idle.poll() is None  # not yet: seen for less than after_s
         _check_for(stuck, 1.0)
         assert idle.wait(timeout=5) == -signal.SIGKILL and stuck.restarted == [idle.pid]
     finally:
-        for process in (busy, idle):
+        for process in (busy, idle, other):
             process.kill()
             process.wait()

@@ -106,14 +106,21 @@ class StuckBrowser:
             self._pid = None
 
 
+# The browser's process: `nice` for the moment before it execs Chromium (deskbox-session).
+_BROWSER_NAMES = (b"chromium", b"nice")
+
+
 def _stat(pid: int) -> tuple[str, float] | None:
-    """The process's state letter and CPU seconds (all its threads), or None if gone."""
+    """The browser's state letter and CPU seconds (all its threads), or None if ``pid`` is
+    gone or is no browser (any more)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read(4096).rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
+            head, tail = stat.read(4096).rsplit(b")", 1)
+    except (OSError, ValueError):
         return None
-    if len(fields) < 13 or fields[0] == b"Z":
+    fields = tail.split()
+    if (head.partition(b"(")[2] not in _BROWSER_NAMES or len(fields) < 13
+            or fields[0] == b"Z"):
         return None
     return fields[0].decode(), (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
 
