@@ -18,7 +18,7 @@ import os
 import signal
 import time
 
-__all__ = ["ENV", "StuckBrowser", "browser_pid", "clues"]
+__all__ = ["ENV", "StuckBrowser", "clues"]
 
 ENV = "DESKBOX_INIT_LOGS"
 _TAIL_BYTES = 4096  # read from each log's end: its last lines, however big it grew
@@ -37,22 +37,23 @@ def clues(directory: str, *processes: str) -> str:
         lines = _last_lines(os.path.join(directory, f"{name}.log"))
         if lines:
             quoted.append(f"{label}: " + ", ".join(f'"{line}"' for line in lines))
-    if "browser" in processes:
-        pid = browser_pid(directory)
-        stat = _stat(pid) if pid is not None else None
-        if pid is not None and stat is not None:
-            quoted.append(f"the browser (pid {pid}): state {stat[0]}, {stat[1]:.2f} s of CPU")
+    if "browser" in processes and (browser := _browser(directory)) is not None:
+        pid, state, cpu_s = browser
+        quoted.append(f"the browser (pid {pid}): state {state}, {cpu_s:.2f} s of CPU")
     return _cut("".join(f"; {part}" for part in quoted), _CHARS)
 
 
-def browser_pid(directory: str) -> int | None:
-    """The browser's pid as the init last wrote it, or None."""
+def _browser(directory: str) -> tuple[int, str, float] | None:
+    """The browser's pid (as the init last wrote it), state letter and CPU seconds; None
+    without one (no browser, one that just exited, a pid that is no browser any more)."""
     try:
         with open(os.path.join(directory, "status.json"), "rb") as status:
             pid = json.loads(status.read(65536)).get("pids", {}).get("browser")
     except (OSError, ValueError, AttributeError):
         return None
-    return pid if type(pid) is int and pid > 1 else None
+    if type(pid) is not int or pid <= 1 or (stat := _stat(pid)) is None:
+        return None
+    return pid, *stat
 
 
 class StuckBrowser:
@@ -83,21 +84,21 @@ class StuckBrowser:
         if now < self._next_check:
             return
         self._next_check = now + 0.25
-        pid = browser_pid(self.directory)
-        stat = _stat(pid) if pid is not None else None
-        if pid is None or stat is None:
-            return  # no browser, or one that just exited: the init starts it again
+        browser = _browser(self.directory)
+        if browser is None:
+            return  # the init starts one again
+        pid, state, cpu_s = browser
         if pid != self._pid:
             self._pid, self._first_seen, self._samples = pid, now, []
-        if stat[0] == "D":
+        if state == "D":
             self._samples = []  # waiting for a disk (a VM's, reading Chromium): not stuck
-        self._samples.append((now, stat[1]))
+        self._samples.append((now, cpu_s))
         window = self.after_s / 2
         while len(self._samples) > 1 and self._samples[1][0] <= now - window:
             self._samples.pop(0)
         oldest_at, oldest_cpu = self._samples[0]
         if (now - self._first_seen >= self.after_s and now - oldest_at >= window
-                and stat[1] - oldest_cpu < self.idle_cpu_s):
+                and cpu_s - oldest_cpu < self.idle_cpu_s):
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
