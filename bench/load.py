@@ -9,9 +9,11 @@ raised), creates ``--sessions`` 1280x800 sessions showing a page that is one big
 then runs ``--clients`` clients at once (client i on session i mod N, two per session by
 default), each with one websocket and ``--actions`` actions one after another: 40 %
 screenshots (JPEG q75), 40 % clicks in the page, 20 % typing 4-12 characters
-(``tests/load_client.py``, which also checks every reply). It prints the latency of each
-action kind (send to the whole reply, frames included) as p50/p95/p99/max, the error count
-(anything but the reply the protocol promises; must be 0, else the exit status is 1), the
+(``tests/load_client.py``, which also checks every reply). ``--page flat`` shows the same
+text area drawn by the page instead of Chromium's native theme, which a click makes
+Chromium repaint whole (bench/README.md, "Load"). It prints the latency of each action kind
+(send to the whole reply, frames included) as p50/p95/p99/max, the error count (anything
+but the reply the protocol promises; must be 0, else the exit status is 1), the
 throughput, and the server process's RSS before and after. Every session is deleted and the
 server stopped on exit.
 """
@@ -32,9 +34,17 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 import api as bench_api  # noqa: E402 (bench/api.py: the server helper)
 
-from tests.load_client import KINDS, TEXT_PAGE, LoadResult, percentile, run_load  # noqa: E402
+from tests.load_client import (  # noqa: E402
+    FLAT_TEXT_PAGE,
+    KINDS,
+    TEXT_PAGE,
+    LoadResult,
+    percentile,
+    run_load,
+)
 
 WIDTH, HEIGHT = 1280, 800
+PAGES = {"textarea": TEXT_PAGE, "flat": FLAT_TEXT_PAGE}
 
 
 def progress(message: str) -> None:
@@ -48,11 +58,12 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def table(result: LoadResult, clients: int, sessions: int, rss: tuple[float, float]) -> str:
+def table(result: LoadResult, clients: int, sessions: int, rss: tuple[float, float],
+          page: str) -> str:
     lines = [
         f"## Load: {clients} clients x {result.actions // max(clients, 1)} actions over "
-        f"{sessions} sessions ({WIDTH}x{HEIGHT}, actions websocket, one request in flight "
-        "per client)\n",
+        f"{sessions} sessions ({WIDTH}x{HEIGHT}, page `{page}`, actions websocket, one request "
+        "in flight per client)\n",
         "| action | n | p50 ms | p95 ms | p99 ms | max ms |",
         "|---|---:|---:|---:|---:|---:|",
     ]
@@ -84,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--actions", type=int, default=1000, help="per client")
     parser.add_argument("--sessions", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--page", choices=PAGES, default="textarea",
+                        help="the text area drawn by Chromium's native theme, or by the page")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("bench/load.py needs root (runc sandboxes)")
@@ -96,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             for n in range(args.sessions):
                 progress(f"creating session {n + 1}/{args.sessions}")
-                sessions.append(bench_api.create(http, TEXT_PAGE))
+                sessions.append(bench_api.create(http, PAGES[args.page]))
             time.sleep(2)  # the pages settle before the clock starts
             base = f"ws{str(http.base_url).removeprefix('http').rstrip('/')}"
             urls = [f"{base}/v1/sessions/{sid}/actions/ws" for sid in sessions]
@@ -110,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             for session_id in sessions:
                 http.delete(f"/v1/sessions/{session_id}")
-    print(table(result, args.clients, args.sessions, (before, after)))
+    print(table(result, args.clients, args.sessions, (before, after), args.page))
     return 1 if result.errors or result.actions != args.clients * args.actions else 0
 
 
