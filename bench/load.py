@@ -2,8 +2,7 @@
 
 Run from the repository root (root, runc; builds the session image first if missing)::
 
-    .venv/bin/python bench/load.py [--clients 20] [--actions 1000] [--sessions 10] \
-        [--page textarea|flat]
+    .venv/bin/python bench/load.py [--clients 20] [--actions 1000] [--sessions 10] [--page flat]
 
 It starts ``deskbox serve`` (bench/api.py's helper; container backend, session limits
 raised), creates ``--sessions`` 1280x800 sessions showing a page that is one big text area,
