@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -236,16 +239,23 @@ def _ensure_base(images: Path, recipe: Recipe, progress: Progress) -> Path:
     progress(f"base {recipe.base_hash}: running mmdebstrap ({len(recipe.packages)} packages)")
     with _staging(images, f"base-{recipe.base_hash}") as staging:
         argv = recipe.mmdebstrap_argv(staging / "rootfs")
+        # A session of its own, so that a terminal's Ctrl-C reaches only this script, which
+        # stops the whole of mmdebstrap (apt, dpkg) before removing its chroot; and it gets
+        # SIGTERM if this script is killed outright.
         with subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, errors="replace",
+            text=True, errors="replace", start_new_session=True, preexec_fn=_die_with_parent,
         ) as process:
             assert process.stdout is not None
             tail: list[str] = []
-            for line in process.stdout:
-                line = line.rstrip()
-                progress(f"  mmdebstrap: {line}")
-                tail = (tail + [line])[-20:]
+            try:
+                for line in process.stdout:
+                    line = line.rstrip()
+                    progress(f"  mmdebstrap: {line}")
+                    tail = (tail + [line])[-20:]
+            except BaseException:
+                _stop_session(process)
+                raise
         if process.returncode != 0:
             raise RuntimeError(
                 f"mmdebstrap failed with {process.returncode}:\n" + "\n".join(tail)
@@ -288,16 +298,63 @@ def cached_or_built(
     return final
 
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> None:
+    """In mmdebstrap's child before exec: SIGTERM when this script dies (PR_SET_PDEATHSIG)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def _stop_session(process: subprocess.Popen[str], grace_s: float = 10.0) -> None:
+    """SIGTERM to every process of ``process``'s session (its own process group), SIGKILL
+    to what is left after ``grace_s``; returns once ``process`` has exited."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(wait_s)
+            return
+
+
 @contextlib.contextmanager
 def _staging(images: Path, name: str) -> Iterator[Path]:
-    """A temporary directory next to the final one; removed unless renamed away."""
+    """A temporary directory next to the final one; removed unless renamed away. Called
+    under the images' lock, so what is left of an earlier build of ``name`` (a killed one)
+    is removed first."""
+    for stale in images.glob(f".building-{name}-*"):
+        _remove_staging(stale)
     staging = Path(tempfile.mkdtemp(prefix=f".building-{name}-", dir=images))
     staging.chmod(0o755)  # apt downloads as _apt and must reach the target
     try:
         yield staging
     finally:
         if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+            _remove_staging(staging)
+
+
+def _remove_staging(staging: Path) -> None:
+    """Unmount what an interrupted mmdebstrap left mounted in its chroot (/proc, /sys,
+    /dev/pts, /dev/shm), then remove the directory: a removal that walked into those
+    mounts would fail on their files and leave them behind, mounted, for good."""
+    for point in _mounts_under(staging):
+        # Lazy: a mount some process still uses leaves the tree now and goes when it is done.
+        subprocess.run(["umount", "--lazy", point], stdin=subprocess.DEVNULL,
+                       capture_output=True, check=False)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _mounts_under(directory: Path) -> list[str]:
+    """The mount points at or below ``directory``, deepest first."""
+    top = str(directory.resolve())
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        # Field 5 is the mount point, with space, tab, newline and backslash octal-escaped.
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), line.split(" ")[4])
+        if point == top or point.startswith(top + "/"):
+            points.append(point)
+    return sorted(points, key=lambda point: point.count("/"), reverse=True)
 
 
 @contextlib.contextmanager
@@ -334,6 +391,10 @@ def _installed_versions(rootfs: Path, packages: tuple[str, ...]) -> dict[str, st
     return versions
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -365,8 +426,13 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"image {recipe.hash}: " + (f"{len(problems)} differences" if problems
                                             else "every file matches its build"))
         return 1 if problems else 0
+    # A stop (SIGTERM) unwinds like Ctrl-C, so that an unfinished build is removed.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         rootfs = ensure_image(args.state_dir.resolve(), recipe, progress)
+    except KeyboardInterrupt:
+        progress("image build interrupted: the unfinished build was removed")
+        return 130
     except image_store.ImageIntegrityError as error:
         progress(f"error: {error}; run `deskbox image verify` for every difference, or "
                  f"remove {final} to build it again")

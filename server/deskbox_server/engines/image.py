@@ -25,6 +25,7 @@ __all__ = ["OCI_ARCHIVE", "build_image", "build_off_loop", "describe_images", "v
 
 Progress = Callable[[str], None]
 _TAIL_LINES = 20
+_STOP_GRACE_S = 20.0  # build.py's own grace for mmdebstrap is 10 s
 # build.py's exit status when the cached image fails its start-up integrity check.
 _INTEGRITY_FAILED = 4
 OCI_ARCHIVE = "deskbox-session.oci.tar"  # in oci_image.py's directory (its ARCHIVE)
@@ -75,7 +76,12 @@ def build_image(
                     stopped.append(f"took over {timeout_s:.0f} s")
                 else:
                     continue
-                process.kill()
+                # build.py stops mmdebstrap and removes the unfinished build on SIGTERM.
+                process.terminate()
+                try:
+                    process.wait(_STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    process.kill()
                 return
 
         watchdog = threading.Thread(target=watch, name="image-build-watch", daemon=True)
