@@ -13,8 +13,7 @@ from types import ModuleType
 import pytest
 
 from ..images import REPO
-
-RECIPE = REPO / "desktop_image"
+from .conftest import RECIPE
 
 
 @pytest.fixture
