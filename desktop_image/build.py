@@ -31,7 +31,6 @@ import fcntl
 import hashlib
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -348,12 +347,8 @@ def _remove_staging(staging: Path) -> None:
 def _mounts_under(directory: Path) -> list[str]:
     """The mount points at or below ``directory``, deepest first."""
     top = str(directory.resolve())
-    points = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        # Field 5 is the mount point, with space, tab, newline and backslash octal-escaped.
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), line.split(" ")[4])
-        if point == top or point.startswith(top + "/"):
-            points.append(point)
+    points = [point for point, _ in image_store.mount_table()
+              if point == top or point.startswith(top + "/")]
     return sorted(points, key=lambda point: point.count("/"), reverse=True)
 
 

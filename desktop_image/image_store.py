@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 import subprocess
 from collections.abc import Callable, Iterator
@@ -36,11 +37,13 @@ __all__ = [
     "check",
     "ensure_mounted",
     "make_image",
+    "mount_table",
     "mounted_fstype",
     "verify",
     "write_contents",
 ]
 
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
 IMAGE_FILE = "rootfs.erofs"
 CONTENTS = "contents.jsonl"
 MANIFEST = "manifest.json"
@@ -189,14 +192,23 @@ def _compare(root: Path, relative: str, expected: tuple[int, str]) -> Mismatch |
     return None
 
 
+def mount_table() -> list[tuple[str, list[str]]]:
+    """This process's mounts, in order: (mount point, the line's fields), the point with
+    mountinfo's octal escapes (of space, tab, newline and backslash) decoded."""
+    table = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split(" ")
+        table.append((_OCTAL_ESCAPE.sub(lambda m: chr(int(m[1], 8)), fields[4]), fields))
+    return table
+
+
 def mounted_fstype(mountpoint: Path) -> tuple[str, bool] | None:
     """(file system type, superblock read-only) of what is mounted on ``mountpoint``."""
     target = str(mountpoint.resolve())
     found: tuple[str, bool] | None = None
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        separator = fields.index("-")
-        if fields[4].encode().decode("unicode_escape") == target:
+    for point, fields in mount_table():
+        if point == target:
+            separator = fields.index("-")
             super_options = fields[separator + 3].split(",")
             found = (fields[separator + 1], "ro" in super_options)
     return found
