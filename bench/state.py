@@ -78,6 +78,8 @@ def runc(*args: str) -> None:
 
 
 def row(name: str, samples: Sequence[float], target_ms: float = TARGET_MS) -> str:
+    if not samples:  # that part was asked 0 times
+        return f"| {name} | – | – | – | not measured |"
     median = statistics.median(samples)
     mark = verdict(median, target_ms) + f" (≤ {target_ms:g})" if target_ms else "-"
     return (f"| {name} | {median:.2f} | {p95(samples):.2f} | {max(samples):.2f} "
@@ -181,9 +183,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(row("POST /snapshots (API, session runs on)", snapshots, 0))
     print(row("create from_snapshot (API, to running)", restores, 500.0))
     print(row(f"POST /fork count={args.fork} (API, all running)", forks, 1000.0))
-    raw, packed = sizes[-1]
-    print(f"\ncheckpoint of that session: {raw / 2**20:.0f} MiB raw, "
-          f"{packed / 2**20:.1f} MiB with zstd -1")
+    if sizes:
+        raw, packed = sizes[-1]
+        print(f"\ncheckpoint of that session: {raw / 2**20:.0f} MiB raw, "
+              f"{packed / 2**20:.1f} MiB with zstd -1")
     return 0
 
 

@@ -21,6 +21,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from deskbox_server.api.auth import key_id
+from deskbox_server.engines.desktop_commands import DEVTOOLS_PORT
 from deskbox_server.engines.runc.criu import Criu, archive_path
 from deskbox_server.engines.runc.runtime import Runc
 from deskbox_server.engines.runc.sandbox import RuncSandbox
@@ -191,6 +192,53 @@ def test_pause_waits_for_actions_in_flight(
     assert done, "the action in flight failed"  # act() asserted its 200
     assert waited >= 0.5, waited  # the pause waited for the rest of the 1.5 s action
     assert client.post(f"/v1/sessions/{sid}/resume").json()["state"] == "running"
+
+
+def sh(client: httpx.Client, sid: str, script: str) -> str:
+    done = client.post(f"/v1/sessions/{sid}/exec", json={"cmd": ["sh", "-c", script]})
+    assert done.status_code == 200 and done.json()["exit_code"] == 0, done.text
+    stdout: str = done.json()["stdout"]
+    return stdout
+
+
+def devtools_connections(client: httpx.Client, sid: str) -> int:
+    """Established TCP connections to the sandbox's browser's DevTools port."""
+    port = f":{DEVTOOLS_PORT:04X}"
+    rows = [line.split() for line in sh(client, sid, "cat /proc/net/tcp").splitlines()[1:]]
+    return sum(1 for row in rows if row[1].endswith(port) and row[3] == "01")
+
+
+def test_a_pause_does_not_wait_for_a_browser_that_stopped_answering(
+    client: httpx.Client,
+) -> None:
+    """The server watches each browser through a DevTools connection, which a pause lets
+    go before it freezes the sandbox. It drops it: a closing handshake would wait for a
+    browser that may never answer (here stopped; it gets 1 s)."""
+    sid = new_session(client)["id"]
+    try:
+        deadline = time.monotonic() + 10
+        while devtools_connections(client, sid) < 1:  # the server's watch is connected
+            assert time.monotonic() < deadline, "the server never watched the browser"
+            time.sleep(0.1)
+        sh(client, sid, "kill -STOP $(pidof chromium)")
+        started = time.monotonic()
+        paused = client.post(f"/v1/sessions/{sid}/pause", json={"mode": "freeze"})
+        took = time.monotonic() - started
+        assert paused.status_code == 200 and paused.json()["state"] == "paused", paused.text
+        assert took < 0.5, took
+        assert client.post(f"/v1/sessions/{sid}/resume").json()["state"] == "running"
+        sh(client, sid, "kill -CONT $(pidof chromium)")
+        # The browser carries on, watched again.
+        deadline = time.monotonic() + 10
+        while devtools_connections(client, sid) < 1:
+            assert time.monotonic() < deadline, "the server did not watch the browser again"
+            time.sleep(0.1)
+        with SandboxPage(client, sid) as page:
+            clicks = page.wait(lambda state: True)["clicks"]
+            act(client, {"id": sid}, {"type": "click", "x": 640, "y": 700})
+            page.wait(lambda state: state["clicks"] > clicks)
+    finally:
+        assert client.delete(f"/v1/sessions/{sid}").status_code == 204
 
 
 def test_delete_of_a_paused_session_leaves_nothing(client: httpx.Client, server: Server) -> None:

@@ -72,6 +72,11 @@ class BrowserWatch:
                     pass
             except ConnectionClosed:
                 pass
+            except asyncio.CancelledError:
+                # The session pauses or ends: no closing handshake to wait for, with a
+                # browser that may be frozen next and a pause that waits for this.
+                connection.transport.abort()
+                raise
             finally:
                 await connection.close()
             exited = True
