@@ -225,7 +225,7 @@ def test_a_pause_does_not_wait_for_a_browser_that_stopped_answering(
         paused = client.post(f"/v1/sessions/{sid}/pause", json={"mode": "freeze"})
         took = time.monotonic() - started
         assert paused.status_code == 200 and paused.json()["state"] == "paused", paused.text
-        assert took < 0.5, took
+        assert took < 0.9, took  # a handshake waited for would take its whole 1 s
         assert client.post(f"/v1/sessions/{sid}/resume").json()["state"] == "running"
         sh(client, sid, "kill -CONT $(pidof chromium)")
         # The browser carries on, watched again.
