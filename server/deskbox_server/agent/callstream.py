@@ -16,7 +16,7 @@ import struct
 from collections.abc import Callable
 
 from ..errors import DeskboxError
-from .connection import AgentConnection, AgentStream
+from .connection import AgentConnection, AgentStream, take_bytes
 
 __all__ = ["CALLS_TYPE", "MAX_REPLY_HEAD", "CallStream"]
 
@@ -89,10 +89,10 @@ class CallStream:
             chunk = await stream.read(max(size - len(self._buffer), 64 * 1024))
             if not chunk:
                 raise self._conn.fail("calls: the stream ended inside a reply")
+            if not self._buffer and len(chunk) == size:
+                return chunk  # a reply that had arrived whole: no copy more
             self._buffer += chunk
-        out = bytes(self._buffer[:size])
-        del self._buffer[:size]
-        return out
+        return take_bytes(self._buffer, size)
 
     def _head(self, raw: bytes) -> tuple[int, str, int]:
         try:

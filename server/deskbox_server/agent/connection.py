@@ -32,7 +32,7 @@ from deskbox_agent.frames import FrameGuard, FrameViolation
 from ..errors import AgentFailed
 from .limits import AgentLimits
 
-__all__ = ["AgentConnection", "AgentStream", "StreamReset"]
+__all__ = ["AgentConnection", "AgentStream", "StreamReset", "take_bytes"]
 
 FLOOD = "a flood of frames without payload (SETTINGS, PING, empty or unknown frames)"
 
@@ -119,8 +119,7 @@ class AgentStream:
                 return b""
             self._arrived.clear()
             await self._arrived.wait()
-        chunk = bytes(self._body[:max_bytes])
-        del self._body[:max_bytes]
+        chunk = take_bytes(self._body, max_bytes)
         self._conn.consumed(self, len(chunk))
         await self._conn.flush()
         return chunk
@@ -467,3 +466,16 @@ class AgentConnection:
                 f"the agent ended the connection (GOAWAY, code {event.error_code})"
             )
         return 0
+
+
+def take_bytes(buffer: bytearray, size: int) -> bytes:
+    """The first ``size`` bytes of ``buffer``, removed from it, copied once: a slice of a
+    bytearray is a copy of its own (and, at a screenshot's size, fresh pages to fault in)."""
+    if size >= len(buffer):
+        out = bytes(buffer)
+        buffer.clear()
+        return out
+    with memoryview(buffer) as view:
+        out = bytes(view[:size])
+    del buffer[:size]
+    return out
