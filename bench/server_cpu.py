@@ -21,6 +21,7 @@ removed on exit; every session is deleted and every server stopped.
 from __future__ import annotations
 
 import argparse
+import base64
 import os
 import statistics
 import subprocess
@@ -37,6 +38,7 @@ sys.path[:0] = [str(REPO / "bench")]
 
 import api as bench_api  # noqa: E402 (bench/api.py: the server helper)
 import httpx  # noqa: E402
+from agent_desktop import text_page  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -68,10 +70,17 @@ def session_cpu_s(session_id: str) -> float:
     return 0.0
 
 
+def page_url(page: str) -> str:
+    """The session's page: one colour (small frames) or a page of text (~300 KiB each)."""
+    if page == "text":
+        return "data:text/html;base64," + base64.b64encode(text_page().encode()).decode()
+    return bench_api.PAINTED_PAGE
+
+
 def measure(http: httpx.Client, actions: int, progress: Callable[[str], None],
-            ) -> dict[str, Figure]:
+            page: str = "painted") -> dict[str, Figure]:
     pid = bench_api.server_pid(http)
-    session_id = bench_api.create(http, bench_api.PAINTED_PAGE)
+    session_id = bench_api.create(http, page_url(page))
     figures: dict[str, Figure] = {}
     try:
         base = f"/v1/sessions/{session_id}"
@@ -113,7 +122,8 @@ def worktree(ref: str) -> Iterator[Path]:
                            check=False)
 
 
-def run_server(label: str, tree: Path | None, actions: int) -> dict[str, Figure]:
+def run_server(label: str, tree: Path | None, actions: int, page: str,
+               ) -> dict[str, Figure]:
     def progress(message: str) -> None:
         print(f"[{label}] {message}", file=sys.stderr, flush=True)
 
@@ -121,7 +131,7 @@ def run_server(label: str, tree: Path | None, actions: int) -> dict[str, Figure]
     with tempfile.TemporaryDirectory(prefix="deskbox-bench-cpu-") as tmp, \
             bench_api.server(Path(tmp) / "state", extra) as http:
         progress("server ready")
-        return measure(http, actions, progress)
+        return measure(http, actions, progress, page)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -129,6 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--baseline", metavar="REF", help="a commit to measure beside this tree")
     parser.add_argument("--actions", type=int, default=1000, help="of each kind")
     parser.add_argument("--quick", action="store_true", help="100 actions of each kind")
+    parser.add_argument("--page", choices=("painted", "text"), default="painted",
+                        help="one colour (default), or a page of text: frames ten times larger")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("bench/server_cpu.py needs root (runc sandboxes)")
@@ -137,11 +149,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: dict[str, dict[str, Figure]] = {}
     if args.baseline:
         with worktree(args.baseline) as tree:
-            runs[f"baseline {args.baseline}"] = run_server("baseline", tree, actions)
-    runs["this tree"] = run_server("this tree", None, actions)
+            runs[f"baseline {args.baseline}"] = run_server("baseline", tree, actions,
+                                                           args.page)
+    runs["this tree"] = run_server("this tree", None, actions, args.page)
 
     print(f"## Server and session CPU per 1,000 actions, {bench_api.WIDTH}x{bench_api.HEIGHT}, "
-          "one websocket\n")
+          f"one websocket, {args.page} page\n")
     print("| action | server | server CPU s / 1000 | session CPU s / 1000 | p50 ms | p95 ms |")
     print("|---|---|---:|---:|---:|---:|")
     for name in OPERATIONS:
