@@ -118,13 +118,19 @@ def cpu_seconds(pid: int) -> float:
 
 
 def x11vnc_pid(session_id: str) -> int:
+    """The session's newest x11vnc: the one serving the viewers now. The one the last
+    viewer left may still be exiting (SIGTERM, up to 2 s of grace)."""
+    started: dict[int, int] = {}
     for pid in bench_api.container_pids(session_id):
         try:
             if Path(f"/proc/{pid}/comm").read_text().strip() == "x11vnc":
-                return pid
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                started[pid] = int(fields[19])  # starttime, field 22 of proc(5)
         except OSError:
             continue
-    raise SystemExit("no x11vnc in the session")
+    if not started:
+        raise SystemExit("no x11vnc in the session")
+    return max(started, key=lambda pid: started[pid])
 
 
 def viewer_cpu(url: str, session_id: str, server_pid: int, viewers: int, seconds: float,
