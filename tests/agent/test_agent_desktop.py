@@ -6,12 +6,14 @@ DevTools, so every test checks what the page received, not what we sent."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -328,11 +330,11 @@ TEXT_PAGE = "data:text/html," + quote(
               for i in range(40)) + "</body>")
 
 
-async def test_an_idle_agent_gives_a_screenshots_memory_back(
-    host_desktop: HostDesktop, agent_site: Path, cdp: CdpPage, tmp_path: Path,
-) -> None:
-    """Busy, the agent keeps a screenshot's buffers (above); what gives them back is its
-    trim once the desktop has had no call for a moment: an idle session holds none."""
+@contextlib.asynccontextmanager
+async def busy_agent(host_desktop: HostDesktop, agent_site: Path, cdp: CdpPage,
+                     tmp_path: Path) -> AsyncIterator[tuple[AgentDesktop, int]]:
+    """A fresh agent that just took PNGs of a page of text (its heap keeps their buffers),
+    and its pid."""
     cdp.navigate(TEXT_PAGE)
     cdp.wait_painted("data:")
     proc = start_desktop_agent(tmp_path / "a.sock", host_desktop.display_name, agent_site)
@@ -341,12 +343,33 @@ async def test_an_idle_agent_gives_a_screenshots_memory_back(
         desk = AgentDesktop(client)
         shots = [await desk.capture("png") for _ in range(5)]
         assert len(shots[-1].data) > 150_000  # a screen of text, not a blank one
-        busy = _rss(proc.pid)
-        await asyncio.sleep(IDLE_TRIM_S + 1.5)
-        assert _rss(proc.pid) < busy - 4 * MIB, busy  # the buffers went back
+        yield desk, proc.pid
     finally:
         await client.close()
         stop_agent(proc)
+
+
+async def test_an_idle_agent_gives_a_screenshots_memory_back(
+    host_desktop: HostDesktop, agent_site: Path, cdp: CdpPage, tmp_path: Path,
+) -> None:
+    """Busy, the agent keeps a screenshot's buffers (above); what gives them back is its
+    trim once the desktop has had no call for a moment: an idle session holds none."""
+    async with busy_agent(host_desktop, agent_site, cdp, tmp_path) as (_, pid):
+        busy = _rss(pid)
+        await asyncio.sleep(IDLE_TRIM_S + 1.5)
+        assert _rss(pid) < busy - 4 * MIB, busy  # the buffers went back
+
+
+async def test_a_mark_gives_a_screenshots_memory_back_before_the_checkpoint(
+    host_desktop: HostDesktop, agent_site: Path, cdp: CdpPage, tmp_path: Path,
+) -> None:
+    """The host marks the screen right before it checkpoints the sandbox: memory the agent
+    kept for its next screenshots goes back then, not 2 s later, or the checkpoint would
+    dump it (a hibernation of a page of text 180 → 171 MiB, its resume 0.60 → 0.48 s)."""
+    async with busy_agent(host_desktop, agent_site, cdp, tmp_path) as (desk, pid):
+        busy = _rss(pid)
+        await desk.mark()
+        assert _rss(pid) < busy - 4 * MIB, busy
 
 
 async def test_ready_with_and_without_a_browser(desk: AgentDesktop) -> None:

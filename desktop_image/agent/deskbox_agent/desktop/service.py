@@ -216,9 +216,13 @@ class DesktopService:
 
     async def mark(self, args: Mapping[str, Json]) -> Json:
         _only(args, ())
+        malloc = self._first_call()
 
         def work(desktop: Desktop) -> Json:
             desktop.mark()
+            # The host checkpoints the sandbox next: free memory kept for the next
+            # screenshots would be dumped and restored with it.
+            malloc.trim()
             return {}
 
         return await self._on_worker(lambda: self._with_desktop(work))
