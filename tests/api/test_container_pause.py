@@ -27,6 +27,7 @@ from deskbox_server.engines.runc.runtime import Runc
 from deskbox_server.engines.runc.sandbox import RuncSandbox
 from deskbox_server.sessions.desktop import AnyDesktop
 
+from ..impostors import run
 from .conftest import DISPLAY, KEY_A, Server
 from .containers import (
     act,
@@ -195,9 +196,9 @@ def test_pause_waits_for_actions_in_flight(
 
 
 def sh(client: httpx.Client, sid: str, script: str) -> str:
-    done = client.post(f"/v1/sessions/{sid}/exec", json={"cmd": ["sh", "-c", script]})
-    assert done.status_code == 200 and done.json()["exit_code"] == 0, done.text
-    stdout: str = done.json()["stdout"]
+    done = run(client, sid, "sh", "-c", script)
+    assert done["exit_code"] == 0, done
+    stdout: str = done["stdout"]
     return stdout
 
 
