@@ -108,8 +108,11 @@ def agents():
             if any(a.endswith(b"/deskbox-agent") for a in argv) and b"--listen" in argv:
                 yield int(entry)
 """
+# It waits a moment first: the agent it kills is the one that answers the exec that
+# started it, and a kill before that answer failed the exec call itself.
 KILL_AGENT = FIND_AGENT + r"""
-import signal
+import signal, time
+time.sleep(0.5)
 for pid in agents():
     os.kill(pid, signal.SIGKILL)
 """
