@@ -204,6 +204,33 @@ async def test_a_marked_screen_skips_a_repaint_but_never_a_change(page: Page) ->
         page.cdp.wait_painted()
 
 
+async def test_a_page_that_changes_by_itself_is_never_shown_as_it_was(page: Page) -> None:
+    """A look at an unchanged screen reuses the last look's bytes (the agent's Desktop);
+    a page that repaints on a timer, with no action in between, is shown as it is now."""
+    x, y = page.at(200, 150)
+    look = a.Screenshot(format="jpeg", quality=90)
+    page.cdp.evaluate(
+        "(() => { const d = document.body.appendChild(Object.assign("
+        "document.createElement('div'), {id: 'cover'}));"
+        "d.style.cssText = 'position:fixed;inset:0;z-index:99;background:rgb(0,0,255)';"
+        "setTimeout(() => { d.style.background = 'rgb(255,255,0)'; }, 400); })()")
+    try:
+        page.cdp.wait_painted()
+        shots = [(await page.desk.run([], screenshot=look)).screenshot for _ in range(3)]
+        assert all(s is not None and s.data == shots[0].data for s in shots)  # type: ignore[union-attr]
+        assert shots[0] is not None
+        blue = decode(shots[0]).getpixel((x, y))
+        assert isinstance(blue, tuple) and blue[2] > 200 and blue[0] < 40
+        await asyncio.sleep(0.6)
+        later = (await page.desk.run([], screenshot=look)).screenshot
+        assert later is not None
+        yellow = decode(later).getpixel((x, y))
+        assert isinstance(yellow, tuple) and yellow[0] > 200 and yellow[1] > 200 and yellow[2] < 60
+    finally:
+        page.cdp.evaluate("document.getElementById('cover')?.remove()")
+        page.cdp.wait_painted()
+
+
 async def test_region_scale_view_and_zoom(page: Page) -> None:
     rx, ry = page.at(100, 100)
     region = a.Region(x=rx, y=ry, width=200, height=100)

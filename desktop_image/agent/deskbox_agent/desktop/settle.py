@@ -32,10 +32,16 @@ class SettleWatcher:
         self._on_other_event = on_other_event
         self._damaged = False
         self._clean_since = time.monotonic()  # the damage region is empty since then
+        self._changes = 0  # damage events seen: a count that moves when the screen does
+        # A round trip of this batch found the region empty, and nothing came or was
+        # emptied since: any change after that round trip will be reported.
+        self._confirmed = False
 
     def _handle(self, event: Event) -> None:
         if event.type == self._damage_type:
             self._damaged = True
+            self._changes += 1
+            self._confirmed = False
         else:
             self._on_other_event(event)
 
@@ -45,10 +51,18 @@ class SettleWatcher:
         if not self._damaged:
             return False
         self._damaged = False
+        self._confirmed = False  # until a round trip shows the subtract done
         self._display.damage_subtract(self._damage)
         self._display.flush()
         self._clean_since = time.monotonic()
         return True
+
+    def _sync(self) -> None:
+        """A round trip, then the events it brought: damage before now is seen."""
+        self._display.sync()
+        drain_events(self._display, self._handle)
+        if not self._damaged:
+            self._confirmed = True  # every damage seen was subtracted before the round trip
 
     def arm(self) -> None:
         """Forget damage seen so far: what follows is caused by the next actions."""
@@ -65,9 +79,26 @@ class SettleWatcher:
     def quiet_since(self) -> float | None:
         """Since when the screen has not changed, or None if it changed since we last
         looked. A round trip first: damage the server reported before now is then read."""
-        self._display.sync()
-        drain_events(self._display, self._handle)
+        self._sync()
         return None if self._damaged else self._clean_since
+
+    def changes(self) -> int | None:
+        """A count of the screen's changes that moves with every change after this call;
+        None if the screen kept changing while we asked.
+
+        Round trips until one finds no new damage (none if one of this batch did so and
+        nothing came since): damage before it has then been seen, and the region, emptied
+        before it, reports the next change."""
+        for _ in range(3):
+            if self._confirmed:
+                return self._changes
+            self._take_damage()
+            self._sync()
+        return self._changes if self._confirmed else None
+
+    def new_batch(self) -> None:
+        """Round trips of earlier batches no longer vouch for what the screen shows now."""
+        self._confirmed = False
 
     def wait_quiet(self, quiet_s: float, timeout_s: float, since: float | None = None,
                    unchanged: Callable[[], bool] | None = None) -> bool:
@@ -79,7 +110,7 @@ class SettleWatcher:
         deadline = start + timeout_s
         last_change = start if since is None else min(since, start)
         if since is not None:
-            self._display.sync()  # damage up to now is read before quiet is declared
+            self._sync()  # damage up to now is read before quiet is declared
         while True:
             clean_since = self._clean_since
             if self._take_damage():
