@@ -182,13 +182,15 @@ def ours_ws(ws: ClientConnection) -> Method:
             size += len(ws.recv(timeout=20))
         return size
 
-    jpeg = {"type": "screenshot", "format": "jpeg", "quality": JPEG_QUALITY}
+    # Each look captured and encoded: quality 75 and 74 in turn (bench/api.py fresh_looks).
+    jpeg = bench_api.fresh_looks({"type": "screenshot", "format": "jpeg"})
+    png = bench_api.fresh_looks({"type": "screenshot", "format": "png"})
     click = {"type": "click", "x": CLICK_X, "y": CLICK_Y}
     return Method(
         "ours, websocket",
         {
-            OPERATIONS[0]: lambda: call(jpeg),
-            OPERATIONS[1]: lambda: call({"type": "screenshot", "format": "png"}),
+            OPERATIONS[0]: lambda: call(jpeg()),
+            OPERATIONS[1]: lambda: call(png()),
             OPERATIONS[2]: lambda: call(click),
         },
         {
@@ -203,11 +205,10 @@ def ours_ws(ws: ClientConnection) -> Method:
 def ours_rest(http: httpx.Client, session_id: str) -> Method:
     base = f"/v1/sessions/{session_id}"
 
+    looks = {fmt: bench_api.fresh_looks({"format": fmt}) for fmt in ("jpeg", "png")}
+
     def shot(fmt: str) -> int:
-        params: dict[str, str | int] = {"format": fmt}
-        if fmt == "jpeg":
-            params["quality"] = JPEG_QUALITY
-        response = http.get(f"{base}/screenshot", params=params)
+        response = http.get(f"{base}/screenshot", params=looks[fmt]())
         response.raise_for_status()
         return len(response.content)
 
@@ -450,7 +451,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n".join(render(methods, results, cua_reason)))
     print()
     print(f"- Same Xvfb and page for every method (`deskbox serve`, local backend); JPEG"
-          f" quality {JPEG_QUALITY}; {WARMUP} warm-up calls each, then the methods take turns"
+          f" quality {JPEG_QUALITY} (ours: 75 and 74 in turn, so that every look is captured"
+          " and encoded: the agent reuses the last look's bytes for one asked alike at an"
+          f" unchanged screen); {WARMUP} warm-up calls each, then the methods take turns"
           f" in {ROUNDS} blocks; clicks counted by the page (over CDP, {LAND_S} s after each"
           " block; warm-up clicks included).")
     print(f"- Command: `.venv/bin/python bench/peers.py --iterations {args.iterations}`;"

@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from api import HEIGHT, WIDTH, interrupt_on_sigterm, p95, server, timed
+from api import HEIGHT, WIDTH, fresh_looks, interrupt_on_sigterm, p95, server, timed
 
 # A click anywhere flips the page between two colours: every click changes the screen.
 PAGE = ("data:text/html,<body style='margin:0;height:100vh;background:%23e0e0ff' "
@@ -64,9 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     samples[name, "click"] += timed(
                         lambda b=base: http.post(f"{b}/actions", json=CLICK).raise_for_status(),
                         args.iterations)
+                    looks = fresh_looks({"format": "jpeg"})  # each captured and encoded
                     samples[name, "screenshot"] += timed(
-                        lambda b=base: http.get(f"{b}/screenshot", params={
-                            "format": "jpeg", "quality": 75}).raise_for_status(),
+                        lambda b=base, looks=looks: http.get(
+                            f"{b}/screenshot", params=looks()).raise_for_status(),
                         args.iterations)
             recording = http.get(f"/v1/sessions/{ids['recorded']}/recording").json()
         finally:

@@ -5,7 +5,8 @@ Run from the repository root (root, runc; builds the session images first if mis
     .venv/bin/python bench/server_cpu.py [--baseline REF] [--actions 1000]
 
 For each server measured, it starts ``deskbox serve`` (bench/api.py's helper) on one
-1280x800 session, then sends ``--actions`` screenshots (JPEG q75, then PNG) and clicks over
+1280x800 session, then sends ``--actions`` screenshots (JPEG q75/74 in turn, then PNG: each
+captured and encoded, see bench/api.py ``fresh_looks``) and clicks over
 one actions websocket, one in flight, and reads the CPU seconds the server process spent
 meanwhile (``utime + stime`` of ``/proc/PID/stat``, every thread included) and the
 session's own (its cgroup's ``cpuacct.usage``): the issue of the desktop agent moves the
@@ -88,15 +89,18 @@ def measure(http: httpx.Client, actions: int, progress: Callable[[str], None],
         with connect(url, additional_headers={"Authorization": f"Bearer {bench_api.KEY}"},
                      compression=None, max_size=None) as ws:
             counter = [0]
-            for name, action in OPERATIONS.items():
+            for name, request in OPERATIONS.items():
                 progress(f"  {actions} × {name}")
+                # Every look captured and encoded (bench/api.py fresh_looks).
+                action = (bench_api.fresh_looks(request) if request["type"] == "screenshot"
+                          else lambda request=request: request)
                 for _ in range(20):
-                    bench_api.ws_call(ws, counter, action)
+                    bench_api.ws_call(ws, counter, action())
                 server_before, session_before = process_cpu_s(pid), session_cpu_s(session_id)
                 samples = []
                 for _ in range(actions):
                     started = time.perf_counter()
-                    bench_api.ws_call(ws, counter, action)
+                    bench_api.ws_call(ws, counter, action())
                     samples.append(time.perf_counter() - started)
                 scale = 1000 / actions
                 figures[name] = Figure(
