@@ -197,6 +197,13 @@ def fresh_looks(request: Mapping[str, Any]) -> Callable[[], dict[str, Any]]:
     return lambda: {**request, "quality": next(turns)}
 
 
+def each_time(request: Mapping[str, Any]) -> Callable[[], dict[str, Any]]:
+    """``request`` for every call of a timed loop; a screenshot's as ``fresh_looks`` asks."""
+    if request.get("type") == "screenshot":
+        return fresh_looks(request)
+    return lambda: dict(request)
+
+
 def ws_call(ws: ClientConnection, counter: list[int], action: dict[str, Any]) -> None:
     counter[0] += 1
     ws.send(json.dumps({"id": counter[0], "action": action}))

@@ -130,8 +130,7 @@ def ws_timings(ws: ClientConnection, action: dict[str, object], iterations: int)
     """Round trips of ``action``; a screenshot's captured and encoded each time
     (bench/api.py ``fresh_looks``)."""
     counter = [0]
-    next_action = (bench_api.fresh_looks(action) if action["type"] == "screenshot"
-                   else lambda: dict(action))
+    next_action = bench_api.each_time(action)
     return bench_api.timed(lambda: bench_api.ws_call(ws, counter, next_action()), iterations,
                            warmup=3)
 

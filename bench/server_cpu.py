@@ -91,9 +91,7 @@ def measure(http: httpx.Client, actions: int, progress: Callable[[str], None],
             counter = [0]
             for name, request in OPERATIONS.items():
                 progress(f"  {actions} × {name}")
-                # Every look captured and encoded (bench/api.py fresh_looks).
-                action = (bench_api.fresh_looks(request) if request["type"] == "screenshot"
-                          else lambda request=request: request)
+                action = bench_api.each_time(request)  # every look captured and encoded
                 for _ in range(20):
                     bench_api.ws_call(ws, counter, action())
                 server_before, session_before = process_cpu_s(pid), session_cpu_s(session_id)
