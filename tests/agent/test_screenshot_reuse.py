@@ -16,6 +16,7 @@ from Xlib.display import Display
 from Xlib.xobject.drawable import Window
 
 from deskbox_agent.desktop import actions as a
+from deskbox_agent.desktop import desktop as desktop_module
 from deskbox_agent.desktop.desktop import Desktop
 from deskbox_agent.desktop.encode import EncodedImage
 
@@ -172,3 +173,28 @@ def test_the_window_manager_moving_a_window_is_a_change(desktop: Desktop) -> Non
         assert colour_at(look(desktop), 800, 400) != (200, 0, 200)
     finally:
         painter.close()
+
+
+def test_a_look_too_big_to_keep_is_captured_every_time(
+        desktop: Desktop, painter: Painter, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only looks up to REUSE_MAX_BYTES are kept (4 MiB: a look scaled up to 7680x4320 would
+    hold tens of MiB in an idle session); here the bound is lowered below this PNG."""
+    painter.fill((90, 90, 90))
+    monkeypatch.setattr(desktop_module, "REUSE_MAX_BYTES", len(look(desktop).data) - 1)
+    painter.fill((90, 90, 90))  # damage: the look kept under the old bound is stale
+    look(desktop)
+    reused = desktop.screenshots_reused
+    assert look(desktop).data == look(desktop).data
+    assert desktop.screenshots_reused == reused
+
+
+def test_a_mark_lets_the_last_look_go(desktop: Desktop, painter: Painter) -> None:
+    """Before a checkpoint the host marks the screen: the kept bytes are not dumped."""
+    painter.fill((90, 0, 90))
+    look(desktop)
+    reused = desktop.screenshots_reused
+    desktop.mark()
+    assert colour_at(look(desktop), 640, 400) == (90, 0, 90)
+    assert desktop.screenshots_reused == reused
+    look(desktop)
+    assert desktop.screenshots_reused == reused + 1  # kept again after the mark

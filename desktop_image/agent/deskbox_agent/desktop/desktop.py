@@ -50,6 +50,10 @@ _BUTTON_LAND_MAX_S = 0.5
 _BUTTON_BUSY_S = 0.12
 X_ERRORS = (ConnectionClosedError, XError, OSError)
 _MAX_QUICK_NOTCHES = 20
+# The last look is kept for reuse only up to this size: a 1280x800 page is 30-300 KiB as
+# JPEG, a photo 2 MiB as PNG, but a look scaled up to 7680x4320 would hold tens of MiB in
+# an idle session (and its checkpoints).
+REUSE_MAX_BYTES = 4 * 1024 * 1024
 
 
 def sends_without_waiting(action: a.Action) -> bool:
@@ -435,7 +439,8 @@ class Desktop:
             return last.image
         frame = self._capturer.grab(x, y, width, height, action.cursor)
         image = encode(frame.scaled(*out), action.format, action.quality)
-        self._last_shot = None if changes is None else _Shot(key, changes, image)
+        too_big = len(image.data) > REUSE_MAX_BYTES
+        self._last_shot = None if changes is None or too_big else _Shot(key, changes, image)
         return image
 
     def _zoom(self, action: a.Zoom, space: Space) -> EncodedImage:
@@ -448,7 +453,9 @@ class Desktop:
     def mark(self) -> None:
         """Note the screen as it is (the host is about to checkpoint the sandbox): until
         an action changes it, a batch that only looks takes damage that left the screen
-        exactly so for a repaint, and does not wait out a quiet window for it."""
+        exactly so for a repaint, and does not wait out a quiet window for it. The last
+        look's bytes are let go: the checkpoint need not carry them."""
+        self._last_shot = None
         self._marked = _digest(self.grab_screen())
 
     def _shows_marked(self) -> bool:
