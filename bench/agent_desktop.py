@@ -36,6 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]  # tests/ (its CdpPage and host desktop)
 
+from api import FRESH_QUALITIES  # noqa: E402 (bench/api.py, this script's directory)
+
 from deskbox_server.agent import AgentClient  # noqa: E402
 from deskbox_server.agent.desktop import AgentDesktop  # noqa: E402
 from deskbox_server.schemas import actions as a  # noqa: E402
@@ -180,9 +182,8 @@ async def measure(sock: Path, cdp: CdpPage, workdir: Path, n: int, clicks: int,
 
     try:
         await desk.ready(browser=True, timeout_s=10)
-        # Quality 75 and 74 in turn: the agent reuses the last look's bytes for a look asked
-        # alike at an unchanged screen, so each of these is captured and encoded.
-        qualities = itertools.cycle((75, 74))
+        # Each look captured and encoded, as bench/api.py's fresh_looks asks for them.
+        qualities = itertools.cycle(FRESH_QUALITIES)
         for page_name, html in (("flat page", FLAT_PAGE), ("text page", text_page())):
             show(cdp, html, workdir, page_name.split()[0])
             for fmt in ("jpeg", "png"):
