@@ -31,6 +31,7 @@ from .keymap_watch import KeymapWatch
 from .pointer import PendingSync, Pointer
 from .settle import SettleWatcher
 from .space import Space
+from .strips import Strips
 
 __all__ = [
     "ActionResult", "BatchResult", "ClipboardText", "Desktop", "Point", "Size",
@@ -149,6 +150,9 @@ class Desktop:
         self._marked: int | None = None
         self._last_shot: _Shot | None = None
         self.screenshots_reused = 0
+        # A look's encode on the CPUs the sandbox may use (the helper threads start with
+        # the first frame big enough to cut).
+        self.strips = Strips()
         self.clipboard = Clipboard(display_name)  # its own X connections, made when used
 
     @property
@@ -438,7 +442,7 @@ class Desktop:
             self.screenshots_reused += 1
             return last.image
         frame = self._capturer.grab(x, y, width, height, action.cursor)
-        image = encode(frame.scaled(*out), action.format, action.quality)
+        image = encode(frame.scaled(*out), action.format, action.quality, self.strips)
         too_big = len(image.data) > REUSE_MAX_BYTES
         self._last_shot = None if changes is None or too_big else _Shot(key, changes, image)
         return image
@@ -448,7 +452,7 @@ class Desktop:
         frame = self._capturer.grab(x, y, width, height, False)
         if action.scale is not None:
             frame = frame.scaled(action.scale.width, action.scale.height)
-        return encode(frame, action.format, action.quality)
+        return encode(frame, action.format, action.quality, self.strips)
 
     def mark(self) -> None:
         """Note the screen as it is (the host is about to checkpoint the sandbox): until
@@ -489,6 +493,7 @@ class Desktop:
         if self._closed:
             return
         self._closed = True
+        self.strips.close()
         with suppress(Exception):
             self._capturer.close()
         with suppress(Exception):

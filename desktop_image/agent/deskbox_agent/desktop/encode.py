@@ -1,4 +1,6 @@
 """Encoding frames: JPEG with libjpeg-turbo (simplejpeg), PNG with ISA-L's deflate, WebP.
+A look someone waits for is encoded on several CPUs, in strips (strips.py): a JPEG's
+joined by restart markers (jpeg_strips.py), a PNG's as one deflate stream (here).
 
 PNG is the SDK's default and what Anthropic's tool returns, so it has its own fast path:
 the rows go out unfiltered (filter type 0) as 8-bit RGB, deflated by ISA-L at level 1.
@@ -17,15 +19,20 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import simplejpeg
+import numpy.typing as npt
 from isal import isal_zlib
 
 from .frame import Frame
+from .jpeg_strips import encode_jpeg, jpeg_in_strips
+from .strips import Strips, strip_starts
 
 __all__ = ["MEDIA_TYPES", "EncodedImage", "encode", "encode_png"]
 
 MEDIA_TYPES = {"jpeg": "image/jpeg", "png": "image/png", "webp": "image/webp"}
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# A zlib stream's header: deflate with a 32 KiB window, the fastest level (RFC 1950).
+_ZLIB_HEADER = b"\x78\x01"
+_ADLER_BASE = 65521
 
 
 @dataclass(frozen=True)
@@ -41,31 +48,72 @@ def _chunk(kind: bytes, data: bytes) -> bytes:
         ">I", zlib.crc32(data, zlib.crc32(kind)) & 0xFFFFFFFF)
 
 
-def encode_png(frame: Frame) -> bytes:
-    height, width = frame.height, frame.width
-    # One pass from BGRX to the scanlines PNG wants: a 0 (no filter) byte, then R, G, B.
+def _png_rows(pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """One pass from BGRX to the scanlines PNG wants: a 0 (no filter) byte, then R, G, B."""
+    height, width = int(pixels.shape[0]), int(pixels.shape[1])
     rows = np.empty((height, 1 + 3 * width), dtype=np.uint8)
     rows[:, 0] = 0
     rgb = rows[:, 1:].reshape(height, width, 3)
-    pixels = frame.pixels
     rgb[..., 0] = pixels[..., 2]
     rgb[..., 1] = pixels[..., 1]
     rgb[..., 2] = pixels[..., 0]
+    return rows
+
+
+def _deflated(pixels: npt.NDArray[np.uint8], last: bool) -> tuple[bytes, int, int]:
+    """A strip's rows as raw deflate blocks (the last strip's ends the stream, the others
+    end on a byte boundary, Z_SYNC_FLUSH), their Adler-32 and their length. Filter 0 makes
+    every row stand alone, so the strips' blocks follow one another as one stream."""
+    rows = _png_rows(pixels)
+    deflate = isal_zlib.compressobj(1, isal_zlib.DEFLATED, -15)
+    data = deflate.compress(rows.data) + deflate.flush(
+        isal_zlib.Z_FINISH if last else isal_zlib.Z_SYNC_FLUSH)
+    return data, isal_zlib.adler32(rows.data), rows.nbytes
+
+
+def adler32_combine(first: int, second: int, second_length: int) -> int:
+    """The Adler-32 of two byte strings one after the other, from theirs (zlib's
+    adler32_combine, which Python's zlib does not offer)."""
+    rem = second_length % _ADLER_BASE
+    sum1 = ((first & 0xFFFF) + (second & 0xFFFF) + _ADLER_BASE - 1) % _ADLER_BASE
+    sum2 = (rem * (first & 0xFFFF) + (first >> 16) + (second >> 16) + _ADLER_BASE - rem
+            ) % _ADLER_BASE
+    return sum1 | (sum2 << 16)
+
+
+def encode_png(frame: Frame, strips: Strips | None = None) -> bytes:
+    height, width = frame.height, frame.width
+    pixels = frame.pixels
+    starts = [0] if strips is None else strip_starts(width, height, strips.count)
+    if strips is None or len(starts) < 2:
+        idat = isal_zlib.compress(_png_rows(pixels).data, 1)
+    else:
+        bounds = list(zip(starts, [*starts[1:], height], strict=True))
+        parts = strips.map(lambda piece: _deflated(*piece),
+                           [(pixels[top:bottom], bottom == height) for top, bottom in bounds])
+        adler = parts[0][1]
+        for _, part_adler, length in parts[1:]:
+            adler = adler32_combine(adler, part_adler, length)
+        idat = b"".join([_ZLIB_HEADER, *(data for data, _, _ in parts),
+                         struct.pack(">I", adler)])
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    idat = isal_zlib.compress(rows.data, 1)
     return b"".join((_PNG_SIGNATURE, _chunk(b"IHDR", header), _chunk(b"IDAT", idat),
                      _chunk(b"IEND", b"")))
 
 
-def encode(frame: Frame, fmt: Literal["jpeg", "png", "webp"], quality: int) -> EncodedImage:
+def encode(
+    frame: Frame, fmt: Literal["jpeg", "png", "webp"], quality: int,
+    strips: Strips | None = None,
+) -> EncodedImage:
+    """With ``strips`` (for a look someone waits for), JPEG and PNG are encoded on the
+    sandbox's CPUs together; without, on this thread alone."""
+    data: bytes
     if fmt == "jpeg":
-        # libjpeg-turbo reads BGRX rows directly: no colour conversion pass in Python.
-        data = simplejpeg.encode_jpeg(
-            np.ascontiguousarray(frame.pixels), quality=quality, colorspace="BGRX",
-            colorsubsampling="420", fastdct=True,
-        )
+        pixels = np.ascontiguousarray(frame.pixels)
+        data = (encode_jpeg(pixels, quality) if strips is None
+                else jpeg_in_strips(pixels, quality, strips))
     elif fmt == "png":
-        data = encode_png(frame)
+        data = encode_png(frame, strips)
     else:
         import io
 

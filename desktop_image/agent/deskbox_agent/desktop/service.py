@@ -340,7 +340,8 @@ class _Malloc:
     reaches (the capture, the rows, the deflated bytes): every such screenshot then faulted
     its buffers in anew (9.8 → 6.2 ms). So: buffers up to 32 MB always come from the heap,
     free memory stays there while busy (up to 64 MB), one arena serves all threads (the
-    desktop's worker, ``ready``'s: they take turns), and ``trim`` (on the worker, once the
+    desktop's worker, ``ready``'s, which take turns, and the encode's helpers, which hold
+    a strip's buffers for a millisecond or two), and ``trim`` (on the worker, once the
     desktop has been idle for a moment, and at a ``mark``, before the host checkpoints the
     sandbox) gives the free pages back. Not glibc: nothing to tune.
     """
