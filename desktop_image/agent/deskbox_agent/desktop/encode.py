@@ -84,7 +84,7 @@ def adler32_combine(first: int, second: int, second_length: int) -> int:
 def encode_png(frame: Frame, strips: Strips | None = None) -> bytes:
     height, width = frame.height, frame.width
     pixels = frame.pixels
-    starts = [0] if strips is None else strip_starts(width, height, strips.count)
+    starts = [0] if strips is None else strip_starts(width, height, strips.pieces)
     if strips is None or len(starts) < 2:
         idat = isal_zlib.compress(_png_rows(pixels).data, 1)
     else:

@@ -49,7 +49,7 @@ def jpeg_strip_starts(width: int, height: int, count: int) -> list[int]:
 
 def jpeg_in_strips(pixels: npt.NDArray[np.uint8], quality: int, strips: Strips) -> bytes:
     height, width = int(pixels.shape[0]), int(pixels.shape[1])
-    starts = jpeg_strip_starts(width, height, strips.count)
+    starts = jpeg_strip_starts(width, height, strips.pieces)
     if len(starts) < 2:
         return encode_jpeg(pixels, quality)
     bounds = zip(starts, [*starts[1:], height], strict=True)
