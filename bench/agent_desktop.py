@@ -233,6 +233,7 @@ ENCODERS = r"""
 import io, json, statistics, sys, time, zlib
 from deskbox_agent.desktop.capture import Capturer
 from deskbox_agent.desktop.encode import encode
+from deskbox_agent.desktop.strips import Strips
 from Xlib.display import Display
 display = Display(sys.argv[1])
 cap = Capturer(sys.argv[1], display)
@@ -248,6 +249,11 @@ def run(name, fn, n=int(sys.argv[2])):
 run("capture (XShmGetImage)", lambda: cap.grab(0, 0, 1280, 800).pixels.tobytes())
 run("JPEG q75 (simplejpeg)", lambda: encode(frame, "jpeg", 75).data)
 run("PNG (ISA-L level 1, unfiltered)", lambda: encode(frame, "png", 75).data)
+strips = Strips()
+run(f"JPEG q75 in strips ({strips.pieces} on {strips.count} threads, as a look is)",
+    lambda: encode(frame, "jpeg", 75, strips).data)
+run(f"PNG in strips ({strips.pieces} on {strips.count} threads, as a look is)",
+    lambda: encode(frame, "png", 75, strips).data)
 def pil_png():
     b = io.BytesIO(); frame.to_pil().save(b, format="PNG", compress_level=1); return b.getvalue()
 run("PNG (Pillow, zlib level 1: the former host driver)", pil_png)
