@@ -166,3 +166,24 @@ def test_pieces_no_helper_started_are_encoded_by_the_caller(strips: list[Strips]
     assert strips[0].map(work, [0, 1, 2, 3]) == [0, 10, 20, 30]
     assert ran[1].startswith("encode")
     assert {ran[0], ran[2], ran[3]} == {threading.main_thread().name}
+
+
+def test_after_a_failed_piece_no_other_piece_starts(strips: list[Strips]) -> None:
+    strips.append(Strips(2))
+    helper_started, helper_may_finish = threading.Event(), threading.Event()
+    ran: list[int] = []
+
+    def work(piece: int) -> int:
+        ran.append(piece)
+        if threading.current_thread() is not threading.main_thread():
+            helper_started.set()
+            assert helper_may_finish.wait(10)
+            return piece
+        assert helper_started.wait(10)
+        threading.Timer(0.2, helper_may_finish.set).start()
+        raise RuntimeError("the encoder failed")
+
+    with pytest.raises(RuntimeError, match="the encoder failed"):
+        strips[0].map(work, [0, 1, 2, 3])
+    assert sorted(ran) == [0, 1]  # the helper's piece ran out; 2 and 3 never started
+    assert strips[0].map(lambda piece: piece + 1, [0, 1, 2, 3]) == [1, 2, 3, 4]

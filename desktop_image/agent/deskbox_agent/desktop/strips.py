@@ -3,9 +3,9 @@ on its own thread, and the format joins them into one image (jpeg_strips.py, enc
 PNG).
 
 libjpeg-turbo and ISA-L each encode on one thread and let go of the GIL while they do, and
-a screenshot waits for its encode: on a 1280x800 page of text a JPEG took ~4 ms, a PNG
-~2.3 ms, most of a look's time in the agent. With the sandbox's CPUs (2 here) at work on it,
-2.3 and 1.2 ms, for the same CPU time.
+a screenshot waits for its encode: on bench/agent_desktop.py's 1280x800 page of text a JPEG
+took 2.6-3.0 ms, a PNG 2.8 ms, most of a look's time in the agent. With the sandbox's CPUs
+(2 here) at work on it, 1.5-2.1 and 1.6-1.7 ms, for the same CPU time (bench/README.md).
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-__all__ = ["MAX_STRIPS", "MIN_PIXELS", "Strips", "strip_starts"]
+__all__ = ["MAX_THREADS", "MIN_PIXELS", "Strips", "strip_starts"]
 
 T = TypeVar("T")
 A = TypeVar("A")
 
 # Below this, the hand-off to another thread costs about what it saves.
 MIN_PIXELS = 256 * 1024
-MAX_STRIPS = 4
+MAX_THREADS = 4
 _PIECES_PER_THREAD = 2
 
 
@@ -42,7 +42,7 @@ class Strips:
 
     def __init__(self, count: int | None = None) -> None:
         if count is None:
-            count = min(len(os.sched_getaffinity(0)), MAX_STRIPS)
+            count = min(len(os.sched_getaffinity(0)), MAX_THREADS)
         self.count = max(1, count)
         self._helpers: concurrent.futures.ThreadPoolExecutor | None = None
         self.frames_cut = 0  # frames encoded in strips (for tests and benchmarks)
@@ -71,7 +71,10 @@ class Strips:
                 if later[index - 1].cancel():
                     done[index] = work(pieces[index])
         finally:
-            # Never return (or raise) while a helper still reads the caller's frame.
+            # After an error no piece is needed; and never return (or raise) while a
+            # helper still reads the caller's frame.
+            for future in later:
+                future.cancel()
             concurrent.futures.wait(later)
         self.frames_cut += 1
         return [done[index] if index in done else later[index - 1].result()
