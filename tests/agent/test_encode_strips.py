@@ -9,7 +9,7 @@ import random
 import struct
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import numpy.typing as npt
@@ -21,6 +21,7 @@ from deskbox_agent.desktop.frame import Frame
 from deskbox_agent.desktop.jpeg_strips import encode_jpeg, join_strips, jpeg_strip_starts
 from deskbox_agent.desktop.strips import Strips, strip_starts
 
+MakeStrips = Callable[[int], Strips]
 SIZES = [(1280, 800, 2), (1280, 800, 3), (1281, 801, 2), (1366, 768, 4), (640, 410, 2),
          (333, 2000, 3), (1920, 1080, 4)]
 
@@ -46,23 +47,29 @@ def _markers(data: bytes, first: int, last: int) -> int:
 
 
 @pytest.fixture
-def strips() -> Iterator[list[Strips]]:
+def make_strips() -> Iterator[MakeStrips]:
+    """``Strips`` of a given thread count, their helper threads ended after the test."""
     made: list[Strips] = []
-    yield made
+
+    def make(count: int) -> Strips:
+        made.append(Strips(count))
+        return made[-1]
+
+    yield make
     for each in made:
         each.close()
 
 
 @pytest.mark.parametrize(("width", "height", "count"), SIZES)
 def test_a_jpeg_in_strips_decodes_to_the_pixels_of_one_encode(
-    width: int, height: int, count: int, strips: list[Strips],
+    width: int, height: int, count: int, make_strips: MakeStrips,
 ) -> None:
     pixels = _frame(width, height)
-    strips.append(Strips(count))
-    joined = encode(Frame(pixels), "jpeg", 75, strips[0]).data
+    strips = make_strips(count)
+    joined = encode(Frame(pixels), "jpeg", 75, strips).data
     whole = encode(Frame(pixels), "jpeg", 75).data
-    assert strips[0].frames_cut == 1
-    cuts = len(jpeg_strip_starts(width, height, strips[0].pieces)) - 1
+    assert strips.frames_cut == 1
+    cuts = len(jpeg_strip_starts(width, height, strips.pieces)) - 1
     assert cuts >= count
     assert _markers(joined, 0xD0, 0xD7) == cuts  # RSTn between strips
     assert _markers(joined, 0xDD, 0xDD) == 1  # one DRI
@@ -75,12 +82,12 @@ def test_a_jpeg_in_strips_decodes_to_the_pixels_of_one_encode(
 
 @pytest.mark.parametrize(("width", "height", "count"), SIZES)
 def test_a_png_in_strips_is_one_checked_stream_of_the_same_pixels(
-    width: int, height: int, count: int, strips: list[Strips],
+    width: int, height: int, count: int, make_strips: MakeStrips,
 ) -> None:
     pixels = _frame(width, height)
-    strips.append(Strips(count))
-    joined = encode_png(Frame(pixels), strips[0])
-    assert strips[0].frames_cut == 1
+    strips = make_strips(count)
+    joined = encode_png(Frame(pixels), strips)
+    assert strips.frames_cut == 1
     rgb = np.ascontiguousarray(pixels[..., 2::-1])
     assert np.array_equal(_decoded(joined, "PNG"), rgb)
     # One IDAT whose zlib stream checks out (header, Adler-32 of all rows) in zlib itself.
@@ -114,18 +121,18 @@ def test_more_than_eight_strips_cycle_the_restart_markers() -> None:
     assert np.array_equal(_decoded(joined, "JPEG"), _decoded(encode_jpeg(pixels, 80), "JPEG"))
 
 
-def test_a_small_frame_or_one_cpu_is_encoded_whole(strips: list[Strips]) -> None:
+def test_a_small_frame_or_one_cpu_is_encoded_whole(make_strips: MakeStrips) -> None:
     assert strip_starts(1280, 800, 1) == [0]
     assert strip_starts(400, 300, 4) == [0]  # 120,000 pixels: not worth a hand-off
     assert strip_starts(1280, 800, 2) == [0, 400]
     assert strip_starts(1280, 801, 2) == [0, 401]
     assert jpeg_strip_starts(1281, 801, 2) == [0, 416]  # 51 MCU rows: 26 + 25
     assert jpeg_strip_starts(1366, 768, 4) == [0, 192, 384, 576]
-    strips.append(Strips(1))
+    strips = make_strips(1)
     pixels = _frame(1280, 800)
-    assert encode(Frame(pixels), "jpeg", 75, strips[0]).data == encode_jpeg(pixels, 75)
-    assert encode_png(Frame(pixels), strips[0]) == encode_png(Frame(pixels))
-    assert strips[0].frames_cut == 0
+    assert encode(Frame(pixels), "jpeg", 75, strips).data == encode_jpeg(pixels, 75)
+    assert encode_png(Frame(pixels), strips) == encode_png(Frame(pixels))
+    assert strips.frames_cut == 0
 
 
 def test_a_strip_too_big_for_a_restart_interval_is_not_cut() -> None:
@@ -145,10 +152,10 @@ def test_strips_with_other_tables_are_refused() -> None:
         join_strips([parts[0][:-2], parts[1]], 1280, 800, 400)
 
 
-def test_pieces_no_helper_started_are_encoded_by_the_caller(strips: list[Strips]) -> None:
+def test_pieces_no_helper_started_are_encoded_by_the_caller(make_strips: MakeStrips) -> None:
     """A helper without a CPU (here: held on its first piece) holds up the frame by that
     piece at most: the caller takes the pieces it has not started."""
-    strips.append(Strips(2))
+    strips = make_strips(2)
     helper_started, helper_may_finish = threading.Event(), threading.Event()
     ran: dict[int, str] = {}
 
@@ -163,13 +170,13 @@ def test_pieces_no_helper_started_are_encoded_by_the_caller(strips: list[Strips]
             helper_may_finish.set()
         return piece * 10
 
-    assert strips[0].map(work, [0, 1, 2, 3]) == [0, 10, 20, 30]
+    assert strips.map(work, [0, 1, 2, 3]) == [0, 10, 20, 30]
     assert ran[1].startswith("encode")
     assert {ran[0], ran[2], ran[3]} == {threading.main_thread().name}
 
 
-def test_after_a_failed_piece_no_other_piece_starts(strips: list[Strips]) -> None:
-    strips.append(Strips(2))
+def test_after_a_failed_piece_no_other_piece_starts(make_strips: MakeStrips) -> None:
+    strips = make_strips(2)
     helper_started, helper_may_finish = threading.Event(), threading.Event()
     ran: list[int] = []
 
@@ -184,6 +191,6 @@ def test_after_a_failed_piece_no_other_piece_starts(strips: list[Strips]) -> Non
         raise RuntimeError("the encoder failed")
 
     with pytest.raises(RuntimeError, match="the encoder failed"):
-        strips[0].map(work, [0, 1, 2, 3])
+        strips.map(work, [0, 1, 2, 3])
     assert sorted(ran) == [0, 1]  # the helper's piece ran out; 2 and 3 never started
-    assert strips[0].map(lambda piece: piece + 1, [0, 1, 2, 3]) == [1, 2, 3, 4]
+    assert strips.map(lambda piece: piece + 1, [0, 1, 2, 3]) == [1, 2, 3, 4]
