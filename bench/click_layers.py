@@ -22,8 +22,10 @@ blocks, so load on the host hits them alike), one click in flight:
   send and waits for the round trip before the next click);
 - ``cua``: cua-computer-server's ``left_click`` through its websocket.
 
-Prints p50/p95, the CPU each process spent per click (from /proc/PID/task/*/schedstat), the
-server's own mean ``Session.act`` time during the ``ws`` blocks (its
+Prints p50/p95, the CPU each process spent per click (from /proc/PID/task/*/schedstat;
+Chromium's processes summed, and openbox, which every click goes through for its
+click-to-focus: what the desktop itself spends beside us on the same CPUs), the server's own
+mean ``Session.act`` time during the ``ws`` blocks (its
 ``deskbox_action_duration_seconds`` histogram), and how many clicks the page counted.
 Then lone clicks through ``ws``, ``agent`` and ``cua`` after the desktop sat idle for
 ``COLD_RESTS_S`` (``--cold-reps`` each, in turns): an agent's clicks come seconds apart,
@@ -105,12 +107,15 @@ asyncio.run(main())
 """
 
 
-def cpu_s(pid: int) -> float:
-    """CPU seconds of all of a process's threads (schedstat: nanoseconds)."""
+def cpu_s(*pids: int) -> float:
+    """CPU seconds of all the processes' threads (schedstat: nanoseconds); a process that
+    is gone counts for nothing."""
     total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
+    for pid in pids:
         with suppress(OSError):
-            total += int((task / "schedstat").read_text().split()[0])
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with suppress(OSError):
+                    total += int((task / "schedstat").read_text().split()[0])
     return total / 1e9
 
 
@@ -159,20 +164,39 @@ def cua_pid(port: int) -> int:
     raise SystemExit("could not find cua-computer-server's process")
 
 
-def agent_of(server_pid: int) -> tuple[int, str, int]:
-    """The session's agent pid, its unix socket and the Xvfb pid (one local session)."""
+@dataclasses.dataclass(frozen=True)
+class LocalDesktop:
+    """The processes of one local session and its agent's unix socket."""
+
+    agent: int
+    agent_socket: str
+    xvfb: int
+    wm: tuple[int, ...]
+    browser: tuple[int, ...]  # Chromium's processes: the browser, its zygote, renderers
+
+
+def local_desktop(server_pid: int) -> LocalDesktop:
+    """The processes of the server's one local session, as they are once its page is
+    loaded (a renderer started later is not counted)."""
     agent = xvfb = None
     socket_path = ""
+    wm: list[int] = []
+    browser: list[int] = []
     for pid in peers.descendants(server_pid):
         argv = argv_of(pid)
+        name = Path(argv[0]).name if argv else ""
         if "deskbox_agent" in argv and "--listen" in argv:
             agent = pid
             socket_path = argv[argv.index("--listen") + 1].removeprefix("unix:")
-        if argv and Path(argv[0]).name == "Xvfb":
+        elif name == "Xvfb":
             xvfb = pid
-    if agent is None or xvfb is None:
-        raise SystemExit("could not find the session's agent and Xvfb")
-    return agent, socket_path, xvfb
+        elif name == "openbox":
+            wm.append(pid)
+        elif name.startswith(("chromium", "chrome")):
+            browser.append(pid)
+    if agent is None or xvfb is None or not browser:
+        raise SystemExit("could not find the session's agent, Xvfb and browser")
+    return LocalDesktop(agent, socket_path, xvfb, tuple(wm), tuple(browser))
 
 
 def main() -> int:
@@ -196,13 +220,13 @@ def main() -> int:
         desktop = peers.find_desktop(server_pid)
         page = stack.enter_context(CdpPage.first(desktop.devtools_url))
         peers.wait_page(page)
-        agent_pid, agent_socket, xvfb_pid = agent_of(server_pid)
+        processes = local_desktop(server_pid)
         ws = stack.enter_context(connect(
             f"ws://127.0.0.1:{http.base_url.port}/v1/sessions/{session_id}/actions/ws",
             additional_headers={"Authorization": f"Bearer {bench_api.KEY}"},
             compression=None, max_size=None))
         ours = peers.ours_ws(ws)
-        client = loop.run_until_complete(AgentClient.connect_unix(agent_socket))
+        client = loop.run_until_complete(AgentClient.connect_unix(processes.agent_socket))
         stack.callback(lambda: loop.run_until_complete(client.close()))
         direct = AgentDesktop(client)
         click = a.Click(x=peers.CLICK_X, y=peers.CLICK_Y)
@@ -234,8 +258,10 @@ def main() -> int:
                 "hop", n),
             "X work: Desktop.send_pointer until confirmed": lambda n: in_process_block("xwork", n),
         }
-        pids = {"server": server_pid, "agent": agent_pid, "Xvfb": xvfb_pid,
-                "in-process": in_process.pid}
+        pids: dict[str, tuple[int, ...]] = {
+            "server": (server_pid,), "agent": (processes.agent,), "Xvfb": (processes.xvfb,),
+            "Chromium": processes.browser, "openbox": processes.wm,
+            "in-process": (in_process.pid,)}
         if not args.no_cua:
             python = cua_peer.ensure_venv(None)
             port = stack.enter_context(cua_peer.server(python, desktop.display, workdir))
@@ -244,7 +270,7 @@ def main() -> int:
             cua = peers.cua_method(cua_ws)
             layers["cua: left_click through its websocket"] = lambda n: timed(
                 cua.calls["click"], n)
-            pids["cua"] = cua_pid(port)
+            pids["cua"] = (cua_pid(port),)
         samples: dict[str, list[float]] = {name: [] for name in layers}
         cpu = {name: dict.fromkeys(pids, 0.0) for name in layers}
         in_server = [0.0, 0.0]
@@ -253,9 +279,9 @@ def main() -> int:
             for name, run in layers.items():
                 histogram = act_histogram(http) if name.startswith("ws") else None
                 clicks = int(page.evaluate("clicks"))
-                before = {kind: cpu_s(pid) for kind, pid in pids.items()}
+                before = {kind: cpu_s(*group) for kind, group in pids.items()}
                 got = run(WARMUP if round_index == 0 else per_block)
-                after = {kind: cpu_s(pid) for kind, pid in pids.items()}
+                after = {kind: cpu_s(*group) for kind, group in pids.items()}
                 time.sleep(REST_S)  # the block's last clicks reach the page
                 landed[name] += int(page.evaluate("clicks")) - clicks
                 if round_index:
@@ -289,6 +315,11 @@ def main() -> int:
     print(f"\n- The server's own `Session.act` (its histogram) during the ws blocks: mean"
           f" {in_server[0] / max(1.0, in_server[1]) * 1000:.2f} ms; the ws round trip's mean"
           f" {statistics.mean(ws_samples) * 1000:.2f} ms.")
+    ws_cpu = sum(cpu["ws: through the server"][kind] for kind in pids
+                 if kind not in ("in-process", "cua")) / len(ws_samples)
+    print(f"- A ws click's CPU in all (server, agent, Xvfb, Chromium, openbox): {ws_cpu * 1e6:.0f}"
+          f" µs, {ws_cpu / statistics.mean(ws_samples):.2f} CPUs busy while clicks run back to"
+          f" back (of {os.cpu_count()}).")
     print("- Clicks counted per layer include its warm-up clicks, each block's last ones"
           f" given {REST_S:g} s to reach the page.")
     print(f"- {os.cpu_count()} CPUs; 1-minute load average {load_before:.2f} before,"
