@@ -51,17 +51,22 @@ async def pause(
         try:
             await drain(lambda: live.busy, record.id, DRAIN_TIMEOUT_S)
             if still_pausing():
-                # Its DevTools connection would time out on a frozen browser, and leads out
-                # of the sandbox (CRIU cannot dump it): no watch meanwhile. It lets go
-                # while the agent grabs the screen; neither waits for the other.
-                packed = await _beside(handle.grab(), context.unwatch(record.id))
+                # A recording takes its last frame through the agent: it stops while the
+                # agent grabs the screen, neither waiting for the other.
+                packed = await _beside(handle.grab(), context.recordings.unwatch(record.id))
             if not still_pausing():
                 raise Conflict(f"session {record.id} was {record.state.value} meanwhile")
+            # The browser's DevTools connection leads out of the sandbox (CRIU cannot dump
+            # it, a frozen browser holds it): no watch meanwhile. It is let go only now,
+            # not during the grab: the browser handling the hang-up beside the capture
+            # made a pause on a page of text ~1 ms slower (bench/README.md, "Pause").
+            let_go = context.browsers.stop(record.id)
             if mode == "freeze":
                 # The agent's part is done: the host unpacks the frame while it freezes.
-                frame = await _beside(packed.unpack(), handle.freeze())
+                # The watch is aborted, so nothing waits for a browser frozen meanwhile.
+                frame = await _beside(packed.unpack(), _beside(handle.freeze(), let_go))
             else:
-                frame = await packed.unpack()
+                frame = await _beside(packed.unpack(), let_go)
                 # Kept on disk too: a server that restarts shows it until resumed.
                 await asyncio.to_thread(context.frames.save, record.id, frame)
                 async with context.links.closed(record.id):
