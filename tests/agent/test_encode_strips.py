@@ -1,6 +1,6 @@
 """A look encoded in strips on several threads is one valid image with exactly the pixels of
 a single encode (desktop_image/agent/deskbox_agent/desktop/strips.py, jpeg_strips.py and
-encode.py's PNG)."""
+encode.py's PNG), and a pause's frame deflated in strips is one zlib stream of its bytes."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import numpy.typing as npt
 import pytest
 from PIL import Image
 
-from deskbox_agent.desktop.encode import adler32_combine, encode, encode_png
+from deskbox_agent.desktop.encode import adler32_combine, deflate_frame, encode, encode_png
 from deskbox_agent.desktop.frame import Frame
 from deskbox_agent.desktop.jpeg_strips import encode_jpeg, join_strips, jpeg_strip_starts
 from deskbox_agent.desktop.strips import Strips, strip_starts
@@ -100,6 +100,21 @@ def test_a_png_in_strips_is_one_checked_stream_of_the_same_pixels(
     assert abs(len(joined) - len(whole)) <= max(128 * count, len(whole) // 1000)
 
 
+@pytest.mark.parametrize(("width", "height", "count"), SIZES)
+def test_a_frame_deflated_in_strips_is_one_checked_zlib_stream_of_its_bytes(
+    width: int, height: int, count: int, make_strips: MakeStrips,
+) -> None:
+    pixels = _frame(width, height)
+    strips = make_strips(count)
+    joined = deflate_frame(pixels, strips)
+    assert strips.frames_cut == 1
+    # zlib itself checks the header and the Adler-32 of all the bytes.
+    assert zlib.decompress(joined) == pixels.tobytes()
+    whole = deflate_frame(pixels)
+    assert zlib.decompress(whole) == pixels.tobytes()
+    assert abs(len(joined) - len(whole)) <= max(128 * count, len(whole) // 1000)
+
+
 def test_adler32_combine_is_zlibs() -> None:
     rng = random.Random(7)
     for _ in range(200):
@@ -132,6 +147,7 @@ def test_a_small_frame_or_one_cpu_is_encoded_whole(make_strips: MakeStrips) -> N
     pixels = _frame(1280, 800)
     assert encode(Frame(pixels), "jpeg", 75, strips).data == encode_jpeg(pixels, 75)
     assert encode_png(Frame(pixels), strips) == encode_png(Frame(pixels))
+    assert deflate_frame(pixels, strips) == deflate_frame(pixels)
     assert strips.frames_cut == 0
 
 

@@ -1,6 +1,7 @@
 """Encoding frames: JPEG with libjpeg-turbo (simplejpeg), PNG with ISA-L's deflate, WebP.
 A look someone waits for is encoded on several CPUs, in strips (strips.py): a JPEG's
-joined by restart markers (jpeg_strips.py), a PNG's as one deflate stream (here).
+joined by restart markers (jpeg_strips.py), a PNG's as one deflate stream (here), as is
+the raw frame a pause keeps (:func:`deflate_frame`).
 
 PNG is the SDK's default and what Anthropic's tool returns, so it has its own fast path:
 the rows go out unfiltered (filter type 0) as 8-bit RGB, deflated by ISA-L at level 1.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,7 +28,7 @@ from .frame import Frame
 from .jpeg_strips import encode_jpeg, jpeg_in_strips
 from .strips import Strips, strip_starts
 
-__all__ = ["MEDIA_TYPES", "EncodedImage", "encode", "encode_png"]
+__all__ = ["MEDIA_TYPES", "EncodedImage", "deflate_frame", "encode", "encode_png"]
 
 MEDIA_TYPES = {"jpeg": "image/jpeg", "png": "image/png", "webp": "image/webp"}
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -60,15 +62,53 @@ def _png_rows(pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
     return rows
 
 
-def _deflated(pixels: npt.NDArray[np.uint8], last: bool) -> tuple[bytes, int, int]:
-    """A strip's rows as raw deflate blocks (the last strip's ends the stream, the others
-    end on a byte boundary, Z_SYNC_FLUSH), their Adler-32 and their length. Filter 0 makes
-    every row stand alone, so the strips' blocks follow one another as one stream."""
-    rows = _png_rows(pixels)
+# One strip's bytes deflated: the raw deflate blocks, the Adler-32 of the bytes, their length.
+_Run = tuple[bytes, int, int]
+
+
+def _deflated(data: npt.NDArray[np.uint8], last: bool) -> _Run:
+    """A strip's bytes as raw deflate blocks: the last strip's end the stream, the others
+    end on a byte boundary (Z_SYNC_FLUSH), so the strips' blocks follow one another as one
+    stream. ``data`` is C-contiguous."""
     deflate = isal_zlib.compressobj(1, isal_zlib.DEFLATED, -15)
-    data = deflate.compress(rows.data) + deflate.flush(
+    blocks = deflate.compress(data.data) + deflate.flush(
         isal_zlib.Z_FINISH if last else isal_zlib.Z_SYNC_FLUSH)
-    return data, isal_zlib.adler32(rows.data), rows.nbytes
+    return blocks, isal_zlib.adler32(data.data), data.nbytes
+
+
+def _png_strip(pixels: npt.NDArray[np.uint8], last: bool) -> _Run:
+    # Filter 0 makes every row stand alone: a strip's rows need none before them.
+    return _deflated(_png_rows(pixels), last)
+
+
+def _zlib_stream(runs: list[_Run]) -> bytes:
+    """The strips' deflate runs as one zlib stream (RFC 1950): header, runs, Adler-32."""
+    adler = runs[0][1]
+    for _, run_adler, length in runs[1:]:
+        adler = adler32_combine(adler, run_adler, length)
+    return b"".join([_ZLIB_HEADER, *(blocks for blocks, _, _ in runs),
+                     struct.pack(">I", adler)])
+
+
+def _in_strips(pixels: npt.NDArray[np.uint8], strips: Strips | None,
+               strip: Callable[[npt.NDArray[np.uint8], bool], _Run]) -> bytes | None:
+    """``strip`` of each horizontal strip of ``pixels`` on the strips' threads, joined into
+    one zlib stream; None when the frame is not worth cutting (small, or one CPU)."""
+    height, width = int(pixels.shape[0]), int(pixels.shape[1])
+    starts = [0] if strips is None else strip_starts(width, height, strips.pieces)
+    if strips is None or len(starts) < 2:
+        return None
+    bounds = zip(starts, [*starts[1:], height], strict=True)
+    return _zlib_stream(strips.map(lambda piece: strip(*piece),
+                                   [(pixels[top:bottom], bottom == height)
+                                    for top, bottom in bounds]))
+
+
+def deflate_frame(pixels: npt.NDArray[np.uint8], strips: Strips | None = None) -> bytes:
+    """A frame's raw bytes (C-contiguous rows) as one zlib stream at the fastest level: in
+    strips on several CPUs when it is large (a pause waits for this one)."""
+    joined = _in_strips(pixels, strips, _deflated)
+    return isal_zlib.compress(pixels.data, 1) if joined is None else joined
 
 
 def adler32_combine(first: int, second: int, second_length: int) -> int:
@@ -82,21 +122,11 @@ def adler32_combine(first: int, second: int, second_length: int) -> int:
 
 
 def encode_png(frame: Frame, strips: Strips | None = None) -> bytes:
-    height, width = frame.height, frame.width
     pixels = frame.pixels
-    starts = [0] if strips is None else strip_starts(width, height, strips.pieces)
-    if strips is None or len(starts) < 2:
+    idat = _in_strips(pixels, strips, _png_strip)
+    if idat is None:
         idat = isal_zlib.compress(_png_rows(pixels).data, 1)
-    else:
-        bounds = list(zip(starts, [*starts[1:], height], strict=True))
-        parts = strips.map(lambda piece: _deflated(*piece),
-                           [(pixels[top:bottom], bottom == height) for top, bottom in bounds])
-        adler = parts[0][1]
-        for _, part_adler, length in parts[1:]:
-            adler = adler32_combine(adler, part_adler, length)
-        idat = b"".join([_ZLIB_HEADER, *(data for data, _, _ in parts),
-                         struct.pack(">I", adler)])
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    header = struct.pack(">IIBBBBB", frame.width, frame.height, 8, 2, 0, 0, 0)
     return b"".join((_PNG_SIGNATURE, _chunk(b"IHDR", header), _chunk(b"IDAT", idat),
                      _chunk(b"IEND", b"")))
 
