@@ -59,7 +59,7 @@ async def pause(
             # The browser's DevTools connection leads out of the sandbox (CRIU cannot dump
             # it, a frozen browser holds it): no watch meanwhile. It is let go only now,
             # not during the grab: the browser handling the hang-up beside the capture
-            # made a pause on a page of text ~1 ms slower (bench/README.md, "Pause").
+            # made a pause on a page of text 1.5 ms slower (bench/README.md).
             let_go = context.browsers.stop(record.id)
             if mode == "freeze":
                 # The agent's part is done: the host unpacks the frame while it freezes.

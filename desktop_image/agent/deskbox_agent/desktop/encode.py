@@ -67,9 +67,9 @@ _Run = tuple[bytes, int, int]
 
 
 def _deflated(data: npt.NDArray[np.uint8], last: bool) -> _Run:
-    """A strip's bytes as raw deflate blocks: the last strip's end the stream, the others
-    end on a byte boundary (Z_SYNC_FLUSH), so the strips' blocks follow one another as one
-    stream. ``data`` is C-contiguous."""
+    """A strip's bytes as raw deflate blocks: the last strip's blocks end the stream, the
+    others' end on a byte boundary (Z_SYNC_FLUSH), so the strips' blocks follow one another
+    as one stream. ``data`` is C-contiguous."""
     deflate = isal_zlib.compressobj(1, isal_zlib.DEFLATED, -15)
     blocks = deflate.compress(data.data) + deflate.flush(
         isal_zlib.Z_FINISH if last else isal_zlib.Z_SYNC_FLUSH)
