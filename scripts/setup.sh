@@ -18,6 +18,7 @@ APT_PACKAGES=(
   xdotool scrot            # only for bench/: the peers' way of doing things
   x11-xserver-utils        # only for bench/peers.py: cua-computer-server needs xrandr
   python3 python3-venv python3-dev gcc
+  libdeflate0              # the server inflates a paused session's frame with it (server/deskbox_server/agent/inflate.py)
   nodejs                   # only for make test: node --test runs vnc/test/ (the viewer's JS)
 )
 

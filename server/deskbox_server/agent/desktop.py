@@ -23,10 +23,9 @@ import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import numpy as np
-from isal import isal_zlib
 
 from deskbox_agent.desktop import actions as agent_actions
 from deskbox_agent.desktop.errors import InvalidAction as AgentInvalidAction
@@ -38,6 +37,7 @@ from ..schemas import actions as a
 from ..schemas.results import ActionResult, BatchResult, ClipboardText, Point, Size
 from ..settle import SettleOptions, batch_allowance_s
 from .client import AgentClient, CallResult, Json
+from .inflate import inflate_exact
 
 __all__ = ["PARTS_TYPE", "AgentDesktop", "DesktopInfo", "PackedFrame"]
 
@@ -47,8 +47,6 @@ IMAGE_SLACK = 64 * 1024  # container overhead past the raw pixels (PNG chunks, J
 MAX_CLIPBOARD_BYTES = 4 * 200_000  # the agent's cap in characters, 4 bytes each in UTF-8
 _SMALL_BODY = 64 * 1024
 _LENGTH = struct.Struct(">I")
-# isal's stubs declare its error class as an instance of Exception.
-_INFLATE_ERROR = cast(type[Exception], isal_zlib.IsalError)
 _MAGIC = {"image/jpeg": (b"\xff\xd8\xff",), "image/png": (b"\x89PNG\r\n\x1a\n",),
           "image/webp": (b"RIFF",)}
 _READY_GRACE_S = 5.0
@@ -428,26 +426,15 @@ class PackedFrame:
     async def unpack(self) -> Frame:
         """The pixels; a frame that is not the screen's fails the agent's connection."""
         width, height, size = self.width, self.height, self.width * self.height * 4
-        pixels = self.data
+        pixels: bytes | bytearray = self.data
         if self.deflated:
-            inflated = await asyncio.to_thread(_inflate, self.data, size)
+            inflated = await asyncio.to_thread(inflate_exact, self.data, size)
             if inflated is None:
                 raise self.client.fail(
                     f"grab: the deflated pixels are not {size} bytes ({width}x{height})")
             pixels = inflated
         if len(pixels) != size:
             raise self.client.fail(f"grab: {len(pixels)} bytes for {width}x{height} pixels")
-        return Frame(np.frombuffer(pixels, dtype=np.uint8).reshape(height, width, 4))
-
-
-def _inflate(data: bytes, size: int) -> bytes | None:
-    """``data`` inflated if it is one whole zlib stream of exactly ``size`` bytes; None
-    if not (never more than ``size + 1`` bytes are made of it)."""
-    inflater = isal_zlib.decompressobj()
-    try:
-        out = inflater.decompress(data, size + 1)
-    except _INFLATE_ERROR:
-        return None
-    if len(out) != size or not inflater.eof or inflater.unconsumed_tail or inflater.unused_data:
-        return None
-    return out
+        view = np.frombuffer(pixels, dtype=np.uint8).reshape(height, width, 4)
+        view.flags.writeable = False  # a frame is never changed, whatever holds its bytes
+        return Frame(view)
