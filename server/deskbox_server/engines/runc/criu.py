@@ -12,7 +12,8 @@ wrapper gives runc's CRIU runs ``--network-lock skip`` itself (scripts/criu.sh s
 and puts an ``iptables-restore`` of the private root on CRIU's PATH for the restores of
 checkpoints made with the lock. kerndat.py keeps CRIU's kernel probe cached.
 
-Images are packed into one zstd tar (mode 0600) in the session directory (mode 0700).
+Images are packed into one file of zstd tars (archive.py, mode 0600) in the session
+directory (mode 0700).
 Where CRIU cannot work, :func:`hibernate_sandbox` raises an error that names the cause, read
 from CRIU's own log; the sandbox then runs on.
 """
@@ -20,7 +21,6 @@ from CRIU's own log; the sandbox then runs on.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import re
@@ -36,6 +36,7 @@ from ...errors import DeskboxError, InsufficientStorage, InvalidRequest, Session
 from ..base import StartTogether
 from ..network import bring_up_loopback
 from . import freezer, restored
+from .archive import pack, unpack
 from .layout import CRIU_CONFIG, RuntimeConfig, host_root_gid, memory_limit
 from .runtime import Runc
 from .stream import link_agent
@@ -190,48 +191,6 @@ def dump(
     if done.returncode != 0:
         raise CheckpointUnavailable(_explain(logs / "dump.log", done.stderr))
     return sum(f.stat().st_size for f in images.rglob("*") if f.is_file())
-
-
-def pack(images: Path, archive: Path) -> int:
-    """Compress ``images`` into ``archive`` (zstd tar, mode 0600, replaced atomically)."""
-    partial = archive.with_suffix(".partial")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.close(fd)
-    packed = subprocess.run(
-        ["tar", "-C", str(images), "-I", "zstd -1 -T0 -q", "-cf", str(partial), "."],
-        stdin=subprocess.DEVNULL, capture_output=True, timeout=300, check=False,
-    )
-    if packed.returncode != 0:
-        partial.unlink(missing_ok=True)
-        detail = packed.stderr[-2000:].decode(errors="replace").strip()
-        _check_room(detail, archive.parent)
-        raise SessionFailed(f"could not compress the checkpoint: {detail}")
-    os.chmod(partial, 0o600)
-    os.replace(partial, archive)
-    return archive.stat().st_size
-
-
-def _check_room(detail: str, where: Path) -> None:
-    """InsufficientStorage if tar's ``detail`` says the disk under ``where`` is full."""
-    if os.strerror(errno.ENOSPC) in detail:
-        raise InsufficientStorage(
-            f"no room on the server's disk for the checkpoint ({where}): {detail}")
-
-
-def unpack(archive: Path, images: Path) -> None:
-    """Unpack ``archive`` into ``images``; SessionFailed if it is missing or corrupted."""
-    if not archive.is_file():
-        raise SessionFailed(f"the checkpoint {archive} is missing")
-    unpacked = subprocess.run(
-        ["tar", "-C", str(images), "-I", "zstd -q", "-xf", str(archive)],
-        stdin=subprocess.DEVNULL, capture_output=True, timeout=300, check=False,
-    )
-    if unpacked.returncode != 0:
-        detail = unpacked.stderr[-2000:].decode(errors="replace").strip()
-        _check_room(detail, images)
-        raise SessionFailed(f"the checkpoint is corrupted: {detail}")
-    if not (images / "inventory.img").is_file():
-        raise SessionFailed("the checkpoint is corrupted: it holds no CRIU inventory")
 
 
 def share_images(images: Path, gid: int) -> None:

@@ -3,7 +3,7 @@
 A snapshot is a directory (mode 0700) the session layer chooses::
 
     sandbox.json        the dumped sandbox's OCI config and inner display (oci.SandboxTemplate)
-    images.tar.zst      CRIU's images, zstd (mode 0600), for a snapshot that is kept
+    images.tar.zst      CRIU's images (archive.py, mode 0600), for a snapshot that is kept
     images/             or the raw images, for a fork that restores them right away
 
 The images hold the session's memory: every file is mode 0600 in a 0700 directory.
