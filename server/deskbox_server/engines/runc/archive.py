@@ -2,13 +2,12 @@
 
 The file is a zstd stream of tar archives: a skippable frame first (our tag and the length
 of each part), then two parts, each a tar of about half the images' bytes compressed on its
-own. zstd skips the skippable frame, so the whole file is also what
-``zstd -d`` makes into the parts' tars one after the other (``tar --ignore-zeros`` reads
-them all). Unpacking runs one ``tar -x`` per part at once: writing ~170 MB of images into
-the scratch directory is tar's single thread, ~0.2 s of system time, and two of them
-halve it (unpacking a 169 MB checkpoint: 237-242 → 205-206 ms on 2 cores;
-bench/README.md). A file that
-does not start with the header (packed before the parts) is unpacked whole, as before.
+own. zstd skips the skippable frame, so ``zstd -d`` makes the whole file into the parts'
+tars one after the other (``tar --ignore-zeros`` reads them all). A restore runs one
+``tar -x`` per part at once: writing ~170 MB of images into the scratch directory was one
+tar's thread, ~0.2 s of system time, and two share it (a 169 MB checkpoint unpacks in
+205 ms instead of 240 on 2 cores; bench/README.md). A file that does not start with the
+frame (packed before the parts) is unpacked whole, as before.
 """
 
 from __future__ import annotations
