@@ -38,7 +38,7 @@ def test_images_come_back_exactly_from_an_archive_of_parts(tmp_path: Path) -> No
     archive = tmp_path / "images.tar.zst"
     assert pack(tmp_path / "images", archive) == archive.stat().st_size
     assert stat.S_IMODE(archive.stat().st_mode) == 0o600
-    assert not list(tmp_path.glob("images.part*")) and not list(tmp_path.glob("*.partial"))
+    assert not list(tmp_path.glob("images.tar.part*")) and not list(tmp_path.glob("*.partial"))
     (tmp_path / "out").mkdir()
     unpack(archive, tmp_path / "out")
     assert _contents(tmp_path / "out") == files

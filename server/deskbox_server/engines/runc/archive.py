@@ -77,6 +77,8 @@ def pack(images: Path, archive: Path) -> int:
     try:
         lists = _parts(images)
         for part in part_files:  # both parts compress at once
+            # The session's memory: mode 0600 before a byte is in it (tar keeps the mode).
+            os.close(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
             running.append(subprocess.Popen(
                 ["tar", "-C", str(images), "--null", "--verbatim-files-from", "-T", "-",
                  "-I", "zstd -1 -T0 -q", "-cf", str(part)],
