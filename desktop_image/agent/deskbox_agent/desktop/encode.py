@@ -26,7 +26,7 @@ from isal import isal_zlib
 
 from .frame import Frame
 from .jpeg_strips import encode_jpeg, jpeg_in_strips
-from .strips import Strips, strip_starts
+from .strips import Strips, cut, strip_starts
 
 __all__ = ["MEDIA_TYPES", "EncodedImage", "deflate_frame", "encode", "encode_png"]
 
@@ -94,14 +94,15 @@ def _in_strips(pixels: npt.NDArray[np.uint8], strips: Strips | None,
                strip: Callable[[npt.NDArray[np.uint8], bool], _Run]) -> bytes | None:
     """``strip`` of each horizontal strip of ``pixels`` on the strips' threads, joined into
     one zlib stream; None when the frame is not worth cutting (small, or one CPU)."""
-    height, width = int(pixels.shape[0]), int(pixels.shape[1])
-    starts = [0] if strips is None else strip_starts(width, height, strips.pieces)
-    if strips is None or len(starts) < 2:
+    if strips is None:
         return None
-    bounds = zip(starts, [*starts[1:], height], strict=True)
-    return _zlib_stream(strips.map(lambda piece: strip(*piece),
-                                   [(pixels[top:bottom], bottom == height)
-                                    for top, bottom in bounds]))
+    starts = strip_starts(int(pixels.shape[1]), int(pixels.shape[0]), strips.pieces)
+    if len(starts) < 2:
+        return None
+    pieces = cut(pixels, starts)
+    last = len(pieces) - 1
+    return _zlib_stream(strips.map(lambda index: strip(pieces[index], index == last),
+                                   range(len(pieces))))
 
 
 def deflate_frame(pixels: npt.NDArray[np.uint8], strips: Strips | None = None) -> bytes:

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import simplejpeg
 
-from .strips import Strips, strip_starts
+from .strips import Strips, cut, strip_starts
 
 __all__ = ["encode_jpeg", "jpeg_in_strips", "jpeg_strip_starts", "join_strips"]
 
@@ -52,9 +52,7 @@ def jpeg_in_strips(pixels: npt.NDArray[np.uint8], quality: int, strips: Strips) 
     starts = jpeg_strip_starts(width, height, strips.pieces)
     if len(starts) < 2:
         return encode_jpeg(pixels, quality)
-    bounds = zip(starts, [*starts[1:], height], strict=True)
-    parts = strips.map(lambda rows: encode_jpeg(rows, quality),
-                       [pixels[top:bottom] for top, bottom in bounds])
+    parts = strips.map(lambda rows: encode_jpeg(rows, quality), cut(pixels, starts))
     try:
         return join_strips(parts, width, height, starts[1])
     except ValueError:

@@ -15,7 +15,10 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-__all__ = ["MAX_THREADS", "MIN_PIXELS", "Strips", "strip_starts"]
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["MAX_THREADS", "MIN_PIXELS", "Strips", "cut", "strip_starts"]
 
 T = TypeVar("T")
 A = TypeVar("A")
@@ -34,6 +37,12 @@ def strip_starts(width: int, height: int, count: int, unit: int = 1) -> list[int
     if count < 2 or width * height < MIN_PIXELS or units < 2:
         return [0]
     return list(range(0, height, per_strip * unit))
+
+
+def cut(pixels: npt.NDArray[np.uint8], starts: list[int]) -> list[npt.NDArray[np.uint8]]:
+    """The frame's rows in strips, each from its start to the next one's (views)."""
+    ends = [*starts[1:], int(pixels.shape[0])]
+    return [pixels[top:bottom] for top, bottom in zip(starts, ends, strict=True)]
 
 
 class Strips:
