@@ -52,13 +52,11 @@ __all__ = [
     "archive_path",
     "dump",
     "hibernate_sandbox",
-    "pack",
     "restore",
     "restore_from",
     "restore_sandbox",
     "scratch_dirs",
     "share_images",
-    "unpack",
 ]
 
 CRIU_WRAPPER = Path(os.environ.get("DESKBOX_CRIU_WRAPPER", "/opt/deskbox/bin/criu"))
@@ -125,7 +123,7 @@ def _explain(log: Path, stderr: bytes) -> str:
     return f"CRIU could not checkpoint the sandbox: {message}"
 
 
-# -- the steps: dump, pack, unpack, restore ------------------------------------------------
+# -- the steps: dump, restore (archive.py packs and unpacks) -------------------------------
 
 
 @dataclass(frozen=True)

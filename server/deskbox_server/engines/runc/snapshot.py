@@ -25,16 +25,8 @@ from pathlib import Path
 
 from ...errors import SessionFailed
 from ..base import StartTogether
-from .criu import (
-    CheckpointUnavailable,
-    Criu,
-    dump,
-    pack,
-    restore_from,
-    scratch_dirs,
-    share_images,
-    unpack,
-)
+from .archive import pack, unpack
+from .criu import CheckpointUnavailable, Criu, dump, restore_from, scratch_dirs, share_images
 from .layout import Limits, SandboxTemplate, host_root_gid
 from .sandbox import RuncOptions, RuncSandbox
 
