@@ -26,6 +26,7 @@ import h2.settings
 from . import h2speed
 from .frames import FrameGuard, FrameViolation
 from .limits import Limits
+from .windows import InboundWindows
 
 __all__ = ["Connection", "Stream", "StreamGone", "serve_connection"]
 
@@ -50,7 +51,7 @@ class Stream:
         self.query = dict(parse_qsl(parts.query, keep_blank_values=True))
         self.headers = headers
         self._body = bytearray()
-        self._owed = 0  # bytes read whose stream window is not handed back yet
+        self.owed = 0  # bytes read whose stream window is not handed back yet
         self._arrived = asyncio.Event()
         self.ended = False  # the host sent END_STREAM
         self.reset = False  # the host reset the stream, or the connection is gone
@@ -60,8 +61,7 @@ class Stream:
     # -- receiving -------------------------------------------------------------------
     def _feed(self, data: bytes, flow_len: int) -> None:
         self._body += data
-        self._conn.received(flow_len, len(data))
-        self._owed += flow_len - len(data)  # padding: nobody will read it
+        self._conn.windows.received(self, flow_len, len(data))
         self._arrived.set()
 
     def _feed_eof(self) -> None:
@@ -83,7 +83,7 @@ class Stream:
             await self._arrived.wait()
         chunk = bytes(self._body[:max_bytes])
         del self._body[:max_bytes]
-        self._conn.consumed(self, len(chunk))
+        self._conn.windows.read(self, len(chunk))
         await self._conn.flush()
         return chunk
 
@@ -189,33 +189,11 @@ class Connection:
         self._task_of: dict[int, asyncio.Task[None]] = {}
         self._window_changed = asyncio.Event()
         self._dead = False
-        self._owed = 0  # connection window not handed back yet
-        self._unread = 0  # bytes received for live streams that no handler took yet
-
-    # Flow control, as on the host: a stream's window comes back when its handler read
-    # the data; the connection's as data arrives while all streams together hold less
-    # than ``buffer_budget`` unread, so a socket that does not read stalls only its channel.
-    def received(self, flow_len: int, data_len: int) -> None:
-        self._owed += flow_len
-        self._unread += data_len
-
-    def consumed(self, stream: Stream, size: int) -> None:
-        self._unread -= size
-        stream._owed += size
-        if not self._dead and stream._owed:
-            with contextlib.suppress(h2.exceptions.H2Error, KeyError):
-                window = self.h2.streams[stream.id].inbound_flow_control_window
-                if window <= self.limits.stream_window // 2:
-                    self.h2.increment_flow_control_window(stream._owed, stream.id)
-                    stream._owed = 0
-        self._release()
-
-    def _release(self) -> None:
-        if (not self._dead and self._unread <= self.limits.buffer_budget
-                and self._owed >= self.limits.connection_window // 4):
-            with contextlib.suppress(h2.exceptions.H2Error):
-                self.h2.increment_flow_control_window(self._owed)
-            self._owed = 0
+        # A socket that does not read stalls only its channel (windows.py).
+        self.windows = InboundWindows(
+            self.h2, limits.stream_window, limits.connection_window, limits.buffer_budget,
+            live=lambda: not self._dead,
+        )
 
     async def flush(self) -> None:
         data = self.h2.data_to_send()
@@ -292,7 +270,7 @@ class Connection:
                     break
                 for event in events:
                     self._dispatch(event)
-                self._release()
+                self.windows.release()
                 await self.flush()
         except (TimeoutError, StreamGone, ConnectionError, OSError) as e:
             log.info("host connection ends: %r", e)
@@ -324,7 +302,7 @@ class Connection:
         elif isinstance(event, h2.events.DataReceived):
             target = self._streams.get(event.stream_id or 0)
             if target is None:
-                self._owed += event.flow_controlled_length or 0
+                self.windows.dropped(event.flow_controlled_length or 0)
             else:
                 target._feed(event.data or b"", event.flow_controlled_length or 0)
         elif isinstance(event, h2.events.StreamEnded):
@@ -364,7 +342,7 @@ class Connection:
             self._task_of.pop(stream.id, None)
             # Whatever the host sent that nobody read still counts against the connection.
             if stream._body:
-                self._unread -= len(stream._body)
+                self.windows.discarded(len(stream._body))
                 stream._body.clear()
             if not stream.ended and not stream.reset and not self._dead:
                 # Answered before the body ended: tell the host to stop sending it.

@@ -28,6 +28,7 @@ import h2.settings
 
 from deskbox_agent import h2speed
 from deskbox_agent.frames import FrameGuard, FrameViolation
+from deskbox_agent.windows import InboundWindows
 
 from ..errors import AgentFailed
 from .limits import AgentLimits
@@ -60,7 +61,7 @@ class AgentStream:
         self.reset: StreamReset | None = None
         self.closed = False  # we reset it or it is complete both ways
         self.sent_end = False  # our request is complete (END_STREAM sent)
-        self._owed = 0  # bytes read here whose stream window is not handed back yet
+        self.owed = 0  # bytes read here whose stream window is not handed back yet
         self._body_wanted = False  # reading: a reset after a complete response is no error
 
     # -- events from the connection -------------------------------------------------
@@ -78,8 +79,7 @@ class AgentStream:
         self._body += data
         if len(self._body) > self._conn.limits.stream_window:
             raise AgentFailed(f"stream {self.id}: more unread data than its window")
-        self._conn.received(flow_len, len(data))
-        self._owed += flow_len - len(data)  # padding: nobody will read it
+        self._conn.windows.received(self, flow_len, len(data))
         self._arrived.set()
 
     def _on_end(self) -> None:
@@ -120,7 +120,7 @@ class AgentStream:
             self._arrived.clear()
             await self._arrived.wait()
         chunk = take_bytes(self._body, max_bytes)
-        self._conn.consumed(self, len(chunk))
+        self._conn.windows.read(self, len(chunk))
         await self._conn.flush()
         return chunk
 
@@ -223,8 +223,10 @@ class AgentConnection:
         self._changed = asyncio.Event()  # a window, a stream slot or the connection state
         self._settings = asyncio.Event()  # the agent's first SETTINGS arrived
         self.failed_reason: str | None = None
-        self._owed = 0  # connection window not handed back yet
-        self._unread = 0  # bytes received for live streams that no reader took yet
+        self.windows = InboundWindows(
+            self.h2, limits.stream_window, limits.connection_window, limits.buffer_budget,
+            live=lambda: self.failed_reason is None,
+        )
         self._task: asyncio.Task[None] | None = None
         self._closing = False  # close() waits for the agent's end of the stream
         writer.transport.set_write_buffer_limits(high=256 * 1024)
@@ -286,31 +288,6 @@ class AgentConnection:
                 await self._task
 
     # -- writing ---------------------------------------------------------------------
-    # Flow control. A stream's window is handed back when its reader has read the data,
-    # so one stream holds at most its window. The connection's window is handed back as
-    # data arrives, as long as all streams together hold less than ``buffer_budget``
-    # unread: a channel nobody reads stalls itself, not the calls beside it.
-    def received(self, flow_len: int, data_len: int) -> None:
-        self._owed += flow_len
-        self._unread += data_len
-
-    def consumed(self, stream: AgentStream, size: int) -> None:
-        self._unread -= size
-        stream._owed += size
-        if self.failed_reason is None and stream._owed:
-            with contextlib.suppress(h2.exceptions.H2Error, KeyError):
-                window = self.h2.streams[stream.id].inbound_flow_control_window
-                if window <= self.limits.stream_window // 2:
-                    self.h2.increment_flow_control_window(stream._owed, stream.id)
-                    stream._owed = 0
-        self._release()
-
-    def _release(self) -> None:
-        if (self.failed_reason is None and self._unread <= self.limits.buffer_budget
-                and self._owed >= self.limits.connection_window // 4):
-            self.h2.increment_flow_control_window(self._owed)
-            self._owed = 0
-
     def flush_soon(self) -> None:
         data = self.h2.data_to_send()
         # A transport the loop closed (the sandbox killed, its end reset) before our read
@@ -380,9 +357,8 @@ class AgentConnection:
                 if window > 0:
                     self._guard.expect_late(stream.id, window)
         if stream._body:  # unread data no longer counts against the budget
-            self._unread -= len(stream._body)
+            self.windows.discarded(len(stream._body))
             stream._body.clear()
-            self._release()
         self._changed.set()
 
     # -- reading ---------------------------------------------------------------------
@@ -418,7 +394,7 @@ class AgentConnection:
                         useful += self._dispatch(event)
                 except AgentFailed as e:
                     raise self.fail(e.reason) from None
-                self._release()
+                self.windows.release()
                 frames = self._guard.frames - frames_before - control
                 junk = max(frames - useful, self._guard.empty_data - empty_before)
                 if junk > 0 and not self._budget.spend(junk):
@@ -441,7 +417,7 @@ class AgentConnection:
         elif isinstance(event, h2.events.DataReceived):
             length = event.flow_controlled_length or 0
             if stream is None:
-                self._owed += length  # for a stream we gave up
+                self.windows.dropped(length)  # for a stream we gave up
                 return 0
             stream._on_data(event.data or b"", length)
             return 1 if event.data else 0
