@@ -18,7 +18,9 @@ flight each:
   through its own websocket (``/ws``: ``{"command": "screenshot" | "left_click", "params"}``);
 - the xdotool + scrot method of E2B Desktop and Anthropic's demo: one process per action.
 
-Prints a markdown table of p50, p95 and peer/ours (our websocket) ratios per operation, what
+Operations: a JPEG and a PNG screenshot, a click, and an agent's step (a click, then a JPEG
+look at its effect: two calls in turn). Prints a markdown table of p50, p95 and peer/ours
+(our websocket) ratios per operation, what
 each call guarantees when it returns, and how many clicks the page registered. If the cua
 peer cannot be installed or run, its rows say why and the rest is still measured. Every
 process started here is stopped on exit.
@@ -64,7 +66,9 @@ PAGE = (
     "<body style='margin:0;height:100vh;background:%23dde7f0'>"
     "<script>window.clicks=0;addEventListener('click',()=>{clicks+=1})</script></body>"
 )
-OPERATIONS = ("screenshot JPEG q75", "screenshot PNG", "click")
+# The last is an agent's step: the action, then a look at its effect (two calls in turn).
+OPERATIONS = ("screenshot JPEG q75", "screenshot PNG", "click", "click, then a JPEG look")
+CLICKING = frozenset(OPERATIONS[2:])  # the page counts these operations' clicks
 
 
 def progress(message: str) -> None:
@@ -192,12 +196,14 @@ def ours_ws(ws: ClientConnection) -> Method:
             OPERATIONS[0]: lambda: call(jpeg()),
             OPERATIONS[1]: lambda: call(png()),
             OPERATIONS[2]: lambda: call(click),
+            OPERATIONS[3]: lambda: call(click) + call(jpeg()),
         },
         {
             OPERATIONS[0]: "image bytes received (the agent: XShm grab + libjpeg-turbo)",
             OPERATIONS[1]: "image bytes received (the agent: PNG, ISA-L deflate level 1)",
             OPERATIONS[2]: "press+release written to the X server (the agent: XTEST;"
                            " processed before the next action)",
+            OPERATIONS[3]: "the click's reply, then the look's image bytes received",
         },
     )
 
@@ -220,10 +226,11 @@ def ours_rest(http: httpx.Client, session_id: str) -> Method:
     return Method(
         "ours, REST",
         {OPERATIONS[0]: lambda: shot("jpeg"), OPERATIONS[1]: lambda: shot("png"),
-         OPERATIONS[2]: click},
+         OPERATIONS[2]: click, OPERATIONS[3]: lambda: click() + shot("jpeg")},
         {OPERATIONS[0]: "response body received", OPERATIONS[1]: "response body received",
          OPERATIONS[2]: "press+release written to the X server (XTEST; processed before the"
-                        " next action)"},
+                        " next action)",
+         OPERATIONS[3]: "the click's response, then the look's body received"},
     )
 
 
@@ -253,10 +260,12 @@ def spawned(display: str, workdir: Path) -> Method:
     return Method(
         "xdotool + scrot (process per action)",
         {OPERATIONS[0]: lambda: scrot(jpeg_path, JPEG_QUALITY),
-         OPERATIONS[1]: lambda: scrot(png_path, None), OPERATIONS[2]: click},
+         OPERATIONS[1]: lambda: scrot(png_path, None), OPERATIONS[2]: click,
+         OPERATIONS[3]: lambda: click() + scrot(jpeg_path, JPEG_QUALITY)},
         {OPERATIONS[0]: "scrot exited, file read back",
          OPERATIONS[1]: "scrot exited, file read back",
-         OPERATIONS[2]: "xdotool exited (events flushed; its 100 ms default click delay)"},
+         OPERATIONS[2]: "xdotool exited (events flushed; its 100 ms default click delay)",
+         OPERATIONS[3]: "xdotool exited, then scrot exited and its file read back"},
     )
 
 
@@ -285,10 +294,11 @@ def cua_method(ws: ClientConnection) -> Method:
     return Method(
         f"cua-computer-server {cua_peer.pinned_version()}, websocket",
         {OPERATIONS[0]: lambda: shot("jpeg"), OPERATIONS[1]: lambda: shot("png"),
-         OPERATIONS[2]: click},
+         OPERATIONS[2]: click, OPERATIONS[3]: lambda: click() + shot("jpeg")},
         {OPERATIONS[0]: "JSON with base64 image received (Pillow grab, JPEG optimize=True)",
          OPERATIONS[1]: "JSON with base64 image received (PNG optimize=True)",
-         OPERATIONS[2]: "X server processed move, press, release (pynput, XSync each)"},
+         OPERATIONS[2]: "X server processed move, press, release (pynput, XSync each)",
+         OPERATIONS[3]: "the click's reply, then the JSON with the base64 image received"},
     )
 
 
@@ -343,7 +353,7 @@ def measure(operation: str, methods: Sequence[Method], iterations: int, page: Cd
     results = {method.name: Result() for method in methods}
     sent = dict.fromkeys(results, 0)
     landed = dict.fromkeys(results, 0)
-    counting = operation == "click"
+    counting = operation in CLICKING
     per_round = [iterations // ROUNDS + (i < iterations % ROUNDS) for i in range(ROUNDS)]
     for round_index, count in enumerate([WARMUP, *per_round]):
         for method in methods:
