@@ -20,10 +20,9 @@ flight each:
 
 Operations: a JPEG and a PNG screenshot, a click, and an agent's step (a click, then a JPEG
 look at its effect: two calls in turn). Prints a markdown table of p50, p95 and peer/ours
-(our websocket) ratios per operation, what
-each call guarantees when it returns, and how many clicks the page registered. If the cua
-peer cannot be installed or run, its rows say why and the rest is still measured. Every
-process started here is stopped on exit.
+(our websocket) ratios per operation, what each call guarantees when it returns, and how
+many clicks the page registered. If the cua peer cannot be installed or run, its rows say
+why and the rest is still measured. Every process started here is stopped on exit.
 """
 
 from __future__ import annotations

@@ -3,11 +3,12 @@
 Both ends use it: the agent for what the host sends (h2server.py), the host for what the
 agent sends (server/deskbox_server/agent/connection.py, which imports it from this package).
 
-Received DATA is acknowledged (its window handed back to the sender) only as it is read:
-a stream's once its reader took it, so one stream holds at most its window (and in one
-WINDOW_UPDATE for all that was read, once the sender has half of its window or less left);
-the connection's as data arrives, as long as all streams together hold less than
-``budget`` unread, so a channel nobody reads stalls itself and not the calls beside it.
+Received DATA is acknowledged (its window handed back to the sender) only as it is read.
+A stream's window comes back once its reader took the data, so one stream holds at most
+its window (one WINDOW_UPDATE for all that was read, once the sender has half of the
+window or less left). The connection's comes back as data arrives, as long as all streams
+together hold less than ``budget`` unread: a channel nobody reads stalls itself, not the
+calls beside it.
 """
 
 from __future__ import annotations
