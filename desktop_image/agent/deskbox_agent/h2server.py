@@ -16,15 +16,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qsl, urlsplit
 
-import h2.config
-import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
-import h2.settings
 
-from . import h2speed
 from .frames import FrameGuard, FrameViolation
+from .h2setup import new_connection
 from .limits import Limits
 from .windows import InboundWindows
 
@@ -163,27 +160,15 @@ class Connection:
         self._writer = writer
         self._handler = handler
         self.limits = limits
-        h2speed.install()
-        config = h2.config.H2Configuration(
-            client_side=False, header_encoding="utf-8", validate_outbound_headers=False,
-            normalize_outbound_headers=False,
+        self.h2 = new_connection(
+            client_side=False, header_encoding="utf-8",
+            max_header_list_size=limits.max_header_list_size,
+            max_frame_size=limits.max_frame_size, stream_window=limits.stream_window,
+            max_concurrent_streams=limits.max_concurrent_streams,
         )
-        self.h2 = h2.connection.H2Connection(config)
-        self.h2.local_settings = h2.settings.Settings(
-            client=False,
-            initial_values={
-                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
-                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_size,
-                h2.settings.SettingCodes.MAX_FRAME_SIZE: limits.max_frame_size,
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: limits.stream_window,
-                h2.settings.SettingCodes.ENABLE_PUSH: 0,
-            },
-        )
-        self.h2.decoder.max_header_list_size = limits.max_header_list_size
         self._guard = FrameGuard(
             limits.max_frame_size, limits.max_header_list_size * 2, preface=True
         )
-        self.h2.max_inbound_frame_size = limits.max_frame_size
         self._streams: dict[int, Stream] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._task_of: dict[int, asyncio.Task[None]] = {}

@@ -19,15 +19,12 @@ import contextlib
 import time
 from collections.abc import Sequence
 
-import h2.config
-import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
-import h2.settings
 
-from deskbox_agent import h2speed
 from deskbox_agent.frames import FrameGuard, FrameViolation
+from deskbox_agent.h2setup import new_connection
 from deskbox_agent.windows import InboundWindows
 
 from ..errors import AgentFailed
@@ -199,24 +196,11 @@ class AgentConnection:
         self._reader = reader
         self._writer = writer
         self.limits = limits
-        h2speed.install()
-        # Our own headers are well-formed by construction; everything received is checked.
-        config = h2.config.H2Configuration(
-            client_side=True, header_encoding=None, validate_outbound_headers=False,
-            normalize_outbound_headers=False,
+        self.h2 = new_connection(
+            client_side=True, header_encoding=None,
+            max_header_list_size=limits.max_header_list_size,
+            max_frame_size=limits.max_frame_size, stream_window=limits.stream_window,
         )
-        self.h2 = h2.connection.H2Connection(config)
-        self.h2.local_settings = h2.settings.Settings(
-            client=True,
-            initial_values={
-                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_size,
-                h2.settings.SettingCodes.MAX_FRAME_SIZE: limits.max_frame_size,
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: limits.stream_window,
-                h2.settings.SettingCodes.ENABLE_PUSH: 0,
-            },
-        )
-        self.h2.decoder.max_header_list_size = limits.max_header_list_size
-        self.h2.max_inbound_frame_size = limits.max_frame_size
         self._guard = FrameGuard(limits.max_frame_size, limits.max_header_block)
         self._budget = _Budget(limits.junk_burst, limits.junk_per_s)
         self._streams: dict[int, AgentStream] = {}
