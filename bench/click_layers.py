@@ -20,16 +20,20 @@ blocks, so load on the host hits them alike), one click in flight:
 - ``X work``: that process's ``Desktop.send_pointer(click)`` until ``pointer_confirmed``
   (XTEST press and release and the round trip after them; the service replies after the
   send and waits for the round trip before the next click);
-- ``cua``: cua-computer-server's ``left_click`` through its websocket.
+- ``cua``: cua-computer-server's ``left_click`` through its websocket;
+- ``relay``: 150 bytes sent to one more process and echoed back (asyncio, a unix socket):
+  the floor of what one more process on the path costs here, as the agent is on ours and
+  not on cua's.
 
 Prints p50/p95, the CPU each process spent per click (from /proc/PID/task/*/schedstat;
 Chromium's processes summed, and openbox, which every click goes through for its
 click-to-focus: what the desktop itself spends beside us on the same CPUs), the server's own
 mean ``Session.act`` time during the ``ws`` blocks (its
 ``deskbox_action_duration_seconds`` histogram), and how many clicks the page counted.
-Then lone clicks through ``ws``, ``agent`` and ``cua`` after the desktop sat idle for
-``COLD_RESTS_S`` (``--cold-reps`` each, in turns): an agent's clicks come seconds apart,
-after a model's turn, when every process on the path starts with cold caches.
+Then lone calls through ``ws``, ``agent``, ``echo``, ``service``, ``relay`` and ``cua``
+after the desktop sat idle for ``COLD_RESTS_S`` (``--cold-reps`` each, in turns): an
+agent's clicks come seconds apart, after a model's turn, when every process on the path
+starts with cold caches.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -68,7 +73,7 @@ WARMUP = 10
 REST_S = 0.3  # between blocks: the page's click handling goes quiet
 # Idle times before a lone click (see the module's docstring).
 COLD_RESTS_S = (0.1, 0.5, 2.0)
-COLD_LAYERS = ("ws", "agent", "cua")
+COLD_LAYERS = ("ws", "agent", "echo", "service", "relay", "cua")
 
 # Runs in its own process with the agent's package: one line "service N", "hop N" or
 # "xwork N" in,
@@ -105,6 +110,21 @@ async def main():
         print(json.dumps(out), flush=True)
 asyncio.run(main())
 """
+
+# One more process on the path and nothing else: echoes what it reads on a unix socket.
+RELAY = r"""
+import asyncio, sys
+async def echo(reader, writer):
+    while data := await reader.read(65536):
+        writer.write(data)
+async def main():
+    server = await asyncio.start_unix_server(echo, sys.argv[1])
+    print("ready", flush=True)
+    async with server:
+        await server.serve_forever()
+asyncio.run(main())
+"""
+RELAY_MESSAGE = b"x" * 150  # about a click's message on the agent's stream
 
 
 def cpu_s(*pids: int) -> float:
@@ -247,6 +267,24 @@ def main() -> int:
             samples: list[float] = json.loads(stdout.readline())
             return samples
 
+        relay_path = str(workdir / "relay.sock")
+        relay = subprocess.Popen([sys.executable, "-c", RELAY, relay_path], text=True,
+                                 stdout=subprocess.PIPE)
+        stack.callback(relay.wait)
+        stack.callback(relay.kill)
+        assert relay.stdout is not None and relay.stdout.readline() == "ready\n"
+        relay_socket = stack.enter_context(socket.socket(socket.AF_UNIX))
+        relay_socket.connect(relay_path)
+
+        def relay_round_trip() -> None:
+            relay_socket.sendall(RELAY_MESSAGE)
+            received = 0
+            while received < len(RELAY_MESSAGE):
+                chunk = relay_socket.recv(65536)
+                if not chunk:
+                    raise SystemExit("the relay process went away")
+                received += len(chunk)
+
         layers: dict[str, Callable[[int], list[float]]] = {
             "ws: through the server": lambda n: timed(ours.calls["click"], n),
             "agent: AgentDesktop straight to the agent's socket": lambda n: (
@@ -257,11 +295,12 @@ def main() -> int:
             "hop: the X work on a worker thread, awaited": lambda n: in_process_block(
                 "hop", n),
             "X work: Desktop.send_pointer until confirmed": lambda n: in_process_block("xwork", n),
+            "relay: 150 bytes echoed by one more process": lambda n: timed(relay_round_trip, n),
         }
         pids: dict[str, tuple[int, ...]] = {
             "server": (server_pid,), "agent": (processes.agent,), "Xvfb": (processes.xvfb,),
             "Chromium": processes.browser, "openbox": processes.wm,
-            "in-process": (in_process.pid,)}
+            "in-process": (in_process.pid,), "relay": (relay.pid,)}
         if not args.no_cua:
             python = cua_peer.ensure_venv(None)
             port = stack.enter_context(cua_peer.server(python, desktop.display, workdir))
@@ -308,7 +347,8 @@ def main() -> int:
     print("|---|---:|---:|---:|---:|---|")
     for name, got in samples.items():
         spent = " / ".join(f"{cpu[name][kind] / len(got) * 1e6:.0f}" for kind in pids)
-        counted = "–" if name.startswith("echo") else f"{landed[name]}/{len(got) + WARMUP}"
+        clicking = not name.startswith(("echo", "relay"))
+        counted = f"{landed[name]}/{len(got) + WARMUP}" if clicking else "–"
         print(f"| {name} | {statistics.median(got) * 1000:.2f} "
               f"| {bench_api.p95(got) * 1000:.2f} | {len(got)} | {counted} | {spent} |")
     ws_samples = samples["ws: through the server"]
@@ -316,7 +356,7 @@ def main() -> int:
           f" {in_server[0] / max(1.0, in_server[1]) * 1000:.2f} ms; the ws round trip's mean"
           f" {statistics.mean(ws_samples) * 1000:.2f} ms.")
     ws_cpu = sum(cpu["ws: through the server"][kind] for kind in pids
-                 if kind not in ("in-process", "cua")) / len(ws_samples)
+                 if kind not in ("in-process", "relay", "cua")) / len(ws_samples)
     print(f"- A ws click's CPU in all (server, agent, Xvfb, Chromium, openbox): {ws_cpu * 1e6:.0f}"
           f" µs, {ws_cpu / statistics.mean(ws_samples):.2f} CPUs busy while clicks run back to"
           f" back (of {os.cpu_count()}).")
