@@ -9,6 +9,7 @@ one record with the same facts as fields.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import shlex
@@ -69,7 +70,8 @@ def banner(host: str, port: int, key_file: Path | None) -> Banner:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn that announces itself once it listens."""
+    """uvicorn that announces itself once it listens, and stops every session however
+    often it is told to stop."""
 
     def __init__(self, config: uvicorn.Config, key_file: Path | None, log_format: str) -> None:
         super().__init__(config)
@@ -90,6 +92,15 @@ class _Server(uvicorn.Server):
             keys = ({"api_key_file": str(shown.key_file)} if shown.key_file is not None
                     else {"api_keys": "DESKBOX_API_KEYS"})
             log.info("serving %s", shown.url, extra={"url": shown.url, **keys, "curl": shown.curl})
+
+    async def shutdown(self, sockets: list[socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        # A second Ctrl-C (uvicorn's force_exit) makes uvicorn skip the app's shutdown, and
+        # every session's sandbox would outlive the server. The force still cuts short the
+        # wait for open connections; the sessions are stopped all the same.
+        done = getattr(self.lifespan, "shutdown_event", None)
+        if self.force_exit and isinstance(done, asyncio.Event) and not done.is_set():
+            await self.lifespan.shutdown()
 
 
 def run(
