@@ -9,7 +9,12 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ["Settings", "default_recipe_dir", "default_state_dir"]
+__all__ = ["ROOT_IMAGE_CACHE", "Settings", "default_recipe_dir", "default_state_dir"]
+
+# Root's image cache when none is set. Not under root's state dir: a sandbox's runc init
+# mounts the image by its path as an unprivileged user of the host (its user namespace),
+# and root's home is closed to other users (engines/runc/reach.py).
+ROOT_IMAGE_CACHE = Path("/var/cache/deskbox")
 
 
 def default_state_dir() -> Path:
@@ -59,8 +64,8 @@ class Settings(BaseSettings):
     # microVM per session. "local" runs unisolated host processes: offer it only on a
     # machine you trust.
     backends: Annotated[list[str], NoDecode] = ["container"]
-    # Session images live in <image_state_dir>/images/<recipe hash>/; default: state_dir.
-    # DESKBOX_IMAGE_STATE_DIR lets several state dirs (tests, CI) share one image cache.
+    # Session images live in <image_state_dir>/images/<recipe hash>/; default: as root
+    # ROOT_IMAGE_CACHE, else state_dir. Several state dirs (tests, CI) can share one cache.
     image_state_dir: Path | None = None
     recipe_dir: Path = Field(default_factory=default_recipe_dir)
     # The vm engine's accelerator: auto (KVM where /dev/kvm runs a stock guest, else TCG),
@@ -170,7 +175,9 @@ class Settings(BaseSettings):
     @property
     def image_cache_dir(self) -> Path:
         """What ``desktop_image/build.py --state-dir`` is given: images go under its images/."""
-        return self.image_state_dir or self.state_dir
+        if self.image_state_dir is not None:
+            return self.image_state_dir
+        return ROOT_IMAGE_CACHE if os.geteuid() == 0 else self.state_dir
 
     @property
     def docker_url(self) -> str:

@@ -24,6 +24,7 @@ from . import freezer
 from .criu import Criu, hibernate_sandbox, restore_sandbox
 from .kerndat import keep_kerndat_cache
 from .layout import Limits
+from .reach import check_image_reachable
 from .sandbox import RuncOptions, RuncSandbox, remove_orphans
 from .seccomp import seccomp_profile
 from .snapshot import keep_unpacked, restore_copy, take_snapshot
@@ -67,6 +68,7 @@ class RuncEngine(Engine[RuncSandbox]):
         if self._image is not None:
             rootfs = await build_off_loop(self._image)
             self.options = dataclasses.replace(self.options, rootfs=rootfs)
+        await asyncio.to_thread(check_image_reachable, self.options.rootfs)
         # Last: a prepare that failed leaves nothing behind.
         if self.options.scratch is not None:
             await asyncio.to_thread(self.options.scratch.open)
