@@ -20,8 +20,10 @@ from socket import socket
 from typing import Literal
 
 import uvicorn
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .app import create_app
+from .errors import DeskboxError
 from .logs import LogFormat, configure_logging
 from .settings import Settings
 
@@ -103,6 +105,39 @@ class _Server(uvicorn.Server):
             await self.lifespan.shutdown()
 
 
+class _PlainStartupFailure:
+    """A start-up that fails for a reason of ours (another server on the state dir, an
+    image that cannot be built or reached) is one line saying why, where uvicorn would log
+    the traceback through every lifespan frame, the reason last. Any other failure keeps
+    its traceback: that one is a bug."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+        held: list[Message] = []
+
+        async def holding_failures(message: Message) -> None:
+            if message["type"] == "lifespan.startup.failed":
+                held.append(message)  # sent once the exception says what it was
+            else:
+                await send(message)
+
+        try:
+            await self.app(scope, receive, holding_failures)
+        except DeskboxError as error:
+            if held:
+                held = [{"type": "lifespan.startup.failed",
+                         "message": f"cannot start: {error.message}"}]
+            raise
+        finally:
+            for message in held:
+                await send(message)
+
+
 def run(
     settings: Settings, log_level: str = "info", log_format: LogFormat = "auto"
 ) -> None:
@@ -111,7 +146,7 @@ def run(
     app = create_app(settings)
     key_file = app.state.services.keyring.generated_path
     config = uvicorn.Config(
-        app,
+        _PlainStartupFailure(app),
         host=settings.host,
         port=settings.port,
         # A sixth less of the server's CPU per websocket action than asyncio's own loop

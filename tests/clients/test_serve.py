@@ -71,17 +71,23 @@ class Output:
             self.data += chunk
 
 
+def serve_env(keys: str | None = None) -> dict[str, str]:
+    """This environment without its DESKBOX_ settings, on the local backend."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DESKBOX_")}
+    env |= {"DESKBOX_BACKENDS": "local", "DESKBOX_DEFAULT_BACKEND": "local"}
+    env.pop("NO_COLOR", None)
+    if keys is not None:
+        env["DESKBOX_API_KEYS"] = keys
+    return env
+
+
 @contextmanager
 def serve(tmp_path: Path, *args: str, tty: bool,
           keys: str | None = None) -> Iterator[Output]:
     """``deskbox serve --port 0`` on a pty (stdout and stderr) or on a pipe; stopped with
     SIGINT (Ctrl-C) at the end, which must exit 0. After the block, ``text`` holds all the
     server wrote."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DESKBOX_")}
-    env |= {"DESKBOX_BACKENDS": "local", "DESKBOX_DEFAULT_BACKEND": "local"}
-    env.pop("NO_COLOR", None)
-    if keys is not None:
-        env["DESKBOX_API_KEYS"] = keys
+    env = serve_env(keys)
     # A space in the path: the banner's curl must quote the key file's path.
     argv = [DESKBOX, "serve", "--port", "0", "--state-dir", str(tmp_path / "my state"), *args]
     if tty:
@@ -209,3 +215,20 @@ def test_banner_dials_loopback_for_a_wildcard_host() -> None:
     assert banner("fd00::1", 80, None).url == "http://[fd00::1]:80"
     assert banner("deskbox.internal", 8765, None).curl == (
         'curl -H "Authorization: Bearer $DESKBOX_API_KEY" http://deskbox.internal:8765/v1/sessions')
+
+
+def test_a_server_that_cannot_start_says_why_in_one_line(tmp_path: Path) -> None:
+    """A reason of ours (here: another server on the state dir) is one line, not uvicorn's
+    traceback through every lifespan frame; the exit status is 3."""
+    with serve(tmp_path, tty=False) as output:
+        output.wait_for(lambda t: '"deskbox.serve"' in t and t.endswith("\n"))
+        second = subprocess.run(
+            [DESKBOX, "serve", "--port", "0", "--state-dir", str(tmp_path / "my state"),
+             "--log-format", "text"],
+            env=serve_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            timeout=60, check=False)
+    said = second.stdout + second.stderr
+    assert second.returncode == 3, said
+    assert re.search(r"^\S+ ERROR +uvicorn  cannot start: another Deskbox server is using the "
+                     r"state dir .*my state$", said, re.M), said
+    assert "Traceback" not in said and len(said.splitlines()) < 10, said
