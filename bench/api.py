@@ -90,7 +90,6 @@ def server(
     env = {
         **os.environ,
         "DESKBOX_API_KEYS": KEY,
-        "DESKBOX_IMAGE_STATE_DIR": os.environ.get("DESKBOX_IMAGE_STATE_DIR", str(REPO / ".state")),
         **(extra_env or {}),
     }
     state_dir.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ from deskbox_server.engines.image import build_image  # noqa: E402
 from deskbox_server.engines.processes import become_subreaper  # noqa: E402
 from deskbox_server.engines.runc.layout import Limits  # noqa: E402
 from deskbox_server.engines.runc.sandbox import RuncOptions, RuncSandbox  # noqa: E402
-from deskbox_server.settings import default_recipe_dir  # noqa: E402
+from deskbox_server.settings import Settings, default_recipe_dir  # noqa: E402
 
 
 def main() -> None:
@@ -33,7 +33,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--cpus", type=float, default=1.0)
     parser.add_argument("--no-browser", action="store_true")
-    parser.add_argument("--image-state-dir", type=Path, default=REPO / ".state")
+    parser.add_argument("--image-state-dir", type=Path, default=Settings().image_cache_dir,
+                        help="the image cache (default: the server's)")
     args = parser.parse_args()
     become_subreaper()  # sandbox inits reparent to us when runc exits: we reap them
     rootfs = build_image(

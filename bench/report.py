@@ -43,7 +43,7 @@ QUICK: dict[str, list[str]] = {
     "agent_live.py": ["--runs", "2", "--frames", "3", "--evals", "20"],
     "exec.py": ["--iterations", "20"],
     "server_cpu.py": ["--actions", "100"],
-    "click_layers.py": ["--iterations", "20"],
+    "click_layers.py": ["--iterations", "20", "--cold-reps", "1"],
     "rl.py": ["--resets", "4", "--envs", "1,4"],
     "volumes.py": ["--runs", "2"],
     "recording.py": ["--rounds", "1", "--iterations", "10"],

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import shutil
 import statistics
 import subprocess
@@ -31,7 +30,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from api import REPO, interrupt_on_sigterm  # bench/api.py (this script's directory)
+from api import interrupt_on_sigterm  # bench/api.py (this script's directory)
 
 from deskbox_server.agent.client import AgentClient
 from deskbox_server.agent.desktop import AgentDesktop
@@ -39,7 +38,7 @@ from deskbox_server.agent.limits import AgentLimits
 from deskbox_server.engines.base import SessionSpec
 from deskbox_server.engines.image import build_image
 from deskbox_server.engines.vm.engine import VmEngine
-from deskbox_server.settings import default_recipe_dir
+from deskbox_server.settings import Settings, default_recipe_dir
 
 RECIPE = default_recipe_dir()
 sys.path.insert(0, str(RECIPE))
@@ -142,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("mksquashfs is missing: apt-get install squashfs-tools, or leave "
                      "squashfs out of --formats")
     interrupt_on_sigterm()
-    images = Path(os.environ.get("DESKBOX_IMAGE_STATE_DIR", REPO / ".state"))  # as api.py's
+    images = Settings().image_cache_dir  # the server's, as api.py's servers use
     guest = build_image(images, RECIPE, print, timeout_s=1800,
                         script_name="vm_guest.py")
     figures: dict[str, list[dict[str, float]]] = {name: [] for name in formats}
