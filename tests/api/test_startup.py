@@ -1,7 +1,8 @@
 """Server start-up: the session image is prepared before serving, one server per state dir.
 
 A stand-in ``build.py`` plays the image build here (the real one is exercised by every
-suite that starts sandboxes), so these tests run no sandbox and take no minutes.
+suite that starts sandboxes), so these tests take no minutes; one starts a real session,
+from the image cache a server uses by default (built by the suites before it).
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def test_a_server_that_cannot_build_its_image_does_not_serve(tmp_path: Path) -> 
         pass
 
 
+@pytest.mark.slow
 def test_the_default_image_cache_serves_sessions_whose_state_is_closed_to_others(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
