@@ -187,7 +187,7 @@ def test_seeded_state_dir_caps_and_generated_key(tmp_path: Path) -> None:
         key = key_path.read_text().strip()
         assert server.services.keyring.generated_path == key_path
         with server.client(key) as http:
-            assert http.get("/v1/sessions").json() == {"sessions": []}
+            assert http.get("/v1/sessions").json() == {"sessions": [], "next_cursor": None}
 
 
 def test_per_key_cap(server: Server, session: dict[str, Any]) -> None:

@@ -3,7 +3,7 @@
 // the key's recordings. The rules (order, buttons, ages) are in console-model.js.
 import { describeError, sessionPath } from './console-api.js';
 import {
-  actionsFor, age, arrange, bytes, recordingLength, thumbnailDue, thumbnailScale,
+  LIVE_STATES, actionsFor, age, arrange, bytes, recordingLength, thumbnailDue, thumbnailScale,
 } from './console-model.js';
 import { Page, saveAs } from './console-page.js';
 
@@ -258,9 +258,9 @@ function showRecordings(recordings, now) {
   ui.recordings.hidden = recordings.length === 0;
 }
 
-function showEnded(ended, now) {
+function showEnded(ended, more, now) {
   ui.ended.hidden = ended.length === 0;
-  ui.endedCount.textContent = String(ended.length);
+  ui.endedCount.textContent = more ? `the newest ${ended.length}` : String(ended.length);
   ui.endedList.replaceChildren(...ended.slice(0, ENDED_SHOWN).map((session) => {
     const item = element('li');
     item.append(element('code', '', session.id), ` ${session.state} · created ${age(session.created_at, now)} ago`);
@@ -282,10 +282,29 @@ function pollSucceeded() {
   pollError = '';
 }
 
+// Every live session (as many pages as there are), and only the newest ended ones: a key
+// that ran thousands of sessions does not fetch them all every poll.
+async function listSessions(caller) {
+  const live = [];
+  let cursor = null;
+  do {
+    const query = new URLSearchParams([...LIVE_STATES].map((state) => ['state', state]));
+    query.set('limit', '1000');
+    if (cursor) query.set('cursor', cursor);
+    const page = await caller.json('GET', `/v1/sessions?${query}`);
+    live.push(...page.sessions);
+    cursor = page.next_cursor;
+  } while (cursor);
+  const ended = await caller.json(
+    'GET', `/v1/sessions?state=stopped&state=failed&limit=${ENDED_SHOWN}`);
+  return { sessions: [...live, ...ended.sessions], moreEnded: Boolean(ended.next_cursor) };
+}
+
 async function refresh(caller) {
   let sessions;
+  let moreEnded;
   try {
-    ({ sessions } = await caller.json('GET', '/v1/sessions'));
+    ({ sessions, moreEnded } = await listSessions(caller));
   } catch (error) {
     if (api === caller) pollFailed('Could not list the sessions', error);
     return;
@@ -329,7 +348,7 @@ async function refresh(caller) {
     ui.cards.append(card.el); // append moves: the cards take the arranged order
   }
   ui.empty.hidden = arranged.live.length > 0;
-  showEnded(arranged.ended, now);
+  showEnded(arranged.ended, moreEnded, now);
   if (recordings) showRecordings(recordings, now);
   await Promise.allSettled([...cards.values()].map((card) => card.fetchThumbnail(caller)));
   ui.pollState.textContent = `updated ${new Date(now).toLocaleTimeString()}`;

@@ -207,8 +207,16 @@ class AsyncSessions:
         self, *, state: str | None = None, labels: Mapping[str, str] | None = None,
         timeout: float | None = None,
     ) -> list[AsyncSession]:
-        body = await self._client._send(b.list_call(state, labels, timeout))
-        return [AsyncSession(self._client, item) for item in body["sessions"]]
+        """Every session of this key in ``state`` with all of ``labels``, newest first
+        (the server's pages, one request each)."""
+        sessions: list[AsyncSession] = []
+        cursor: str | None = None
+        while True:
+            body = await self._client._send(b.list_call(state, labels, timeout, cursor))
+            sessions += [AsyncSession(self._client, item) for item in body["sessions"]]
+            cursor = body.get("next_cursor")
+            if not cursor:
+                return sessions
 
     async def delete(self, session_id: str, *, timeout: float | None = None) -> None:
         """Destroy a session by id (idempotent, like ``DELETE /v1/sessions/{id}``)."""

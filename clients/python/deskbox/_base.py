@@ -533,10 +533,16 @@ def get_call(session_id: str, timeout: float | None) -> Call:
     return Call("GET", f"/v1/sessions/{quote(session_id, safe='')}", timeout=timeout)
 
 
+LIST_PAGE = 1000  # the server's largest page
+
+
 def list_call(state: str | None, labels: Mapping[str, str] | None,
-              timeout: float | None) -> Call:
+              timeout: float | None, cursor: str | None = None) -> Call:
+    """One page of ``GET /v1/sessions`` (newest first); the next one from its
+    ``next_cursor``."""
     params = [("state", state)] if state else []
     params += [("label", f"{k}:{v}") for k, v in (labels or {}).items()]
+    params += [("limit", str(LIST_PAGE))] + ([("cursor", cursor)] if cursor else [])
     return Call("GET", "/v1/sessions", params=params, timeout=timeout)
 
 

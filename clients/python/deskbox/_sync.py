@@ -204,8 +204,16 @@ class Sessions:
         self, *, state: str | None = None, labels: Mapping[str, str] | None = None,
         timeout: float | None = None,
     ) -> list[Session]:
-        body = self._client._send(b.list_call(state, labels, timeout))
-        return [Session(self._client, item) for item in body["sessions"]]
+        """Every session of this key in ``state`` with all of ``labels``, newest first
+        (the server's pages, one request each)."""
+        sessions: list[Session] = []
+        cursor: str | None = None
+        while True:
+            body = self._client._send(b.list_call(state, labels, timeout, cursor))
+            sessions += [Session(self._client, item) for item in body["sessions"]]
+            cursor = body.get("next_cursor")
+            if not cursor:
+                return sessions
 
     def delete(self, session_id: str, *, timeout: float | None = None) -> None:
         """Destroy a session by id (idempotent, like ``DELETE /v1/sessions/{id}``)."""

@@ -10,6 +10,7 @@ from ..errors import InvalidRequest
 from ..schemas.pause import PauseRequest
 from ..schemas.sessions import Session, SessionCreate, SessionList, SessionState, SessionUrls
 from ..sessions.lifecycle import SessionRecord
+from ..sessions.listing import MAX_PAGE, SessionQuery, decode_cursor
 from .deps import Caller, get_services
 
 __all__ = ["router", "to_resource"]
@@ -70,12 +71,22 @@ async def create_session(
 async def list_sessions(
     request: Request,
     caller: Caller,
-    state: SessionState | None = None,
+    state: Annotated[list[SessionState], Query(description="repeat for any of several")] = [],  # noqa: B006
     label: Annotated[list[str], Query(description="key:value; repeat to require several")] = [],  # noqa: B006
-) -> SessionList:
-    manager = get_services(request).manager
-    records = await manager.list(caller.key_id, state, _labels(label))
-    return SessionList(sessions=[to_resource(r, request) for r in records])
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="sessions per page")] = 100,
+    cursor: Annotated[str | None, Query(max_length=512,
+                                        description="the last page's next_cursor")] = None,
+) -> Response:
+    query = SessionQuery(
+        owner=caller.key_id, states=frozenset(state), labels=_labels(label),
+        after=decode_cursor(cursor) if cursor is not None else None, limit=limit,
+    )
+    records, next_cursor = await get_services(request).manager.list(query)
+    page = SessionList(sessions=[to_resource(r, request) for r in records],
+                       next_cursor=next_cursor)
+    # Serialised once, by pydantic's own encoder: FastAPI would validate the page again
+    # and encode it twice, ~40 ms of the event loop for a page of 1,000.
+    return Response(page.model_dump_json(by_alias=True), media_type="application/json")
 
 
 @router.get("/{session_id}", response_model=Session)

@@ -185,4 +185,8 @@ class Session(BaseModel):
 
 
 class SessionList(BaseModel):
-    sessions: list[Session]
+    sessions: list[Session] = Field(description="newest first")
+    next_cursor: str | None = Field(
+        default=None,
+        description="pass as ?cursor= for the next page; null on the last page",
+    )

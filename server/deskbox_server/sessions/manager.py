@@ -49,6 +49,7 @@ from .fleet import Fleet
 from .fork_scratch import ForkDirectories
 from .lifecycle import LIVE_STATES, SessionRecord, utcnow
 from .links import SessionLinks
+from .listing import SessionQuery, encode_cursor
 from .live import LiveSession, not_live, one_server_only
 from .pause import FrameStore
 from .pool import PoolKey, SnapshotKey, WarmPool, new_session_id
@@ -332,16 +333,16 @@ class SessionManager:
             raise NotFound(f"no session {session_id!r}")
         return record
 
-    async def list(
-        self, owner: str, state: SessionState | None = None, labels: Mapping[str, str] = {}
-    ) -> list[SessionRecord]:
-        records = await self._registry.owned(owner)
+    async def list(self, query: SessionQuery) -> tuple[list[SessionRecord], str | None]:
+        """One page of ``query``, newest first, and the cursor of the next (None: the last)."""
+        records, more = await self._registry.page(query)
+        # A session this server serves: its record here has the newer idle clock.
         merged = [
             self._live[r.id].record
             if r.id in self._live and self._live[r.id].record.state is r.state else r
             for r in records
         ]
-        return [r for r in merged if r.matches(state, dict(labels))]
+        return merged, encode_cursor(records[-1]) if more else None
 
     async def session(
         self, owner: str, session_id: str, missing: Literal["live", "running"] = "running"

@@ -18,6 +18,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from ..schemas.sessions import Failure, SessionCreate, SessionState
 from .lifecycle import LIVE_STATES, SessionRecord
+from .listing import SessionQuery
 
 __all__ = ["Registry", "record_from_json", "record_json"]
 
@@ -36,7 +37,11 @@ CREATE TABLE IF NOT EXISTS sessions (
     failure TEXT,
     body TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS sessions_by_owner ON sessions (owner, created_at);
+-- A key's pages, newest first (listing.py): the index's own order, from the cursor on.
+DROP INDEX IF EXISTS sessions_by_owner;
+CREATE INDEX IF NOT EXISTS sessions_by_owner_page ON sessions (owner, created_at, id);
+CREATE INDEX IF NOT EXISTS sessions_by_owner_state ON sessions (owner, state, created_at, id);
+CREATE INDEX IF NOT EXISTS sessions_by_state ON sessions (state);
 """
 _COLUMNS = "id, owner, backend, state, created_at, expires_at, timeout_s, failure, body"
 
@@ -132,11 +137,30 @@ class Registry:
         ).fetchone()
         return _record(row) if row is not None else None
 
-    def _owned(self, owner: str) -> list[SessionRecord]:
+    def _page(self, query: SessionQuery) -> tuple[list[SessionRecord], bool]:
+        where, args = ["owner = ?"], [query.owner]
+        for key, value in (query.labels or {}).items():
+            # json_each compares the decoded key and value: no escaping of either.
+            where.append("EXISTS (SELECT 1 FROM json_each(body, '$.labels') "
+                         "WHERE key = ? AND type = 'text' AND value = ?)")
+            args += [key, value]
+        if query.after is not None:
+            when, session_id = query.after
+            where.append("(created_at, id) < (?, ?)")
+            args += [when.isoformat(), session_id]
+        select = f"SELECT {_COLUMNS} FROM sessions WHERE {' AND '.join(where)}"
+        if query.states:
+            # One ordered walk of (owner, state, created_at, id) per state, merged: with
+            # `state IN (...)` SQLite walks all of the key's sessions, ended ones included.
+            states = sorted(state.value for state in query.states)
+            sql = " UNION ALL ".join(f"{select} AND state = ?" for _ in states)
+            args = [value for state in states for value in (*args, state)]
+        else:
+            sql = select
         rows = self.db.execute(
-            f"SELECT {_COLUMNS} FROM sessions WHERE owner = ? ORDER BY created_at, id", (owner,)
+            f"{sql} ORDER BY created_at DESC, id DESC LIMIT ?", [*args, query.limit + 1]
         ).fetchall()
-        return [_record(row) for row in rows]
+        return [_record(row) for row in rows[:query.limit]], len(rows) > query.limit
 
     def _live(self) -> list[SessionRecord]:
         marks = ", ".join("?" for _ in LIVE_STATES)
@@ -166,9 +190,9 @@ class Registry:
     async def get(self, session_id: str) -> SessionRecord | None:
         return await self._call(self._get, session_id)
 
-    async def owned(self, owner: str) -> list[SessionRecord]:
-        """Every session of one API key, oldest first."""
-        return await self._call(self._owned, owner)
+    async def page(self, query: SessionQuery) -> tuple[list[SessionRecord], bool]:
+        """The sessions ``query`` asks for, newest first, and whether more follow."""
+        return await self._call(self._page, query)
 
     async def live(self) -> list[SessionRecord]:
         """Sessions the registry believes are live (after a restart: left over)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..engines.base import SharedEntry, SharedRecords
 from .lifecycle import LIVE_STATES, SessionRecord, utcnow
+from .listing import SessionQuery, position
 from .registry import Registry, record_from_json, record_json
 
 __all__ = ["SharedRegistry"]
@@ -59,8 +60,14 @@ class SharedRegistry(Registry):
         return found[0] if found else None
 
     async def owned(self, owner: str) -> list[SessionRecord]:
-        mine = [r for r in _records(await self.records.owned(owner)) if r.owner == owner]
-        return sorted(mine, key=lambda r: (r.created_at, r.id))
+        """Every session of one API key the fleet keeps."""
+        return [r for r in _records(await self.records.owned(owner)) if r.owner == owner]
+
+    async def page(self, query: SessionQuery) -> tuple[list[SessionRecord], bool]:
+        # The fleet keeps a key's records of a day (sweep): few enough to page here.
+        found = sorted((r for r in await self.owned(query.owner) if query.matches(r)),
+                       key=position, reverse=True)
+        return found[:query.limit], len(found) > query.limit
 
     async def live(self) -> list[SessionRecord]:
         """The fleet's live sessions (whichever server serves them)."""
