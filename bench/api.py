@@ -83,9 +83,11 @@ def interrupt_on_sigterm() -> None:
 @contextmanager
 def server(
     state_dir: Path, extra_env: Mapping[str, str] | None = None, log: Path | None = None,
+    program: Sequence[str] | None = None,
 ) -> Iterator[httpx.Client]:
     """``deskbox serve`` on a free loopback port; ``extra_env`` adds ``DESKBOX_*`` settings;
-    ``log``: where its log (stderr) goes instead of this terminal."""
+    ``log``: where its log (stderr) goes instead of this terminal; ``program``: what runs in
+    place of ``deskbox`` (its ``serve`` arguments follow)."""
     port = free_port()
     env = {
         **os.environ,
@@ -96,7 +98,8 @@ def server(
     with open(state_dir.parent / "server.out", "wb") as output, \
             open(log if log is not None else os.devnull, "ab") as errors:
         process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "deskbox"), "serve", "--host", "127.0.0.1",
+            [*(program or [str(Path(sys.executable).parent / "deskbox")]), "serve",
+             "--host", "127.0.0.1",
              "--port", str(port), "--state-dir", str(state_dir)],
             env=env, stdin=subprocess.DEVNULL, stdout=output,
             stderr=errors if log is not None else None,

@@ -135,7 +135,7 @@ def test_serve_on_a_terminal_prints_text_and_a_curl_that_works(tmp_path: Path) -
         assert f"API key: in {key_file} " in text
         curl = re.search(r"^Try it: (curl .*)$", text, re.M)
         assert curl and f"$(cat {shlex.quote(str(key_file))})" in curl[1], text
-        assert run_as_printed(curl[1]) == {"sessions": []}
+        assert run_as_printed(curl[1]) == {"sessions": [], "next_cursor": None}
 
         # A request with a token in its query: its access line, without the query.
         response = httpx.get(f"{url[1]}/v1/sessions?token=dbt_leakedQUERY0123",
@@ -174,7 +174,8 @@ def test_serve_on_a_pipe_prints_json_lines(tmp_path: Path) -> None:
         assert start[0]["url"].startswith("http://127.0.0.1:")
         assert start[0]["curl"] == ('curl -H "Authorization: Bearer $DESKBOX_API_KEY" '
                                     f"{start[0]['url']}/v1/sessions")
-        assert run_as_printed(start[0]["curl"], {"DESKBOX_API_KEY": KEY_A}) == {"sessions": []}
+        assert run_as_printed(start[0]["curl"], {"DESKBOX_API_KEY": KEY_A}) == {
+            "sessions": [], "next_cursor": None}
         missing = httpx.get(f"{start[0]['url']}/v1/sessions/ses_0123abcd",
                             headers={"Authorization": f"Bearer {KEY_A}"})
         assert missing.status_code == 404
