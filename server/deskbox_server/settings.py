@@ -45,6 +45,8 @@ class Settings(BaseSettings):
     api_keys: Annotated[list[str], NoDecode, Field(repr=False)] = []
     max_sessions: Annotated[int, Field(ge=0)] = 20
     max_sessions_per_key: Annotated[int, Field(ge=0)] = 10
+    # How long the record of an ended session (stopped or failed) stays readable and listed.
+    ended_session_ttl_h: Annotated[float, Field(gt=0)] = 7 * 24.0
     # The sizes of one API key's volumes, in all (disk images are sparse: a volume takes
     # on the host what was written to it, at most its size).
     volume_quota_mb: Annotated[int, Field(ge=0)] = 102_400

@@ -64,6 +64,7 @@ class SessionData:
     failure: dict[str, Any] | None
     urls: SessionUrls
     raw: dict[str, Any] = field(repr=False, compare=False)
+    ended_at: str | None = None  # when it became stopped or failed
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SessionData:
@@ -83,6 +84,7 @@ class SessionData:
             failure=data.get("failure"),
             urls=SessionUrls(**{k: str(urls.get(k) or "") for k in SessionUrls.__annotations__}),
             raw=dict(data),
+            ended_at=data.get("ended_at"),
         )
 
 

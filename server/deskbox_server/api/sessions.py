@@ -34,6 +34,7 @@ def to_resource(record: SessionRecord, request: Request) -> Session:
         coordinate_space=record.body.coordinate_space,
         volumes=record.body.volumes,
         failure=record.failure,
+        ended_at=record.ended_at,
         engine=get_services(request).manager.engine_details(record.backend),
         urls=SessionUrls(
             actions_ws=f"{ws}/actions/ws",

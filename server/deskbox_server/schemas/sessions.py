@@ -176,6 +176,9 @@ class Session(BaseModel):
     coordinate_space: CoordinateSpace | None = None
     volumes: list[VolumeMount] = []
     failure: Failure | None = None
+    ended_at: datetime | None = Field(
+        default=None, description="when it became stopped or failed; null while live",
+    )
     engine: dict[str, str] = Field(
         default_factory=dict,
         description="facts of the engine that runs it on this server, e.g. the vm "

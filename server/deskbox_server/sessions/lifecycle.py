@@ -54,6 +54,7 @@ class SessionRecord:
     created_at: datetime = field(default_factory=utcnow)
     expires_at: datetime | None = None
     failure: Failure | None = None
+    ended_at: datetime | None = None  # when it became stopped or failed
 
     def transition(self, new: SessionState, reason: str | None = None) -> None:
         if not can_transition(self.state, new):
@@ -63,6 +64,8 @@ class SessionRecord:
             self.failure = Failure(reason=reason or "unknown", at=utcnow())
         if new not in LIVE_STATES or new is S.stopping:
             self.expires_at = None
+        if new not in LIVE_STATES:
+            self.ended_at = utcnow()
 
     def touch(self) -> None:
         """Push the idle expiry back by ``timeout_s`` from now."""

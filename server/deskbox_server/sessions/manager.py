@@ -67,6 +67,8 @@ __all__ = ["LiveSession", "SessionManager"]
 
 log = logging.getLogger("deskbox.sessions")
 _RECENT = 1024
+# Ended sessions are forgotten in a reaper pass at most this often (one indexed DELETE).
+_FORGET_EVERY_S = 60.0
 S = SessionState
 
 
@@ -775,13 +777,24 @@ class SessionManager:
                 self.stop_soon(live)
 
     async def _reap_forever(self) -> None:
+        forgotten_at = -_FORGET_EVERY_S  # the first pass forgets too
         while True:
             await asyncio.sleep(self._settings.reaper_interval_s)
             try:
                 await self.reap()
                 await asyncio.to_thread(self.recordings.store.sweep)
+                if time.monotonic() - forgotten_at >= _FORGET_EVERY_S:
+                    forgotten_at = time.monotonic()
+                    await self.forget_ended()
             except Exception:
                 log.exception("reaper pass failed")
+
+    async def forget_ended(self) -> None:
+        """Delete the records of sessions that ended over ``ended_session_ttl_h`` ago."""
+        ttl = dt.timedelta(hours=self._settings.ended_session_ttl_h)
+        if forgotten := await self._registry.forget_ended(utcnow() - ttl):
+            log.info("forgot %d sessions that ended over %g h ago", forgotten,
+                     self._settings.ended_session_ttl_h)
 
 
 def _refuse_copies_of_volumes(record: SessionRecord) -> None:

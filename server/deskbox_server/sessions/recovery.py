@@ -79,4 +79,5 @@ def failed(record: SessionRecord, reason: str) -> SessionRecord:
     record.state = S.failed
     record.failure = Failure(reason=reason, at=utcnow())
     record.expires_at = None
+    record.ended_at = record.failure.at
     return record

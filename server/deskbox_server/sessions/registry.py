@@ -12,7 +12,7 @@ import json
 import sqlite3
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -35,18 +35,25 @@ CREATE TABLE IF NOT EXISTS sessions (
     expires_at TEXT,
     timeout_s INTEGER NOT NULL,
     failure TEXT,
-    body TEXT NOT NULL
+    body TEXT NOT NULL,
+    ended_at TEXT
 );
+"""
+# After the migration of a registry made before a column existed (_migrate).
+_INDEXES = """
 -- A key's pages, newest first (listing.py): the index's own order, from the cursor on.
 DROP INDEX IF EXISTS sessions_by_owner;
 CREATE INDEX IF NOT EXISTS sessions_by_owner_page ON sessions (owner, created_at, id);
 CREATE INDEX IF NOT EXISTS sessions_by_owner_state ON sessions (owner, state, created_at, id);
 CREATE INDEX IF NOT EXISTS sessions_by_state ON sessions (state);
+CREATE INDEX IF NOT EXISTS sessions_by_end ON sessions (ended_at);
 """
-_COLUMNS = "id, owner, backend, state, created_at, expires_at, timeout_s, failure, body"
+_COLUMNS = ("id, owner, backend, state, created_at, expires_at, timeout_s, failure, body, "
+            "ended_at")
+_ENDED = tuple(state.value for state in SessionState if state not in LIVE_STATES)
 
 
-_Row = tuple[str, str, str, str, str, str | None, int, str | None, str]
+_Row = tuple[str, str, str, str, str, str | None, int, str | None, str, str | None]
 
 
 def _row(record: SessionRecord) -> _Row:
@@ -60,6 +67,7 @@ def _row(record: SessionRecord) -> _Row:
         record.timeout_s,
         record.failure.model_dump_json() if record.failure else None,
         record.body.model_dump_json(exclude_defaults=True),
+        record.ended_at.isoformat() if record.ended_at else None,
     )
 
 
@@ -74,6 +82,9 @@ def _record(row: sqlite3.Row | Mapping[str, Any]) -> SessionRecord:
         created_at=datetime.fromisoformat(row["created_at"]),
         expires_at=datetime.fromisoformat(row["expires_at"]) if row["expires_at"] else None,
         failure=Failure.model_validate_json(row["failure"]) if row["failure"] else None,
+        # A fleet's record written by a server of before the column has none.
+        ended_at=(datetime.fromisoformat(ended)
+                  if "ended_at" in row.keys() and (ended := row["ended_at"]) else None),
     )
 
 
@@ -89,6 +100,18 @@ def record_from_json(text: str) -> SessionRecord:
         return _record(fields)
     except (KeyError, TypeError) as error:
         raise ValueError(f"not a session record: {error!r}") from None
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Bring a registry of an older server up to this one's columns."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(sessions)")}
+    if "ended_at" not in columns:
+        # When its sessions ended was not kept: they count as ended now, so each is kept
+        # for the whole ENDED_SESSION_TTL_H from the upgrade.
+        db.execute("ALTER TABLE sessions ADD COLUMN ended_at TEXT")
+        marks = ", ".join("?" for _ in _ENDED)
+        db.execute(f"UPDATE sessions SET ended_at = ? WHERE state IN ({marks})",
+                   (datetime.now(UTC).isoformat(), *_ENDED))
 
 
 class Registry:
@@ -119,6 +142,8 @@ class Registry:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.executescript(_SCHEMA)
+        _migrate(db)
+        db.executescript(_INDEXES)
         self._db = db
 
     def _close(self) -> None:
@@ -127,9 +152,13 @@ class Registry:
             self._db = None
 
     def _save(self, row: _Row) -> None:
-        self.db.execute(
-            f"INSERT OR REPLACE INTO sessions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row
-        )
+        marks = ", ".join("?" for _ in row)
+        self.db.execute(f"INSERT OR REPLACE INTO sessions ({_COLUMNS}) VALUES ({marks})", row)
+
+    def _forget_ended(self, before: datetime) -> int:
+        return self.db.execute(
+            "DELETE FROM sessions WHERE ended_at < ?", (before.isoformat(),)
+        ).rowcount
 
     def _get(self, session_id: str) -> SessionRecord | None:
         row = self.db.execute(
@@ -193,6 +222,10 @@ class Registry:
     async def page(self, query: SessionQuery) -> tuple[list[SessionRecord], bool]:
         """The sessions ``query`` asks for, newest first, and whether more follow."""
         return await self._call(self._page, query)
+
+    async def forget_ended(self, before: datetime) -> int:
+        """Delete the records of sessions that ended before ``before``; how many."""
+        return await self._call(self._forget_ended, before)
 
     async def live(self) -> list[SessionRecord]:
         """Sessions the registry believes are live (after a restart: left over)."""
