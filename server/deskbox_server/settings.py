@@ -53,6 +53,8 @@ class Settings(BaseSettings):
     # Session recordings (API.md "Recordings and trajectories"): one API key's on disk in
     # all, how long a stopped one is kept, and the video's frame cap and JPEG quality.
     recording_quota_mb: Annotated[int, Field(ge=0)] = 10_240
+    # One API key's snapshots on disk in all (their packed checkpoints).
+    snapshot_quota_mb: Annotated[int, Field(ge=0)] = 20_480
     recording_ttl_h: Annotated[float, Field(gt=0)] = 7 * 24.0
     recording_fps: Annotated[float, Field(gt=0, le=30)] = 4.0
     recording_quality: Annotated[int, Field(ge=1, le=100)] = 60

@@ -530,3 +530,30 @@ def test_a_hibernated_session_survives_a_killed_server(tmp_path: Path) -> None:
         act = http.post(f"/v1/sessions/{sid}/actions", json={"type": "click", "x": 5, "y": 5})
         assert act.status_code == 200, act.text
         assert http.delete(f"/v1/sessions/{sid}").status_code == 204
+
+
+def test_a_keys_snapshots_stop_at_its_quota(tmp_path: Path) -> None:
+    """A key's snapshots past DESKBOX_SNAPSHOT_QUOTA_MB: the next is a 429 naming the quota,
+    the session runs on, and deleting one makes room again."""
+    with running_server(settings(tmp_path, snapshot_quota_mb=1)) as quota_server, \
+            quota_server.client() as http:
+        created = http.post("/v1/sessions", json={"display": {"width": 640, "height": 400}})
+        assert created.status_code == 201, created.text
+        sid = created.json()["id"]
+        try:
+            first = http.post(f"/v1/sessions/{sid}/snapshots")
+            assert first.status_code == 201, first.text  # the quota was not reached yet
+            first_id = first.json()["id"]
+            refused = http.post(f"/v1/sessions/{sid}/snapshots")
+            message = assert_error(refused, 429, "capacity")["message"]
+            assert "quota is 1 MB (DESKBOX_SNAPSHOT_QUOTA_MB)" in message, message
+            assert int(refused.headers["retry-after"]) > 0
+            listed = http.get("/v1/snapshots").json()["snapshots"]
+            assert [s["id"] for s in listed] == [first_id]
+            assert http.get(f"/v1/sessions/{sid}").json()["state"] == "running"
+
+            assert http.delete(f"/v1/snapshots/{first_id}").status_code == 204
+            again = http.post(f"/v1/sessions/{sid}/snapshots")
+            assert again.status_code == 201, again.text
+        finally:
+            http.delete(f"/v1/sessions/{sid}")

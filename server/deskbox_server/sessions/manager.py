@@ -677,6 +677,14 @@ class SessionManager:
         session = await self.session(owner, session_id, "live")
         _refuse_copies_of_volumes(session.record)
         record = session.record
+        # Soft: two snapshots taken at once may both pass, and a snapshot's size is known
+        # only once it is taken. It keeps one key from filling the disk that every key's
+        # hibernations and forks need.
+        quota_mb = self._settings.snapshot_quota_mb
+        used_mb = sum(s.size_bytes for s in await self.catalog.list(owner)) >> 20
+        if used_mb >= quota_mb:
+            raise Capacity(f"this API key's snapshots hold {used_mb} MB, its quota is "
+                           f"{quota_mb} MB (DESKBOX_SNAPSHOT_QUOTA_MB); delete one first")
         snapshot_id, directory = self.snapshots.new_id()
         info = await session.checkpoint(directory)
         snapshot = SnapshotRecord(
