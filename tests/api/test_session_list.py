@@ -134,10 +134,15 @@ def test_bad_paging_is_a_clear_422(listed_server: Server) -> None:
     with listed_server.client() as http:
         for params in ({"cursor": "not-a-cursor"}, {"cursor": "bm90IGEgZGF0ZQ"},
                        {"cursor": "x" * 600}, {"limit": 0}, {"limit": 1001},
-                       {"limit": "many"}, {"state": ["running", "dancing"]}):
+                       {"limit": "many"}, {"state": ["running", "dancing"]},
+                       {"label": [f"k{n}:v" for n in range(65)]}):
             error = assert_error(http.get("/v1/sessions", params=params), 422,
                                  "invalid_request")
             assert next(iter(params)) in error["message"], error
+        # As many filters as a session may have labels, in every state: "none match".
+        many = http.get("/v1/sessions", params={
+            "label": [f"k{n}:v" for n in range(64)], "state": [s.value for s in SessionState]})
+        assert many.status_code == 200 and many.json()["sessions"] == []
 
 
 def test_the_sdk_lists_every_page(listed_server: Server) -> None:

@@ -8,7 +8,14 @@ from fastapi import APIRouter, Query, Request, Response
 
 from ..errors import InvalidRequest
 from ..schemas.pause import PauseRequest
-from ..schemas.sessions import Session, SessionCreate, SessionList, SessionState, SessionUrls
+from ..schemas.sessions import (
+    MAX_LABELS,
+    Session,
+    SessionCreate,
+    SessionList,
+    SessionState,
+    SessionUrls,
+)
 from ..sessions.lifecycle import SessionRecord
 from ..sessions.listing import MAX_PAGE, SessionQuery, decode_cursor
 from .deps import Caller, get_services
@@ -47,6 +54,9 @@ def to_resource(record: SessionRecord, request: Request) -> Session:
 
 
 def _labels(filters: list[str]) -> dict[str, str]:
+    if len(filters) > MAX_LABELS:
+        raise InvalidRequest(f"label: at most {MAX_LABELS} filters (a session has at most "
+                             f"{MAX_LABELS} labels)")
     labels: dict[str, str] = {}
     for item in filters:
         key, sep, value = item.partition(":")

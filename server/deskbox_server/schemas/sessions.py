@@ -16,6 +16,7 @@ from .scalars import Bool, IntOnly, NumberOnly
 from .volumes import MAX_VOLUMES, PROFILE_PATH, VolumeMount, VolumeName
 
 __all__ = [
+    "MAX_LABELS",
     "MAX_START_URL",
     "Browser",
     "Display",
@@ -33,6 +34,7 @@ __all__ = [
 MAX_START_URL = 64 * 1024
 START_URL_SCHEMES = ("http://", "https://", "file://", "data:", "about:")
 Label = Annotated[str, Field(min_length=1, max_length=128)]
+MAX_LABELS = 64  # a session's
 _HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 
 
@@ -116,7 +118,7 @@ class SessionCreate(_Body):
     from_snapshot: Annotated[str, Field(min_length=1, max_length=128)] | None = None
     timeout_s: Annotated[int, Field(ge=1), IntOnly] | None = None
     labels: Annotated[dict[Label, Annotated[str, Field(max_length=256)]],
-                      Field(max_length=64)] = {}
+                      Field(max_length=MAX_LABELS)] = {}
     resources: Resources | None = None
     network: Network | None = None
     record: Bool = False
