@@ -11,7 +11,7 @@ import base64
 import binascii
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from ..errors import InvalidRequest
 from ..schemas.sessions import SessionState
@@ -62,4 +62,4 @@ def decode_cursor(cursor: str) -> Position:
         ) from None
     if when.tzinfo is None or not session_id:
         raise InvalidRequest("cursor: not a cursor this server gave") from None
-    return when, session_id
+    return when.astimezone(UTC), session_id  # as the registry writes its times
