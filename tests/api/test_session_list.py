@@ -1,8 +1,9 @@
-"""``GET /v1/sessions`` over a key that ran thousands of sessions: pages, newest first.
+"""``GET /v1/sessions`` over a key that ran thousands of sessions: pages, newest first;
+``GET /v1/recordings`` likewise.
 
-The registry is seeded before the server starts (the server's own Registry class), as if
-the key had run 2,600 sessions over a few days; a real server answers over HTTP, and the
-SDK walks the pages.
+The registry and the recordings are seeded before the server starts (the server's own
+Registry and RecordingStore classes), as if the key had run 2,600 sessions over a few days
+and recorded 250 of them; a real server answers over HTTP, and the SDK walks the pages.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from deskbox import Deskbox
 from deskbox_server.api.auth import key_id
 from deskbox_server.schemas.sessions import Failure, SessionCreate, SessionState
 from deskbox_server.sessions.lifecycle import SessionRecord
+from deskbox_server.sessions.recording_store import RecordingMeta, RecordingStore
 from deskbox_server.sessions.registry import Registry
 from deskbox_server.settings import Settings
 
@@ -26,6 +28,7 @@ from .conftest import KEY_A, KEY_B, Server, running_server
 from .helpers import assert_error
 
 ENDED = 2600
+RECORDED = 250
 ODD_LABEL = ('team "blue".eu', "Ñandú/1")  # quotes, a dot, a slash, non-ASCII
 START = datetime(2026, 11, 1, tzinfo=UTC)
 
@@ -48,6 +51,14 @@ def _seeded() -> list[SessionRecord]:
     return records
 
 
+def _recording(record: SessionRecord) -> RecordingMeta:
+    return RecordingMeta(
+        session_id=record.id, owner=record.owner, state="stopped",
+        started_at=record.created_at, stopped_at=record.created_at,
+        stop_reason="the session ended", expires_at=datetime.now(UTC) + timedelta(days=7),
+        frames=1, actions=2, bytes=3)
+
+
 @pytest.fixture(scope="module")
 def listed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     state_dir: Path = tmp_path_factory.mktemp("listing")
@@ -60,6 +71,11 @@ def listed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         await registry.close()
 
     asyncio.run(seed())
+    recordings = RecordingStore(state_dir / "recordings", timedelta(days=7))
+    recordings.open()
+    for record in _seeded()[:RECORDED]:
+        recordings.directory(record.id).mkdir()
+        recordings.save(_recording(record))
     settings = Settings(state_dir=state_dir, api_keys=[KEY_A, KEY_B], max_sessions=0,
                         backends=["local"], default_backend="local")
     with running_server(settings) as server:
@@ -153,3 +169,26 @@ def test_the_sdk_lists_every_page(listed_server: Server) -> None:
         assert [s.id for s in failed] == _newest_first([
             r for r in _seeded()
             if r.state is SessionState.failed and r.body.labels["run"] == "1"])
+
+
+def test_recordings_come_in_pages_too(listed_server: Server) -> None:
+    newest_first = _newest_first(_seeded()[:RECORDED])
+    with listed_server.client() as http:
+        ids: list[str] = []
+        cursor = None
+        while True:
+            page = http.get("/v1/recordings", params={
+                "limit": 100, **({"cursor": cursor} if cursor else {})}).json()
+            assert set(page) == {"recordings", "next_cursor"}
+            ids += [r["session_id"] for r in page["recordings"]]
+            if (cursor := page["next_cursor"]) is None:
+                break
+        assert ids == newest_first
+        first = http.get("/v1/recordings").json()
+        assert [r["session_id"] for r in first["recordings"]] == newest_first[:100]
+        assert_error(http.get("/v1/recordings", params={"cursor": "nope"}), 422,
+                     "invalid_request")
+        assert_error(http.get("/v1/recordings", params={"limit": 1001}), 422,
+                     "invalid_request")
+    with listed_server.client(KEY_B) as other:
+        assert other.get("/v1/recordings").json() == {"recordings": [], "next_cursor": None}

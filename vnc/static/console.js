@@ -9,10 +9,12 @@ import { Page, saveAs } from './console-page.js';
 
 const POLL_MS = 2000;
 const ENDED_SHOWN = 30;
+const RECORDINGS_SHOWN = 50;
 const $ = (id) => document.getElementById(id);
 const ui = {
   cards: $('cards'), empty: $('empty'), ended: $('ended'), endedCount: $('ended-count'),
   endedList: $('ended-list'), recordings: $('recordings'), recordingRows: $('recording-rows'),
+  recordingsMore: $('recordings-more'),
   createForm: $('create-form'), startUrl: $('start-url'), record: $('record'),
   create: $('create'), pollState: $('poll-state'), template: $('card-template'),
 };
@@ -229,7 +231,9 @@ function recordingRow(recording) {
   return row;
 }
 
-function showRecordings(recordings, now) {
+function showRecordings(recordings, more, now) {
+  ui.recordingsMore.hidden = !more;
+  ui.recordingsMore.textContent = `(the newest ${recordings.length})`;
   const seen = new Set();
   for (const recording of recordings) {
     const id = recording.session_id;
@@ -318,9 +322,12 @@ async function refresh(caller) {
     if (answer.status === 'fulfilled') help.set(live[i].id, answer.value);
   });
   let recordings = null;
+  let moreRecordings = false;
   if (recordingsServed) {
     try {
-      ({ recordings } = await caller.json('GET', '/v1/recordings'));
+      const listed = await caller.json('GET', `/v1/recordings?limit=${RECORDINGS_SHOWN}`);
+      ({ recordings } = listed);
+      moreRecordings = Boolean(listed.next_cursor);
     } catch (error) {
       // A server without recordings: the section stays hidden.
       if (error.status === 404) recordingsServed = false;
@@ -349,7 +356,7 @@ async function refresh(caller) {
   }
   ui.empty.hidden = arranged.live.length > 0;
   showEnded(arranged.ended, moreEnded, now);
-  if (recordings) showRecordings(recordings, now);
+  if (recordings) showRecordings(recordings, moreRecordings, now);
   await Promise.allSettled([...cards.values()].map((card) => card.fetchThumbnail(caller)));
   ui.pollState.textContent = `updated ${new Date(now).toLocaleTimeString()}`;
 }

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import re
+from typing import Annotated
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse
 from starlette.background import BackgroundTask
 
 from ..errors import DeskboxError, NotFound
 from ..schemas.recordings import Recording, RecordingList
 from ..sessions import recording_media as media
-from ..sessions.recording_store import RecordingMeta
+from ..sessions.listing import MAX_PAGE, decode_cursor, encode_cursor
+from ..sessions.recording_store import RecordingMeta, recording_position
 from .deps import Caller, Services, get_services
 
 __all__ = ["router"]
@@ -78,9 +80,21 @@ async def delete_recording(request: Request, caller: Caller, session_id: str) ->
 
 
 @router.get("/v1/recordings", response_model=RecordingList)
-async def list_recordings(request: Request, caller: Caller) -> RecordingList:
+async def list_recordings(
+    request: Request,
+    caller: Caller,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="recordings per page")] = 100,
+    cursor: Annotated[str | None, Query(max_length=512,
+                                        description="the last page's next_cursor")] = None,
+) -> RecordingList:
+    """This key's recordings, newest first, in pages like ``GET /v1/sessions``."""
     store = get_services(request).manager.recordings.store
-    return RecordingList(recordings=[_resource(m) for m in store.all(caller.key_id)])
+    after = decode_cursor(cursor) if cursor is not None else None
+    metas, more = store.page(caller.key_id, after, limit)
+    return RecordingList(
+        recordings=[_resource(m) for m in metas],
+        next_cursor=encode_cursor(recording_position(metas[-1])) if more else None,
+    )
 
 
 @router.get(_SESSION + "/trajectory", response_class=Response,

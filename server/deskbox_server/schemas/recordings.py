@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 __all__ = ["Recording", "RecordingList", "RecordingState"]
 
@@ -31,4 +31,8 @@ class Recording(BaseModel):
 
 
 class RecordingList(BaseModel):
-    recordings: list[Recording]
+    recordings: list[Recording] = Field(description="newest first")
+    next_cursor: str | None = Field(
+        default=None,
+        description="pass as ?cursor= for the next page; null on the last page",
+    )

@@ -1,4 +1,5 @@
-"""What ``GET /v1/sessions`` asks of the registry: one page of a key's sessions.
+"""What ``GET /v1/sessions`` asks of the registry: one page of a key's sessions; and the
+cursors of every paged list (sessions, recordings).
 
 Newest first, by (created_at, id); a page ends with an opaque cursor for the next one. A
 cursor names a position, not a session, so a page goes on where the last one ended even if
@@ -23,7 +24,7 @@ __all__ = [
 
 MAX_PAGE = 1000  # 30-50 ms to answer, 20-30 of them on the event loop (bench/listing.py)
 
-Position = tuple[datetime, str]  # (created_at, id) of the last session of a page
+Position = tuple[datetime, str]  # (time, id) of the last item of a page, e.g. a session's
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,10 @@ def position(record: SessionRecord) -> Position:
     return record.created_at, record.id
 
 
-def encode_cursor(record: SessionRecord) -> str:
-    raw = f"{record.created_at.isoformat()} {record.id}".encode()
+def encode_cursor(at: Position) -> str:
+    """The opaque cursor of a page that ended at ``at`` (a time and an id)."""
+    when, ident = at
+    raw = f"{when.isoformat()} {ident}".encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 

@@ -49,7 +49,7 @@ from .fleet import Fleet
 from .fork_scratch import ForkDirectories
 from .lifecycle import LIVE_STATES, SessionRecord, utcnow
 from .links import SessionLinks
-from .listing import SessionQuery, encode_cursor
+from .listing import SessionQuery, encode_cursor, position
 from .live import LiveSession, not_live, one_server_only
 from .pause import FrameStore
 from .pool import PoolKey, SnapshotKey, WarmPool, new_session_id
@@ -344,7 +344,7 @@ class SessionManager:
             if r.id in self._live and self._live[r.id].record.state is r.state else r
             for r in records
         ]
-        return merged, encode_cursor(records[-1]) if more else None
+        return merged, encode_cursor(position(records[-1])) if more else None
 
     async def session(
         self, owner: str, session_id: str, missing: Literal["live", "running"] = "running"

@@ -24,8 +24,9 @@ from pathlib import Path
 from ..errors import NotFound
 from ..schemas.recordings import Recording
 from .lifecycle import utcnow
+from .listing import Position
 
-__all__ = ["RecordingMeta", "RecordingStore"]
+__all__ = ["RecordingMeta", "RecordingStore", "recording_position"]
 
 log = logging.getLogger("deskbox.recordings")
 
@@ -33,6 +34,10 @@ log = logging.getLogger("deskbox.recordings")
 class RecordingMeta(Recording):
     owner: str
     entries: int = 0  # lines of trajectory.jsonl: the next entry's seq
+
+
+def recording_position(meta: RecordingMeta) -> Position:
+    return meta.started_at, meta.session_id
 
 
 class RecordingStore:
@@ -70,10 +75,16 @@ class RecordingStore:
             raise NotFound(f"session {session_id} has no recording")
         return meta
 
-    def all(self, owner: str) -> list[RecordingMeta]:
+    def page(
+        self, owner: str, after: Position | None, limit: int
+    ) -> tuple[list[RecordingMeta], bool]:
+        """``owner``'s recordings after ``after``, newest first (by start, then session id):
+        at most ``limit``, and whether more follow."""
         with self._lock:
-            mine = [m for m in self._metas.values() if m.owner == owner]
-        return sorted(mine, key=lambda m: m.started_at, reverse=True)
+            mine = [m for m in self._metas.values()
+                    if m.owner == owner and (after is None or recording_position(m) < after)]
+        mine.sort(key=recording_position, reverse=True)
+        return mine[:limit], len(mine) > limit
 
     def used(self, owner: str) -> int:
         """Bytes of ``owner``'s recordings on disk (frames, shots, trajectories)."""
