@@ -9,6 +9,7 @@ and recorded 250 of them; a real server answers over HTTP, and the SDK walks the
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -148,7 +149,9 @@ def test_a_cursor_names_a_place_not_a_session(listed_server: Server) -> None:
 
 def test_bad_paging_is_a_clear_422(listed_server: Server) -> None:
     with listed_server.client() as http:
+        year_one = base64.urlsafe_b64encode(b"0001-01-01T00:00:00+05:00 ses_x").decode()
         for params in ({"cursor": "not-a-cursor"}, {"cursor": "bm90IGEgZGF0ZQ"},
+                       {"cursor": year_one}, {"cursor": "é"},
                        {"cursor": "x" * 600}, {"limit": 0}, {"limit": 1001},
                        {"limit": "many"}, {"state": ["running", "dancing"]},
                        {"label": [f"k{n}:v" for n in range(65)]}):

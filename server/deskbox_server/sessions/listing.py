@@ -59,10 +59,10 @@ def decode_cursor(cursor: str) -> Position:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         created_at, session_id = raw.split(" ")
         when = datetime.fromisoformat(created_at)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
+        if when.tzinfo is None or not session_id:
+            raise ValueError("not a cursor of ours")
+        return when.astimezone(UTC), session_id  # as the registry writes its times
+    except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError):
         raise InvalidRequest(
             "cursor: not a cursor this server gave (pass next_cursor as it came)"
         ) from None
-    if when.tzinfo is None or not session_id:
-        raise InvalidRequest("cursor: not a cursor this server gave") from None
-    return when.astimezone(UTC), session_id  # as the registry writes its times
