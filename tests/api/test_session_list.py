@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,6 +26,7 @@ from deskbox_server.sessions.recording_store import RecordingMeta, RecordingStor
 from deskbox_server.sessions.registry import Registry
 from deskbox_server.settings import Settings
 
+from ..clients.test_cli import deskbox
 from .conftest import KEY_A, KEY_B, Server, running_server
 from .helpers import assert_error
 
@@ -168,6 +170,9 @@ def test_the_sdk_lists_every_page(listed_server: Server) -> None:
     with Deskbox(base_url=listed_server.url, api_key=KEY_A) as box:
         sessions = box.sessions.list()
         assert [s.id for s in sessions] == _newest_first(_seeded())
+        assert [s.id for s in box.sessions.list(limit=1500)] == _newest_first(_seeded())[:1500]
+        with pytest.raises(ValueError, match="limit must be 1 or more"):
+            box.sessions.list(limit=0)
         failed = box.sessions.list(state="failed", labels={"run": "1"})
         assert [s.id for s in failed] == _newest_first([
             r for r in _seeded()
@@ -195,3 +200,9 @@ def test_recordings_come_in_pages_too(listed_server: Server) -> None:
                      "invalid_request")
     with listed_server.client(KEY_B) as other:
         assert other.get("/v1/recordings").json() == {"recordings": [], "next_cursor": None}
+
+
+def test_deskbox_ls_shows_the_newest(listed_server: Server) -> None:
+    listed = deskbox(listed_server, "ls", "--limit", "3", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [s["id"] for s in json.loads(listed.stdout)] == _newest_first(_seeded())[:3]

@@ -165,6 +165,8 @@ async def _exercise(client: ClientSession, server: Server, created_ids: list[str
     listed_sessions = json.loads(ok_text(await call(client, "list_sessions",
                                                     labels={"suite": "mcp"})))
     assert [s["id"] for s in listed_sessions] == [session_id]
+    newest = json.loads(ok_text(await call(client, "list_sessions", limit=1)))
+    assert [s["id"] for s in newest] == [session_id]
     shown = json.loads(ok_text(await call(client, "get_session", session_id=session_id)))
     assert shown["state"] == "running" and shown["labels"] == {"suite": "mcp"}
     assert "?token=" in ok_text(await call(client, "view_url", session_id=session_id))

@@ -205,17 +205,20 @@ class AsyncSessions:
 
     async def list(
         self, *, state: str | None = None, labels: Mapping[str, str] | None = None,
-        timeout: float | None = None,
+        limit: int | None = None, timeout: float | None = None,
     ) -> list[AsyncSession]:
-        """Every session of this key in ``state`` with all of ``labels``, newest first
-        (the server's pages, one request each)."""
+        """The sessions of this key in ``state`` with all of ``labels``, newest first: all
+        of them, or the newest ``limit`` (the server's pages, one request each)."""
+        b.check_list_limit(limit)
         sessions: list[AsyncSession] = []
         cursor: str | None = None
         while True:
-            body = await self._client._send(b.list_call(state, labels, timeout, cursor))
+            wanted = None if limit is None else limit - len(sessions)
+            call = b.list_call(state, labels, timeout, cursor, wanted)
+            body = await self._client._send(call)
             sessions += [AsyncSession(self._client, item) for item in body["sessions"]]
             cursor = body.get("next_cursor")
-            if not cursor:
+            if not cursor or (limit is not None and len(sessions) >= limit):
                 return sessions
 
     async def delete(self, session_id: str, *, timeout: float | None = None) -> None:

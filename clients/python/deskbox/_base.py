@@ -536,14 +536,20 @@ def get_call(session_id: str, timeout: float | None) -> Call:
 LIST_PAGE = 1000  # the server's largest page
 
 
-def list_call(state: str | None, labels: Mapping[str, str] | None,
-              timeout: float | None, cursor: str | None = None) -> Call:
-    """One page of ``GET /v1/sessions`` (newest first); the next one from its
-    ``next_cursor``."""
+def list_call(state: str | None, labels: Mapping[str, str] | None, timeout: float | None,
+              cursor: str | None = None, wanted: int | None = None) -> Call:
+    """One page of ``GET /v1/sessions`` (newest first), of at most ``wanted`` sessions; the
+    next one from its ``next_cursor``."""
     params = [("state", state)] if state else []
     params += [("label", f"{k}:{v}") for k, v in (labels or {}).items()]
-    params += [("limit", str(LIST_PAGE))] + ([("cursor", cursor)] if cursor else [])
+    size = LIST_PAGE if wanted is None else min(LIST_PAGE, wanted)
+    params += [("limit", str(size))] + ([("cursor", cursor)] if cursor else [])
     return Call("GET", "/v1/sessions", params=params, timeout=timeout)
+
+
+def check_list_limit(limit: int | None) -> None:
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be 1 or more, not {limit}")
 
 
 def delete_call(session_id: str, timeout: float | None) -> Call:

@@ -201,11 +201,14 @@ def register(app: typer.Typer) -> None:
             help="KEY=VALUE; repeat to require several.")] = None,
         wide: Annotated[bool, typer.Option(
             "--wide", help="Every column, whatever the terminal's width.")] = False,
+        limit: Annotated[int | None, typer.Option(
+            min=1, help="Only the newest N (default: all).")] = None,
         url: Url = None, api_key: ApiKey = None, as_json: Json = False,
     ) -> None:
-        """List sessions (ids are never cut; narrow terminals leave columns out)."""
+        """List sessions, newest first (ids are never cut; narrow terminals leave columns
+        out)."""
         with _client(url, api_key, as_json) as box:
-            sessions = box.sessions.list(state=state, labels=_labels(label or []))
+            sessions = box.sessions.list(state=state, labels=_labels(label or []), limit=limit)
             if as_json:
                 _print_json([_session_json(s) for s in sessions])
                 return

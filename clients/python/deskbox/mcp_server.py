@@ -132,9 +132,11 @@ class DeskboxTools:
         self,
         state: Annotated[str | None, Field(description="Only sessions in this state.")] = None,
         labels: Annotated[dict[str, str] | None, Field(description="Required labels.")] = None,
+        limit: Annotated[int, Field(ge=1, le=1000, description="At most this many.")] = 50,
     ) -> str:
-        """List sessions (id, state, display, labels, ...)."""
-        sessions = await self._box.sessions.list(state=state, labels=labels)
+        """List sessions, newest first (id, state, display, labels, ...): the newest
+        ``limit``, so that a key with thousands of ended sessions fits in a reply."""
+        sessions = await self._box.sessions.list(state=state, labels=labels, limit=limit)
         return _json([s.data.raw for s in sessions])
 
     async def get_session(self, session_id: SessionId) -> str:
