@@ -4,8 +4,8 @@ Run from the repository root (root; the local engine, no sandbox)::
 
     .venv/bin/python bench/listing.py [--ended 50000] [--clicks 400]
 
-The registry is seeded with ``--ended`` stopped and failed sessions of the bench's key (a
-week of an RL team's episodes). Two ``deskbox serve`` answer on copies of it, each with one
+The registry is seeded with ``--ended`` stopped and failed sessions of the bench's key (six
+days of an RL team's episodes). Two ``deskbox serve`` answer on copies of it, each with one
 live session: ours, and the baseline, the same server with its ``gc.freeze()`` made a no-op
 (what start-up made then stays in every full collection of the cyclic GC). In turns, four
 rounds each, it measures ``GET /v1/sessions`` (the first page of 100, a page of 1,000, a
@@ -55,7 +55,8 @@ while True:
 
 
 def seed(state_dir: Path, ended: int) -> None:
-    start = datetime.now(UTC) - timedelta(days=7)
+    # Six days: within the week the server keeps ended sessions (ENDED_SESSION_TTL_H).
+    start = datetime.now(UTC) - timedelta(days=6)
     owner = key_id(KEY)
 
     async def write() -> None:
@@ -63,12 +64,15 @@ def seed(state_dir: Path, ended: int) -> None:
         await registry.open()
         for n in range(ended):
             failed = n % 20 == 0
+            created = start + timedelta(seconds=n * 6 * 86400 / ended)
+            ended_at = created + timedelta(minutes=5)
             await registry.save(SessionRecord(
                 id=f"ses_bench{n:07d}", owner=owner, backend="local",
                 body=SessionCreate(labels={"episode": str(n)}), timeout_s=900,
                 state=SessionState.failed if failed else SessionState.stopped,
-                created_at=start + timedelta(seconds=n * 7 * 86400 / ended),
-                failure=Failure(reason="the episode's desktop died", at=start) if failed else None,
+                created_at=created, ended_at=ended_at,
+                failure=Failure(reason="the episode's desktop died", at=ended_at)
+                if failed else None,
             ))
         await registry.close()
 
