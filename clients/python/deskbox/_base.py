@@ -536,20 +536,36 @@ def get_call(session_id: str, timeout: float | None) -> Call:
 LIST_PAGE = 1000  # the server's largest page
 
 
-def list_call(state: str | None, labels: Mapping[str, str] | None, timeout: float | None,
-              cursor: str | None = None, wanted: int | None = None) -> Call:
-    """One page of ``GET /v1/sessions`` (newest first), of at most ``wanted`` sessions; the
-    next one from its ``next_cursor``."""
-    params = [("state", state)] if state else []
-    params += [("label", f"{k}:{v}") for k, v in (labels or {}).items()]
-    size = LIST_PAGE if wanted is None else min(LIST_PAGE, wanted)
-    params += [("limit", str(size))] + ([("cursor", cursor)] if cursor else [])
-    return Call("GET", "/v1/sessions", params=params, timeout=timeout)
+class SessionPages:
+    """The requests of one ``sessions.list()``, apart from how they are sent: the pages of
+    ``GET /v1/sessions`` (newest first) until the last, or until ``limit`` sessions."""
 
+    def __init__(self, state: str | None, labels: Mapping[str, str] | None,
+                 limit: int | None, timeout: float | None) -> None:
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit must be 1 or more, not {limit}")
+        self._params = [("state", state)] if state else []
+        self._params += [("label", f"{k}:{v}") for k, v in (labels or {}).items()]
+        self._limit, self._timeout = limit, timeout
+        self._cursor: str | None = None
+        self._done = False
+        self.items: list[Mapping[str, Any]] = []
 
-def check_list_limit(limit: int | None) -> None:
-    if limit is not None and limit < 1:
-        raise ValueError(f"limit must be 1 or more, not {limit}")
+    def next_call(self) -> Call | None:
+        """The next page's request; None once every session wanted is in ``items``."""
+        if self._done:
+            return None
+        size = LIST_PAGE if self._limit is None else min(LIST_PAGE, self._limit - len(self.items))
+        params = [*self._params, ("limit", str(size))]
+        params += [("cursor", self._cursor)] if self._cursor else []
+        return Call("GET", "/v1/sessions", params=params, timeout=self._timeout)
+
+    def take(self, body: Mapping[str, Any]) -> None:
+        """The answer to :meth:`next_call`."""
+        self.items += body["sessions"]
+        self._cursor = body.get("next_cursor")
+        self._done = not self._cursor or (
+            self._limit is not None and len(self.items) >= self._limit)
 
 
 def delete_call(session_id: str, timeout: float | None) -> Call:

@@ -206,17 +206,10 @@ class Sessions:
     ) -> list[Session]:
         """The sessions of this key in ``state`` with all of ``labels``, newest first: all
         of them, or the newest ``limit`` (the server's pages, one request each)."""
-        b.check_list_limit(limit)
-        sessions: list[Session] = []
-        cursor: str | None = None
-        while True:
-            wanted = None if limit is None else limit - len(sessions)
-            call = b.list_call(state, labels, timeout, cursor, wanted)
-            body = self._client._send(call)
-            sessions += [Session(self._client, item) for item in body["sessions"]]
-            cursor = body.get("next_cursor")
-            if not cursor or (limit is not None and len(sessions) >= limit):
-                return sessions
+        pages = b.SessionPages(state, labels, limit, timeout)
+        while (call := pages.next_call()) is not None:
+            pages.take(self._client._send(call))
+        return [Session(self._client, item) for item in pages.items]
 
     def delete(self, session_id: str, *, timeout: float | None = None) -> None:
         """Destroy a session by id (idempotent, like ``DELETE /v1/sessions/{id}``)."""
