@@ -60,12 +60,13 @@ class SessionRecord:
         if not can_transition(self.state, new):
             raise Internal(f"session {self.id} cannot go from {self.state} to {new}")
         self.state = new
+        now = utcnow()
         if new is S.failed:
-            self.failure = Failure(reason=reason or "unknown", at=utcnow())
+            self.failure = Failure(reason=reason or "unknown", at=now)
         if new not in LIVE_STATES or new is S.stopping:
             self.expires_at = None
         if new not in LIVE_STATES:
-            self.ended_at = utcnow()
+            self.ended_at = now  # a failed session's is its failure's time, as in recovery
 
     def touch(self) -> None:
         """Push the idle expiry back by ``timeout_s`` from now."""
