@@ -32,6 +32,7 @@ from ._models import (
 )
 
 __all__ = [
+    "BACKEND_HELP",
     "SETTLED_HEADER",
     "DEFAULT_TIMEOUT",
     "DEFAULT_URL",
@@ -43,6 +44,9 @@ __all__ = [
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 DEFAULT_TIMEOUT = 60.0
+# What a create's ``backend`` may name, for the CLI's and the MCP tools' help.
+BACKEND_HELP = ("the engine: container, vm, docker, kubernetes or local (those the server "
+                "offers; default: its own).")
 #: Extra seconds an ``exec`` call waits beyond the command's own ``timeout_s``.
 EXEC_GRACE_S = 15.0
 

@@ -29,6 +29,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from ._base import BACKEND_HELP
 from ._errors import (
     APIConnectionError,
     APIError,
@@ -170,7 +171,7 @@ def register(app: typer.Typer) -> None:
         width: Annotated[int | None, typer.Option(help="Display width.")] = None,
         height: Annotated[int | None, typer.Option(help="Display height.")] = None,
         start_url: Annotated[str | None, typer.Option(help="Page the browser opens.")] = None,
-        backend: Annotated[str | None, typer.Option(help="container or local.")] = None,
+        backend: Annotated[str | None, typer.Option(help=BACKEND_HELP)] = None,
         label: Annotated[list[str] | None, typer.Option(
             help="KEY=VALUE; repeat for several.")] = None,
         timeout_s: Annotated[int | None, typer.Option(help="Idle timeout (seconds).")] = None,

@@ -28,7 +28,7 @@ from pydantic import Field
 
 from . import __version__
 from ._async import AsyncDeskbox, AsyncSession
-from ._base import DEFAULT_TIMEOUT
+from ._base import BACKEND_HELP, DEFAULT_TIMEOUT
 from ._errors import DeskboxError
 from ._models import ActionsResult, Screenshot
 
@@ -118,7 +118,7 @@ class DeskboxTools:
         start_url: Annotated[str | None, Field(description="Page the browser opens.")] = None,
         labels: Annotated[dict[str, str] | None, Field(description="Labels to set.")] = None,
         timeout_s: Annotated[int | None, Field(description="Idle timeout (seconds).")] = None,
-        backend: Annotated[str | None, Field(description="container or local.")] = None,
+        backend: Annotated[str | None, Field(description=BACKEND_HELP)] = None,
     ) -> str:
         """Create a desktop session and wait until it runs; returns it (id, display, urls)."""
         display = _drop_none(width=width, height=height)
