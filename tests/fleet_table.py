@@ -31,9 +31,14 @@ class FleetTable:
         self.entries[session_id].tokens.pop(digest, None)
 
     async def owned(self, owner: str) -> list[SharedEntry]:
+        # Every entry: the registry keeps those of ``owner`` (as it does with the cluster's
+        # answer, which selects by a hash of the key).
+        return list(self.entries.values())
+
+    async def live(self) -> list[SharedEntry]:
         raise NotImplementedError
 
-    live = ended = owned
+    ended = live
 
     async def delete(self, session_id: str) -> None:
         raise NotImplementedError

@@ -93,7 +93,7 @@ class AsyncDeskbox(BaseClient):
         try:
             response = await self._http.request(
                 call.method, call.path, params=tuple(call.params), json=call.json,
-                content=call.content, timeout=self._timeout_for(call),
+                content=call.content, timeout=self._timeout_for(call), headers=call.headers,
             )
         except httpx.TransportError as error:
             raise b.transport_error(error) from error
@@ -190,13 +190,16 @@ class AsyncSessions:
         profile: str | None = None,
         wait: bool = True,
         timeout: float | None = None,
+        idempotency_key: str | None = None,
     ) -> AsyncSession:
         """A new session (``POST /v1/sessions``), running unless ``wait=False``.
         ``volumes``: ``[{"name", "path", "read_only"}]`` to mount; ``profile``: the volume
-        that keeps the browser's profile."""
+        that keeps the browser's profile. ``idempotency_key``: a key of yours (1-255 printable
+        ASCII characters); sent again after a timeout or a broken connection, the create
+        answers the session the first one made instead of a second (API.md)."""
         call = b.create_call(display, start_url, backend, from_snapshot, timeout_s, labels,
                              resources, network, record, coordinate_space, wait, timeout,
-                             volumes, profile)
+                             volumes, profile, idempotency_key)
         return AsyncSession(self._client, await self._client._send(call))
 
     async def get(self, session_id: str, *, timeout: float | None = None) -> AsyncSession:

@@ -69,6 +69,7 @@ class Call:
     content: bytes | None = None
     timeout: float | None = None
     expect_json: bool = True
+    headers: dict[str, str] = field(default_factory=dict)
     #: Answer with the decoded body and the response's headers (:class:`Answer`).
     with_headers: bool = False
 
@@ -515,7 +516,7 @@ def create_call(
     resources: Mapping[str, Any] | None, network: Mapping[str, Any] | None,
     record: bool | None, coordinate_space: tuple[int, int] | None, wait: bool,
     timeout: float | None, volumes: Sequence[Mapping[str, Any]] | None = None,
-    profile: str | None = None,
+    profile: str | None = None, idempotency_key: str | None = None,
 ) -> Call:
     browser = _drop_none(start_url=start_url, profile=profile)
     body = _drop_none(
@@ -530,7 +531,9 @@ def create_call(
         if coordinate_space else None,
     )
     params = [] if wait else [("wait", "false")]
-    return Call("POST", "/v1/sessions", params=params, json=body, timeout=timeout)
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else {}
+    return Call("POST", "/v1/sessions", params=params, json=body, timeout=timeout,
+                headers=headers)
 
 
 def get_call(session_id: str, timeout: float | None) -> Call:

@@ -179,6 +179,9 @@ def register(app: typer.Typer) -> None:
         wait: Annotated[bool, typer.Option(help="Wait until it runs.")] = True,
         record: Annotated[bool, typer.Option(
             "--record", help="Record it (deskbox export saves the recording).")] = False,
+        idempotency_key: Annotated[str | None, typer.Option(
+            help="A key of yours: run again with it (after a timeout), it prints the session "
+                 "the first run made instead of making another.")] = None,
         url: Url = None, api_key: ApiKey = None, as_json: Json = False,
     ) -> None:
         """Create a session; prints its id."""
@@ -189,6 +192,7 @@ def register(app: typer.Typer) -> None:
                     display=display or None, start_url=start_url, backend=backend,
                     labels=_labels(label or []), timeout_s=timeout_s,
                     from_snapshot=from_snapshot, wait=wait, record=record or None,
+                    idempotency_key=idempotency_key,
                 )
             if as_json:
                 _print_json(_session_json(session))

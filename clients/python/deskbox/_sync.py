@@ -91,7 +91,7 @@ class Deskbox(BaseClient):
         try:
             response = self._http.request(
                 call.method, call.path, params=tuple(call.params), json=call.json,
-                content=call.content, timeout=self._timeout_for(call),
+                content=call.content, timeout=self._timeout_for(call), headers=call.headers,
             )
         except httpx.TransportError as error:
             raise b.transport_error(error) from error
@@ -188,13 +188,16 @@ class Sessions:
         profile: str | None = None,
         wait: bool = True,
         timeout: float | None = None,
+        idempotency_key: str | None = None,
     ) -> Session:
         """A new session (``POST /v1/sessions``), running unless ``wait=False``.
         ``volumes``: ``[{"name", "path", "read_only"}]`` to mount; ``profile``: the volume
-        that keeps the browser's profile."""
+        that keeps the browser's profile. ``idempotency_key``: a key of yours (1-255 printable
+        ASCII characters); sent again after a timeout or a broken connection, the create
+        answers the session the first one made instead of a second (API.md)."""
         call = b.create_call(display, start_url, backend, from_snapshot, timeout_s, labels,
                              resources, network, record, coordinate_space, wait, timeout,
-                             volumes, profile)
+                             volumes, profile, idempotency_key)
         return Session(self._client, self._client._send(call))
 
     def get(self, session_id: str, *, timeout: float | None = None) -> Session:

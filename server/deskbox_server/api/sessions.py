@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 
 from ..errors import InvalidRequest
 from ..schemas.pause import PauseRequest
@@ -23,6 +23,13 @@ from .deps import Caller, get_services
 __all__ = ["router", "to_resource"]
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+
+REPLAYED_HEADER = "Idempotent-Replayed"
+IdempotencyKey = Annotated[str | None, Header(
+    alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$",
+    description="a key of the client's (1-255 printable ASCII characters): a retry of the "
+                "create with the same key answers the session the first made",
+)]
 
 
 def to_resource(record: SessionRecord, request: Request) -> Session:
@@ -70,11 +77,19 @@ def _labels(filters: list[str]) -> dict[str, str]:
 async def create_session(
     request: Request,
     caller: Caller,
+    response: Response,
     body: SessionCreate | None = None,
     wait: Annotated[bool, Query(description="false: answer at once, in `starting`")] = True,
+    idempotency_key: IdempotencyKey = None,
 ) -> Session:
     manager = get_services(request).manager
-    record = await manager.create(caller.key_id, body or SessionCreate(), wait=wait)
+    body = body or SessionCreate()
+    if idempotency_key is None:
+        record = await manager.create(caller.key_id, body, wait=wait)
+    else:
+        record, replayed = await manager.create_once(caller.key_id, body, idempotency_key, wait)
+        if replayed:
+            response.headers[REPLAYED_HEADER] = "true"
     return to_resource(record, request)
 
 

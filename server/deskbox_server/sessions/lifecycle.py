@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from ..errors import Internal
 from ..schemas.sessions import Failure, SessionCreate, SessionState
 
-__all__ = ["LIVE_STATES", "SessionRecord", "can_transition", "utcnow"]
+__all__ = ["LIVE_STATES", "Idempotency", "SessionRecord", "can_transition", "utcnow"]
 
 S = SessionState
 
@@ -41,6 +41,15 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+@dataclass(frozen=True)
+class Idempotency:
+    """The ``Idempotency-Key`` a create was sent with, and a digest of what it asked for:
+    a retry with the same key gets this session, one with another request is refused."""
+
+    key: str
+    request: str  # sha256 hex of the create's body (idempotency.py)
+
+
 @dataclass
 class SessionRecord:
     """What the registry stores of one session; ``owner`` is the id of its API key."""
@@ -55,6 +64,7 @@ class SessionRecord:
     expires_at: datetime | None = None
     failure: Failure | None = None
     ended_at: datetime | None = None  # when it became stopped or failed
+    idempotency: Idempotency | None = None
 
     def transition(self, new: SessionState, reason: str | None = None) -> None:
         if not can_transition(self.state, new):

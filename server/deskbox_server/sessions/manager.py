@@ -47,7 +47,8 @@ from .desktop import AnyDesktop
 from .events import EventLog
 from .fleet import Fleet
 from .fork_scratch import ForkDirectories
-from .lifecycle import LIVE_STATES, SessionRecord, utcnow
+from .idempotency import IdempotentCreates, idempotency_of
+from .lifecycle import LIVE_STATES, Idempotency, SessionRecord, utcnow
 from .links import SessionLinks
 from .listing import SessionQuery, encode_cursor, position
 from .live import LiveSession, not_live, one_server_only
@@ -89,6 +90,8 @@ class SessionManager:
         # Sessions that ended lately, so that acting on one says why without a query.
         self._recent: OrderedDict[str, SessionRecord] = OrderedDict()
         self._reaper: asyncio.Task[None] | None = None
+        # Creates sent with an Idempotency-Key (idempotency.py).
+        self._creates = IdempotentCreates(registry.by_idempotency_key)
         # Removals of desktops that outlasted stop_timeout_s: they go on in the background.
         self._removals: set[asyncio.Task[None]] = set()
         self._lock_fd: int | None = None
@@ -407,9 +410,31 @@ class SessionManager:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    async def create(self, owner: str, body: SessionCreate, wait: bool = True) -> SessionRecord:
+    async def create_once(
+        self, owner: str, body: SessionCreate, key: str, wait: bool = True,
+    ) -> tuple[SessionRecord, bool]:
+        """:meth:`create` under the client's ``Idempotency-Key``: the session an earlier
+        create with that key made (and True), else a new one (and False)."""
+        wanted = idempotency_of(key, body)
+        record, replayed = await self._creates.create(
+            owner, wanted, lambda: self.create(owner, body, wait, wanted))
+        if not replayed:
+            return record, False
+        live = self._live.get(record.id)
+        if live is not None:
+            record = live.record
+            if wait and live.start_task is not None:  # the first create did not wait
+                await self._started(live)
+        if record.state is S.failed:
+            raise not_live(record)  # as the first create answered, or would have
+        return record, True
+
+    async def create(
+        self, owner: str, body: SessionCreate, wait: bool = True,
+        idempotency: Idempotency | None = None,
+    ) -> SessionRecord:
         if body.from_snapshot is None:
-            return await self._create(owner, body, wait)
+            return await self._create(owner, body, wait, idempotency=idempotency)
         snapshot, directory = self.snapshots.acquire(owner, body.from_snapshot)
         try:
             if "backend" in body.model_fields_set and body.backend != snapshot.backend:
@@ -428,7 +453,7 @@ class SessionManager:
                 "backend": snapshot.backend, "display": snapshot.body.display,
                 "browser": snapshot.body.browser,
             })
-            record = await self._create(owner, body, wait, directory)
+            record = await self._create(owner, body, wait, directory, idempotency=idempotency)
         except BaseException:
             self.snapshots.release(snapshot.id)
             raise
@@ -442,7 +467,7 @@ class SessionManager:
 
     async def _create(
         self, owner: str, body: SessionCreate, wait: bool, snapshot: Path | None = None,
-        together: StartTogether | None = None,
+        together: StartTogether | None = None, idempotency: Idempotency | None = None,
     ) -> SessionRecord:
         backend_name = body.backend or self._settings.default_backend
         engine = self._engines.get(backend_name)
@@ -479,7 +504,7 @@ class SessionManager:
             claimed = self.pool.claim(key)
             if claimed is not None:
                 return await self._adopt_from_pool(owner, body, backend_name, timeout_s,
-                                                   *claimed)
+                                                   *claimed, idempotency)
         session_id = new_session_id()
         spec = SessionSpec(
             id=session_id,
@@ -507,7 +532,8 @@ class SessionManager:
             self.volumes.detach(session_id)
             raise
         record = SessionRecord(
-            id=session_id, owner=owner, backend=backend_name, body=body, timeout_s=timeout_s
+            id=session_id, owner=owner, backend=backend_name, body=body, timeout_s=timeout_s,
+            idempotency=idempotency,
         )
         live = LiveSession(record)
         self._live[session_id] = live
@@ -520,25 +546,32 @@ class SessionManager:
         self._publish_state(record)
         live.start_task = asyncio.create_task(self._start(live, engine, spec))
         if wait:
-            try:
-                await asyncio.shield(live.start_task)
-            except asyncio.CancelledError:
-                if not live.start_task.cancelled():
-                    raise
-                raise Conflict(f"session {session_id} was deleted while it was starting"
-                               ) from None
-            if record.state is S.failed:
-                reason = record.failure.reason if record.failure else "unknown"
-                raise SessionFailed(f"session {session_id} failed to start: {reason}")
+            await self._started(live)
         return record
+
+    async def _started(self, live: LiveSession) -> None:
+        """Wait for the session's start; SessionFailed if it failed, Conflict if it was
+        deleted meanwhile."""
+        record, start = live.record, live.start_task
+        assert start is not None
+        try:
+            await asyncio.shield(start)
+        except asyncio.CancelledError:
+            if not start.cancelled():
+                raise
+            raise Conflict(f"session {record.id} was deleted while it was starting") from None
+        if record.state is S.failed:
+            reason = record.failure.reason if record.failure else "unknown"
+            raise SessionFailed(f"session {record.id} failed to start: {reason}")
 
     async def _adopt_from_pool(
         self, owner: str, body: SessionCreate, backend_name: str, timeout_s: int,
-        session_id: str, handle: AnyDesktop,
+        session_id: str, handle: AnyDesktop, idempotency: Idempotency | None,
     ) -> SessionRecord:
         """Make a ready pool desktop the caller's session: running at once."""
         record = SessionRecord(
-            id=session_id, owner=owner, backend=backend_name, body=body, timeout_s=timeout_s
+            id=session_id, owner=owner, backend=backend_name, body=body, timeout_s=timeout_s,
+            idempotency=idempotency,
         )
         live = LiveSession(record, handle)
         self._live[session_id] = live

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from ..schemas.sessions import Failure, SessionCreate, SessionState
-from .lifecycle import LIVE_STATES, SessionRecord
+from .lifecycle import LIVE_STATES, Idempotency, SessionRecord
 from .listing import SessionQuery
 
 __all__ = ["Registry", "record_from_json", "record_json"]
@@ -36,7 +36,9 @@ CREATE TABLE IF NOT EXISTS sessions (
     timeout_s INTEGER NOT NULL,
     failure TEXT,
     body TEXT NOT NULL,
-    ended_at TEXT
+    ended_at TEXT,
+    idempotency_key TEXT,
+    idempotency_request TEXT
 );
 """
 # After the migration of a registry made before a column existed (_migrate).
@@ -47,13 +49,16 @@ CREATE INDEX IF NOT EXISTS sessions_by_owner_page ON sessions (owner, created_at
 CREATE INDEX IF NOT EXISTS sessions_by_owner_state ON sessions (owner, state, created_at, id);
 CREATE INDEX IF NOT EXISTS sessions_by_state ON sessions (state);
 CREATE INDEX IF NOT EXISTS sessions_by_end ON sessions (ended_at);
+CREATE INDEX IF NOT EXISTS sessions_by_idempotency_key ON sessions (owner, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
 """
 _COLUMNS = ("id, owner, backend, state, created_at, expires_at, timeout_s, failure, body, "
-            "ended_at")
+            "ended_at, idempotency_key, idempotency_request")
 _ENDED = tuple(state.value for state in SessionState if state not in LIVE_STATES)
 
 
-_Row = tuple[str, str, str, str, str, str | None, int, str | None, str, str | None]
+_Row = tuple[str, str, str, str, str, str | None, int, str | None, str, str | None, str | None,
+             str | None]
 
 
 def _row(record: SessionRecord) -> _Row:
@@ -68,6 +73,8 @@ def _row(record: SessionRecord) -> _Row:
         record.failure.model_dump_json() if record.failure else None,
         record.body.model_dump_json(exclude_defaults=True),
         record.ended_at.isoformat() if record.ended_at else None,
+        record.idempotency.key if record.idempotency else None,
+        record.idempotency.request if record.idempotency else None,
     )
 
 
@@ -85,6 +92,9 @@ def _record(row: sqlite3.Row | Mapping[str, Any]) -> SessionRecord:
         # A fleet's record written by a server of before the column has none.
         ended_at=(datetime.fromisoformat(ended)
                   if "ended_at" in row.keys() and (ended := row["ended_at"]) else None),
+        idempotency=(Idempotency(key, row["idempotency_request"])
+                     if "idempotency_key" in row.keys() and (key := row["idempotency_key"])
+                     else None),
     )
 
 
@@ -112,6 +122,9 @@ def _migrate(db: sqlite3.Connection) -> None:
         marks = ", ".join("?" for _ in _ENDED)
         db.execute(f"UPDATE sessions SET ended_at = ? WHERE state IN ({marks})",
                    (datetime.now(UTC).isoformat(), *_ENDED))
+    for column in ("idempotency_key", "idempotency_request"):
+        if column not in columns:  # sessions made before had none
+            db.execute(f"ALTER TABLE sessions ADD COLUMN {column} TEXT")
 
 
 class Registry:
@@ -163,6 +176,13 @@ class Registry:
     def _get(self, session_id: str) -> SessionRecord | None:
         row = self.db.execute(
             f"SELECT {_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
+        ).fetchone()
+        return _record(row) if row is not None else None
+
+    def _by_idempotency_key(self, owner: str, key: str) -> SessionRecord | None:
+        row = self.db.execute(
+            f"SELECT {_COLUMNS} FROM sessions WHERE owner = ? AND idempotency_key = ? "
+            "ORDER BY created_at DESC LIMIT 1", (owner, key),
         ).fetchone()
         return _record(row) if row is not None else None
 
@@ -218,6 +238,10 @@ class Registry:
 
     async def get(self, session_id: str) -> SessionRecord | None:
         return await self._call(self._get, session_id)
+
+    async def by_idempotency_key(self, owner: str, key: str) -> SessionRecord | None:
+        """The session ``owner`` created with the ``Idempotency-Key`` ``key``, if kept."""
+        return await self._call(self._by_idempotency_key, owner, key)
 
     async def page(self, query: SessionQuery) -> tuple[list[SessionRecord], bool]:
         """The sessions ``query`` asks for, newest first, and whether more follow."""

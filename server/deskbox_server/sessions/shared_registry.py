@@ -63,6 +63,13 @@ class SharedRegistry(Registry):
         """Every session of one API key the fleet keeps."""
         return [r for r in _records(await self.records.owned(owner)) if r.owner == owner]
 
+    async def by_idempotency_key(self, owner: str, key: str) -> SessionRecord | None:
+        # Two retries reaching two servers at the same moment may both create: the fleet's
+        # records (Secrets) have no unique index to make one of them lose.
+        found = [r for r in await self.owned(owner)
+                 if r.idempotency is not None and r.idempotency.key == key]
+        return max(found, key=position) if found else None
+
     async def page(self, query: SessionQuery) -> tuple[list[SessionRecord], bool]:
         # The fleet keeps a key's records of a day (sweep): few enough to page here.
         found = sorted((r for r in await self.owned(query.owner) if query.matches(r)),
