@@ -33,6 +33,17 @@ def test_a_host_connection_into_the_sandbox_is_named(tmp_path: Path) -> None:
     assert "outside it holds a connection" in _explain(log, b"")
 
 
+def test_an_open_tcp_connection_is_named_without_criu_flags(tmp_path: Path) -> None:
+    log = tmp_path / "dump.log"
+    log.write_text(
+        "(00.31) Error (criu/sk-inet.c:199): inet: Connected TCP socket, consider using "
+        "--tcp-established option.\n"
+        "(00.31) Error (criu/cr-dump.c:1681): Dump files (pid: 52) failed with -1\n"
+    )
+    message = _explain(log, b"")
+    assert "open TCP connection" in message and "--tcp-established" not in message
+
+
 def test_other_failures_quote_the_first_specific_error(tmp_path: Path) -> None:
     log = tmp_path / "dump.log"
     log.write_text("(00.1) Error (criu/x.c:1): something specific\n"

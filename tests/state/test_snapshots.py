@@ -365,7 +365,7 @@ def test_fork_refuses_what_it_cannot_do(
     client: httpx.Client, source: tuple[str, tuple[int, int]]
 ) -> None:
     sid, _ = source
-    for count in (0, 17, "two"):
+    for count in (0, 17, "two", "2", True):
         assert_error(client.post(f"/v1/sessions/{sid}/fork", json={"count": count}),
                      422, "invalid_request")
     # 6 per key: the source and 5 more at most.
@@ -530,6 +530,50 @@ def test_a_hibernated_session_survives_a_killed_server(tmp_path: Path) -> None:
         act = http.post(f"/v1/sessions/{sid}/actions", json={"type": "click", "x": 5, "y": 5})
         assert act.status_code == 200, act.text
         assert http.delete(f"/v1/sessions/{sid}").status_code == 204
+
+
+@pytest.mark.parametrize("what", ["snapshots", "fork"])
+def test_a_delete_during_a_checkpoint_is_a_409_and_leaves_no_files(
+    server: Server, state_dir: Path, what: str,
+) -> None:
+    """A session deleted while a snapshot or fork checkpoints it: the checkpoint answers 409
+    `conflict` (201 if it was done first), never a 502 about its agent, and nothing of a
+    snapshot that was not made stays on disk (it was kept, unlisted, until a restart)."""
+    statuses = []
+    for delay_s in (0.3, 0.6):
+        with server.client() as http:
+            http.timeout = httpx.Timeout(120)
+            created = http.post("/v1/sessions", json={"display": {"width": 640, "height": 400}})
+            assert created.status_code == 201, created.text
+            sid = created.json()["id"]
+            answers: list[httpx.Response] = []
+
+            def take(sid: str = sid, answers: list[httpx.Response] = answers) -> None:
+                with server.client() as own:
+                    own.timeout = httpx.Timeout(120)
+                    body = {"count": 1} if what == "fork" else None
+                    answers.append(own.post(f"/v1/sessions/{sid}/{what}", json=body))
+
+            taking = threading.Thread(target=take)
+            taking.start()
+            time.sleep(delay_s)
+            assert http.delete(f"/v1/sessions/{sid}").status_code == 204
+            taking.join(120)
+            [answer] = answers
+            statuses.append(answer.status_code)
+            if answer.status_code == 201:  # done before the delete: clean up after it
+                made = answer.json()
+                for copy in made.get("sessions", []):
+                    http.delete(f"/v1/sessions/{copy['id']}")
+                if what == "snapshots":
+                    http.delete(f"/v1/snapshots/{made['id']}")
+            else:
+                message = assert_error(answer, 409, "conflict")["message"]
+                assert f"session {sid} was deleted while it was checkpointed" in message
+        unmade = [entry.name for entry in (state_dir / "snapshots").iterdir()
+                  if entry.name.startswith("snap_") and not (entry / "snapshot.json").is_file()]
+        assert unmade == []
+    assert 409 in statuses, statuses  # the delete did come during a checkpoint
 
 
 def test_a_keys_snapshots_stop_at_its_quota(tmp_path: Path) -> None:

@@ -52,7 +52,7 @@ class SnapshotList(BaseModel):
 class ForkRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    count: Annotated[int, Field(ge=1, le=MAX_FORKS)] = 1
+    count: Annotated[int, Field(ge=1, le=MAX_FORKS), IntOnly] = 1
 
 
 class Forks(BaseModel):

@@ -719,7 +719,13 @@ class SessionManager:
             raise Capacity(f"this API key's snapshots hold {used_mb} MB, its quota is "
                            f"{quota_mb} MB (DESKBOX_SNAPSHOT_QUOTA_MB); delete one first")
         snapshot_id, directory = self.snapshots.new_id()
-        info = await session.checkpoint(directory)
+        try:
+            info = await session.checkpoint(directory)
+        except BaseException:
+            # A checkpoint written before it failed (the session deleted while its agent
+            # came back) has no record: nothing lists it, and only a restart removed it.
+            await asyncio.shield(asyncio.to_thread(shutil.rmtree, directory, True))
+            raise
         snapshot = SnapshotRecord(
             id=snapshot_id, owner=owner, session_id=record.id, backend=record.backend,
             body=record.body.model_copy(update={"from_snapshot": None}),

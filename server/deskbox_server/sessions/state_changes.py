@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ..engines.base import SnapshotInfo
-from ..errors import Conflict, SessionFailed
+from ..errors import Conflict, DeskboxError, SessionFailed
 from ..schemas.pause import PauseMode
 from ..schemas.sessions import SessionState as S
 from .context import SessionContext
@@ -147,6 +147,13 @@ async def _checkpointing(
         finally:
             if record.state is S.running:
                 context.watch(record.id, handle)
+    except DeskboxError as error:
+        if record.state in (S.stopping, S.stopped):
+            # A delete killed the sandbox under the checkpoint: what failed then (its
+            # agent gone, CRIU's dump cut short) is no fault of the desktop's.
+            raise Conflict(f"session {record.id} was deleted while it was "
+                           "checkpointed") from error
+        raise
     finally:
         live.checkpointing = False
 

@@ -106,6 +106,16 @@ def _explain(log: Path, stderr: bytes) -> str:
                 "connection to it (an X client of the host such as a live viewer): "
                 + line.split("): ", 1)[-1]
             )
+        if "Connected TCP socket" in line:
+            # CRIU's own hint names its --tcp-established, which the API has no way to
+            # ask for: open connections are not restored (a restored sandbox's network
+            # comes back empty, its loopback set up only after the restore).
+            return (
+                "CRIU cannot checkpoint the sandbox while a process in it holds an open TCP "
+                "connection (for example the browser with a page of a server running inside "
+                "the sandbox, whose connection it keeps alive); close it (leave that page, "
+                "stop that server) and try again"
+            )
         match = _SOCKOPT.search(line)
         if match:
             kernel = os.uname().release
