@@ -88,6 +88,9 @@ def check_sandbox_path(path: str) -> str:
         raise InvalidRequest(f"path {path!r} is not absolute: give a path such as /tmp/file")
     if "\0" in path:
         raise InvalidRequest("path may not contain NUL characters")
+    if path.endswith("/"):
+        # The sandbox's resolver would drop it: an upload to "/tmp/out/" wrote /tmp/out.
+        raise InvalidRequest(f"path {path[-64:]!r} ends in '/': give a file's path")
     if len(path.encode("utf-8", errors="surrogatepass")) > MAX_PATH_BYTES:
         raise InvalidRequest(f"path is longer than {MAX_PATH_BYTES} bytes")
     return path

@@ -330,6 +330,8 @@ def test_download_over_the_cap(box_client: httpx.Client, box: str) -> None:
         ("PUT", "/no-such-dir/file", 404, "not_found"),
         ("GET", "/tmp", 422, "invalid_request"),
         ("PUT", "/tmp", 422, "invalid_request"),
+        ("PUT", "/tmp/out/", 422, "invalid_request"),
+        ("GET", "/tmp/", 422, "invalid_request"),
         ("GET", "/dev/zero", 422, "invalid_request"),
         ("PUT", "/etc/evil", 403, "forbidden"),
         ("PUT", "/evil", 403, "forbidden"),
