@@ -41,7 +41,8 @@ def test_an_open_tcp_connection_is_named_without_criu_flags(tmp_path: Path) -> N
         "(00.31) Error (criu/cr-dump.c:1681): Dump files (pid: 52) failed with -1\n"
     )
     message = _explain(log, b"")
-    assert "open TCP connection" in message and "--tcp-established" not in message
+    assert "open TCP connection" in message and "egress all or allowlist" in message
+    assert "--tcp-established" not in message
 
 
 def test_other_failures_quote_the_first_specific_error(tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ from ..base import StartTogether
 from ..network import bring_up_loopback
 from . import freezer, restored
 from .archive import pack, unpack
-from .layout import CRIU_CONFIG, RuntimeConfig, host_root_gid, memory_limit
+from .layout import CRIU_CONFIG, Hook, RuntimeConfig, host_root_gid, memory_limit
 from .runtime import Runc
 from .stream import link_agent
 
@@ -67,6 +67,18 @@ CRIU_OPTIONS = "ghost-limit 128M\nverbosity=1\n"
 # A restore leaves every task stopped: restored.py repairs and checks the sandbox, and the
 # host links its X socket, before anything of the sandbox runs.
 CRIU_RESTORE_OPTIONS = CRIU_OPTIONS + "leave-stopped\n"
+# A sandbox with a network of its own (egress none) has only loopback: its open TCP
+# connections (the browser's to a server running inside it) have both ends in the dump
+# and come back with it. Not with egress all/allowlist, whose peers are outside: those
+# stay refused rather than dumped and unrestorable.
+_OPEN_CONNECTIONS = "tcp-established\n"
+# runc restores that network empty (network.py: bring_up_loopback), and a restored
+# connection needs 127.0.0.1 before its sockets come back: runc runs the bundle's prestart
+# hooks when CRIU has made the namespaces (its "setup-namespaces"), with the init's pid in
+# the state on stdin.
+_LOOPBACK_HOOK: Hook = {"path": "/bin/sh", "args": [
+    "sh", "-c", 'pid=$(sed -n \'s/.*"pid": *\\([0-9][0-9]*\\).*/\\1/p\'); '
+    'exec nsenter --target "$pid" --net ip link set lo up']}
 _LOG_LIMIT = 1 << 20
 _NOISE = ("rlimit:", "Dumping FAILED", "failed with -1", "exited, status")
 _FOREIGN_UNIX = re.compile(r"Unix socket \S+ not found")
@@ -107,14 +119,14 @@ def _explain(log: Path, stderr: bytes) -> str:
                 + line.split("): ", 1)[-1]
             )
         if "Connected TCP socket" in line:
-            # CRIU's own hint names its --tcp-established, which the API has no way to
-            # ask for: open connections are not restored (a restored sandbox's network
-            # comes back empty, its loopback set up only after the restore).
+            # Only where the sandbox joins a network (egress all/allowlist): its own
+            # (egress none) dumps them (_OPEN_CONNECTIONS). CRIU's hint names a flag of
+            # its own, which says nothing to a user of the API.
             return (
-                "CRIU cannot checkpoint the sandbox while a process in it holds an open TCP "
-                "connection (for example the browser with a page of a server running inside "
-                "the sandbox, whose connection it keeps alive); close it (leave that page, "
-                "stop that server) and try again"
+                "CRIU cannot checkpoint a sandbox with egress all or allowlist while a process "
+                "in it holds an open TCP connection (its peer may be outside the sandbox, "
+                "where a restore cannot reach it); close it (leave that page, stop that "
+                "download) and try again"
             )
         match = _SOCKOPT.search(line)
         if match:
@@ -191,7 +203,10 @@ def dump(
             f"a process of the sandbox is stopped (host pid {stopped[0]}, e.g. by SIGSTOP): "
             "it cannot be checkpointed until it runs again"
         )
-    (sandbox.bundle / CRIU_CONFIG).write_text(CRIU_OPTIONS)
+    config: RuntimeConfig = json.loads((sandbox.bundle / "config.json").read_text())
+    own_network = _has_own_network(config)
+    (sandbox.bundle / CRIU_CONFIG).write_text(
+        CRIU_OPTIONS + (_OPEN_CONNECTIONS if own_network else ""))
     extra = ("--leave-running",) if leave_running else ()
     done = _runc_criu(sandbox.options.runc, criu, "checkpoint", *extra, "--file-locks",
                       "--image-path", str(images), "--work-path", str(logs),
@@ -199,6 +214,13 @@ def dump(
     if done.returncode != 0:
         raise CheckpointUnavailable(_explain(logs / "dump.log", done.stderr))
     return sum(f.stat().st_size for f in images.rglob("*") if f.is_file())
+
+
+def _has_own_network(config: RuntimeConfig) -> bool:
+    """Whether the sandbox has a network namespace of its own (egress none), not one it
+    joins (egress all/allowlist: engines/network.py)."""
+    namespaces = config.get("linux", {}).get("namespaces", [])
+    return any(ns.get("type") == "network" and not ns.get("path") for ns in namespaces)
 
 
 def share_images(images: Path, gid: int) -> None:
@@ -241,9 +263,15 @@ def restore(
     reason = criu.missing()
     if reason is not None:
         raise SessionFailed(reason)
-    (sandbox.bundle / CRIU_CONFIG).write_text(CRIU_RESTORE_OPTIONS)
     started = time.monotonic()
     config: RuntimeConfig = json.loads((sandbox.bundle / "config.json").read_text())
+    if _has_own_network(config):
+        (sandbox.bundle / CRIU_CONFIG).write_text(CRIU_RESTORE_OPTIONS + _OPEN_CONNECTIONS)
+        if config.get("hooks") != {"prestart": [_LOOPBACK_HOOK]}:
+            config["hooks"] = {"prestart": [_LOOPBACK_HOOK]}  # for restores only: see above
+            (sandbox.bundle / "config.json").write_text(json.dumps(config, indent=2))
+    else:
+        (sandbox.bundle / CRIU_CONFIG).write_text(CRIU_RESTORE_OPTIONS)
     gid = host_root_gid(config)
     if gid is not None:
         share_images(images, gid)

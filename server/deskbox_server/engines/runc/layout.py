@@ -41,6 +41,7 @@ from .seccomp import PODMAN_PROFILE, SeccompProfile, seccomp_profile
 
 __all__ = [
     "MASKED_PATHS",
+    "Hook",
     "READONLY_PATHS",
     "RuntimeConfig",
     "SANDBOX_USER_IDS",
@@ -154,6 +155,11 @@ class _Linux(TypedDict):
     readonlyPaths: list[str]
 
 
+class Hook(TypedDict):
+    path: str
+    args: list[str]
+
+
 class RuntimeConfig(TypedDict):
     ociVersion: str
     process: _Process
@@ -162,6 +168,7 @@ class RuntimeConfig(TypedDict):
     mounts: list[Mount]
     linux: _Linux
     annotations: NotRequired[dict[str, str]]
+    hooks: NotRequired[dict[str, list[Hook]]]
 
 
 def _tmpfs(destination: str, size_mb: int, mode: str, *extra: str) -> Mount:
