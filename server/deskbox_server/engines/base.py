@@ -288,8 +288,11 @@ class Engine(ABC, Generic[S]):
                               "the kubernetes backend has them")
         if spec.resources is not None:
             self.require(Capability.RESOURCES, "resources")
-        if spec.volumes:
-            self.require(Capability.VOLUMES, "volumes (and browser profiles)")
+        if spec.volumes and Capability.VOLUMES not in self.capabilities:
+            # The engine's own hint is about what it lacks most (checkpoints, egress).
+            raise EngineLacks(self.name, "volumes (and browser profiles)",
+                              f"the capability {Capability.VOLUMES.value!r}",
+                              "the container, vm and kubernetes backends have it")
         if spec.network is not None and spec.network.egress not in self.egress_modes:
             offered = ", ".join(repr(m) for m in sorted(self.egress_modes))
             raise EngineLacks(self.name, f"network egress {spec.network.egress!r}",

@@ -321,12 +321,16 @@ class Desktop(Generic[S]):
         Never waits on the agent: a stopped or frozen agent answers nothing, and a call
         waiting on it ends when its stream does.
         """
-        await self.engine.stop(self.sandbox)
-        await self.engine.kill(self.sandbox)
         try:
-            await self.let_go()
-        finally:  # a stream that fails to close must not leave the sandbox behind
-            await self.engine.destroy(self.sandbox)
+            await self.engine.stop(self.sandbox)
+            await self.engine.kill(self.sandbox)
+        finally:
+            # Whatever failed above (a container engine that does not answer), the stream
+            # is closed and the removal tried: it is what deletes the sandbox, or raises.
+            try:
+                await self.let_go()
+            finally:  # a stream that fails to close must not leave the sandbox behind
+                await self.engine.destroy(self.sandbox)
 
 
 AnyDesktop = Desktop[Any]

@@ -30,6 +30,7 @@ from ..errors import (
     Capacity,
     Conflict,
     DeskboxError,
+    InsufficientStorage,
     Internal,
     InvalidRequest,
     NotFound,
@@ -89,6 +90,9 @@ class SessionManager:
         self._ended: dict[SessionState, int] = {}
         # Sessions that ended lately, so that acting on one says why without a query.
         self._recent: OrderedDict[str, SessionRecord] = OrderedDict()
+        # Ended sessions whose end the registry could not take (a full disk): the truth
+        # until a reaper pass saves them.
+        self._unsaved: dict[str, SessionRecord] = {}
         self._reaper: asyncio.Task[None] | None = None
         # Creates sent with an Idempotency-Key (idempotency.py).
         self._creates = IdempotentCreates(registry.by_idempotency_key)
@@ -195,6 +199,8 @@ class SessionManager:
                 continue
             log.warning("session %s failed: %s", record.id, reason)
             await self._registry.save(failed(record, reason))
+            # A hibernated session's last frame (pause.py) is of no use any more.
+            await asyncio.to_thread(self._frames.forget, record.id)
         for name, engine in self._engines.items():
             removed = await engine.remove_orphans(adopted[name])
             if removed:
@@ -328,6 +334,8 @@ class SessionManager:
     async def get(self, owner: str, session_id: str) -> SessionRecord:
         live = self._live.get(session_id)
         mine = live.record if live is not None and live.record.owner == owner else None
+        if mine is None and (unsaved := self._unsaved.get(session_id)) is not None:
+            mine = unsaved if unsaved.owner == owner else None
         if mine is not None and self._fleet is None:
             return mine
         record = await self._registry.get(session_id)
@@ -402,6 +410,7 @@ class SessionManager:
     async def record_failure(self, record: SessionRecord, reason: str) -> None:
         log.warning("session %s failed: %s", record.id, reason)
         await self._registry.save(failed(record, reason))
+        await asyncio.to_thread(self._frames.forget, record.id)
         self._publish_state(record)
 
     def stop_soon(self, live: LiveSession) -> None:
@@ -664,10 +673,11 @@ class SessionManager:
         forget it."""
         record = live.record
         try:
-            await start_stop.end(
+            if not await start_stop.end(
                 live, self._context, failure,
                 self._settings.stop_timeout_s, self._removals,
-            )
+            ):
+                self._unsaved[record.id] = record
         finally:
             with suppress(OSError):
                 await asyncio.to_thread(self._frames.forget, record.id)
@@ -795,7 +805,14 @@ class SessionManager:
     # -- the reaper -----------------------------------------------------------------------
 
     async def reap(self) -> None:
-        """One pass: fail sessions whose desktop died, stop those idle past their timeout."""
+        """One pass: fail sessions whose desktop died, stop those idle past their timeout;
+        save the ends the registry could not take before."""
+        for record in list(self._unsaved.values()):
+            try:
+                await self._registry.save(record)
+            except InsufficientStorage:
+                break  # still full
+            self._unsaved.pop(record.id, None)
         if self.pool is not None:
             self.pool.check()
         grace = dt.timedelta(0)

@@ -11,6 +11,7 @@ answered from the last frame (:func:`frozen_image`) with ``X-Deskbox-Frozen: tru
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import re
 import time
@@ -22,7 +23,7 @@ from typing import Literal
 
 import numpy as np
 
-from ..errors import Conflict
+from ..errors import Conflict, InsufficientStorage
 from ..media import EncodedImage, Frame, encode
 from ..schemas import actions as a
 
@@ -85,6 +86,8 @@ class FrameStore:
 
     def open(self) -> None:
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for partial in self.root.glob("*.partial"):  # a save a killed server left
+            partial.unlink(missing_ok=True)
 
     def _path(self, session_id: str) -> Path:
         if not _SESSION_ID.match(session_id):
@@ -94,10 +97,18 @@ class FrameStore:
     def save(self, session_id: str, frame: Frame) -> None:
         path = self._path(session_id)
         partial = path.with_suffix(".partial")
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as file:
-            np.save(file, frame.pixels, allow_pickle=False)
-        os.replace(partial, path)
+        try:
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as file:
+                np.save(file, frame.pixels, allow_pickle=False)
+            os.replace(partial, path)
+        except OSError as error:
+            partial.unlink(missing_ok=True)
+            if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise InsufficientStorage(
+                    "no room on the server's disk for the session's last frame: "
+                    f"{error.strerror}") from None
+            raise
 
     def load(self, session_id: str) -> LastFrame | None:
         path = self._path(session_id)

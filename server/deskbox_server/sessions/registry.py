@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
+from ..errors import InsufficientStorage
 from ..schemas.sessions import Failure, SessionCreate, SessionState
 from .lifecycle import LIVE_STATES, Idempotency, SessionRecord
 from .listing import SessionQuery
@@ -139,7 +140,15 @@ class Registry:
 
     async def _call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+        try:
+            return await loop.run_in_executor(
+                self._executor, functools.partial(fn, *args, **kwargs))
+        except sqlite3.OperationalError as error:
+            if error.sqlite_errorcode != sqlite3.SQLITE_FULL:
+                raise
+            raise InsufficientStorage(
+                "no room on the server's disk: the session registry cannot be written "
+                f"({error})") from None
 
     @property
     def db(self) -> sqlite3.Connection:

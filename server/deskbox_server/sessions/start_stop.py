@@ -10,11 +10,11 @@ import time
 from collections.abc import Callable
 
 from ..engines import AnyEngine, SessionSpec
-from ..errors import DeskboxError
+from ..errors import DeskboxError, InsufficientStorage
 from ..schemas.sessions import SessionState as S
 from .context import SessionContext
 from .desktop import DEFAULT_CALL_TIMEOUT_S, AnyDesktop, Desktop
-from .lifecycle import LIVE_STATES
+from .lifecycle import LIVE_STATES, SessionRecord
 from .live import LiveSession
 
 __all__ = ["end", "start"]
@@ -58,13 +58,15 @@ async def start(
 async def end(
     live: LiveSession, context: SessionContext, failure: str | None,
     stop_timeout_s: float, removals: set[asyncio.Task[None]],
-) -> None:
-    """Stop (``failure`` None) or fail a session and destroy its desktop.
+) -> bool:
+    """Stop (``failure`` None) or fail a session and destroy its desktop; whether its
+    final record reached the registry (not on a full disk: the caller saves it later).
 
     Bounded: a desktop not removed within ``stop_timeout_s`` leaves the session failed (its
     removal goes on in the background, in ``removals``), never stuck in ``stopping``.
     """
     record = live.record
+    saved = True
     # The state changes first, with no await before it: callers see it at once.
     if record.state in LIVE_STATES and record.state is not S.stopping:
         if failure is None:
@@ -72,7 +74,7 @@ async def end(
         else:
             record.transition(S.failed, failure)
             log.warning("session %s failed: %s", record.id, failure)
-        await context.registry.save(record)
+        saved = await _save(context, record)
         context.publish(record)
     await context.recordings.end(record.id, "the session ended")
     await context.unwatch(record.id)  # before the browser goes with the desktop
@@ -80,43 +82,60 @@ async def end(
         live.handoff.close()
     if live.handle is None:
         context.volumes.detach(record.id)  # a start that failed removed its sandbox
-    elif not await _remove(
+    elif (reason := await _remove(
         live.handle, record.id, stop_timeout_s, removals,
         lambda: context.volumes.detach(record.id),
-    ):
-        reason = (f"the desktop was not removed within {stop_timeout_s:g} s; its removal "
-                  "goes on")
+    )) is not None:
         log.error("session %s: %s", record.id, reason)
         if record.state is S.stopping:
             record.transition(S.failed, reason)
-            await context.registry.save(record)
+            saved = await _save(context, record)
             context.publish(record)
     if record.state is S.stopping:
         record.transition(S.stopped)
-        await context.registry.save(record)
+        saved = await _save(context, record)
         context.publish(record)
+    return saved
+
+
+async def _save(context: SessionContext, record: SessionRecord) -> bool:
+    """Save an ending session's record; a registry that cannot be written (a full disk)
+    must not keep its sandbox alive: the end goes on, the record kept in memory."""
+    try:
+        await context.registry.save(record)
+    except InsufficientStorage as error:
+        log.error("session %s: its %s state is not saved yet: %s", record.id,
+                  record.state.value, error.message)
+        return False
+    return True
 
 
 async def _remove(
     handle: AnyDesktop, session_id: str, timeout_s: float,
     removals: set[asyncio.Task[None]], removed: Callable[[], None],
-) -> bool:
-    """Destroy the desktop, then call ``removed``; False if that took more than
-    ``timeout_s`` (it goes on in the background, and the manager's shutdown gives it one
-    more bounded wait)."""
-    removal = asyncio.create_task(_destroy(handle, session_id, removed))
+) -> str | None:
+    """Destroy the desktop, then call ``removed``; why the sandbox may still be there: its
+    removal failed, or took more than ``timeout_s`` (it goes on in the background, and the
+    manager's shutdown gives it one more bounded wait)."""
+    problems: list[str] = []
+    removal = asyncio.create_task(_destroy(handle, session_id, removed, problems))
     done, _ = await asyncio.wait({removal}, timeout=timeout_s)
     if done:
-        return True
+        return problems[0] if problems else None
     removals.add(removal)
     removal.add_done_callback(removals.discard)
-    return False
+    return f"the desktop was not removed within {timeout_s:g} s; its removal goes on"
 
 
-async def _destroy(handle: AnyDesktop, session_id: str, removed: Callable[[], None]) -> None:
+async def _destroy(
+    handle: AnyDesktop, session_id: str, removed: Callable[[], None], problems: list[str],
+) -> None:
     try:
         await handle.destroy()
-    except Exception:
+    except Exception as error:
         log.exception("destroying session %s", session_id)
+        detail = error.message if isinstance(error, DeskboxError) else repr(error)
+        problems.append(f"its sandbox could not be removed ({detail}); the next start of "
+                        "the server removes it")
     finally:
         removed()

@@ -1,0 +1,95 @@
+"""The server's own disk full (its state directory): writes answer 507, and a delete still
+removes the desktop.
+
+Before, every write was a 500 (SQLite's "database or disk is full"), and a delete left the
+session stuck in `stopping` with its sandbox running, which the next server adopted again.
+A real server (local engine: real Xvfb, Chromium and agent processes) on a state directory
+that is a small tmpfs of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deskbox_server.settings import Settings
+
+from ..api.conftest import DISPLAY, KEY_A, running_server
+from ..api.helpers import assert_error
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    mount = tmp_path / "state"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "deskbox-test", mount],
+                   check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", mount], check=False)
+
+
+def _fill(directory: Path) -> Path:
+    filler = directory / "filler"
+    chunk = b"\0" * (1 << 16)
+    with filler.open("wb") as file:
+        try:
+            while True:
+                file.write(chunk)
+                file.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+
+
+def test_a_full_state_dir_answers_507_and_a_delete_still_removes_the_desktop(
+    small_disk: Path,
+) -> None:
+    settings = Settings(state_dir=small_disk, api_keys=[KEY_A], backends=["local"],
+                        default_backend="local", reaper_interval_s=0.2)
+    with running_server(settings) as server, server.client() as http:
+        created = http.post("/v1/sessions", json={"display": DISPLAY})
+        assert created.status_code == 201, created.text
+        sid = created.json()["id"]
+        pids = server.handle(sid).sandbox.processes.pids()
+        assert pids and all(_alive(pid) for pid in pids)
+
+        filler = _fill(small_disk)
+        try:
+            for answer in (http.post(f"/v1/sessions/{sid}/keepalive"),
+                           http.post("/v1/sessions", json={"display": DISPLAY})):
+                message = assert_error(answer, 507, "insufficient_storage")["message"]
+                assert "no room on the server's disk" in message, message
+            # The session itself still answers.
+            shot = http.post(f"/v1/sessions/{sid}/actions", json={"type": "screen_size"})
+            assert shot.status_code == 200, shot.text
+
+            assert http.delete(f"/v1/sessions/{sid}").status_code == 204
+            deadline = time.monotonic() + 15
+            while any(_alive(pid) for pid in pids):
+                assert time.monotonic() < deadline, "the desktop outlived its delete"
+                time.sleep(0.1)
+            assert http.get(f"/v1/sessions/{sid}").json()["state"] == "stopped"
+        finally:
+            filler.unlink()
+        # Once there is room, the registry takes the end it could not (a reaper pass); the
+        # refused create made no session.
+        deadline = time.monotonic() + 10
+        while (listed := [(s["id"], s["state"]) for s in
+                          http.get("/v1/sessions").json()["sessions"]]) != [(sid, "stopped")]:
+            assert time.monotonic() < deadline, listed
+            time.sleep(0.1)
