@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -230,6 +231,49 @@ def test_a_killed_servers_container_is_adopted_by_the_next(podman: Podman, base:
         assert shot.status_code == 200, shot.text
     # A server's shutdown ends its sessions, and their containers.
     assert name not in containers(podman)
+
+
+def test_a_delete_while_the_daemon_is_down_says_so_and_the_next_start_removes_it(
+    podman: Podman, base: Path,
+) -> None:
+    """The Engine API gone when a session is deleted: the delete answers, the session says
+    its container could not be removed (it was reported `stopped` while the container ran
+    on), and the next server start removes the container."""
+    own = base / "second-service"
+    own.mkdir()
+    second = Podman(f"unix://{own}/podman.sock", podman.storage, own / "service.log")
+
+    def service() -> subprocess.Popen[bytes]:
+        started = subprocess.Popen(
+            ["podman", *podman.storage, "system", "service", "--time", "0", second.url],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while not (own / "podman.sock").exists():
+            assert started.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        return started
+
+    daemon = service()
+    state_dir, log = base / "outage-state", base / "outage.log"
+    try:
+        with docker_server(second, state_dir, log) as running:
+            made = create(running.client)
+            name = container_name(running, made, podman)
+            daemon.kill()
+            daemon.wait()
+            (own / "podman.sock").unlink(missing_ok=True)
+            assert running.client.delete(f"/v1/sessions/{made['id']}").status_code == 204
+            ended = running.client.get(f"/v1/sessions/{made['id']}").json()
+            assert ended["state"] == "failed", ended
+            assert "could not be removed" in ended["failure"]["reason"] or \
+                "not removed within" in ended["failure"]["reason"], ended
+            daemon = service()
+        assert name in containers(podman)  # the daemon never heard of the delete
+        with docker_server(second, state_dir, log):
+            assert name not in containers(podman)  # an orphan of the server: removed at start
+    finally:
+        daemon.kill()
+        daemon.wait()
 
 
 def test_a_server_whose_engine_api_does_not_answer_says_so(tmp_path: Path) -> None:

@@ -324,13 +324,15 @@ class Desktop(Generic[S]):
         try:
             await self.engine.stop(self.sandbox)
             await self.engine.kill(self.sandbox)
-        finally:
-            # Whatever failed above (a container engine that does not answer), the stream
-            # is closed and the removal tried: it is what deletes the sandbox, or raises.
-            try:
-                await self.let_go()
-            finally:  # a stream that fails to close must not leave the sandbox behind
-                await self.engine.destroy(self.sandbox)
+        except Exception as error:
+            # A container engine that does not answer: the removal below is tried all the
+            # same, and it is what says whether the sandbox is gone (it raises if not).
+            log.warning("%s: stopping it failed (%s); removing it all the same",
+                        self.sandbox.label, getattr(error, "message", repr(error)))
+        try:
+            await self.let_go()
+        finally:  # a stream that fails to close must not leave the sandbox behind
+            await self.engine.destroy(self.sandbox)
 
 
 AnyDesktop = Desktop[Any]

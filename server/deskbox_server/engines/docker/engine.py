@@ -186,9 +186,11 @@ class DockerEngine(Engine[DockerSandbox]):
         self._sandboxes.pop(sandbox.session_id, None)
         try:
             await self.daemon.remove(sandbox.container_id or sandbox.name)
-        except DeskboxError as error:
+        except DaemonRefused as error:
             # Never raised for a dead sandbox: what is left goes at the next orphan sweep.
             log.warning("removing %s: %s", sandbox.label, error)
+        # A daemon that does not answer raises (SessionFailed): the container may run on,
+        # and the session says so; the next start's orphan sweep removes it.
         await asyncio.to_thread(shutil.rmtree, sandbox.socket_dir, True)
 
     async def adopt(self, session_id: str) -> DockerSandbox:
