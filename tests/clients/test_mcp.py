@@ -158,6 +158,13 @@ async def _exercise(client: ClientSession, server: Server, created_ids: list[str
     assert "outside" in off_screen
     wrong_type = await call(client, "move", session_id=session_id, x="left", y=1)
     assert wrong_type.is_error
+    # An id that is not one path segment never reaches another route (a delete of
+    # "<id>/control" handed a human's control back), nor does an empty one.
+    for bad_id in (f"{session_id}/control", "", ".."):
+        refused = error_text(await call(client, "delete_session", session_id=bad_id))
+        assert "not an id or name" in refused, refused
+    assert "cannot be scaled to 0x0" in error_text(await call(
+        client, "screenshot", session_id=session_id, width=0, height=0))
     batch = await call(client, "act", session_id=session_id, actions=[
         {"type": "move", "x": 20, "y": 30}, {"type": "cursor_position"}])
     assert json.loads(ok_text(batch)) == {"results": [{}, {"x": 20, "y": 30}]}

@@ -58,6 +58,15 @@ ScreenshotOption = bool | Mapping[str, Any] | None
 TokenScope = Literal["view", "control", "cdp"]
 
 
+def path_segment(value: str) -> str:
+    """An id or name as one segment of a URL path. Refused (ValueError) where it would not
+    stay one: the server decodes %2F before routing, so ``"<id>/control"`` reached another
+    route (a delete of the session handed its control back instead)."""
+    if not value or "/" in value or value in (".", ".."):
+        raise ValueError(f"not an id or name: {value!r}")
+    return quote(value, safe="")
+
+
 @dataclass(frozen=True)
 class Call:
     """One HTTP request, described: what the sync and async clients send."""
@@ -246,7 +255,7 @@ class SessionBase(Generic[C]):
 
     @property
     def _path(self) -> str:
-        return f"/v1/sessions/{quote(self.id, safe='')}"
+        return f"/v1/sessions/{path_segment(self.id)}"
 
     def _update(self, body: Any) -> None:
         if isinstance(body, dict) and "id" in body and "state" in body:
@@ -537,7 +546,7 @@ def create_call(
 
 
 def get_call(session_id: str, timeout: float | None) -> Call:
-    return Call("GET", f"/v1/sessions/{quote(session_id, safe='')}", timeout=timeout)
+    return Call("GET", f"/v1/sessions/{path_segment(session_id)}", timeout=timeout)
 
 
 LIST_PAGE = 1000  # the server's largest page
@@ -576,11 +585,11 @@ class SessionPages:
 
 
 def delete_call(session_id: str, timeout: float | None) -> Call:
-    return Call("DELETE", f"/v1/sessions/{quote(session_id, safe='')}", timeout=timeout)
+    return Call("DELETE", f"/v1/sessions/{path_segment(session_id)}", timeout=timeout)
 
 
 def snapshot_get_call(snapshot_id: str, timeout: float | None) -> Call:
-    return Call("GET", f"/v1/snapshots/{quote(snapshot_id, safe='')}", timeout=timeout)
+    return Call("GET", f"/v1/snapshots/{path_segment(snapshot_id)}", timeout=timeout)
 
 
 def snapshot_list_call(timeout: float | None) -> Call:
@@ -588,11 +597,11 @@ def snapshot_list_call(timeout: float | None) -> Call:
 
 
 def snapshot_delete_call(snapshot_id: str, timeout: float | None) -> Call:
-    return Call("DELETE", f"/v1/snapshots/{quote(snapshot_id, safe='')}", timeout=timeout)
+    return Call("DELETE", f"/v1/snapshots/{path_segment(snapshot_id)}", timeout=timeout)
 
 
 def snapshot_pool_call(snapshot_id: str, size: int, timeout: float | None) -> Call:
-    return Call("PUT", f"/v1/snapshots/{quote(snapshot_id, safe='')}/pool",
+    return Call("PUT", f"/v1/snapshots/{path_segment(snapshot_id)}/pool",
                 json={"size": size}, timeout=timeout)
 
 
@@ -608,7 +617,7 @@ def secret_list_call(timeout: float | None) -> Call:
 
 
 def secret_delete_call(name: str, timeout: float | None) -> Call:
-    return Call("DELETE", f"/v1/secrets/{quote(name, safe='')}", timeout=timeout)
+    return Call("DELETE", f"/v1/secrets/{path_segment(name)}", timeout=timeout)
 
 
 def volume_create_call(name: str, size_mb: int, timeout: float | None) -> Call:
@@ -617,7 +626,7 @@ def volume_create_call(name: str, size_mb: int, timeout: float | None) -> Call:
 
 
 def volume_get_call(name: str, timeout: float | None) -> Call:
-    return Call("GET", f"/v1/volumes/{quote(name, safe='')}", timeout=timeout)
+    return Call("GET", f"/v1/volumes/{path_segment(name)}", timeout=timeout)
 
 
 def volume_list_call(timeout: float | None) -> Call:
@@ -625,7 +634,7 @@ def volume_list_call(timeout: float | None) -> Call:
 
 
 def volume_delete_call(name: str, timeout: float | None) -> Call:
-    return Call("DELETE", f"/v1/volumes/{quote(name, safe='')}", timeout=timeout)
+    return Call("DELETE", f"/v1/volumes/{path_segment(name)}", timeout=timeout)
 
 
 def volume_of(body: Any) -> Volume:

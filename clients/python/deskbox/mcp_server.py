@@ -65,6 +65,8 @@ def _tool_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
             return await fn(*args, **kwargs)
         except DeskboxError as error:
             raise ToolError(str(error)) from error
+        except ValueError as error:  # an argument the SDK refuses (an empty id)
+            raise ToolError(str(error)) from error
 
     return call
 
@@ -282,6 +284,8 @@ class DeskboxTools:
         """The screen now, as an image."""
         if (width is None) != (height is None):
             raise ToolError("give both width and height to scale the screenshot, or neither")
+        if width is not None and height is not None and (width < 1 or height < 1):
+            raise ToolError(f"a screenshot cannot be scaled to {width}x{height}")
         session = self._session(session_id)
         scale = (width, height) if width and height else None
         data = await session.screenshot(format=format, scale=scale)
