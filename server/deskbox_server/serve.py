@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from socket import socket
-from typing import Literal
+from typing import Any, Literal
 
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -28,7 +28,7 @@ from .errors import DeskboxError
 from .logs import LogFormat, configure_logging
 from .settings import Settings
 
-__all__ = ["Banner", "banner", "run"]
+__all__ = ["Banner", "banner", "run", "websocket_options"]
 
 log = logging.getLogger("deskbox.serve")
 
@@ -112,6 +112,21 @@ class _Server(uvicorn.Server):
             await self.lifespan.shutdown()
 
 
+def websocket_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's websocket options for this server (the test suite's servers use them too).
+
+    uvicorn closes (1009) any message over ``ws_max_size``, 16 MiB by default, before the
+    app sees it: DevTools messages may be as large as ``cdp_max_message_bytes`` (64 MiB; a
+    Playwright ``set_input_files`` of 15 MB disconnected the browser). Each endpoint then
+    bounds its own (cdp.py; the actions websocket: ``max_request_bytes``)."""
+    return {
+        "ws": "websockets-sansio",
+        # Compression costs more than it saves on JPEG frames (ARCHITECTURE.md).
+        "ws_per_message_deflate": False,
+        "ws_max_size": max(settings.cdp_max_message_bytes, settings.max_request_bytes),
+    }
+
+
 class _PlainStartupFailure:
     """A start-up that fails for a reason of ours (another server on the state dir, an
     image that cannot be built or reached) is one line saying why, where uvicorn would log
@@ -160,9 +175,7 @@ def run(
         # (bench/README "A click, layer by layer"). The agent keeps asyncio's: uvloop needs
         # ssl, which would cost every session 1.3 MiB, for no gain measured there.
         loop="uvloop",
-        ws="websockets-sansio",
-        # Compression costs more than it saves on JPEG frames (ARCHITECTURE.md).
-        ws_per_message_deflate=False,
+        **websocket_options(settings),
         log_level=log_level.lower(),
         log_config=None,
         access_log=False,

@@ -25,6 +25,7 @@ from deskbox_server.api.deps import Services
 from deskbox_server.app import create_app
 from deskbox_server.engines.local.sandbox import LocalSandbox
 from deskbox_server.errors import DesktopFailed
+from deskbox_server.serve import websocket_options
 from deskbox_server.sessions.desktop import AnyDesktop
 from deskbox_server.settings import Settings
 
@@ -87,8 +88,7 @@ def running_server(settings: Settings) -> Iterator[Server]:
     app = create_app(settings)
     config = uvicorn.Config(
         app,
-        ws="websockets-sansio",
-        ws_per_message_deflate=False,
+        **websocket_options(settings),  # as `deskbox serve` has them
         log_level="warning",
         lifespan="on",
     )

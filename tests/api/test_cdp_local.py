@@ -105,3 +105,18 @@ def test_cdp_traffic_keeps_a_session_alive_and_sockets_are_capped(
             time.sleep(0.1)
     finally:
         client.delete(f"/v1/sessions/{other['id']}")
+
+
+def test_a_message_larger_than_uvicorns_default_reaches_the_browser(
+    session: dict[str, Any],
+) -> None:
+    """DevTools messages up to CDP_MAX_MESSAGE_BYTES (64 MiB) pass: uvicorn's own limit of
+    16 MiB closed larger ones (a Playwright upload of 15 MB files disconnected the browser)."""
+    headers = {"Authorization": f"Bearer {KEY_A}"}
+    with connect(session["urls"]["cdp_ws"], additional_headers=headers, max_size=None,
+                 open_timeout=10) as ws:
+        padding = "x" * (17 << 20)
+        ws.send(json.dumps({"id": 7, "method": "Browser.getVersion",
+                            "params": {"pad": padding}}))
+        answer = json.loads(ws.recv(timeout=30))
+    assert answer["id"] == 7 and answer["result"]["product"].startswith("Chrome/"), answer

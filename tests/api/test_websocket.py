@@ -111,3 +111,16 @@ def test_many_in_flight_keep_their_order(ws: ClientConnection) -> None:
     ws.send(json.dumps({"id": "last", "action": {"type": "screen_size"}}))
     assert reply(ws)[0] == {"id": "last", "ok": True,
                             "result": {"width": 1280, "height": 800}}
+
+
+def test_a_message_over_the_request_limit_is_refused_and_the_socket_goes_on(
+    ws: ClientConnection, server: Server,
+) -> None:
+    too_big = json.dumps({"id": 1, "action": {"type": "type",
+                                              "text": "x" * server.settings.max_request_bytes}})
+    ws.send(too_big)
+    refused, _ = reply(ws)
+    assert refused["ok"] is False and refused["error"]["type"] == "invalid_request"
+    assert "DESKBOX_MAX_REQUEST_BYTES" in refused["error"]["message"]
+    ws.send(json.dumps({"id": 2, "action": {"type": "cursor_position"}}))
+    assert reply(ws)[0]["ok"] is True

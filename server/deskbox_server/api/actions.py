@@ -190,9 +190,14 @@ async def actions_ws(websocket: WebSocket, session_id: str) -> None:
     tasks: set[asyncio.Task[Reply]] = set()
     timeout_s = services.settings.ws_send_timeout_s
 
+    largest = services.settings.max_request_bytes
+
     async def handle(text: str | None) -> Reply:
         if text is None:
             return _error_reply(None, InvalidRequest("send actions as JSON text messages"))
+        if len(text) > largest:  # characters: at most as many as its bytes
+            return _error_reply(None, InvalidRequest(
+                f"a message over {largest} bytes (DESKBOX_MAX_REQUEST_BYTES)"))
         return await _handle_message(services, owner, session_id, text)
 
     async def read_requests() -> None:
