@@ -197,6 +197,32 @@ def test_view_token_input_is_dropped(
         assert page.wait_for("click")
 
 
+def test_a_viewer_that_leaves_holding_a_key_and_a_button_lets_go_of_them(
+    client: httpx.Client, session: dict[str, Any], page: EventPage, origin: tuple[int, int],
+) -> None:
+    """A control viewer gone with Shift and the left button down: they are released, so
+    that the agent's keys and clicks come out as sent (its typing came out in capitals and
+    its click as a release only)."""
+    ox, oy = origin
+    token = issue(client, session["id"], "control")["token"]
+    with RfbViewer(vnc_url(session, token)) as viewer:
+        viewer.key(0xFFE1, True)  # Shift_L
+        viewer.pointer(ox + 150, oy + 150, 1)
+        viewer.full_frame()  # both reached the server before the viewer goes
+    time.sleep(1.0)  # the proxy lets go of them as the viewer leaves, before x11vnc stops
+    page.clear()
+    pressed = client.post(f"/v1/sessions/{session['id']}/actions",
+                          json={"type": "key", "keys": "a"})
+    assert pressed.status_code == 200, pressed.text
+    clicked = client.post(f"/v1/sessions/{session['id']}/actions",
+                          json={"type": "click", "x": 150, "y": 150})
+    assert clicked.status_code == 200, clicked.text
+    assert [(e["key"], e["shift"]) for e in page.wait_for("keydown")] == [("a", False)]
+    assert [e["type"] for e in page.wait_for("click")] == ["click"]
+    assert [e["type"] for e in page.events("mousedown", "mouseup", "click")] == [
+        "mousedown", "mouseup", "click"]
+
+
 def test_unknown_client_message_closes(client: httpx.Client, session: dict[str, Any]) -> None:
     token = issue(client, session["id"], "control")["token"]
     with RfbViewer(vnc_url(session, token)) as viewer:

@@ -39,6 +39,7 @@ _CLOSE_POLICY = 1008
 _CLOSE_SERVER_GONE = 1011
 CLOSE_TOO_SLOW = _CLOSE_POLICY
 _CLOSE_TIMEOUT_S = 1.0
+_RELEASE_SETTLE_S = 0.25  # x11vnc's turn is ~20 ms (-wait); a few of them
 
 
 @dataclass
@@ -231,6 +232,14 @@ async def run_proxy(
     finally:
         stats.messages = messages.forwarded
         stats.dropped = sum(messages.dropped.values())
+        if releases := messages.releases():
+            with contextlib.suppress(Exception):
+                writer.write(releases)
+                async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+                    await writer.drain()
+                # x11vnc queues pointer events for its next turn, and the hub stops it when
+                # its last viewer leaves: give it the time to apply them first.
+                await asyncio.sleep(_RELEASE_SETTLE_S)
         writer.close()
         with contextlib.suppress(Exception):
             await writer.wait_closed()

@@ -81,6 +81,10 @@ class ClientMessages:
     dropped: dict[int, int] = field(default_factory=dict)
     forwarded: int = 0
     _buffer: bytearray = field(default_factory=bytearray)
+    # What the viewer holds down now (keysyms; the button mask where the pointer is).
+    _keys_down: set[int] = field(default_factory=set)
+    _buttons: int = 0
+    _pointer: bytes = b"\0\0\0\0"
 
     def feed(self, data: bytes) -> bytes:
         """Bytes to pass to the server (whole messages only); RfbError on a bad message."""
@@ -98,8 +102,29 @@ class ClientMessages:
                 continue
             out += message
             self.forwarded += 1
+            if kind == KEY_EVENT:
+                keysym = int(struct.unpack_from(">I", message, 4)[0])
+                if message[1]:
+                    self._keys_down.add(keysym)
+                else:
+                    self._keys_down.discard(keysym)
+            elif kind == POINTER_EVENT:
+                self._buttons, self._pointer = message[1], message[2:6]
             if self.on_input is not None and kind in (KEY_EVENT, POINTER_EVENT):
                 self.on_input(message)
+        return bytes(out)
+
+    def releases(self) -> bytes:
+        """The messages that let go of what the viewer still holds down: a viewer that
+        went away with Shift or a button pressed left them pressed for the agent (its
+        typing came out in capitals, its clicks as releases only)."""
+        out = bytearray()
+        for keysym in sorted(self._keys_down):
+            out += struct.pack(">BBxxI", KEY_EVENT, 0, keysym)
+        if self._buttons:
+            out += bytes([POINTER_EVENT, 0]) + self._pointer
+        self._keys_down.clear()
+        self._buttons = 0
         return bytes(out)
 
     @property
