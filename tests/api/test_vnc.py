@@ -112,6 +112,43 @@ def test_issue_and_revoke_a_token(client: httpx.Client, session: dict[str, Any])
                  404, "not_found")
 
 
+def _closed_within(ws: Any, seconds: float) -> int | None:
+    """The close code once the server closed ``ws`` (reading what it sends meanwhile)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            ws.recv(timeout=0.2)
+        except TimeoutError:
+            continue
+        except ConnectionClosed:
+            code: int | None = ws.close_code
+            return code
+    return None
+
+
+def test_a_revoked_or_expired_token_ends_the_connections_it_opened(
+    client: httpx.Client, session: dict[str, Any],
+) -> None:
+    """A token is checked when a viewer or DevTools client connects, and again while it
+    stays connected: revoked or expired, the connection is closed (1008). They used to go
+    on, and a revoked control token kept driving the desktop."""
+    control = issue(client, session["id"], "control")
+    with RfbViewer(vnc_url(session, control["token"])) as viewer:
+        viewer.request(incremental=True)
+        gone = client.delete(f"/v1/sessions/{session['id']}/tokens/{control['id']}")
+        assert gone.status_code == 204
+        assert _closed_within(viewer.ws, 5) == 1008
+    cdp = issue(client, session["id"], "cdp", ttl_s=2)
+    with connect(session["urls"]["cdp_ws"] + "?token=" + cdp["token"], open_timeout=10) as ws:
+        ws.send(json.dumps({"id": 1, "method": "Browser.getVersion"}))
+        assert json.loads(ws.recv(timeout=10))["id"] == 1
+        assert _closed_within(ws, 6) == 1008  # its ttl of 2 s ran out
+    # An API key's connection is not a token's: it stays.
+    with connect(session["urls"]["cdp_ws"], open_timeout=10,
+                 additional_headers={"Authorization": f"Bearer {KEY_A}"}) as ws:
+        assert _closed_within(ws, 2.5) is None
+
+
 def test_token_requests_are_validated(
     server: Server, client: httpx.Client, session: dict[str, Any]
 ) -> None:

@@ -20,6 +20,7 @@ with a reason.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import re
@@ -37,7 +38,7 @@ from ..sessions.links import RESTART_CLOSE_CODE
 from .cdp_relay import RelayLimits, SessionBuffers, relay
 from .deps import Services, get_services
 from .errors import deskbox_error_response
-from .tokens import authorize
+from .tokens import TOKEN_ENDED, authorize, until_token_ends
 
 __all__ = ["rewrite_targets", "rewrite_version", "router"]
 
@@ -203,7 +204,22 @@ async def _proxy(websocket: WebSocket, session_id: str, target_id: str | None) -
         try:
             async with services.manager.links.hold(session_id, close_for_checkpoint):
                 await websocket.accept()
-                await relay(websocket, upstream, session.buffers, limits, touch, dropped)
+                relaying = asyncio.create_task(
+                    relay(websocket, upstream, session.buffers, limits, touch, dropped))
+                watch = asyncio.create_task(
+                    until_token_ends(services, websocket, session_id, "cdp"))
+                try:
+                    await asyncio.wait({relaying, watch}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    watch.cancel()
+                    if not relaying.done():  # the token ended: so does the connection
+                        relaying.cancel()
+                        with contextlib.suppress(BaseException):
+                            await relaying
+                        with contextlib.suppress(Exception):
+                            await websocket.close(1008, TOKEN_ENDED)
+                if not relaying.cancelled():
+                    relaying.result()  # its own errors, as before
         except Conflict as error:  # refused by hold(): the session is being checkpointed
             services.metrics.errors.inc(error.kind)
             await websocket.send_denial_response(deskbox_error_response(error))

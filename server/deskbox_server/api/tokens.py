@@ -8,18 +8,20 @@ key in the bearer header (which holds every scope).
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
 
 from fastapi import APIRouter, Request, Response
 from starlette.requests import HTTPConnection
 
-from ..errors import Unauthorized
+from ..errors import DeskboxError, Unauthorized
 from ..schemas.tokens import TokenCreate, TokenIssued
 from ..sessions.tokens import Scope, looks_like_token
 from .deps import Caller, Services, get_services
 
-__all__ = ["Grant", "authorize", "presented_token", "router"]
+__all__ = ["Grant", "authorize", "presented_token", "router", "until_token_ends"]
 
 router = APIRouter(prefix="/v1/sessions/{session_id}/tokens", tags=["tokens"])
 
@@ -54,6 +56,35 @@ class Grant:
     owner: str
     scope: Scope
     token_id: str | None  # None: the owner's API key itself
+
+
+# How often a live connection's session token is looked at again (revoked?): a dict
+# lookup here; in a fleet a read of the cluster's records, so less often.
+_RECHECK_S, _RECHECK_SHARED_S = 1.0, 10.0
+TOKEN_ENDED = "the session token was revoked or expired"
+
+
+async def until_token_ends(
+    services: Services, connection: HTTPConnection, session_id: str,
+    scopes: Scope | Collection[Scope],
+) -> str:
+    """Returns once the session token the connection was opened with no longer holds
+    (revoked, expired), with the reason to close it with; never for an API key (a
+    connection opened with one lasts as long as the key is configured).
+
+    A token is checked when a connection opens; one kept open (a viewer, a DevTools
+    client) outlived its revocation and its expiry."""
+    credential = presented_token(connection)
+    if credential is None or not looks_like_token(credential):
+        await asyncio.Event().wait()  # forever: the caller cancels it
+    assert credential is not None
+    every = _RECHECK_SHARED_S if services.tokens.shared else _RECHECK_S
+    while True:
+        try:
+            record = await services.tokens.verify(credential, session_id, scopes)
+        except DeskboxError:
+            return TOKEN_ENDED
+        await asyncio.sleep(max(0.0, min(every, record.expires_at - time.time()) + 0.01))
 
 
 def presented_token(connection: HTTPConnection) -> str | None:

@@ -29,7 +29,7 @@ from ..vnc.proxy import handshake_server, run_proxy
 from ..vnc.rfb import RfbError
 from .deps import get_services
 from .errors import deskbox_error_response
-from .tokens import authorize
+from .tokens import authorize, until_token_ends
 
 __all__ = ["NOVNC_PATH", "STATIC_PATH", "ViewStatus", "mount_assets", "router"]
 
@@ -137,6 +137,7 @@ async def vnc_ws(websocket: WebSocket, session_id: str) -> None:
                     max_buffer=services.settings.vnc_viewer_buffer_bytes,
                     send_timeout_s=services.settings.ws_send_timeout_s,
                     on_input=lambda message: session.human_input(viewer_id, source, message),
+                    ends=until_token_ends(services, websocket, session_id, _VIEW_SCOPES),
                 )
             finally:
                 session.human_left(viewer_id)

@@ -85,6 +85,11 @@ class TokenStore:
     def __len__(self) -> int:
         return len(self._by_digest)
 
+    @property
+    def shared(self) -> bool:
+        """Whether looking a token up asks the fleet's records (a call to the cluster)."""
+        return self._shared is not None
+
     async def issue(
         self, owner: str, session_id: str, scope: Scope, ttl_s: float
     ) -> tuple[str, SessionToken]:

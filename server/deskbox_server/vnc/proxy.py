@@ -20,8 +20,9 @@ import asyncio
 import contextlib
 import logging
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
@@ -165,15 +166,20 @@ async def run_proxy(
     max_buffer: int = 32 << 20,
     send_timeout_s: float = 30.0,
     on_input: Callable[[bytes], None] | None = None,
+    ends: Coroutine[Any, Any, str] | None = None,
 ) -> ProxyStats:
     """Serve one accepted websocket until either side closes; closes both. ``on_input``
-    sees each key and pointer message passed to the server."""
+    sees each key and pointer message passed to the server; ``ends`` returns the reason to
+    close the viewer with (1008) when it may no longer watch (its token revoked)."""
     stats = ProxyStats()
     viewer = _ViewerStream(websocket)
     messages = ClientMessages(allow_input=allow_input, max_cut_text=max_cut_text,
                               on_input=on_input)
     outbox = _Outbox(max_buffer)
     close_code, reason = 1000, ""
+    # Started at once: a coroutine given and never awaited (a failed handshake) would warn.
+    watch: asyncio.Task[Any] = asyncio.create_task(
+        ends if ends is not None else asyncio.Event().wait())
 
     async def upstream() -> None:
         while True:
@@ -204,16 +210,19 @@ async def run_proxy(
         down = asyncio.create_task(downstream())
         out = asyncio.create_task(deliver())
         try:
-            running = {up, down, out}
+            running: set[asyncio.Task[Any]] = {up, down, out, watch}
             while running:
                 done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                if watch in done:
+                    close_code, reason = _CLOSE_POLICY, str(watch.result())
+                    break
                 # The server's end of stream is final once the viewer has had what came before.
                 if done != {down} or down.exception() is not None:
                     break
         finally:
-            for task in (up, down, out):
+            for task in (up, down, out, watch):
                 task.cancel()
-            await asyncio.gather(up, down, out, return_exceptions=True)
+            await asyncio.gather(up, down, out, watch, return_exceptions=True)
         for task in (up, down, out):
             error = None if task.cancelled() else task.exception()
             if isinstance(error, RfbError | ViewerTooSlow):
@@ -230,6 +239,7 @@ async def run_proxy(
     except (WebSocketDisconnect, ConnectionError, TimeoutError):
         pass
     finally:
+        watch.cancel()
         stats.messages = messages.forwarded
         stats.dropped = sum(messages.dropped.values())
         if releases := messages.releases():
