@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -270,3 +271,30 @@ def test_a_server_whose_engines_cannot_fork_makes_no_fork_scratch(server: Server
     prefix = scratch_prefix(server.settings.state_dir, "fork")
     assert Path(server.settings.scratch_dir).is_dir()
     assert not list(Path(server.settings.scratch_dir).glob(prefix + "*"))
+
+
+def test_a_call_cut_short_by_a_delete_is_a_409_not_a_failure(
+    server: Server, client: httpx.Client,
+) -> None:
+    """An action in flight when its session is deleted answers 409 `conflict`: it used to
+    be a 502 `session_failed` about the agent's stream, for a session that ends `stopped`."""
+    created = client.post("/v1/sessions", json={"display": {"width": 320, "height": 240}})
+    assert created.status_code == 201, created.text
+    sid = created.json()["id"]
+    answers: list[httpx.Response] = []
+
+    def wait_long() -> None:
+        with server.client() as own:
+            answers.append(own.post(f"/v1/sessions/{sid}/actions",
+                                    json={"type": "wait", "ms": 5000}))
+
+    waiting = threading.Thread(target=wait_long)
+    waiting.start()
+    time.sleep(0.5)
+    assert client.delete(f"/v1/sessions/{sid}").status_code == 204
+    waiting.join(30)
+    [answer] = answers
+    message = assert_error(answer, 409, "conflict")["message"]
+    assert f"session {sid} was stopped while the call ran" in message
+    ended = client.get(f"/v1/sessions/{sid}").json()
+    assert (ended["state"], ended["failure"]) == ("stopped", None)

@@ -700,6 +700,10 @@ class SessionManager:
     async def _fail_soon(self, live: LiveSession, reason: str) -> DeskboxError | None:
         """Fail the session; in a fleet, first ask whether another server ended it (its
         desktop is gone because of that): let it go then, and return what to raise."""
+        if live.record.state in (S.stopping, S.stopped):
+            # Its desktop went because the session was deleted (or stopped idle): a call
+            # cut short by that is no failure of the session, which ends stopped.
+            return Conflict(f"session {live.record.id} was stopped while the call ran")
         if live.stop_task is None and self._fleet is not None:
             ended = await self._fleet.ended_elsewhere(live.record.id)
             if ended is not None:
