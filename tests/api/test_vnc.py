@@ -566,3 +566,14 @@ def test_uvicorn_websocket_lines_are_redacted() -> None:
     assert RedactTokens().filter(record)
     assert "dbt_abc" not in record.getMessage() and "token=[redacted]&x=1" in record.getMessage()
     assert "dbt_abc" not in record.color_message
+
+
+def test_no_token_for_a_session_that_ended(client: httpx.Client) -> None:
+    """A token's link would open nothing once the session ended: 404, as every other call
+    on it (a model's view_url used to hand out such links)."""
+    created = client.post("/v1/sessions", json={"display": {"width": 320, "height": 240}})
+    assert created.status_code == 201, created.text
+    sid = created.json()["id"]
+    assert client.delete(f"/v1/sessions/{sid}").status_code == 204
+    refused = client.post(f"/v1/sessions/{sid}/tokens", json={"scope": "view"})
+    assert f"session {sid} is stopped" in assert_error(refused, 404, "not_found")["message"]

@@ -143,6 +143,14 @@ def test_transport_failures_are_deskbox_errors() -> None:
         with pytest.raises(deskbox.APITimeoutError):
             box.sessions.get("x", timeout=0.5)
 
+    def silent(request: httpx.Request) -> httpx.Response:  # httpx's own carry no text
+        raise httpx.ReadTimeout("", request=request)
+
+    with Deskbox("http://deskbox.test", "k", transport=httpx.MockTransport(silent)) as box:
+        with pytest.raises(deskbox.APITimeoutError) as raised:
+            box.sessions.get("x", timeout=0.5)
+    assert "no answer in time: ReadTimeout" in str(raised.value)
+
 
 def test_requests_carry_the_key_and_the_per_call_timeout() -> None:
     seen: list[httpx.Request] = []

@@ -169,9 +169,12 @@ def _kind_for(status: int) -> str:
 
 
 def transport_error(error: httpx.TransportError | OSError | TimeoutError) -> APIConnectionError:
+    # httpx's and asyncio's timeouts often carry no text: say which kind it was.
+    detail = str(error) or type(error).__name__
     if isinstance(error, httpx.TimeoutException | TimeoutError):
-        return APITimeoutError(f"no answer in time: {error}")
-    return APIConnectionError(f"could not reach the Deskbox server: {error}")
+        return APITimeoutError(f"no answer in time: {detail} (raise the client's timeout for "
+                               "long calls)")
+    return APIConnectionError(f"could not reach the Deskbox server: {detail}")
 
 
 def ws_error(error: Mapping[str, Any]) -> APIError:

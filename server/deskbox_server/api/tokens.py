@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Request, Response
 from starlette.requests import HTTPConnection
 
-from ..errors import DeskboxError, Unauthorized
+from ..errors import DeskboxError, NotFound, Unauthorized
 from ..schemas.tokens import TokenCreate, TokenIssued
+from ..sessions.lifecycle import LIVE_STATES
 from ..sessions.tokens import Scope, looks_like_token
 from .deps import Caller, Services, get_services
 
@@ -31,7 +32,10 @@ async def issue_token(
     request: Request, caller: Caller, session_id: str, body: TokenCreate
 ) -> TokenIssued:
     services = get_services(request)
-    await services.manager.get(caller.key_id, session_id)  # 404 unless the caller owns it
+    session = await services.manager.get(caller.key_id, session_id)  # 404 unless it's theirs
+    if session.state not in LIVE_STATES:
+        # Its link would open nothing: a viewer or DevTools client is refused at once.
+        raise NotFound(f"session {session_id} is {session.state.value}")
     token, record = await services.tokens.issue(caller.key_id, session_id, body.scope, body.ttl_s)
     return TokenIssued(
         id=record.id, token=token, scope=record.scope, session_id=session_id,
