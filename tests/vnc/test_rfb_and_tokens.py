@@ -8,7 +8,7 @@ import pytest
 
 from deskbox_server.errors import Forbidden, NotFound, Unauthorized
 from deskbox_server.sessions.tokens import TokenStore
-from deskbox_server.vnc.rfb import ClientMessages, RfbError, client_version
+from deskbox_server.vnc.rfb import MAX_HELD_KEYS, ClientMessages, RfbError, client_version
 
 from ..fleet_table import FleetTable
 
@@ -113,3 +113,15 @@ async def test_a_fleets_tokens_open_and_close_through_every_server() -> None:
     now[0] += 5
     with pytest.raises(Unauthorized):
         await one.verify(short, "ses_1", "view")
+
+
+def test_what_a_viewer_holds_is_released_and_bounded() -> None:
+    messages = ClientMessages(allow_input=True)
+    downs = b"".join(struct.pack(">BBxxI", 4, 1, 0x10000 + k) for k in range(100))
+    messages.feed(downs + struct.pack(">BBxxI", 4, 0, 0x10000) + bytes([5, 1, 0, 10, 0, 20]))
+    releases = messages.releases()
+    keys = [struct.unpack_from(">BBxxI", releases, i) for i in range(0, len(releases) - 6, 8)]
+    assert len(keys) == MAX_HELD_KEYS - 1 and all(down == 0 for _, down, _ in keys)
+    assert 0x10000 not in {keysym for _, _, keysym in keys}  # it was let go already
+    assert releases[-6:] == bytes([5, 0, 0, 10, 0, 20])  # the button, where it was pressed
+    assert messages.releases() == b""

@@ -34,6 +34,7 @@ ENABLE_CONTINUOUS_UPDATES = 150
 CLIENT_FENCE = 248
 SET_DESKTOP_SIZE = 251
 INPUT_TYPES = frozenset({KEY_EVENT, POINTER_EVENT, CLIENT_CUT_TEXT})
+MAX_HELD_KEYS = 64  # released when a viewer leaves; a keyboard holds far fewer
 MAX_ENCODINGS = 1024
 MAX_FENCE_PAYLOAD = 64
 MAX_SCREENS = 64
@@ -105,7 +106,9 @@ class ClientMessages:
             if kind == KEY_EVENT:
                 keysym = int(struct.unpack_from(">I", message, 4)[0])
                 if message[1]:
-                    self._keys_down.add(keysym)
+                    # Bounded: a hostile viewer presses any number of distinct keysyms.
+                    if len(self._keys_down) < MAX_HELD_KEYS:
+                        self._keys_down.add(keysym)
                 else:
                     self._keys_down.discard(keysym)
             elif kind == POINTER_EVENT:
