@@ -14,7 +14,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -529,6 +529,57 @@ def test_a_hibernated_session_survives_a_killed_server(tmp_path: Path) -> None:
         assert resumed.status_code == 200, resumed.text
         act = http.post(f"/v1/sessions/{sid}/actions", json={"type": "click", "x": 5, "y": 5})
         assert act.status_code == 200, act.text
+        assert http.delete(f"/v1/sessions/{sid}").status_code == 204
+
+
+def test_a_resume_cut_short_by_a_killed_server_leaves_the_session_hibernated(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL while a resume restores the sandbox (CRIU has restored it, the server has not
+    let it run): the session was never said to run again and its checkpoint is whole, so
+    the next server discards the half-restored copy and keeps the session hibernated. It
+    lost it, and its checkpoint, before ("… runs: it is no checkpoint")."""
+    from ..api.test_container_restart import serve
+
+    state_dir, log = tmp_path / "state", tmp_path / "server.log"
+    with serve(state_dir, log) as (first, http):
+        created = http.post("/v1/sessions", json={"display": DISPLAY})
+        assert created.status_code == 201, created.text
+        sid = created.json()["id"]
+        started = http.post(f"/v1/sessions/{sid}/exec",
+                            json={"cmd": ["sleep", "1000"], "background": True})
+        assert started.status_code == 200, started.text
+        pid = started.json()["pid"]
+        paused = http.post(f"/v1/sessions/{sid}/pause", json={"mode": "hibernate"},
+                           timeout=120)
+        assert paused.status_code == 200, paused.text
+
+        def resume() -> None:
+            with suppress(httpx.TransportError):
+                http.post(f"/v1/sessions/{sid}/resume", timeout=120)
+
+        resuming = threading.Thread(target=resume)
+        resuming.start()
+        # runc writes the container's state once CRIU has restored it; the server then
+        # seals and publishes it (tens of ms) before it lets it run and drops the archive.
+        deadline = time.monotonic() + 60
+        while not list(Path("/run/runc").glob(f"*-{sid}/state.json")):
+            assert time.monotonic() < deadline, "the resume never restored the sandbox"
+            time.sleep(0.001)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        resuming.join(30)
+    archive = state_dir / "sessions" / sid / "hibernate" / "images.tar.zst"
+    assert archive.is_file()
+    with serve(state_dir, log) as (second, http):
+        session = http.get(f"/v1/sessions/{sid}").json()
+        assert session["state"] == "hibernated", session
+        assert "discarding a restore the previous server did not finish" in log.read_text()
+        resumed = http.post(f"/v1/sessions/{sid}/resume", timeout=120)
+        assert resumed.status_code == 200, resumed.text
+        alive = http.post(f"/v1/sessions/{sid}/exec", json={"cmd": ["kill", "-0", str(pid)]})
+        assert alive.status_code == 200 and alive.json()["exit_code"] == 0, alive.text
+        assert not list((state_dir / "sessions" / sid).glob("restore-*"))
         assert http.delete(f"/v1/sessions/{sid}").status_code == 204
 
 

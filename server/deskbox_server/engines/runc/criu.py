@@ -156,9 +156,7 @@ class DumpStats:
 
 
 def archive_path(sandbox: RuncSandbox) -> Path:
-    """Where a hibernated sandbox's images are kept (zstd tar, mode 0600): in its session
-    directory (mode 0700), so that destroying the session removes them."""
-    return sandbox.session_dir / "hibernate" / "images.tar.zst"
+    return sandbox.hibernate_archive
 
 
 def _runc_criu(runc: Runc, criu: Criu, *args: str) -> subprocess.CompletedProcess[bytes]:

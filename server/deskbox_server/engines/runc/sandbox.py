@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import re
 import resource
@@ -89,6 +90,8 @@ __all__ = [
     "RuncSandbox",
     "remove_orphans",
 ]
+
+log = logging.getLogger("deskbox.runc")
 
 _SESSION_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 LAUNCHER = "/usr/local/bin/deskbox-session"
@@ -342,6 +345,12 @@ class RuncSandbox(Sandbox):
             raise
         return sandbox
 
+    @property
+    def hibernate_archive(self) -> Path:
+        """Where a hibernated sandbox's images are kept (zstd tar, mode 0600): in its session
+        directory (mode 0700), so that destroying the session removes them."""
+        return self.session_dir / "hibernate" / "images.tar.zst"
+
     def pin_inner_display(self) -> None:
         """Record the inner display number in the session directory, so that a server that
         restarts while the sandbox is checkpointed can restore it on any host number."""
@@ -371,9 +380,20 @@ class RuncSandbox(Sandbox):
             raise SessionFailed(f"the sandbox {sandbox.container_id} was not checkpointed")
         state = options.runc.state(sandbox.container_id)
         if state is not None and state.status != "stopped":
-            raise SessionFailed(f"the sandbox {sandbox.container_id} runs: it is no checkpoint")
+            if not sandbox.hibernate_archive.is_file():
+                raise SessionFailed(
+                    f"the sandbox {sandbox.container_id} was resumed as the server stopped, "
+                    "and its checkpoint is gone")
+            # A resume the previous server did not finish (it was killed): the session was
+            # never said to run again, and its checkpoint is whole (removed only once the
+            # restored copy runs), so the copy, sealed or not, is discarded.
+            log.warning("session %s: discarding a restore the previous server did not "
+                        "finish; it stays hibernated", session_id)
+            sandbox.kill()
         if state is not None:
             options.runc.delete(sandbox.container_id)
+        for unfinished in sandbox.session_dir.glob("restore-*"):
+            shutil.rmtree(unfinished, ignore_errors=True)  # criu.scratch_dirs' of that resume
         display = DisplayReservation.find(sandbox.display_dir)
         if display is None:
             sandbox.release_host_side()
