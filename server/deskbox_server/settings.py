@@ -117,7 +117,8 @@ class Settings(BaseSettings):
     # as failed; the removal of what is left goes on in the background.
     stop_timeout_s: Annotated[float, Field(gt=0)] = 20.0
     # At shutdown (SIGTERM), requests still running get this long to finish before they are
-    # cancelled; then every session is stopped.
+    # cancelled (a hibernate, resume or snapshot goes on: sessions/in_flight.py); then every
+    # session is stopped.
     shutdown_grace_s: Annotated[int, Field(ge=1)] = 3
     max_request_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
     retry_after_s: Annotated[int, Field(ge=1)] = 5

@@ -532,6 +532,59 @@ def test_a_hibernated_session_survives_a_killed_server(tmp_path: Path) -> None:
         assert http.delete(f"/v1/sessions/{sid}").status_code == 204
 
 
+# 600 MB no compressor shrinks: its hibernate (dump, then zstd) takes seconds.
+BALLAST = ("import os, time; b = os.urandom(600 << 20); open('/tmp/ballast', 'w').close(); "
+           "time.sleep(1e6)")
+
+
+def test_a_hibernate_outlasting_the_stops_grace_ends_with_the_session_on_disk(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM while a hibernate runs past DESKBOX_SHUTDOWN_GRACE_S: uvicorn cancels the
+    request, and the hibernate goes on until it is done; the next server resumes the
+    session. Cancelled with its request, it failed the session and deleted its checkpoint."""
+    from ..api.test_container_restart import serve
+
+    state_dir, log = tmp_path / "state", tmp_path / "server.log"
+    with serve(state_dir, log, {"DESKBOX_SHUTDOWN_GRACE_S": "1"}) as (first, http):
+        created = http.post("/v1/sessions", json={"display": DISPLAY})
+        assert created.status_code == 201, created.text
+        sid = created.json()["id"]
+        started = http.post(f"/v1/sessions/{sid}/exec",
+                            json={"cmd": ["python3", "-c", BALLAST], "background": True})
+        assert started.status_code == 200, started.text
+        pid = started.json()["pid"]
+        deadline = time.monotonic() + 60
+        while http.post(f"/v1/sessions/{sid}/exec", json={
+                "cmd": ["test", "-e", "/tmp/ballast"]}).json()["exit_code"] != 0:
+            assert time.monotonic() < deadline, "the ballast was never made"
+            time.sleep(0.2)
+
+        def hibernate() -> None:
+            with suppress(httpx.TransportError):
+                http.post(f"/v1/sessions/{sid}/pause", json={"mode": "hibernate"},
+                          timeout=120)
+
+        hibernating = threading.Thread(target=hibernate)
+        hibernating.start()
+        time.sleep(0.3)
+        first.send_signal(signal.SIGTERM)
+        first.wait(120)
+        hibernating.join(30)
+    said = log.read_text()
+    assert "deskbox stopped every session" in said, said[-3000:]  # a clean stop
+    with serve(state_dir, log) as (second, http):
+        session = http.get(f"/v1/sessions/{sid}").json()
+        assert session["state"] == "hibernated", session
+        # It did outlast the grace.
+        assert f"hibernate of session {sid} goes on without its caller" in said
+        resumed = http.post(f"/v1/sessions/{sid}/resume", timeout=120)
+        assert resumed.status_code == 200, resumed.text
+        alive = http.post(f"/v1/sessions/{sid}/exec", json={"cmd": ["kill", "-0", str(pid)]})
+        assert alive.status_code == 200 and alive.json()["exit_code"] == 0, alive.text
+        assert http.delete(f"/v1/sessions/{sid}").status_code == 204
+
+
 def test_a_resume_cut_short_by_a_killed_server_leaves_the_session_hibernated(
     tmp_path: Path,
 ) -> None:

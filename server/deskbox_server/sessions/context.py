@@ -14,6 +14,7 @@ from ..metrics import Metrics
 from .browser_watch import BrowserWatch
 from .desktop import AnyDesktop
 from .events import EventLog
+from .in_flight import ChangesInFlight
 from .lifecycle import SessionRecord
 from .links import SessionLinks
 from .live import LiveSession
@@ -48,6 +49,8 @@ class SessionContext:
     events: EventLog
     # The recordings going on; a recording takes frames while its session runs.
     recordings: Recordings
+    # Pauses, resumes and checkpoints: they end even if their request goes (in_flight.py).
+    changes: ChangesInFlight
 
     def watch(self, session_id: str, handle: AnyDesktop) -> None:
         """The session runs (again): follow its browser, take its recording's frames."""

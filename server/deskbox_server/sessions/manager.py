@@ -49,6 +49,7 @@ from .events import EventLog
 from .fleet import Fleet
 from .fork_scratch import ForkDirectories
 from .idempotency import IdempotentCreates, idempotency_of
+from .in_flight import ChangesInFlight
 from .lifecycle import LIVE_STATES, Idempotency, SessionRecord, utcnow
 from .links import SessionLinks
 from .listing import SessionQuery, encode_cursor, position
@@ -140,7 +141,7 @@ class SessionManager:
             registry=registry, browsers=self._browsers, links=self.links, frames=self._frames,
             metrics=metrics, publish=self._publish_state, fail=self._fail_soon,
             volumes=self.volumes, secrets=self.secrets, events=self.events,
-            recordings=self.recordings,
+            recordings=self.recordings, changes=ChangesInFlight(),
         )
 
     # -- server lifetime ------------------------------------------------------------------
@@ -237,6 +238,9 @@ class SessionManager:
         if self.pool is not None:
             await self.pool.close()
         await self.recordings.close()
+        # A hibernate that outlasted the requests' grace ends first: then its session
+        # stays on disk like the others.
+        await self._context.changes.wait(self._settings.stop_timeout_s)
         # Hibernated sessions stay on disk for the next server; in a fleet, running ones
         # stay for the other servers; the others stop.
         await asyncio.gather(
@@ -732,6 +736,11 @@ class SessionManager:
         if used_mb >= quota_mb:
             raise Capacity(f"this API key's snapshots hold {used_mb} MB, its quota is "
                            f"{quota_mb} MB (DESKBOX_SNAPSHOT_QUOTA_MB); delete one first")
+        return await self._context.changes.run(
+            self._take_snapshot(session, owner), f"snapshot of session {record.id}")
+
+    async def _take_snapshot(self, session: Session, owner: str) -> SnapshotRecord:
+        record = session.record
         snapshot_id, directory = self.snapshots.new_id()
         try:
             info = await session.checkpoint(directory)

@@ -344,10 +344,15 @@ class Session:
     # -- pause, resume and checkpoints (state_changes.py) ---------------------------------
 
     async def pause(self, mode: PauseMode) -> SessionRecord:
-        return await state_changes.pause(self._live, self._context, mode)
+        what = "hibernate" if mode == "hibernate" else "pause"
+        return await self._context.changes.run(
+            state_changes.pause(self._live, self._context, mode),
+            f"{what} of session {self._live.record.id}")
 
     async def resume(self) -> SessionRecord:
-        return await state_changes.resume(self._live, self._context)
+        return await self._context.changes.run(
+            state_changes.resume(self._live, self._context),
+            f"resume of session {self._live.record.id}")
 
     async def checkpoint(self, directory: Path) -> SnapshotInfo:
         """Checkpoint the running desktop into ``directory`` (a snapshot); it keeps
