@@ -15,6 +15,7 @@ import ipaddress
 import logging
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from socket import socket
@@ -76,10 +77,14 @@ class _Server(uvicorn.Server):
     """uvicorn that announces itself once it listens, and stops every session however
     often it is told to stop."""
 
-    def __init__(self, config: uvicorn.Config, key_file: Path | None, log_format: str) -> None:
+    def __init__(
+        self, config: uvicorn.Config, key_file: Path | None, log_format: str,
+        stopping: Callable[[], None],
+    ) -> None:
         super().__init__(config)
         self.key_file = key_file
         self.log_format = log_format
+        self.stopping = stopping  # told first, while requests still run
 
     async def startup(self, sockets: list[socket] | None = None) -> None:
         await super().startup(sockets)
@@ -103,6 +108,7 @@ class _Server(uvicorn.Server):
             log.info("serving %s", shown.url, extra={"url": shown.url, **keys, "curl": shown.curl})
 
     async def shutdown(self, sockets: list[socket] | None = None) -> None:
+        self.stopping()
         await super().shutdown(sockets)
         # A second Ctrl-C (uvicorn's force_exit) makes uvicorn skip the app's shutdown, and
         # every session's sandbox would outlive the server. The force still cuts short the
@@ -183,7 +189,9 @@ def run(
         # (its sandbox killed) right after.
         timeout_graceful_shutdown=settings.shutdown_grace_s,
     )
-    server = _Server(config, key_file, chosen)
+    # Event streams end at once, saying why (sessions/events.py), instead of holding the
+    # stop for the grace.
+    server = _Server(config, key_file, chosen, app.state.services.manager.events.close)
     try:
         server.run()
     except KeyboardInterrupt:

@@ -13,7 +13,7 @@ __all__ = ["EventType", "SessionEvent"]
 
 EventType = Literal["state", "browser_exited", "browser_restarted", "help_requested",
                     "human_took_control", "human_handed_back", "recording_started",
-                    "recording_stopped"]
+                    "recording_stopped", "server_stopping"]
 
 
 class SessionEvent(BaseModel):
@@ -24,7 +24,9 @@ class SessionEvent(BaseModel):
     for a human (``reason``); ``human_took_control``: a human drives the desktop, the agent's
     actions answer 409; ``human_handed_back``: the agent may act again (``reason``: handed
     back, or the lease ran out); ``recording_started``, ``recording_stopped`` (``reason``:
-    asked, the session ended, the quota was reached)."""
+    asked, the session ended, the quota was reached); ``server_stopping``: the server is
+    stopping and the stream ends (the session is stopped with it unless hibernated; a
+    client reconnects to the next server with ``Last-Event-ID``)."""
 
     id: int
     type: EventType

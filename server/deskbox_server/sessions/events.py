@@ -39,6 +39,15 @@ class EventLog:
     def __init__(self) -> None:
         self._live: dict[str, _Stream] = {}
         self._ended: OrderedDict[str, _Stream] = OrderedDict()
+        self._closed = False
+
+    def close(self) -> None:
+        """The server stops: every live session's stream says so (``server_stopping``) and
+        its followers' streams end, rather than hold the stop for the requests' grace and
+        then be cut off. A client reconnects to the next server with ``Last-Event-ID``."""
+        self._closed = True
+        for session_id in list(self._live):
+            self.publish(session_id, "server_stopping", reason="the server is stopping")
 
     def publish(
         self,
@@ -93,7 +102,7 @@ class EventLog:
                 if event.id > after:
                     after = event.id
                     yield event
-            if stream.ended:
+            if stream.ended or self._closed:
                 return
             try:
                 await asyncio.wait_for(changed.wait(), heartbeat_s)
