@@ -24,7 +24,7 @@ from deskbox_server.sessions.desktop import AnyDesktop
 from ..api.conftest import KEY_A, Server
 from ..api.containers import container_server
 from ..api.helpers import decode
-from ..api.test_container import cgroup_pids
+from ..api.test_container import cgroup_dirs, cgroup_pids
 from ..api.test_container_cdp import read_events
 
 pytestmark = pytest.mark.slow
@@ -210,4 +210,70 @@ def test_a_fork_bomb_hits_the_pids_limit_and_the_session_runs_on(
     made = int(bomb["stdout"].split()[0])
     assert 0 < made < 1024, bomb  # stopped by the sandbox's pids limit (1024)
     eventually(lambda: _answers(client, session), "the session answers again", 30)
+    server_and_neighbour_answer(client, neighbour)
+
+
+# Takes every thread the sandbox may start, and keeps them.
+HOLD_EVERY_PID = """
+import threading, time
+made = 0
+while True:
+    try:
+        threading.Thread(target=time.sleep, args=(1e6,), daemon=True).start()
+    except RuntimeError:
+        break
+    made += 1
+open('/tmp/held', 'w').write(str(made))
+time.sleep(1e6)
+"""
+
+
+def test_a_sandbox_at_its_pids_limit_refuses_calls_and_hibernates_and_resumes(
+    client: httpx.Client, server: Server, neighbour: dict[str, Any],
+) -> None:
+    """A program holds every pid the sandbox may have: a call that needs one more thread
+    or process in the agent is a 429 naming the limit, not a failed session (the agent's
+    RuntimeError was a 500 and the session was lost); and a sandbox hibernated so resumes
+    (CRIU's restore needs a few pids beyond the limit: "Unable to create a thread")."""
+    created = client.post("/v1/sessions", json={"display": {"width": 640, "height": 400},
+                                                 "resources": {"pids": 128}})
+    assert created.status_code == 201, created.text
+    session = created.json()
+    sid = session["id"]
+    try:
+        holder = client.post(f"/v1/sessions/{sid}/exec", json={
+            "cmd": ["python3", "-c", HOLD_EVERY_PID], "background": True})
+        assert holder.status_code == 200, holder.text
+
+        def refused() -> bool:
+            answer = client.post(f"/v1/sessions/{sid}/exec", json={"cmd": ["true"]})
+            if answer.status_code == 200:
+                return False
+            assert answer.status_code == 429, answer.text
+            error = answer.json()["error"]
+            assert error["type"] == "capacity", error
+            assert "at its limit" in error["message"] and "resources.pids" in error["message"]
+            return True
+
+        eventually(refused, "an exec refused at the pids limit", 20)
+        assert client.get(f"/v1/sessions/{sid}").json()["state"] == "running"
+        shot = client.get(f"/v1/sessions/{sid}/screenshot")
+        assert shot.status_code == 200, shot.text
+
+        paused = client.post(f"/v1/sessions/{sid}/pause", json={"mode": "hibernate"},
+                             timeout=120)
+        assert paused.status_code == 200, paused.text
+        resumed = client.post(f"/v1/sessions/{sid}/resume", timeout=120)
+        assert resumed.status_code == 200, resumed.text
+        assert resumed.json()["state"] == "running"
+        # The program was restored with every thread it held, under the same limit.
+        container_id = sandbox_of(server, session).sandbox.container_id
+        [cgroup] = [d for d in cgroup_dirs(container_id) if (d / "pids.max").is_file()]
+        assert (cgroup / "pids.max").read_text().strip() == "128"
+        assert int((cgroup / "pids.current").read_text()) >= 120
+        click = client.post(f"/v1/sessions/{sid}/actions",
+                            json={"type": "click", "x": 10, "y": 10})
+        assert click.status_code == 200, click.text
+    finally:
+        assert client.delete(f"/v1/sessions/{sid}").status_code == 204
     server_and_neighbour_answer(client, neighbour)

@@ -16,7 +16,7 @@ import struct
 
 from .h2server import Stream
 from .limits import Limits
-from .registry import Blob, CallError, Json, Registry
+from .registry import Blob, CallError, Json, Registry, refusal_at_process_limit
 
 __all__ = ["CALLS_TYPE", "MAX_REPLY_HEAD", "invoke", "serve_calls"]
 
@@ -44,6 +44,8 @@ async def invoke(registry: Registry, name: str, args: object) -> _Reply:
     except CallError as e:
         return _error(e.status, e.kind, e.message)
     except Exception as e:  # a handler's bug fails its call only
+        if (refusal := refusal_at_process_limit(e)) is not None:
+            return _error(refusal.status, refusal.kind, refusal.message)
         log.exception("call %s failed", name)
         return _error(500, "internal", f"{type(e).__name__}: {e}")
     if isinstance(result, Blob):

@@ -23,6 +23,7 @@ import h2.exceptions
 from .frames import FrameGuard, FrameViolation
 from .h2setup import new_connection
 from .limits import Limits
+from .registry import CallError, refusal_at_process_limit
 from .windows import InboundWindows
 
 __all__ = ["Connection", "Stream", "StreamGone", "serve_connection"]
@@ -316,9 +317,12 @@ class Connection:
             with contextlib.suppress(StreamGone):
                 await stream.error(408, "timeout", "the request body did not arrive in time")
         except Exception as e:  # a handler's bug fails its stream only
-            log.exception("handler of %s failed", stream.path)
+            refusal = refusal_at_process_limit(e)
+            if refusal is None:
+                log.exception("handler of %s failed", stream.path)
+                refusal = CallError(500, "internal", f"{type(e).__name__}: {e}")
             with contextlib.suppress(StreamGone):
-                await stream.error(500, "internal", f"{type(e).__name__}: {e}")
+                await stream.error(refusal.status, refusal.kind, refusal.message)
         except asyncio.CancelledError:
             if not stream.reset:
                 raise

@@ -8,12 +8,13 @@ raises :class:`CallError` to answer with a status of the protocol's error shape.
 
 from __future__ import annotations
 
+import errno
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeAlias
 
-__all__ = ["Blob", "CallError", "CallHandler", "Json", "Registry"]
+__all__ = ["Blob", "CallError", "CallHandler", "Json", "Registry", "refusal_at_process_limit"]
 
 Json: TypeAlias = None | bool | int | float | str | list["Json"] | dict[str, "Json"]
 _NAME = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
@@ -33,6 +34,25 @@ class CallError(Exception):
         self.status = status
         self.kind = kind
         self.message = message
+
+
+def refusal_at_process_limit(error: BaseException) -> CallError | None:
+    """The refusal for ``error`` if it says the sandbox's pids limit is reached (no thread
+    or process can start): its programs hold all it may have. The call cannot run now, the
+    agent and its session are fine; a 500 made the host fail the session."""
+    if not ((isinstance(error, RuntimeError) and "can't start new thread" in str(error))
+            or (isinstance(error, OSError) and error.errno == errno.EAGAIN)):
+        return None
+    held = ""
+    try:
+        with open("/sys/fs/cgroup/pids.current") as current, \
+                open("/sys/fs/cgroup/pids.max") as limit:
+            held = f" ({current.read().strip()} of {limit.read().strip()})"
+    except OSError:
+        pass
+    return CallError(429, "process_limit",
+                     f"the sandbox's processes and threads are at its limit{held}, the "
+                     "session's resources.pids: end some of its programs and try again")
 
 
 CallHandler: TypeAlias = Callable[[Mapping[str, Json]], Awaitable[Json | Blob]]

@@ -20,6 +20,7 @@ from urllib.parse import quote
 
 from ..errors import (
     AgentFailed,
+    Capacity,
     Conflict,
     DeskboxError,
     Forbidden,
@@ -94,7 +95,7 @@ def _clean(text: str, limit: int = 1024) -> str:
 
 _BY_STATUS: dict[int, type[DeskboxError]] = {
     400: InvalidRequest, 403: Forbidden, 404: NotFound, 408: Timeout, 413: InvalidRequest,
-    422: InvalidRequest, 502: Conflict, 504: Timeout,
+    422: InvalidRequest, 429: Capacity, 502: Conflict, 504: Timeout,
 }
 
 

@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -67,6 +68,8 @@ CRIU_OPTIONS = "ghost-limit 128M\nverbosity=1\n"
 # A restore leaves every task stopped: restored.py repairs and checks the sandbox, and the
 # host links its X socket, before anything of the sandbox runs.
 CRIU_RESTORE_OPTIONS = CRIU_OPTIONS + "leave-stopped\n"
+# More pids than the sandbox's limit while CRIU restores it (its helpers count against it).
+RESTORE_PIDS_HEADROOM = 64
 # A sandbox with a network of its own (egress none) has only loopback: its open TCP
 # connections (the browser's to a server running inside it) have both ends in the dump
 # and come back with it. Not with egress all/allowlist, whose peers are outside: those
@@ -275,10 +278,11 @@ def restore(
         share_images(images, gid)
     pid_file = sandbox.bundle / "init.pid"
     pid_file.unlink(missing_ok=True)
-    done = _runc_criu(sandbox.options.runc, criu, "restore", "--detach", "--file-locks",
-                      "--image-path", str(images), "--work-path", str(logs),
-                      "--bundle", str(sandbox.bundle), "--pid-file", str(pid_file),
-                      sandbox.container_id)
+    with _pids_headroom(sandbox.bundle, config) as pids_limit:
+        done = _runc_criu(sandbox.options.runc, criu, "restore", "--detach", "--file-locks",
+                          "--image-path", str(images), "--work-path", str(logs),
+                          "--bundle", str(sandbox.bundle), "--pid-file", str(pid_file),
+                          sandbox.container_id)
     if done.returncode != 0:
         raise SessionFailed(
             _explain(logs / "restore.log", done.stderr).replace("checkpoint", "restore")
@@ -286,6 +290,8 @@ def restore(
     pid = int(pid_file.read_text())
     sandbox.adopt_init(pid)
     try:
+        if pids_limit is not None:
+            sandbox.options.runc.set_pids(sandbox.container_id, pids_limit)
         config = json.loads((sandbox.bundle / "config.json").read_text())
         restored.seal(sandbox.container_id, pid, config)
         bring_up_loopback(pid)
@@ -306,6 +312,27 @@ def restore(
         together.wait()
     restored.resume(sandbox.container_id)
     return time.monotonic() - started
+
+
+@contextlib.contextmanager
+def _pids_headroom(bundle: Path, config: RuntimeConfig) -> Iterator[int | None]:
+    """The bundle's config with :data:`RESTORE_PIDS_HEADROOM` more pids while CRIU restores
+    (its own helpers count in the sandbox's cgroup: a sandbox checkpointed at its limit
+    could not be restored, "Unable to create a thread"); the limit to set again after."""
+    pids = config.get("linux", {}).get("resources", {}).get("pids", {})
+    limit = pids.get("limit")
+    if not isinstance(limit, int) or limit <= 0:
+        yield None
+        return
+    path = bundle / "config.json"
+    kept = path.read_text()
+    pids["limit"] = limit + RESTORE_PIDS_HEADROOM
+    path.write_text(json.dumps(config, indent=2))
+    try:
+        yield limit
+    finally:
+        pids["limit"] = limit
+        path.write_text(kept)
 
 
 def restore_from(

@@ -96,6 +96,14 @@ class Runc:
             message = done.stderr[-2000:].decode(errors="replace").strip()
             raise SessionFailed(f"runc could not limit the CPU of {container_id}: {message}")
 
+    def set_pids(self, container_id: str, limit: int) -> None:
+        """``runc update``: the sandbox's pids limit from now on (it may be below what it
+        holds: then nothing of it can start a process or thread until some end)."""
+        done = self._run(["update", "--pids-limit", str(limit), container_id])
+        if done.returncode != 0:
+            message = done.stderr[-2000:].decode(errors="replace").strip()
+            raise SessionFailed(f"runc could not limit the pids of {container_id}: {message}")
+
     def kill(self, container_id: str, signal: str = "KILL") -> None:
         self._run(["kill", "--all", container_id, signal])
 
