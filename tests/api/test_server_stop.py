@@ -9,8 +9,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from .served import serve
 
 LOCAL = {"DESKBOX_BACKENDS": "local", "DESKBOX_DEFAULT_BACKEND": "local",
