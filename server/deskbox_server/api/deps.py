@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
 from starlette.requests import HTTPConnection
 
+from ..errors import InvalidRequest
 from ..metrics import Metrics
 from ..sessions.manager import SessionManager
 from ..sessions.tokens import TokenStore
@@ -15,7 +17,7 @@ from ..settings import Settings
 from ..vnc.hub import VncHub
 from .auth import KeyRing, Principal, authenticate
 
-__all__ = ["Caller", "Services", "get_services", "require_key"]
+__all__ = ["NO_BODY", "Caller", "Services", "get_services", "require_key"]
 
 
 @dataclass(frozen=True)
@@ -41,3 +43,24 @@ async def require_key(request: Request) -> Principal:
 
 
 Caller = Annotated[Principal, Depends(require_key)]
+
+
+async def refuse_body(request: Request, _: Caller) -> None:
+    """A POST that takes no body refuses one with content (422) rather than ignore it: an
+    option the endpoint does not have (a snapshot's "name") is not taken for done. After
+    the key's check (FastAPI runs that once per request)."""
+    raw = await request.body()
+    if not raw.strip():
+        return
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    if value == {} or value is None:
+        return
+    fields = f": it has {', '.join(sorted(map(str, value)))}" if isinstance(value, dict) else ""
+    raise InvalidRequest(f"{request.method} {request.url.path} takes no body, or {{}}{fields}")
+
+
+# ``dependencies=NO_BODY`` on a route whose request has no body.
+NO_BODY = [Depends(refuse_body)]

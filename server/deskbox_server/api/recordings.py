@@ -17,7 +17,7 @@ from ..schemas.recordings import Recording, RecordingList
 from ..sessions import recording_media as media
 from ..sessions.listing import MAX_PAGE, decode_cursor, encode_cursor
 from ..sessions.recording_store import RecordingMeta, recording_position
-from .deps import Caller, Services, get_services
+from .deps import NO_BODY, Caller, Services, get_services
 
 __all__ = ["router"]
 
@@ -47,14 +47,14 @@ async def _flushed(services: Services, owner: str, session_id: str) -> Recording
     return meta
 
 
-@router.post(_SESSION + "/recording/start", response_model=Recording)
+@router.post(_SESSION + "/recording/start", response_model=Recording, dependencies=NO_BODY)
 async def start_recording(request: Request, caller: Caller, session_id: str) -> Recording:
     """Record the session from now on; a stopped recording of it goes on (appended)."""
     session = await get_services(request).manager.session(caller.key_id, session_id, "live")
     return _resource(await session.start_recording())
 
 
-@router.post(_SESSION + "/recording/stop", response_model=Recording)
+@router.post(_SESSION + "/recording/stop", response_model=Recording, dependencies=NO_BODY)
 async def stop_recording(request: Request, caller: Caller, session_id: str) -> Recording:
     services = get_services(request)
     try:

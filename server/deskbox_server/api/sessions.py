@@ -18,7 +18,7 @@ from ..schemas.sessions import (
 )
 from ..sessions.lifecycle import SessionRecord
 from ..sessions.listing import MAX_PAGE, SessionQuery, decode_cursor
-from .deps import Caller, get_services
+from .deps import NO_BODY, Caller, get_services
 
 __all__ = ["router", "to_resource"]
 
@@ -139,14 +139,14 @@ async def pause(
     return to_resource(record, request)
 
 
-@router.post("/{session_id}/resume", response_model=Session)
+@router.post("/{session_id}/resume", response_model=Session, dependencies=NO_BODY)
 async def resume(request: Request, caller: Caller, session_id: str) -> Session:
     session = await get_services(request).manager.session(caller.key_id, session_id, "live")
     record = await session.resume()
     return to_resource(record, request)
 
 
-@router.post("/{session_id}/keepalive", response_model=Session)
+@router.post("/{session_id}/keepalive", response_model=Session, dependencies=NO_BODY)
 async def keepalive(request: Request, caller: Caller, session_id: str) -> Session:
     record = await get_services(request).manager.keepalive(caller.key_id, session_id)
     return to_resource(record, request)

@@ -15,7 +15,7 @@ from ..schemas.snapshots import (
     SnapshotPool,
 )
 from ..sessions.snapshots import SnapshotRecord
-from .deps import Caller, get_services
+from .deps import NO_BODY, Caller, get_services
 from .sessions import to_resource
 
 __all__ = ["router"]
@@ -38,7 +38,8 @@ def to_snapshot(record: SnapshotRecord, request: Request) -> Snapshot:
     )
 
 
-@router.post("/v1/sessions/{session_id}/snapshots", status_code=201, response_model=Snapshot)
+@router.post("/v1/sessions/{session_id}/snapshots", status_code=201, response_model=Snapshot,
+             dependencies=NO_BODY)
 async def take_snapshot(request: Request, caller: Caller, session_id: str) -> Snapshot:
     """Checkpoint a running session without stopping it (CRIU ``--leave-running``).
 
