@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 from playwright.sync_api import sync_playwright
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from deskbox_server.api.cdp import MAX_SOCKETS_PER_SESSION
@@ -120,3 +120,21 @@ def test_a_message_larger_than_uvicorns_default_reaches_the_browser(
                             "params": {"pad": padding}}))
         answer = json.loads(ws.recv(timeout=30))
     assert answer["id"] == 7 and answer["result"]["product"].startswith("Chrome/"), answer
+
+
+def test_a_binary_frame_is_refused_with_its_reason(session: dict[str, Any]) -> None:
+    """DevTools speaks JSON text: a binary frame closes the socket 1003 saying so (the
+    browser hung up on it, and the client was told 1001, the browser had closed), and the
+    next socket works."""
+    headers = {"Authorization": f"Bearer {KEY_A}"}
+    with connect(session["urls"]["cdp_ws"], additional_headers=headers,
+                 open_timeout=10) as ws:
+        ws.send(b'{"id": 1, "method": "Browser.getVersion"}')
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=10)
+    assert ws.close_code == 1003, (ws.close_code, ws.close_reason)
+    assert ws.close_reason == "DevTools messages are JSON text; a binary frame is refused"
+    with connect(session["urls"]["cdp_ws"], additional_headers=headers,
+                 open_timeout=10) as again:
+        again.send(json.dumps({"id": 2, "method": "Browser.getVersion"}))
+        assert json.loads(again.recv(timeout=10))["id"] == 2

@@ -47,6 +47,7 @@ __all__ = [
 CLOSE_GOING_AWAY = 1001
 CLOSE_TOO_SLOW = 1008
 CLOSE_TOO_BIG = 1009
+CLOSE_UNSUPPORTED = 1003
 _CLOSE_TIMEOUT_S = 1.0  # a stalled client cannot take the close frame either
 _DELIVER_AFTER_CLOSE_S = 2.0
 _TOUCH_EVERY_S = 1.0
@@ -188,9 +189,12 @@ async def relay(
             message = await websocket.receive()
             if message["type"] == "websocket.disconnect":
                 return None
-            data: str | bytes | None = message.get("text")
+            data: str | None = message.get("text")
             if data is None:
-                data = message.get("bytes") or b""
+                # Chromium's DevTools hangs up on a binary frame, and the client was told
+                # the browser had closed.
+                return CLOSE_UNSUPPORTED, "DevTools messages are JSON text; a binary frame " \
+                    "is refused"
             if len(data) > limits.max_message:
                 return CLOSE_TOO_BIG, (
                     f"a DevTools message may be at most {limits.max_message} bytes"
