@@ -25,7 +25,7 @@ from .api import volumes as volumes_api
 from .api.abort import ConnectionAbort
 from .api.auth import load_keyring
 from .api.deps import Services
-from .api.errors import RequestContext, install_error_handlers
+from .api.errors import RequestContext, install_error_handlers, install_websocket_fallback
 from .api.openapi import install_openapi
 from .engines import AnyEngine
 from .engines.docker.engine import DockerEngine, DockerOptions
@@ -204,4 +204,5 @@ def create_app(
     app.include_router(recordings_api.router)
     app.include_router(console_api.router())
     vnc_api.mount_assets(app)
+    install_websocket_fallback(app, count)
     return app

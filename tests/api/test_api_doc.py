@@ -47,8 +47,9 @@ def _walk(routes: Iterable[BaseRoute], prefix: str = "") -> Iterator[tuple[str, 
 
 
 def websocket_paths(app: FastAPI) -> set[str]:
+    # The fallback for every other path serves nothing: it refuses (404).
     return {normalise(path) for path, route in _walk(app.routes)
-            if isinstance(route, WebSocketRoute)}
+            if isinstance(route, WebSocketRoute) and route.name != "no_such_websocket"}
 
 
 def served_paths(app: FastAPI) -> set[str]:

@@ -138,3 +138,21 @@ def test_a_binary_frame_is_refused_with_its_reason(session: dict[str, Any]) -> N
                  open_timeout=10) as again:
         again.send(json.dumps({"id": 2, "method": "Browser.getVersion"}))
         assert json.loads(again.recv(timeout=10))["id"] == 2
+
+
+@pytest.mark.parametrize("path", ["/cdp/page/..%2F..%2Fjson", "/cdp/page/a/b", "/nothing"])
+def test_a_websocket_to_no_endpoint_is_a_404_with_the_error_body(
+    session: dict[str, Any], path: str,
+) -> None:
+    """Starlette refused a websocket no route takes with a bare 403: it read as a
+    credentials problem, with no body to say otherwise."""
+    url = session["urls"]["cdp_ws"] + path.removeprefix("/cdp")
+    if path == "/nothing":
+        url = session["urls"]["cdp_ws"].split("/v1/")[0] + "/v1/nothing"
+    with pytest.raises(InvalidStatus) as refused:
+        connect(url, additional_headers={"Authorization": f"Bearer {KEY_A}"},
+                open_timeout=10).close()
+    response = refused.value.response
+    assert response.status_code == 404, (response.status_code, response.body)
+    error = json.loads(response.body)["error"]
+    assert error["type"] == "not_found" and "no websocket endpoint at /v1/" in error["message"]

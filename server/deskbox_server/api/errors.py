@@ -25,13 +25,13 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import Capacity, DeskboxError, InvalidRequest, Timeout, Unauthorized
+from ..errors import Capacity, DeskboxError, InvalidRequest, NotFound, Timeout, Unauthorized
 
 __all__ = [
     "BodyTimeout",
@@ -41,6 +41,7 @@ __all__ = [
     "current_request_id",
     "error_response",
     "install_error_handlers",
+    "install_websocket_fallback",
     "validation_message",
 ]
 
@@ -171,6 +172,17 @@ def allowed_methods(request: Request) -> list[str]:
         if re.fullmatch(pattern, path):
             methods |= {method.upper() for method in operations}
     return sorted(methods)
+
+
+def install_websocket_fallback(app: FastAPI, count: ErrorCounter | None = None) -> None:
+    """A websocket to no route (``/cdp/page/..%2F..%2Fjson``: the ``%2F`` is decoded before
+    routing) is refused 404 with the error body; Starlette's was a 403 with none. Install
+    it last: it matches every path."""
+
+    @app.websocket("/{path:path}")
+    async def no_such_websocket(websocket: WebSocket, path: str) -> None:
+        error = NotFound(f"no websocket endpoint at /{path}")
+        await websocket.send_denial_response(deskbox_error_response(error, count))
 
 
 def install_error_handlers(app: FastAPI, count: ErrorCounter | None = None) -> None:
