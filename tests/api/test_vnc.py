@@ -268,6 +268,21 @@ def test_unknown_client_message_closes(client: httpx.Client, session: dict[str, 
             for _ in range(100):
                 viewer.ws.recv(timeout=10)
         assert info.value.rcvd is not None and info.value.rcvd.code == 1008
+        assert info.value.rcvd.reason == "refused: unknown client message type 255"
+
+
+def test_a_viewer_of_a_session_that_ends_is_told_so(client: httpx.Client) -> None:
+    """The session's end closes its viewers 1001 with a reason: 1011 ("internal error")
+    read as a bug of the server's."""
+    created = client.post("/v1/sessions", json={"display": {"width": 320, "height": 240}})
+    assert created.status_code == 201, created.text
+    ending = created.json()
+    token = issue(client, ending["id"], "view")["token"]
+    with RfbViewer(vnc_url(ending, token)) as viewer:
+        viewer.full_frame()
+        assert client.delete(f"/v1/sessions/{ending['id']}").status_code == 204
+        assert _closed_within(viewer.ws, 10) == 1001
+        assert viewer.ws.close_reason.startswith("the session's screen ended: it stopped")
 
 
 def test_many_viewers_share_one_server_that_stops_with_the_last(

@@ -37,7 +37,9 @@ HANDSHAKE_TIMEOUT_S = 10.0
 _CHUNK = 256 * 1024
 _REASON_LIMIT = 1024
 _CLOSE_POLICY = 1008
-_CLOSE_SERVER_GONE = 1011
+_CLOSE_SERVER_GONE = 1001  # going away: the session's screen is gone (1011 said "a bug")
+_SERVER_GONE = ("the session's screen ended: it stopped, or a checkpoint closed its viewers "
+                "(connect again to watch it)")
 CLOSE_TOO_SLOW = _CLOSE_POLICY
 _CLOSE_TIMEOUT_S = 1.0
 _RELEASE_SETTLE_S = 0.25  # x11vnc's turn is ~20 ms (-wait); a few of them
@@ -228,10 +230,10 @@ async def run_proxy(
             if isinstance(error, RfbError | ViewerTooSlow):
                 raise error
         if not out.cancelled() and out.exception() is None:
-            close_code = _CLOSE_SERVER_GONE  # the server ended the stream (session over)
+            close_code, reason = _CLOSE_SERVER_GONE, _SERVER_GONE
     except RfbError as error:
         log.info("vnc viewer closed: %s", error)
-        close_code = _CLOSE_POLICY
+        close_code, reason = _CLOSE_POLICY, f"refused: {error}"[:120]
     except ViewerTooSlow as error:
         log.info("vnc viewer dropped: %s", error)
         stats.too_slow = True
