@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from deskbox import Deskbox
+from deskbox_server.api.tokens import TOKEN_ENDED
 from deskbox_server.logs import RedactTokens
 
 from ..cdp_page import CdpPage
@@ -143,6 +144,7 @@ def test_a_revoked_or_expired_token_ends_the_connections_it_opened(
         ws.send(json.dumps({"id": 1, "method": "Browser.getVersion"}))
         assert json.loads(ws.recv(timeout=10))["id"] == 1
         assert _closed_within(ws, 6) == 1008  # its ttl of 2 s ran out
+        assert ws.close_reason == TOKEN_ENDED
     # An API key's connection is not a token's: it stays.
     with connect(session["urls"]["cdp_ws"], open_timeout=10,
                  additional_headers={"Authorization": f"Bearer {KEY_A}"}) as ws:

@@ -20,7 +20,6 @@ with a reason.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import re
@@ -38,7 +37,7 @@ from ..sessions.links import RESTART_CLOSE_CODE
 from .cdp_relay import RelayLimits, SessionBuffers, relay
 from .deps import Services, get_services
 from .errors import deskbox_error_response
-from .tokens import TOKEN_ENDED, authorize, until_token_ends
+from .tokens import authorize, until_token_ends
 
 __all__ = ["rewrite_targets", "rewrite_version", "router"]
 
@@ -204,22 +203,8 @@ async def _proxy(websocket: WebSocket, session_id: str, target_id: str | None) -
         try:
             async with services.manager.links.hold(session_id, close_for_checkpoint):
                 await websocket.accept()
-                relaying = asyncio.create_task(
-                    relay(websocket, upstream, session.buffers, limits, touch, dropped))
-                watch = asyncio.create_task(
-                    until_token_ends(services, websocket, session_id, "cdp"))
-                try:
-                    await asyncio.wait({relaying, watch}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    watch.cancel()
-                    if not relaying.done():  # the token ended: so does the connection
-                        relaying.cancel()
-                        with contextlib.suppress(BaseException):
-                            await relaying
-                        with contextlib.suppress(Exception):
-                            await websocket.close(1008, TOKEN_ENDED)
-                if not relaying.cancelled():
-                    relaying.result()  # its own errors, as before
+                await relay(websocket, upstream, session.buffers, limits, touch, dropped,
+                            until_token_ends(services, websocket, session_id, "cdp"))
         except Conflict as error:  # refused by hold(): the session is being checkpointed
             services.metrics.errors.inc(error.kind)
             await websocket.send_denial_response(deskbox_error_response(error))

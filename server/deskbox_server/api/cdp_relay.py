@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -45,7 +45,8 @@ __all__ = [
 ]
 
 CLOSE_GOING_AWAY = 1001
-CLOSE_TOO_SLOW = 1008
+CLOSE_POLICY = 1008
+CLOSE_TOO_SLOW = CLOSE_POLICY
 CLOSE_TOO_BIG = 1009
 CLOSE_UNSUPPORTED = 1003
 _CLOSE_TIMEOUT_S = 1.0  # a stalled client cannot take the close frame either
@@ -177,11 +178,17 @@ async def relay(
     limits: RelayLimits,
     touch: Callable[[], None],
     dropped: Callable[[str], None],
+    ends: Coroutine[Any, Any, str] | None = None,
 ) -> None:
     """Both directions until either side closes or the client falls behind; the client is
-    then closed with a code and a reason. ``touch`` notes use; ``dropped`` a slow client."""
+    then closed with a code and a reason. ``touch`` notes use; ``dropped`` a slow client;
+    ``ends`` returns the reason to close the client with (1008) when it may no longer use
+    the browser (its token revoked)."""
     outbox = Outbox(session, limits.client_buffer)
     touched = 0.0
+    # Started at once, as the others: a coroutine never awaited would warn.
+    ending: asyncio.Task[Any] = asyncio.create_task(
+        ends if ends is not None else asyncio.Event().wait())
 
     async def from_client() -> tuple[int, str] | None:
         nonlocal touched
@@ -241,12 +248,13 @@ async def relay(
         asyncio.create_task(to_client()),
     ]
     try:
-        watched: list[asyncio.Future[Any]] = [*tasks, outbox.failed]
+        watched: list[asyncio.Future[Any]] = [*tasks, outbox.failed, ending]
         done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in tasks:
+        for task in (*tasks, ending):
             task.cancel()
         results = await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(ending, return_exceptions=True)
         outbox.close()
     slow = [str(result) for result in results if isinstance(result, ClientTooSlow)]
     if outbox.failed in done:
@@ -255,6 +263,8 @@ async def relay(
     if slow:
         dropped(slow[0])
         close = CLOSE_TOO_SLOW, _TOO_SLOW
+    elif ending in done and not ending.cancelled() and ending.exception() is None:
+        close = CLOSE_POLICY, str(ending.result())
     else:
         for task, result in zip(tasks, results, strict=True):
             if task in done and isinstance(result, tuple):
