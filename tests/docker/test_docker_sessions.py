@@ -259,9 +259,14 @@ def test_a_delete_while_the_daemon_is_down_says_so_and_the_next_start_removes_it
         with docker_server(second, state_dir, log) as running:
             made = create(running.client)
             name = container_name(running, made, podman)
+            assert running.client.get("/healthz").json()["status"] == "ok"
             daemon.kill()
             daemon.wait()
             (own / "podman.sock").unlink(missing_ok=True)
+            health = running.client.get("/healthz").json()  # it said ok with no daemon
+            assert health["status"] == "degraded", health
+            assert any(problem.startswith("engine docker: the container engine at")
+                       and "does not answer" in problem for problem in health["problems"])
             assert running.client.delete(f"/v1/sessions/{made['id']}").status_code == 204
             ended = running.client.get(f"/v1/sessions/{made['id']}").json()
             assert ended["state"] == "failed", ended

@@ -74,6 +74,10 @@ def test_a_full_state_dir_answers_507_and_a_delete_still_removes_the_desktop(
                            http.post("/v1/sessions", json={"display": DISPLAY})):
                 message = assert_error(answer, 507, "insufficient_storage")["message"]
                 assert "no room on the server's disk" in message, message
+            health = http.get("/healthz")  # an operator's probe sees it
+            assert health.status_code == 200 and health.json()["status"] == "degraded"
+            assert any(f"the state dir {small_disk} has 0 MiB free" in problem
+                       for problem in health.json()["problems"]), health.json()
             # The session itself still answers.
             shot = http.post(f"/v1/sessions/{sid}/actions", json={"type": "screen_size"})
             assert shot.status_code == 200, shot.text

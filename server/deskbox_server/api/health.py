@@ -18,7 +18,9 @@ async def healthz(request: Request) -> Health:
     manager = get_services(request).manager
     counts = manager.counts_by_state()
     live = sum(counts[s] for s in ("starting", "running", "paused", "hibernated", "stopping"))
-    return Health(status="ok", sessions=live, engines=manager.describe_engines())
+    problems = await manager.problems()
+    return Health(status="degraded" if problems else "ok", problems=problems, sessions=live,
+                  engines=manager.describe_engines())
 
 
 @router.get(

@@ -306,6 +306,11 @@ class Engine(ABC, Generic[S]):
         """Release what the engine itself holds (called once, at server shutdown)."""
         return None
 
+    async def problem(self) -> str | None:
+        """What keeps this engine from starting sessions now, or None (``GET /healthz``,
+        which asks on every call: it must be cheap)."""
+        return None
+
     # -- the interface every engine has ------------------------------------------------
 
     @abstractmethod

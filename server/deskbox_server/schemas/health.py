@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 __all__ = ["EngineSummary", "Health"]
@@ -20,7 +22,12 @@ class EngineSummary(BaseModel):
 
 
 class Health(BaseModel):
-    status: str
+    status: Literal["ok", "degraded"] = Field(
+        description="degraded: something keeps sessions from starting or saving (problems)")
+    problems: list[str] = Field(
+        default_factory=list,
+        description="what is wrong now, e.g. an engine's daemon that does not answer, or a "
+        "state dir nearly full")
     sessions: int
     engines: dict[str, EngineSummary] = Field(
         description="the engines sessions may ask for with \"backend\", by that name"

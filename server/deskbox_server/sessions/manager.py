@@ -72,6 +72,9 @@ log = logging.getLogger("deskbox.sessions")
 _RECENT = 1024
 # Ended sessions are forgotten in a reaper pass at most this often (one indexed DELETE).
 _FORGET_EVERY_S = 60.0
+# Less free in the state dir than this makes GET /healthz say so: a hibernate needs about
+# what its session holds in memory, compressed.
+LOW_DISK_BYTES = 256 << 20
 S = SessionState
 
 
@@ -321,6 +324,20 @@ class SessionManager:
             )
             for name, engine in self._engines.items()
         }
+
+    async def problems(self) -> builtins.list[str]:
+        """What keeps sessions from starting or saving now (``GET /healthz``): an engine
+        that cannot start sandboxes, a state dir nearly full."""
+        names = list(self._engines)
+        found = await asyncio.gather(*(self._engines[name].problem() for name in names))
+        problems = [f"engine {name}: {problem}" for name, problem in zip(names, found, strict=True)
+                    if problem is not None]
+        free = (await asyncio.to_thread(shutil.disk_usage, self._settings.state_dir)).free
+        if free < LOW_DISK_BYTES:
+            problems.append(
+                f"the state dir {self._settings.state_dir} has {free >> 20} MiB free: "
+                "hibernates, snapshots and the registry's writes may fail (507)")
+        return problems
 
     def engine_details(self, backend: str) -> dict[str, str]:
         """What an operator should know of ``backend``'s engine here ({} if not offered)."""

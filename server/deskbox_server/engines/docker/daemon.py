@@ -93,6 +93,10 @@ class Daemon:
             await asyncio.to_thread(_socket_owner, self.url) not in (None, 0))
         self.cgroup_version = str(info.get("CgroupVersion", ""))
 
+    async def answers(self) -> None:
+        """Nothing if the daemon answers a cheap question; else why not (DeskboxError)."""
+        await self._call("tell its version", self._api.version())
+
     @property
     def has_cgroups(self) -> bool:
         """Whether containers get cgroups of their own: limits and the freezer (pause)."""

@@ -45,6 +45,7 @@ log = logging.getLogger("deskbox.docker")
 _WATCH_INTERVAL_S = 2.0
 _SOCKET_POLL_S = 0.02
 _INSPECT_EVERY_S = 0.5
+_HEALTH_TIMEOUT_S = 2.0  # GET /healthz: how long the daemon may take to answer
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,17 @@ class DockerEngine(Engine[DockerSandbox]):
             details["rootless"] = ("yes" if self.daemon.has_cgroups else
                                    "yes, on cgroup v1: no limits and no pause")
         return details
+
+    async def problem(self) -> str | None:
+        try:
+            async with asyncio.timeout(_HEALTH_TIMEOUT_S):
+                await self.daemon.answers()
+        except DeskboxError as error:
+            return error.message
+        except TimeoutError:
+            return (f"the container engine at {self.options.url} did not answer within "
+                    f"{_HEALTH_TIMEOUT_S:g} s")
+        return None
 
     async def prepare(self) -> None:
         profile = await asyncio.to_thread(seccomp_profile, self.options.seccomp_source)
