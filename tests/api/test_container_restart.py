@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from deskbox_server.app import runc_engine
+from deskbox_server.engines.runc import freezer
 from deskbox_server.engines.runc.runtime import Runc
 from deskbox_server.engines.runc.sandbox import remove_orphans
 from deskbox_server.settings import Settings
@@ -164,3 +165,32 @@ def test_restart_readopts_running_sessions(tmp_path: Path) -> None:
         options = runc_engine(Settings(state_dir=state_dir)).options
         remove_orphans(options, keep=())
         reap(inits)
+
+
+def test_a_pause_cut_short_by_a_killed_server_leaves_the_session_running(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL between a pause's freeze and its record: the registry still says running, the
+    sandbox is frozen. The next server thaws it and takes it over; it waited 5 s for the
+    frozen agent and failed the session with a reason that did not say why."""
+    state_dir, log = tmp_path / "state", tmp_path / "server.log"
+    with serve(state_dir, log) as (first, http):
+        session = create(http)
+        container = container_of(session["id"])
+        state = Runc().state(container)
+        assert state is not None
+        freezer.freeze(container)  # as the pause's last step does
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    try:
+        with serve(state_dir, log) as (second, http):
+            again = http.get(f"/v1/sessions/{session['id']}").json()
+            assert again["state"] == "running", again
+            assert not freezer.frozen(container)
+            click = http.post(f"/v1/sessions/{session['id']}/actions",
+                              json={"type": "click", "x": 5, "y": 5})
+            assert click.status_code == 200, click.text
+            assert "thawing a sandbox frozen by a pause" in log.read_text()
+            assert http.delete(f"/v1/sessions/{session['id']}").status_code == 204
+    finally:
+        reap([state.pid])

@@ -235,6 +235,13 @@ class RuncSandbox(Sandbox):
         state = options.runc.state(sandbox.container_id)
         if state is None or state.status not in ("running", "paused"):
             raise SessionFailed(f"the sandbox {sandbox.container_id} is not running")
+        if state.status == "paused":
+            # Frozen by a pause the previous server did not finish (it was killed): its
+            # session was never said to be paused, so it runs again (its agent would not
+            # answer the server's connection, and the session failed for that).
+            log.warning("session %s: thawing a sandbox frozen by a pause the previous "
+                        "server did not finish", session_id)
+            freezer.thaw(sandbox.container_id)
         display = DisplayReservation.find(sandbox.display_dir)
         if display is None or not display.private_socket.exists():
             raise SessionFailed(f"the sandbox {sandbox.container_id} has no published display")
