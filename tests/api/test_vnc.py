@@ -355,19 +355,20 @@ def test_view_page_in_chromium_draws_the_desktop_and_shares_the_clipboard(
         assert shown == ["connected", "control", False, False, 1280]
         # What the session copies shows in the clipboard panel (x11vnc may drop the first
         # change after a viewer came: the owner's write is repeated a second later)...
-        actions(client, session, {"type": "clipboard_set", "text": "to the page"})
+        # Latin-1 both ways (RFB's cut text): "é" reached the session as "\ufffd".
+        actions(client, session, {"type": "clipboard_set", "text": "to thé page"})
         cdp.evaluate("document.getElementById('clip-toggle').click()")
         deadline = time.monotonic() + 5
-        while cdp.evaluate("document.getElementById('clip-text').value") != "to the page":
+        while cdp.evaluate("document.getElementById('clip-text').value") != "to thé page":
             assert time.monotonic() < deadline, "the clipboard never reached the page"
             time.sleep(0.05)
         assert cdp.evaluate("document.getElementById('clip').hidden") is False
         # ...and what the viewer pastes reaches the session's clipboard.
-        cdp.evaluate("""(() => { document.getElementById('clip-text').value = 'from the page';
+        cdp.evaluate("""(() => { document.getElementById('clip-text').value = 'fróm thé page';
             document.getElementById('clip-send').click(); })()""")
         deadline = time.monotonic() + 5
         while (got := actions(client, session, {"type": "clipboard_get"})[0]["text"]) != (
-            "from the page"
+            "fróm thé page"
         ):
             assert time.monotonic() < deadline, got
             time.sleep(0.05)
@@ -564,13 +565,15 @@ def test_clipboard_reaches_viewers_and_back(
         while b"to the viewer" not in seen:
             assert time.monotonic() < deadline, seen
             seen.append(viewer.wait_cut_text(timeout_s=deadline - time.monotonic()))
-        viewer.cut_text_to_server(b"from the viewer")
+        viewer.cut_text_to_server("from thé viewer".encode("latin-1"))  # as RFB says
         deadline = time.monotonic() + 3
         while (got := actions(client, session, {"type": "clipboard_get"})[0]["text"]) != (
-            "from the viewer"
+            "from thé viewer"
         ) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert got == "from the viewer"
+        assert got == "from thé viewer"
+        actions(client, session, {"type": "clipboard_set", "text": "bäck ✓"})
+        assert viewer.wait_cut_text(timeout_s=4) == "bäck ?".encode("latin-1")
 
 
 def test_uvicorn_websocket_lines_are_redacted() -> None:

@@ -26,6 +26,16 @@ def test_control_passes_everything_in_order() -> None:
     assert ClientMessages(allow_input=True).feed(stream) == stream
 
 
+def test_cut_text_reaches_the_server_in_utf8() -> None:
+    """RFB's cut text is Latin-1; the session's x11vnc reads UTF-8 ("été" came out as
+    "\ufffdt\ufffd"). The extended clipboard's passes as it is."""
+    latin1 = "thé, 100 €?".encode("latin-1", errors="replace")
+    sent = struct.pack(">BxxxI", 6, len(latin1)) + latin1 + UPDATE + EXTENDED_CUT
+    wanted = "thé, 100 ??".encode()
+    assert ClientMessages(allow_input=True).feed(sent) == (
+        struct.pack(">BxxxI", 6, len(wanted)) + wanted + UPDATE + EXTENDED_CUT)
+
+
 def test_view_drops_input_and_keeps_the_rest() -> None:
     messages = ClientMessages(allow_input=False)
     out = messages.feed(KEY + UPDATE + POINTER + CUT + ENCODINGS + EXTENDED_CUT)

@@ -3,6 +3,7 @@
 Sans I/O: :class:`ClientMessages` is fed the bytes a viewer sends after its ClientInit
 and returns the bytes to pass on to the VNC server. It frames every message by its type
 and length, drops input (KeyEvent, PointerEvent, ClientCutText) from read-only viewers,
+re-encodes cut text for the VNC server (:func:`utf8_cut_text`),
 drops SetDesktopSize from everyone (viewers do not resize the session's screen) and
 raises :class:`RfbError` for anything it does not know, so that the proxy closes.
 """
@@ -71,6 +72,17 @@ def client_version(data: bytes) -> int:
     return 3  # 3.3, and what RFC 6143 says to treat as 3.3
 
 
+def utf8_cut_text(message: bytes) -> bytes:
+    """A plain ClientCutText (Latin-1, RFC 6143) with its text in UTF-8, as the session's
+    x11vnc reads it: "été" pasted in a viewer reached the session as "\ufffdt\ufffd".
+    The extended clipboard's (a negative length) passes as it is."""
+    (length,) = struct.unpack_from(">i", message, 4)
+    if length <= 0:
+        return message
+    text = message[8:].decode("latin-1").encode()
+    return message[:4] + struct.pack(">I", len(text)) + text
+
+
 @dataclass
 class ClientMessages:
     """Frames and filters the viewer's messages (after ClientInit)."""
@@ -101,6 +113,8 @@ class ClientMessages:
             if kind == SET_DESKTOP_SIZE or (kind in INPUT_TYPES and not self.allow_input):
                 self.dropped[kind] = self.dropped.get(kind, 0) + 1
                 continue
+            if kind == CLIENT_CUT_TEXT:
+                message = utf8_cut_text(message)
             out += message
             self.forwarded += 1
             if kind == KEY_EVENT:
