@@ -576,6 +576,24 @@ def test_clipboard_reaches_viewers_and_back(
         assert viewer.wait_cut_text(timeout_s=4) == "bäck ?".encode("latin-1")
 
 
+def test_clipboard_reaches_two_new_viewers_in_seconds(
+    client: httpx.Client, session: dict[str, Any]
+) -> None:
+    """x11vnc passes no CUT_BUFFER0 change on for a few seconds after viewers came (about
+    5 s with three): the agent writes it again each second for 8 s. With one rewrite, two
+    viewers got the first change 16 s late (x11vnc's own fallback)."""
+    token = issue(client, session["id"], "control")["token"]
+    with RfbViewer(vnc_url(session, token)) as one, RfbViewer(vnc_url(session, token)) as two:
+        one.full_frame()
+        two.full_frame()
+        actions(client, session, {"type": "clipboard_set", "text": "to both"})
+        started = time.monotonic()
+        for viewer in (one, two):
+            while viewer.wait_cut_text(timeout_s=20) != b"to both":
+                pass
+        assert time.monotonic() - started < 8
+
+
 def test_uvicorn_websocket_lines_are_redacted() -> None:
     """uvicorn logs 'WebSocket /path?query [accepted]' (its own logger, not the access log)."""
     record = logging.makeLogRecord({

@@ -5,10 +5,10 @@ caller's thread, the desktop's worker). Owning it means answering other clients'
 ``SelectionRequest`` events for as long as we own it, whenever they ask (a paste in the
 browser, x11vnc passing it to viewers), so the owner has its own X connection served by a
 small thread, started on the first ``set``; it also writes the root window's CUT_BUFFER0, which
-x11vnc passes to viewers (as Latin-1), and writes it once more a second later (x11vnc drops
-a CUT_BUFFER0 change that lands while it syncs its clock, as it does just after a viewer
-came, and would otherwise pass the text on only ~15 s later). Both directions are bounded by
-``MAX_CLIPBOARD_BYTES`` (no INCR transfers).
+x11vnc passes to viewers (as Latin-1), and writes it again each second for 8 s: x11vnc
+passes no change of it on for a while after viewers came (about 1 s with one viewer, 5 s
+with three; it would pass the text on only ~15 s later, from its own polling). Both
+directions are bounded by ``MAX_CLIPBOARD_BYTES`` (no INCR transfers).
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ __all__ = ["MAX_CLIPBOARD_BYTES", "Clipboard"]
 MAX_CLIPBOARD_BYTES = 200_000
 _READ_TIMEOUT_S = 2.0
 _TEXT_TARGETS = ("UTF8_STRING", "text/plain;charset=utf-8", "STRING", "TEXT")
-_REPUBLISH_AFTER_S = 1.0
+# When CUT_BUFFER0 is written again after a set (seconds after it): one rewrite was enough
+# for one viewer, but two that had just come got the first change 16 s late.
+_REPUBLISH_AT_S = tuple(float(after) for after in range(1, 9))
 
 
 def _wait_event(
@@ -65,7 +67,9 @@ class _Owner(threading.Thread):
         self._text = b""
         self._owned = False
         self._closing = False
-        self._republish: tuple[float, bytes] | None = None  # (when, CUT_BUFFER0 text)
+        # (when, which of _REPUBLISH_AT_S, CUT_BUFFER0 text)
+        self._republish: tuple[float, int, bytes] | None = None
+        self._set_at = 0.0
         self.failure: str | None = None  # why the X server's connection was closed on us
         self._stopped = False
 
@@ -151,23 +155,29 @@ class _Owner(threading.Thread):
         latin = text.decode("utf-8").encode("latin-1", errors="replace")
         self._x.screen().root.change_property(Xatom.CUT_BUFFER0, Xatom.STRING, 8, latin)
         self._x.flush()
-        self._republish = (time.monotonic() + _REPUBLISH_AFTER_S, latin)
+        self._set_at = time.monotonic()
+        self._republish = (self._set_at + _REPUBLISH_AT_S[0], 0, latin)
         with self._lock:
             self._text, self._owned = text, owned
         result.append(owned)
 
     def _republish_cut_buffer(self) -> None:
-        """CUT_BUFFER0 written again, unless someone changed it or took the clipboard."""
+        """CUT_BUFFER0 written again, unless someone changed it or took the clipboard; then
+        again at the next of _REPUBLISH_AT_S."""
         assert self._republish is not None
-        latin, self._republish = self._republish[1], None
+        _, which, latin = self._republish
+        self._republish = None
         if self.owned_text() is None:
             return
         root = self._x.screen().root
         reply = root.get_property(Xatom.CUT_BUFFER0, Xatom.STRING, 0, len(latin) // 4 + 1)
         value = reply.value if reply is not None else b""
-        if (value.encode("latin-1") if isinstance(value, str) else bytes(value)) == latin:
-            root.change_property(Xatom.CUT_BUFFER0, Xatom.STRING, 8, latin)
-            self._x.flush()
+        if (value.encode("latin-1") if isinstance(value, str) else bytes(value)) != latin:
+            return
+        root.change_property(Xatom.CUT_BUFFER0, Xatom.STRING, 8, latin)
+        self._x.flush()
+        if which + 1 < len(_REPUBLISH_AT_S):
+            self._republish = (self._set_at + _REPUBLISH_AT_S[which + 1], which + 1, latin)
 
     def _handle(self, event: Event) -> None:
         if event.type == X.SelectionClear:
