@@ -241,8 +241,9 @@ class SessionManager:
         if self.pool is not None:
             await self.pool.close()
         await self.recordings.close()
-        # A hibernate that outlasted the requests' grace ends first: then its session
-        # stays on disk like the others.
+        # A snapshot that outlasted the requests' grace is given stop_timeout_s to end.
+        # (A hibernate or resume holds its session's lock, which _let_go waits for: it
+        # ends whatever this bound, and a hibernated session stays on disk.)
         await self._context.changes.wait(self._settings.stop_timeout_s)
         # Hibernated sessions stay on disk for the next server; in a fleet, running ones
         # stay for the other servers; the others stop.
