@@ -25,13 +25,13 @@ class ChangesInFlight:
     """The state changes running now (one set per manager)."""
 
     def __init__(self) -> None:
-        self._running: dict[asyncio.Task[Any], str] = {}
+        self._running: set[asyncio.Task[Any]] = set()  # each named for what it does
 
     async def run(self, change: Coroutine[Any, Any, T], what: str) -> T:
         """``change``'s result; it goes on if the caller is cancelled meanwhile."""
         task = asyncio.create_task(change, name=what)
-        self._running[task] = what
-        task.add_done_callback(self._ended)
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -40,18 +40,16 @@ class ChangesInFlight:
                 task.add_done_callback(_told_nobody)
             raise
 
-    def _ended(self, task: asyncio.Task[Any]) -> None:
-        del self._running[task]
-
     async def wait(self, timeout_s: float) -> None:
         """Until every change running now has ended, or ``timeout_s``."""
         if not self._running:
             return
-        log.info("waiting up to %g s for %s", timeout_s, ", ".join(self._running.values()))
+        log.info("waiting up to %g s for %s", timeout_s,
+                 ", ".join(task.get_name() for task in self._running))
         _, pending = await asyncio.wait(set(self._running), timeout=timeout_s)
         for task in pending:
-            log.warning("%s did not end within %g s of the server's stop",
-                        self._running.get(task, "a state change"), timeout_s)
+            log.warning("%s did not end within %g s of the server's stop", task.get_name(),
+                        timeout_s)
 
 
 def _told_nobody(task: asyncio.Task[Any]) -> None:
