@@ -260,6 +260,7 @@ def test_an_engine_without_volumes_refuses_them(server: Server) -> None:
         error = assert_error(http.post("/v1/sessions", json={
             "volumes": [{"name": "work", "path": WORK}]}), 422, "invalid_request")
         assert "volumes" in error["message"] and "local" in error["message"]
+        assert "the container, vm and kubernetes backends have it" in error["message"]
         assert http.get("/v1/volumes").json()["volumes"] == []
 
 

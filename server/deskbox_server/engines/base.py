@@ -266,18 +266,24 @@ class Engine(ABC, Generic[S]):
         e.g. which accelerator a VM runs on."""
         return {}
 
-    def lacks(self, capability: Capability, needed_for: str) -> EngineLacks:
+    def lacks(
+        self, capability: Capability, needed_for: str, hint: str | None = None
+    ) -> EngineLacks:
+        """The refusal, with ``hint`` (what has it) where the engine's own hint, about what
+        it lacks most, would mislead."""
         return EngineLacks(self.name, needed_for, f"the capability {capability.value!r}",
-                           self.hint)
+                           hint or self.hint)
 
     async def drop_volume(self, key: str) -> None:
         """The volume ``key`` (VolumeAttach.key) was deleted: forget what this engine keeps
         of it (a cluster's claim). Engines that mount the server's disk images keep nothing."""
         return None
 
-    def require(self, capability: Capability, needed_for: str) -> None:
+    def require(
+        self, capability: Capability, needed_for: str, hint: str | None = None
+    ) -> None:
         if capability not in self.capabilities:
-            raise self.lacks(capability, needed_for)
+            raise self.lacks(capability, needed_for, hint)
 
     def check(self, spec: SessionSpec) -> None:
         """Refuse what this engine cannot honour, before anything starts."""
@@ -288,11 +294,9 @@ class Engine(ABC, Generic[S]):
                               "the kubernetes backend has them")
         if spec.resources is not None:
             self.require(Capability.RESOURCES, "resources")
-        if spec.volumes and Capability.VOLUMES not in self.capabilities:
-            # The engine's own hint is about what it lacks most (checkpoints, egress).
-            raise EngineLacks(self.name, "volumes (and browser profiles)",
-                              f"the capability {Capability.VOLUMES.value!r}",
-                              "the container, vm and kubernetes backends have it")
+        if spec.volumes:
+            self.require(Capability.VOLUMES, "volumes (and browser profiles)",
+                         "the container, vm and kubernetes backends have it")
         if spec.network is not None and spec.network.egress not in self.egress_modes:
             offered = ", ".join(repr(m) for m in sorted(self.egress_modes))
             raise EngineLacks(self.name, f"network egress {spec.network.egress!r}",
