@@ -22,7 +22,7 @@ from websockets.sync.client import connect
 
 from deskbox_server.api.auth import key_id
 from deskbox_server.engines.desktop_commands import DEVTOOLS_PORT
-from deskbox_server.engines.runc.criu import Criu, archive_path
+from deskbox_server.engines.runc.criu import Criu
 from deskbox_server.engines.runc.runtime import Runc
 from deskbox_server.engines.runc.sandbox import RuncSandbox
 from deskbox_server.sessions.desktop import AnyDesktop
@@ -292,7 +292,7 @@ def test_hibernate_frees_the_sandbox_and_resume_restores_it(
         assert response.json()["state"] == "hibernated"
         assert Runc().state(container_id) is None
         assert not cgroup_dirs(container_id)  # every process ended, the memory is free
-        archive = archive_path(sandbox)
+        archive = sandbox.hibernate_archive
         assert stat.S_IMODE(archive.stat().st_mode) == 0o600
         click = {"type": "click", "x": ox + 150, "y": oy + 150}
         error = assert_error(client.post(f"/v1/sessions/{sid}/actions", json=click),

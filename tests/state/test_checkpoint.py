@@ -19,7 +19,6 @@ import pytest
 
 from deskbox_server.engines.runc.criu import (
     Criu,
-    archive_path,
     hibernate_sandbox,
     restore_sandbox,
 )
@@ -76,7 +75,7 @@ def test_hibernate_and_restore_a_sandbox(sandbox: RuncSandbox) -> None:
     sandbox.release_init()
     assert Runc().state(container_id) is None
     assert not cgroup_dirs(container_id)  # its memory is released
-    archive = archive_path(sandbox)
+    archive = sandbox.hibernate_archive
     assert stat.S_IMODE(archive.stat().st_mode) == 0o600
     assert 0 < stats.compressed_bytes < stats.raw_bytes
     print(f"dump {stats.seconds:.2f} s, {stats.raw_bytes / 2**20:.0f} MiB raw, "

@@ -50,7 +50,6 @@ __all__ = [
     "CheckpointUnavailable",
     "Criu",
     "DumpStats",
-    "archive_path",
     "dump",
     "hibernate_sandbox",
     "restore",
@@ -156,10 +155,6 @@ class DumpStats:
     seconds: float
     raw_bytes: int
     compressed_bytes: int
-
-
-def archive_path(sandbox: RuncSandbox) -> Path:
-    return sandbox.hibernate_archive
 
 
 def _runc_criu(runc: Runc, criu: Criu, *args: str) -> subprocess.CompletedProcess[bytes]:
@@ -356,12 +351,12 @@ def restore_from(
 
 
 def hibernate_sandbox(sandbox: RuncSandbox, criu: Criu) -> DumpStats:
-    """Checkpoint the sandbox (its processes end) into its archive (:func:`archive_path`).
+    """Checkpoint the sandbox (its processes end) into its archive (``sandbox.hibernate_archive``).
 
     On failure the sandbox runs on (CRIU resumes it) and CheckpointUnavailable says why;
     if the archive cannot be written, it runs on from its images (:func:`_run_on`).
     """
-    archive = archive_path(sandbox)
+    archive = sandbox.hibernate_archive
     archive.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     scratch, images, logs = scratch_dirs(sandbox, archive.parent, "dump-")
     try:
@@ -398,7 +393,7 @@ def restore_sandbox(sandbox: RuncSandbox, criu: Criu) -> float:
 
     SessionFailed (naming the cause) if it cannot; the archive then stays.
     """
-    archive = archive_path(sandbox)
+    archive = sandbox.hibernate_archive
     if not archive.is_file():
         raise SessionFailed(f"the checkpoint of {sandbox.container_id} is missing ({archive})")
     seconds = restore_from(sandbox, criu, archive)
