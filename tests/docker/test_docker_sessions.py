@@ -43,9 +43,12 @@ class Server:
 
 
 @contextlib.contextmanager
-def docker_server(podman: Podman, state_dir: Path, log: Path) -> Iterator[Server]:
+def docker_server(
+    podman: Podman, state_dir: Path, log: Path, extra_env: dict[str, str] | None = None,
+) -> Iterator[Server]:
     env = {"DESKBOX_BACKENDS": "docker", "DESKBOX_DEFAULT_BACKEND": "docker",
-           "DESKBOX_DOCKER_HOST": podman.url, "DESKBOX_START_TIMEOUT_S": "60"}
+           "DESKBOX_DOCKER_HOST": podman.url, "DESKBOX_START_TIMEOUT_S": "60",
+           **(extra_env or {})}
     # The first server loads the OCI image into the new storage before it answers.
     with serve(state_dir, log, env, timeout_s=120.0, ready_timeout_s=300.0) as (
             process, client):
@@ -206,6 +209,45 @@ def test_a_container_stopped_behind_the_servers_back_fails_its_session(
     assert name not in containers(podman)
 
 
+def test_a_container_paused_behind_the_servers_back_is_refused_until_unpaused(
+    podman: Podman, base: Path,
+) -> None:
+    """`podman pause` of a session's container, not through the API. An action then in
+    flight is answered 409 at its deadline (it had failed the session); once the engine's
+    watcher saw the pause, calls are answered 409 at once with the reason; unpaused, the
+    session goes on."""
+    state_dir, log = base / "held-state", base / "held.log"
+    with docker_server(podman, state_dir, log, {"DESKBOX_DESKTOP_CALL_TIMEOUT_S": "5"}) as running:
+        client = running.client
+        made = create(client)
+        session_id = made["id"]
+        name = container_name(running, made, podman)
+        assert podman.cli("pause", name).returncode == 0
+        in_flight = client.post(f"/v1/sessions/{session_id}/actions",
+                                json={"type": "cursor_position"})
+        assert_error(in_flight, 409, "conflict")
+        assert "paused outside Deskbox" in in_flight.json()["error"]["message"]
+        started = time.monotonic()
+        for refused in (
+            client.get(f"/v1/sessions/{session_id}/screenshot"),
+            client.post(f"/v1/sessions/{session_id}/exec", json={"cmd": ["true"]}),
+            client.post(f"/v1/sessions/{session_id}/pause", json={"mode": "freeze"}),
+        ):
+            assert_error(refused, 409, "conflict")
+            assert f"{name} was paused outside Deskbox" in refused.json()["error"]["message"]
+        assert time.monotonic() - started < 3  # at once, not at a call's deadline
+        assert client.get(f"/v1/sessions/{session_id}").json()["state"] == "running"
+        assert podman.cli("unpause", name).returncode == 0
+        deadline = time.monotonic() + 10
+        while (shot := client.get(f"/v1/sessions/{session_id}/screenshot")).status_code == 409:
+            assert time.monotonic() < deadline, shot.text
+            time.sleep(0.2)
+        assert shot.status_code == 200, shot.text
+        echoed = client.post(f"/v1/sessions/{session_id}/exec", json={"cmd": ["echo", "on"]})
+        assert echoed.status_code == 200 and echoed.json()["stdout"] == "on\n", echoed.text
+        assert client.get(f"/v1/sessions/{session_id}").json()["state"] == "running"
+
+
 def test_delete_leaves_nothing(client: httpx.Client, podman: Podman, server: Server) -> None:
     made = create(client)
     name = container_name(server, made, podman)
@@ -224,11 +266,15 @@ def test_a_killed_servers_container_is_adopted_by_the_next(podman: Podman, base:
         first.process.send_signal(signal.SIGKILL)
         first.process.wait()
     assert name in containers(podman)  # the container outlives its server
+    # Paused meanwhile (or by a pause the killed server had not recorded): the record says
+    # running, so the next server unpauses it; its agent answered no handshake before.
+    assert podman.cli("pause", name).returncode == 0
     with docker_server(podman, state_dir, log) as second:
         again = second.client.get(f"/v1/sessions/{made['id']}").json()
         assert again["state"] == "running", again
         shot = second.client.get(f"/v1/sessions/{made['id']}/screenshot")
         assert shot.status_code == 200, shot.text
+        assert inspect(podman, name, "{{.State.Status}}") == "running"
     # A server's shutdown ends its sessions, and their containers.
     assert name not in containers(podman)
 

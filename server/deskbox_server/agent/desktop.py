@@ -21,7 +21,7 @@ import dataclasses
 import json
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -31,7 +31,14 @@ from deskbox_agent.desktop import actions as agent_actions
 from deskbox_agent.desktop.errors import InvalidAction as AgentInvalidAction
 from deskbox_agent.desktop.space import Space
 
-from ..errors import DesktopFailed, InvalidAction, InvalidRequest, SessionFailed, Timeout
+from ..errors import (
+    Conflict,
+    DesktopFailed,
+    InvalidAction,
+    InvalidRequest,
+    SessionFailed,
+    Timeout,
+)
 from ..media import MEDIA_TYPES, EncodedImage, Frame
 from ..schemas import actions as a
 from ..schemas.results import ActionResult, BatchResult, ClipboardText, Point, Size
@@ -84,9 +91,12 @@ class AgentDesktop:
 
     def __init__(
         self, client: AgentClient, settle: SettleOptions | None = None,
-        call_timeout_s: float = 30.0,
+        call_timeout_s: float = 30.0, held: Callable[[], str | None] = lambda: None,
     ) -> None:
+        """``held``: why the desktop stands still by someone else's doing (engines/base.py
+        Sandbox.held), asked when a call does not return in time."""
         self._client = client
+        self._held = held
         self.settle_options = settle or SettleOptions()
         self.call_timeout_s = call_timeout_s
         self._screen: tuple[int, int] | None = None
@@ -254,6 +264,10 @@ class AgentDesktop:
         except Timeout as error:
             if not stall_fails:
                 raise
+            if (held := self._held()) is not None:
+                # Not a stalled desktop: it goes on when unpaused, and the call with it.
+                raise Conflict(f"{held} (the {name} call sent before may still run then)"
+                               ) from None
             stalled = f"the desktop did not answer within {timeout_s:.0f} s ({name})"
             self._client.fail(stalled)
             raise DesktopFailed(stalled) from error

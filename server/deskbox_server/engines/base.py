@@ -189,6 +189,13 @@ class Sandbox(ABC):
         Cheap and thread-safe: the reaper calls it from the event loop.
         """
 
+    def held(self) -> str | None:
+        """Why its processes stand still by someone else's doing than this server's (a
+        ``docker pause`` of its container), or None. They go on when that someone lets
+        them: calls are refused meanwhile, and the session does not fail. Cheap, as
+        :meth:`failure`."""
+        return None
+
     @property
     def running(self) -> bool:
         """Whether its processes run (a checkpointed sandbox's do not)."""

@@ -30,7 +30,7 @@ from ..agent.sandbox_io import AgentSandboxIO
 from ..agent.vnc import AgentVnc
 from ..agent.vnc_server import VncServer
 from ..engines.base import Capability, Engine, S, SessionSpec, SnapshotInfo
-from ..errors import BrowserUnavailable, DeskboxError, DesktopFailed
+from ..errors import BrowserUnavailable, Conflict, DeskboxError, DesktopFailed
 from ..media import EncodedImage
 from ..sandbox_io import ExecCommand, ExecResult, FileDownload
 from ..schemas import actions as a
@@ -123,20 +123,30 @@ class Desktop(Generic[S]):
     def attach(self, agent: AgentClient | None) -> None:
         """Drive the desktop through ``agent`` from now on (None: not at all)."""
         self.agent = agent
-        self._desktop = AgentDesktop(agent, call_timeout_s=self.call_timeout_s) if agent else None
+        self._desktop = AgentDesktop(
+            agent, call_timeout_s=self.call_timeout_s, held=self.sandbox.held,
+        ) if agent else None
         self._agent_failed_at = None
 
     @property
     def desktop(self) -> AgentDesktop:
         if self._desktop is None:
             raise DesktopFailed(f"{self.sandbox.label} is not running")
+        self._refuse_if_held()
         return self._desktop
 
     def live_agent(self) -> AgentClient:
         agent = self.agent
         if agent is None or not self.sandbox.running:
             raise DesktopFailed(f"{self.sandbox.label} is not running")
+        self._refuse_if_held()
         return agent
+
+    def _refuse_if_held(self) -> None:
+        """A sandbox someone else paused answers nothing: a call would wait out its
+        deadline and then fail the session, which goes on once unpaused."""
+        if (held := self.sandbox.held()) is not None:
+            raise Conflict(held)
 
     async def let_go(self, for_checkpoint: bool = False) -> None:
         """Close the host's stream to the agent and leave the sandbox as it is (before a
@@ -232,6 +242,7 @@ class Desktop(Generic[S]):
         agent = self.agent
         if agent is None or self.sandbox.failure() is not None:
             raise BrowserUnavailable(f"{self.sandbox.label} is not running")
+        self._refuse_if_held()
         devtools = self._devtools
         if devtools is None or devtools.agent is not agent:  # a new agent after a restore
             if devtools is not None:

@@ -218,6 +218,13 @@ class DockerEngine(Engine[DockerSandbox]):
         sandbox.container_id = str(found["Id"])
         if not await asyncio.to_thread(agent_socket_ready, sandbox.socket_dir, AGENT_SOCKET):
             raise SessionFailed(f"{sandbox.label}'s agent socket is gone")
+        if (found.get("State") or {}).get("Paused"):
+            # Only running sessions are adopted: a pause their record does not know of (the
+            # previous server was killed before it recorded its pause, or someone paused
+            # the container meanwhile). Its agent would not answer the handshake.
+            log.warning("session %s: unpausing %s, paused while no server ran", session_id,
+                        sandbox.label)
+            await self.daemon.unpause(sandbox.container_id)
         self._sandboxes[session_id] = sandbox
         return sandbox
 
@@ -240,11 +247,15 @@ class DockerEngine(Engine[DockerSandbox]):
 
     async def freeze(self, sandbox: DockerSandbox) -> None:
         assert sandbox.container_id is not None
+        sandbox.pause_changes += 1
         await self.daemon.pause(sandbox.container_id)
+        sandbox.frozen = True
 
     async def thaw(self, sandbox: DockerSandbox) -> None:
         assert sandbox.container_id is not None
+        sandbox.pause_changes += 1
         await self.daemon.unpause(sandbox.container_id)
+        sandbox.frozen = False
 
     # -- the watcher -----------------------------------------------------------------------
 
@@ -253,6 +264,7 @@ class DockerEngine(Engine[DockerSandbox]):
             await asyncio.sleep(_WATCH_INTERVAL_S)
             if not self._sandboxes:
                 continue
+            pause_changes = {sid: s.pause_changes for sid, s in self._sandboxes.items()}
             try:
                 listed = await self.daemon.list_labelled(f"{LABEL_SERVER}={self.tag}")
             except DeskboxError as error:
@@ -267,6 +279,21 @@ class DockerEngine(Engine[DockerSandbox]):
                     sandbox.ended = "was removed by someone else"
                 elif state not in ("created", "running", "paused"):
                     sandbox.ended = f"stopped ({state})"
+                elif pause_changes.get(sandbox.session_id) == sandbox.pause_changes:
+                    _note_held(sandbox, state == "paused" and not sandbox.frozen)
+
+
+def _note_held(sandbox: DockerSandbox, held: bool) -> None:
+    """The watcher saw the container paused by someone else (or no longer)."""
+    if held and sandbox.held_outside is None:
+        log.warning("session %s: %s was paused outside the server", sandbox.session_id,
+                    sandbox.label)
+        sandbox.held_outside = (
+            f"{sandbox.label} was paused outside Deskbox (docker or podman pause): "
+            "unpause it, and the session goes on")
+    elif not held and sandbox.held_outside is not None:
+        log.info("session %s: %s runs again", sandbox.session_id, sandbox.label)
+        sandbox.held_outside = None
 
 
 def _limits(spec: SessionSpec) -> ContainerLimits:

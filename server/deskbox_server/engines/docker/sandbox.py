@@ -30,6 +30,13 @@ class DockerSandbox(OwnDesktopSandbox):
         self.container_id: str | None = None
         # Set by the engine's watcher (engine.py) when the container stops on its own.
         self.ended: str | None = None
+        # Set by the watcher while the container is paused and the server did not pause
+        # it (docker pause, podman pause); cleared once it runs again.
+        self.held_outside: str | None = None
+        self.frozen = False  # paused by the engine's freeze()
+        # The engine's pauses and unpauses so far: a listing made across one of them says
+        # nothing of the container's state after it.
+        self.pause_changes = 0
         self.timings: dict[str, float] = {}
 
     @property
@@ -38,3 +45,6 @@ class DockerSandbox(OwnDesktopSandbox):
 
     def failure(self) -> str | None:
         return self.ended
+
+    def held(self) -> str | None:
+        return self.held_outside
