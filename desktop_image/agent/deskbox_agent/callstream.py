@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import struct
 
 from .h2server import Stream
 from .limits import Limits
-from .registry import Blob, CallError, Json, Registry, refusal_at_process_limit
+from .registry import Blob, CallError, Json, Registry, failure_answer
 
 __all__ = ["CALLS_TYPE", "MAX_REPLY_HEAD", "invoke", "serve_calls"]
 
-log = logging.getLogger("deskbox_agent")
 CALLS_TYPE = "application/vnd.deskbox.calls"
 MAX_REPLY_HEAD = 4096
 _LENGTH = struct.Struct(">I")
@@ -44,10 +42,8 @@ async def invoke(registry: Registry, name: str, args: object) -> _Reply:
     except CallError as e:
         return _error(e.status, e.kind, e.message)
     except Exception as e:  # a handler's bug fails its call only
-        if (refusal := refusal_at_process_limit(e)) is not None:
-            return _error(refusal.status, refusal.kind, refusal.message)
-        log.exception("call %s failed", name)
-        return _error(500, "internal", f"{type(e).__name__}: {e}")
+        answer = failure_answer(e, f"call {name}")
+        return _error(answer.status, answer.kind, answer.message)
     if isinstance(result, Blob):
         return 200, result.content_type, result.data
     return 200, "application/json", json.dumps(result, separators=(",", ":")).encode()

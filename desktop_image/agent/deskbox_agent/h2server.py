@@ -23,7 +23,7 @@ import h2.exceptions
 from .frames import FrameGuard, FrameViolation
 from .h2setup import new_connection
 from .limits import Limits
-from .registry import CallError, refusal_at_process_limit
+from .registry import failure_answer
 from .windows import InboundWindows
 
 __all__ = ["Connection", "Stream", "StreamGone", "serve_connection"]
@@ -317,12 +317,9 @@ class Connection:
             with contextlib.suppress(StreamGone):
                 await stream.error(408, "timeout", "the request body did not arrive in time")
         except Exception as e:  # a handler's bug fails its stream only
-            refusal = refusal_at_process_limit(e)
-            if refusal is None:
-                log.exception("handler of %s failed", stream.path)
-                refusal = CallError(500, "internal", f"{type(e).__name__}: {e}")
+            answer = failure_answer(e, f"handler of {stream.path}")
             with contextlib.suppress(StreamGone):
-                await stream.error(refusal.status, refusal.kind, refusal.message)
+                await stream.error(answer.status, answer.kind, answer.message)
         except asyncio.CancelledError:
             if not stream.reset:
                 raise

@@ -9,12 +9,15 @@ raises :class:`CallError` to answer with a status of the protocol's error shape.
 from __future__ import annotations
 
 import errno
+import logging
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeAlias
 
-__all__ = ["Blob", "CallError", "CallHandler", "Json", "Registry", "refusal_at_process_limit"]
+__all__ = ["Blob", "CallError", "CallHandler", "Json", "Registry", "failure_answer"]
+
+log = logging.getLogger("deskbox_agent")
 
 Json: TypeAlias = None | bool | int | float | str | list["Json"] | dict[str, "Json"]
 _NAME = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
@@ -36,13 +39,16 @@ class CallError(Exception):
         self.message = message
 
 
-def refusal_at_process_limit(error: BaseException) -> CallError | None:
-    """The refusal for ``error`` if it says the sandbox's pids limit is reached (no thread
-    or process can start): its programs hold all it may have. The call cannot run now, the
-    agent and its session are fine; a 500 made the host fail the session."""
+def failure_answer(error: Exception, what: str) -> CallError:
+    """What ``what`` (a call, a stream's handler) answers when it raised ``error``, which
+    is not a :class:`CallError`: a handler's bug is a 500 (logged), but the sandbox at its
+    pids limit is a 429 (no thread or process can start: its programs hold all it may
+    have). Such a call cannot run now, the agent and its session are fine; a 500 made the
+    host fail the session."""
     if not ((isinstance(error, RuntimeError) and "can't start new thread" in str(error))
             or (isinstance(error, OSError) and error.errno == errno.EAGAIN)):
-        return None
+        log.error("%s failed", what, exc_info=error)
+        return CallError(500, "internal", f"{type(error).__name__}: {error}")
     held = ""
     try:
         with open("/sys/fs/cgroup/pids.current") as current, \
