@@ -215,7 +215,7 @@ def test_a_container_paused_behind_the_servers_back_is_refused_until_unpaused(
     """`podman pause` of a session's container, not through the API. An action then in
     flight is answered 409 at its deadline (it had failed the session); once the engine's
     watcher saw the pause, calls are answered 409 at once with the reason; unpaused, the
-    session goes on."""
+    session goes on; paused again and deleted, it is gone."""
     state_dir, log = base / "held-state", base / "held.log"
     with docker_server(podman, state_dir, log, {"DESKBOX_DESKTOP_CALL_TIMEOUT_S": "5"}) as running:
         client = running.client
@@ -246,6 +246,11 @@ def test_a_container_paused_behind_the_servers_back_is_refused_until_unpaused(
         echoed = client.post(f"/v1/sessions/{session_id}/exec", json={"cmd": ["echo", "on"]})
         assert echoed.status_code == 200 and echoed.json()["stdout"] == "on\n", echoed.text
         assert client.get(f"/v1/sessions/{session_id}").json()["state"] == "running"
+        # Paused outside again, then deleted: nothing of it is left.
+        assert podman.cli("pause", name).returncode == 0
+        assert client.delete(f"/v1/sessions/{session_id}").status_code == 204
+        assert client.get(f"/v1/sessions/{session_id}").json()["state"] == "stopped"
+        assert name not in containers(podman)
 
 
 def test_delete_leaves_nothing(client: httpx.Client, podman: Podman, server: Server) -> None:
