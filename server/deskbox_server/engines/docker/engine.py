@@ -247,9 +247,15 @@ class DockerEngine(Engine[DockerSandbox]):
 
     async def freeze(self, sandbox: DockerSandbox) -> None:
         assert sandbox.container_id is not None
-        sandbox.pause_changes += 1
-        await self.daemon.pause(sandbox.container_id)
+        # Ours from before the daemon's pause: a listing then must not call it someone
+        # else's.
         sandbox.frozen = True
+        sandbox.pause_changes += 1
+        try:
+            await self.daemon.pause(sandbox.container_id)
+        except BaseException:
+            sandbox.frozen = False
+            raise
 
     async def thaw(self, sandbox: DockerSandbox) -> None:
         assert sandbox.container_id is not None
