@@ -47,11 +47,12 @@ def _socket_owner(url: str) -> int | None:
 
 
 class DaemonRefused(SessionFailed):
-    """The Engine API answered with an error status."""
+    """The Engine API answered with an error status (``daemon_status``; the API's answer
+    stays SessionFailed's 502: a 404 of the daemon's is no 404 of ours)."""
 
     def __init__(self, what: str, status: int, message: str) -> None:
         super().__init__(f"the container engine refused to {what} ({status}: {message})")
-        self.status = status
+        self.daemon_status = status
 
 
 class Daemon:
@@ -133,7 +134,7 @@ class Daemon:
         try:
             await self._call("inspect an image", self._api.images.inspect(name))
         except DaemonRefused as refused:
-            if refused.status == 404:
+            if refused.daemon_status == 404:
                 return False
             raise
         return True
@@ -186,7 +187,7 @@ class Daemon:
             await self._call("kill a container",
                              self._container(container).kill(signal="SIGKILL"))
         except DaemonRefused as refused:
-            if refused.status not in (404, 409):
+            if refused.daemon_status not in (404, 409):
                 raise
 
     async def remove(self, container: str) -> None:
@@ -195,7 +196,7 @@ class Daemon:
             await self._call("remove a container",
                              self._container(container).delete(force=True, v=True))
         except DaemonRefused as refused:
-            if refused.status != 404:
+            if refused.daemon_status != 404:
                 raise
 
     async def inspect(self, container: str) -> dict[str, Any] | None:
@@ -203,7 +204,7 @@ class Daemon:
         try:
             return await self._call("inspect a container", self._container(container).show())
         except DaemonRefused as refused:
-            if refused.status == 404:
+            if refused.daemon_status == 404:
                 return None
             raise
 

@@ -1,0 +1,25 @@
+"""A refusal of the Engine API reaches the API as what it means to the caller, a
+``session_failed`` (502) with the daemon's status and message in its text: the daemon's
+own status is no answer of ours (a daemon's 404 or 500 had been the response's status,
+under the kind ``session_failed``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from deskbox_server.api.errors import deskbox_error_response
+from deskbox_server.engines.docker.daemon import DaemonRefused
+
+
+@pytest.mark.parametrize("daemon_status", [404, 409, 500])
+def test_a_daemon_refusal_is_a_502_whatever_the_daemon_answered(daemon_status: int) -> None:
+    refused = DaemonRefused("resume a container", daemon_status, "container state improper")
+    response = deskbox_error_response(refused)
+    assert response.status_code == 502
+    error = json.loads(bytes(response.body))["error"]
+    assert error["type"] == "session_failed"
+    assert error["message"] == (f"the container engine refused to resume a container "
+                                f"({daemon_status}: container state improper)")
+    assert refused.daemon_status == daemon_status
