@@ -194,6 +194,23 @@ def test_pause_is_the_engines_pause(
     assert client.get(f"/v1/sessions/{session['id']}/screenshot").status_code == 200
 
 
+def test_a_paused_session_whose_container_was_unpaused_outside_resumes(
+    client: httpx.Client, podman: Podman, server: Server
+) -> None:
+    """The resume's unpause is refused by the daemon (the container runs already): the
+    session resumed all the same (it stayed paused, the resume a 500)."""
+    made = create(client)
+    name = container_name(server, made, podman)
+    paused = client.post(f"/v1/sessions/{made['id']}/pause", json={"mode": "freeze"})
+    assert paused.status_code == 200, paused.text
+    assert podman.cli("unpause", name).returncode == 0
+    resumed = client.post(f"/v1/sessions/{made['id']}/resume")
+    assert resumed.status_code == 200, resumed.text
+    assert client.get(f"/v1/sessions/{made['id']}").json()["state"] == "running"
+    assert run(client, made, "echo on") == "on\n"
+    assert client.delete(f"/v1/sessions/{made['id']}").status_code == 204
+
+
 def test_a_container_stopped_behind_the_servers_back_fails_its_session(
     client: httpx.Client, podman: Podman, server: Server
 ) -> None:
@@ -340,3 +357,4 @@ def test_a_server_whose_engine_api_does_not_answer_says_so(tmp_path: Path) -> No
         "DESKBOX_DOCKER_HOST": f"unix://{tmp_path}/nothing.sock"})
     assert f"the container engine at unix://{tmp_path}/nothing.sock does not answer" in output
     assert "podman system service" in output
+

@@ -260,7 +260,15 @@ class DockerEngine(Engine[DockerSandbox]):
     async def thaw(self, sandbox: DockerSandbox) -> None:
         assert sandbox.container_id is not None
         sandbox.pause_changes += 1
-        await self.daemon.unpause(sandbox.container_id)
+        try:
+            await self.daemon.unpause(sandbox.container_id)
+        except DaemonRefused:
+            # Unpaused behind the server's back: it runs, as the thaw would have left it.
+            state = ((await self.daemon.inspect(sandbox.container_id)) or {}).get("State") or {}
+            if state.get("Paused") or not state.get("Running"):
+                raise
+            log.warning("session %s: %s was unpaused outside the server", sandbox.session_id,
+                        sandbox.label)
         sandbox.frozen = False
 
     # -- the watcher -----------------------------------------------------------------------
