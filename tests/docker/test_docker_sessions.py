@@ -230,18 +230,22 @@ def test_a_container_paused_behind_the_servers_back_is_refused_until_unpaused(
     podman: Podman, base: Path,
 ) -> None:
     """`podman pause` of a session's container, not through the API. An action then in
-    flight is answered 409 at its deadline (it had failed the session); once the engine's
-    watcher saw the pause, calls are answered 409 at once with the reason; unpaused, the
-    session goes on; paused again and deleted, it is gone."""
+    flight is answered 409 once the engine's watcher and the reaper saw the pause, not at
+    its 30 s deadline (where it had failed the session); then calls are answered 409 at
+    once with the reason; unpaused, the session goes on; paused again and deleted, it is
+    gone."""
     state_dir, log = base / "held-state", base / "held.log"
-    with docker_server(podman, state_dir, log, {"DESKBOX_DESKTOP_CALL_TIMEOUT_S": "5"}) as running:
+    with docker_server(podman, state_dir, log, {"DESKBOX_REAPER_INTERVAL_S": "1"}) as running:
         client = running.client
         made = create(client)
         session_id = made["id"]
         name = container_name(running, made, podman)
         assert podman.cli("pause", name).returncode == 0
+        sent = time.monotonic()
         in_flight = client.post(f"/v1/sessions/{session_id}/actions",
                                 json={"type": "cursor_position"})
+        # The watcher looks every 2 s, the reaper here every 1 s.
+        assert time.monotonic() - sent < 10
         assert_error(in_flight, 409, "conflict")
         assert "paused outside Deskbox" in in_flight.json()["error"]["message"]
         started = time.monotonic()

@@ -181,6 +181,7 @@ class AgentClient:
         self._conn = conn
         self.hello_info = hello
         self._calls = CallStream(conn, _error_for)
+        self._deadlines: set[asyncio.Timeout] = set()  # of the calls made through call()
 
     @classmethod
     async def connect(
@@ -304,14 +305,25 @@ class AgentClient:
         calls take turns on it, in the order they are made."""
         body = json.dumps(args or {}, separators=(",", ":")).encode()
         try:
-            async with asyncio.timeout(timeout_s or self._conn.limits.call_timeout_s):
-                content_type, data = await self._calls.call(
-                    name, body, max_body or self._conn.limits.max_rpc_body)
+            async with asyncio.timeout(timeout_s or self._conn.limits.call_timeout_s) as deadline:
+                self._deadlines.add(deadline)
+                try:
+                    content_type, data = await self._calls.call(
+                        name, body, max_body or self._conn.limits.max_rpc_body)
+                finally:
+                    self._deadlines.discard(deadline)
         except TimeoutError:
             raise Timeout(f"the agent did not answer the call {name} in time") from None
         except StreamReset as e:
             raise SessionFailed(f"agent: call {name}: {e}") from None
         return CallResult(content_type, data)
+
+    def end_calls_now(self) -> None:
+        """Every call of :meth:`call` waiting now is past its deadline at once (its caller
+        knows the agent cannot answer for a while: its sandbox was paused behind our back)."""
+        now = asyncio.get_running_loop().time()
+        for deadline in self._deadlines:
+            deadline.reschedule(now)
 
     async def call_alone(
         self, name: str, args: Mapping[str, Json] | None = None, timeout_s: float | None = None,

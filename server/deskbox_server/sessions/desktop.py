@@ -142,6 +142,12 @@ class Desktop(Generic[S]):
         self._refuse_if_held()
         return agent
 
+    def end_calls_if_held(self) -> None:
+        """Calls waiting on a sandbox someone else paused are answered now (409, as
+        :meth:`_refuse_if_held`), not at their deadline (the reaper asks)."""
+        if self.agent is not None and self.sandbox.held() is not None:
+            self.agent.end_calls_now()
+
     def _refuse_if_held(self) -> None:
         """A sandbox someone else paused answers nothing: a call would wait out its
         deadline and then fail the session, which goes on once unpaused."""

@@ -865,6 +865,7 @@ class SessionManager:
             reason = None
             if record.state is not S.hibernated:
                 reason = live.handle.failure()
+                live.handle.end_calls_if_held()
             if reason is not None:
                 await self._fail_soon(live, f"the desktop failed: {reason}")
             elif live.busy == 0 and record.expired(now - grace):
