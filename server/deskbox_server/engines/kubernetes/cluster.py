@@ -31,11 +31,12 @@ _IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/name
 
 
 class ClusterRefused(SessionFailed):
-    """The API server answered with an error status."""
+    """The API server answered with an error status (``api_status``; the API's answer stays
+    SessionFailed's 502: a 404 of the cluster's is no 404 of ours)."""
 
     def __init__(self, what: str, status: int, message: str) -> None:
         super().__init__(f"the Kubernetes API refused to {what} ({status}: {message})")
-        self.status = status
+        self.api_status = status
 
 
 class Cluster:
@@ -192,7 +193,7 @@ class Cluster:
             return await self._json("patch a secret", self._core.patch_namespaced_secret(
                 name, self.namespace, _as_body(patch), _preload_content=False, **merge))
         except ClusterRefused as error:
-            if error.status == 404:
+            if error.api_status == 404:
                 return None
             raise
 
@@ -226,7 +227,7 @@ class Cluster:
                 self._core.create_namespaced_persistent_volume_claim(
                     self.namespace, _as_body(manifest), _preload_content=False))
         except ClusterRefused as error:
-            if error.status == 409:
+            if error.api_status == 409:
                 return None
             raise
 
@@ -241,7 +242,7 @@ class Cluster:
         try:
             return await self._json(what, method(name, self.namespace, _preload_content=False))
         except ClusterRefused as error:
-            if error.status == 404:
+            if error.api_status == 404:
                 return None
             raise
 
@@ -252,7 +253,7 @@ class Cluster:
                                           propagation_policy="Background",
                                           _preload_content=False))
         except ClusterRefused as error:
-            if error.status == 404:
+            if error.api_status == 404:
                 return False
             raise
         return True
