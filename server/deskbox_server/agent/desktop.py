@@ -93,8 +93,8 @@ class AgentDesktop:
         self, client: AgentClient, settle: SettleOptions | None = None,
         call_timeout_s: float = 30.0, held: Callable[[], str | None] = lambda: None,
     ) -> None:
-        """``held``: why the desktop stands still by someone else's doing (engines/base.py
-        Sandbox.held), asked when a call does not return in time."""
+        """``held``: why the desktop stands still by someone else's doing, not ours
+        (engines/base.py Sandbox.held), asked when a call does not return in time."""
         self._client = client
         self._held = held
         self.settle_options = settle or SettleOptions()
