@@ -20,8 +20,10 @@ each kind to the error body of API.md in one place. The tree::
     │                                                        disk to keep a checkpoint)
     ├── SessionFailed                 session_failed   502
     │   ├── DesktopFailed             session_failed   502  (a desktop process died)
-    │   └── AgentFailed               session_failed   502  (the sandbox's agent broke the
-    │                                                        protocol, went silent or away)
+    │   ├── AgentFailed               session_failed   502  (the sandbox's agent broke the
+    │   │                                                    protocol, went silent or away)
+    │   └── UpstreamRefused           session_failed   502  (the container engine's or the
+    │                                                        Kubernetes API refused)
     └── Internal                      internal         500
 """
 
@@ -45,6 +47,7 @@ __all__ = [
     "SessionFailed",
     "Timeout",
     "Unauthorized",
+    "UpstreamRefused",
 ]
 
 
@@ -144,6 +147,16 @@ class AgentFailed(SessionFailed):
     def __init__(self, reason: str) -> None:
         super().__init__(f"the session's agent failed: {reason}")
         self.reason = reason
+
+
+class UpstreamRefused(SessionFailed):
+    """An API the server drives for a session (a container engine's, Kubernetes')
+    answered ``what`` with an error status, kept as ``upstream_status``: our answer stays
+    a 502, as a 404 or a 500 of theirs is none of ours."""
+
+    def __init__(self, who: str, what: str, status: int, message: str) -> None:
+        super().__init__(f"{who} refused to {what} ({status}: {message})")
+        self.upstream_status = status
 
 
 class Internal(DeskboxError):

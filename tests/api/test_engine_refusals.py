@@ -23,7 +23,7 @@ def test_a_daemon_refusal_is_a_502_whatever_the_daemon_answered(daemon_status: i
     assert error["type"] == "session_failed"
     assert error["message"] == (f"the container engine refused to resume a container "
                                 f"({daemon_status}: container state improper)")
-    assert refused.daemon_status == daemon_status
+    assert refused.upstream_status == daemon_status
 
 
 @pytest.mark.parametrize("api_status", [404, 409, 500])
@@ -37,4 +37,4 @@ def test_a_kubernetes_refusal_is_a_502_whatever_the_api_server_answered(
     assert error["type"] == "session_failed"
     assert error["message"] == (
         f"the Kubernetes API refused to create a pod ({api_status}: forbidden)")
-    assert refused.api_status == api_status
+    assert refused.upstream_status == api_status

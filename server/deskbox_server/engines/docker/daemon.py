@@ -20,7 +20,7 @@ import aiodocker
 import aiohttp
 from aiodocker.exceptions import DockerError
 
-from ...errors import DeskboxError, Internal, SessionFailed
+from ...errors import DeskboxError, Internal, SessionFailed, UpstreamRefused
 
 __all__ = ["Daemon", "DaemonRefused"]
 
@@ -46,13 +46,11 @@ def _socket_owner(url: str) -> int | None:
     return int(uid)
 
 
-class DaemonRefused(SessionFailed):
-    """The Engine API answered with an error status (``daemon_status``; the API's answer
-    stays SessionFailed's 502: a 404 of the daemon's is no 404 of ours)."""
+class DaemonRefused(UpstreamRefused):
+    """The Engine API answered with an error status."""
 
     def __init__(self, what: str, status: int, message: str) -> None:
-        super().__init__(f"the container engine refused to {what} ({status}: {message})")
-        self.daemon_status = status
+        super().__init__("the container engine", what, status, message)
 
 
 class Daemon:
@@ -134,7 +132,7 @@ class Daemon:
         try:
             await self._call("inspect an image", self._api.images.inspect(name))
         except DaemonRefused as refused:
-            if refused.daemon_status == 404:
+            if refused.upstream_status == 404:
                 return False
             raise
         return True
@@ -187,7 +185,7 @@ class Daemon:
             await self._call("kill a container",
                              self._container(container).kill(signal="SIGKILL"))
         except DaemonRefused as refused:
-            if refused.daemon_status not in (404, 409):
+            if refused.upstream_status not in (404, 409):
                 raise
 
     async def remove(self, container: str) -> None:
@@ -196,7 +194,7 @@ class Daemon:
             await self._call("remove a container",
                              self._container(container).delete(force=True, v=True))
         except DaemonRefused as refused:
-            if refused.daemon_status != 404:
+            if refused.upstream_status != 404:
                 raise
 
     async def inspect(self, container: str) -> dict[str, Any] | None:
@@ -204,7 +202,7 @@ class Daemon:
         try:
             return await self._call("inspect a container", self._container(container).show())
         except DaemonRefused as refused:
-            if refused.daemon_status == 404:
+            if refused.upstream_status == 404:
                 return None
             raise
 

@@ -21,7 +21,7 @@ from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import ConfigException
 
-from ...errors import Internal, SessionFailed
+from ...errors import Internal, SessionFailed, UpstreamRefused
 
 __all__ = ["Cluster", "ClusterRefused", "Obj"]
 
@@ -30,13 +30,11 @@ T = TypeVar("T")
 _IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
-class ClusterRefused(SessionFailed):
-    """The API server answered with an error status (``api_status``; the API's answer stays
-    SessionFailed's 502: a 404 of the cluster's is no 404 of ours)."""
+class ClusterRefused(UpstreamRefused):
+    """The API server answered with an error status."""
 
     def __init__(self, what: str, status: int, message: str) -> None:
-        super().__init__(f"the Kubernetes API refused to {what} ({status}: {message})")
-        self.api_status = status
+        super().__init__("the Kubernetes API", what, status, message)
 
 
 class Cluster:
@@ -193,7 +191,7 @@ class Cluster:
             return await self._json("patch a secret", self._core.patch_namespaced_secret(
                 name, self.namespace, _as_body(patch), _preload_content=False, **merge))
         except ClusterRefused as error:
-            if error.api_status == 404:
+            if error.upstream_status == 404:
                 return None
             raise
 
@@ -227,7 +225,7 @@ class Cluster:
                 self._core.create_namespaced_persistent_volume_claim(
                     self.namespace, _as_body(manifest), _preload_content=False))
         except ClusterRefused as error:
-            if error.api_status == 409:
+            if error.upstream_status == 409:
                 return None
             raise
 
@@ -242,7 +240,7 @@ class Cluster:
         try:
             return await self._json(what, method(name, self.namespace, _preload_content=False))
         except ClusterRefused as error:
-            if error.api_status == 404:
+            if error.upstream_status == 404:
                 return None
             raise
 
@@ -253,7 +251,7 @@ class Cluster:
                                           propagation_policy="Background",
                                           _preload_content=False))
         except ClusterRefused as error:
-            if error.api_status == 404:
+            if error.upstream_status == 404:
                 return False
             raise
         return True

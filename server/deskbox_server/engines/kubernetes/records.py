@@ -80,7 +80,7 @@ class ClusterRecords:
                 "metadata": {"name": name, "labels": labels},
                 "data": {_RECORD: _encode(record)}})
         except ClusterRefused as error:
-            if error.api_status != 409:
+            if error.upstream_status != 409:
                 raise
             # Made by another replica between our patch and our create: patch it.
             await self._cluster.patch_secret(name, patch)
@@ -91,7 +91,7 @@ class ClusterRecords:
         try:
             return await self._cluster.patch_secret(record_name(session_id), patch) is not None
         except ClusterRefused as error:
-            if error.api_status == 409:
+            if error.upstream_status == 409:
                 return False
             raise
 
