@@ -3,8 +3,8 @@ against the package's Podman service (conftest.py): a session is a container of 
 image; its agent answers screenshots, clicks, typing, exec and DevTools as on runc; the
 container is confined as a runc sandbox is; pause is the engine's pause; what the Engine
 API cannot do is refused with 422 before anything starts; a killed server's container is
-adopted by the next; a container stopped behind the server's back fails its session; and
-nothing is left behind.
+adopted by the next; a container stopped behind the server's back fails its session, one
+paused behind its back is refused (409) until unpaused; and nothing is left behind.
 """
 
 from __future__ import annotations
