@@ -323,7 +323,8 @@ class AgentClient:
         knows the agent cannot answer for a while: its sandbox was paused behind our back)."""
         now = asyncio.get_running_loop().time()
         for deadline in self._deadlines:
-            deadline.reschedule(now)
+            if not deadline.expired():  # one that fired is on its way out: left alone
+                deadline.reschedule(now)
 
     async def call_alone(
         self, name: str, args: Mapping[str, Json] | None = None, timeout_s: float | None = None,
