@@ -13,7 +13,8 @@ __all__ = ["EventType", "SessionEvent"]
 
 EventType = Literal["state", "browser_exited", "browser_restarted", "help_requested",
                     "human_took_control", "human_handed_back", "recording_started",
-                    "recording_stopped", "server_stopping"]
+                    "recording_stopped", "server_stopping", "sandbox_held",
+                    "sandbox_released"]
 
 
 class SessionEvent(BaseModel):
@@ -26,7 +27,9 @@ class SessionEvent(BaseModel):
     back, or the lease ran out); ``recording_started``, ``recording_stopped`` (``reason``:
     asked, the session ended, the quota was reached); ``server_stopping``: the server is
     stopping and the stream ends (the session is stopped with it unless hibernated; a
-    client reconnects to the next server with ``Last-Event-ID``)."""
+    client reconnects to the next server with ``Last-Event-ID``); ``sandbox_held``:
+    someone else paused its sandbox (a ``docker pause``: ``reason``), its calls answer 409;
+    ``sandbox_released``: it runs again."""
 
     id: int
     type: EventType

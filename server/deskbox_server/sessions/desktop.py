@@ -142,10 +142,15 @@ class Desktop(Generic[S]):
         self._refuse_if_held()
         return agent
 
-    def end_calls_if_held(self) -> None:
-        """Calls waiting on a sandbox someone else paused are answered now (409, as
-        :meth:`_refuse_if_held`), not at their deadline (the reaper asks)."""
-        if self.agent is not None and self.sandbox.held() is not None:
+    def held(self) -> str | None:
+        """Why someone else paused the sandbox (engines/base.py Sandbox.held), or None."""
+        return self.sandbox.held()
+
+    def end_calls(self) -> None:
+        """Calls waiting on the agent now are answered at once, as at their deadline: 409
+        while :meth:`held` says why (agent/desktop.py), instead of waiting out a deadline
+        that would fail the session."""
+        if self.agent is not None:
             self.agent.end_calls_now()
 
     def _refuse_if_held(self) -> None:

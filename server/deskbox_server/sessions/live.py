@@ -34,6 +34,8 @@ class LiveSession:
     # A human's control from the live view, and the agent's requests for help (made on
     # first use: Session.handoff).
     handoff: HandoffState | None = None
+    # Why someone else paused its sandbox, as the reaper last saw (a docker pause).
+    held: str | None = None
 
 
 def not_live(record: SessionRecord) -> DeskboxError:

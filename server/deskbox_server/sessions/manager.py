@@ -865,12 +865,26 @@ class SessionManager:
             reason = None
             if record.state is not S.hibernated:
                 reason = live.handle.failure()
-                live.handle.end_calls_if_held()
+                self._note_held(live, live.handle)
             if reason is not None:
                 await self._fail_soon(live, f"the desktop failed: {reason}")
             elif live.busy == 0 and record.expired(now - grace):
                 log.info("session %s idle for %d s: stopping it", record.id, record.timeout_s)
                 self.stop_soon(live)
+
+    def _note_held(self, live: LiveSession, handle: AnyDesktop) -> None:
+        """A sandbox someone else paused (a ``docker pause``): the calls waiting on it are
+        answered (409) rather than at their deadline, and the event stream says when it
+        was paused and let go."""
+        held = handle.held()
+        if held is not None:
+            handle.end_calls()
+        if (held is None) != (live.held is None):
+            if held is not None:
+                self.events.publish(live.record.id, "sandbox_held", reason=held)
+            else:
+                self.events.publish(live.record.id, "sandbox_released")
+        live.held = held
 
     async def _reap_forever(self) -> None:
         forgotten_at = -_FORGET_EVERY_S  # the first pass forgets too
