@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import json
+import time
 from typing import Any
 
 import httpx
@@ -31,3 +33,20 @@ def decode(data: bytes) -> Image.Image:
 
 def near(pixel: Any, expected: tuple[int, int, int], tolerance: int = 24) -> bool:
     return all(abs(int(p) - e) <= tolerance for p, e in zip(pixel, expected, strict=True))
+
+
+def events_until(client: httpx.Client, session_id: str, last: str,
+                 timeout_s: float = 15.0) -> list[dict[str, Any]]:
+    """The session's events from the first to one of type ``last`` (a keepalive comes
+    every 10 s: the wait is checked at least that often)."""
+    events: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout_s
+    with client.stream("GET", f"/v1/sessions/{session_id}/events", timeout=20) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[len("data: "):]))
+                if events[-1]["type"] == last:
+                    return events
+            assert time.monotonic() < deadline, f"no {last} event: {events}"
+    raise AssertionError(f"the stream ended before {last}: {events}")

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ from .containers import (
     sandbox_handle,
     sandbox_page,
 )
-from .helpers import assert_error, decode
+from .helpers import assert_error, decode, events_until
 from .sandbox_page import SandboxPage, events_data_url
 from .test_container import cgroup_dirs, cgroup_pids, running
 
@@ -258,6 +259,81 @@ def test_delete_of_a_paused_session_leaves_nothing(client: httpx.Client, server:
     assert client.get(f"/v1/sessions/{sid}").json()["state"] == "stopped"
     assert Runc().state(container_id) is None
     assert not [pid for pid in pids if running(pid)]
+    assert not cgroup_dirs(container_id)
+
+
+def events_after(client: httpx.Client, sid: str, since: str,
+                 last: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    """The session's events after the one ``since``, up to the first that ``last`` picks."""
+    events: list[dict[str, Any]] = []
+    with client.stream("GET", f"/v1/sessions/{sid}/events", timeout=20,
+                       headers={"Last-Event-ID": since}) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[len("data: "):]))
+                if last(events[-1]):
+                    return events
+    raise AssertionError(f"the stream ended first: {events}")
+
+
+def runc(*args: str) -> None:
+    done = subprocess.run([*Runc().command(), *args], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_sandbox_frozen_outside_the_server_is_refused_until_resumed(
+    client: httpx.Client, server: Server
+) -> None:
+    """`runc pause` of a session's sandbox, not through the API. An action then in flight
+    is answered 409 once the reaper saw the freeze, not at its 30 s deadline (where it had
+    failed the session); calls are answered 409 at once with the reason; `runc resume`, and
+    the session goes on; frozen again and deleted, nothing of it is left."""
+    sid = new_session(client)["id"]
+    try:
+        found = server.services.manager.handle(key_id(KEY_A), sid)
+        assert isinstance(found.sandbox, RuncSandbox)
+        container_id = found.sandbox.container_id
+        runc("pause", container_id)
+        sent = time.monotonic()
+        in_flight = client.post(f"/v1/sessions/{sid}/actions", json={"type": "cursor_position"})
+        assert time.monotonic() - sent < 5  # the freezer is read at most every second
+        assert_error(in_flight, 409, "conflict")
+        started = time.monotonic()
+        for refused in (
+            client.get(f"/v1/sessions/{sid}/screenshot"),
+            client.post(f"/v1/sessions/{sid}/exec", json={"cmd": ["true"]}),
+            client.post(f"/v1/sessions/{sid}/pause", json={"mode": "freeze"}),
+        ):
+            error = assert_error(refused, 409, "conflict")
+            assert f"the sandbox {container_id} was frozen outside Deskbox" in error["message"]
+        assert time.monotonic() - started < 3  # at once, not at a call's deadline
+        assert client.get(f"/v1/sessions/{sid}").json()["state"] == "running"
+        runc("resume", container_id)
+        deadline = time.monotonic() + 10
+        while (shot := client.get(f"/v1/sessions/{sid}/screenshot")).status_code == 409:
+            assert time.monotonic() < deadline, shot.text
+            time.sleep(0.2)
+        assert shot.status_code == 200, shot.text
+        assert sh(client, sid, "echo on") == "on\n"
+        held, released = events_until(client, sid, "sandbox_released")[-2:]
+        assert held["type"] == "sandbox_held", held
+        assert f"the sandbox {container_id} was frozen outside Deskbox" in held["reason"]
+        assert released["type"] == "sandbox_released", released
+        # The server's own pause and resume are not someone else's.
+        assert client.post(f"/v1/sessions/{sid}/pause", json={"mode": "freeze"}).json()[
+            "state"] == "paused"
+        time.sleep(1.5)  # the reaper looks every 0.2 s, the freezer read every 1 s
+        assert client.post(f"/v1/sessions/{sid}/resume").json()["state"] == "running"
+        assert sh(client, sid, "echo again") == "again\n"
+        since = str(events_until(client, sid, "sandbox_released")[-1]["id"])
+        after = events_after(client, sid, since, lambda event: event.get("state") == "running")
+        assert [event.get("state") or event["type"] for event in after] == ["paused", "running"]
+        runc("pause", container_id)
+    finally:
+        assert client.delete(f"/v1/sessions/{sid}").status_code == 204
+    assert client.get(f"/v1/sessions/{sid}").json()["state"] == "stopped"
+    assert Runc().state(container_id) is None
     assert not cgroup_dirs(container_id)
 
 

@@ -10,7 +10,6 @@ paused behind its back is refused (409) until unpaused; and nothing is left behi
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import subprocess
 import tempfile
@@ -25,7 +24,7 @@ import pytest
 
 from ..api.containers import act, page_origin
 from ..api.containers import create_running as create
-from ..api.helpers import assert_error, decode
+from ..api.helpers import assert_error, decode, events_until
 from ..api.sandbox_page import SandboxPage, events_data_url
 from ..api.served import serve, serve_refused
 from .podman import Podman
@@ -277,23 +276,6 @@ def test_a_container_paused_behind_the_servers_back_is_refused_until_unpaused(
         assert client.delete(f"/v1/sessions/{session_id}").status_code == 204
         assert client.get(f"/v1/sessions/{session_id}").json()["state"] == "stopped"
         assert name not in containers(podman)
-
-
-def events_until(client: httpx.Client, session_id: str, last: str,
-                 timeout_s: float = 15.0) -> list[dict[str, Any]]:
-    """The session's events from the first to one of type ``last`` (a keepalive comes
-    every 10 s: the wait is checked at least that often)."""
-    events: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout_s
-    with client.stream("GET", f"/v1/sessions/{session_id}/events", timeout=20) as response:
-        assert response.status_code == 200
-        for line in response.iter_lines():
-            if line.startswith("data: "):
-                events.append(json.loads(line[len("data: "):]))
-                if events[-1]["type"] == last:
-                    return events
-            assert time.monotonic() < deadline, f"no {last} event: {events}"
-    raise AssertionError(f"the stream ended before {last}: {events}")
 
 
 def test_delete_leaves_nothing(client: httpx.Client, podman: Podman, server: Server) -> None:

@@ -191,9 +191,9 @@ class Sandbox(ABC):
 
     def held(self) -> str | None:
         """Why its processes stand still by someone else's doing, not this server's (a
-        ``docker pause`` of its container), or None. They go on when that someone lets
-        them: calls are refused meanwhile, and the session does not fail. Cheap, as
-        :meth:`failure`."""
+        ``docker pause`` of its container, a ``runc pause``), or None. They go on when that
+        someone lets them: calls are refused meanwhile, and the session does not fail.
+        Cheap, as :meth:`failure`."""
         return None
 
     @property

@@ -28,8 +28,8 @@ class SessionEvent(BaseModel):
     asked, the session ended, the quota was reached); ``server_stopping``: the server is
     stopping and the stream ends (the session is stopped with it unless hibernated; a
     client reconnects to the next server with ``Last-Event-ID``); ``sandbox_held``:
-    someone else paused its sandbox (a ``docker pause``: ``reason``), its calls answer 409;
-    ``sandbox_released``: it runs again."""
+    someone else paused its sandbox (a ``docker pause``, a ``runc pause``: ``reason``), its
+    calls answer 409; ``sandbox_released``: it runs again."""
 
     id: int
     type: EventType

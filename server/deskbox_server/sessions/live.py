@@ -34,7 +34,7 @@ class LiveSession:
     # A human's control from the live view, and the agent's requests for help (made on
     # first use: Session.handoff).
     handoff: HandoffState | None = None
-    # Why someone else paused its sandbox, as the reaper last saw (a docker pause).
+    # Why someone else paused its sandbox, as the reaper last saw (a docker or runc pause).
     held: str | None = None
 
 

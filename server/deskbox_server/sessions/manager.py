@@ -873,9 +873,9 @@ class SessionManager:
                 self.stop_soon(live)
 
     def _note_held(self, live: LiveSession, handle: AnyDesktop) -> None:
-        """A sandbox someone else paused (a ``docker pause``): the calls waiting on it are
-        answered (409) rather than at their deadline, and the event stream says when it
-        was paused and let go."""
+        """A sandbox someone else paused (a ``docker pause``, a ``runc pause``): the calls
+        waiting on it are answered (409) rather than at their deadline, and the event stream
+        says when it was paused and let go."""
         held = handle.held()
         if held is not None:
             handle.end_calls()

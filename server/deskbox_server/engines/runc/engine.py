@@ -20,7 +20,6 @@ from ..base import AgentStream, Capability, Engine, SessionSpec, SnapshotInfo
 from ..image import build_off_loop
 from ..network import Egress, check_allow, resolve_egress
 from ..processes import become_subreaper
-from . import freezer
 from .criu import Criu, hibernate_sandbox, restore_sandbox
 from .kerndat import keep_kerndat_cache
 from .layout import Limits
@@ -135,27 +134,31 @@ class RuncEngine(Engine[RuncSandbox]):
         await asyncio.to_thread(sandbox.release_host_side)
 
     async def freeze(self, sandbox: RuncSandbox) -> None:
-        await asyncio.to_thread(freezer.freeze, sandbox.container_id)
+        await asyncio.to_thread(sandbox.freeze_own)
 
     async def thaw(self, sandbox: RuncSandbox) -> None:
-        await asyncio.to_thread(freezer.thaw, sandbox.container_id)
+        await asyncio.to_thread(sandbox.thaw_own)
 
     async def checkpoint(self, sandbox: RuncSandbox) -> None:
         """Checkpoint the sandbox into its session directory; its processes end."""
         await asyncio.to_thread(sandbox.pin_inner_display)
-        stats = await asyncio.to_thread(hibernate_sandbox, sandbox, self._criu)
+        with sandbox.frozen_for_a_while():
+            stats = await asyncio.to_thread(hibernate_sandbox, sandbox, self._criu)
         await asyncio.to_thread(sandbox.release_init)
         sandbox.timings["hibernate"] = stats.seconds
 
     async def restore(self, sandbox: RuncSandbox) -> None:
-        sandbox.timings["restore"] = await asyncio.to_thread(
-            restore_sandbox, sandbox, self._criu
-        )
+        with sandbox.frozen_for_a_while():
+            sandbox.timings["restore"] = await asyncio.to_thread(
+                restore_sandbox, sandbox, self._criu
+            )
 
     async def snapshot(
         self, sandbox: RuncSandbox, directory: Path, packed: bool = True
     ) -> SnapshotInfo:
-        stats = await asyncio.to_thread(take_snapshot, sandbox, self._criu, directory, packed)
+        with sandbox.frozen_for_a_while():
+            stats = await asyncio.to_thread(
+                take_snapshot, sandbox, self._criu, directory, packed)
         return SnapshotInfo(stats.seconds, stats.raw_bytes, stats.compressed_bytes)
 
     async def keep_for_restores(self, directory: Path) -> None:

@@ -43,7 +43,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,6 +104,8 @@ _HIDDEN_ENV = "DESKBOX_"  # the launcher's own variables: not for commands
 _XSERVER_PID = "xserver-pid"
 # The launcher gives the browser 3 s after SIGTERM and the rest 1 s (deskbox-session).
 _GRACEFUL_STOP_S = 5.0
+# How stale held() may be: it is asked before every action, and reads a cgroup file.
+_HELD_CHECK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,10 @@ class RuncSandbox(Sandbox):
         self.network: SessionNetwork | None = None  # egress all/allowlist (engines/network.py)
         self.timings: dict[str, float] = {}
         self._pending_cpus: float | None = None  # the quota to apply after start-up
+        # Freezes of this server's own (a pause, a hold for copies, CRIU's dump): while
+        # any is in effect, a frozen freezer is not someone else's doing (held()).
+        self._own_freezes = 0
+        self._held_checked: tuple[float, bool] = (float("-inf"), False)  # (when, frozen)
 
     def _claim_session_dir(self) -> None:
         """Make the session directory; Conflict if another sandbox has it."""
@@ -516,6 +522,49 @@ class RuncSandbox(Sandbox):
         """The sandbox's processes ended (checkpointed): reap its init, forget it."""
         self._reap_init()
         self.init_pid = None
+
+    # -- freezes --------------------------------------------------------------------------
+
+    def freeze_own(self) -> None:
+        """Freeze it (engine.freeze): ours, so held() does not take it for someone else's."""
+        self._own_freezes += 1
+        try:
+            freezer.freeze(self.container_id)
+        except BaseException:
+            self._own_freezes -= 1
+            raise
+
+    def thaw_own(self) -> None:
+        """Thaw it (engine.thaw), whoever froze it."""
+        freezer.thaw(self.container_id)
+        self._own_freezes = 0
+        self._held_checked = (float("-inf"), False)
+
+    @contextlib.contextmanager
+    def frozen_for_a_while(self) -> Iterator[None]:
+        """Around work that may freeze it and thaw it again (CRIU's dump and restore)."""
+        self._own_freezes += 1
+        try:
+            yield
+        finally:
+            self._own_freezes = max(0, self._own_freezes - 1)
+            self._held_checked = (float("-inf"), False)
+
+    def held(self) -> str | None:
+        """Frozen by someone else (``runc pause`` in Deskbox's runc root, a write to its
+        freezer cgroup): calls are refused with the reason until it is thawed. Reads the
+        freezer at most every ``_HELD_CHECK_S``."""
+        if self._own_freezes:
+            return None
+        checked_at, frozen = self._held_checked
+        now = time.monotonic()
+        if now - checked_at >= _HELD_CHECK_S:
+            frozen = self.running and freezer.frozen(self.container_id)
+            self._held_checked = (now, frozen)
+        if not frozen:
+            return None
+        return (f"{self.label} was frozen outside Deskbox (runc pause, or its freezer "
+                "cgroup): resume it (runc resume), and the session goes on")
 
     # -- health ---------------------------------------------------------------------------
 
