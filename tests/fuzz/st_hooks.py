@@ -136,6 +136,16 @@ def _in_range(value: Any, low: float, high: float) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and low < value <= high
 
 
+def _number(value: Any) -> Any:
+    """A query value as the server reads it: the coverage phase sends numbers as text."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
 def _tame_handoff(case: Any) -> None:
     """A long poll waits for a human who never comes, and a human's lease keeps the live
     session's actions at 409: both cut to a moment. Only valid values are cut (an invalid
@@ -145,7 +155,7 @@ def _tame_handoff(case: Any) -> None:
     if case.path.endswith("/handoff"):
         if not isinstance(case.query, dict):
             case.query = {}
-        wait = case.query.get("timeout_s", 60.0)
+        wait = _number(case.query.get("timeout_s", 60.0))
         if _in_range(wait, 0, 600):
             case.query["timeout_s"] = min(wait, 0.2)
     if case.path.endswith("/control"):
