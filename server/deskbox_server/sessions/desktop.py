@@ -156,7 +156,7 @@ class Desktop(Generic[S]):
     def _refuse_if_held(self) -> None:
         """A sandbox someone else paused answers nothing: a call would wait out its
         deadline and then fail the session, which goes on once unpaused."""
-        if (held := self.sandbox.held()) is not None:
+        if (held := self.held()) is not None:
             raise Conflict(held)
 
     async def let_go(self, for_checkpoint: bool = False) -> None:
