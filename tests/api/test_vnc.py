@@ -353,25 +353,27 @@ def test_view_page_in_chromium_draws_the_desktop_and_shares_the_clipboard(
             document.getElementById('clip-send').hidden, window.__deskbox.rfb.viewOnly,
             document.querySelector('#screen canvas').width]""")
         assert shown == ["connected", "control", False, False, 1280]
-        # What the session copies shows in the clipboard panel (x11vnc may drop the first
-        # change after a viewer came: the owner's write is repeated a second later)...
-        # Latin-1 both ways (RFB's cut text): "é" reached the session as "\ufffd".
-        actions(client, session, {"type": "clipboard_set", "text": "to thé page"})
+        # What the session copies shows in the clipboard panel, whole (RFB's cut text says
+        # it changed, in Latin-1: "✓ 中" as "? ?"; the page then asks the server; x11vnc may
+        # drop the first change after a viewer came: the owner's write is repeated a
+        # second later)...
+        actions(client, session, {"type": "clipboard_set", "text": "to thé page ✓ 中"})
         cdp.evaluate("document.getElementById('clip-toggle').click()")
         deadline = time.monotonic() + 5
-        while cdp.evaluate("document.getElementById('clip-text').value") != "to thé page":
+        while cdp.evaluate("document.getElementById('clip-text').value") != "to thé page ✓ 中":
             assert time.monotonic() < deadline, "the clipboard never reached the page"
             time.sleep(0.05)
         assert cdp.evaluate("document.getElementById('clip').hidden") is False
-        # ...and what the viewer pastes reaches the session's clipboard.
-        cdp.evaluate("""(() => { document.getElementById('clip-text').value = 'fróm thé page';
+        # ...and what the viewer pastes reaches the session's clipboard, whole.
+        cdp.evaluate("""(() => { document.getElementById('clip-text').value = 'fróm ✓ 中';
             document.getElementById('clip-send').click(); })()""")
         deadline = time.monotonic() + 5
         while (got := actions(client, session, {"type": "clipboard_get"})[0]["text"]) != (
-            "fróm thé page"
+            "fróm ✓ 中"
         ):
             assert time.monotonic() < deadline, got
             time.sleep(0.05)
+        assert cdp.evaluate("document.getElementById('clip-status').textContent") == "pasted"
 
 
 @pytest.mark.slow
@@ -574,6 +576,45 @@ def test_clipboard_reaches_viewers_and_back(
         assert got == "from thé viewer"
         actions(client, session, {"type": "clipboard_set", "text": "bäck ✓"})
         assert viewer.wait_cut_text(timeout_s=4) == "bäck ?".encode("latin-1")
+
+
+def test_the_view_pages_clipboard_route_carries_any_unicode(
+    client: httpx.Client, server: Server, session: dict[str, Any]
+) -> None:
+    """What the page's clipboard panel uses in place of RFB's Latin-1 cut text: a view
+    token reads the whole text, a control token pastes it (while a human holds control
+    too: it is the human's doing); bad input is a 4xx with the error body."""
+    sid = session["id"]
+    route = f"{server.url}/v1/sessions/{sid}/view/clipboard"
+    view, control = (issue(client, sid, scope)["token"] for scope in ("view", "control"))
+    text = "Ñandú ✓ 中文 👍"
+    actions(client, session, {"type": "clipboard_set", "text": text})
+    read = httpx.get(route, params={"token": view})
+    assert read.status_code == 200 and read.json() == {"text": text}, read.text
+    pasted = "fróm thé viewer ✓ 中"
+    assert_error(httpx.post(route, params={"token": view}, json={"text": pasted}),
+                 403, "forbidden")
+    assert_error(httpx.post(route, json={"text": pasted}), 401, "unauthorized")
+    taken = httpx.post(f"{server.url}/v1/sessions/{sid}/control", params={"token": control},
+                       json={"lease_s": 60})
+    assert taken.status_code == 200, taken.text
+    try:
+        # The agent waits while the human drives; the human's paste does not.
+        assert_error(client.post(f"/v1/sessions/{sid}/actions",
+                                 json={"type": "clipboard_set", "text": "agent"}),
+                     409, "human_in_control")
+        done = httpx.post(route, params={"token": control}, json={"text": pasted})
+        assert done.status_code == 204, done.text
+    finally:
+        assert client.delete(f"/v1/sessions/{sid}/control").status_code == 200
+    assert actions(client, session, {"type": "clipboard_get"})[0]["text"] == pasted
+    assert httpx.get(route, params={"token": control}).json() == {"text": pasted}
+    for bad in ({"text": "x" * 200_001}, {"text": 7}, {}, {"text": "a", "more": 1}):
+        assert_error(httpx.post(route, params={"token": control}, json=bad),
+                     422, "invalid_request")
+    assert_error(httpx.post(route, params={"token": control}, content=b"{not json",
+                            headers={"Content-Type": "application/json"}),
+                 422, "invalid_request")
 
 
 def test_clipboard_reaches_two_new_viewers_in_seconds(

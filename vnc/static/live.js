@@ -11,6 +11,7 @@ export function endpoints(location) {
   const scheme = location.protocol === 'https:' ? 'wss' : 'ws';
   return {
     status: `${base}/view/status${query}`,
+    clipboard: `${base}/view/clipboard${query}`,
     control: `${base}/control${query}`,
     vnc: `${scheme}://${location.host}${base}/vnc${query}`,
   };
@@ -20,8 +21,8 @@ export function endpoints(location) {
 export const POLL_CONNECTED_MS = 3000;
 export const POLL_WAITING_MS = 1000;
 
-// ui: the page's elements (screen, state, scope, clip, clipToggle, clipText, clipSend, help,
-// take, handBack);
+// ui: the page's elements (screen, state, scope, clip, clipToggle, clipText, clipSend,
+// clipStatus, help, take, handBack);
 // RFB: noVNC's client class; fetch and setTimeout: the window's.
 export class LiveView {
   constructor({ ui, RFB, urls, fetch, setTimeout }) {
@@ -33,6 +34,7 @@ export class LiveView {
     this.connects = 0;
     this.disconnects = 0;
     this.clipboard = '';
+    this.clipboardAsks = 0; // a newer notice's answer wins over an older one's
     this.rfb = null;
     this.connecting = false;
     // The handoff: a human in control (the agent's actions wait), the agent's call for help.
@@ -104,17 +106,45 @@ export class LiveView {
       // hammered.
       if (opened) this.refresh();
     });
-    rfb.addEventListener('clipboard', (event) => {
-      this.clipboard = event.detail.text;
-      this.ui.clipText.value = event.detail.text;
-    });
+    rfb.addEventListener('clipboard', (event) => this.copied(event.detail.text));
   }
 
-  // Only a control token may paste; the button is hidden for a view token.
-  paste() {
-    if (this.rfb && this.connected && this.scope === 'control') {
-      this.rfb.clipboardPasteFrom(this.ui.clipText.value);
+  // RFB's cut text is Latin-1 (x11vnc turns other characters into '?'): it is shown at
+  // once, then replaced by the whole text the server reads from the session's clipboard.
+  async copied(latin1) {
+    this.showClipboard(latin1);
+    const ask = ++this.clipboardAsks;
+    let text;
+    try {
+      const response = await this.fetch(this.urls.clipboard, { cache: 'no-store' });
+      if (!response.ok) return;
+      ({ text } = await response.json());
+    } catch {
+      return;
     }
+    if (ask === this.clipboardAsks && typeof text === 'string') this.showClipboard(text);
+  }
+
+  showClipboard(text) {
+    this.clipboard = text;
+    this.ui.clipText.value = text;
+  }
+
+  // Only a control token may paste; the button is hidden for a view token. Through the
+  // server, not RFB's cut text, so that any Unicode arrives whole.
+  async paste() {
+    if (!this.connected || this.scope !== 'control') return;
+    let outcome;
+    try {
+      const response = await this.fetch(this.urls.clipboard, {
+        method: 'POST', cache: 'no-store', headers: { 'Content-Type': 'application/json' },
+        body: JSON.stringify({ text: this.ui.clipText.value }),
+      });
+      outcome = response.ok ? 'pasted' : `paste refused (${response.status})`;
+    } catch {
+      outcome = 'server unreachable';
+    }
+    this.ui.clipStatus.textContent = outcome;
   }
 
   // One look at the session's state; false when there is nothing more to wait for.

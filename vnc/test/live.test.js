@@ -55,8 +55,8 @@ function response(status, body) {
 // A view whose status poll answers from `answers` (a response, or an Error to throw).
 function harness(answers) {
   const ui = Object.fromEntries(
-    ['screen', 'state', 'scope', 'clip', 'clipToggle', 'clipText', 'clipSend', 'help', 'take',
-      'handBack']
+    ['screen', 'state', 'scope', 'clip', 'clipToggle', 'clipText', 'clipSend', 'clipStatus',
+      'help', 'take', 'handBack']
       .map((name) => [name, new Element()]),
   );
   ui.clip.hidden = true;
@@ -81,13 +81,14 @@ function harness(answers) {
 
 const running = (scope) => response(200, { session_id: 'ses_1', state: 'running', scope });
 
-test('the token goes from the page URL to the status poll, the control route and the websocket only', () => {
+test('the token goes from the page URL to the status poll, the control and clipboard routes and the websocket only', () => {
   const urls = endpoints({
     protocol: 'https:', host: 'desk.example:8443', pathname: '/v1/sessions/ses_9/view/',
     search: '?token=a+b/c%3D&other=1',
   });
   assert.deepEqual(urls, {
     status: '/v1/sessions/ses_9/view/status?token=a%20b%2Fc%3D',
+    clipboard: '/v1/sessions/ses_9/view/clipboard?token=a%20b%2Fc%3D',
     control: '/v1/sessions/ses_9/control?token=a%20b%2Fc%3D',
     vnc: 'wss://desk.example:8443/v1/sessions/ses_9/vnc?token=a%20b%2Fc%3D',
   });
@@ -201,23 +202,74 @@ test('an unreachable server or a server error keeps the page polling', async () 
   assert.equal(timers.length, 3);
 });
 
-test('the clipboard panel: shows what the session copied, pastes only with control', async () => {
+const settled = () => new Promise((resolve) => setImmediate(resolve));
+
+test('the clipboard panel: shows what the session copied, whole, once the server says', async () => {
+  const whole = response(200, { text: 'copied ✓ 中' });
+  const { view, ui, made, fetched } = harness([running('view'), whole]);
+  await view.poll();
+  ui.clipToggle.dispatch('click');
+  assert.equal(ui.clip.hidden, false);
+  made[0].dispatch('clipboard', { text: 'copied ? ?' }); // RFB's Latin-1, shown at once
+  assert.equal(ui.clipText.value, 'copied ? ?');
+  await settled();
+  assert.deepEqual(fetched[1], {
+    url: '/v1/sessions/ses_1/view/clipboard?token=tok', options: { cache: 'no-store' },
+  });
+  assert.deepEqual([ui.clipText.value, view.clipboard], ['copied ✓ 中', 'copied ✓ 中']);
+  ui.clipToggle.dispatch('click');
+  assert.equal(ui.clip.hidden, true);
+});
+
+test('the clipboard panel keeps the cut text when the server cannot say, and the newest notice wins', async () => {
+  let answerFirst;
+  const slow = new Promise((resolve) => { answerFirst = resolve; });
+  const { view, ui, made, fetched } = harness([running('view')]);
+  await view.poll();
+  const answers = [slow, response(200, { text: 'second ✓' }), response(409, {}),
+    new TypeError('fetch failed')];
+  view.fetch = async (url, options) => { fetched.push({ url, options }); return answers.shift(); };
+  made[0].dispatch('clipboard', { text: 'first' });
+  made[0].dispatch('clipboard', { text: 'second ?' });
+  await settled();
+  answerFirst(response(200, { text: 'first, answered late' }));
+  await settled();
+  assert.equal(ui.clipText.value, 'second ✓');
+  made[0].dispatch('clipboard', { text: 'paused meanwhile' }); // a 409: the cut text stays
+  await settled();
+  assert.equal(ui.clipText.value, 'paused meanwhile');
+  made[0].dispatch('clipboard', { text: 'server gone' });
+  await settled();
+  assert.equal(ui.clipText.value, 'server gone');
+});
+
+test('the clipboard panel pastes through the server, only with control and connected', async () => {
   for (const scope of ['view', 'control']) {
-    const { view, ui, made } = harness([running(scope)]);
+    const { view, ui, made, fetched } = harness([running(scope), response(204, null),
+      response(409, {}), new TypeError('fetch failed')]);
     await view.poll();
-    ui.clipToggle.dispatch('click');
-    assert.equal(ui.clip.hidden, false);
-    const [rfb] = made;
-    rfb.dispatch('clipboard', { text: 'copied in the session' });
-    assert.equal(ui.clipText.value, 'copied in the session');
-    assert.equal(view.clipboard, 'copied in the session');
-    ui.clipText.value = 'from the viewer';
-    ui.clipSend.dispatch('click'); // not connected yet: nothing to paste into
-    rfb.dispatch('connect');
-    ui.clipSend.dispatch('click');
-    assert.deepEqual(rfb.pasted, scope === 'control' ? ['from the viewer'] : []);
-    ui.clipToggle.dispatch('click');
-    assert.equal(ui.clip.hidden, true);
+    ui.clipText.value = 'from the viewer ✓';
+    await view.paste(); // not connected yet: nothing to paste into
+    made[0].dispatch('connect');
+    await view.paste();
+    const posted = fetched.slice(1);
+    if (scope === 'view') {
+      assert.deepEqual(posted, []);
+      continue;
+    }
+    assert.deepEqual(posted, [{
+      url: '/v1/sessions/ses_1/view/clipboard?token=tok',
+      options: {
+        method: 'POST', cache: 'no-store', headers: { 'Content-Type': 'application/json' },
+        body: JSON.stringify({ text: 'from the viewer ✓' }),
+      },
+    }]);
+    assert.equal(ui.clipStatus.textContent, 'pasted');
+    assert.deepEqual(made[0].pasted, []); // not as RFB's Latin-1 cut text
+    await view.paste();
+    assert.equal(ui.clipStatus.textContent, 'paste refused (409)');
+    await view.paste();
+    assert.equal(ui.clipStatus.textContent, 'server unreachable');
   }
 });
 

@@ -1,5 +1,6 @@
-"""The live view: ``WS /vnc`` (RFB over websocket), ``GET /view`` (the noVNC page) and
-``GET /view/status`` (what the page shows of the session's state).
+"""The live view: ``WS /vnc`` (RFB over websocket), ``GET /view`` (the noVNC page),
+``GET /view/status`` (what the page shows of the session's state) and ``/view/clipboard``
+(its clipboard panel's text, whole: RFB's cut text is Latin-1).
 
 Every one of them takes a ``view`` or ``control`` session token (``?token=`` or bearer
 header) or the owner's API key (bearer header), checked before the websocket upgrade:
@@ -16,13 +17,15 @@ import html
 import logging
 from pathlib import Path
 from string import Template
+from typing import Annotated
 
 from fastapi import APIRouter, FastAPI, Request, WebSocket
-from fastapi.responses import HTMLResponse
-from pydantic import BaseModel
+from fastapi.responses import HTMLResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.staticfiles import StaticFiles
 
 from ..errors import DeskboxError, SessionFailed
+from ..schemas.actions import MAX_CLIPBOARD_CHARS
 from ..schemas.sessions import SessionState
 from ..sessions.tokens import Scope
 from ..vnc.proxy import handshake_server, run_proxy
@@ -31,7 +34,7 @@ from .deps import get_services
 from .errors import deskbox_error_response
 from .tokens import authorize, until_token_ends
 
-__all__ = ["NOVNC_PATH", "STATIC_PATH", "ViewStatus", "mount_assets", "router"]
+__all__ = ["NOVNC_PATH", "STATIC_PATH", "ViewStatus", "ViewerClipboard", "mount_assets", "router"]
 
 log = logging.getLogger("deskbox.vnc")
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["live view"])
@@ -84,6 +87,36 @@ async def view_status(request: Request, session_id: str) -> ViewStatus:
     status.human_in_control, status.needs_help = handoff.human_in_control, handoff.needs_help
     status.reason = handoff.reason
     return status
+
+
+class ViewerClipboard(BaseModel):
+    """The session's clipboard as the live view's panel shows and pastes it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: Annotated[str, Field(max_length=MAX_CLIPBOARD_CHARS)]
+
+
+@router.get("/view/clipboard", response_model=ViewerClipboard)
+async def view_clipboard(request: Request, session_id: str) -> ViewerClipboard:
+    """What the session copied, whole (the panel asks when RFB's Latin-1 cut text says it
+    changed); a ``view`` or ``control`` token."""
+    services = get_services(request)
+    grant = await authorize(services, request, session_id, _VIEW_SCOPES)
+    session = await services.manager.session(grant.owner, session_id)
+    return ViewerClipboard(text=await session.viewer_clipboard())
+
+
+@router.post("/view/clipboard", status_code=204, response_class=Response)
+async def paste_from_viewer(
+    request: Request, session_id: str, body: ViewerClipboard
+) -> Response:
+    """The panel's text onto the session's clipboard, any Unicode; a ``control`` token."""
+    services = get_services(request)
+    grant = await authorize(services, request, session_id, "control")
+    session = await services.manager.session(grant.owner, session_id)
+    await session.viewer_paste(body.text)
+    return Response(status_code=204)
 
 
 @router.get("/view", response_class=HTMLResponse)

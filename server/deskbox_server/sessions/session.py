@@ -28,7 +28,7 @@ from ..sandbox_io import ExecCommand, ExecResult, FileDownload
 from ..schemas import actions as a
 from ..schemas.handoff import Handoff
 from ..schemas.pause import PauseMode
-from ..schemas.results import ActionResult, BatchResult
+from ..schemas.results import ActionResult, BatchResult, ClipboardText
 from ..schemas.sessions import SessionState as S
 from . import secret_typing, state_changes
 from .context import SessionContext
@@ -279,6 +279,19 @@ class Session:
         record = self._live.record
         meta = await self._context.recordings.end(record.id)
         return meta or self._context.recordings.store.owned(record.owner, record.id)
+
+    # -- the live view's clipboard panel ---------------------------------------------------
+
+    async def viewer_clipboard(self) -> str:
+        """The session's clipboard for a viewer's panel: the whole text, where RFB's cut
+        text carries Latin-1 only."""
+        result = (await self._run(self._running(), [a.ClipboardGet()], None, None)).results[0]
+        return result.text if isinstance(result, ClipboardText) else ""
+
+    async def viewer_paste(self, text: str) -> None:
+        """A control viewer's text onto the session's clipboard. The human's doing: it
+        goes through while a human holds control, as the viewer's keys and clicks do."""
+        await self._run(self._running(), [a.ClipboardSet(text=text)], None, None)
 
     def human_input(self, viewer_id: str, source: Source, message: bytes) -> None:
         """A control viewer's input message, kept if the session records."""
