@@ -16,6 +16,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 from PIL import Image
+from Xlib import XK, X
+from Xlib import display as xdisplay
+from Xlib.ext import xtest
 
 from deskbox_server.agent.desktop import AgentDesktop
 from deskbox_server.errors import InvalidAction, InvalidRequest
@@ -86,6 +89,33 @@ async def test_the_layout_works_as_before_after_borrowed_keys(page: Page) -> Non
     await page.desk.run([a.Key(keys="ctrl+a"), a.TypeText(text="z")])
     await page.until_events(lambda _: page.value() == "z")
     assert page.value() == "z"
+
+
+async def test_a_viewers_key_off_the_layout_is_typed_with_shift_held_and_given_back(
+    page: Page, host_desktop: HostDesktop,
+) -> None:
+    """tap_keysym (a live viewer's key, PROTOCOL.md): the character whatever Shift says
+    (a viewer's Shift reaches the X server through the VNC server: here another X client
+    holds it), the layout as before after it; a keysym that needs no such help, or is no
+    keysym, is refused."""
+    await page.focus_field()
+    assert await page.desk.tap_keysym(0xFC) is True  # ü, Latin-1
+    other = xdisplay.Display(host_desktop.display_name)
+    try:
+        shift = other.keysym_to_keycode(XK.XK_Shift_L)
+        xtest.fake_input(other, X.KeyPress, shift)
+        other.sync()
+        assert await page.desk.tap_keysym(0x01004E2D) is True  # 中, Unicode
+        xtest.fake_input(other, X.KeyRelease, shift)
+        other.sync()
+    finally:
+        other.close()
+    await page.desk.perform(a.TypeText(text="a"))
+    await page.until_events(lambda _: page.value() == "ü中a")
+    assert page.value() == "ü中a"
+    for bad in (0x61, 0xFF0D, 0x01000041, -1, 2**40):
+        with pytest.raises(InvalidAction, match="keysym must be"):
+            await page.desk.tap_keysym(bad)
 
 
 @pytest.mark.parametrize(("keys", "key", "code"), [

@@ -36,6 +36,40 @@ def test_cut_text_reaches_the_server_in_utf8() -> None:
         struct.pack(">BxxxI", 6, len(wanted)) + wanted + UPDATE + EXTENDED_CUT)
 
 
+def key(keysym: int, down: bool = True) -> bytes:
+    return struct.pack(">BBxxI", 4, int(down), keysym)
+
+
+def test_a_key_off_the_layout_is_held_until_passed_on_or_typed_elsewhere() -> None:
+    """The press of a key that types a character a US layout lacks (ü 0xFC, 中 as Unicode)
+    stops the feed, and what follows it waits; passed on, it goes to the server; typed
+    elsewhere (the agent), it and its release are dropped and still reach ``on_input``
+    (a recording keeps them). Releases, ASCII and function keys pass at once."""
+    seen: list[bytes] = []
+    messages = ClientMessages(allow_input=True, hold_off_layout_keys=True,
+                              on_input=seen.append)
+    after = key(0x62) + POINTER
+    sent = key(0x61) + key(0xFF0D) + key(0xFC) + key(0xFC, False) + after
+    assert messages.feed(sent) == key(0x61) + key(0xFF0D)
+    assert messages.held_key == 0xFC
+    assert messages.feed(b"") == b""  # undecided: still held
+    messages.typed_elsewhere()
+    assert messages.held_key is None
+    assert messages.feed(key(0x01004E2D)) == after  # ü's release dropped too
+    assert messages.held_key == 0x01004E2D
+    messages.let_through()
+    assert messages.feed(key(0x01004E2D, False)) == key(0x01004E2D) + key(0x01004E2D, False)
+    assert seen == [key(0x61), key(0xFF0D), key(0xFC), key(0xFC, False), key(0x62), POINTER,
+                    key(0x01004E2D), key(0x01004E2D, False)]
+    # What a leaving viewer's releases let go of: what went to the server and stayed down.
+    assert messages.releases() == (key(0x61, False) + key(0x62, False) + key(0xFF0D, False)
+                                   + b"\x05\x00" + POINTER[2:])
+    # Without the hold, and for a view-only viewer, nothing is held back.
+    assert ClientMessages(allow_input=True).feed(key(0xFC)) == key(0xFC)
+    view = ClientMessages(allow_input=False, hold_off_layout_keys=True)
+    assert view.feed(key(0xFC) + UPDATE) == UPDATE and view.held_key is None
+
+
 def test_view_drops_input_and_keeps_the_rest() -> None:
     messages = ClientMessages(allow_input=False)
     out = messages.feed(KEY + UPDATE + POINTER + CUT + ENCODINGS + EXTENDED_CUT)

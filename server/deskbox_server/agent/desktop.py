@@ -226,6 +226,14 @@ class AgentDesktop:
         pixels = self._part(header.get("pixels"), parts, cap, "grab: pixels")
         return PackedFrame(self._client, pixels, width, height, deflated)
 
+    async def tap_keysym(self, keysym: int) -> bool:
+        """Have the agent type a live viewer's key that types a character off the layout
+        (PROTOCOL.md ``tap_keysym``); False from an agent without the call."""
+        if "tap_keysym" not in self._client.hello_info.calls:
+            return False
+        await self._call("tap_keysym", {"keysym": keysym}, self.call_timeout_s, _SMALL_BODY)
+        return True
+
     async def mark(self) -> None:
         """Have the agent note the screen as it is now (before a checkpoint): until an
         action, its looks take a repaint that changes no pixel for no change."""

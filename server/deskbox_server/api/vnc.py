@@ -164,13 +164,15 @@ async def vnc_ws(websocket: WebSocket, session_id: str) -> None:
             viewer_id = f"viewer-{id(websocket):x}"
             source = ({"type": "token", "id": grant.token_id} if grant.token_id
                       else {"type": "api_key", "id": grant.owner})
+            control = grant.scope == "control"
             try:
                 stats = await run_proxy(
-                    websocket, reader, writer, allow_input=grant.scope == "control",
+                    websocket, reader, writer, allow_input=control,
                     max_buffer=services.settings.vnc_viewer_buffer_bytes,
                     send_timeout_s=services.settings.ws_send_timeout_s,
                     on_input=lambda message: session.human_input(viewer_id, source, message),
                     ends=until_token_ends(services, websocket, session_id, _VIEW_SCOPES),
+                    type_key=session.viewer_key if control else None,
                 )
             finally:
                 session.human_left(viewer_id)

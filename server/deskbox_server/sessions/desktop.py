@@ -240,6 +240,10 @@ class Desktop(Generic[S]):
 
     # -- the live view and DevTools: byte channels of the agent's stream ------------------
 
+    async def tap_keysym(self, keysym: int) -> bool:
+        """A live viewer's key typed by the agent; False if it cannot (AgentDesktop)."""
+        return await self.desktop.tap_keysym(keysym)
+
     async def start_vnc(self) -> VncServer:
         """x11vnc on the desktop, started and reached through its agent; only the host
         reaches it (agent/vnc_server.py)."""

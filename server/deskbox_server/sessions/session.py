@@ -293,6 +293,12 @@ class Session:
         goes through while a human holds control, as the viewer's keys and clicks do."""
         await self._run(self._running(), [a.ClipboardSet(text=text)], None, None)
 
+    async def viewer_key(self, keysym: int) -> bool:
+        """A control viewer's press of a key that types a character off the layout, typed
+        by the agent (PROTOCOL.md ``tap_keysym``); False if its agent cannot, and the VNC
+        server is to press it. The human's doing, not the agent's: no handoff check."""
+        return await self._running().tap_keysym(keysym)
+
     def human_input(self, viewer_id: str, source: Source, message: bytes) -> None:
         """A control viewer's input message, kept if the session records."""
         recorder = self._context.recordings.recorder(self._live.record.id)

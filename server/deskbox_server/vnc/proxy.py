@@ -20,12 +20,13 @@ import asyncio
 import contextlib
 import logging
 import struct
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from ..errors import DeskboxError
 from .rfb import SECURITY_NONE, ClientMessages, RfbError, client_version, parse_server_version
 
 __all__ = ["CLOSE_TOO_SLOW", "HANDSHAKE_TIMEOUT_S", "ProxyStats", "handshake_server",
@@ -43,6 +44,8 @@ _SERVER_GONE = ("the session's screen ended: it stopped, or a checkpoint closed 
 CLOSE_TOO_SLOW = _CLOSE_POLICY
 _CLOSE_TIMEOUT_S = 1.0
 _RELEASE_SETTLE_S = 0.25  # x11vnc's turn is ~20 ms (-wait); a few of them
+# Between input passed to x11vnc and a key the agent types: x11vnc's turn, twice and more.
+_BEFORE_AGENT_KEY_S = 0.05
 
 
 @dataclass
@@ -169,27 +172,54 @@ async def run_proxy(
     send_timeout_s: float = 30.0,
     on_input: Callable[[bytes], None] | None = None,
     ends: Coroutine[Any, Any, str] | None = None,
+    type_key: Callable[[int], Awaitable[bool]] | None = None,
 ) -> ProxyStats:
     """Serve one accepted websocket until either side closes; closes both. ``on_input``
     sees each key and pointer message passed to the server; ``ends`` returns the reason to
-    close the viewer with (1008) when it may no longer watch (its token revoked)."""
+    close the viewer with (1008) when it may no longer watch (its token revoked);
+    ``type_key`` is awaited with the keysym of each press of a key that types a character
+    off the layout, before what follows it goes on, and types it (True) instead of the VNC
+    server: x11vnc maps such a key itself and presses it at once, before Chromium has
+    re-read the layout, and Chromium lost such first presses now and then."""
     stats = ProxyStats()
     viewer = _ViewerStream(websocket)
     messages = ClientMessages(allow_input=allow_input, max_cut_text=max_cut_text,
-                              on_input=on_input)
+                              on_input=on_input, hold_off_layout_keys=type_key is not None)
     outbox = _Outbox(max_buffer)
     close_code, reason = 1000, ""
     # Started at once: a coroutine given and never awaited (a failed handshake) would warn.
     watch: asyncio.Task[Any] = asyncio.create_task(
         ends if ends is not None else asyncio.Event().wait())
 
+    loop = asyncio.get_running_loop()
+    forwarded_at = -_BEFORE_AGENT_KEY_S
+
+    async def forward(data: bytes) -> None:
+        nonlocal forwarded_at
+        if data:
+            stats.to_server += len(data)
+            writer.write(data)
+            await writer.drain()
+            forwarded_at = loop.time()
+
     async def upstream() -> None:
         while True:
-            data = messages.feed(await viewer.chunk())
-            if data:
-                stats.to_server += len(data)
-                writer.write(data)
-                await writer.drain()
+            await forward(messages.feed(await viewer.chunk()))
+            while type_key is not None and (keysym := messages.held_key) is not None:
+                typed = False
+                # The keys and clicks passed to x11vnc just before are pressed in its next
+                # turn: the agent's key comes after them (and what follows, after it).
+                await asyncio.sleep(max(0.0, forwarded_at + _BEFORE_AGENT_KEY_S - loop.time()))
+                try:
+                    typed = await type_key(keysym)
+                except DeskboxError as error:  # the press goes to x11vnc, as it always did
+                    log.info("vnc viewer's key %#x not typed by the agent: %s", keysym,
+                             error.message)
+                if typed:
+                    messages.typed_elsewhere()
+                else:
+                    messages.let_through()
+                await forward(messages.feed(b""))
 
     async def downstream() -> None:
         while chunk := await reader.read(_CHUNK):

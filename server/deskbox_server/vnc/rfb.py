@@ -5,7 +5,10 @@ and returns the bytes to pass on to the VNC server. It frames every message by i
 and length, drops input (KeyEvent, PointerEvent, ClientCutText) from read-only viewers,
 re-encodes cut text for the VNC server (:func:`utf8_cut_text`),
 drops SetDesktopSize from everyone (viewers do not resize the session's screen) and
-raises :class:`RfbError` for anything it does not know, so that the proxy closes.
+raises :class:`RfbError` for anything it does not know, so that the proxy closes. With
+``hold_off_layout_keys`` it stops before each press of a key that types a character off
+the layout (``held_key``) until the caller passes it on (:meth:`let_through`) or has had
+it typed another way (:meth:`typed_elsewhere`: that press and its release are dropped).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from ..keys import off_layout_char
 
 __all__ = [
     "INPUT_TYPES",
@@ -91,6 +96,14 @@ class ClientMessages:
     max_cut_text: int = 1 << 20
     # Called with each key and pointer message let through (a recording keeps them).
     on_input: Callable[[bytes], None] | None = None
+    # Stop before the press of a key that types a character off the layout, its keysym in
+    # ``held_key``, until :meth:`let_through` or :meth:`typed_elsewhere` (the proxy has the
+    # agent type it: x11vnc's own mapping of such a key races its press).
+    hold_off_layout_keys: bool = False
+    held_key: int | None = None
+    _decided: bool = False  # the held press is decided on: the next feed takes it
+    _drop_held: bool = False
+    _typed_elsewhere: set[int] = field(default_factory=set)  # their releases are dropped
     dropped: dict[int, int] = field(default_factory=dict)
     forwarded: int = 0
     _buffer: bytearray = field(default_factory=bytearray)
@@ -108,10 +121,16 @@ class ClientMessages:
             if size is None or len(self._buffer) < size:
                 break
             kind = self._buffer[0]
+            if kind == KEY_EVENT and self.allow_input and self._held_back():
+                break
             message = bytes(self._buffer[:size])
             del self._buffer[:size]
             if kind == SET_DESKTOP_SIZE or (kind in INPUT_TYPES and not self.allow_input):
                 self.dropped[kind] = self.dropped.get(kind, 0) + 1
+                continue
+            if kind == KEY_EVENT and self._typed_there(message):
+                if self.on_input is not None:
+                    self.on_input(message)
                 continue
             if kind == CLIENT_CUT_TEXT:
                 message = utf8_cut_text(message)
@@ -130,6 +149,40 @@ class ClientMessages:
             if self.on_input is not None and kind in (KEY_EVENT, POINTER_EVENT):
                 self.on_input(message)
         return bytes(out)
+
+    def _held_back(self) -> bool:
+        """Whether the key message at the head waits for the caller's decision."""
+        if self._decided:
+            self._decided = False
+            return False
+        keysym = int.from_bytes(self._buffer[4:8], "big")
+        if self.hold_off_layout_keys and self._buffer[1] and off_layout_char(keysym):
+            self.held_key = keysym
+            return True
+        return False
+
+    def _typed_there(self, message: bytes) -> bool:
+        """Whether this key message is dropped: the held press typed elsewhere, or the
+        release of a key that was."""
+        keysym = int.from_bytes(message[4:8], "big")
+        if message[1]:
+            dropped, self._drop_held = self._drop_held, False
+            if dropped and len(self._typed_elsewhere) < MAX_HELD_KEYS:
+                self._typed_elsewhere.add(keysym)
+            return dropped
+        if keysym in self._typed_elsewhere:
+            self._typed_elsewhere.discard(keysym)
+            return True
+        return False
+
+    def let_through(self) -> None:
+        """The held press (``held_key``) goes on to the server at the next :meth:`feed`."""
+        self.held_key, self._decided = None, True
+
+    def typed_elsewhere(self) -> None:
+        """The held press was typed another way: the next :meth:`feed` drops it, and its
+        release when it comes."""
+        self.held_key, self._decided, self._drop_held = None, True, True
 
     def releases(self) -> bytes:
         """The messages that let go of what the viewer still holds down: a viewer that

@@ -288,6 +288,16 @@ class Desktop:
             )
             self._last_button_at = 0.0  # landed (or given up on): no wait for it again
 
+    def tap_keysym(self, keysym: int) -> None:
+        """A live viewer's key that types a character off the layout (Keyboard.tap_keysym):
+        typed here, the way ``type`` types one, once the screen has settled."""
+        self._check_alive()
+        self._marked = None
+        try:
+            self.keyboard.tap_keysym(keysym)
+        except X_ERRORS as error:
+            raise self._failure(error) from None
+
     # -- one pointer action without blocking (the service runs it on its event loop) -----
 
     def send_pointer(

@@ -152,6 +152,16 @@ class Keyboard:
                 needed.add(keysym)
         yield keysyms[start:]
 
+    def tap_keysym(self, keysym: int) -> None:
+        """Press and release the key of ``keysym`` (a borrowed keycode when the layout has
+        none: on both levels, as a live viewer's Shift may be down)."""
+        self._refresh()
+        with self._temporarily_mapped([keysym]) as assigned:
+            keycode = assigned.get(keysym) or self._by_keysym[keysym][0]
+            self._fake(X.KeyPress, keycode)
+            self._fake(X.KeyRelease, keycode)
+        self._display.sync()
+
     def type_text(self, text: str) -> None:
         self._refresh()
         keysyms = [char_keysym(char) for char in text if char != "\r"]

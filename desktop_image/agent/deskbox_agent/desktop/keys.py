@@ -8,7 +8,7 @@ from Xlib import XK
 
 from .errors import InvalidAction
 
-__all__ = ["MODIFIER_KEYSYMS", "char_keysym", "parse_combo", "parse_key"]
+__all__ = ["MODIFIER_KEYSYMS", "char_keysym", "off_layout_char", "parse_combo", "parse_key"]
 
 # Names models and xdotool users emit that are not X keysym names, lower-cased.
 _ALIASES: dict[str, str] = {
@@ -127,6 +127,13 @@ def char_keysym(char: str) -> int:
     if 0x20 <= code <= 0x7E or 0xA0 <= code <= 0xFF:
         return code
     return 0x01000000 + code
+
+
+def off_layout_char(keysym: int) -> bool:
+    """Whether ``keysym`` types a character a US layout has no key for: Latin-1's upper
+    half, the legacy character sets (0x100-0xFDFF, not the dead and function keys above)
+    and Unicode's (0x1000000 + U, from U+00A0)."""
+    return 0xA0 <= keysym <= 0xFDFF or 0x010000A0 <= keysym <= 0x0110FFFF
 
 
 def parse_key(name: str) -> int:

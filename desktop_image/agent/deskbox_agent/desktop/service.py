@@ -206,6 +206,18 @@ class DesktopService:
 
         return await self._on_worker(lambda: self._with_desktop(work))
 
+    async def tap_keysym(self, args: Mapping[str, Json]) -> Json:
+        """A live viewer's key that types a character off the layout, typed here."""
+        from .keys import off_layout_char
+
+        _only(args, ("keysym",))
+        keysym = args.get("keysym")
+        if type(keysym) is not int or not off_layout_char(keysym):
+            raise CallError(422, "invalid_action",
+                            "keysym must be the keysym of a character a US layout lacks")
+        await self._on_worker(lambda: self._with_desktop(lambda d: d.tap_keysym(keysym)))
+        return {}
+
     async def grab(self, args: Mapping[str, Json]) -> Blob:
         _only(args, ())
         return await self._on_worker(lambda: self._with_desktop(lambda d: _grab(d, False)))
@@ -437,6 +449,7 @@ def register_desktop(
     service = DesktopService(display_name, patience, init_dir)
     registry.register("act", service.act)
     registry.register("grab", service.grab)
+    registry.register("tap_keysym", service.tap_keysym)
     registry.register("grab_deflated", service.grab_deflated)
     registry.register("ready", service.ready)
     registry.register("info", service.info)
