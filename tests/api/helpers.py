@@ -5,12 +5,13 @@ from __future__ import annotations
 import io
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 from PIL import Image
 
-__all__ = ["assert_error", "decode", "near"]
+__all__ = ["assert_error", "decode", "events_until", "near"]
 
 
 def assert_error(response: httpx.Response, status: int, kind: str) -> dict[str, Any]:
@@ -35,18 +36,23 @@ def near(pixel: Any, expected: tuple[int, int, int], tolerance: int = 24) -> boo
     return all(abs(int(p) - e) <= tolerance for p, e in zip(pixel, expected, strict=True))
 
 
-def events_until(client: httpx.Client, session_id: str, last: str,
-                 timeout_s: float = 15.0) -> list[dict[str, Any]]:
-    """The session's events from the first to one of type ``last`` (a keepalive comes
-    every 10 s: the wait is checked at least that often)."""
+def events_until(client: httpx.Client, session_id: str,
+                 last: str | Callable[[dict[str, Any]], bool], timeout_s: float = 15.0,
+                 since: int | None = None) -> list[dict[str, Any]]:
+    """The session's events, from the first (or the one after ``since``) to the first of
+    type ``last`` (or that ``last`` picks). A keepalive comes every 10 s: the wait is
+    checked at least that often."""
+    done = (lambda event: event["type"] == last) if isinstance(last, str) else last
+    headers = {} if since is None else {"Last-Event-ID": str(since)}
     events: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout_s
-    with client.stream("GET", f"/v1/sessions/{session_id}/events", timeout=20) as response:
+    with client.stream("GET", f"/v1/sessions/{session_id}/events", timeout=20,
+                       headers=headers) as response:
         assert response.status_code == 200
         for line in response.iter_lines():
             if line.startswith("data: "):
                 events.append(json.loads(line[len("data: "):]))
-                if events[-1]["type"] == last:
+                if done(events[-1]):
                     return events
             assert time.monotonic() < deadline, f"no {last} event: {events}"
     raise AssertionError(f"the stream ended before {last}: {events}")

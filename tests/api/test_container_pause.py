@@ -11,7 +11,7 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -265,21 +265,6 @@ def test_delete_of_a_paused_session_leaves_nothing(client: httpx.Client, server:
     assert not cgroup_dirs(container_id)
 
 
-def events_after(client: httpx.Client, sid: str, since: str,
-                 last: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
-    """The session's events after the one ``since``, up to the first that ``last`` picks."""
-    events: list[dict[str, Any]] = []
-    with client.stream("GET", f"/v1/sessions/{sid}/events", timeout=20,
-                       headers={"Last-Event-ID": since}) as response:
-        assert response.status_code == 200
-        for line in response.iter_lines():
-            if line.startswith("data: "):
-                events.append(json.loads(line[len("data: "):]))
-                if last(events[-1]):
-                    return events
-    raise AssertionError(f"the stream ended first: {events}")
-
-
 def runc(*args: str) -> None:
     done = subprocess.run([*Runc().command(), *args], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
@@ -329,8 +314,9 @@ def test_a_sandbox_frozen_outside_the_server_is_refused_until_resumed(
         time.sleep(1.5)  # the reaper looks every 0.2 s, the freezer read every 1 s
         assert client.post(f"/v1/sessions/{sid}/resume").json()["state"] == "running"
         assert sh(client, sid, "echo again") == "again\n"
-        since = str(events_until(client, sid, "sandbox_released")[-1]["id"])
-        after = events_after(client, sid, since, lambda event: event.get("state") == "running")
+        since = events_until(client, sid, "sandbox_released")[-1]["id"]
+        after = events_until(client, sid, lambda event: event.get("state") == "running",
+                             since=since)
         assert [event.get("state") or event["type"] for event in after] == ["paused", "running"]
         runc("pause", container_id)
     finally:
