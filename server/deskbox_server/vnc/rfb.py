@@ -17,6 +17,7 @@ import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from ..keys import off_layout_char
 
@@ -101,8 +102,8 @@ class ClientMessages:
     # agent type it: x11vnc's own mapping of such a key races its press).
     hold_off_layout_keys: bool = False
     held_key: int | None = None
-    _decided: bool = False  # the held press is decided on: the next feed takes it
-    _drop_held: bool = False
+    # What becomes of the held press at the next feed: passed on, or dropped.
+    _decision: Literal["pass", "drop"] | None = None
     _typed_elsewhere: set[int] = field(default_factory=set)  # their releases are dropped
     dropped: dict[int, int] = field(default_factory=dict)
     forwarded: int = 0
@@ -152,8 +153,7 @@ class ClientMessages:
 
     def _held_back(self) -> bool:
         """Whether the key message at the head waits for the caller's decision."""
-        if self._decided:
-            self._decided = False
+        if self._decision is not None:
             return False
         keysym = int.from_bytes(self._buffer[4:8], "big")
         if self.hold_off_layout_keys and self._buffer[1] and off_layout_char(keysym):
@@ -166,7 +166,7 @@ class ClientMessages:
         release of a key that was."""
         keysym = int.from_bytes(message[4:8], "big")
         if message[1]:
-            dropped, self._drop_held = self._drop_held, False
+            dropped, self._decision = self._decision == "drop", None
             if dropped and len(self._typed_elsewhere) < MAX_HELD_KEYS:
                 self._typed_elsewhere.add(keysym)
             return dropped
@@ -177,12 +177,12 @@ class ClientMessages:
 
     def let_through(self) -> None:
         """The held press (``held_key``) goes on to the server at the next :meth:`feed`."""
-        self.held_key, self._decided = None, True
+        self.held_key, self._decision = None, "pass"
 
     def typed_elsewhere(self) -> None:
         """The held press was typed another way: the next :meth:`feed` drops it, and its
         release when it comes."""
-        self.held_key, self._decided, self._drop_held = None, True, True
+        self.held_key, self._decision = None, "drop"
 
     def releases(self) -> bytes:
         """The messages that let go of what the viewer still holds down: a viewer that
