@@ -279,9 +279,7 @@ def test_a_sandbox_frozen_outside_the_server_is_refused_until_resumed(
     the session goes on; frozen again and deleted, nothing of it is left."""
     sid = new_session(client)["id"]
     try:
-        found = server.services.manager.handle(key_id(KEY_A), sid)
-        assert isinstance(found.sandbox, RuncSandbox)
-        container_id = found.sandbox.container_id
+        container_id = sandbox_handle(server, {"id": sid}).sandbox.container_id
         runc("pause", container_id)
         sent = time.monotonic()
         in_flight = client.post(f"/v1/sessions/{sid}/actions", json={"type": "cursor_position"})
