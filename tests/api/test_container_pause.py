@@ -138,6 +138,8 @@ def test_freeze_refuses_actions_and_serves_the_last_frame(
     assert_error(client.get(f"/v1/sessions/{sid}/view/clipboard"), 409, "conflict")
     assert_error(client.post(f"/v1/sessions/{sid}/view/clipboard", json={"text": "x"}),
                  409, "conflict")
+    assert_error(client.post(f"/v1/sessions/{sid}/view/type", json={"text": "x"}),
+                 409, "conflict")
     with pytest.raises(InvalidStatus) as denied:
         connect(session["urls"]["actions_ws"], open_timeout=10,
                 additional_headers={"Authorization": f"Bearer {KEY_A}"})

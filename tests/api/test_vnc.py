@@ -419,7 +419,8 @@ def test_a_human_takes_control_in_the_view_and_hands_back(
 ) -> None:
     """The agent asks for help; a person with a control link presses "Take control" in the
     real page; the agent's actions are refused (screenshots still work); the person's
-    click and keys land in the page and in the session's recording; "Hand back" gives the
+    click, keys and the text the panel types (and pastes) land in the page and in the
+    session's recording; "Hand back" gives the
     agent the desktop again; the event stream tells each step."""
     ox, oy = origin
     sid = session["id"]
@@ -453,6 +454,22 @@ def test_a_human_takes_control_in_the_view_and_hands_back(
                 cdp, field["x"], field["y"], "human", lambda: page.cdp.evaluate(
                     "document.activeElement && document.activeElement.id") == "field")
             assert page.wait_value("human") == "human"
+            # Text composed with an input method never reaches the canvas as keys: the
+            # person writes it in the clipboard panel and presses "Type into the session".
+            cdp.evaluate("""(() => { document.getElementById('clip-toggle').click();
+                document.getElementById('clip-text').value = ' 日本語 ✓';
+                document.getElementById('clip-type').click(); })()""")
+            assert page.wait_value("human 日本語 ✓") == "human 日本語 ✓"
+            deadline = time.monotonic() + 5
+            while cdp.evaluate("document.getElementById('clip-status').textContent") != "typed":
+                assert time.monotonic() < deadline, "the page never said it typed"
+                time.sleep(0.05)
+            cdp.evaluate("document.getElementById('clip-send').click()")
+            deadline = time.monotonic() + 5
+            while cdp.evaluate("document.getElementById('clip-status').textContent") != (
+                    "pasted"):
+                assert time.monotonic() < deadline, "the page never said it pasted"
+                time.sleep(0.05)
             # An agent waiting for the human (the SDK's long poll) is answered by the
             # hand-back.
             with ThreadPoolExecutor(1) as pool, Deskbox(str(client.base_url), KEY_A) as box:
@@ -484,10 +501,13 @@ def test_a_human_takes_control_in_the_view_and_hands_back(
         steps = [(e["source"]["type"], e["action"]["type"], e.get("error", {}).get("type"))
                  for e in entries if e["kind"] == "action"]
         assert ("api_key", "click", "human_in_control") in steps, steps
-        human = [e for e in entries if e["kind"] == "action" and e["source"] == {
-            "type": "token", "id": control["id"]}]
-        assert [e["action"]["type"] for e in human] == ["click", "type"], human
-        assert human[1]["action"]["text"] == "human"
+        # The keys' "type" is written when the viewer leaves (it may go on), after the
+        # panel's: in the order they began.
+        human = sorted((e for e in entries if e["kind"] == "action" and e["source"] == {
+            "type": "token", "id": control["id"]}), key=lambda e: e["t"])
+        assert [e["action"]["type"] for e in human] == [
+            "click", "type", "type", "clipboard_set"], human
+        assert [e["action"]["text"] for e in human[1:]] == ["human", " 日本語 ✓", " 日本語 ✓"]
         assert abs(human[0]["screen_point"]["x"] - field["x"]) <= 2
         events = [e["event"]["type"] for e in entries if e["kind"] == "event"]
         assert "human_took_control" in events and "human_handed_back" in events
@@ -643,6 +663,33 @@ def test_the_view_pages_clipboard_route_carries_any_unicode(
     assert_error(httpx.post(route, params={"token": control}, content=b"{not json",
                             headers={"Content-Type": "application/json"}),
                  422, "invalid_request")
+
+
+def test_the_view_pages_type_route_types_any_unicode(
+    client: httpx.Client, server: Server, session: dict[str, Any], page: EventPage,
+    origin: tuple[int, int],
+) -> None:
+    """The panel's "Type into the session" (for text an input method composed, which the
+    canvas never gets as keys): a control token types into the focused field as the
+    ``type`` action does; a view token may not; bad input is a 4xx with the error body."""
+    ox, oy = origin
+    sid = session["id"]
+    route = f"{server.url}/v1/sessions/{sid}/view/type"
+    view, control = (issue(client, sid, scope)["token"] for scope in ("view", "control"))
+    actions(client, session, {"type": "click", "x": ox + 900, "y": oy + 175},
+            {"type": "key", "keys": "ctrl+a"}, {"type": "key", "keys": "BackSpace"})
+    text = "かな漢字 Ñandú ✓ 👍"
+    assert_error(httpx.post(route, params={"token": view}, json={"text": text}),
+                 403, "forbidden")
+    assert_error(httpx.post(route, json={"text": text}), 401, "unauthorized")
+    typed = httpx.post(route, params={"token": control}, json={"text": text})
+    assert typed.status_code == 204, typed.text
+    assert page.wait_value(text) == text
+    for bad in ({"text": ""}, {"text": "x" * 20_001}, {"text": 7}, {},
+                {"text": "a", "more": 1}):
+        assert_error(httpx.post(route, params={"token": control}, json=bad),
+                     422, "invalid_request")
+    assert page.field_value() == text
 
 
 def test_clipboard_reaches_two_new_viewers_in_seconds(

@@ -178,6 +178,8 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
         _tame_create(body)
     elif case.path.endswith("/actions"):
         _tame_actions(body)
+    elif case.path.endswith("/view/type"):
+        _tame_action(body)  # its text, as a ``type`` action's
     elif case.path.endswith(("/actions/anthropic", "/actions/openai")):
         _tame_dialect(body)
 

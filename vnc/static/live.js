@@ -12,9 +12,15 @@ export function endpoints(location) {
   return {
     status: `${base}/view/status${query}`,
     clipboard: `${base}/view/clipboard${query}`,
+    type: `${base}/view/type${query}`,
     control: `${base}/control${query}`,
     vnc: `${scheme}://${location.host}${base}/vnc${query}`,
   };
+}
+
+// A text as x11vnc's Latin-1 cut text carries it.
+export function asLatin1(text) {
+  return text.replace(/[^\u0000-\u00ff]/gu, '?');
 }
 
 // Poll slowly while the picture is live, faster while waiting for the session to run.
@@ -22,7 +28,7 @@ export const POLL_CONNECTED_MS = 3000;
 export const POLL_WAITING_MS = 1000;
 
 // ui: the page's elements (screen, state, scope, clip, clipToggle, clipText, clipSend,
-// clipStatus, help, take, handBack);
+// clipType, clipStatus, help, take, handBack);
 // RFB: noVNC's client class; fetch and setTimeout: the window's.
 export class LiveView {
   constructor({ ui, RFB, urls, fetch, setTimeout }) {
@@ -42,6 +48,7 @@ export class LiveView {
     this.needsHelp = false;
     ui.clipToggle.addEventListener('click', () => { ui.clip.hidden = !ui.clip.hidden; });
     ui.clipSend.addEventListener('click', () => this.paste());
+    ui.clipType.addEventListener('click', () => this.typeText());
     ui.take.addEventListener('click', () => this.control('POST'));
     ui.handBack.addEventListener('click', () => this.control('DELETE'));
   }
@@ -94,6 +101,7 @@ export class LiveView {
       this.connected = true;
       this.connects += 1;
       this.show('connected', 'connected');
+      this.copied(null); // what the session holds now: x11vnc may say nothing for seconds
     });
     rfb.addEventListener('disconnect', () => {
       this.connecting = false;
@@ -109,20 +117,28 @@ export class LiveView {
     rfb.addEventListener('clipboard', (event) => this.copied(event.detail.text));
   }
 
-  // RFB's cut text is Latin-1 (x11vnc turns other characters into '?'): it is shown at
-  // once, then replaced by the whole text the server reads from the session's clipboard.
+  // RFB's cut text is Latin-1 (x11vnc turns other characters into '?') and comes again
+  // without a change (x11vnc repeats it to viewers that came; the agent rewrites a new
+  // clipboard for some seconds): it is only the news that the clipboard may have changed.
+  // The panel's text is replaced when the whole text the server reads differs from the
+  // session's last, so a repeat never overwrites what the person is writing there; when
+  // the server cannot say, by the cut text if that says something new. `latin1` null: no
+  // notice, a look when the picture connects.
   async copied(latin1) {
-    this.showClipboard(latin1);
     const ask = ++this.clipboardAsks;
-    let text;
+    let text = null;
     try {
       const response = await this.fetch(this.urls.clipboard, { cache: 'no-store' });
-      if (!response.ok) return;
-      ({ text } = await response.json());
+      if (response.ok) ({ text } = await response.json());
     } catch {
-      return;
+      // the cut text stands in
     }
-    if (ask === this.clipboardAsks && typeof text === 'string') this.showClipboard(text);
+    if (ask !== this.clipboardAsks) return;
+    if (typeof text === 'string') {
+      if (text !== this.clipboard) this.showClipboard(text);
+    } else if (latin1 !== null && latin1 !== asLatin1(this.clipboard)) {
+      this.showClipboard(latin1);
+    }
   }
 
   showClipboard(text) {
@@ -133,14 +149,27 @@ export class LiveView {
   // Only a control token may paste; the button is hidden for a view token. Through the
   // server, not RFB's cut text, so that any Unicode arrives whole.
   async paste() {
+    await this.send(this.urls.clipboard, 'pasted', 'paste refused');
+  }
+
+  // The panel's text typed into the session's focused window: what a person composes with
+  // an input method (the canvas takes keys, never composed text) and what a paste does not
+  // reach (a terminal, a field that refuses pastes).
+  async typeText() {
+    if (this.ui.clipText.value === '') return;
+    await this.send(this.urls.type, 'typed', 'typing refused', 'typing…');
+  }
+
+  async send(url, done, refused, pending = '') {
     if (!this.connected || this.scope !== 'control') return;
+    this.ui.clipStatus.textContent = pending;
     let outcome;
     try {
-      const response = await this.fetch(this.urls.clipboard, {
+      const response = await this.fetch(url, {
         method: 'POST', cache: 'no-store', headers: { 'Content-Type': 'application/json' },
         body: JSON.stringify({ text: this.ui.clipText.value }),
       });
-      outcome = response.ok ? 'pasted' : `paste refused (${response.status})`;
+      outcome = response.ok ? done : `${refused} (${response.status})`;
     } catch {
       outcome = 'server unreachable';
     }
@@ -176,6 +205,7 @@ export class LiveView {
     this.scope = status.scope;
     this.ui.scope.textContent = status.scope === 'control' ? 'control' : 'view only';
     this.ui.clipSend.hidden = status.scope !== 'control';
+    this.ui.clipType.hidden = status.scope !== 'control';
     this.showHandoff(status.state === 'running' ? status : {});
     if (status.state === 'running') {
       if (!this.connected) {

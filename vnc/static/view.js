@@ -7,7 +7,7 @@ const $ = (id) => document.getElementById(id);
 const ui = {
   screen: $('screen'), state: $('state'), scope: $('scope'), clip: $('clip'),
   clipToggle: $('clip-toggle'), clipText: $('clip-text'), clipSend: $('clip-send'),
-  clipStatus: $('clip-status'),
+  clipType: $('clip-type'), clipStatus: $('clip-status'),
   help: $('help'), take: $('take'), handBack: $('hand-back'),
 };
 

@@ -7,7 +7,7 @@ import { readFileSync, readdirSync, statSync } from 'node:fs';
 import { test } from 'node:test';
 
 import {
-  LiveView, POLL_CONNECTED_MS, POLL_WAITING_MS, endpoints,
+  LiveView, POLL_CONNECTED_MS, POLL_WAITING_MS, asLatin1, endpoints,
 } from '../static/live.js';
 
 const VNC = new URL('..', import.meta.url);
@@ -52,20 +52,26 @@ function response(status, body) {
   return { status, ok: status >= 200 && status < 300, json: async () => body };
 }
 
-// A view whose status poll answers from `answers` (a response, or an Error to throw).
-function harness(answers) {
+// A view whose status poll and other calls answer from `answers` (a response, or an Error
+// to throw), its reads of the session's clipboard from `clipboard` (the session's
+// clipboard is empty when it runs out); those reads are kept in `asked`.
+function harness(answers, clipboard = []) {
   const ui = Object.fromEntries(
-    ['screen', 'state', 'scope', 'clip', 'clipToggle', 'clipText', 'clipSend', 'clipStatus',
+    ['screen', 'state', 'scope', 'clip', 'clipToggle', 'clipText', 'clipSend', 'clipType',
+      'clipStatus',
       'help', 'take', 'handBack']
       .map((name) => [name, new Element()]),
   );
   ui.clip.hidden = true;
   const { RFB, made } = fakeRFB();
   const fetched = [];
+  const asked = [];
   const timers = [];
   const fetch = async (url, options) => {
-    fetched.push({ url, options });
-    const answer = answers.shift() ?? new Error('a poll the test did not expect');
+    const read = url.includes('/view/clipboard') && !options.method;
+    (read ? asked : fetched).push({ url, options });
+    const answer = read ? clipboard.shift() ?? response(200, { text: '' })
+      : answers.shift() ?? new Error('a poll the test did not expect');
     if (answer instanceof Error) throw answer;
     return answer;
   };
@@ -76,12 +82,12 @@ function harness(answers) {
   const view = new LiveView({
     ui, RFB, urls, fetch, setTimeout: (fn, ms) => timers.push({ fn, ms }),
   });
-  return { view, ui, made, fetched, timers };
+  return { view, ui, made, fetched, asked, timers };
 }
 
 const running = (scope) => response(200, { session_id: 'ses_1', state: 'running', scope });
 
-test('the token goes from the page URL to the status poll, the control and clipboard routes and the websocket only', () => {
+test('the token goes from the page URL to the status poll, the control, clipboard and type routes and the websocket only', () => {
   const urls = endpoints({
     protocol: 'https:', host: 'desk.example:8443', pathname: '/v1/sessions/ses_9/view/',
     search: '?token=a+b/c%3D&other=1',
@@ -89,6 +95,7 @@ test('the token goes from the page URL to the status poll, the control and clipb
   assert.deepEqual(urls, {
     status: '/v1/sessions/ses_9/view/status?token=a%20b%2Fc%3D',
     clipboard: '/v1/sessions/ses_9/view/clipboard?token=a%20b%2Fc%3D',
+    type: '/v1/sessions/ses_9/view/type?token=a%20b%2Fc%3D',
     control: '/v1/sessions/ses_9/control?token=a%20b%2Fc%3D',
     vnc: 'wss://desk.example:8443/v1/sessions/ses_9/vnc?token=a%20b%2Fc%3D',
   });
@@ -111,6 +118,7 @@ test('a running session is connected once, view-only for a view token', async ()
   assert.equal(rfb.scaleViewport, true);
   assert.equal(ui.scope.textContent, 'view only');
   assert.equal(ui.clipSend.hidden, true);
+  assert.equal(ui.clipType.hidden, true);
   assert.equal(ui.state.textContent, 'connecting');
   assert.equal(timers.at(-1).ms, POLL_WAITING_MS);
 
@@ -128,6 +136,7 @@ test('a control token gets input and the paste button', async () => {
   assert.equal(made[0].viewOnly, false);
   assert.equal(ui.scope.textContent, 'control');
   assert.equal(ui.clipSend.hidden, false);
+  assert.equal(ui.clipType.hidden, false);
 });
 
 test('a paused session is let go and shown; running again reconnects', async () => {
@@ -206,16 +215,16 @@ const settled = () => new Promise((resolve) => setImmediate(resolve));
 
 test('the clipboard panel: shows what the session copied, whole, once the server says', async () => {
   const whole = response(200, { text: 'copied ✓ 中' });
-  const { view, ui, made, fetched } = harness([running('view'), whole]);
+  const { view, ui, made, asked } = harness([running('view')], [whole]);
   await view.poll();
   ui.clipToggle.dispatch('click');
   assert.equal(ui.clip.hidden, false);
-  made[0].dispatch('clipboard', { text: 'copied ? ?' }); // RFB's Latin-1, shown at once
-  assert.equal(ui.clipText.value, 'copied ? ?');
+  made[0].dispatch('clipboard', { text: 'copied ? ?' }); // RFB's Latin-1: not shown
+  assert.equal(ui.clipText.value, '');
   await settled();
-  assert.deepEqual(fetched[1], {
+  assert.deepEqual(asked, [{
     url: '/v1/sessions/ses_1/view/clipboard?token=tok', options: { cache: 'no-store' },
-  });
+  }]);
   assert.deepEqual([ui.clipText.value, view.clipboard], ['copied ✓ 中', 'copied ✓ 中']);
   ui.clipToggle.dispatch('click');
   assert.equal(ui.clip.hidden, true);
@@ -241,6 +250,32 @@ test('the clipboard panel keeps the cut text when the server cannot say, and the
   made[0].dispatch('clipboard', { text: 'server gone' });
   await settled();
   assert.equal(ui.clipText.value, 'server gone');
+});
+
+test('a repeated cut text never overwrites what the person writes in the panel', async () => {
+  const { view, ui, made, asked } = harness([running('control')],
+    [response(200, { text: 'copied ✓ 中' })]);
+  await view.poll();
+  made[0].dispatch('connect'); // the page reads what the session holds at once
+  await settled();
+  assert.equal(asked.length, 1);
+  assert.equal(ui.clipText.value, 'copied ✓ 中');
+  ui.clipText.value = 'my draft 日本語';
+  const answers = [response(200, { text: 'copied ✓ 中' }), response(409, {}),
+    new TypeError('fetch failed'), response(200, { text: 'new ✓' })];
+  view.fetch = async () => answers.shift();
+  for (let repeat = 0; repeat < 3; repeat += 1) {
+    made[0].dispatch('clipboard', { text: 'copied ? ?' }); // the server says, or cannot
+    await settled();
+    assert.equal(ui.clipText.value, 'my draft 日本語');
+  }
+  made[0].dispatch('clipboard', { text: 'new ?' }); // a new copy in the session
+  await settled();
+  assert.equal(ui.clipText.value, 'new ✓');
+});
+
+test('x11vnc\'s Latin-1 of a text', () => {
+  assert.equal(asLatin1('fróm ✓ 中 👍 ÿ'), 'fróm ? ? ? ÿ');
 });
 
 test('the clipboard panel pastes through the server, only with control and connected', async () => {
@@ -269,6 +304,42 @@ test('the clipboard panel pastes through the server, only with control and conne
     await view.paste();
     assert.equal(ui.clipStatus.textContent, 'paste refused (409)');
     await view.paste();
+    assert.equal(ui.clipStatus.textContent, 'server unreachable');
+  }
+});
+
+test('the panel types its text through the server, only with control, connected and text', async () => {
+  for (const scope of ['view', 'control']) {
+    const { view, ui, made, fetched } = harness([running(scope), response(204, null),
+      response(409, {}), new TypeError('fetch failed')]);
+    await view.poll();
+    ui.clipText.value = 'かな漢字 ✓';
+    await view.typeText(); // not connected yet: nothing to type into
+    made[0].dispatch('connect');
+    ui.clipText.value = '';
+    await view.typeText(); // nothing to type
+    assert.equal(ui.clipStatus.textContent, '');
+    ui.clipText.value = 'かな漢字 ✓';
+    const typing = view.typeText();
+    if (scope === 'control') assert.equal(ui.clipStatus.textContent, 'typing…');
+    await typing;
+    const posted = fetched.slice(1);
+    if (scope === 'view') {
+      assert.deepEqual(posted, []);
+      continue;
+    }
+    assert.deepEqual(posted, [{
+      url: '/v1/sessions/ses_1/view/type?token=tok',
+      options: {
+        method: 'POST', cache: 'no-store', headers: { 'Content-Type': 'application/json' },
+        body: JSON.stringify({ text: 'かな漢字 ✓' }),
+      },
+    }]);
+    assert.equal(ui.clipStatus.textContent, 'typed');
+    ui.clipType.dispatch('click'); // the button does the same
+    await settled();
+    assert.equal(ui.clipStatus.textContent, 'typing refused (409)');
+    await view.typeText();
     assert.equal(ui.clipStatus.textContent, 'server unreachable');
   }
 });

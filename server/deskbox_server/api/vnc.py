@@ -1,6 +1,7 @@
 """The live view: ``WS /vnc`` (RFB over websocket), ``GET /view`` (the noVNC page),
-``GET /view/status`` (what the page shows of the session's state) and ``/view/clipboard``
-(its clipboard panel's text, whole: RFB's cut text is Latin-1).
+``GET /view/status`` (what the page shows of the session's state), ``/view/clipboard``
+(its clipboard panel's text, whole: RFB's cut text is Latin-1) and ``POST /view/type``
+(the panel's text typed into the session: an input method's text never arrives as keys).
 
 Every one of them takes a ``view`` or ``control`` session token (``?token=`` or bearer
 header) or the owner's API key (bearer header), checked before the websocket upgrade:
@@ -25,16 +26,20 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.staticfiles import StaticFiles
 
 from ..errors import DeskboxError, SessionFailed
-from ..schemas.actions import MAX_CLIPBOARD_CHARS
+from ..schemas.actions import MAX_CLIPBOARD_CHARS, MAX_TYPE_CHARS
 from ..schemas.sessions import SessionState
+from ..sessions.recorder import Source
 from ..sessions.tokens import Scope
 from ..vnc.proxy import handshake_server, run_proxy
 from ..vnc.rfb import RfbError
 from .deps import get_services
 from .errors import deskbox_error_response
-from .tokens import authorize, until_token_ends
+from .tokens import Grant, authorize, until_token_ends
 
-__all__ = ["NOVNC_PATH", "STATIC_PATH", "ViewStatus", "ViewerClipboard", "mount_assets", "router"]
+__all__ = [
+    "NOVNC_PATH", "STATIC_PATH", "ViewStatus", "ViewerClipboard", "ViewerText", "mount_assets",
+    "router",
+]
 
 log = logging.getLogger("deskbox.vnc")
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["live view"])
@@ -115,8 +120,34 @@ async def paste_from_viewer(
     services = get_services(request)
     grant = await authorize(services, request, session_id, "control")
     session = await services.manager.session(grant.owner, session_id)
-    await session.viewer_paste(body.text)
+    await session.viewer_paste(body.text, _source(grant))
     return Response(status_code=204)
+
+
+class ViewerText(BaseModel):
+    """Text the live view's panel types into the session."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: Annotated[str, Field(min_length=1, max_length=MAX_TYPE_CHARS)]
+
+
+@router.post("/view/type", status_code=204, response_class=Response)
+async def type_from_viewer(request: Request, session_id: str, body: ViewerText) -> Response:
+    """The panel's text typed into the focused window as the ``type`` action types it (any
+    Unicode); a ``control`` token. Answered once it is typed."""
+    services = get_services(request)
+    grant = await authorize(services, request, session_id, "control")
+    session = await services.manager.session(grant.owner, session_id)
+    await session.viewer_type(body.text, _source(grant))
+    return Response(status_code=204)
+
+
+def _source(grant: Grant) -> Source:
+    """Who a recording names for what a viewer did."""
+    if grant.token_id:
+        return {"type": "token", "id": grant.token_id}
+    return {"type": "api_key", "id": grant.owner}
 
 
 @router.get("/view", response_class=HTMLResponse)
@@ -162,8 +193,7 @@ async def vnc_ws(websocket: WebSocket, session_id: str) -> None:
             await websocket.accept(subprotocol="binary" if "binary" in offered else None)
             accepted = True
             viewer_id = f"viewer-{id(websocket):x}"
-            source = ({"type": "token", "id": grant.token_id} if grant.token_id
-                      else {"type": "api_key", "id": grant.owner})
+            source = _source(grant)
             control = grant.scope == "control"
             try:
                 stats = await run_proxy(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Literal
@@ -93,14 +93,22 @@ class Session:
         websocket relies on it): everything up to the handle's call is synchronous, except
         behind a batch that types a secret, which checks the browser's focus first; later
         batches then wait their turn (:meth:`_in_line`)."""
+        source = {"type": "api_key", "id": self._live.record.owner}
+        return await self._recorded(source, actions, view,
+                                    lambda: self._act(actions, view, screenshot))
+
+    async def _recorded(
+        self, source: Source, actions: Sequence[a.Action], view: a.CoordinateSpace | None,
+        run: Callable[[], Awaitable[BatchResult]],
+    ) -> BatchResult:
+        """``run()``, the batch it runs kept as ``source``'s if the session records."""
         recorder = self._context.recordings.recorder(self._live.record.id)
         if recorder is None:
-            return await self._act(actions, view, screenshot)
+            return await run()
         started = recorder.now()
-        source = {"type": "api_key", "id": self._live.record.owner}
         space = view or self._live.record.body.coordinate_space
         try:
-            result = await self._act(actions, view, screenshot)
+            result = await run()
         except DeskboxError as error:
             recorder.batch(source, actions, space, started, None, error)
             raise
@@ -288,10 +296,22 @@ class Session:
         result = (await self._run(self._running(), [a.ClipboardGet()], None, None)).results[0]
         return result.text if isinstance(result, ClipboardText) else ""
 
-    async def viewer_paste(self, text: str) -> None:
+    async def viewer_paste(self, text: str, source: Source) -> None:
         """A control viewer's text onto the session's clipboard. The human's doing: it
-        goes through while a human holds control, as the viewer's keys and clicks do."""
-        await self._run(self._running(), [a.ClipboardSet(text=text)], None, None)
+        goes through while a human holds control, as the viewer's keys and clicks do;
+        recorded as ``source``'s ``clipboard_set``."""
+        actions = [a.ClipboardSet(text=text)]
+        await self._recorded(source, actions, None,
+                             lambda: self._run(self._running(), actions, None, None))
+
+    async def viewer_type(self, text: str, source: Source) -> None:
+        """A control viewer's text typed into the focused window (the panel's "Type"): text
+        the page cannot send as keys (an input method's, any script) and places a paste does
+        not reach (a terminal, a field that refuses pastes). The human's doing, as
+        :meth:`viewer_paste`; recorded as ``source``'s ``type``."""
+        actions = [a.TypeText(text=text)]
+        await self._recorded(source, actions, None,
+                             lambda: self._run(self._running(), actions, None, None))
 
     async def viewer_key(self, keysym: int) -> bool:
         """A control viewer's press of a key that types a character off the layout, typed
