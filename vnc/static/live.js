@@ -23,6 +23,16 @@ export function asLatin1(text) {
   return text.replace(/[^\u0000-\u00ff]/gu, '?');
 }
 
+// ": <the error body's message>" of a refused call, or nothing.
+async function reason(response) {
+  try {
+    const { error } = await response.json();
+    return typeof error?.message === 'string' ? `: ${error.message}` : '';
+  } catch {
+    return '';
+  }
+}
+
 // Poll slowly while the picture is live, faster while waiting for the session to run.
 export const POLL_CONNECTED_MS = 3000;
 export const POLL_WAITING_MS = 1000;
@@ -169,7 +179,7 @@ export class LiveView {
         method: 'POST', cache: 'no-store', headers: { 'Content-Type': 'application/json' },
         body: JSON.stringify({ text: this.ui.clipText.value }),
       });
-      outcome = response.ok ? done : `${refused} (${response.status})`;
+      outcome = response.ok ? done : `${refused} (${response.status})${await reason(response)}`;
     } catch {
       outcome = 'server unreachable';
     }

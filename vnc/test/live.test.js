@@ -309,9 +309,10 @@ test('the clipboard panel pastes through the server, only with control and conne
 });
 
 test('the panel types its text through the server, only with control, connected and text', async () => {
+  const paused = { error: { type: 'conflict', message: 'session ses_1 is paused; resume it first' } };
   for (const scope of ['view', 'control']) {
     const { view, ui, made, fetched } = harness([running(scope), response(204, null),
-      response(409, {}), new TypeError('fetch failed')]);
+      response(409, paused), new TypeError('fetch failed')]);
     await view.poll();
     ui.clipText.value = 'かな漢字 ✓';
     await view.typeText(); // not connected yet: nothing to type into
@@ -338,7 +339,8 @@ test('the panel types its text through the server, only with control, connected 
     assert.equal(ui.clipStatus.textContent, 'typed');
     ui.clipType.dispatch('click'); // the button does the same
     await settled();
-    assert.equal(ui.clipStatus.textContent, 'typing refused (409)');
+    assert.equal(ui.clipStatus.textContent,
+      'typing refused (409): session ses_1 is paused; resume it first');
     await view.typeText();
     assert.equal(ui.clipStatus.textContent, 'server unreachable');
   }
