@@ -195,7 +195,8 @@ def test_json_body_that_stops_arriving(
     ).encode()
     started = time.monotonic()
     status, body = stalled_request(host, int(port), head + b'{"type": "cursor_')
-    assert STALL_S - 0.5 <= time.monotonic() - started < STALL_S + 15
+    # Answered and closed at once (uvicorn's keep-alive timeout would add 5 s).
+    assert STALL_S - 0.5 <= time.monotonic() - started < STALL_S + 2
     assert status == 408 and json.loads(body)["error"]["type"] == "timeout", body
     with local_server.client() as http:  # the session is fine
         response = http.post(f"/v1/sessions/{noise_session['id']}/actions",
@@ -355,7 +356,8 @@ def test_uploads_that_stop_arriving(
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
-    assert STALL_S - 0.5 <= time.monotonic() - started < STALL_S + 30
+    # Answered and closed at once (uvicorn's keep-alive timeout would add 5 s).
+    assert STALL_S - 0.5 <= time.monotonic() - started < STALL_S + 4
     assert len(results) == 3
     for status, body in results:
         assert status == 408, body

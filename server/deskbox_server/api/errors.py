@@ -121,6 +121,12 @@ def deskbox_error_response(error: DeskboxError, count: ErrorCounter | None = Non
         headers["Retry-After"] = str(error.retry_after_s)
     elif isinstance(error, Unauthorized):
         headers["WWW-Authenticate"] = "Bearer"
+    elif isinstance(error, BodyTimeout):
+        # The connection cannot carry another request (its body was cut short) and the
+        # client sends nothing: closed with the answer, not at uvicorn's keep-alive timeout
+        # (5 s later). A body too large may still be arriving: closing on it would reset the
+        # connection, and the client could lose the 413.
+        headers["Connection"] = "close"
     return error_response(error.status, error.kind, error.message, headers, count)
 
 
