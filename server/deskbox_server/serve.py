@@ -26,10 +26,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .app import create_app
 from .errors import DeskboxError
+from .http_head import head_deadline_protocol
 from .logs import LogFormat, configure_logging
+from .metrics import Metrics
 from .settings import Settings
 
-__all__ = ["Banner", "banner", "run", "websocket_options"]
+__all__ = ["Banner", "banner", "protocol_options", "run"]
 
 log = logging.getLogger("deskbox.serve")
 
@@ -118,14 +120,23 @@ class _Server(uvicorn.Server):
             await self.lifespan.shutdown()
 
 
-def websocket_options(settings: Settings) -> dict[str, Any]:
-    """uvicorn's websocket options for this server (the test suite's servers use them too).
+def protocol_options(settings: Settings, metrics: Metrics | None = None) -> dict[str, Any]:
+    """uvicorn's protocol options for this server (the test suite's servers use them too).
+
+    HTTP/1.1 through h11 with a deadline on each request's head (http_head.py); the
+    closed connections are counted in ``metrics`` as slow clients.
 
     uvicorn closes (1009) any message over ``ws_max_size``, 16 MiB by default, before the
     app sees it: DevTools messages may be as large as ``cdp_max_message_bytes`` (64 MiB; a
     Playwright ``set_input_files`` of 15 MB disconnected the browser). Each endpoint then
     bounds its own (cdp.py; the actions websocket: ``max_request_bytes``)."""
+
+    def head_overdue() -> None:
+        if metrics is not None:
+            metrics.slow_clients.inc("request_head")
+
     return {
+        "http": head_deadline_protocol(settings.request_head_timeout_s, head_overdue),
         "ws": "websockets-sansio",
         # Compression costs more than it saves on JPEG frames (ARCHITECTURE.md).
         "ws_per_message_deflate": False,
@@ -181,7 +192,7 @@ def run(
         # (bench/README "A click, layer by layer"). The agent keeps asyncio's: uvloop needs
         # ssl, which would cost every session 1.3 MiB, for no gain measured there.
         loop="uvloop",
-        **websocket_options(settings),
+        **protocol_options(settings, app.state.services.metrics),
         log_level=log_level.lower(),
         log_config=None,
         access_log=False,

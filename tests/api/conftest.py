@@ -25,7 +25,7 @@ from deskbox_server.api.deps import Services
 from deskbox_server.app import create_app
 from deskbox_server.engines.local.sandbox import LocalSandbox
 from deskbox_server.errors import DesktopFailed
-from deskbox_server.serve import websocket_options
+from deskbox_server.serve import protocol_options
 from deskbox_server.sessions.desktop import AnyDesktop
 from deskbox_server.settings import Settings
 
@@ -88,7 +88,7 @@ def running_server(settings: Settings) -> Iterator[Server]:
     app = create_app(settings)
     config = uvicorn.Config(
         app,
-        **websocket_options(settings),  # as `deskbox serve` has them
+        **protocol_options(settings, app.state.services.metrics),  # as `deskbox serve`
         log_level="warning",
         lifespan="on",
     )

@@ -8,7 +8,10 @@ while everyone else is served as usual.
   ``vnc_viewer_buffer_bytes``, or nothing taken for ``ws_send_timeout_s``) while another
   viewer of the same session keeps getting whole frames;
 - request bodies that stop arriving (a JSON body, a file upload): 408 ``timeout`` after
-  ``body_idle_timeout_s``, the connection closed, the sandbox's writer gone.
+  ``body_idle_timeout_s``, the connection closed, the sandbox's writer gone;
+- connections that send no whole request head (nothing, half a head, a header line now
+  and then): closed ``request_head_timeout_s`` after they opened or after their last
+  answer.
 
 The server runs in this process (a uvicorn thread), so this process's RSS is the server's
 plus the test's own small buffers: growth is asserted with a generous margin.
@@ -94,6 +97,7 @@ def local_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         default_backend="local",
         ws_send_timeout_s=STALL_S,
         body_idle_timeout_s=STALL_S,
+        request_head_timeout_s=STALL_S,
     )
     with running_server(settings) as running:
         yield running
@@ -202,6 +206,60 @@ def test_json_body_that_stops_arriving(
         response = http.post(f"/v1/sessions/{noise_session['id']}/actions",
                              json={"type": "cursor_position"})
         assert response.status_code == 200, response.text
+
+
+def test_connections_that_send_no_whole_request_head_are_closed(local_server: Server) -> None:
+    """Slowloris: uvicorn alone kept each of these open for ever (its keep-alive timeout
+    counts only the quiet between requests, and any byte resets it)."""
+    host, port = local_server.url.removeprefix("http://").split(":")
+    metrics = local_server.services.metrics
+    dropped = metrics.slow_clients.value("request_head")
+    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+    started = time.monotonic()
+    connections = {name: socket.create_connection((host, int(port)), timeout=30)
+                   for name in ("trickle", "silent", "half a head", "kept alive")}
+    try:
+        connections["trickle"].sendall(head)
+        connections["half a head"].sendall(head)
+        kept = connections["kept alive"]
+        kept.sendall(head + b"\r\n")
+        answer = kept.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200 "), answer
+        answered = time.monotonic()
+        kept.sendall(head)  # the next request's head, never finished
+        # The trickle first: a header line every half second until the server closes it.
+        closed = {"trickle": closed_at(connections["trickle"], b"X-Pad: 1\r\n")}
+        for name in ("silent", "half a head", "kept alive"):
+            closed[name] = closed_at(connections[name])
+    finally:
+        for connection in connections.values():
+            connection.close()
+    for name, at in closed.items():
+        since = answered if name == "kept alive" else started
+        assert STALL_S - 0.5 <= at - since < STALL_S + 2, (name, at - since)
+    assert metrics.slow_clients.value("request_head") == dropped + 4
+    with local_server.client() as http:  # a whole request on a new connection: served
+        assert http.get("/healthz").status_code == 200
+
+
+def closed_at(connection: socket.socket, trickle: bytes = b"") -> float:
+    """When the server closed ``connection`` (what it sends before is read and dropped),
+    sending ``trickle`` every half second meanwhile."""
+    connection.settimeout(0.5)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if connection.recv(65536) == b"":
+                return time.monotonic()
+        except TimeoutError:
+            if trickle:
+                try:
+                    connection.sendall(trickle)
+                except OSError:
+                    return time.monotonic()
+        except ConnectionResetError:
+            return time.monotonic()
+    raise AssertionError("the server kept the connection open")
 
 
 def stalled_request(host: str, port: int, data: bytes) -> tuple[int, bytes]:
