@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .app import create_app
 from .errors import DeskboxError
-from .http_head import head_deadline_protocol
+from .http_protocol import deskbox_http_protocol
 from .logs import LogFormat, configure_logging
 from .metrics import Metrics
 from .settings import Settings
@@ -123,8 +123,9 @@ class _Server(uvicorn.Server):
 def protocol_options(settings: Settings, metrics: Metrics | None = None) -> dict[str, Any]:
     """uvicorn's protocol options for this server (the test suite's servers use them too).
 
-    HTTP/1.1 through h11 with a deadline on each request's head (http_head.py); the
-    closed connections are counted in ``metrics`` as slow clients.
+    HTTP/1.1 through h11 with a deadline on each request's head and our error body for a
+    request that is not HTTP (http_protocol.py); a connection closed for its head is counted
+    in ``metrics`` as a slow client.
 
     uvicorn closes (1009) any message over ``ws_max_size``, 16 MiB by default, before the
     app sees it: DevTools messages may be as large as ``cdp_max_message_bytes`` (64 MiB; a
@@ -136,7 +137,7 @@ def protocol_options(settings: Settings, metrics: Metrics | None = None) -> dict
             metrics.slow_clients.inc("request_head")
 
     return {
-        "http": head_deadline_protocol(settings.request_head_timeout_s, head_overdue),
+        "http": deskbox_http_protocol(settings.request_head_timeout_s, head_overdue),
         "ws": "websockets-sansio",
         # Compression costs more than it saves on JPEG frames (ARCHITECTURE.md).
         "ws_per_message_deflate": False,

@@ -143,7 +143,7 @@ class Settings(BaseSettings):
     # vnc_viewer_buffer_bytes behind the VNC server is dropped.
     body_idle_timeout_s: Annotated[float, Field(gt=0)] = 30.0
     # A connection that has not sent a whole request head this long after it opened (or
-    # after the answer to its last request) is closed (http_head.py: slowloris).
+    # after the answer to its last request) is closed (http_protocol.py: slowloris).
     request_head_timeout_s: Annotated[float, Field(gt=0)] = 15.0
     ws_send_timeout_s: Annotated[float, Field(gt=0)] = 30.0
     vnc_viewer_buffer_bytes: Annotated[int, Field(ge=1024 * 1024)] = 32 * 1024 * 1024

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import socket
 from typing import Any
 
 import httpx
 import pytest
 
+from .conftest import Server
 from .helpers import assert_error
 
 
@@ -83,6 +86,34 @@ def test_unknown_paths_and_methods(client: httpx.Client, session: dict[str, Any]
     assert_error(client.get(f"/v1/sessions/{session['id']}/actions"), 405, "method_not_allowed")
     assert_error(client.post("/v1/sessions/ses_nope/actions", json={"type": "screen_size"}),
                  404, "not_found")
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"HELLO THERE\r\n\r\n",
+    b"GET /healthz HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n",
+    b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+    b"Content-Length: 3\r\n\r\n{}",
+    b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+], ids=["request line", "header", "two lengths", "chunk"])
+def test_a_request_that_is_not_http_gets_the_error_body(
+    server: Server, request_bytes: bytes
+) -> None:
+    """uvicorn answered these with a text/plain "Invalid HTTP request received."."""
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        connection.sendall(request_bytes)
+        answer = b""
+        while chunk := connection.recv(65536):  # the server closes the connection
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    assert lines[0] == "HTTP/1.1 400 Bad Request", lines
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    assert headers["content-type"] == "application/json"
+    assert headers["connection"] == "close"
+    error = json.loads(body)["error"]
+    assert error["type"] == "invalid_request" and "not valid HTTP/1.1" in error["message"]
+    assert error["request_id"] == headers["x-request-id"]
 
 
 def test_session_still_works_after_bad_input(

@@ -1,0 +1,100 @@
+"""uvicorn's HTTP/1.1 protocol (h11) with what it lacks for a server on an open port.
+
+- **A deadline on each request's head.** uvicorn bounds the quiet between requests (its
+  keep-alive timeout, reset by any byte), but neither a connection that sends nothing nor
+  the time a head takes once its first byte came (uvicorn issue #157): a client could hold
+  any number of connections open for ever by sending a header line now and then
+  (slowloris). The body has its own bound (api/errors.py, ``body_idle_timeout_s``).
+- **Our error body for a request that is not HTTP/1.1** (a garbled request line or header,
+  two Content-Lengths, a broken chunk): uvicorn answers those with a text/plain "Invalid
+  HTTP request received."; every other 4xx of ours is the JSON error body (API.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .api.errors import new_request_id
+
+__all__ = ["deskbox_http_protocol"]
+
+log = logging.getLogger("deskbox.http")
+
+_NOT_HTTP = ("the request is not valid HTTP/1.1 (its request line, a header, or the framing "
+             "of its body)")
+
+
+def deskbox_http_protocol(
+    head_timeout_s: float, on_head_overdue: Callable[[], None] = lambda: None
+) -> type[asyncio.Protocol]:
+    """The protocol class for uvicorn's ``http``: a connection that has not sent a whole
+    request head ``head_timeout_s`` after it opened, or after the answer to its last
+    request, is closed (``on_head_overdue`` is called for each)."""
+
+    class DeskboxHttp(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._await_head()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._await_head()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._await_head()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._stop_head_timer()
+            super().connection_lost(exc)
+
+        def send_400_response(self, msg: str) -> None:
+            request_id = new_request_id()
+            body = json.dumps({"error": {"type": "invalid_request", "message": _NOT_HTTP,
+                                         "request_id": request_id}}).encode()
+            headers = [(b"content-type", b"application/json"),
+                       (b"content-length", str(len(body)).encode()),
+                       (b"x-request-id", request_id.encode()), (b"connection", b"close")]
+            try:
+                for event in (h11.Response(status_code=400, headers=headers,
+                                           reason=b"Bad Request"),
+                              h11.Data(data=body), h11.EndOfMessage()):
+                    self.transport.write(self.conn.send(event) or b"")
+            except h11.LocalProtocolError:
+                pass  # an answer had begun already: the connection's end says it
+            self.transport.close()
+
+        def _waiting_for_head(self) -> bool:
+            # h11's IDLE: before a request's head is whole. After it the state is the body's,
+            # DONE, or a websocket upgrade's (the transport then belongs to that protocol).
+            return self.conn.their_state is h11.IDLE and not self.transport.is_closing()
+
+        def _await_head(self) -> None:
+            """The timer runs from when the connection began waiting for a head."""
+            if not self._waiting_for_head():
+                self._stop_head_timer()
+            elif self._head_timer is None:
+                self._head_timer = self.loop.call_later(head_timeout_s, self._head_overdue)
+
+        def _stop_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_overdue(self) -> None:
+            self._head_timer = None
+            if self._waiting_for_head():
+                log.info("closed a connection from %s: no whole request head within %g s",
+                         self.client[0] if self.client else "?", head_timeout_s)
+                on_head_overdue()
+                self.transport.close()
+
+    return DeskboxHttp
