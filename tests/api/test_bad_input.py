@@ -116,6 +116,19 @@ def test_a_request_that_is_not_http_gets_the_error_body(
     assert error["request_id"] == headers["x-request-id"]
 
 
+@pytest.mark.parametrize("path", ["/actions/ws", "/vnc", "/cdp", "/cdp/page/T1"])
+def test_a_websocket_path_asked_without_upgrade_says_so(
+    client: httpx.Client, session: dict[str, Any], path: str
+) -> None:
+    """What a reverse proxy that drops the Upgrade header sends on: it was a 404 "no such
+    path", for a path that is there."""
+    response = client.get(f"/v1/sessions/{session['id']}{path}")
+    error = assert_error(response, 426, "invalid_request")
+    assert "takes a websocket" in error["message"] and "Upgrade" in error["message"]
+    assert response.headers["upgrade"] == "websocket"
+    assert_error(client.get(f"/v1/sessions/{session['id']}/no-such-socket"), 404, "not_found")
+
+
 def test_session_still_works_after_bad_input(
     client: httpx.Client, session: dict[str, Any]
 ) -> None:

@@ -29,6 +29,7 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import Capacity, DeskboxError, InvalidRequest, NotFound, Timeout, Unauthorized
@@ -180,12 +181,24 @@ def allowed_methods(request: Request) -> list[str]:
     return sorted(methods)
 
 
+_ANY_PATH = "/{path:path}"
+
+
+def _takes_websocket(request: Request) -> bool:
+    """Whether a websocket route other than the fallback has this path (asked through the
+    routes' own matching: FastAPI nests included routers in private types)."""
+    scope = {**request.scope, "type": "websocket"}
+    return any(route.matches(scope)[0] is Match.FULL
+               and not (isinstance(route, WebSocketRoute) and route.path == _ANY_PATH)
+               for route in request.app.router.routes)
+
+
 def install_websocket_fallback(app: FastAPI, count: ErrorCounter | None = None) -> None:
     """A websocket to no route (``/cdp/page/..%2F..%2Fjson``: the ``%2F`` is decoded before
     routing) is refused 404 with the error body; Starlette's was a 403 with none. Install
     it last: it matches every path."""
 
-    @app.websocket("/{path:path}")
+    @app.websocket(_ANY_PATH)
     async def no_such_websocket(websocket: WebSocket, path: str) -> None:
         error = NotFound(f"no websocket endpoint at /{path}")
         await websocket.send_denial_response(deskbox_error_response(error, count))
@@ -214,6 +227,12 @@ def install_error_handlers(app: FastAPI, count: ErrorCounter | None = None) -> N
         if status == 400 and error.detail == _UNPARSABLE:
             # A body json.loads could not even decode (not UTF-8): bad JSON, like any other.
             status, message = 422, "the request body is not valid JSON (it must be UTF-8 text)"
+        elif status == 404 and error.detail == "Not Found" and _takes_websocket(request):
+            # What a reverse proxy that drops the Upgrade and Connection headers sends on.
+            status, headers["Upgrade"] = 426, "websocket"
+            message = ("this path takes a websocket, and the request came without "
+                       "'Upgrade: websocket' (a proxy in front of the server must pass the "
+                       "Upgrade and Connection headers on)")
         elif status == 404 and error.detail == "Not Found":
             message = "no such path"
         elif status == 405:
