@@ -13,6 +13,7 @@ import asyncio
 import gc
 import ipaddress
 import logging
+import resource
 import shlex
 import sys
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from .logs import LogFormat, configure_logging
 from .metrics import Metrics
 from .settings import Settings
 
-__all__ = ["Banner", "banner", "protocol_options", "run"]
+__all__ = ["Banner", "banner", "protocol_options", "raise_open_files_limit", "run"]
 
 log = logging.getLogger("deskbox.serve")
 
@@ -178,11 +179,30 @@ class _PlainStartupFailure:
                 await send(message)
 
 
+# Past this, some programs the sessions start (they inherit it) would walk every possible
+# descriptor on start-up for nothing.
+_OPEN_FILES = 65536
+
+
+def raise_open_files_limit() -> int:
+    """The soft limit on open files raised toward the hard one (at most ``_OPEN_FILES``);
+    the limit now. A shell's is often 1024 (systemd's default: 1024 of 524288), and each
+    session holds a few descriptors and each of its clients more: a server of a few hundred
+    sessions would run out. Go's runtime does the same for every program."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = _OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, _OPEN_FILES)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        return target
+    return soft
+
+
 def run(
     settings: Settings, log_level: str = "info", log_format: LogFormat = "auto"
 ) -> None:
     """Serve until SIGINT/SIGTERM; exits 3 if the server could not start."""
     chosen: Literal["json", "text"] = configure_logging(log_level, log_format)
+    log.debug("open files: at most %d", raise_open_files_limit())
     app = create_app(settings)
     key_file = app.state.services.keyring.generated_path
     config = uvicorn.Config(

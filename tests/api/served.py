@@ -33,13 +33,15 @@ def free_port() -> int:
 def serve(
     state_dir: Path, log: Path, extra_env: Mapping[str, str] | None = None,
     timeout_s: float = 60.0, ready_timeout_s: float = 60.0,
-    user: pwd.struct_passwd | None = None,
+    user: pwd.struct_passwd | None = None, open_files: int | None = None,
 ) -> Iterator[tuple[subprocess.Popen[bytes], httpx.Client]]:
     """``deskbox serve`` on a free loopback port; killed at the end if still running.
     ``extra_env``: more ``DESKBOX_*`` settings; ``timeout_s``: of each request;
     ``ready_timeout_s``: until it answers (its engines prepared); ``user``: run as that
     ordinary user (Debian's python3 with this venv's packages: the venv's own interpreter
-    lives under /root, which no other user may enter)."""
+    lives under /root, which no other user may enter); ``open_files``: the soft limit it
+    starts with (util-linux's prlimit; this process runs servers in threads, where a
+    preexec_fn is unsafe)."""
     port = free_port()
     settings = {"DESKBOX_API_KEYS": KEY, "DESKBOX_IMAGE_STATE_DIR": str(IMAGE_STATE_DIR),
                 "DESKBOX_REAPER_INTERVAL_S": "0.5", **(extra_env or {})}
@@ -55,6 +57,8 @@ def serve(
         argv = as_user(user, ["/usr/bin/python3", "-c", launch, str(site_packages), *args],
                        {**settings, "PYTHONPATH": str(site_packages)})
         env = dict(os.environ)
+    if open_files is not None:
+        argv = ["prlimit", f"--nofile={open_files}:", "--", *argv]
     with open(log, "ab") as output:
         process = subprocess.Popen(
             argv, env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=output,

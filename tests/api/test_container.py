@@ -8,6 +8,8 @@ deleting it leaves no container, process, cgroup, mount or file behind.
 from __future__ import annotations
 
 import json
+import os
+import resource
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -157,6 +159,33 @@ def test_websocket_click_and_screenshot(
     assert near(decode(frame).getpixel((ox + 200, oy + 150)), RED)
     state = page.wait(lambda state: state["clicks"] > before)
     assert state["click"][:2] == [250, 120]
+
+
+def test_a_server_holding_over_a_thousand_descriptors_runs_sessions(
+    server: Server, client: httpx.Client
+) -> None:
+    """select() takes descriptors below 1024 only: with over a thousand open (a few hundred
+    sessions and their clients), a new sandbox's waits (for its display, on its pidfd)
+    raised ValueError: its create failed with a 500 and the reaper's look at it too. The
+    server runs in this process, so the test holds the descriptors."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 2048
+    assert hard == resource.RLIM_INFINITY or hard >= wanted, (
+        f"this test needs a hard RLIMIT_NOFILE of {wanted} or more, not {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
+    held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+        assert max(held) >= 1024
+        with open_session(client) as session:
+            sid = session["id"]
+            assert sandbox_handle(server, session).failure() is None
+            shot = client.post(f"/v1/sessions/{sid}/actions", json={"type": "screenshot"})
+            assert shot.status_code == 200, shot.text
+        assert client.get(f"/v1/sessions/{sid}").json()["state"] == "stopped"
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_delete_leaves_nothing(

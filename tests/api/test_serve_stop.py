@@ -1,9 +1,11 @@
-"""``deskbox serve`` told twice to stop, as a person does who presses Ctrl-C again while
-it stops: uvicorn then skips the app's shutdown (its forced exit), which would leave every
-session's sandbox running after the server."""
+"""``deskbox serve`` as a process: told twice to stop, as a person does who presses Ctrl-C
+again while it stops (uvicorn then skips the app's shutdown, its forced exit, which would
+leave every session's sandbox running after the server); started from a shell whose limit
+on open files is the usual 1024."""
 
 from __future__ import annotations
 
+import resource
 import signal
 import time
 from pathlib import Path
@@ -52,3 +54,15 @@ def test_ctrl_c_twice_still_stops_every_session(tmp_path: Path) -> None:
         remove_orphans(runc_engine(Settings(state_dir=state_dir)).options, keep=())
         for purpose in SCRATCH_PURPOSES:
             Scratch(SCRATCH, state_dir, purpose).open(needed=False)
+
+
+def test_serve_raises_a_low_limit_on_open_files(tmp_path: Path) -> None:
+    """A shell's soft limit is often 1024 (systemd's default: 1024 of 524288), which a
+    server of a few hundred sessions and their clients would run out of."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    expected = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    assert expected > 1024, f"the hard limit on open files here is {hard}"
+    with serve(tmp_path / "state", tmp_path / "server.log", open_files=1024) as (process, _):
+        [line] = [line for line in Path(f"/proc/{process.pid}/limits").read_text().splitlines()
+                  if line.startswith("Max open files")]
+        assert line.split()[3] == str(expected), line

@@ -37,7 +37,6 @@ import contextlib
 import ipaddress
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -51,6 +50,7 @@ from typing import Literal
 
 from ..errors import Conflict, InvalidRequest, SessionFailed, Timeout
 from ..schemas.sessions import is_host_name_or_ip
+from .fd_wait import readable
 
 __all__ = [
     "DNS_FORWARD",
@@ -391,7 +391,7 @@ class SessionNetwork:
         self._pidfd, self.pasta_pid = None, None
 
     def failure(self) -> str | None:
-        if self._pidfd is not None and select.select([self._pidfd], [], [], 0)[0]:
+        if self._pidfd is not None and readable([self._pidfd]):
             return "the session's network relay (pasta) exited"
         return None
 
@@ -402,7 +402,7 @@ class SessionNetwork:
             for sig, wait_s in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
                 with contextlib.suppress(ProcessLookupError):
                     signal.pidfd_send_signal(self._pidfd, sig)
-                if select.select([self._pidfd], [], [], wait_s)[0]:
+                if readable([self._pidfd], wait_s):
                     break
             os.close(self._pidfd)
             self._pidfd = None

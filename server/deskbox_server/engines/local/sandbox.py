@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import select
 import shutil
 import socket
 import sys
@@ -29,6 +28,7 @@ from ..desktop_commands import (
     wm_argv,
     xserver_argv,
 )
+from ..fd_wait import readable
 from ..processes import ProcessSet, become_subreaper
 
 __all__ = ["AGENT_SOCKET", "LocalSandbox", "agent_package_dir"]
@@ -120,8 +120,7 @@ class LocalSandbox(Sandbox):
             number = b""
             while not number.endswith(b"\n"):
                 remaining = deadline - time.monotonic()
-                ready, _, _ = select.select([read_fd], [], [], max(0.0, remaining))
-                if not ready:
+                if not readable([read_fd], remaining):
                     raise Timeout("the X server did not report a display in time")
                 chunk = os.read(read_fd, 16)
                 if not chunk:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import select
 import socket
 import stat
 import struct
@@ -30,6 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ...errors import Capacity, DesktopFailed, Timeout
+from ..fd_wait import readable
 
 __all__ = [
     "HOST_SOCKET_DIR",
@@ -259,8 +259,7 @@ def wait_for_file(
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise Timeout(f"timed out after {timeout_s:.1f} s waiting for {directory / name}")
-            readable, _, _ = select.select([fd, *wake_fds], [], [], min(remaining, 0.1))
-            if fd in readable:
+            if fd in readable([fd, *wake_fds], min(remaining, 0.1)):
                 with contextlib.suppress(BlockingIOError):
                     os.read(fd, 65536)  # drain; the loop re-checks the path itself
     finally:

@@ -38,7 +38,6 @@ import logging
 import os
 import re
 import resource
-import select
 import shutil
 import signal
 import subprocess
@@ -51,6 +50,7 @@ from ...errors import Conflict, DesktopFailed, InvalidRequest, SessionFailed
 from ...scratch import Scratch
 from ..base import Sandbox, VolumeAttach
 from ..desktop_commands import DEVTOOLS_PORT, DesktopSpec, session_env
+from ..fd_wait import readable
 from ..network import (
     NETNS_DIR,
     Egress,
@@ -572,8 +572,7 @@ class RuncSandbox(Sandbox):
         """Why the sandbox is unusable (its init exited), or None while it runs. Cheap."""
         if self._pidfd is None:
             return "the sandbox is not running"
-        readable, _, _ = select.select([self._pidfd], [], [], 0)
-        if readable:
+        if readable([self._pidfd]):
             return f"the sandbox {self.container_id} exited"
         return self.network.failure() if self.network is not None else None
 
@@ -635,12 +634,12 @@ class RuncSandbox(Sandbox):
             os.kill(self.init_pid, signal.SIGTERM)
         except ProcessLookupError:
             return
-        select.select([self._pidfd], [], [], _GRACEFUL_STOP_S)
+        readable([self._pidfd], _GRACEFUL_STOP_S)
 
     def _reap_init(self) -> None:
         """The init may be our child (we are a subreaper, runc exited): collect it."""
         if self._pidfd is not None:
-            select.select([self._pidfd], [], [], 5.0)
+            readable([self._pidfd], 5.0)
             os.close(self._pidfd)
             self._pidfd = None
         if self.init_pid is not None:
