@@ -12,11 +12,9 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -28,6 +26,7 @@ from isal import igzip
 from deskbox_server.engines.image import OCI_ARCHIVE, build_image
 from deskbox_server.settings import default_recipe_dir
 
+from ..docker.podman import Podman
 from ..images import IMAGE_STATE_DIR, progress, recipe_module
 
 BUILD_TIMEOUT_S = 1800
@@ -173,30 +172,24 @@ class _Tee(io.RawIOBase):
 
 
 @pytest.mark.timeout(BUILD_TIMEOUT_S)
-def test_podman_loads_it_with_its_entrypoint_labels_and_layer(built: Path) -> None:
+def test_podman_loads_it_with_its_entrypoint_labels_and_layer(
+    built: Path, podman: Podman
+) -> None:
+    """Into the suite's Podman (tests/conftest.py), whose storage is empty this early: the
+    docker engine's sessions then find it there, as a server finds an image loaded by
+    hand (the rootless tests load it through the engine, into a storage of their own)."""
     manifest = json.loads((built / "manifest.json").read_text())
-    # Storage of the test's own (podman wants its runroot's path under 50 characters).
-    own = Path(tempfile.mkdtemp(prefix="dbx-podman-"))
-    storage = ["podman", "--root", str(own / "root"), "--runroot", str(own / "run"),
-               "--storage-driver", "vfs"]
-    try:
-        loaded = subprocess.run([*storage, "load", "--input", str(built / OCI_ARCHIVE)],
-                                capture_output=True, text=True, timeout=600)
-        assert loaded.returncode == 0, loaded.stderr
-        name = f"localhost/deskbox-session:{manifest['image_hash']}"
-        assert name in loaded.stdout, loaded.stdout
-        shown = subprocess.run([*storage, "image", "inspect", name], capture_output=True,
-                               text=True, timeout=60)
-        assert shown.returncode == 0, shown.stderr
-        (image,) = json.loads(shown.stdout)
-        assert image["Config"]["Entrypoint"] == ["/usr/local/bin/deskbox-session"]
-        assert image["Config"]["Labels"] == manifest["labels"]
-        assert image["RootFS"]["Layers"] == [manifest["layer"]["diff_id"]]
-        assert image["Id"] == manifest["config"].removeprefix("sha256:")
-    finally:
-        subprocess.run([*storage, "system", "reset", "--force"], capture_output=True,
-                       timeout=120)
-        shutil.rmtree(own, ignore_errors=True)
+    loaded = podman.cli("load", "--input", str(built / OCI_ARCHIVE), timeout_s=600)
+    assert loaded.returncode == 0, loaded.stderr
+    name = f"localhost/deskbox-session:{manifest['image_hash']}"
+    assert name in loaded.stdout, loaded.stdout
+    shown = podman.cli("image", "inspect", name)
+    assert shown.returncode == 0, shown.stderr
+    (image,) = json.loads(shown.stdout)
+    assert image["Config"]["Entrypoint"] == ["/usr/local/bin/deskbox-session"]
+    assert image["Config"]["Labels"] == manifest["labels"]
+    assert image["RootFS"]["Layers"] == [manifest["layer"]["diff_id"]]
+    assert image["Id"] == manifest["config"].removeprefix("sha256:")
 
 
 @pytest.mark.timeout(BUILD_TIMEOUT_S)
