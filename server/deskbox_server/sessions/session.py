@@ -300,16 +300,18 @@ class Session:
         """A control viewer's text onto the session's clipboard. The human's doing: it
         goes through while a human holds control, as the viewer's keys and clicks do;
         recorded as ``source``'s ``clipboard_set``."""
-        actions = [a.ClipboardSet(text=text)]
-        await self._recorded(source, actions, None,
-                             lambda: self._run(self._running(), actions, None, None))
+        await self._viewers(source, a.ClipboardSet(text=text))
 
     async def viewer_type(self, text: str, source: Source) -> None:
         """A control viewer's text typed into the focused window (the panel's "Type"): text
         the page cannot send as keys (an input method's, any script) and places a paste does
         not reach (a terminal, a field that refuses pastes). The human's doing, as
         :meth:`viewer_paste`; recorded as ``source``'s ``type``."""
-        actions = [a.TypeText(text=text)]
+        await self._viewers(source, a.TypeText(text=text))
+
+    async def _viewers(self, source: Source, action: a.Action) -> None:
+        """A viewer's action: no handoff check and no place in the agent's line."""
+        actions = [action]
         await self._recorded(source, actions, None,
                              lambda: self._run(self._running(), actions, None, None))
 
