@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import httpx
 from PIL import Image
 
-__all__ = ["assert_error", "decode", "events_until", "near"]
+__all__ = ["assert_error", "decode", "events_until", "near", "raw_exchange"]
 
 
 def assert_error(response: httpx.Response, status: int, kind: str) -> dict[str, Any]:
@@ -56,3 +57,16 @@ def events_until(client: httpx.Client, session_id: str,
                     return events
             assert time.monotonic() < deadline, f"no {last} event: {events}"
     raise AssertionError(f"the stream ended before {last}: {events}")
+
+
+def raw_exchange(url: str, data: bytes) -> tuple[list[str], bytes]:
+    """Send ``data`` as it is to the server at ``url`` and read until the server closes the
+    connection: the answer's status line and header lines, and its body."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as connection:
+        connection.sendall(data)
+        answer = bytearray()
+        while chunk := connection.recv(65536):
+            answer += chunk
+    head, _, body = bytes(answer).partition(b"\r\n\r\n")
+    return head.decode("latin-1").split("\r\n"), body

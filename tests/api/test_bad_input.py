@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import socket
 from typing import Any
 
 import httpx
 import pytest
 
 from .conftest import Server
-from .helpers import assert_error
+from .helpers import assert_error, raw_exchange
 
 
 @pytest.mark.parametrize(
@@ -99,14 +98,7 @@ def test_a_request_that_is_not_http_gets_the_error_body(
     server: Server, request_bytes: bytes
 ) -> None:
     """uvicorn answered these with a text/plain "Invalid HTTP request received."."""
-    host, port = server.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as connection:
-        connection.sendall(request_bytes)
-        answer = b""
-        while chunk := connection.recv(65536):  # the server closes the connection
-            answer += chunk
-    head, _, body = answer.partition(b"\r\n\r\n")
-    lines = head.decode().split("\r\n")
+    lines, body = raw_exchange(server.url, request_bytes)  # the server closes the connection
     assert lines[0] == "HTTP/1.1 400 Bad Request", lines
     headers = dict(line.lower().split(": ", 1) for line in lines[1:])
     assert headers["content-type"] == "application/json"

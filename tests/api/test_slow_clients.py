@@ -42,7 +42,7 @@ from ..images import session_image
 from ..rfb_client import RfbViewer
 from .conftest import DISPLAY, KEY_A, Server, running_server
 from .containers import container_server, open_session
-from .helpers import assert_error
+from .helpers import assert_error, raw_exchange
 from .raw_ws import RawWebSocket
 
 MIB = 1024 * 1024
@@ -198,7 +198,7 @@ def test_json_body_that_stops_arriving(
         "Content-Length: 200\r\n\r\n"
     ).encode()
     started = time.monotonic()
-    status, body = stalled_request(host, int(port), head + b'{"type": "cursor_')
+    status, body = stalled_request(local_server.url, head + b'{"type": "cursor_')
     # Answered and closed at once (uvicorn's keep-alive timeout would add 5 s).
     assert STALL_S - 0.5 <= time.monotonic() - started < STALL_S + 2
     assert status == 408 and json.loads(body)["error"]["type"] == "timeout", body
@@ -262,16 +262,11 @@ def closed_at(connection: socket.socket, trickle: bytes = b"") -> float:
     raise AssertionError("the server kept the connection open")
 
 
-def stalled_request(host: str, port: int, data: bytes) -> tuple[int, bytes]:
+def stalled_request(url: str, data: bytes) -> tuple[int, bytes]:
     """Send ``data`` (a request whose body is cut short) and wait: the status and body of
     the answer, which must come with the connection closed."""
-    with socket.create_connection((host, port), timeout=30) as sock:
-        sock.sendall(data)
-        received = bytearray()
-        while chunk := sock.recv(65536):  # until the server closes the connection
-            received += chunk
-    head, _, body = bytes(received).partition(b"\r\n\r\n")
-    return int(head.split(b" ", 2)[1]), body
+    head, body = raw_exchange(url, data)
+    return int(head[0].split(" ", 2)[1]), body
 
 
 # -- container sessions: the live view and file uploads -----------------------------------
@@ -406,7 +401,7 @@ def test_uploads_that_stop_arriving(
             f"Authorization: Bearer {KEY_A}\r\nContent-Type: application/octet-stream\r\n"
             "Content-Length: 10000000\r\n\r\n"
         ).encode()
-        results.append(stalled_request(host, int(port), head + b"x" * 1000))
+        results.append(stalled_request(container.url, head + b"x" * 1000))
 
     started = time.monotonic()
     threads = [threading.Thread(target=upload, args=(n,)) for n in range(3)]
