@@ -8,6 +8,11 @@
 - **Our error body for a request that is not HTTP/1.1** (a garbled request line or header,
   two Content-Lengths, a broken chunk): uvicorn answers those with a text/plain "Invalid
   HTTP request received."; every other 4xx of ours is the JSON error body (API.md).
+
+And for the websocket protocol uvicorn switches to on an ``Upgrade: websocket`` request:
+**our error body for a handshake that fails** before the app sees it (no
+``Sec-WebSocket-Key``, a version other than 13, ``Connection`` without ``upgrade``), which
+the websockets library answers in text/plain.
 """
 
 from __future__ import annotations
@@ -16,16 +21,22 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable
+from http import HTTPStatus
+from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.datastructures import Headers
+from websockets.http11 import Response
 
-from .api.errors import new_request_id
+from .api.errors import kind_of_status, new_request_id
 
-__all__ = ["deskbox_http_protocol"]
+__all__ = ["DeskboxWebSocket", "deskbox_http_protocol"]
 
 log = logging.getLogger("deskbox.http")
 
+_LIBRARY_PREFIX = "Failed to open a WebSocket connection"
 _NOT_HTTP = ("the request is not valid HTTP/1.1 (its request line, a header, or the framing "
              "of its body)")
 
@@ -57,9 +68,7 @@ def deskbox_http_protocol(
             super().connection_lost(exc)
 
         def send_400_response(self, msg: str) -> None:
-            request_id = new_request_id()
-            body = json.dumps({"error": {"type": "invalid_request", "message": _NOT_HTTP,
-                                         "request_id": request_id}}).encode()
+            request_id, body = _error_body(400, _NOT_HTTP)
             headers = [(b"content-type", b"application/json"),
                        (b"content-length", str(len(body)).encode()),
                        (b"x-request-id", request_id.encode()), (b"connection", b"close")]
@@ -98,3 +107,34 @@ def deskbox_http_protocol(
                 self.transport.close()
 
     return DeskboxHttp
+
+
+class DeskboxWebSocket(WebSocketsSansIOProtocol):
+    """uvicorn's websocket protocol (websockets' sans-I/O one) whose refusals before the app
+    (a handshake it cannot accept, or the app's failure then) carry our error body."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # uvicorn builds the ServerProtocol itself; every refusal of a handshake goes through
+        # its ``reject`` (the library's own and uvicorn's 403 and 500).
+        setattr(self.conn, "reject", _json_reject)  # noqa: B010 (mypy: a method is read-only)
+
+
+def _json_reject(status: int, text: str) -> Response:
+    # The library's text reads "Failed to open a WebSocket connection: <why>.\n\n<advice>";
+    # uvicorn's own refusals (403, 500) say nothing or only the status's phrase.
+    why = text.split("\n")[0].removeprefix(_LIBRARY_PREFIX).strip(":. ")
+    status = int(status)  # the library passes HTTPStatus members
+    phrase = HTTPStatus(status).phrase
+    request_id, body = _error_body(status, f"the websocket handshake failed: {why or phrase}")
+    headers = Headers([("Connection", "close"), ("Content-Type", "application/json"),
+                       ("Content-Length", str(len(body))), ("X-Request-Id", request_id)])
+    return Response(status, phrase, headers, body)
+
+
+def _error_body(status: int, message: str) -> tuple[str, bytes]:
+    """A new request id and the error body (API.md) naming it, for an answer made here,
+    before a request reaches the app."""
+    request_id = new_request_id()
+    error = {"type": kind_of_status(status), "message": message, "request_id": request_id}
+    return request_id, json.dumps({"error": error}, separators=(",", ":")).encode()

@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .app import create_app
 from .errors import DeskboxError
-from .http_protocol import deskbox_http_protocol
+from .http_protocol import DeskboxWebSocket, deskbox_http_protocol
 from .logs import LogFormat, configure_logging
 from .metrics import Metrics
 from .settings import Settings
@@ -124,9 +124,9 @@ class _Server(uvicorn.Server):
 def protocol_options(settings: Settings, metrics: Metrics | None = None) -> dict[str, Any]:
     """uvicorn's protocol options for this server (the test suite's servers use them too).
 
-    HTTP/1.1 through h11 with a deadline on each request's head and our error body for a
-    request that is not HTTP (http_protocol.py); a connection closed for its head is counted
-    in ``metrics`` as a slow client.
+    HTTP/1.1 through h11 with a deadline on each request's head, and our error body for a
+    request that is not HTTP or a websocket handshake that fails (http_protocol.py); a
+    connection closed for its head is counted in ``metrics`` as a slow client.
 
     uvicorn closes (1009) any message over ``ws_max_size``, 16 MiB by default, before the
     app sees it: DevTools messages may be as large as ``cdp_max_message_bytes`` (64 MiB; a
@@ -139,7 +139,7 @@ def protocol_options(settings: Settings, metrics: Metrics | None = None) -> dict
 
     return {
         "http": deskbox_http_protocol(settings.request_head_timeout_s, head_overdue),
-        "ws": "websockets-sansio",
+        "ws": DeskboxWebSocket,  # websockets-sansio, with our error body
         # Compression costs more than it saves on JPEG frames (ARCHITECTURE.md).
         "ws_per_message_deflate": False,
         "ws_max_size": max(settings.cdp_max_message_bytes, settings.max_request_bytes),

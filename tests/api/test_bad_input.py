@@ -108,6 +108,33 @@ def test_a_request_that_is_not_http_gets_the_error_body(
     assert error["request_id"] == headers["x-request-id"]
 
 
+_UPGRADE = "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+_KEY = "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+
+
+@pytest.mark.parametrize(("head", "status", "words"), [
+    (_UPGRADE + "Sec-WebSocket-Version: 13\r\n", 400, "Sec-WebSocket-Key"),
+    (_UPGRADE + _KEY + "Sec-WebSocket-Version: 8\r\n", 400, "Sec-WebSocket-Version"),
+    (_UPGRADE + "Sec-WebSocket-Key: short\r\nSec-WebSocket-Version: 13\r\n", 400,
+     "Sec-WebSocket-Key"),
+], ids=["no key", "version 8", "bad key"])
+def test_a_websocket_handshake_that_fails_gets_the_error_body(
+    server: Server, session: dict[str, Any], head: str, status: int, words: str
+) -> None:
+    """Refused by the websockets library before the app sees the request: it answered in
+    text/plain."""
+    request = (f"GET /v1/sessions/{session['id']}/actions/ws HTTP/1.1\r\nHost: x\r\n"
+               f"{head}\r\n").encode()
+    lines, body = raw_exchange(server.url, request)
+    assert lines[0].startswith(f"HTTP/1.1 {status} "), lines
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    assert headers["content-type"] == "application/json"
+    error = json.loads(body)["error"]
+    assert error["type"] == "invalid_request", error
+    assert "websocket handshake failed" in error["message"] and words in error["message"]
+    assert error["request_id"] == headers["x-request-id"]
+
+
 @pytest.mark.parametrize("path", ["/actions/ws", "/vnc", "/cdp", "/cdp/page/T1"])
 def test_a_websocket_path_asked_without_upgrade_says_so(
     client: httpx.Client, session: dict[str, Any], path: str

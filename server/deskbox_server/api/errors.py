@@ -83,6 +83,11 @@ class BodyTimeout(Timeout):
     status = 408
 
 
+def kind_of_status(status: int) -> str:
+    """The error body's ``type`` for an HTTP status that no error of ours chose."""
+    return _KIND_BY_STATUS.get(status, "invalid_request" if status < 500 else "internal")
+
+
 def new_request_id() -> str:
     return "req_" + secrets.token_hex(8)
 
@@ -240,8 +245,7 @@ def install_error_handlers(app: FastAPI, count: ErrorCounter | None = None) -> N
             headers["Allow"] = ", ".join(allowed_methods(request)) or headers.get("Allow", "")
         else:
             message = str(error.detail)
-        kind = _KIND_BY_STATUS.get(status, "invalid_request" if status < 500 else "internal")
-        return error_response(status, kind, message, headers, count)
+        return error_response(status, kind_of_status(status), message, headers, count)
 
     app.add_exception_handler(DeskboxError, on_deskbox_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
