@@ -40,6 +40,8 @@ fi
 
 # CRIU 4.1 from Debian 13 in a private root, for hibernate (scripts/criu.sh).
 scripts/criu.sh || echo "setup: without CRIU, pause mode hibernate will be refused" >&2
+# nginx's binary alone, for the test of the TLS proxy set-up of docs/GUIDE.md.
+scripts/nginx.sh || echo "setup: without nginx, tests/api/test_tls_proxy.py will fail" >&2
 
 PYTHON=${PYTHON:-python3}
 stamp=.venv/.deskbox-installed
