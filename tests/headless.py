@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -28,8 +28,10 @@ CHROMIUM = "/usr/bin/chromium"
 
 
 @contextmanager
-def headless_chromium(profile: Path, width: int = 1280, height: int = 860) -> Iterator[str]:
-    """A headless Chromium; yields its DevTools base URL (http://127.0.0.1:PORT)."""
+def headless_chromium(profile: Path, width: int = 1280, height: int = 860,
+                      extra_args: Sequence[str] = ()) -> Iterator[str]:
+    """A headless Chromium (``extra_args`` added to its command line); yields its DevTools
+    base URL (http://127.0.0.1:PORT)."""
     profile.mkdir(parents=True, exist_ok=True)
     # Its temporary files (and singleton socket: a short path) in a directory of ours.
     scratch = tempfile.mkdtemp(prefix="dbx-chromium-")
@@ -38,7 +40,7 @@ def headless_chromium(profile: Path, width: int = 1280, height: int = 860) -> It
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-dev-shm-usage", "--remote-debugging-address=127.0.0.1",
          "--remote-debugging-port=0", f"--user-data-dir={profile}",
-         f"--window-size={width},{height}", "about:blank"],
+         f"--window-size={width},{height}", *extra_args, "about:blank"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         env={**os.environ, "TMPDIR": scratch},
     )

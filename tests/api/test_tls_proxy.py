@@ -6,13 +6,15 @@ serve`` (container engine) on loopback, Debian's nginx in front of it (its binar
 scripts/nginx.sh), and a certificate authority of the test's own. Everything a client does
 goes through the proxy: REST over https; the session's URLs, which must say https:// and
 wss:// with the proxy's address; the actions websocket; the live view's page and its VNC
-websocket; Playwright over CDP; the event stream as events happen; and uploads, which
+websocket, and the page in a headless Chromium, connected; Playwright over CDP; the event stream as events happen; and uploads, which
 stream through, and past the server's cap get the server's JSON 413, not nginx's page.
 """
 
 from __future__ import annotations
 
+import base64
 import datetime
+import hashlib
 import ipaddress
 import json
 import os
@@ -34,6 +36,8 @@ from cryptography.x509.oid import NameOID
 from playwright.sync_api import sync_playwright
 from websockets.sync.client import connect
 
+from ..cdp_page import CdpPage
+from ..headless import headless_chromium
 from .helpers import assert_error, decode
 from .sandbox_page import events_data_url
 from .served import KEY, free_port, serve
@@ -52,6 +56,7 @@ class Proxied:
     client: httpx.Client  # https through nginx, with the API key
     tls: ssl.SSLContext  # trusts the test's authority only
     authority: Path  # its certificate (PEM)
+    certificate: Path  # the proxy's (PEM)
     base: str  # https://HOST:PORT of the proxy
 
 
@@ -153,7 +158,7 @@ def proxied(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxied]:
             tls = ssl.create_default_context(cafile=str(authority))
             base = f"https://{HOST}:{port}"
             with httpx.Client(base_url=base, verify=tls, headers=AUTH, timeout=60) as client:
-                yield Proxied(client, tls, authority, base)
+                yield Proxied(client, tls, authority, cert, base)
         finally:
             nginx.terminate()
             nginx.wait(timeout=10)
@@ -212,6 +217,33 @@ def test_the_live_view_and_its_vnc_websocket(proxied: Proxied, session: dict[str
     with connect(f"{session['urls']['vnc_ws']}?token={view}", ssl=proxied.tls,
                  open_timeout=10) as ws:
         assert ws.recv(timeout=10) == b"RFB 003.008\n"
+
+
+def test_the_live_view_page_in_chromium(
+    tmp_path: Path, proxied: Proxied, session: dict[str, Any]
+) -> None:
+    """The page as a person opens it over https: noVNC's websocket must then be wss (a
+    browser refuses ws:// from an https page), through the proxy, to the desktop."""
+    pinned = base64.b64encode(hashlib.sha256(x509.load_pem_x509_certificate(
+        proxied.certificate.read_bytes()).public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo,
+        )).digest()).decode()
+    link = f"{session['urls']['view']}?token={token(proxied, session, 'view')}"
+    # Chromium trusts exactly the proxy's certificate (its key's hash), nothing else.
+    with headless_chromium(tmp_path / "viewer",
+                           extra_args=[f"--ignore-certificate-errors-spki-list={pinned}"]
+                           ) as devtools, CdpPage.first(devtools) as cdp:
+        cdp.navigate(link)
+        deadline = time.monotonic() + 20
+        shown = None
+        while time.monotonic() < deadline:
+            shown = cdp.evaluate("""window.__deskbox && [window.__deskbox.connected,
+                document.getElementById('state').textContent,
+                document.querySelector('#screen canvas').width, location.protocol]""")
+            if shown and shown[0]:
+                break
+            time.sleep(0.1)
+    assert shown == [True, "connected", 1280, "https:"], shown
 
 
 def test_playwright_over_cdp(
