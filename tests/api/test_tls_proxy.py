@@ -5,9 +5,10 @@ The file is run as it is but for its listen address, its certificate and the ser
 serve`` (container engine) on loopback, Debian's nginx in front of it (its binary alone,
 scripts/nginx.sh), and a certificate authority of the test's own. Everything a client does
 goes through the proxy: REST over https; the session's URLs, which must say https:// and
-wss:// with the proxy's address; the actions websocket; the live view's page and its VNC
-websocket, and the page in a headless Chromium, connected; Playwright over CDP; the event stream as events happen; and uploads, which
-stream through, and past the server's cap get the server's JSON 413, not nginx's page.
+wss:// with the proxy's address; the actions websocket; the live view's page, its VNC
+websocket, and the page in a headless Chromium, connected; Playwright over CDP; the event
+stream as events happen; and uploads, which stream through, and past the server's cap get
+the server's JSON 413, not nginx's page nor its 502.
 """
 
 from __future__ import annotations
@@ -289,9 +290,9 @@ def test_uploads_stream_through_and_the_cap_is_the_servers(
     response = proxied.client.put(files, params={"path": "/tmp/upload.bin"}, content=data)
     assert response.status_code == 200, response.text
     assert proxied.client.get(files, params={"path": "/tmp/upload.bin"}).content == data
-    # Past the cap: the server's error body, where nginx's own limit would send its page;
-    # and where nginx sends "Connection: close" upstream, its 502 in most tries (the
-    # server closes while nginx still sends the body it refused).
+    # Past the cap: the server's error body, where nginx's own limit would send its page.
+    # nginx asks the server to close after each answer: the server reads the refused body
+    # to its end first (closed on it, it was nginx's 502 in most tries).
     for _ in range(5):
         error = assert_error(
             proxied.client.put(files, params={"path": "/tmp/upload.bin"}, content=data * 4),

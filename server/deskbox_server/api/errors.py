@@ -10,13 +10,15 @@ Every non-2xx answer is ``{"error": {"type", "message", "request_id"}}``. Source
 
 :class:`RequestContext` gives every request an id (``X-Request-Id`` header), bounds the body
 size and the wait for each piece of it (408 ``timeout`` when a client stops sending: a stalled
-upload must not hold its connection and the sandbox's writer forever), and is the last
-resort for unexpected exceptions.
+upload must not hold its connection and the sandbox's writer forever), reads the rest of a
+body that its answer came before (a 413) so that the connection does not close on it, and
+is the last resort for unexpected exceptions.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import re
@@ -49,6 +51,9 @@ __all__ = [
 log = logging.getLogger("deskbox.api")
 access_log = logging.getLogger("deskbox.access")
 
+# How long the rest of a body an answer came before is read for (RequestContext's
+# send_after_body): past it, the connection is closed on whatever is still coming.
+_DRAIN_MAX_S = 30.0
 _request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
 
 _KIND_BY_STATUS = {
@@ -322,16 +327,18 @@ class RequestContext:
         limit = self.body_limit(scope) if self.body_limit is not None else None
         max_body_bytes = self.max_body_bytes if limit is None else limit
         too_large = PayloadTooLarge(f"the request body is larger than {max_body_bytes} bytes")
-        length = dict(scope.get("headers", [])).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > max_body_bytes:
-            await deskbox_error_response(too_large, self.count)(scope, receive, send_with_id)
-            return
+        headers = dict(scope.get("headers", []))
+        length = headers.get(b"content-length")
         received = 0
-        body_done = False
+        body_done = length in (None, b"0") and b"transfer-encoding" not in headers
+        # A client that waits for "100 Continue" sends its body only once it is asked for.
+        asked = headers.get(b"expect", b"").lower() != b"100-continue"
+        stalled = False
         idle_s = self.body_idle_timeout_s
 
         async def bounded_receive() -> Message:
-            nonlocal received, body_done
+            nonlocal received, body_done, asked
+            asked = True
             if body_done:
                 # After the body only the disconnect comes, however late (streamed answers).
                 return await receive()
@@ -344,19 +351,47 @@ class RequestContext:
                 ) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                body_done = not message.get("more_body", False)
                 if received > max_body_bytes:
                     raise too_large
-                body_done = not message.get("more_body", False)
             else:
                 body_done = True
             return message
 
+        async def send_after_body(message: Message) -> None:
+            """An answer that ends while its request's body still arrives (refused before it
+            was read: a 413, a 401 on an upload) ends only once the rest of the body was read
+            and dropped, for at most ``_DRAIN_MAX_S``. The answer's end is where uvicorn
+            closes a connection the client asked to close (``Connection: close``, which
+            nginx's usual proxy set-up sends on every request); closed on bytes still
+            arriving, the socket is reset, the client's (or a proxy's) sending fails, and a
+            proxy answers 502 in place of the answer. The client has the whole answer
+            meanwhile: it carries its length."""
+            nonlocal body_done, stalled
+            if message["type"] == "http.response.start":
+                # A 408 says the body stopped arriving: nothing to read on for.
+                stalled = message["status"] == BodyTimeout.status
+            if (message["type"] != "http.response.body" or message.get("more_body", False)
+                    or body_done or not asked or stalled):
+                await send_with_id(message)
+                return
+            await send_with_id({**message, "more_body": True})
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_DRAIN_MAX_S):
+                    while not body_done:
+                        rest = await receive()
+                        body_done = rest["type"] != "http.request" or not rest.get("more_body")
+            await send_with_id({"type": "http.response.body", "body": b""})
+
+        if length is not None and length.isdigit() and int(length) > max_body_bytes:
+            await deskbox_error_response(too_large, self.count)(scope, receive, send_after_body)
+            return
         try:
-            await self.app(scope, bounded_receive, send_with_id)
+            await self.app(scope, bounded_receive, send_after_body)
         except (PayloadTooLarge, BodyTimeout) as error:
             if started():
                 raise
-            await deskbox_error_response(error, self.count)(scope, receive, send_with_id)
+            await deskbox_error_response(error, self.count)(scope, receive, send_after_body)
         except Exception:
             log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
             if started():
@@ -364,4 +399,4 @@ class RequestContext:
             response = error_response(
                 500, "internal", "the server failed to handle this request", count=self.count
             )
-            await response(scope, receive, send_with_id)
+            await response(scope, receive, send_after_body)
