@@ -10,9 +10,9 @@
   HTTP request received."; every other 4xx of ours is the JSON error body (API.md).
 
 And for the websocket protocol uvicorn switches to on an ``Upgrade: websocket`` request:
-**our error body for a handshake that fails** before the app sees it (no
-``Sec-WebSocket-Key``, a version other than 13, ``Connection`` without ``upgrade``), which
-the websockets library answers in text/plain.
+**our error body for a handshake that fails** before the app sees it (no or a malformed
+``Sec-WebSocket-Key``, a version other than 13, a method other than GET), which the
+websockets library answers in text/plain.
 """
 
 from __future__ import annotations

@@ -181,9 +181,9 @@ def test_a_body_refused_while_it_still_arrives_is_read_to_its_end(
               else "Transfer-Encoding: chunked")
     head = (f"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}\r\n"
             f"Content-Type: application/json\r\n{length}\r\nConnection: close\r\n\r\n")
-    for _ in range(3):  # the reset was a race, though it lost every try here
+    for _ in range(3):  # the reset is a race (it was lost in every try here)
         with socket.create_connection((host, int(port)), timeout=10) as connection:
-            connection.sendall(head.encode() + framed)  # raised: reset or broken pipe
+            connection.sendall(head.encode() + framed)  # it was a reset or a broken pipe
             answer = bytearray()
             while data := connection.recv(65536):
                 answer += data
