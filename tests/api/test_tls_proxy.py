@@ -13,6 +13,7 @@ the server's JSON 413, not nginx's page nor its 502.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime
 import hashlib
@@ -22,6 +23,7 @@ import os
 import socket
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,6 +38,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from playwright.sync_api import sync_playwright
 from websockets.sync.client import connect
+
+from deskbox import APIConnectionError, AsyncDeskbox, Deskbox
 
 from ..cdp_page import CdpPage
 from ..headless import headless_chromium
@@ -298,3 +302,38 @@ def test_uploads_stream_through_and_the_cap_is_the_servers(
             proxied.client.put(files, params={"path": "/tmp/upload.bin"}, content=data * 4),
             413, "invalid_request")
         assert f"larger than {FILE_MAX} bytes" in error["message"], error
+
+
+def test_the_sdk_trusts_the_authority_it_is_given_for_calls_and_websockets(
+    proxied: Proxied, session: dict[str, Any]
+) -> None:
+    """One TLS context for the SDK's HTTP calls and its websocket: ``verify=`` a CA bundle;
+    without it httpx's authorities (certifi's), which know nothing of a private one."""
+    with Deskbox(proxied.base, KEY, verify=proxied.authority) as box:
+        live = box.sessions.get(session["id"])
+        with live.actions_ws() as socket:
+            done = socket.act({"type": "click", "x": 300, "y": 300}, screenshot=True)
+        assert done.screenshot is not None and done.screenshot.width == 1280
+        assert live.screenshot().startswith(b"\x89PNG")
+
+    async def through_async() -> int:
+        async with AsyncDeskbox(proxied.base, KEY, verify=str(proxied.authority)) as box:
+            live = await box.sessions.get(session["id"])
+            async with live.actions_ws() as socket:
+                done = await socket.act({"type": "screen_size"})
+            return int(done.results[0]["width"])
+    assert asyncio.run(through_async()) == 1280
+
+    with Deskbox(proxied.base, KEY) as box, pytest.raises(APIConnectionError,
+                                                         match="CERTIFICATE_VERIFY_FAILED"):
+        box.sessions.get(session["id"])
+
+
+def test_the_cli_trusts_ssl_cert_file(proxied: Proxied, session: dict[str, Any]) -> None:
+    env = {**os.environ, "DESKBOX_URL": proxied.base, "DESKBOX_API_KEY": KEY,
+           "SSL_CERT_FILE": str(proxied.authority)}
+    cli = str(Path(sys.executable).parent / "deskbox")
+    listed = subprocess.run([cli, "ls", "--json"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert session["id"] in [entry["id"] for entry in json.loads(listed.stdout)]

@@ -52,6 +52,9 @@ class AsyncDeskbox(BaseClient):
 
     ``timeout`` (seconds) applies to every call unless the call passes its own.
     ``transport`` swaps httpx's network layer (tests: ``httpx.MockTransport``).
+    ``verify``: what to trust of a server behind TLS, for every call and websocket: a CA
+    bundle's path, an ``ssl.SSLContext``, False for nothing checked; by default httpx's
+    authorities (certifi's), or ``$SSL_CERT_FILE`` when set.
     """
 
     def __init__(
@@ -61,10 +64,12 @@ class AsyncDeskbox(BaseClient):
         *,
         timeout: float = b.DEFAULT_TIMEOUT,
         transport: httpx.AsyncBaseTransport | None = None,
+        verify: b.Verify = True,
     ) -> None:
-        super().__init__(base_url, api_key, timeout)
+        super().__init__(base_url, api_key, timeout, verify)
         self._http = httpx.AsyncClient(
-            base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport
+            base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport,
+            verify=self._tls,
         )
         self.sessions = AsyncSessions(self)
         self.snapshots = AsyncSnapshots(self)
@@ -498,12 +503,14 @@ class AsyncActionsSocket:
 
     async def connect(self) -> AsyncActionsSocket:
         try:
+            url = self._session._actions_ws_url()
             self._ws = await connect(
-                self._session._actions_ws_url(),
+                url,
                 additional_headers=self._session._client.headers,
                 compression=None,
                 open_timeout=self._timeout,
                 max_size=None,
+                **self._session._client._ws_options(url),
             )
         except InvalidStatus as error:
             response = error.response

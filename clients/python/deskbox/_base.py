@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
@@ -39,6 +40,7 @@ __all__ = [
     "BaseClient",
     "Call",
     "SessionBase",
+    "Verify",
     "ws_error",
 ]
 
@@ -91,17 +93,39 @@ class Answer:
     headers: httpx.Headers
 
 
+#: What a client trusts of a server behind TLS (``verify=``): True for httpx's default,
+#: a CA bundle's path, an SSL context of the caller's, or False for no verification.
+Verify = ssl.SSLContext | str | os.PathLike[str] | bool
+
+
+def tls_context(verify: Verify) -> ssl.SSLContext:
+    """One context for the client's HTTP calls and its websockets alike. True: httpx's
+    default (certifi's authorities, or ``$SSL_CERT_FILE`` / ``$SSL_CERT_DIR`` when set),
+    which the websockets would otherwise not share (they would use the system's store)."""
+    if isinstance(verify, ssl.SSLContext):
+        return verify
+    if isinstance(verify, (str, os.PathLike)):
+        return ssl.create_default_context(cafile=os.fspath(verify))
+    return httpx.create_ssl_context(verify=verify)
+
+
 class BaseClient:
     """Configuration and answer handling. Arguments win over ``DESKBOX_URL`` and
     ``DESKBOX_API_KEY``; the URL defaults to ``http://127.0.0.1:8765``."""
 
     def __init__(
-        self, base_url: str | None, api_key: str | None, timeout: float
+        self, base_url: str | None, api_key: str | None, timeout: float, verify: Verify = True,
     ) -> None:
         url = base_url or os.environ.get("DESKBOX_URL") or DEFAULT_URL
         self.base_url = url.rstrip("/")
         self.api_key = api_key if api_key is not None else os.environ.get("DESKBOX_API_KEY")
         self.timeout = timeout
+        self._tls = tls_context(verify)
+
+    def _ws_options(self, url: str) -> dict[str, Any]:
+        """What a websocket to ``url`` is opened with besides its headers: this client's
+        TLS context for a ``wss://`` URL (a ``ws://`` one takes none)."""
+        return {"ssl": self._tls} if url.startswith("wss://") else {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={self.base_url!r})"

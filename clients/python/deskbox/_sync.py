@@ -50,6 +50,9 @@ class Deskbox(BaseClient):
 
     ``timeout`` (seconds) applies to every call unless the call passes its own.
     ``transport`` swaps httpx's network layer (tests: ``httpx.MockTransport``).
+    ``verify``: what to trust of a server behind TLS, for every call and websocket: a CA
+    bundle's path, an ``ssl.SSLContext``, False for nothing checked; by default httpx's
+    authorities (certifi's), or ``$SSL_CERT_FILE`` when set.
     """
 
     def __init__(
@@ -59,10 +62,12 @@ class Deskbox(BaseClient):
         *,
         timeout: float = b.DEFAULT_TIMEOUT,
         transport: httpx.BaseTransport | None = None,
+        verify: b.Verify = True,
     ) -> None:
-        super().__init__(base_url, api_key, timeout)
+        super().__init__(base_url, api_key, timeout, verify)
         self._http = httpx.Client(
-            base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport
+            base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport,
+            verify=self._tls,
         )
         self.sessions = Sessions(self)
         self.snapshots = Snapshots(self)
@@ -498,12 +503,14 @@ class ActionsSocket:
         self._timeout = session._client.timeout if timeout is None else timeout
         self._next_id = 0
         try:
+            url = session._actions_ws_url()
             self._ws: ClientConnection = connect(
-                session._actions_ws_url(),
+                url,
                 additional_headers=session._client.headers,
                 compression=None,
                 open_timeout=self._timeout,
                 max_size=None,
+                **session._client._ws_options(url),
             )
             # Entered as a context manager (websockets ≥ 17.1 warns about bare connections).
             self._ws.__enter__()

@@ -106,7 +106,8 @@ def _call(session: Session, target: Page, method: str, params: Mapping[str, Any]
     message_id = 1  # one call per socket
     try:
         with connect(target.websocket_url, additional_headers=session._client.headers,
-                     open_timeout=timeout, close_timeout=1, max_size=None) as socket:
+                     open_timeout=timeout, close_timeout=1, max_size=None,
+                     **session._client._ws_options(target.websocket_url)) as socket:
             socket.send(json.dumps({"id": message_id, "method": method, "params": params}))
             deadline = time.monotonic() + timeout
             while True:
