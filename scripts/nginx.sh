@@ -21,9 +21,9 @@ echo "setup: unpacking Debian's nginx into $ROOT (for the TLS proxy test)"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # As root into a directory apt's own user may not write: no sandbox for the download.
-if ! (cd "$work" && apt-get -qq -o APT::Sandbox::User=root download nginx 2>/dev/null); then
+if ! (cd "$work" && apt-get -qq -o APT::Sandbox::User=root -o Acquire::Retries=3 download nginx 2>/dev/null); then
   apt-get update -qq
-  (cd "$work" && apt-get -qq -o APT::Sandbox::User=root download nginx)
+  (cd "$work" && apt-get -qq -o APT::Sandbox::User=root -o Acquire::Retries=3 download nginx)
 fi
 dpkg-deb -x "$work"/nginx_*.deb "$work/root"
 "$work/root/usr/sbin/nginx" -v 2>/dev/null || { echo "setup: the unpacked nginx does not run" >&2; exit 1; }
