@@ -242,9 +242,10 @@ def test_the_live_view_page_in_chromium(
         deadline = time.monotonic() + 20
         shown = None
         while time.monotonic() < deadline:
+            # noVNC makes its canvas once it connects: until then there is none.
             shown = cdp.evaluate("""window.__deskbox && [window.__deskbox.connected,
                 document.getElementById('state').textContent,
-                document.querySelector('#screen canvas').width, location.protocol]""")
+                document.querySelector('#screen canvas')?.width, location.protocol]""")
             if shown and shown[0]:
                 break
             time.sleep(0.1)
