@@ -22,7 +22,7 @@ from typing import TypeVar
 from ...errors import DesktopFailed, SessionFailed, Timeout
 from .accel import Accelerator
 from .qemu import AGENT_PORT_ID, GuestImage, VmConfig, VmPaths, guest_files, qemu_argv
-from .qmp import QmpClient, QmpError
+from .qmp import QmpClient, QmpError, QmpRefused
 
 __all__ = ["VmGuest", "in_thread_to_the_end", "kill_leftover", "leftover_pid", "start_guest"]
 
@@ -276,7 +276,14 @@ async def _connect_qmp(
         if loop.time() > deadline:
             raise Timeout(f"QEMU made no QMP socket within {timeout_s:.0f} s")
         await asyncio.sleep(_POLL_S)
-    try:
-        return await QmpClient.connect(paths.qmp, max(1.0, deadline - loop.time()))
-    except QmpError as error:
-        raise SessionFailed(f"{error}{_tail(paths)}") from None
+    while True:
+        try:
+            return await QmpClient.connect(paths.qmp, max(1.0, deadline - loop.time()))
+        except QmpRefused as error:
+            # QEMU binds its socket before it listens on it: a connection in between is
+            # refused (seen under load), and one after it is not.
+            if process.poll() is not None or loop.time() > deadline:
+                raise SessionFailed(f"{error}{_tail(paths)}") from None
+            await asyncio.sleep(_POLL_S)
+        except QmpError as error:
+            raise SessionFailed(f"{error}{_tail(paths)}") from None

@@ -36,6 +36,10 @@ class QmpError(DesktopFailed):
     """QEMU refused a command, or its QMP connection broke."""
 
 
+class QmpRefused(QmpError):
+    """The QMP socket refused the connection: nothing listens on it (yet, or any more)."""
+
+
 class QmpClient:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader = reader
@@ -58,7 +62,8 @@ class QmpClient:
             async with asyncio.timeout(timeout_s):
                 reader, writer = await asyncio.open_unix_connection(str(path), limit=MAX_LINE)
         except (OSError, TimeoutError) as error:
-            raise QmpError(f"cannot connect to QEMU's QMP socket {path}: {error!r}") from None
+            kind = QmpRefused if isinstance(error, ConnectionRefusedError) else QmpError
+            raise kind(f"cannot connect to QEMU's QMP socket {path}: {error!r}") from None
         client = cls(reader, writer)
         try:
             async with asyncio.timeout(timeout_s):
