@@ -232,10 +232,27 @@ def _query_is_valid_but_for_extras(case: Any) -> bool:
     return True
 
 
+def _path_is_valid(case: Any) -> bool:
+    """Whether the path parameters that went out are valid by their schemas: a negative one
+    that before_call replaced by the live session's id is not invalid any more."""
+    document, method = _operation(case)
+    ids = case.path_parameters if isinstance(case.path_parameters, dict) else {}
+    for parameter in method.get("parameters", []):
+        if parameter.get("in") != "path":
+            continue
+        schema = {**parameter.get("schema", {}), "components": document.get("components", {})}
+        if parameter["name"] not in ids or not jsonschema.Draft202012Validator(
+                schema).is_valid(ids[parameter["name"]]):
+            return False
+    return True
+
+
 @schemathesis.check
 def negative_data_rejected(ctx: Any, response: Any, case: Any) -> bool | None:
     negative = _negative_in(case)
-    if (negative in ({"BODY"}, {"BODY", "QUERY"}) and _sent_body_is_valid(case, response)
-            and ("QUERY" not in negative or _query_is_valid_but_for_extras(case))):
+    if (negative - {"PATH"} in ({"BODY"}, {"BODY", "QUERY"})
+            and _sent_body_is_valid(case, response)
+            and ("QUERY" not in negative or _query_is_valid_but_for_extras(case))
+            and ("PATH" not in negative or _path_is_valid(case))):
         return None
     return negative_data_rejection(ctx, response, case)  # type: ignore[no-any-return]
