@@ -279,11 +279,11 @@ async def _connect_qmp(
     while True:
         try:
             return await QmpClient.connect(paths.qmp, max(1.0, deadline - loop.time()))
-        except QmpRefused as error:
+        except QmpError as error:
             # QEMU binds its socket before it listens on it: a connection in between is
             # refused (seen under load), and one after it is not.
-            if process.poll() is not None or loop.time() > deadline:
+            listening_soon = (isinstance(error, QmpRefused) and process.poll() is None
+                              and loop.time() <= deadline)
+            if not listening_soon:
                 raise SessionFailed(f"{error}{_tail(paths)}") from None
-            await asyncio.sleep(_POLL_S)
-        except QmpError as error:
-            raise SessionFailed(f"{error}{_tail(paths)}") from None
+        await asyncio.sleep(_POLL_S)
