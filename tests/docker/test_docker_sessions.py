@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from ..api.containers import create_running as create
 from ..api.helpers import assert_error, decode, events_until
 from ..api.sandbox_page import SandboxPage, events_data_url
 from ..api.served import serve, serve_refused
+from ..scratch import scratch_dir
 from .podman import Podman
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -56,8 +56,8 @@ def docker_server(
 
 
 @pytest.fixture(scope="module")
-def base() -> Path:
-    return Path(tempfile.mkdtemp(prefix="deskbox-docker-tests-"))
+def base(request: pytest.FixtureRequest) -> Path:
+    return scratch_dir(request, "deskbox-docker-tests-")
 
 
 @pytest.fixture(scope="module")

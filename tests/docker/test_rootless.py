@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import pwd
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import pytest
 from ..api.containers import create_running
 from ..api.helpers import assert_error, decode
 from ..api.served import serve
+from ..scratch import scratch_dir
 from .podman import Podman, podman_service, rootless_user
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -46,8 +46,10 @@ def rootless_podman(user: pwd.struct_passwd) -> Iterator[Podman]:
 
 
 @pytest.fixture(scope="module")
-def client(rootless_podman: Podman, user: pwd.struct_passwd) -> Iterator[httpx.Client]:
-    base = Path(tempfile.mkdtemp(prefix="deskbox-rootless-tests-"))
+def client(
+    request: pytest.FixtureRequest, rootless_podman: Podman, user: pwd.struct_passwd
+) -> Iterator[httpx.Client]:
+    base = scratch_dir(request, "deskbox-rootless-tests-")
     os.chown(base, user.pw_uid, user.pw_gid)
     env = {"DESKBOX_BACKENDS": "docker", "DESKBOX_DEFAULT_BACKEND": "docker",
            "DESKBOX_DOCKER_HOST": rootless_podman.url, "DESKBOX_START_TIMEOUT_S": "120"}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import signal
 import socket
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from ..api.containers import create_running as create
 from ..api.helpers import assert_error, decode
 from ..api.sandbox_page import SandboxPage, events_data_url
 from ..api.served import free_port, serve, serve_refused
+from ..scratch import scratch_dir
 from .conftest import NAMESPACE, StandIn
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -54,8 +54,8 @@ def kubernetes_server(standin: StandIn, state_dir: Path, log: Path, **extra: str
 
 
 @pytest.fixture(scope="module")
-def base() -> Path:
-    return Path(tempfile.mkdtemp(prefix="deskbox-kubernetes-tests-"))
+def base(request: pytest.FixtureRequest) -> Path:
+    return scratch_dir(request, "deskbox-kubernetes-tests-")
 
 
 @pytest.fixture(scope="module")

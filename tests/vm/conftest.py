@@ -19,7 +19,6 @@ import contextlib
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from ..peer_network import (
     peer_addresses,
     peer_network,
 )
+from ..scratch import scratch_dir
 
 BOOT_TIMEOUT_S = 900.0
 
@@ -145,9 +145,7 @@ class PoolServer:
 class VmServers:
     """The package's servers and their three VMs."""
 
-    def __init__(self) -> None:
-        # The server's log stays (for a failure's story); the sessions' state goes.
-        base = Path(tempfile.mkdtemp(prefix="deskbox-vm-tests-"))
+    def __init__(self, base: Path) -> None:
         self.stack = contextlib.ExitStack()
         self.stack.callback(shutil.rmtree, base / "state", ignore_errors=True)
         self.vm = Vm(base / "state", base / "server.log", self.stack)
@@ -206,8 +204,8 @@ def host_services() -> Iterator[HostServices]:
 
 
 @pytest.fixture(scope="package")
-def servers() -> Iterator[VmServers]:
-    with contextlib.closing(VmServers()) as started:
+def servers(request: pytest.FixtureRequest) -> Iterator[VmServers]:
+    with contextlib.closing(VmServers(scratch_dir(request, "deskbox-vm-tests-"))) as started:
         yield started
 
 
