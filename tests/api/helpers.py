@@ -12,7 +12,8 @@ from typing import Any
 import httpx
 from PIL import Image
 
-__all__ = ["assert_error", "decode", "events_until", "near", "raw_exchange"]
+__all__ = ["assert_error", "decode", "events_until", "issue_token", "near", "raw_exchange",
+           "token_for"]
 
 
 def assert_error(response: httpx.Response, status: int, kind: str) -> dict[str, Any]:
@@ -70,3 +71,21 @@ def raw_exchange(url: str, data: bytes) -> tuple[list[str], bytes]:
             answer += chunk
     head, _, body = bytes(answer).partition(b"\r\n\r\n")
     return head.decode("latin-1").split("\r\n"), body
+
+
+def issue_token(client: httpx.Client, session_id: str, scope: str,
+                ttl_s: int | None = None) -> dict[str, Any]:
+    """A new token of ``scope`` for the session: the whole 201 answer (token, expiry, links)."""
+    body: dict[str, Any] = {"scope": scope}
+    if ttl_s is not None:
+        body["ttl_s"] = ttl_s
+    response = client.post(f"/v1/sessions/{session_id}/tokens", json=body)
+    assert response.status_code == 201, response.text
+    issued: dict[str, Any] = response.json()
+    return issued
+
+
+def token_for(client: httpx.Client, session_id: str, scope: str,
+              ttl_s: int | None = None) -> str:
+    """A new token of ``scope`` for the session: its value alone."""
+    return str(issue_token(client, session_id, scope, ttl_s)["token"])

@@ -28,7 +28,7 @@ from deskbox_server.engines.runc.sandbox import RuncSandbox
 
 from .conftest import KEY_A, Server
 from .containers import container_server, open_session
-from .helpers import assert_error, decode, near
+from .helpers import assert_error, decode, near, token_for
 
 pytestmark = pytest.mark.slow
 
@@ -81,20 +81,11 @@ def playwright() -> Iterator[Playwright]:
         yield running
 
 
-def issue(client: httpx.Client, session: dict[str, Any], scope: str = "cdp",
-          ttl_s: int = 600) -> str:
-    response = client.post(f"/v1/sessions/{session['id']}/tokens",
-                           json={"scope": scope, "ttl_s": ttl_s})
-    assert response.status_code == 201, response.text
-    token: str = response.json()["token"]
-    return token
-
-
 @pytest.fixture
 def browser(
     playwright: Playwright, client: httpx.Client, session: dict[str, Any]
 ) -> Iterator[Browser]:
-    token = issue(client, session)
+    token = token_for(client, session["id"], "cdp")
     connected = playwright.chromium.connect_over_cdp(f"{session['urls']['cdp_http']}?token={token}")
     try:
         yield connected
@@ -142,7 +133,7 @@ def test_json_endpoints_answer_like_chromium_with_our_urls(
     assert body["Protocol-Version"] == "1.3"
     assert body["webSocketDebuggerUrl"] == session["urls"]["cdp_ws"]
     # Playwright asks for /json/version/ (trailing slash) and keeps the query string.
-    token = issue(client, session)
+    token = token_for(client, session["id"], "cdp")
     with httpx.Client(base_url=str(client.base_url)) as anonymous:
         carried = anonymous.get(f"{base}/json/version/", params={"token": token})
     assert carried.status_code == 200
@@ -180,8 +171,8 @@ def test_wrong_expired_and_other_scope_tokens_are_refused(
     http = session["urls"]["cdp_http"]
     ws = session["urls"]["cdp_ws"]
     base = f"/v1/sessions/{session['id']}/cdp/json/version"
-    expiring = issue(client, session, ttl_s=1)
-    view = issue(client, session, scope="view")
+    expiring = token_for(client, session["id"], "cdp", ttl_s=1)
+    view = token_for(client, session["id"], "view")
     revoked_response = client.post(f"/v1/sessions/{session['id']}/tokens", json={"scope": "cdp"})
     revoked = revoked_response.json()
     assert client.delete(
@@ -292,7 +283,7 @@ def test_two_playwright_clients_at_once(
     playwright: Playwright, client: httpx.Client, session: dict[str, Any]
 ) -> None:
     first = playwright.chromium.connect_over_cdp(
-        f"{session['urls']['cdp_http']}?token={issue(client, session)}")
+        f"{session['urls']['cdp_http']}?token={token_for(client, session['id'], 'cdp')}")
     second = playwright.chromium.connect_over_cdp(
         session["urls"]["cdp_http"], headers={"Authorization": f"Bearer {KEY_A}"})
     try:

@@ -30,6 +30,7 @@ from .containers import (
     sandbox_handle,
     sandbox_page,
 )
+from .helpers import token_for
 from .sandbox_page import SandboxPage
 
 pytestmark = pytest.mark.slow
@@ -71,13 +72,6 @@ def origin(client: httpx.Client, session: dict[str, Any], page: SandboxPage) -> 
     return page_origin(client, session, page)
 
 
-def token(client: httpx.Client, session: dict[str, Any], scope: str) -> str:
-    response = client.post(f"/v1/sessions/{session['id']}/tokens", json={"scope": scope})
-    assert response.status_code == 201, response.text
-    value: str = response.json()["token"]
-    return value
-
-
 def vnc_url(session: dict[str, Any], value: str) -> str:
     return f"{session['urls']['vnc_ws']}?token={value}"
 
@@ -85,7 +79,7 @@ def vnc_url(session: dict[str, Any], value: str) -> str:
 def test_x11vnc_listens_only_on_a_unix_socket(
     server: Server, client: httpx.Client, session: dict[str, Any], handle: AnyDesktop
 ) -> None:
-    with RfbViewer(vnc_url(session, token(client, session, "view"))):
+    with RfbViewer(vnc_url(session, token_for(client, session['id'], "view"))):
         vnc = server.services.vnc.server(session["id"])
         assert vnc is not None and vnc.failure() is None
         pid = handle.sandbox.init_pid
@@ -116,7 +110,7 @@ def test_view_link_in_headless_chromium(
     page: SandboxPage,
 ) -> None:
     ox, oy = origin
-    link = f"{session['urls']['view']}?token={token(client, session, 'view')}"
+    link = f"{session['urls']['view']}?token={token_for(client, session['id'], 'view')}"
     with headless_chromium(tmp_path / "viewer") as devtools, CdpPage.first(devtools) as cdp:
         cdp.navigate(link)
         assert canvas_pixel(cdp, ox + 200, oy + 150, RED) == list(RED)
@@ -136,7 +130,7 @@ def test_control_viewer_in_chromium_clicks_the_page(
     page: SandboxPage,
 ) -> None:
     ox, oy = origin
-    link = f"{session['urls']['view']}?token={token(client, session, 'control')}"
+    link = f"{session['urls']['view']}?token={token_for(client, session['id'], 'control')}"
     before = page.wait(lambda state: True)["clicks"]
     with headless_chromium(tmp_path / "controller") as devtools, CdpPage.first(devtools) as cdp:
         cdp.navigate(link)
@@ -159,7 +153,7 @@ def test_view_token_crafted_input_changes_nothing(
 ) -> None:
     ox, oy = origin
     before = page.wait(lambda state: True)
-    with RfbViewer(vnc_url(session, token(client, session, "view"))) as viewer:
+    with RfbViewer(vnc_url(session, token_for(client, session['id'], "view"))) as viewer:
         viewer.full_frame()
         viewer.click(ox + 150, oy + 150)
         viewer.pointer(ox + 900, oy + 175, 1)
@@ -178,8 +172,8 @@ def test_two_viewers_and_an_agent_at_once(
 ) -> None:
     ox, oy = origin
     before = page.wait(lambda state: True)["clicks"]
-    with RfbViewer(vnc_url(session, token(client, session, "view"))) as one, \
-            RfbViewer(vnc_url(session, token(client, session, "control"))) as two:
+    with RfbViewer(vnc_url(session, token_for(client, session['id'], "view"))) as one, \
+            RfbViewer(vnc_url(session, token_for(client, session['id'], "control"))) as two:
         for viewer in (one, two):
             assert tuple(viewer.full_frame()[oy + 150, ox + 200]) == RED
         response = client.post(f"/v1/sessions/{session['id']}/actions", json={"actions": [
@@ -200,7 +194,7 @@ def test_vncdotool_through_the_websocket_proxy(
 
     ox, oy = origin
     before = page.wait(lambda state: True)["clicks"]
-    with websocket_bridge(vnc_url(session, token(client, session, "control"))) as port:
+    with websocket_bridge(vnc_url(session, token_for(client, session['id'], "control"))) as port:
         vnc = api.connect(f"127.0.0.1::{port}", password=None, timeout=30)
         try:
             vnc.captureScreen(str(tmp_path / "screen.png"))

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from .conftest import DISPLAY, Server
-from .helpers import assert_error
+from .helpers import assert_error, token_for
 
 CLICK = {"type": "click", "x": 10, "y": 10}
 
@@ -25,21 +25,15 @@ def desk(client: httpx.Client) -> Iterator[dict[str, Any]]:
     client.delete(f"/v1/sessions/{session['id']}")
 
 
-def token(client: httpx.Client, sid: str, scope: str) -> str:
-    response = client.post(f"/v1/sessions/{sid}/tokens", json={"scope": scope})
-    assert response.status_code == 201, response.text
-    return str(response.json()["token"])
-
-
 def test_only_a_control_link_or_the_owner_takes_control(
     client: httpx.Client, desk: dict[str, Any], server: Server
 ) -> None:
     sid = desk["id"]
     control = f"{server.url}/v1/sessions/{sid}/control"
-    assert_error(httpx.post(control, params={"token": token(client, sid, "view")}),
+    assert_error(httpx.post(control, params={"token": token_for(client, sid, "view")}),
                  403, "forbidden")
     assert_error(httpx.post(control), 401, "unauthorized")
-    taken = httpx.post(control, params={"token": token(client, sid, "control")})
+    taken = httpx.post(control, params={"token": token_for(client, sid, "control")})
     assert taken.status_code == 200 and taken.json()["human_in_control"] is True, taken.text
     assert_error(client.post(f"/v1/sessions/{sid}/actions", json=CLICK), 409,
                  "human_in_control")

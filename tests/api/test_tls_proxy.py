@@ -43,7 +43,7 @@ from deskbox import APIConnectionError, AsyncDeskbox, Deskbox
 
 from ..cdp_page import CdpPage
 from ..headless import headless_chromium
-from .helpers import assert_error, decode
+from .helpers import assert_error, decode, token_for
 from .sandbox_page import events_data_url
 from .served import KEY, free_port, serve
 
@@ -181,14 +181,6 @@ def session(proxied: Proxied) -> Iterator[dict[str, Any]]:
         proxied.client.delete(f"/v1/sessions/{body['id']}")
 
 
-def token(proxied: Proxied, session: dict[str, Any], scope: str) -> str:
-    response = proxied.client.post(f"/v1/sessions/{session['id']}/tokens",
-                                   json={"scope": scope})
-    assert response.status_code == 201, response.text
-    value: str = response.json()["token"]
-    return value
-
-
 def test_a_session_made_through_the_proxy_names_the_proxy_in_its_urls(
     proxied: Proxied, session: dict[str, Any]
 ) -> None:
@@ -216,7 +208,7 @@ def test_the_actions_websocket(proxied: Proxied, session: dict[str, Any]) -> Non
 
 
 def test_the_live_view_and_its_vnc_websocket(proxied: Proxied, session: dict[str, Any]) -> None:
-    view = token(proxied, session, "view")
+    view = token_for(proxied.client, session['id'], "view")
     page = httpx.get(f"{session['urls']['view']}?token={view}", verify=proxied.tls)
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     with connect(f"{session['urls']['vnc_ws']}?token={view}", ssl=proxied.tls,
@@ -233,7 +225,7 @@ def test_the_live_view_page_in_chromium(
         proxied.certificate.read_bytes()).public_key().public_bytes(
             serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo,
         )).digest()).decode()
-    link = f"{session['urls']['view']}?token={token(proxied, session, 'view')}"
+    link = f"{session['urls']['view']}?token={token_for(proxied.client, session['id'], 'view')}"
     # Chromium trusts exactly the proxy's certificate (its key's hash), nothing else.
     with headless_chromium(tmp_path / "viewer",
                            extra_args=[f"--ignore-certificate-errors-spki-list={pinned}"]
@@ -257,7 +249,7 @@ def test_playwright_over_cdp(
 ) -> None:
     # Playwright's driver (Node.js) trusts the test's authority through this.
     monkeypatch.setenv("NODE_EXTRA_CA_CERTS", str(proxied.authority))
-    cdp = token(proxied, session, "cdp")
+    cdp = token_for(proxied.client, session['id'], "cdp")
     with sync_playwright() as playwright:
         browser = playwright.chromium.connect_over_cdp(
             f"{session['urls']['cdp_http']}?token={cdp}", timeout=20_000)

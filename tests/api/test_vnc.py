@@ -29,21 +29,13 @@ from ..cdp_page import CdpPage
 from ..headless import canvas_pixel, headless_chromium
 from ..rfb_client import RfbViewer
 from .conftest import KEY_A, KEY_B, EventPage, Server
-from .helpers import assert_error
+from .helpers import assert_error, issue_token, token_for
 
 RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)
 
 
 def vnc_url(session: dict[str, Any], token: str) -> str:
     return f"{session['urls']['vnc_ws']}?token={token}"
-
-
-def issue(client: httpx.Client, session_id: str, scope: str, ttl_s: int = 600) -> dict[str, Any]:
-    response = client.post(f"/v1/sessions/{session_id}/tokens",
-                           json={"scope": scope, "ttl_s": ttl_s})
-    assert response.status_code == 201, response.text
-    body: dict[str, Any] = response.json()
-    return body
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +90,7 @@ def refused(url: str, **kwargs: Any) -> int:
 
 
 def test_issue_and_revoke_a_token(client: httpx.Client, session: dict[str, Any]) -> None:
-    body = issue(client, session["id"], "view", ttl_s=60)
+    body = issue_token(client, session["id"], "view", ttl_s=60)
     assert set(body) == {"id", "token", "scope", "session_id", "expires_at"}
     assert body["scope"] == "view" and body["session_id"] == session["id"]
     assert body["id"].startswith("tok_") and body["token"].startswith("dbt_")
@@ -133,13 +125,13 @@ def test_a_revoked_or_expired_token_ends_the_connections_it_opened(
     """A token is checked when a viewer or DevTools client connects, and again while it
     stays connected: revoked or expired, the connection is closed (1008). They used to go
     on, and a revoked control token kept driving the desktop."""
-    control = issue(client, session["id"], "control")
+    control = issue_token(client, session["id"], "control")
     with RfbViewer(vnc_url(session, control["token"])) as viewer:
         viewer.request(incremental=True)
         gone = client.delete(f"/v1/sessions/{session['id']}/tokens/{control['id']}")
         assert gone.status_code == 204
         assert _closed_within(viewer.ws, 5) == 1008
-    cdp = issue(client, session["id"], "cdp", ttl_s=2)
+    cdp = issue_token(client, session["id"], "cdp", ttl_s=2)
     with connect(session["urls"]["cdp_ws"] + "?token=" + cdp["token"], open_timeout=10) as ws:
         ws.send(json.dumps({"id": 1, "method": "Browser.getVersion"}))
         assert json.loads(ws.recv(timeout=10))["id"] == 1
@@ -172,13 +164,13 @@ def test_bad_tokens_are_refused_before_any_rfb_byte(
                                               "browser": {"start_url": "about:blank"}})
     assert other.status_code == 201, other.text
     try:
-        foreign = issue(client, other.json()["id"], "control")["token"]
+        foreign = token_for(client, other.json()["id"], "control")
         assert refused(vnc_url(session, foreign)) == 403
     finally:
         client.delete(f"/v1/sessions/{other.json()['id']}")
-    assert refused(vnc_url(session, issue(client, sid, "cdp")["token"])) == 403
-    expired = issue(client, sid, "control", ttl_s=1)["token"]
-    revoked = issue(client, sid, "control")
+    assert refused(vnc_url(session, token_for(client, sid, "cdp"))) == 403
+    expired = token_for(client, sid, "control", ttl_s=1)
+    revoked = issue_token(client, sid, "control")
     client.delete(f"/v1/sessions/{sid}/tokens/{revoked['id']}")
     assert refused(vnc_url(session, revoked["token"])) == 401
     assert refused(vnc_url(session, "dbt_" + "x" * 43)) == 401
@@ -198,7 +190,7 @@ def test_control_viewer_sees_the_page_and_clicks(
     client: httpx.Client, session: dict[str, Any], page: EventPage, origin: tuple[int, int]
 ) -> None:
     ox, oy = origin
-    token = issue(client, session["id"], "control")["token"]
+    token = token_for(client, session["id"], "control")
     with RfbViewer(vnc_url(session, token)) as viewer:
         assert (viewer.width, viewer.height) == (1280, 800)
         frame = viewer.full_frame()
@@ -216,7 +208,7 @@ def test_view_token_input_is_dropped(
     origin: tuple[int, int],
 ) -> None:
     ox, oy = origin
-    token = issue(client, session["id"], "view")["token"]
+    token = token_for(client, session["id"], "view")
     page.clear()
     with RfbViewer(vnc_url(session, token)) as viewer:
         # A modified client: pointer, keys and cut text straight onto the wire.
@@ -230,7 +222,7 @@ def test_view_token_input_is_dropped(
     time.sleep(0.5)
     assert page.events("mousedown", "mouseup", "click", "keydown", "wheel") == []
     # ...and the same bytes from a control viewer do land (the test can see a click).
-    control = issue(client, session["id"], "control")["token"]
+    control = token_for(client, session["id"], "control")
     with RfbViewer(vnc_url(session, control)) as viewer:
         viewer.click(ox + 150, oy + 150)
         assert page.wait_for("click")
@@ -243,7 +235,7 @@ def test_a_viewer_that_leaves_holding_a_key_and_a_button_lets_go_of_them(
     that the agent's keys and clicks come out as sent (its typing came out in capitals and
     its click as a release only)."""
     ox, oy = origin
-    token = issue(client, session["id"], "control")["token"]
+    token = token_for(client, session["id"], "control")
     with RfbViewer(vnc_url(session, token)) as viewer:
         viewer.key(0xFFE1, True)  # Shift_L
         viewer.pointer(ox + 150, oy + 150, 1)
@@ -263,7 +255,7 @@ def test_a_viewer_that_leaves_holding_a_key_and_a_button_lets_go_of_them(
 
 
 def test_unknown_client_message_closes(client: httpx.Client, session: dict[str, Any]) -> None:
-    token = issue(client, session["id"], "control")["token"]
+    token = token_for(client, session["id"], "control")
     with RfbViewer(vnc_url(session, token)) as viewer:
         viewer.send_raw(b"\xff\x00\x00\x00")  # QEMU client message: never announced
         with pytest.raises(ConnectionClosed) as info:
@@ -279,7 +271,7 @@ def test_a_viewer_of_a_session_that_ends_is_told_so(client: httpx.Client) -> Non
     created = client.post("/v1/sessions", json={"display": {"width": 320, "height": 240}})
     assert created.status_code == 201, created.text
     ending = created.json()
-    token = issue(client, ending["id"], "view")["token"]
+    token = token_for(client, ending["id"], "view")
     with RfbViewer(vnc_url(ending, token)) as viewer:
         viewer.full_frame()
         assert client.delete(f"/v1/sessions/{ending['id']}").status_code == 204
@@ -293,7 +285,7 @@ def test_many_viewers_share_one_server_that_stops_with_the_last(
 ) -> None:
     ox, oy = origin
     hub = server.services.vnc
-    token = issue(client, session["id"], "view")["token"]
+    token = token_for(client, session["id"], "view")
     with RfbViewer(vnc_url(session, token)) as one, RfbViewer(vnc_url(session, token)) as two:
         assert hub.viewers(session["id"]) == 2
         first = hub.server(session["id"])
@@ -315,7 +307,7 @@ def test_many_viewers_share_one_server_that_stops_with_the_last(
 
 
 def test_view_page_is_served(client: httpx.Client, session: dict[str, Any]) -> None:
-    token = issue(client, session["id"], "view")["token"]
+    token = token_for(client, session["id"], "view")
     view = session["urls"]["view"]
     response = httpx.get(view, params={"token": token})
     assert response.status_code == 200, response.text
@@ -342,7 +334,7 @@ def test_view_page_in_chromium_draws_the_desktop_and_shares_the_clipboard(
 ) -> None:
     """The page as a person opens it: a control link in a real Chromium, with noVNC of vnc/."""
     ox, oy = origin
-    link = f"{session['urls']['view']}?token={issue(client, session['id'], 'control')['token']}"
+    link = f"{session['urls']['view']}?token={token_for(client, session['id'], 'control')}"
     with headless_chromium(tmp_path / "viewer") as devtools, CdpPage.first(devtools) as cdp:
         cdp.navigate(link)
         assert canvas_pixel(cdp, ox + 200, oy + 150, RED) == list(RED)
@@ -381,7 +373,7 @@ def test_view_page_in_chromium_with_a_view_token(
     tmp_path: Path, client: httpx.Client, session: dict[str, Any], origin: tuple[int, int]
 ) -> None:
     ox, oy = origin
-    link = f"{session['urls']['view']}?token={issue(client, session['id'], 'view')['token']}"
+    link = f"{session['urls']['view']}?token={token_for(client, session['id'], 'view')}"
     with headless_chromium(tmp_path / "viewer") as devtools, CdpPage.first(devtools) as cdp:
         cdp.navigate(link)
         assert canvas_pixel(cdp, ox + 200, oy + 350, BLUE) == list(BLUE)
@@ -424,7 +416,7 @@ def test_a_human_takes_control_in_the_view_and_hands_back(
     agent the desktop again; the event stream tells each step."""
     ox, oy = origin
     sid = session["id"]
-    control = issue(client, sid, "control")
+    control = issue_token(client, sid, "control")
     link = f"{session['urls']['view']}?token={control['token']}"
     assert client.post(f"/v1/sessions/{sid}/recording/start").status_code == 200
     field = {"x": ox + 900, "y": oy + 175}
@@ -575,7 +567,7 @@ def test_clipboard_is_bounded(client: httpx.Client, session: dict[str, Any]) -> 
 def test_clipboard_reaches_viewers_and_back(
     client: httpx.Client, session: dict[str, Any]
 ) -> None:
-    token = issue(client, session["id"], "control")["token"]
+    token = token_for(client, session["id"], "control")
     with RfbViewer(vnc_url(session, token)) as viewer:
         viewer.full_frame()
         actions(client, session, {"type": "clipboard_set", "text": "to the viewer"})
@@ -607,7 +599,7 @@ def test_a_viewer_types_characters_off_the_layout_whole_and_in_order(
     mapped each new one and pressed it at once, before Chromium had re-read the layout:
     0 to 6 of 15 such first presses were lost per run. The agent types them now."""
     ox, oy = origin
-    token = issue(client, session["id"], "control")["token"]
+    token = token_for(client, session["id"], "control")
     text = "aüböc中d中eßfñα日本語✓g"
     page.cdp.evaluate("document.getElementById('field').value = ''")
     with RfbViewer(vnc_url(session, token)) as viewer:
@@ -634,7 +626,7 @@ def test_the_view_pages_clipboard_route_carries_any_unicode(
     too: it is the human's doing); bad input is a 4xx with the error body."""
     sid = session["id"]
     route = f"{server.url}/v1/sessions/{sid}/view/clipboard"
-    view, control = (issue(client, sid, scope)["token"] for scope in ("view", "control"))
+    view, control = (token_for(client, sid, scope) for scope in ("view", "control"))
     text = "Ñandú ✓ 中文 👍"
     actions(client, session, {"type": "clipboard_set", "text": text})
     read = httpx.get(route, params={"token": view})
@@ -675,7 +667,7 @@ def test_the_view_pages_type_route_types_any_unicode(
     ox, oy = origin
     sid = session["id"]
     route = f"{server.url}/v1/sessions/{sid}/view/type"
-    view, control = (issue(client, sid, scope)["token"] for scope in ("view", "control"))
+    view, control = (token_for(client, sid, scope) for scope in ("view", "control"))
     actions(client, session, {"type": "click", "x": ox + 900, "y": oy + 175},
             {"type": "key", "keys": "ctrl+a"}, {"type": "key", "keys": "BackSpace"})
     text = "かな漢字 Ñandú ✓ 👍"
@@ -698,7 +690,7 @@ def test_clipboard_reaches_two_new_viewers_in_seconds(
     """x11vnc passes no CUT_BUFFER0 change on for a few seconds after viewers came (about
     5 s with three): the agent writes it again each second for 8 s. With one rewrite, two
     viewers got the first change 16 s late (x11vnc's own fallback)."""
-    token = issue(client, session["id"], "control")["token"]
+    token = token_for(client, session["id"], "control")
     with RfbViewer(vnc_url(session, token)) as one, RfbViewer(vnc_url(session, token)) as two:
         one.full_frame()
         two.full_frame()

@@ -26,7 +26,7 @@ from deskbox import Deskbox
 from deskbox_server.engines.vm.sandbox import HIBERNATION_FILE
 
 from ..api.containers import act
-from ..api.helpers import assert_error, decode
+from ..api.helpers import assert_error, decode, token_for
 from ..api.sandbox_page import SandboxPage
 from ..api.served import KEY
 from ..api.test_container import running as alive
@@ -200,16 +200,12 @@ def test_live_view_cdp_files_and_clipboard_work_as_on_runc(
     ox, oy = origin
     base = f"/v1/sessions/{session['id']}"
 
-    def token(scope: str) -> str:
-        response = client.post(f"{base}/tokens", json={"scope": scope})
-        assert response.status_code == 201, response.text
-        return str(response.json()["token"])
-
-    with RfbViewer(f"{session['urls']['vnc_ws']}?token={token('view')}", timeout_s=60) as view:
+    view_token, cdp_token = (token_for(client, session["id"], scope) for scope in ("view", "cdp"))
+    with RfbViewer(f"{session['urls']['vnc_ws']}?token={view_token}", timeout_s=60) as view:
         assert tuple(view.full_frame()[oy + 150, ox + 200]) == RED
     with sync_playwright() as playwright:
         browser = playwright.chromium.connect_over_cdp(
-            f"{session['urls']['cdp_http']}?token={token('cdp')}", timeout=120_000)
+            f"{session['urls']['cdp_http']}?token={cdp_token}", timeout=120_000)
         try:
             (page,) = [p for c in browser.contexts for p in c.pages if p.url.startswith("data:")]
             assert page.evaluate("document.getElementById('field').value") == TEXT
