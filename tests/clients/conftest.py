@@ -29,3 +29,15 @@ def local_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     )
     with running_server(settings) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def one_per_key(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server that lets a key hold one session, and says to try again after 1 s."""
+    settings = Settings(
+        state_dir=tmp_path_factory.mktemp("one-per-key-state"), api_keys=[KEY_A],
+        backends=["local"], default_backend="local", reaper_interval_s=0.2,
+        max_sessions_per_key=1, retry_after_s=1,
+    )
+    with running_server(settings) as running:
+        yield running

@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import termios
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -217,6 +218,24 @@ def test_exit_codes(local_server: Server, session_id: str) -> None:
     assert paused.returncode in (0, 5, 6, 7), paused.stderr
     if paused.returncode == 0:
         assert deskbox(local_server, "resume", session_id).returncode == 0
+
+
+def test_deskbox_max_retries_makes_the_cli_wait_out_a_full_server(one_per_key: Server) -> None:
+    first = deskbox(one_per_key, "create", "--no-wait")
+    assert first.returncode == 0, first.stderr
+    try:
+        env = cli_env(one_per_key)
+        started = time.monotonic()
+        refused = subprocess.run([DESKBOX, "create"], capture_output=True, text=True,
+                                 env={**env, "DESKBOX_MAX_RETRIES": "1"}, timeout=60)
+        assert refused.returncode == EXIT_CODES["capacity"], refused.stderr
+        assert time.monotonic() - started >= 1.0  # sent again once, after Retry-After
+        malformed = subprocess.run([DESKBOX, "ls"], capture_output=True, text=True,
+                                   env={**env, "DESKBOX_MAX_RETRIES": "many"}, timeout=60)
+        assert malformed.returncode == EXIT_CODES["usage"]
+        assert "DESKBOX_MAX_RETRIES must be a whole number" in malformed.stderr
+    finally:
+        assert deskbox(one_per_key, "rm", first.stdout.strip()).returncode == 0
 
 
 def test_create_no_wait_then_rm(local_server: Server) -> None:

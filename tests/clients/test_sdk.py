@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import io
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -129,6 +131,51 @@ def test_capacity_errors_carry_retry_after() -> None:
         assert unavailable.value.retry_after == 7.0 and unavailable.value.status == 503
 
 
+def test_max_retries_sends_a_call_refused_for_capacity_again() -> None:
+    """Only a refusal for capacity (429, 503: the server did nothing) is sent again, after
+    its Retry-After, at most ``max_retries`` times; then the last refusal is raised."""
+    sent: list[httpx.Request] = []
+
+    def client(answers: list[httpx.Response], max_retries: int) -> Deskbox:
+        queue = iter(answers)
+
+        def answer(request: httpx.Request) -> httpx.Response:
+            sent.append(request)
+            return next(queue)
+        return Deskbox("http://deskbox.test", "k", transport=httpx.MockTransport(answer),
+                       max_retries=max_retries)
+
+    now = {"Retry-After": "0"}
+    with client([_answer(429, "capacity", now), _answer(503, "capacity", now),
+                 httpx.Response(201, json={"id": "ses_1", "state": "running"})], 2) as box:
+        assert box.sessions.create(wait=False).id == "ses_1"
+    assert [request.method for request in sent] == ["POST"] * 3
+    assert sent[0].content == sent[2].content  # the same call, body and all
+    sent.clear()
+    with client([_answer(429, "capacity", now)] * 2, 1) as box:
+        with pytest.raises(RateLimited):
+            box.sessions.list()
+    assert len(sent) == 2
+    sent.clear()
+    with client([_answer(409, "conflict")], 3) as box:
+        with pytest.raises(Conflict):
+            box.sessions.list()
+    assert len(sent) == 1
+    with pytest.raises(ValueError, match="max_retries"):
+        Deskbox("http://deskbox.test", max_retries=-1)
+
+
+def test_max_retries_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DESKBOX_MAX_RETRIES", "4")
+    assert Deskbox("http://deskbox.test").max_retries == 4
+    assert AsyncDeskbox("http://deskbox.test", max_retries=0).max_retries == 0
+    monkeypatch.setenv("DESKBOX_MAX_RETRIES", "many")
+    with pytest.raises(ValueError, match="DESKBOX_MAX_RETRIES"):
+        Deskbox("http://deskbox.test")
+    monkeypatch.delenv("DESKBOX_MAX_RETRIES")
+    assert Deskbox("http://deskbox.test").max_retries == 0
+
+
 def test_transport_failures_are_deskbox_errors() -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("refused", request=request)
@@ -167,6 +214,34 @@ def test_requests_carry_the_key_and_the_per_call_timeout() -> None:
 
 
 # -- against a real server ------------------------------------------------------------------
+
+
+def test_max_retries_waits_for_a_session_to_free_up(one_per_key: Server) -> None:
+    with Deskbox(one_per_key.url, KEY_A) as impatient, \
+            Deskbox(one_per_key.url, KEY_A, max_retries=5) as patient:
+        first = impatient.sessions.create(display=DISPLAY)
+        with pytest.raises(RateLimited) as refused:
+            impatient.sessions.create(display=DISPLAY)
+        assert refused.value.retry_after == 1.0
+        freeing = threading.Timer(0.5, first.close)
+        freeing.start()
+        started = time.monotonic()
+        try:
+            with patient.sessions.create(display=DISPLAY) as second:
+                waited = time.monotonic() - started
+                assert second.state == "running" and second.id != first.id
+        finally:
+            freeing.join()
+        assert waited >= 1.0  # refused once, then sent again after Retry-After
+
+
+async def test_async_max_retries_raises_the_last_refusal(one_per_key: Server) -> None:
+    async with AsyncDeskbox(one_per_key.url, KEY_A, max_retries=2) as box:
+        async with await box.sessions.create(display=DISPLAY):
+            started = time.monotonic()
+            with pytest.raises(RateLimited):
+                await box.sessions.create(display=DISPLAY)
+            assert time.monotonic() - started >= 2.0  # two waits of Retry-After (1 s)
 
 
 @pytest.fixture(scope="module")

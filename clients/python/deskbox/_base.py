@@ -18,7 +18,14 @@ from urllib.parse import quote
 
 import httpx
 
-from ._errors import APIConnectionError, APIError, APITimeoutError, error_for_status
+from ._errors import (
+    APIConnectionError,
+    APIError,
+    APITimeoutError,
+    RateLimited,
+    ServiceUnavailable,
+    error_for_status,
+)
 from ._errors import status_for_kind as _status_for_kind
 from ._models import (
     AnthropicResult,
@@ -51,6 +58,8 @@ BACKEND_HELP = ("the engine: container, vm, docker, kubernetes or local (those t
                 "offers; default: its own).")
 #: Extra seconds an ``exec`` call waits beyond the command's own ``timeout_s``.
 EXEC_GRACE_S = 15.0
+#: The longest wait before trying a call again (``max_retries``), whatever Retry-After says.
+MAX_RETRY_WAIT_S = 60.0
 
 #: Set by the dialect endpoints on a settled screenshot: false if the wait for it timed out.
 SETTLED_HEADER = "X-Deskbox-Settled"
@@ -115,12 +124,25 @@ class BaseClient:
 
     def __init__(
         self, base_url: str | None, api_key: str | None, timeout: float, verify: Verify = True,
+        max_retries: int | None = None,
     ) -> None:
         url = base_url or os.environ.get("DESKBOX_URL") or DEFAULT_URL
         self.base_url = url.rstrip("/")
         self.api_key = api_key if api_key is not None else os.environ.get("DESKBOX_API_KEY")
         self.timeout = timeout
+        self.max_retries = _max_retries(max_retries)
         self._tls = tls_context(verify)
+
+    def _retry_wait(self, error: APIError, tries: int) -> float | None:
+        """How long to wait before sending a refused call again, or None to raise ``error``.
+
+        Only a refusal for capacity (429, 503) is tried again: the server did nothing with
+        the call, so sending it again is safe for any method. The wait is the answer's
+        Retry-After, or 1, 2, 4 ... seconds without one."""
+        if tries >= self.max_retries or not isinstance(error, RateLimited | ServiceUnavailable):
+            return None
+        wait = error.retry_after if error.retry_after is not None else 2.0 ** tries
+        return min(max(wait, 0.0), MAX_RETRY_WAIT_S)
 
     def _ws_options(self, url: str) -> dict[str, Any]:
         """What a websocket to ``url`` is opened with besides its headers: this client's
@@ -153,6 +175,20 @@ class BaseClient:
         if response.status_code == 204 or not response.content:
             return None
         return response.json()
+
+
+def _max_retries(given: int | None) -> int:
+    """``max_retries`` as given, else ``$DESKBOX_MAX_RETRIES``, else 0."""
+    source = "max_retries"
+    if given is None:
+        source, value = "DESKBOX_MAX_RETRIES", os.environ.get("DESKBOX_MAX_RETRIES", "0")
+        try:
+            given = int(value)
+        except ValueError:
+            raise ValueError(f"DESKBOX_MAX_RETRIES must be a whole number, not {value!r}") from None
+    if given < 0:
+        raise ValueError(f"{source} must be 0 or more, not {given}")
+    return given
 
 
 def api_error(response: httpx.Response) -> APIError:

@@ -106,7 +106,11 @@ def _usage(message: str) -> NoReturn:
 @contextmanager
 def _client(url: str | None, api_key: str | None, as_json: bool) -> Iterator[Deskbox]:
     try:
-        with Deskbox(url, api_key) as box:
+        box = Deskbox(url, api_key)
+    except ValueError as error:  # a malformed $DESKBOX_MAX_RETRIES
+        _usage(str(error))
+    try:
+        with box:
             yield box
     except DeskboxError as error:
         _fail(error, as_json)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -19,7 +20,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from . import _base as b
 from ._base import Action, BaseClient, Call, ScreenshotOption, SessionBase, TokenScope
-from ._errors import APIConnectionError
+from ._errors import APIConnectionError, APIError
 from ._models import (
     ActionsResult,
     AnthropicResult,
@@ -53,6 +54,11 @@ class Deskbox(BaseClient):
     ``verify``: what to trust of a server behind TLS, for every call and websocket: a CA
     bundle's path, an ``ssl.SSLContext``, False for nothing checked; by default httpx's
     authorities (certifi's), or ``$SSL_CERT_FILE`` when set.
+    ``max_retries``: how many times a call refused for capacity (429, 503: too many
+    sessions, commands or tokens; the server did nothing) is sent again, each after the
+    answer's Retry-After (at most 60 s); then its :class:`RateLimited` or
+    :class:`ServiceUnavailable` is raised. 0 raises it at once; by default
+    ``$DESKBOX_MAX_RETRIES``, or 0.
     """
 
     def __init__(
@@ -63,8 +69,9 @@ class Deskbox(BaseClient):
         timeout: float = b.DEFAULT_TIMEOUT,
         transport: httpx.BaseTransport | None = None,
         verify: b.Verify = True,
+        max_retries: int | None = None,
     ) -> None:
-        super().__init__(base_url, api_key, timeout, verify)
+        super().__init__(base_url, api_key, timeout, verify, max_retries)
         self._http = httpx.Client(
             base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport,
             verify=self._tls,
@@ -93,6 +100,20 @@ class Deskbox(BaseClient):
         return body
 
     def _send(self, call: Call) -> Any:
+        """Send ``call`` (again, up to ``max_retries`` times, while it is refused for
+        capacity) and read its answer."""
+        tries = 0
+        while True:
+            try:
+                return self._send_once(call)
+            except APIError as error:
+                wait = self._retry_wait(error, tries)
+                if wait is None:
+                    raise
+            time.sleep(wait)
+            tries += 1
+
+    def _send_once(self, call: Call) -> Any:
         try:
             response = self._http.request(
                 call.method, call.path, params=tuple(call.params), json=call.json,
