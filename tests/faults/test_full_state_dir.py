@@ -70,10 +70,14 @@ def test_a_full_state_dir_answers_507_and_a_delete_still_removes_the_desktop(
 
         filler = _fill(small_disk)
         try:
-            for answer in (http.post(f"/v1/sessions/{sid}/keepalive"),
-                           http.post("/v1/sessions", json={"display": DISPLAY})):
+            document = http.get("/openapi.json").json()["paths"]
+            for path, answer in (
+                ("/v1/sessions/{session_id}/keepalive", http.post(f"/v1/sessions/{sid}/keepalive")),
+                ("/v1/sessions", http.post("/v1/sessions", json={"display": DISPLAY})),
+            ):
                 message = assert_error(answer, 507, "insufficient_storage")["message"]
                 assert "no room on the server's disk" in message, message
+                assert "507" in document[path]["post"]["responses"], path  # as described
             health = http.get("/healthz")  # an operator's probe sees it
             assert health.status_code == 200 and health.json()["status"] == "degraded"
             assert any(f"the state dir {small_disk} has 0 MiB free" in problem

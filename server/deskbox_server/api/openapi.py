@@ -40,8 +40,9 @@ _NAMED = {"/v1/volumes": "/v1/volumes/{name}", "/v1/secrets": "/v1/secrets/{name
 # Where a `type` action of a secret can be refused (secret_origin_mismatch).
 _ACTIONS = ("/actions", "/actions/anthropic", "/actions/openai")
 _METHODS = ("get", "put", "post", "delete", "patch")
-# Where a checkpoint is written or unpacked on the server's disk (insufficient_storage).
-_CHECKPOINTS = ("/pause", "/resume", "/snapshots", "/fork")
+# Where a checkpoint is written or unpacked on the server's disk, or the session's record
+# saved in the registry, which a full disk refuses (insufficient_storage).
+_DISK_WRITES = ("/pause", "/resume", "/snapshots", "/fork", "/keepalive")
 _DESCRIPTIONS = {
     401: "unauthorized: missing or invalid API key (or session token)",
     403: "forbidden: the session token is for another session or scope; "
@@ -55,8 +56,8 @@ _DESCRIPTIONS = {
     500: "internal: the server failed (logged with the request id)",
     502: "session_failed: the session's desktop or sandbox failed",
     504: "timeout: the session did not answer in time",
-    507: "insufficient_storage: no room on the server's disk to keep the checkpoint; "
-         "the session is as it was",
+    507: "insufficient_storage: no room on the server's disk to keep the checkpoint or "
+         "the session's record; the session is as it was",
 }
 
 
@@ -73,7 +74,7 @@ def error_statuses(method: str, path: str, tags: frozenset[str], has_body: bool)
             statuses |= {409, 429}
         if tags & TOKEN_TAGS or (method == "post" and path.endswith(_ACTIONS)):
             statuses.add(403)
-        if method == "post" and (path.endswith(_CHECKPOINTS) or (method, path) == _CREATE):
+        if method == "post" and (path.endswith(_DISK_WRITES) or (method, path) == _CREATE):
             statuses.add(507)
     if has_body:
         statuses |= {408, 413}
