@@ -146,13 +146,22 @@ class QmpClient:
         transport_socket = self._writer.get_extra_info("socket")
 
         async def send(message: bytes) -> None:
-            await self._writer.drain()  # nothing of ours is queued: the message goes whole
+            await self._writer.drain()  # nothing of ours is queued before the message
             # asyncio's socket wrapper offers no sendmsg: a duplicate of the descriptor does
-            # (SCM_RIGHTS needs the descriptor to ride on the command's own bytes).
+            # (SCM_RIGHTS needs the descriptor to ride on the command's own bytes). The two
+            # share one open file, O_NONBLOCK included: made blocking here, the transport's
+            # socket would stay blocking, and a QEMU that stops reading would stall the loop.
+            rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]).tobytes())]
             with socket.socket(fileno=os.dup(transport_socket.fileno())) as raw:
-                raw.setblocking(True)
-                raw.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                         array.array("i", [fd]).tobytes())])
+                raw.setblocking(False)
+                while True:
+                    try:
+                        sent = raw.sendmsg([message], rights)
+                        break
+                    except BlockingIOError:
+                        await _writable(raw)
+            if sent < len(message):  # the descriptor went with the first part
+                self._writer.write(message[sent:])
 
         await self._request("getfd", {"fdname": name}, timeout_s, send)
 
@@ -213,6 +222,22 @@ class QmpClient:
         self._writer.close()
         with contextlib.suppress(OSError):
             await self._writer.wait_closed()
+
+
+async def _writable(sock: socket.socket) -> None:
+    """Until ``sock`` can take more bytes (the caller's deadline bounds the wait)."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_writer(sock, wake)
+    try:
+        await ready
+    finally:
+        loop.remove_writer(sock)
 
 
 def _holds(event: Json, data: Mapping[str, Any] | None) -> bool:
