@@ -328,7 +328,7 @@ class VmEngine(Engine[VmSandbox]):
     async def checkpoint(self, sandbox: VmSandbox) -> None:
         guest = self._running(sandbox)
         await self._agent_let_go(sandbox)
-        sandbox.hibernation_file.unlink(missing_ok=True)
+        await asyncio.to_thread(sandbox.hibernation_file.unlink, True)
         size = await self._save(guest, sandbox.hibernation_file)
         (sandbox.state_dir / CONFIG_FILE).write_text(sandbox.config.to_json())
         await self.kill(sandbox)
@@ -339,7 +339,8 @@ class VmEngine(Engine[VmSandbox]):
         if not sandbox.hibernation_file.is_file():
             raise SessionFailed("the VM's hibernation file is gone")
         await self._boot(sandbox, self.start_timeout(0), sandbox.hibernation_file)
-        sandbox.hibernation_file.unlink(missing_ok=True)
+        # The guest's whole memory (GiBs): freeing its blocks takes the kernel a while.
+        await asyncio.to_thread(sandbox.hibernation_file.unlink, True)
 
     async def snapshot(self, sandbox: VmSandbox, directory: Path, packed: bool = True
                        ) -> SnapshotInfo:

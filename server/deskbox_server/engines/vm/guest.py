@@ -151,8 +151,10 @@ def _alive(pid: int) -> bool:
 def _tail(paths: VmPaths) -> str:
     parts = []
     for log in (paths.qemu_log, paths.console):
-        with contextlib.suppress(OSError):
-            text = log.read_bytes()[-_LOG_TAIL:].decode(errors="replace").strip()
+        with contextlib.suppress(OSError), log.open("rb") as file:
+            # Only the end: the console log is the guest's, as long as it cared to write.
+            file.seek(max(0, file.seek(0, os.SEEK_END) - _LOG_TAIL))
+            text = file.read().decode(errors="replace").strip()
             if text:
                 parts.append(f"{log.name}: {text}")
     return ("; " + " | ".join(parts)) if parts else ""
