@@ -204,6 +204,10 @@ def run(
     chosen: Literal["json", "text"] = configure_logging(log_level, log_format)
     log.debug("open files: at most %d", raise_open_files_limit())
     app = create_app(settings)
+    # FastAPI builds its OpenAPI document on first use (~0.2 s here), which would stall
+    # every session's actions at the first /openapi.json or 405 (whose Allow header comes
+    # from it), a request anyone can make. Built now, it is also frozen with the rest.
+    app.openapi()
     key_file = app.state.services.keyring.generated_path
     config = uvicorn.Config(
         _PlainStartupFailure(app),
