@@ -116,18 +116,9 @@ class VolumeStore:
             raise Capacity(f"this API key's volumes may hold {self._quota_mb} MB in all "
                            f"({used} MB taken); delete one first")
         record = VolumeRecord(name=name, owner=owner, size_mb=size_mb, created_at=utcnow())
-        directory = self._directory(owner, name)
-        directory.parent.mkdir(mode=0o700, exist_ok=True)
-        shutil.rmtree(directory, ignore_errors=True)  # an unfinished one of the same name
-        directory.mkdir(mode=0o700)
-        try:
-            await asyncio.to_thread(create_disk, directory / _DISK, size_mb)
-            partial = directory / (_RECORD + ".partial")
-            partial.write_text(record.model_dump_json())
-            os.replace(partial, directory / _RECORD)
-        except BaseException:
-            shutil.rmtree(directory, ignore_errors=True)
-            raise
+        # All of it on a worker thread, which finishes (or cleans up) even if the request
+        # is cancelled meanwhile: an unfinished volume's leftovers can take a while to go.
+        await asyncio.to_thread(_make, self._directory(owner, name), record)
         log.info("volume %s/%s made (%d MB)", owner, name, size_mb)
         return record
 
@@ -184,3 +175,19 @@ class VolumeStore:
         for key, held in list(self._attached.items()):
             if held.pop(session_id, None) is not None and not held:
                 del self._attached[key]
+
+
+def _make(directory: Path, record: VolumeRecord) -> None:
+    """The volume's directory, its disk image and then its record (which makes it exist);
+    nothing of it is left if that fails."""
+    directory.parent.mkdir(mode=0o700, exist_ok=True)
+    shutil.rmtree(directory, ignore_errors=True)  # an unfinished one of the same name
+    directory.mkdir(mode=0o700)
+    try:
+        create_disk(directory / _DISK, record.size_mb)
+        partial = directory / (_RECORD + ".partial")
+        partial.write_text(record.model_dump_json())
+        os.replace(partial, directory / _RECORD)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
