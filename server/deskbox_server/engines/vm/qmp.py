@@ -178,8 +178,8 @@ class QmpClient:
         if arguments:
             message["arguments"] = dict(arguments)
         try:
-            await send(json.dumps(message).encode() + b"\n")
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(timeout_s):  # a QEMU that stops reading too
+                await send(json.dumps(message).encode() + b"\n")
                 return await future
         except TimeoutError:
             raise Timeout(f"QEMU did not answer {command} within {timeout_s:.0f} s") from None
@@ -225,7 +225,7 @@ class QmpClient:
 
 
 async def _writable(sock: socket.socket) -> None:
-    """Until ``sock`` can take more bytes (the caller's deadline bounds the wait)."""
+    """Until ``sock`` can take more bytes (the command's deadline bounds the wait)."""
     loop = asyncio.get_running_loop()
     ready: asyncio.Future[None] = loop.create_future()
 
