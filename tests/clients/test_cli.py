@@ -234,6 +234,9 @@ def test_deskbox_max_retries_makes_the_cli_wait_out_a_full_server(one_per_key: S
                                    env={**env, "DESKBOX_MAX_RETRIES": "many"}, timeout=60)
         assert malformed.returncode == EXIT_CODES["usage"]
         assert "DESKBOX_MAX_RETRIES must be a whole number" in malformed.stderr
+        mcp = subprocess.run([DESKBOX, "mcp"], capture_output=True, text=True, timeout=60,
+                             env={**env, "DESKBOX_MAX_RETRIES": "-1"}, stdin=subprocess.DEVNULL)
+        assert mcp.returncode == EXIT_CODES["usage"] and "Traceback" not in mcp.stderr
     finally:
         assert deskbox(one_per_key, "rm", first.stdout.strip()).returncode == 0
 

@@ -48,6 +48,7 @@ __all__ = [
     "Call",
     "SessionBase",
     "Verify",
+    "max_retries_of_environment",
     "ws_error",
 ]
 
@@ -177,17 +178,22 @@ class BaseClient:
         return response.json()
 
 
+def max_retries_of_environment() -> int:
+    """``$DESKBOX_MAX_RETRIES``, 0 when unset; ValueError when it is not a whole number
+    of 0 or more."""
+    value = os.environ.get("DESKBOX_MAX_RETRIES", "0")
+    if not value.strip().isdigit():
+        raise ValueError(f"DESKBOX_MAX_RETRIES must be a whole number of 0 or more, "
+                         f"not {value!r}")
+    return int(value)
+
+
 def _max_retries(given: int | None) -> int:
     """``max_retries`` as given, else ``$DESKBOX_MAX_RETRIES``, else 0."""
-    source = "max_retries"
     if given is None:
-        source, value = "DESKBOX_MAX_RETRIES", os.environ.get("DESKBOX_MAX_RETRIES", "0")
-        try:
-            given = int(value)
-        except ValueError:
-            raise ValueError(f"DESKBOX_MAX_RETRIES must be a whole number, not {value!r}") from None
+        return max_retries_of_environment()
     if given < 0:
-        raise ValueError(f"{source} must be 0 or more, not {given}")
+        raise ValueError(f"max_retries must be 0 or more, not {given}")
     return given
 
 

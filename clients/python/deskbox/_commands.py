@@ -106,11 +106,7 @@ def _usage(message: str) -> NoReturn:
 @contextmanager
 def _client(url: str | None, api_key: str | None, as_json: bool) -> Iterator[Deskbox]:
     try:
-        box = Deskbox(url, api_key)
-    except ValueError as error:  # a malformed $DESKBOX_MAX_RETRIES
-        _usage(str(error))
-    try:
-        with box:
+        with Deskbox(url, api_key) as box:
             yield box
     except DeskboxError as error:
         _fail(error, as_json)

@@ -11,7 +11,8 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from ._commands import ApiKey, Url, register
+from ._base import max_retries_of_environment
+from ._commands import EXIT_CODES, ApiKey, Url, register
 from ._recording_commands import register_recordings
 
 __all__ = ["app", "main"]
@@ -25,8 +26,15 @@ app = typer.Typer(
 
 
 @app.callback()
-def _root() -> None:
+def _root(context: typer.Context) -> None:
     """Deskbox command line: the server (serve) and client commands."""
+    if context.invoked_subcommand in ("serve", "image"):
+        return
+    try:  # every client command reads it: a usage error, not a traceback, when malformed
+        max_retries_of_environment()
+    except ValueError as error:
+        typer.echo(f"usage error: {error}", err=True)
+        raise typer.Exit(EXIT_CODES["usage"]) from None
 
 
 # `deskbox serve` and `deskbox image` belong to the server's distribution: mounted from it
