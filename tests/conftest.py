@@ -84,6 +84,8 @@ _TRACES_BEFORE = pytest.StashKey[set[str]]()
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Before collection: whatever a collection hook starts counts as the suite's."""
     become_subreaper()
+    # The SDK's calls in the tests run with its defaults, whatever the developer's shell says.
+    os.environ.pop("DESKBOX_MAX_RETRIES", None)
     session.config.stash[_TRACES_BEFORE] = _sandbox_traces()
 
 
