@@ -30,10 +30,12 @@ DESKBOX = str(Path(sys.executable).parent / "deskbox")
 
 
 def deskbox(server: Server | None, *args: str, key: str = KEY_A,
-            url: str | None = None, columns: int | None = 250
+            url: str | None = None, columns: int | None = 250,
+            extra_env: dict[str, str] | None = None,
             ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([DESKBOX, *args], capture_output=True, text=True,
-                          env=cli_env(server, key, url, columns), timeout=60, check=False)
+                          env={**cli_env(server, key, url, columns), **(extra_env or {})},
+                          stdin=subprocess.DEVNULL, timeout=60, check=False)
 
 
 def cli_env(server: Server | None, key: str = KEY_A, url: str | None = None,
@@ -224,18 +226,14 @@ def test_deskbox_max_retries_makes_the_cli_wait_out_a_full_server(one_per_key: S
     first = deskbox(one_per_key, "create", "--no-wait")
     assert first.returncode == 0, first.stderr
     try:
-        env = cli_env(one_per_key)
         started = time.monotonic()
-        refused = subprocess.run([DESKBOX, "create"], capture_output=True, text=True,
-                                 env={**env, "DESKBOX_MAX_RETRIES": "1"}, timeout=60)
+        refused = deskbox(one_per_key, "create", extra_env={"DESKBOX_MAX_RETRIES": "1"})
         assert refused.returncode == EXIT_CODES["capacity"], refused.stderr
         assert time.monotonic() - started >= 1.0  # sent again once, after Retry-After
-        malformed = subprocess.run([DESKBOX, "ls"], capture_output=True, text=True,
-                                   env={**env, "DESKBOX_MAX_RETRIES": "many"}, timeout=60)
+        malformed = deskbox(one_per_key, "ls", extra_env={"DESKBOX_MAX_RETRIES": "many"})
         assert malformed.returncode == EXIT_CODES["usage"]
         assert "DESKBOX_MAX_RETRIES must be a whole number" in malformed.stderr
-        mcp = subprocess.run([DESKBOX, "mcp"], capture_output=True, text=True, timeout=60,
-                             env={**env, "DESKBOX_MAX_RETRIES": "-1"}, stdin=subprocess.DEVNULL)
+        mcp = deskbox(one_per_key, "mcp", extra_env={"DESKBOX_MAX_RETRIES": "-1"})
         assert mcp.returncode == EXIT_CODES["usage"] and "Traceback" not in mcp.stderr
     finally:
         assert deskbox(one_per_key, "rm", first.stdout.strip()).returncode == 0
