@@ -79,7 +79,7 @@ def vnc_url(session: dict[str, Any], value: str) -> str:
 def test_x11vnc_listens_only_on_a_unix_socket(
     server: Server, client: httpx.Client, session: dict[str, Any], handle: AnyDesktop
 ) -> None:
-    with RfbViewer(vnc_url(session, token_for(client, session['id'], "view"))):
+    with RfbViewer(vnc_url(session, token_for(client, session["id"], "view"))):
         vnc = server.services.vnc.server(session["id"])
         assert vnc is not None and vnc.failure() is None
         pid = handle.sandbox.init_pid
@@ -153,7 +153,7 @@ def test_view_token_crafted_input_changes_nothing(
 ) -> None:
     ox, oy = origin
     before = page.wait(lambda state: True)
-    with RfbViewer(vnc_url(session, token_for(client, session['id'], "view"))) as viewer:
+    with RfbViewer(vnc_url(session, token_for(client, session["id"], "view"))) as viewer:
         viewer.full_frame()
         viewer.click(ox + 150, oy + 150)
         viewer.pointer(ox + 900, oy + 175, 1)
@@ -172,8 +172,8 @@ def test_two_viewers_and_an_agent_at_once(
 ) -> None:
     ox, oy = origin
     before = page.wait(lambda state: True)["clicks"]
-    with RfbViewer(vnc_url(session, token_for(client, session['id'], "view"))) as one, \
-            RfbViewer(vnc_url(session, token_for(client, session['id'], "control"))) as two:
+    with RfbViewer(vnc_url(session, token_for(client, session["id"], "view"))) as one, \
+            RfbViewer(vnc_url(session, token_for(client, session["id"], "control"))) as two:
         for viewer in (one, two):
             assert tuple(viewer.full_frame()[oy + 150, ox + 200]) == RED
         response = client.post(f"/v1/sessions/{session['id']}/actions", json={"actions": [
@@ -194,7 +194,7 @@ def test_vncdotool_through_the_websocket_proxy(
 
     ox, oy = origin
     before = page.wait(lambda state: True)["clicks"]
-    with websocket_bridge(vnc_url(session, token_for(client, session['id'], "control"))) as port:
+    with websocket_bridge(vnc_url(session, token_for(client, session["id"], "control"))) as port:
         vnc = api.connect(f"127.0.0.1::{port}", password=None, timeout=30)
         try:
             vnc.captureScreen(str(tmp_path / "screen.png"))

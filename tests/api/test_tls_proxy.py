@@ -208,7 +208,7 @@ def test_the_actions_websocket(proxied: Proxied, session: dict[str, Any]) -> Non
 
 
 def test_the_live_view_and_its_vnc_websocket(proxied: Proxied, session: dict[str, Any]) -> None:
-    view = token_for(proxied.client, session['id'], "view")
+    view = token_for(proxied.client, session["id"], "view")
     page = httpx.get(f"{session['urls']['view']}?token={view}", verify=proxied.tls)
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     with connect(f"{session['urls']['vnc_ws']}?token={view}", ssl=proxied.tls,
@@ -249,7 +249,7 @@ def test_playwright_over_cdp(
 ) -> None:
     # Playwright's driver (Node.js) trusts the test's authority through this.
     monkeypatch.setenv("NODE_EXTRA_CA_CERTS", str(proxied.authority))
-    cdp = token_for(proxied.client, session['id'], "cdp")
+    cdp = token_for(proxied.client, session["id"], "cdp")
     with sync_playwright() as playwright:
         browser = playwright.chromium.connect_over_cdp(
             f"{session['urls']['cdp_http']}?token={cdp}", timeout=20_000)
