@@ -129,11 +129,13 @@ def test_restart_readopts_running_sessions(tmp_path: Path) -> None:
 
             # The re-adopted session still works: input lands, screenshots show the page.
             with SandboxPage(http, kept["id"]) as page:
-                page.wait(lambda state: state["clicks"] == 0)
+                before = page.wait(lambda state: True)["clicks"]  # the load's, at the kill
                 response = http.post(f"/v1/sessions/{kept['id']}/actions",
                                      json={"type": "click", "x": 640, "y": 700})
                 assert response.status_code == 200, response.text
-                click = page.wait(lambda state: state["clicks"] == 1)["click"]
+                landed = page.wait(lambda state: state["clicks"] == before + 1)
+                assert landed["clicks"] == before + 1, (before, landed)
+                click = landed["click"]
                 assert (click[2], click[3]) == (640, 700)
                 ox, oy = click[2] - click[0], click[3] - click[1]
             shot = http.get(f"/v1/sessions/{kept['id']}/screenshot", params={"format": "png"})
