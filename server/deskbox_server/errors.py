@@ -14,7 +14,9 @@ each kind to the error body of API.md in one place. The tree::
     ├── Conflict                      conflict         409
     │   ├── HumanInControl            human_in_control 409  (a human took the desktop over)
     │   └── BrowserUnavailable        conflict         409  (the browser does not answer)
-    ├── Capacity                      capacity         429
+    ├── Capacity                      capacity         429  (frees itself: Retry-After)
+    ├── QuotaExceeded                 quota_exceeded   429  (only a delete of the key's
+    │                                                        own frees it: no Retry-After)
     ├── Timeout                       timeout          504
     ├── InsufficientStorage           insufficient_storage 507 (no room on the server's
     │                                                        disk to keep a checkpoint)
@@ -43,6 +45,7 @@ __all__ = [
     "InvalidAction",
     "InvalidRequest",
     "NotFound",
+    "QuotaExceeded",
     "SecretOriginMismatch",
     "SessionFailed",
     "Timeout",
@@ -114,6 +117,16 @@ class Capacity(DeskboxError):
     def __init__(self, message: str, retry_after_s: int = 5) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class QuotaExceeded(DeskboxError):
+    """A key's stored things (snapshots, volumes, recordings, secrets) fill its quota.
+
+    Not a :class:`Capacity`: waiting frees nothing, so the answer has no Retry-After and a
+    client that retries refusals for capacity does not wait on it."""
+
+    kind = "quota_exceeded"
+    status = 429
 
 
 class Timeout(DeskboxError):

@@ -235,7 +235,8 @@ def test_quota_and_expiry(tmp_path: Any) -> None:
     full = Settings(state_dir=tmp_path / "full", api_keys=[KEY_A], backends=["local"],
                     default_backend="local", recording_quota_mb=0)
     with running_server(full) as server, server.client() as client:
-        assert_error(client.post("/v1/sessions", json={"record": True}), 429, "capacity")
+        assert_error(client.post("/v1/sessions", json={"record": True}), 429,
+                     "quota_exceeded")
     brief = Settings(state_dir=tmp_path / "brief", api_keys=[KEY_A], backends=["local"],
                      default_backend="local", recording_ttl_h=1 / 3600,
                      reaper_interval_s=0.2)

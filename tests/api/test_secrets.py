@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from deskbox import Deskbox, cdp
+from deskbox_server.sessions import secrets as secrets_store
 from deskbox_server.settings import Settings
 
 from ..images import IMAGE_STATE_DIR, session_image
@@ -120,6 +121,22 @@ def test_a_secret_is_stored_never_shown_and_the_keys_own(
     assert all(VALUE not in answer for answer in client.answers)
     assert client.delete("/v1/secrets/PW").status_code == 204
     assert client.get("/v1/secrets").json()["secrets"] == []
+
+
+def test_a_keys_secrets_stop_at_its_quota(
+    client: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the most secrets a key may hold, a create is a 429 ``quota_exceeded`` without a
+    Retry-After (waiting frees nothing), and a delete makes room again."""
+    monkeypatch.setattr(secrets_store, "_MAX_PER_KEY", 2)  # 256 as shipped
+    for name in ("A", "B"):
+        store_secret(client, name)
+    refused = client.post("/v1/secrets", json={
+        "name": "C", "value": VALUE, "allowed_origins": [GOOD]})
+    assert "2 secrets" in assert_error(refused, 429, "quota_exceeded")["message"]
+    assert "retry-after" not in refused.headers
+    assert client.delete("/v1/secrets/A").status_code == 204
+    store_secret(client, "C")
 
 
 def test_a_secret_is_typed_only_where_its_origin_has_the_focus(

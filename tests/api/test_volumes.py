@@ -95,8 +95,9 @@ def test_volumes_are_the_keys_own_and_bad_input_is_a_clear_4xx(
                 {"name": "work2", "size_mb": 1}, {"name": "work2"}, {"name": "w", "size_mb": "9"},
                 {"name": "w", "size_mb": 32, "extra": 1}):
         assert_error(client.post("/v1/volumes", json=bad), 422, "invalid_request")
-    assert_error(client.post("/v1/volumes", json={"name": "huge", "size_mb": 8192}),
-                 429, "capacity")  # over this server's quota per key
+    over = client.post("/v1/volumes", json={"name": "huge", "size_mb": 8192})
+    assert_error(over, 429, "quota_exceeded")  # over this server's quota per key
+    assert "retry-after" not in over.headers  # waiting frees nothing
     assert_error(client.get("/v1/volumes/nothing"), 404, "not_found")
     assert_error(client.get("/v1/volumes/.."), 404, "not_found")
     with httpx.Client(base_url=volume_server.url,

@@ -26,6 +26,7 @@ from deskbox import (
     Deskbox,
     DeskboxError,
     NotFound,
+    QuotaExceeded,
     RateLimited,
     ServiceUnavailable,
     Session,
@@ -161,6 +162,12 @@ def test_max_retries_sends_a_call_refused_for_capacity_again() -> None:
         with pytest.raises(Conflict):
             box.sessions.list()
     assert len(sent) == 1
+    sent.clear()
+    with client([_answer(429, "quota_exceeded")], 3) as box:  # waiting frees no quota
+        with pytest.raises(QuotaExceeded) as full:
+            box.snapshots.list()
+    assert len(sent) == 1 and isinstance(full.value, RateLimited)
+    assert full.value.retry_after is None
     with pytest.raises(ValueError, match="max_retries"):
         Deskbox("http://deskbox.test", max_retries=-1)
 

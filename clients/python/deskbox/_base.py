@@ -22,6 +22,7 @@ from ._errors import (
     APIConnectionError,
     APIError,
     APITimeoutError,
+    QuotaExceeded,
     RateLimited,
     ServiceUnavailable,
     error_for_status,
@@ -139,8 +140,11 @@ class BaseClient:
 
         Only a refusal for capacity (429, 503) is tried again: the server did nothing with
         the call, so sending it again is safe for any method. The wait is the answer's
-        Retry-After, or 1, 2, 4 ... seconds without one."""
-        if tries >= self.max_retries or not isinstance(error, RateLimited | ServiceUnavailable):
+        Retry-After, or 1, 2, 4 ... seconds without one. A full quota is not waited on:
+        only a delete of the caller's frees it."""
+        retryable = (isinstance(error, RateLimited | ServiceUnavailable)
+                     and not isinstance(error, QuotaExceeded))
+        if tries >= self.max_retries or not retryable:
             return None
         wait = error.retry_after if error.retry_after is not None else 2.0 ** tries
         return min(max(wait, 0.0), MAX_RETRY_WAIT_S)

@@ -13,6 +13,7 @@
         ├── PayloadTooLarge           413  an upload over the server's cap
         ├── UnprocessableEntity       422  invalid request (``invalid_request``)
         ├── RateLimited               429  ``capacity``; ``retry_after`` in seconds
+        │   └── QuotaExceeded         429  ``quota_exceeded``: only a delete frees it
         └── ServerError               5xx
             ├── SessionFailed         502  the session's desktop failed
             ├── ServiceUnavailable    503  ``capacity``; ``retry_after`` in seconds
@@ -40,6 +41,7 @@ __all__ = [
     "MethodNotAllowed",
     "NotFound",
     "PayloadTooLarge",
+    "QuotaExceeded",
     "RateLimited",
     "RequestTimeout",
     "ServerError",
@@ -125,6 +127,11 @@ class RateLimited(APIError):
     """429: out of capacity; ``retry_after`` says when to try again (seconds) if known."""
 
 
+class QuotaExceeded(RateLimited):
+    """429 ``quota_exceeded``: the key's snapshots, volumes, recordings or secrets fill its
+    quota. Waiting frees nothing (no ``retry_after``): delete some first."""
+
+
 class ServerError(APIError):
     """5xx."""
 
@@ -169,6 +176,7 @@ _STATUS_BY_KIND: dict[str, int] = {
     "conflict": 409,
     "invalid_request": 422,
     "capacity": 429,
+    "quota_exceeded": 429,
     "session_failed": 502,
     "timeout": 504,
     "insufficient_storage": 507,
@@ -190,7 +198,7 @@ def error_for_status(
     retry_after: float | None = None,
 ) -> APIError:
     """The exception of ``status`` (its class, else ServerError for 5xx, else APIError)."""
-    cls = _BY_STATUS.get(status)
+    cls = QuotaExceeded if type == "quota_exceeded" else _BY_STATUS.get(status)
     if cls is None:
         cls = ServerError if status >= 500 else APIError
     return cls(status, type, message, request_id, body, retry_after)

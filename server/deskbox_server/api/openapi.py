@@ -52,7 +52,9 @@ _DESCRIPTIONS = {
     409: "conflict: the session is not in a state that allows this (e.g. paused)",
     413: "invalid_request: the request body is larger than the server accepts",
     422: "invalid_request: the request is malformed or asks for something impossible",
-    429: "capacity: too many sessions, tokens or connections; see Retry-After",
+    429: "capacity: too many sessions, tokens or connections, see Retry-After; "
+         "quota_exceeded: the key's snapshots, volumes, recordings or secrets fill its "
+         "quota (no Retry-After: only a delete frees it)",
     500: "internal: the server failed (logged with the request id)",
     502: "session_failed: the session's desktop or sandbox failed",
     504: "timeout: the session did not answer in time",
@@ -88,7 +90,7 @@ def _error_response(status: int) -> dict[str, Any]:
     }
     if status == 429:
         response["headers"] = {"Retry-After": {
-            "description": "seconds to wait before trying again",
+            "description": "seconds to wait before trying again (capacity only)",
             "schema": {"type": "integer"},
         }}
     return response

@@ -34,6 +34,7 @@ from ..errors import (
     Internal,
     InvalidRequest,
     NotFound,
+    QuotaExceeded,
     SessionFailed,
 )
 from ..metrics import Metrics
@@ -752,8 +753,8 @@ class SessionManager:
         quota_mb = self._settings.snapshot_quota_mb
         used_mb = sum(s.size_bytes for s in await self.catalog.list(owner)) >> 20
         if used_mb >= quota_mb:
-            raise Capacity(f"this API key's snapshots hold {used_mb} MB, its quota is "
-                           f"{quota_mb} MB (DESKBOX_SNAPSHOT_QUOTA_MB); delete one first")
+            raise QuotaExceeded(f"this API key's snapshots hold {used_mb} MB, its quota is "
+                                f"{quota_mb} MB (DESKBOX_SNAPSHOT_QUOTA_MB); delete one first")
         return await self._context.changes.run(
             self._take_snapshot(session, owner), f"snapshot of session {record.id}")
 

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 
-from ..errors import Capacity
+from ..errors import QuotaExceeded
 from ..schemas.sessions import SessionState
 from .desktop import AnyDesktop
 from .events import EventLog
@@ -69,10 +69,10 @@ class Recordings:
         return meta
 
     def check_quota(self, owner: str) -> None:
-        """Capacity (429) if ``owner``'s recordings fill their quota."""
+        """QuotaExceeded (429) if ``owner``'s recordings fill their quota."""
         if self.store.used(owner) >= self._quota:
-            raise Capacity(f"the API key's recordings use their quota of "
-                           f"{self._quota >> 20} MiB; delete some first")
+            raise QuotaExceeded(f"the API key's recordings use their quota of "
+                                f"{self._quota >> 20} MiB; delete some first")
 
     async def end(self, session_id: str, reason: str | None = None) -> RecordingMeta | None:
         """Stop the session's recording (None: it was not recording); ``reason`` None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from cryptography.fernet import Fernet, InvalidToken
 from pydantic import BaseModel, ValidationError
 
-from ..errors import Capacity, Conflict, Internal, NotFound
+from ..errors import Conflict, Internal, NotFound, QuotaExceeded
 from ..sandbox_io import ExecResult
 from ..schemas.secrets import SecretCreate
 from .lifecycle import utcnow
@@ -110,7 +110,7 @@ class SecretStore:
         if self._read(owner, body.name) is not None:
             raise Conflict(f"a secret {body.name!r} exists already; delete it to replace it")
         if len(self.list(owner)) >= _MAX_PER_KEY:
-            raise Capacity(f"this API key has {_MAX_PER_KEY} secrets; delete some first")
+            raise QuotaExceeded(f"this API key has {_MAX_PER_KEY} secrets; delete some first")
         record = SecretRecord(
             name=body.name, owner=owner, allowed_origins=body.allowed_origins,
             created_at=utcnow(),

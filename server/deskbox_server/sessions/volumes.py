@@ -27,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..engines import VolumeAttach
 from ..engines.volumes import create_disk
-from ..errors import Capacity, Conflict, NotFound
+from ..errors import Conflict, NotFound, QuotaExceeded
 from ..schemas.volumes import PROFILE_SIZE_MB, VolumeAttachment, VolumeCreate, VolumeMount
 from .lifecycle import utcnow
 
@@ -113,8 +113,8 @@ class VolumeStore:
             raise Conflict(f"a volume {name!r} exists already")
         used = sum(r.size_mb for r in await asyncio.to_thread(self.list, owner))
         if used + size_mb > self._quota_mb:
-            raise Capacity(f"this API key's volumes may hold {self._quota_mb} MB in all "
-                           f"({used} MB taken); delete one first")
+            raise QuotaExceeded(f"this API key's volumes may hold {self._quota_mb} MB in all "
+                                f"({used} MB taken); delete one first")
         record = VolumeRecord(name=name, owner=owner, size_mb=size_mb, created_at=utcnow())
         # All of it on a worker thread, which finishes (or cleans up) even if the request
         # is cancelled meanwhile: an unfinished volume's leftovers can take a while to go.
