@@ -9,6 +9,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
@@ -28,9 +29,7 @@ from .api.deps import Services
 from .api.errors import RequestContext, install_error_handlers, install_websocket_fallback
 from .api.openapi import install_openapi
 from .engines import AnyEngine
-from .engines.docker.engine import DockerEngine, DockerOptions
 from .engines.image import build_image
-from .engines.kubernetes.engine import KubernetesEngine, KubernetesOptions
 from .engines.local.engine import LocalEngine
 from .engines.runc.engine import RuncEngine
 from .engines.runc.sandbox import RuncOptions
@@ -42,6 +41,10 @@ from .sessions.registry import Registry
 from .sessions.shared_registry import SharedRegistry
 from .sessions.tokens import TokenStore
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from .engines.docker.engine import DockerEngine
+    from .engines.kubernetes.engine import KubernetesEngine
 
 __all__ = ["create_app", "default_engines", "docker_engine", "kubernetes_engine", "runc_engine",
            "session_registry", "vm_engine"]
@@ -56,8 +59,8 @@ def default_engines(settings: Settings) -> dict[str, AnyEngine]:
     known: dict[str, Callable[[Settings], AnyEngine]] = {
         RuncEngine.name: runc_engine,
         VmEngine.name: vm_engine,
-        DockerEngine.name: docker_engine,
-        KubernetesEngine.name: kubernetes_engine,
+        "docker": docker_engine,
+        "kubernetes": kubernetes_engine,
         LocalEngine.name: lambda _: LocalEngine(),
     }
     unknown = sorted(set(settings.backends) - set(known))
@@ -101,6 +104,10 @@ def vm_engine(settings: Settings) -> VmEngine:
 def docker_engine(settings: Settings) -> DockerEngine:
     """Containers through the Engine API at ``docker_host``, of the OCI image built (or
     found cached) and loaded into that daemon by prepare()."""
+    # Imported here: its HTTP client takes a tenth of a second to import, and a server
+    # without this engine should not start slower for it.
+    from .engines.docker.engine import DockerEngine, DockerOptions
+
     options = DockerOptions(url=settings.docker_url, state_dir=settings.state_dir.resolve(),
                             max_execs=settings.exec_max_concurrent)
     return DockerEngine(options, image=_image_builder(settings, "OCI image", "oci_image.py"))
@@ -109,6 +116,9 @@ def docker_engine(settings: Settings) -> DockerEngine:
 def kubernetes_engine(settings: Settings) -> KubernetesEngine:
     """Pods through the Kubernetes API, of the image the nodes pull (built and pushed by
     the operator: ``deskbox image export``, then a registry)."""
+    # Imported here: the Kubernetes client's models take a third of a second to import.
+    from .engines.kubernetes.engine import KubernetesEngine, KubernetesOptions
+
     return KubernetesEngine(KubernetesOptions(
         api=settings.kubernetes_api, namespace=settings.kubernetes_namespace,
         image=settings.kubernetes_image, fleet=settings.kubernetes_fleet,
