@@ -282,6 +282,25 @@ async def test_keys_after_a_click_the_window_manager_holds_wait_until_it_lets_it
     assert kinds.index("mousedown") < kinds.index("keydown")
 
 
+async def test_the_pointer_is_read_where_a_drag_the_window_manager_holds_left_it(
+    page: Page, host_desktop: HostDesktop,
+) -> None:
+    """openbox's click-to-focus freezes the pointer from a drag's press until openbox has
+    had its turn: the drag's moves wait in the X server, which reports the pointer where
+    the drag began. Read then (seen with 4 desktops busy on 2 cores), ``cursor_position``
+    said the start; it waits for the press to go through and says the end."""
+    openbox = next(c.popen for c in host_desktop.processes.children if c.name == "openbox")
+    start, end = page.at(200, 150), page.at(700, 450)
+    openbox.send_signal(signal.SIGSTOP)
+    try:
+        asking = asyncio.ensure_future(page.desk.run([a.Drag(path=[start, end]),
+                                                      a.CursorPosition()]))
+        await asyncio.sleep(0.3)
+    finally:
+        openbox.send_signal(signal.SIGCONT)
+    assert (await asking).results[1] == Point(x=end[0], y=end[1])
+
+
 # -- the pointer ---------------------------------------------------------------------------
 
 

@@ -394,6 +394,11 @@ class Desktop:
             case a.Wait():
                 time.sleep(action.ms / 1000)
             case a.CursorPosition():
+                # The window manager's click-to-focus freezes the pointer from a press
+                # until it has had its turn: the moves behind the press wait, and the
+                # pointer would be read where the press was.
+                if time.monotonic() - self._last_button_at < _BUTTON_RECENT_S:
+                    self.pointer.wait_let_through(_BUTTON_LAND_MAX_S * self._patience)
                 x, y = space.from_screen(*self.pointer.position())
                 return Point(x, y)
             case a.ScreenSize():
