@@ -24,10 +24,13 @@ lint: setup
 	$(BIN)/mypy
 	for program in $(SANDBOX_PROGRAMS); do $(BIN)/mypy --strict $$program || exit 1; done
 
-# The viewer's own logic first (vnc/test/, node's test runner; no npm packages), then pytest.
+# The viewer's own logic first (vnc/test/, node's test runner; no npm packages), then pytest:
+# every folder but tests/vm on two workers (a folder per worker at a time: tests/conftest.py),
+# then the VMs alone (software-emulated guests take both cores while they boot).
 test: lint
 	node --test vnc/test/*.test.js
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadgroup --ignore=tests/vm
+	$(BIN)/pytest tests/vm
 
 # Each script prints markdown tables; bench/report.py runs them in turn and collects the
 # tables in bench/results/YYYY-MM-DD.md. `make bench BENCH_ARGS=--quick`: small sizes.

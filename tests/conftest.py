@@ -1,4 +1,5 @@
-"""Suite-wide checks: nothing a test started may outlive the suite."""
+"""Suite-wide checks: nothing a test started may outlive the suite; and which tests share
+a worker when `make test` runs two (pytest-xdist)."""
 
 from __future__ import annotations
 
@@ -79,6 +80,17 @@ def _sandbox_traces() -> set[str]:
 
 
 _TRACES_BEFORE = pytest.StashKey[set[str]]()
+_XDIST = pytest.StashKey[bool]()  # this process runs the suite on workers (-n)
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    """A pytest-xdist worker (``make test`` runs two): the controller checks the host."""
+    return hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "numprocesses", None):
+        config.stash[_XDIST] = True
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -87,6 +99,33 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     # The SDK's calls in the tests run with its defaults, whatever the developer's shell says.
     os.environ.pop("DESKBOX_MAX_RETRIES", None)
     session.config.stash[_TRACES_BEFORE] = _sandbox_traces()
+
+
+# Folders whose tests run on one worker together: they drive Podman, whose services and
+# containers they start and count.
+_SHARED_GROUPS = {"docker": "podman", "kubernetes": "podman", "desktop_image": "podman"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``make test`` runs two workers (pytest-xdist, ``--dist loadgroup``); one folder of
+    tests runs on one worker, in order, so that its fixtures (servers, sessions, networks)
+    are made once and its tests see the host as they did alone."""
+    root = Path(__file__).parent
+    for item in items:
+        relative = Path(str(item.fspath)).relative_to(root)
+        folder = relative.parts[0] if len(relative.parts) > 1 else "top"
+        item.add_marker(pytest.mark.xdist_group(_SHARED_GROUPS.get(folder, folder)))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Sandbox state of the host is checked once every worker is done (a worker that ends
+    first would see the other's sandboxes)."""
+    if not _is_worker(session.config) and _XDIST in session.config.stash:
+        traces = _sandbox_traces() - session.config.stash[_TRACES_BEFORE]
+        if traces:
+            session.config.get_terminal_writer().line(
+                f"sandbox state outlived the suite: {sorted(traces)}", red=True)
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -103,6 +142,8 @@ def nothing_survives_the_suite(request: pytest.FixtureRequest) -> Iterator[None]
     while (left := _live_descendants(os.getpid())) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, f"processes outlived the suite: {left}"
+    if _is_worker(request.config):
+        return  # the controller checks the host once all workers are done
     traces = _sandbox_traces() - before
     assert not traces, f"sandbox state outlived the suite: {sorted(traces)}"
 
