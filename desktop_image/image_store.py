@@ -17,6 +17,8 @@ everything (``deskbox image verify``).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -220,24 +222,48 @@ def ensure_mounted(image_dir: Path) -> Path:
     mountpoint.mkdir(mode=0o755, exist_ok=True)
     mounted = mounted_fstype(mountpoint)
     if mounted is None:
-        done = subprocess.run(
-            # Only "ro": a restored sandbox's root inherits this mount's flags (CRIU binds
-            # it), and must have exactly those of a fresh one, which runc makes "ro".
-            ["mount", "-t", "erofs", "-o", "ro,loop",
-             str(image_dir / IMAGE_FILE), str(mountpoint)],
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(
-                f"could not mount the session image {image_dir / IMAGE_FILE}: "
-                f"{done.stderr.strip()} (mounting needs root, a loop device and erofs)"
-            )
-        mounted = mounted_fstype(mountpoint)
+        with _mount_lock(image_dir.parent):
+            mounted = mounted_fstype(mountpoint)  # another process's, made while we waited
+            if mounted is None:
+                mounted = _mount(image_dir, mountpoint)
     if mounted != ("erofs", True):
         raise ImageIntegrityError(
             f"{mountpoint} holds {mounted}, not the read-only erofs session image"
         )
     return mountpoint
+
+
+@contextlib.contextmanager
+def _mount_lock(images: Path) -> Iterator[None]:
+    """Held while one process mounts an image: two servers (or test workers) starting at
+    once both found it unmounted, and the second mount failed on the first's ("already
+    mounted or mount point busy"). Without write access to ``images`` there is no lock,
+    and no mount either (it needs root): the mount's own error says so."""
+    try:
+        lock = open(images / ".mount.lock", "w")  # noqa: SIM115 (held across the yield)
+    except OSError:
+        yield
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _mount(image_dir: Path, mountpoint: Path) -> tuple[str, bool] | None:
+    """Mount the image on ``mountpoint``; what is mounted there then."""
+    done = subprocess.run(
+        # Only "ro": a restored sandbox's root inherits this mount's flags (CRIU binds
+        # it), and must have exactly those of a fresh one, which runc makes "ro".
+        ["mount", "-t", "erofs", "-o", "ro,loop",
+         str(image_dir / IMAGE_FILE), str(mountpoint)],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"could not mount the session image {image_dir / IMAGE_FILE}: "
+            f"{done.stderr.strip()} (mounting needs root, a loop device and erofs)"
+        )
+    return mounted_fstype(mountpoint)
 
 
 def check(image_dir: Path) -> Path:

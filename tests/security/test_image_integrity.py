@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -80,6 +82,38 @@ def test_an_intact_image_passes_and_is_mounted_read_only(
     with pytest.raises(OSError, match="Read-only file system"):
         (mountpoint / "etc/hostname").write_text("evil\n")
     assert image_store.verify(image_dir) == []
+
+
+def _check_at(barrier: Any, image_dir: Path, answers: Any) -> None:
+    barrier.wait()
+    try:
+        image_store.check(image_dir)
+        answers.put("mounted")
+    except Exception as error:  # noqa: BLE001 (what failed is the answer)
+        answers.put(repr(error))
+
+
+def test_processes_that_find_an_image_unmounted_at_once_all_get_it_mounted(
+    tmp_path: Path, unmount_after: list[Path]
+) -> None:
+    """Two servers (or two test workers) starting together both found the image unmounted
+    and both mounted it: the second mount failed ("already mounted or mount point busy")
+    and so did its server's start. One mounts now, the others wait and find its mount."""
+    image_dir = tmp_path / "images" / "h0"
+    build_tiny_image(image_dir, make_tree(tmp_path / "tree"))
+    unmount_after.append(image_dir)
+    context = multiprocessing.get_context("fork")
+    barrier, answers = context.Barrier(4), context.Queue()
+    processes = [context.Process(target=_check_at, args=(barrier, image_dir, answers))
+                 for _ in range(4)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(60)
+    assert sorted(answers.get(timeout=5) for _ in processes) == ["mounted"] * 4
+    mountpoint = str((image_dir / image_store.MOUNTPOINT).resolve())
+    assert [point for point, _ in image_store.mount_table() if point == mountpoint] == [
+        mountpoint]
 
 
 def test_a_replaced_image_file_is_refused(tmp_path: Path, unmount_after: list[Path]) -> None:
