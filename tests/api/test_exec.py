@@ -425,11 +425,21 @@ def test_root_filesystem_is_read_only(box_client: httpx.Client, box: str) -> Non
     assert run(box_client, box, "touch", "/tmp/ok", "/root/ok", "/run/ok")["exit_code"] == 0
 
 
+def _metric(text: str, name: str) -> float:
+    found = [line for line in text.splitlines() if line.startswith(name + " ")]
+    return float(found[0].split()[-1]) if found else 0.0
+
+
 def test_metrics_count_exec_and_files(box_client: httpx.Client, box: str) -> None:
+    exited, uploaded = 'deskbox_exec_total{outcome="exited"}', (
+        'deskbox_file_bytes_total{direction="upload"}')
+    before = box_client.get("/metrics").text
     run(box_client, box, "true")
-    text = box_client.get("/metrics").text
-    assert 'deskbox_exec_total{outcome="exited"}' in text
-    assert 'deskbox_file_bytes_total{direction="upload"}' in text
+    put = box_client.put(files_url(box), params={"path": "/tmp/counted"}, content=b"x" * 10)
+    assert put.status_code == 200, put.text
+    after = box_client.get("/metrics").text
+    assert _metric(after, exited) == _metric(before, exited) + 1
+    assert _metric(after, uploaded) == _metric(before, uploaded) + 10
 
 
 # -- the unisolated local engine refuses ---------------------------------------------------
