@@ -24,13 +24,17 @@ lint: setup
 	$(BIN)/mypy
 	for program in $(SANDBOX_PROGRAMS); do $(BIN)/mypy --strict $$program || exit 1; done
 
-# The viewer's own logic first (vnc/test/, node's test runner; no npm packages), then pytest:
-# every folder but tests/vm on two workers (a folder per worker at a time: tests/conftest.py),
-# then the VMs alone (software-emulated guests take both cores while they boot).
+# The viewer's own logic first (vnc/test/, node's test runner; no npm packages), then pytest
+# in two runs: most folders on two workers (a folder per worker at a time: tests/conftest.py),
+# then alone the folders that need the host to themselves: Podman's containers and pods,
+# the faults (fork bombs, memory hogs, stalls with deadlines) and the VMs (software-emulated
+# guests take both cores while they boot).
+ALONE := tests/desktop_image tests/docker tests/kubernetes tests/faults tests/vm
+
 test: lint
 	node --test vnc/test/*.test.js
-	$(BIN)/pytest -n 2 --dist loadgroup --ignore=tests/vm
-	$(BIN)/pytest tests/vm
+	$(BIN)/pytest -n 2 --dist loadgroup $(ALONE:%=--ignore=%)
+	$(BIN)/pytest $(ALONE)
 
 # Each script prints markdown tables; bench/report.py runs them in turn and collects the
 # tables in bench/results/YYYY-MM-DD.md. `make bench BENCH_ARGS=--quick`: small sizes.
