@@ -231,7 +231,9 @@ def test_another_session_is_unreachable(
             pass
 
 
-def _pasta_pids() -> set[int]:
+def _pasta_pids(sandbox: str = "") -> set[int]:
+    """The host's pasta processes; with ``sandbox``, those of network namespaces whose name
+    has it (other tests' sandboxes may have theirs meanwhile: make test runs two workers)."""
     found = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -239,7 +241,7 @@ def _pasta_pids() -> set[int]:
                 cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if cmdline.startswith(b"pasta\0"):
+            if cmdline.startswith(b"pasta\0") and sandbox.encode() in cmdline:
                 found.add(int(entry.name))
     return found
 
@@ -279,22 +281,21 @@ def test_pasta_holds_only_cap_sys_admin_once_connected(
 def test_destroy_and_failed_starts_leave_nothing(
     options: RuncOptions, peer: Peer, tmp_path: Path
 ) -> None:
-    before = _pasta_pids()
     box = _start(options, "gone", Egress("all"))
     assert box.network is not None
     pid, path = box.network.pasta_pid, box.network.path
-    assert pid is not None and pid in _pasta_pids() - before and path.exists()
+    assert pid is not None and _pasta_pids(path.name) == {pid} and path.exists()
     started = time.monotonic()
     box.destroy()
     print(f"destroy with network {(time.monotonic() - started) * 1000:.0f} ms")
-    assert not path.exists() and _pasta_pids() <= before
+    assert not path.exists() and not _pasta_pids(path.name)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # reaped, not a zombie
     # A start that fails after the network is up (runc cannot find the image).
     broken = RuncOptions(state_dir=tmp_path, rootfs=tmp_path / "missing", runc=options.runc)
     with pytest.raises(SessionFailed):
         _start(broken, "broken", Egress("all"))
-    assert _pasta_pids() <= before
+    assert not _pasta_pids(f"t-net-broken-{os.getpid()}")
     assert not (NETNS_DIR / f"{broken.id_prefix}t-net-broken-{os.getpid()}").exists()
 
 
