@@ -80,17 +80,11 @@ def _sandbox_traces() -> set[str]:
 
 
 _TRACES_BEFORE = pytest.StashKey[set[str]]()
-_XDIST = pytest.StashKey[bool]()  # this process runs the suite on workers (-n)
 
 
 def _is_worker(config: pytest.Config) -> bool:
     """A pytest-xdist worker (``make test`` runs two): the controller checks the host."""
     return hasattr(config, "workerinput")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    if getattr(config.option, "numprocesses", None):
-        config.stash[_XDIST] = True
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -120,11 +114,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Sandbox state of the host is checked once every worker is done (a worker that ends
     first would see the other's sandboxes)."""
-    if not _is_worker(session.config) and _XDIST in session.config.stash:
+    runs_workers = bool(getattr(session.config.option, "numprocesses", None))  # -n N
+    if runs_workers and not _is_worker(session.config):
         traces = _sandbox_traces() - session.config.stash[_TRACES_BEFORE]
         if traces:
-            session.config.get_terminal_writer().line(
-                f"sandbox state outlived the suite: {sorted(traces)}", red=True)
+            writer = session.config.get_terminal_writer()
+            writer.line()  # after the progress dots
+            writer.line(f"sandbox state outlived the suite: {sorted(traces)}", red=True)
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

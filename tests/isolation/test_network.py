@@ -295,8 +295,9 @@ def test_destroy_and_failed_starts_leave_nothing(
     broken = RuncOptions(state_dir=tmp_path, rootfs=tmp_path / "missing", runc=options.runc)
     with pytest.raises(SessionFailed):
         _start(broken, "broken", Egress("all"))
-    assert not _pasta_pids(f"t-net-broken-{os.getpid()}")
-    assert not (NETNS_DIR / f"{broken.id_prefix}t-net-broken-{os.getpid()}").exists()
+    broken_netns = f"{broken.id_prefix}t-net-broken-{os.getpid()}"
+    assert not _pasta_pids(broken_netns)
+    assert not (NETNS_DIR / broken_netns).exists()
 
 
 def test_remove_orphans_ends_pasta_and_the_namespace(
