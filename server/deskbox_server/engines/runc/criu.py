@@ -39,7 +39,6 @@ from ..network import bring_up_loopback
 from . import freezer, restored
 from .archive import pack, unpack
 from .layout import CRIU_CONFIG, Hook, RuntimeConfig, host_root_gid, memory_limit
-from .runtime import Runc
 from .stream import link_agent
 
 if TYPE_CHECKING:
@@ -157,11 +156,12 @@ class DumpStats:
     compressed_bytes: int
 
 
-def _runc_criu(runc: Runc, criu: Criu, *args: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [*runc.command(), "--criu", str(criu.wrapper), *args],
-        stdin=subprocess.DEVNULL, capture_output=True, timeout=300, check=False,
-    )
+def _runc_criu(
+    sandbox: RuncSandbox, criu: Criu, command: str, *args: str
+) -> subprocess.CompletedProcess[bytes]:
+    """``runc --criu … command args``, ended with the sandbox and bounded (criu_runs.py)."""
+    argv = [*sandbox.options.runc.command(), "--criu", str(criu.wrapper), command, *args]
+    return sandbox.criu_runs.run(argv, command)
 
 
 def scratch_dirs(sandbox: RuncSandbox, parent: Path, prefix: str) -> tuple[Path, Path, Path]:
@@ -204,7 +204,7 @@ def dump(
     (sandbox.bundle / CRIU_CONFIG).write_text(
         CRIU_OPTIONS + (_OPEN_CONNECTIONS if own_network else ""))
     extra = ("--leave-running",) if leave_running else ()
-    done = _runc_criu(sandbox.options.runc, criu, "checkpoint", *extra, "--file-locks",
+    done = _runc_criu(sandbox, criu, "checkpoint", *extra, "--file-locks",
                       "--image-path", str(images), "--work-path", str(logs),
                       sandbox.container_id)
     if done.returncode != 0:
@@ -274,7 +274,7 @@ def restore(
     pid_file = sandbox.bundle / "init.pid"
     pid_file.unlink(missing_ok=True)
     with _pids_headroom(sandbox.bundle, config) as pids_limit:
-        done = _runc_criu(sandbox.options.runc, criu, "restore", "--detach", "--file-locks",
+        done = _runc_criu(sandbox, criu, "restore", "--detach", "--file-locks",
                           "--image-path", str(images), "--work-path", str(logs),
                           "--bundle", str(sandbox.bundle), "--pid-file", str(pid_file),
                           sandbox.container_id)

@@ -60,6 +60,7 @@ from ..network import (
     resolv_conf,
 )
 from . import freezer
+from .criu_runs import CriuRuns
 from .displays import (
     DisplayReservation,
     listener_pid,
@@ -153,6 +154,7 @@ class RuncSandbox(Sandbox):
         # any is in effect, a frozen freezer is not someone else's doing (held()).
         self._own_freezes = 0
         self._held_checked: tuple[float, bool] = (float("-inf"), False)  # (when, frozen)
+        self.criu_runs = CriuRuns()  # its checkpoints and restores in flight (criu.py)
 
     def _claim_session_dir(self) -> None:
         """Make the session directory; Conflict if another sandbox has it."""
@@ -402,7 +404,7 @@ class RuncSandbox(Sandbox):
             # restored copy runs), so the copy, sealed or not, is discarded.
             log.warning("session %s: discarding a restore the previous server did not "
                         "finish; it stays hibernated", session_id)
-            sandbox.kill()
+            sandbox.kill_processes()
         if state is not None:
             options.runc.delete(sandbox.container_id)
         for unfinished in sandbox.session_dir.glob("restore-*"):
@@ -579,11 +581,17 @@ class RuncSandbox(Sandbox):
     # -- destroy --------------------------------------------------------------------------
 
     def kill(self) -> None:
-        """SIGKILL every process of the sandbox now, without talking to any of them.
+        """SIGKILL every process of the sandbox now, without talking to any of them, and
+        the CRIU in flight on it first (criu_runs.py says why), and run no CRIU on it again.
 
         What destroy does first: its X server dies, so a host read blocked on it (a driver
         call to a stopped or grabbed X server) returns. Idempotent; never raises.
         """
+        self.criu_runs.end()
+        self.kill_processes()
+
+    def kill_processes(self) -> None:
+        """SIGKILL every process of the sandbox. Idempotent; never raises."""
         with contextlib.suppress(SessionFailed):  # a frozen sandbox could not die
             freezer.thaw(self.container_id)
         with contextlib.suppress(OSError, subprocess.SubprocessError):
