@@ -467,7 +467,8 @@ class SessionManager:
     ) -> SessionRecord:
         if body.from_snapshot is None:
             return await self._create(owner, body, wait, idempotency=idempotency)
-        snapshot, directory = self.snapshots.acquire(owner, body.from_snapshot)
+        snapshot = await self.catalog.get(owner, body.from_snapshot)
+        directory = self.snapshots.hold(snapshot)
         try:
             if "backend" in body.model_fields_set and body.backend != snapshot.backend:
                 raise InvalidRequest(

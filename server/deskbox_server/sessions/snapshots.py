@@ -17,6 +17,7 @@ import os
 import re
 import secrets
 import shutil
+import threading
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
@@ -49,7 +50,11 @@ class SnapshotRecord(BaseModel):
 class SnapshotStore:
     def __init__(self, root: Path) -> None:
         self.root = root
+        # A delete runs on a worker thread and a restore takes hold on the event loop: the
+        # lock makes "not in use, so gone" and "not gone, so in use" exclusive.
+        self._lock = threading.Lock()
         self._in_use: Counter[str] = Counter()
+        self._deleted: set[str] = set()  # by this server: their records may linger a moment
 
     def open(self) -> None:
         """Create the directory; remove what a previous server left half-written."""
@@ -110,24 +115,37 @@ class SnapshotStore:
         mine = [r for r in self.all() if r.owner == owner]
         return sorted(mine, key=lambda r: r.created_at)
 
-    def acquire(self, owner: str, snapshot_id: str) -> tuple[SnapshotRecord, Path]:
-        """The snapshot and its directory, kept from deletion until :meth:`release`."""
-        record = self.get(owner, snapshot_id)
-        self._in_use[snapshot_id] += 1
-        return record, self.directory(snapshot_id)
+    def hold(self, snapshot: SnapshotRecord) -> Path:
+        """The snapshot's directory, kept from deletion until :meth:`release`; NotFound if
+        a delete came after its record was read. Reads nothing from disk."""
+        with self._lock:
+            if snapshot.id in self._deleted:
+                raise NotFound(f"no snapshot {snapshot.id!r}")
+            self._in_use[snapshot.id] += 1
+        return self.directory(snapshot.id)
 
     def release(self, snapshot_id: str) -> None:
-        self._in_use[snapshot_id] -= 1
-        if self._in_use[snapshot_id] <= 0:
-            del self._in_use[snapshot_id]
+        with self._lock:
+            self._in_use[snapshot_id] -= 1
+            if self._in_use[snapshot_id] <= 0:
+                del self._in_use[snapshot_id]
 
     def delete(self, owner: str, snapshot_id: str) -> None:
         self.get(owner, snapshot_id)
-        if self._in_use[snapshot_id]:
-            raise Conflict(f"snapshot {snapshot_id} is being restored; delete it afterwards")
+        with self._lock:
+            if self._in_use[snapshot_id]:
+                raise Conflict(f"snapshot {snapshot_id} is being restored; delete it afterwards")
+            if snapshot_id in self._deleted:
+                raise NotFound(f"no snapshot {snapshot_id!r}")  # another delete's
+            self._deleted.add(snapshot_id)
         directory = self.directory(snapshot_id)
         # Renamed first: a crash halfway leaves a directory open() removes, not half a one.
         doomed = self.root / _FORKS / f"deleted-{snapshot_id}"
-        (self.root / _FORKS).mkdir(mode=0o700, exist_ok=True)
-        os.replace(directory, doomed)
+        try:
+            (self.root / _FORKS).mkdir(mode=0o700, exist_ok=True)
+            os.replace(directory, doomed)
+        except BaseException:
+            with self._lock:
+                self._deleted.discard(snapshot_id)  # it is still whole, and still there
+            raise
         shutil.rmtree(doomed, ignore_errors=True)
