@@ -37,6 +37,7 @@ from deskbox_server.engines.runc.seccomp import (
 from deskbox_server.engines.runc.snapshot import TEMPLATE, restore_copy, take_snapshot
 from deskbox_server.errors import Internal
 
+from ..sandbox_agent import until_ready
 from .conftest import exec_in
 
 # -- the translation (our seam: a Moby-format profile in, the OCI shape out) -------------------
@@ -348,6 +349,9 @@ def test_a_copy_of_an_old_snapshot_execs_under_todays_filter(
     )
     snapshot = tmp_path / "snapshot"
     try:
+        # Started, not yet ready: a connection its start-up made and closed while it still
+        # waited in a listener's queue is one CRIU refuses ("a closed in-flight socket").
+        until_ready(original, browser=False)
         take_snapshot(original, Criu(), snapshot, packed=False)
     finally:
         original.destroy()
