@@ -16,12 +16,14 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from deskbox_server.engines.base import SessionSpec
 from deskbox_server.engines.desktop_commands import DesktopSpec
+from deskbox_server.engines.host_addresses import HostAddressWatch
 from deskbox_server.engines.network import (
     NETNS_DIR,
     TABLE,
@@ -87,8 +89,20 @@ def _start(options: RuncOptions, tag: str, egress: Egress) -> RuncSandbox:
 
 
 @pytest.fixture(scope="module")
+def host_watch(options: RuncOptions) -> Iterator[HostAddressWatch]:
+    """What the engine runs beside its sessions (and what keeps an address another test
+    gives the host meanwhile, a peer network of its own, blocked here too)."""
+    watch = HostAddressWatch(options.id_prefix)
+    watch.start()
+    try:
+        yield watch
+    finally:
+        watch.close()
+
+
+@pytest.fixture(scope="module")
 def sandboxes(
-    options: RuncOptions, peer: Peer
+    options: RuncOptions, peer: Peer, host_watch: HostAddressWatch
 ) -> Iterator[dict[str, RuncSandbox]]:
     """One sandbox per mode; the allowlist allows ``peer.test``, which maps to ``allowed``."""
     allowlist = resolve_egress(
@@ -129,6 +143,49 @@ def test_all_reaches_services_beyond_the_host(
     print(f"network setup {box.timings['network'] * 1000:.0f} ms, "
           f"runc {box.timings['runc'] * 1000:.0f} ms")
     assert box.timings["network"] < 2.0
+
+
+@contextmanager
+def host_address(address: str) -> Iterator[None]:
+    """``address`` on a new interface of the host's (a veth pair: this kernel has no dummy
+    interfaces), up."""
+    link, peer_link = f"dbxa{os.getpid() % 100000}", f"dbxb{os.getpid() % 100000}"
+    subprocess.run(["ip", "link", "add", link, "type", "veth", "peer", "name", peer_link],
+                   check=True)
+    try:
+        subprocess.run(["ip", "address", "add", f"{address}/32", "dev", link], check=True)
+        for name in (link, peer_link):
+            subprocess.run(["ip", "link", "set", name, "up"], check=True)
+        yield
+    finally:
+        subprocess.run(["ip", "link", "delete", link], check=False)
+
+
+def wait_blocked(sandbox: RuncSandbox, address: str) -> None:
+    """Until ``address`` is in the blocked set of the sandbox's rules (5 s at most)."""
+    namespace = NETNS_DIR / sandbox.container_id
+    deadline = time.monotonic() + 5
+    while address not in subprocess.run(
+        ["nsenter", f"--net={namespace}", "nft", "list", "set", "inet", TABLE, "blocked4"],
+        capture_output=True, text=True, check=True,
+    ).stdout:
+        assert time.monotonic() < deadline, f"{address} was not blocked in {sandbox.label}"
+        time.sleep(0.05)
+
+
+def test_an_address_the_host_gains_later_is_unreachable_too(
+    sandboxes: dict[str, RuncSandbox], host_services: HostServices
+) -> None:
+    """A bridge, a VPN or a container's veth that comes up after the sessions started: the
+    host's services on every address listen there too, and pasta connects as the host."""
+    address = f"10.214.{os.getpid() % 250}.1"
+    target = f"{address}:{host_services.any_port}"
+    with host_address(address):
+        for mode in ("all", "allowlist"):
+            wait_blocked(sandboxes[mode], address)
+            outcome = _probe(sandboxes[mode], target)[target]
+            assert outcome[0] == "ConnectionRefusedError", (mode, outcome)  # a reset, at once
+            assert isinstance(outcome[2], float) and outcome[2] < 1.0, (mode, outcome)
 
 
 def test_allowlist_reaches_only_the_allowed_service(
@@ -319,9 +376,10 @@ def test_remove_orphans_ends_pasta_and_the_namespace(
 
 
 def test_the_backend_creates_an_allowlisted_session_with_a_browser(
-    options: RuncOptions, peer: Peer
+    options: RuncOptions, peer: Peer, host_services: HostServices
 ) -> None:
-    """Through RuncEngine.create: the browser opens the allowed service's page.
+    """Through RuncEngine.create: the browser opens the allowed service's page, and an
+    address the host gains meanwhile is refused (the engine watches the host's addresses).
 
     Safe with a browser: whatever else Chromium tries is refused inside the sandbox, and it
     has no DNS server to ask.
@@ -333,18 +391,25 @@ def test_the_backend_creates_an_allowlisted_session_with_a_browser(
         network=Network(egress="allowlist", allow=[peer.allowed]),
     )
     backend.check(spec)
+    gained = f"10.214.{os.getpid() % 250}.2"
 
     async def scenario() -> dict[str, list[object]]:
+        await backend.prepare()
         handle = await Desktop.start(backend, spec, 30.0)
         try:
             assert isinstance(handle.sandbox, RuncSandbox)
-            return await asyncio.to_thread(
-                _probe, handle.sandbox, f"{peer.allowed}:{peer.port}",
-                f"{peer.other}:{peer.port}",
-            )
+            with host_address(gained):
+                # Refused all the same (an allowlist), but blocked: the set is what an
+                # egress "all" session relies on.
+                await asyncio.to_thread(wait_blocked, handle.sandbox, gained)
+                return await asyncio.to_thread(
+                    _probe, handle.sandbox, f"{peer.allowed}:{peer.port}",
+                    f"{peer.other}:{peer.port}", f"{gained}:{host_services.any_port}",
+                )
         finally:
             await handle.destroy()
+            await backend.close()
 
     result = asyncio.run(scenario())
-    assert [r[0] for r in result.values()] == ["ok", "ConnectionRefusedError"], result
+    assert [r[0] for r in result.values()] == ["ok"] + ["ConnectionRefusedError"] * 2, result
     assert not (NETNS_DIR / f"{options.id_prefix}{spec.id}").exists()

@@ -18,16 +18,16 @@ only, oci.py). For ``all`` and ``allowlist`` the host makes, per session:
 - an nftables table loaded *inside* that namespace from the host. The sandbox has no
   CAP_NET_ADMIN in the namespace's owning user namespace (the host's), so it can neither
   read nor change the rules. The output chain drops by default and rejects (TCP reset,
-  ICMP admin-prohibited) so clients fail at once: always the host's own addresses as they
-  are when the session starts, its gateways, loopback, link-local (cloud metadata) and
-  multicast ranges; for ``allowlist`` everything but the allowed addresses.
+  ICMP admin-prohibited) so clients fail at once: always the host's own addresses (those
+  it gains later too: host_addresses.py adds them), its gateways, loopback, link-local
+  (cloud metadata) and multicast ranges; for ``allowlist`` everything but the allowed
+  addresses.
 
 Host names of an allowlist are resolved on the host when the session is created; the
 sandbox gets an ``/etc/hosts`` with those addresses and no DNS server, so it cannot look up
 (or tunnel data through) other names. Limits, on purpose kept simple: a name's addresses
 are those of create time (a CDN that moves the name elsewhere breaks it); every port and
-protocol of an allowed address is open; and an address the host gains later (a new
-interface) is not blocked for sessions started before. For ``all`` the sandbox's resolver
+protocol of an allowed address is open. For ``all`` the sandbox's resolver
 is pasta's DNS forwarder (:data:`DNS_FORWARD`), which relays to the host's first resolver.
 """
 
@@ -60,6 +60,7 @@ __all__ = [
     "Egress",
     "HostAddresses",
     "SessionNetwork",
+    "block_addresses",
     "bring_up_loopback",
     "check_allow",
     "hosts_file",
@@ -213,6 +214,10 @@ class HostAddresses:
             gateways.extend(route["gateway"] for route in routes if "gateway" in route)
         return cls(tuple(local), tuple(gateways))
 
+    def blocked(self) -> tuple[str, ...]:
+        """What a session's rules block of the host (besides the ranges always blocked)."""
+        return (*self.local, *self.gateways)
+
 
 def _collapse(networks: Iterable[Network], version: int) -> list[str]:
     """Merged, non-overlapping networks of one IP version (nft refuses overlaps)."""
@@ -229,11 +234,13 @@ def _nets(texts: Iterable[str]) -> list[Network]:
 
 def ruleset(egress: Egress, host: HostAddresses) -> str:
     """The nftables script loaded inside the session's namespace (replaces our table)."""
-    blocked = _nets([*_ALWAYS_BLOCKED, *host.local, *host.gateways])
+    blocked = _nets([*_ALWAYS_BLOCKED, *host.blocked()])
     allowed = [ipaddress.ip_network(a) for a in egress.addresses]
 
     def named_set(name: str, kind: str, elements: list[str]) -> str:
-        body = f"type {kind}; flags interval;"
+        # auto-merge: addresses the host gains later are added to the blocked sets as they
+        # come (block_addresses), overlapping what is there already.
+        body = f"type {kind}; flags interval; auto-merge;"
         if elements:
             body += f" elements = {{ {', '.join(elements)} }}"
         return f"  set {name} {{ {body} }}"
@@ -271,6 +278,28 @@ def ruleset(egress: Egress, host: HostAddresses) -> str:
         "}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def block_addresses(namespace: Path, addresses: Iterable[str]) -> None:
+    """Add ``addresses`` to the blocked sets of the rules in ``namespace`` (a session's
+    named network namespace). Best effort: what it cannot add is blocked already (inside a
+    blocked range), or its namespace is gone."""
+    nets = _nets(addresses)
+    script = "".join(
+        f"add element inet {TABLE} blocked{version} {{ {', '.join(elements)} }}\n"
+        for version in (4, 6) if (elements := _collapse(nets, version))
+    )
+    if not script:
+        return
+    argv = ["nsenter", f"--net={namespace}", "nft", "-f", "-"]
+    try:
+        _run(argv, stdin=script)
+    except SessionFailed:
+        # Rules a server before auto-merge made refuse an address inside a blocked range
+        # (already blocked, then): each one alone, those are the ones that fail.
+        for net in nets:
+            with contextlib.suppress(SessionFailed):
+                _run(argv, stdin=f"add element inet {TABLE} blocked{net.version} {{ {net} }}\n")
 
 
 def bring_up_loopback(pid: int) -> None:
@@ -353,6 +382,10 @@ class SessionNetwork:
         # pasta forks into the background once the namespace is configured, then this exits.
         _run(argv, timeout_s=15.0)
         self._track(int(self.pid_file.read_text().strip()))
+        # An address the host gained since it was read: the engine's HostAddressWatch
+        # (host_addresses.py) may have looked at the namespaces before this one was made.
+        if gained := set(HostAddresses.read().blocked()) - set(host.blocked()):
+            block_addresses(self.path, gained)
 
     def load_rules(self, script: str) -> None:
         _run(["nsenter", f"--net={self.path}", "nft", "-f", "-"], stdin=script)

@@ -17,6 +17,7 @@ from typing import ClassVar
 
 from ...errors import InvalidRequest
 from ..base import AgentStream, Capability, Engine, SessionSpec, SnapshotInfo
+from ..host_addresses import HostAddressWatch, start_host_watch
 from ..image import build_off_loop
 from ..network import Egress, check_allow, resolve_egress
 from ..processes import become_subreaper
@@ -55,6 +56,7 @@ class RuncEngine(Engine[RuncSandbox]):
         self.options = options
         self._image = image
         self._criu = criu or Criu()
+        self._host_watch = HostAddressWatch(options.id_prefix)
 
     async def prepare(self) -> None:
         # runc exits once a sandbox runs: its init must reparent to us, to be reaped.
@@ -71,6 +73,7 @@ class RuncEngine(Engine[RuncSandbox]):
         # Last: a prepare that failed leaves nothing behind.
         if self.options.scratch is not None:
             await asyncio.to_thread(self.options.scratch.open)
+        await asyncio.to_thread(start_host_watch, self._host_watch)
 
     def check(self, spec: SessionSpec) -> None:
         super().check(spec)
@@ -165,5 +168,6 @@ class RuncEngine(Engine[RuncSandbox]):
         await asyncio.to_thread(keep_unpacked, directory)
 
     async def close(self) -> None:
+        await asyncio.to_thread(self._host_watch.close)
         if self.options.scratch is not None:
             await asyncio.to_thread(self.options.scratch.close)

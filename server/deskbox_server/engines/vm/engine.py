@@ -31,6 +31,7 @@ from typing import ClassVar, Literal
 from ...errors import DesktopFailed, Internal, InvalidRequest, SessionFailed, Timeout
 from ..base import AgentStream, Capability, Engine, SessionSpec, SnapshotInfo
 from ..desktop_commands import session_env
+from ..host_addresses import HostAddressWatch, start_host_watch
 from ..image import build_off_loop
 from ..network import (
     Egress,
@@ -104,6 +105,7 @@ class VmEngine(Engine[VmSandbox]):
         self._uids = UidPool()
         self._max_execs = max_execs
         self._browser = browser
+        self._host_watch = HostAddressWatch("deskbox-vm-")  # any server's VMs: no harm
 
     @property
     def accelerator(self) -> Accelerator:
@@ -123,6 +125,7 @@ class VmEngine(Engine[VmSandbox]):
         log.info("vm engine: %s (%s)", accelerator.name, accelerator.reason)
         directory = await build_off_loop(self._image_source)
         self._image = GuestImage.from_directory(directory)
+        await asyncio.to_thread(start_host_watch, self._host_watch)
 
     @property
     def image(self) -> GuestImage:
@@ -231,6 +234,7 @@ class VmEngine(Engine[VmSandbox]):
             raise DesktopFailed(f"cannot connect to the VM's agent port: {error!r}") from None
 
     async def close(self) -> None:
+        await asyncio.to_thread(self._host_watch.close)
         # The runtime directories' parent is this server's; a VM that runs on keeps it.
         with contextlib.suppress(OSError):
             runtime_root(self.state_dir).rmdir()
