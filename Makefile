@@ -25,7 +25,7 @@ lint: setup
 	for program in $(SANDBOX_PROGRAMS); do $(BIN)/mypy --strict $$program || exit 1; done
 
 # The viewer's own logic first (vnc/test/, node's test runner; no npm packages), then pytest
-# in two runs: most folders on two workers (a folder per worker at a time: tests/conftest.py),
+# in two runs: most folders on two workers (each file's tests on one worker, in order),
 # then alone the folders that need the host to themselves: the agent's (milliseconds of
 # input and settling on a real desktop), the checkpoints' (CRIU; a fork cut short by a
 # delete overran 120 s beside another worker once), Podman's containers and pods, the
@@ -36,7 +36,7 @@ ALONE := tests/agent tests/state tests/desktop_image tests/docker tests/kubernet
 
 test: lint
 	node --test vnc/test/*.test.js
-	$(BIN)/pytest -n 2 --dist loadgroup $(ALONE:%=--ignore=%)
+	$(BIN)/pytest -n 2 --dist loadfile $(ALONE:%=--ignore=%)
 	$(BIN)/pytest $(ALONE)
 
 # Each script prints markdown tables; bench/report.py runs them in turn and collects the

@@ -1,5 +1,5 @@
-"""Suite-wide checks: nothing a test started may outlive the suite; and which tests share
-a worker when `make test` runs two (pytest-xdist)."""
+"""Suite-wide checks: nothing a test started may outlive the suite, checked once when
+`make test` runs two pytest-xdist workers (each file's tests on one: the Makefile)."""
 
 from __future__ import annotations
 
@@ -93,22 +93,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     # The SDK's calls in the tests run with its defaults, whatever the developer's shell says.
     os.environ.pop("DESKBOX_MAX_RETRIES", None)
     session.config.stash[_TRACES_BEFORE] = _sandbox_traces()
-
-
-# Folders whose tests run on one worker together: they drive Podman, whose services and
-# containers they start and count.
-_SHARED_GROUPS = {"docker": "podman", "kubernetes": "podman", "desktop_image": "podman"}
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """``make test`` runs two workers (pytest-xdist, ``--dist loadgroup``); one folder of
-    tests runs on one worker, in order, so that its fixtures (servers, sessions, networks)
-    are made once and its tests see the host as they did alone."""
-    root = Path(__file__).parent
-    for item in items:
-        relative = Path(str(item.fspath)).relative_to(root)
-        folder = relative.parts[0] if len(relative.parts) > 1 else "top"
-        item.add_marker(pytest.mark.xdist_group(_SHARED_GROUPS.get(folder, folder)))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
