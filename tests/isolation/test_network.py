@@ -11,6 +11,7 @@ No sandbox here runs a browser, which would talk to the internet on its own.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -92,7 +93,7 @@ def _start(options: RuncOptions, tag: str, egress: Egress) -> RuncSandbox:
 def host_watch(options: RuncOptions) -> Iterator[HostAddressWatch]:
     """What the engine runs beside its sessions (and what keeps an address another test
     gives the host meanwhile, a peer network of its own, blocked here too)."""
-    watch = HostAddressWatch(options.id_prefix)
+    watch = HostAddressWatch(options.id_prefix + "t-net-")  # _start's, not the engine test's
     watch.start()
     try:
         yield watch
@@ -384,6 +385,8 @@ def test_the_backend_creates_an_allowlisted_session_with_a_browser(
     Safe with a browser: whatever else Chromium tries is refused inside the sandbox, and it
     has no DNS server to ask.
     """
+    # A prefix of its own: the module's watch (host_watch) must not do the engine's work.
+    options = dataclasses.replace(options, id_prefix="deskbox-engine-")
     backend = RuncEngine(options)
     allowed = f"http://{peer.allowed}:{peer.port}/"
     spec = SessionSpec(

@@ -100,8 +100,9 @@ class HostAddressWatch:
             except BlockingIOError:
                 return
             except OSError as error:
-                if error.errno != errno.ENOBUFS:  # messages were lost: "changed" too
-                    return
+                if error.errno == errno.ENOBUFS:
+                    continue  # messages were lost, which says "changed" too
+                return
 
     def apply(self) -> set[str]:
         """Block, in every session network of the prefix, what the host has gained since
