@@ -27,10 +27,11 @@ lint: setup
 # The viewer's own logic first (vnc/test/, node's test runner; no npm packages), then pytest
 # in two runs: most folders on two workers (each file's tests on one worker, in order),
 # then alone the folders that need the host to themselves: the agent's (milliseconds of
-# input and settling on a real desktop), the checkpoints' (CRIU; a fork cut short by a
-# delete overran 120 s beside another worker once), Podman's containers and pods, the
-# faults (fork bombs, memory hogs, stalls with deadlines) and the VMs (software-emulated
-# guests take both cores while they boot).
+# input and settling on a real desktop), the checkpoints' (CRIU dumps and restores whole
+# desktops; moved here while a delete during a dump could hang, since fixed, and not run
+# beside another worker since), Podman's containers and pods, the faults (fork bombs,
+# memory hogs, stalls with deadlines) and the VMs (software-emulated guests take both
+# cores while they boot).
 ALONE := tests/agent tests/state tests/desktop_image tests/docker tests/kubernetes \
 	tests/faults tests/vm
 
