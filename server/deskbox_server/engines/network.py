@@ -291,15 +291,19 @@ def block_addresses(namespace: Path, addresses: Iterable[str]) -> None:
     )
     if not script:
         return
-    argv = ["nsenter", f"--net={namespace}", "nft", "-f", "-"]
     try:
-        _run(argv, stdin=script)
+        _load_nft(namespace, script)
     except SessionFailed:
         # Rules a server before auto-merge made refuse an address inside a blocked range
         # (already blocked, then): each one alone, those are the ones that fail.
         for net in nets:
             with contextlib.suppress(SessionFailed):
-                _run(argv, stdin=f"add element inet {TABLE} blocked{net.version} {{ {net} }}\n")
+                _load_nft(namespace, f"add element inet {TABLE} blocked{net.version} {{ {net} }}\n")
+
+
+def _load_nft(namespace: Path, script: str) -> None:
+    """Run the nftables ``script`` inside the named network namespace at ``namespace``."""
+    _run(["nsenter", f"--net={namespace}", "nft", "-f", "-"], stdin=script)
 
 
 def bring_up_loopback(pid: int) -> None:
@@ -370,7 +374,7 @@ class SessionNetwork:
             raise Conflict(f"the network namespace {self.name} exists already")
         _run(["ip", "netns", "add", self.name])
         # Rules first: the namespace has no route out before pasta configures it.
-        self.load_rules(ruleset(egress, host))
+        _load_nft(self.path, ruleset(egress, host))
         argv = [
             *PASTA_PRIVILEGES,
             "pasta", "--quiet", "--runas", "0", "--netns-only", "--netns", str(self.path),
@@ -386,9 +390,6 @@ class SessionNetwork:
         # (host_addresses.py) may have looked at the namespaces before this one was made.
         if gained := set(HostAddresses.read().blocked()) - set(host.blocked()):
             block_addresses(self.path, gained)
-
-    def load_rules(self, script: str) -> None:
-        _run(["nsenter", f"--net={self.path}", "nft", "-f", "-"], stdin=script)
 
     def list_rules(self) -> str:
         """The namespace's ruleset as nft prints it (for tests and diagnosis)."""
