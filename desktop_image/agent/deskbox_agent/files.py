@@ -52,12 +52,11 @@ async def get_file(stream: Stream, limits: Limits) -> None:
         await stream.error(400, "bad_request", "need an absolute path= and max= within limits")
         return
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd, st = await _open_to_read(path)
     except OSError as e:
         await stream.error(*_errno_reply(e))
         return
     try:
-        st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode) or not stat.S_ISREG(st.st_mode):
             await stream.error(422, "not_a_file", f"{path} is not a regular file")
             return
@@ -80,6 +79,42 @@ async def get_file(stream: Stream, limits: Limits) -> None:
         await stream.write(b"", end=True)
     finally:
         os.close(fd)
+
+
+def _open_and_stat(path: str) -> tuple[int, os.stat_result]:
+    # Non-blocking: opening a FIFO for reading must not wait for a writer.
+    fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        return fd, os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+async def _open_to_read(path: str) -> tuple[int, os.stat_result]:
+    """Open and stat off the loop (a volume's disk may be slow): a click must not wait
+    for it. If the transfer is cancelled meanwhile, the thread's descriptor is closed."""
+    opening = asyncio.ensure_future(asyncio.to_thread(_open_and_stat, path))
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        opening.add_done_callback(_close_opened)
+        raise
+
+
+def _close_opened(opening: asyncio.Future[tuple[int, os.stat_result]]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        os.close(opening.result()[0])
+
+
+def _resolve(path: str) -> tuple[str, os.stat_result | None]:
+    """The real path a write lands on, and what is there now (None: nothing yet, or an
+    error that creating it will report)."""
+    target = os.path.realpath(path)
+    try:
+        return target, os.stat(target)
+    except OSError:
+        return target, None
 
 
 async def _send_unsized(stream: Stream, fd: int, path: str, cap: int) -> None:
@@ -107,11 +142,7 @@ async def put_file(stream: Stream, limits: Limits) -> None:
     ):
         await stream.error(400, "bad_request", "need an absolute path=, max= and octal mode=")
         return
-    target = await asyncio.to_thread(os.path.realpath, path)  # may read links on slow disks
-    try:
-        existing: os.stat_result | None = os.stat(target)
-    except OSError:
-        existing = None  # a new file (or an error that creating it reports)
+    target, existing = await asyncio.to_thread(_resolve, path)
     if existing is not None and not stat.S_ISREG(existing.st_mode):
         what = "a directory" if stat.S_ISDIR(existing.st_mode) else "not a regular file"
         await stream.error(422, "not_a_file", f"{path} is {what}")
