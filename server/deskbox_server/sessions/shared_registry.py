@@ -8,6 +8,7 @@ lookup falls back on for records the fleet swept.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import timedelta
 from pathlib import Path
@@ -22,6 +23,9 @@ __all__ = ["SharedRegistry"]
 log = logging.getLogger("deskbox.sessions")
 # How long the fleet keeps an ended session's record (GET answers it until then).
 _ENDED_KEPT = timedelta(days=1)
+# A record takes ~17 µs to decode: more than this many at once go to a thread, so that a
+# key's day of records (thousands) or a fleet's live sessions never stall the event loop.
+_DECODE_ON_LOOP = 64
 
 
 def _versioned(entries: list[SharedEntry]) -> list[tuple[SessionRecord, str]]:
@@ -35,8 +39,14 @@ def _versioned(entries: list[SharedEntry]) -> list[tuple[SessionRecord, str]]:
     return records
 
 
-def _records(entries: list[SharedEntry]) -> list[SessionRecord]:
-    return [record for record, _ in _versioned(entries)]
+async def _decoded(entries: list[SharedEntry]) -> list[tuple[SessionRecord, str]]:
+    if len(entries) <= _DECODE_ON_LOOP:
+        return _versioned(entries)
+    return await asyncio.to_thread(_versioned, entries)
+
+
+async def _records(entries: list[SharedEntry]) -> list[SessionRecord]:
+    return [record for record, _ in await _decoded(entries)]
 
 
 class SharedRegistry(Registry):
@@ -56,12 +66,12 @@ class SharedRegistry(Registry):
         entry = await self.records.read(session_id)
         if entry is None:
             return await super().get(session_id)
-        found = _records([entry])
+        found = await _records([entry])
         return found[0] if found else None
 
     async def owned(self, owner: str) -> list[SessionRecord]:
         """Every session of one API key the fleet keeps."""
-        return [r for r in _records(await self.records.owned(owner)) if r.owner == owner]
+        return [r for r in await _records(await self.records.owned(owner)) if r.owner == owner]
 
     async def by_idempotency_key(self, owner: str, key: str) -> SessionRecord | None:
         # Two retries reaching two servers at the same moment may both create: the fleet's
@@ -78,11 +88,11 @@ class SharedRegistry(Registry):
 
     async def live(self) -> list[SessionRecord]:
         """The fleet's live sessions (whichever server serves them)."""
-        return _records(await self.records.live())
+        return await _records(await self.records.live())
 
     async def live_versions(self) -> list[tuple[SessionRecord, str]]:
         """:meth:`live`, each with the version it was read at (for :meth:`save_if`)."""
-        return _versioned(await self.records.live())
+        return await _decoded(await self.records.live())
 
     async def save_if(self, record: SessionRecord, version: str) -> bool:
         """Save the record only if the fleet's copy is still at ``version`` (no server
@@ -97,7 +107,7 @@ class SharedRegistry(Registry):
         their ids."""
         cutoff = utcnow() - _ENDED_KEPT
         swept = []
-        for record in _records(await self.records.ended()):
+        for record in await _records(await self.records.ended()):
             if record.state not in LIVE_STATES and record.created_at < cutoff:
                 await self.records.delete(record.id)
                 swept.append(record.id)
