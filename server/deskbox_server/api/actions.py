@@ -30,6 +30,7 @@ from ..sessions.pause import FROZEN_HEADER
 from .auth import authenticate
 from .deps import Caller, Services, get_services
 from .errors import deskbox_error_response, new_request_id, validation_message
+from .replies import encodes_on_loop, json_on_thread
 
 __all__ = [
     "CLOSE_STALLED", "MAX_IN_FLIGHT", "SIZE_PATTERN", "ClientStalled", "parse_size", "router",
@@ -64,14 +65,21 @@ def _result_out(result: ActionResult) -> ActionResultOut:
 @router.post("/actions", response_model=ActionsResponse, response_model_exclude_none=True)
 async def run_actions(
     request: Request, caller: Caller, session_id: str, body: ActionsRequest
-) -> ActionsResponse:
+) -> ActionsResponse | Response:
     session = await get_services(request).manager.session(caller.key_id, session_id)
     batch = await session.act(body.actions, body.coordinate_space, body.screenshot)
-    return ActionsResponse(
-        results=[_result_out(r) for r in batch.results],
-        screenshot=_image_out(batch.screenshot) if batch.screenshot else None,
-        settled=batch.settled,
-    )
+
+    def reply() -> ActionsResponse:
+        return ActionsResponse(
+            results=[_result_out(r) for r in batch.results],
+            screenshot=_image_out(batch.screenshot) if batch.screenshot else None,
+            settled=batch.settled,
+        )
+
+    images = [batch.screenshot, *(r for r in batch.results if isinstance(r, EncodedImage))]
+    if encodes_on_loop(images):
+        return reply()
+    return await json_on_thread(reply, exclude_none=True)
 
 
 def parse_size(value: str, name: str) -> tuple[int, int]:

@@ -27,6 +27,7 @@ from ..schemas.results import Point
 from .actions import SIZE_PATTERN, parse_size
 from .deps import Caller, get_services
 from .errors import validation_message
+from .replies import encodes_on_loop, json_on_thread
 
 __all__ = ["router"]
 
@@ -51,6 +52,13 @@ def _view(value: str | None) -> a.CoordinateSpace | None:
         return a.CoordinateSpace(width=width, height=height)
     except ValidationError as error:
         raise InvalidRequest(validation_message(error.errors())) from None
+
+
+def _settled(response: Response) -> dict[str, str]:
+    """The header ``_answer`` set on FastAPI's response, for a reply made as a Response of
+    its own (FastAPI passes that one on as it is)."""
+    value = response.headers.get(SETTLED_HEADER)
+    return {SETTLED_HEADER: value} if value is not None else {}
 
 
 async def _answer(
@@ -87,11 +95,15 @@ async def run_anthropic(
     coordinate_space: SpaceQuery = None,
     format: FormatQuery = "png",  # noqa: A002 (the API's name)
     quality: QualityQuery = 75,
-) -> list[anthropic.TextBlock | anthropic.ImageBlock]:
+) -> list[anthropic.TextBlock | anthropic.ImageBlock] | Response:
     """The ``input`` of a ``computer`` tool_use block (computer_20250124 / 20251124)."""
     view = _view(coordinate_space)
     plan = anthropic.to_plan(tool_input, a.Screenshot(format=format, quality=quality))
-    return anthropic.render(await _answer(request, response, caller, session_id, plan, view))
+    answer = await _answer(request, response, caller, session_id, plan, view)
+    if isinstance(answer, Point) or encodes_on_loop([answer]):
+        return anthropic.render(answer)
+    return await json_on_thread(lambda: anthropic.render(answer), exclude_none=False,
+                                headers=_settled(response))
 
 
 @router.post(
@@ -109,11 +121,14 @@ async def run_openai(
     coordinate_space: SpaceQuery = None,
     format: FormatQuery = "png",  # noqa: A002 (the API's name)
     quality: QualityQuery = 75,
-) -> openai.ComputerCallOutput:
+) -> openai.ComputerCallOutput | Response:
     """The ``action`` of a ``computer_call``, or ``{"call_id", "action" | "actions"}``."""
     view = _view(coordinate_space)
     plan = openai.to_plan(call, a.Screenshot(format=format, quality=quality))
     answer = await _answer(request, response, caller, session_id, plan, view)
     if not isinstance(answer, EncodedImage):
         raise Internal("the desktop answered without a screenshot")
-    return openai.render(answer, call.call_id)
+    if encodes_on_loop([answer]):
+        return openai.render(answer, call.call_id)
+    return await json_on_thread(lambda: openai.render(answer, call.call_id), exclude_none=True,
+                                headers=_settled(response))
