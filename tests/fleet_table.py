@@ -4,7 +4,12 @@ tests/kubernetes)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
 from deskbox_server.engines.base import SharedEntry
+from deskbox_server.sessions.shared_registry import SharedRegistry
 
 
 class FleetTable:
@@ -42,3 +47,14 @@ class FleetTable:
 
     async def delete(self, session_id: str) -> None:
         raise NotImplementedError
+
+
+@contextlib.asynccontextmanager
+async def fleet_registry(directory: Path) -> AsyncIterator[SharedRegistry]:
+    """A fleet server's registry over a table of its own, its SQLite file in ``directory``."""
+    opened = SharedRegistry(directory / "sessions.sqlite3", FleetTable())
+    await opened.open()
+    try:
+        yield opened
+    finally:
+        await opened.close()

@@ -22,7 +22,7 @@ from deskbox_server.sessions.live import LiveSession
 from deskbox_server.sessions.recovery import failed
 from deskbox_server.sessions.shared_registry import SharedRegistry
 
-from .fleet_table import FleetTable
+from .fleet_table import fleet_registry
 
 PASS_S = 0.2  # the reaper's interval: a session is given up after two passes
 
@@ -62,10 +62,8 @@ class SessionTable:
 
 @pytest.fixture
 async def registry(tmp_path: Path) -> AsyncIterator[SharedRegistry]:
-    opened = SharedRegistry(tmp_path / "sessions.sqlite3", FleetTable())
-    await opened.open()
-    yield opened
-    await opened.close()
+    async with fleet_registry(tmp_path) as opened:
+        yield opened
 
 
 async def fleet_with_session(registry: SharedRegistry, unreachable: int

@@ -17,15 +17,13 @@ from deskbox_server.sessions.lifecycle import SessionRecord
 from deskbox_server.sessions.listing import SessionQuery
 from deskbox_server.sessions.shared_registry import SharedRegistry
 
-from .fleet_table import FleetTable
+from .fleet_table import fleet_registry
 
 
 @pytest.fixture
 async def registry(tmp_path: Path) -> AsyncIterator[SharedRegistry]:
-    opened = SharedRegistry(tmp_path / "sessions.sqlite3", FleetTable())
-    await opened.open()
-    yield opened
-    await opened.close()
+    async with fleet_registry(tmp_path) as opened:
+        yield opened
 
 
 async def test_many_records_list_whole_and_decode_on_a_thread(
