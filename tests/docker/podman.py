@@ -80,7 +80,13 @@ def podman_service(user: pwd.struct_passwd | None = None) -> Iterator[Podman]:
     own = Path(tempfile.mkdtemp(prefix="dbx-pm-"))
     if user is not None:
         os.chown(own, user.pw_uid, user.pw_gid)
+    # A tmpdir of its own too: by default every root Podman keeps its "alive" marker in
+    # /run/libpod, whatever its root. Another worker's service deletes that directory when
+    # it resets; the next podman command here then takes the host for rebooted and resets
+    # every running container's state to "created" (the Kubernetes stand-in then reported
+    # running pods as Completed).
     storage = ("--root", str(own / "root"), "--runroot", str(own / "run"),
+               "--tmpdir", str(own / "tmp"),
                "--storage-driver", "overlay", "--runtime", "runc",
                "--cgroup-manager", "cgroupfs", "--events-backend", "none")
     socket = own / "podman.sock"
