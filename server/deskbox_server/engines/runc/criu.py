@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -57,6 +58,8 @@ __all__ = [
     "scratch_dirs",
     "share_images",
 ]
+
+log = logging.getLogger("deskbox.runc")
 
 CRIU_WRAPPER = Path(os.environ.get("DESKBOX_CRIU_WRAPPER", "/opt/deskbox/bin/criu"))
 # Options for every dump and restore (ARCHITECTURE.md: a desktop needs a large ghost limit).
@@ -272,16 +275,8 @@ def restore(
     if gid is not None:
         share_images(images, gid)
     pid_file = sandbox.bundle / "init.pid"
-    pid_file.unlink(missing_ok=True)
     with _pids_headroom(sandbox.bundle, config) as pids_limit:
-        done = _runc_criu(sandbox, criu, "restore", "--detach", "--file-locks",
-                          "--image-path", str(images), "--work-path", str(logs),
-                          "--bundle", str(sandbox.bundle), "--pid-file", str(pid_file),
-                          sandbox.container_id)
-    if done.returncode != 0:
-        raise SessionFailed(
-            _explain(logs / "restore.log", done.stderr).replace("checkpoint", "restore")
-        )
+        _restore_processes(sandbox, criu, images, logs, pid_file)
     pid = int(pid_file.read_text())
     sandbox.adopt_init(pid)
     try:
@@ -307,6 +302,39 @@ def restore(
         together.wait()
     restored.resume(sandbox.container_id)
     return time.monotonic() - started
+
+
+def _restore_processes(
+    sandbox: RuncSandbox, criu: Criu, images: Path, logs: Path, pid_file: Path
+) -> None:
+    """``runc restore`` of the sandbox's processes from ``images``, left stopped.
+
+    A restore that CRIU fails is tried once more from the same images (a restore only reads
+    them): one failed once in a full test run, "Cannot apply seals on memfd: Operation not
+    permitted", and not again in 170 hibernate/resume cycles; a session lost to a failure
+    that does not repeat costs its user more than a second try. SessionFailed with CRIU's
+    reason if the second fails too (a deadline or a destroy is not tried again)."""
+    first: str | None = None
+    while True:
+        pid_file.unlink(missing_ok=True)
+        (logs / "restore.log").unlink(missing_ok=True)
+        done = _runc_criu(sandbox, criu, "restore", "--detach", "--file-locks",
+                          "--image-path", str(images), "--work-path", str(logs),
+                          "--bundle", str(sandbox.bundle), "--pid-file", str(pid_file),
+                          sandbox.container_id)
+        if done.returncode == 0:
+            if first is not None:
+                log.warning("%s restored at the second try", sandbox.container_id)
+            return
+        reason = _explain(logs / "restore.log", done.stderr).replace("checkpoint", "restore")
+        if first is not None:
+            if reason != first:
+                reason += f" (the first try: {first})"
+            raise SessionFailed(f"{reason} (tried twice)")
+        first = reason
+        log.warning("restoring %s failed, trying once more: %s", sandbox.container_id, reason)
+        # What runc may have left of the failed restore would refuse the second.
+        sandbox.options.runc.delete(sandbox.container_id)
 
 
 @contextlib.contextmanager
