@@ -1,8 +1,7 @@
 """CRIU checkpoint and restore of a sandbox (engines/runc/criu.py), below the API.
 
-A desktop with a browser cannot be dumped on this host (Linux ≥ 6.16 with CRIU 4.1.1: see
-checkpoint.py; tests/api/test_container_pause.py checks the error names that cause), so the
-machinery is checked on a sandbox without one: Xvfb and openbox are checkpointed (their
+The machinery is checked on a sandbox without a browser, the quickest to dump (the API's
+tests hibernate, snapshot and fork desktops with one): Xvfb and openbox are checkpointed (their
 processes and cgroups gone, the images compressed, mode 0600), restored, and the X server
 is the same one (the clipboard text its agent owned before is still there, the screen is
 pixel-identical), read through the sandbox's agent, reachable again after the restore.
