@@ -269,8 +269,8 @@ class VmEngine(Engine[VmSandbox]):
     async def adopt(self, session_id: str) -> VmSandbox:
         """The VM a previous server started: QEMU runs on in its own process group when its
         server dies, and its agent waits for a new host on its port."""
-        sandbox = VmSandbox(self.state_dir, self._max_execs, session_id,
-                            _read_config(self.state_dir / "vm" / session_id))
+        config = await asyncio.to_thread(_read_config, self.state_dir / "vm" / session_id)
+        sandbox = VmSandbox(self.state_dir, self._max_execs, session_id, config)
         pid = await asyncio.to_thread(leftover_pid, sandbox.paths)
         if pid is None:
             raise SessionFailed("the VM's QEMU is gone (it ended with the previous server)")
@@ -289,9 +289,9 @@ class VmEngine(Engine[VmSandbox]):
 
     async def adopt_checkpointed(self, session_id: str) -> VmSandbox:
         directory = self.state_dir / "vm" / session_id
-        config = _read_config(directory)
+        config = await asyncio.to_thread(_read_config, directory)
         sandbox = VmSandbox(self.state_dir, self._max_execs, session_id, config)
-        if not sandbox.hibernation_file.is_file():
+        if not await asyncio.to_thread(sandbox.hibernation_file.is_file):
             raise SessionFailed("the VM's hibernation file is gone")
         await self._find_network(sandbox)
         return sandbox
@@ -334,13 +334,14 @@ class VmEngine(Engine[VmSandbox]):
         await self._agent_let_go(sandbox)
         await asyncio.to_thread(sandbox.hibernation_file.unlink, True)
         size = await self._save(guest, sandbox.hibernation_file)
-        (sandbox.state_dir / CONFIG_FILE).write_text(sandbox.config.to_json())
+        await asyncio.to_thread((sandbox.state_dir / CONFIG_FILE).write_text,
+                                sandbox.config.to_json())
         await self.kill(sandbox)
         sandbox.timings["hibernate"] = guest.timings["save"]
         sandbox.timings["hibernate_bytes"] = float(size)
 
     async def restore(self, sandbox: VmSandbox) -> None:
-        if not sandbox.hibernation_file.is_file():
+        if not await asyncio.to_thread(sandbox.hibernation_file.is_file):
             raise SessionFailed("the VM's hibernation file is gone")
         await self._boot(sandbox, self.start_timeout(0), sandbox.hibernation_file)
         # The guest's whole memory (GiBs): freeing its blocks takes the kernel a while.
@@ -358,7 +359,8 @@ class VmEngine(Engine[VmSandbox]):
         try:
             size = await self._save(guest, directory / HIBERNATION_FILE)
             await guest.resume()
-            (directory / CONFIG_FILE).write_text(sandbox.config.to_json())
+            await asyncio.to_thread((directory / CONFIG_FILE).write_text,
+                                    sandbox.config.to_json())
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, directory, True)
             raise
@@ -378,10 +380,11 @@ class VmEngine(Engine[VmSandbox]):
     async def _restore_copy(self, session_id: str, directory: Path, timeout_s: float
                             ) -> VmSandbox:
         state = directory / HIBERNATION_FILE
-        if not state.is_file():
+        if not await asyncio.to_thread(state.is_file):
             raise SessionFailed(f"the snapshot in {directory} holds no VM state (it was "
                                 "taken by another engine)")
-        sandbox = VmSandbox(self.state_dir, self._max_execs, session_id, _read_config(directory))
+        config = await asyncio.to_thread(_read_config, directory)
+        sandbox = VmSandbox(self.state_dir, self._max_execs, session_id, config)
         await self._boot_new(sandbox, timeout_s, state)
         return sandbox
 
