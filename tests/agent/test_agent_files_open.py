@@ -4,20 +4,27 @@ runs in its thread (the host reset the stream) leaves no descriptor behind."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from pathlib import Path
 
 from deskbox_agent.files import _open_to_read
 
 
-def _open_fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
+def _descriptors_of(path: Path) -> list[str]:
+    """This process's descriptors open on ``path`` (only those: other tests' threads in
+    the same process may open and close their own meanwhile)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # closed since the listing
+            if os.readlink(f"/proc/self/fd/{fd}") == os.path.realpath(path):
+                found.append(fd)
+    return found
 
 
 async def test_an_open_cancelled_in_its_thread_closes_its_descriptor(tmp_path: Path) -> None:
     target = tmp_path / "f"
     target.write_bytes(b"x" * 10)
-    before = _open_fds()
     for _ in range(20):
         opening = asyncio.create_task(_open_to_read(str(target)))
         await asyncio.sleep(0)  # the thread is started; cancel before it returns
@@ -28,10 +35,10 @@ async def test_an_open_cancelled_in_its_thread_closes_its_descriptor(tmp_path: P
         except asyncio.CancelledError:
             pass
     for _ in range(100):
-        if _open_fds() <= before:
+        if not _descriptors_of(target):
             break
         await asyncio.sleep(0.02)
-    assert _open_fds() <= before
+    assert _descriptors_of(target) == []
 
 
 async def test_an_open_returns_the_file_and_its_size(tmp_path: Path) -> None:
