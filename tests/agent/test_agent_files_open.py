@@ -14,10 +14,11 @@ from deskbox_agent.files import _open_to_read
 def _descriptors_of(path: Path) -> list[str]:
     """This process's descriptors open on ``path`` (only those: other tests' threads in
     the same process may open and close their own meanwhile)."""
+    real = os.path.realpath(path)
     found = []
     for fd in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):  # closed since the listing
-            if os.readlink(f"/proc/self/fd/{fd}") == os.path.realpath(path):
+            if os.readlink(f"/proc/self/fd/{fd}") == real:
                 found.append(fd)
     return found
 
