@@ -9,6 +9,7 @@ restore checks that a failure that repeats is still reported and loses nothing.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,40 @@ def test_a_restore_that_fails_twice_is_reported_and_its_checkpoint_kept(
     assert (tmp_path / "restores-failed").read_text() == "xx"
     assert Runc().state(sandbox.container_id) is None  # nothing of either try runs
     assert sandbox.hibernate_archive.is_file()  # below the API, it can still be restored
+
+    restore_sandbox(sandbox, Criu())
+    assert screen_and_mark(sandbox, None)[1] == mark
+
+
+class _RuncThatCannotDelete(Runc):
+    """The real runc, except that a delete fails as runc's own would (a container it
+    cannot remove)."""
+
+    def delete(self, container_id: str) -> None:
+        raise SessionFailed(f"runc could not delete {container_id}: a failure of the test")
+
+
+def test_a_delete_failing_between_the_tries_reports_crius_error_too(
+    sandbox: RuncSandbox, tmp_path: Path
+) -> None:
+    _, mark = screen_and_mark(sandbox, "kept through a failed delete")
+    hibernate_sandbox(sandbox, Criu())
+    sandbox.release_init()
+    options = sandbox.options
+    sandbox.options = replace(options, runc=_RuncThatCannotDelete())
+    try:
+        with pytest.raises(SessionFailed) as raised:
+            restore_sandbox(sandbox, failing_criu(tmp_path, times=1))
+    finally:
+        sandbox.options = options
+    message = raised.value.message
+    # CRIU's reason first (the wrapper's failure reaches runc as a broken version check),
+    # then why there was no second try.
+    assert message.startswith("CRIU could not restore the sandbox: "), message
+    assert message.endswith("(not tried again: runc could not delete "
+                            f"{sandbox.container_id}: a failure of the test)"), message
+    assert (tmp_path / "restores-failed").read_text() == "x"  # no second try was made
+    assert sandbox.hibernate_archive.is_file()
 
     restore_sandbox(sandbox, Criu())
     assert screen_and_mark(sandbox, None)[1] == mark

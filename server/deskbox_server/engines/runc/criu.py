@@ -334,7 +334,10 @@ def _restore_processes(
         first = reason
         log.warning("restoring %s failed, trying once more: %s", sandbox.container_id, reason)
         # What runc may have left of the failed restore would refuse the second.
-        sandbox.options.runc.delete(sandbox.container_id)
+        try:
+            sandbox.options.runc.delete(sandbox.container_id)
+        except SessionFailed as error:
+            raise SessionFailed(f"{reason} (not tried again: {error})") from error
 
 
 @contextlib.contextmanager
