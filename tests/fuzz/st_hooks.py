@@ -1,6 +1,6 @@
 """Schemathesis hooks of the fuzz run (loaded by the ``schemathesis`` CLI, not by pytest).
 
-Two things, both applied to every request just before it is sent (so the printed
+Three things, each applied to a request just before it is sent (so the printed
 reproduction of a failure is what was really sent):
 
 - **Live session**: about half the cases on one session (chosen by a hash of the generated
@@ -14,6 +14,8 @@ reproduction of a failure is what was really sent):
   shape. Start URLs become ``about:blank``: the local backend's browser shares the host's
   network, and the fuzzer must not send traffic anywhere. A handoff's long poll and a
   human's lease are cut to a moment.
+- **Fresh idempotency keys** on the stateful phase's creates: a key drawn again would
+  be a retry, answered with an earlier, perhaps deleted, session (`_fresh_idempotency_key`).
 
 And one check, ``negative_data_rejected``, in place of Schemathesis's
 ``negative_data_rejection`` (disabled in schemathesis.toml): a case generated as invalid
@@ -25,9 +27,11 @@ value down to a valid one. Everything else goes to Schemathesis's own check.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import zlib
+from collections.abc import MutableMapping
 from typing import Any
 
 import jsonschema
@@ -167,10 +171,29 @@ def _tame_handoff(case: Any) -> None:
                 case.body["lease_s"] = 1
 
 
+_fresh_keys = itertools.count()
+
+
+def _fresh_idempotency_key(case: Any) -> None:
+    """A stateful sequence's create gets a key of its own. Its checks take every 201 of a
+    create for a new session, but a key the run sent before (the generator draws few, "N"
+    again and again) is a retry, answered with the session that key made, perhaps deleted
+    since and so ``stopped`` (docs/API.md, "Retrying a create"): the sequence's next call
+    on it is then a 404 by design. The other phases keep the keys as drawn."""
+    if case.meta is None or str(case.meta.phase.name) != "stateful":
+        return
+    headers = case.headers  # a case-insensitive mapping, not a dict
+    key = headers.get("Idempotency-Key") if isinstance(headers, MutableMapping) else None
+    if isinstance(key, str):
+        headers["Idempotency-Key"] = f"{key[:200]}-{next(_fresh_keys)}"
+
+
 @schemathesis.hook
 def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     _use_live_session(case)
     _tame_handoff(case)
+    if case.path == "/v1/sessions" and case.method.upper() == "POST":
+        _fresh_idempotency_key(case)
     body = case.body
     if not isinstance(body, dict):
         return
