@@ -48,6 +48,7 @@ QUICK: dict[str, list[str]] = {
     "volumes.py": ["--runs", "2"],
     "recording.py": ["--rounds", "1", "--iterations", "10"],
     "listing.py": ["--ended", "2000", "--clicks", "40"],
+    "soak.py": ["--cycles", "3", "--every", "1"],
 }
 
 

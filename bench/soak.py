@@ -1,0 +1,194 @@
+"""Churn: sessions made, driven and ended in a loop; what the server keeps of them.
+
+Run from the repository root (root, runc, CRIU)::
+
+    .venv/bin/python bench/soak.py [--cycles 200] [--every 25]
+
+Starts ``deskbox serve`` like bench/api.py (container engine). Each cycle creates a
+session, sends 20 websocket clicks and a screenshot, types, runs a command, uploads and
+downloads 100 kB, then in turns hibernates and resumes it, freezes and thaws it, or forks
+two copies and deletes them, takes a screenshot and deletes it. Every ``--every`` cycles
+it samples the server process (resident memory, threads, open descriptors, children) and
+the host (runc containers, mounts of its sessions), and at the end prints those samples, the
+memory the server gained per 100 sessions over the second half of the run (the first half
+includes its warm-up: imports, caches, the allocator's high-water mark), and what was left
+once the server stopped. Ended sessions stay listed as ``stopped`` (a small record each)
+for ``DESKBOX_ENDED_SESSION_TTL_H``, so some growth is by design.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from api import create, interrupt_on_sigterm, server, server_pid  # bench/api.py
+from websockets.sync.client import connect
+
+PAGE = "data:text/html,<body style='background:%23080'><input autofocus></body>"
+UPLOAD = b"x" * 100_000
+
+
+@dataclass(frozen=True)
+class Sample:
+    cycles: int
+    sessions: int
+    seconds: float
+    rss_mib: float
+    threads: int
+    fds: int
+    children: int
+    containers: int
+    mounts: int
+
+
+def _status_field(pid: int, name: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(name + ":"):
+            return int(line.split()[1])
+    raise SystemExit(f"no {name} in /proc/{pid}/status")
+
+
+def _containers() -> int:
+    done = subprocess.run(["runc", "list", "-q"], capture_output=True, text=True, check=False)
+    return len(done.stdout.split())
+
+
+def _mounts() -> int:
+    """Mounts of deskbox's but the session images' (each image stays mounted once built)."""
+    with open("/proc/self/mounts") as mounts:
+        return sum(1 for line in mounts if ("deskbox" in line or "dbx" in line)
+                   and "/images/" not in line.split()[1])
+
+
+def _children(pid: int) -> int:
+    done = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True,
+                          check=False)
+    return len(done.stdout.split())
+
+
+def sample(pid: int, cycles: int, sessions: int, started: float) -> Sample:
+    return Sample(
+        cycles=cycles, sessions=sessions, seconds=time.monotonic() - started,
+        rss_mib=_status_field(pid, "VmRSS") / 1024, threads=_status_field(pid, "Threads"),
+        fds=len(os.listdir(f"/proc/{pid}/fd")), children=_children(pid),
+        containers=_containers(), mounts=_mounts(),
+    )
+
+
+def _ok(response: httpx.Response, status: int = 200) -> httpx.Response:
+    if response.status_code != status:
+        raise SystemExit(f"{response.request.method} {response.request.url.path}: "
+                         f"{response.status_code} {response.text[:500]}")
+    return response
+
+
+def _websocket_clicks(http: httpx.Client, session: str) -> None:
+    url = str(http.base_url).replace("http://", "ws://", 1)
+    with connect(f"{url}/v1/sessions/{session}/actions/ws",
+                 additional_headers={"Authorization": http.headers["Authorization"]}) as ws:
+        for number in range(20):
+            ws.send(json.dumps({"id": number, "action": {"type": "click", "x": 200, "y": 20}}))
+            reply = json.loads(ws.recv())
+            if not reply.get("ok"):
+                raise SystemExit(f"click: {reply}")
+        ws.send(json.dumps({"id": 20, "action": {"type": "screenshot", "format": "jpeg"}}))
+        reply = json.loads(ws.recv())
+        if not reply.get("ok"):
+            raise SystemExit(f"screenshot: {reply}")
+        for _ in range(int(reply.get("binary_frames", 0))):
+            ws.recv()
+
+
+def cycle(http: httpx.Client, number: int) -> int:
+    """One session's life; how many sessions it made (forks count)."""
+    session = create(http, PAGE)
+    made = 1
+    base = f"/v1/sessions/{session}"
+    _websocket_clicks(http, session)
+    _ok(http.post(f"{base}/actions", json={"type": "type", "text": "héllo wörld"}))
+    ran = _ok(http.post(f"{base}/exec", json={"cmd": ["sh", "-c", "echo hi"]})).json()
+    if ran["stdout"] != "hi\n":
+        raise SystemExit(f"exec: {ran}")
+    _ok(http.put(f"{base}/files", params={"path": "/tmp/upload"}, content=UPLOAD))
+    if _ok(http.get(f"{base}/files", params={"path": "/tmp/upload"})).content != UPLOAD:
+        raise SystemExit("a download did not give the upload back")
+    turn = number % 3
+    if turn == 0:
+        _ok(http.post(f"{base}/pause", json={"mode": "hibernate"}))
+        _ok(http.post(f"{base}/resume"))
+    elif turn == 1:
+        _ok(http.post(f"{base}/pause", json={"mode": "freeze"}))
+        _ok(http.post(f"{base}/resume"))
+    else:
+        copies = _ok(http.post(f"{base}/fork", json={"count": 2}), 201).json()["sessions"]
+        made += len(copies)
+        for copy in copies:
+            _ok(http.delete(f"/v1/sessions/{copy['id']}"), 204)
+    _ok(http.get(f"{base}/screenshot"))
+    _ok(http.delete(base), 204)
+    return made
+
+
+def _leftovers() -> str:
+    done = subprocess.run(["pgrep", "-af", "criu|deskbox-session|pasta|conmon"],
+                          capture_output=True, text=True, check=False)
+    processes = [line for line in done.stdout.splitlines() if "pgrep" not in line]
+    return (f"{_containers()} runc containers, {_mounts()} session mounts, "
+            f"{len(processes)} CRIU/pasta/session processes")
+
+
+def render(samples: list[Sample]) -> None:
+    print("| cycles | sessions made | s | server RSS MiB | threads | open fds | children "
+          "| runc containers | session mounts |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for s in samples:
+        print(f"| {s.cycles} | {s.sessions} | {s.seconds:.0f} | {s.rss_mib:.1f} | {s.threads} "
+              f"| {s.fds} | {s.children} | {s.containers} | {s.mounts} |")
+    middle = next((s for s in samples if s.cycles >= samples[-1].cycles / 2), samples[-1])
+    last = samples[-1]
+    if last.sessions > middle.sessions:
+        growth = (last.rss_mib - middle.rss_mib) / (last.sessions - middle.sessions) * 100
+        print(f"\nServer memory over the second half: {growth:+.2f} MiB per 100 sessions "
+              f"({middle.sessions} → {last.sessions} sessions).")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cycles", type=int, default=200)
+    parser.add_argument("--every", type=int, default=25, help="sample after this many cycles")
+    args = parser.parse_args()
+    interrupt_on_sigterm()
+    samples: list[Sample] = []
+    with tempfile.TemporaryDirectory(prefix="deskbox-bench-soak-") as scratch:
+        # Its access log is a line per request: kept out of the terminal, shown on failure.
+        log = Path(scratch) / "server.log"
+        with server(Path(scratch) / "state", log=log) as http:
+            pid = server_pid(http)
+            started = time.monotonic()
+            made = 0
+            samples.append(sample(pid, 0, 0, started))
+            for number in range(args.cycles):
+                try:
+                    made += cycle(http, number)
+                except SystemExit:
+                    print(*log.read_text().splitlines()[-30:], sep="\n", file=sys.stderr)
+                    raise
+                if (number + 1) % args.every == 0 or number + 1 == args.cycles:
+                    samples.append(sample(pid, number + 1, made, started))
+                    print(f"{number + 1} cycles, {made} sessions, server RSS "
+                          f"{samples[-1].rss_mib:.1f} MiB", file=sys.stderr, flush=True)
+        after = _leftovers()
+    render(samples)
+    print(f"\nOnce the server stopped: {after}.")
+
+
+if __name__ == "__main__":
+    main()
