@@ -29,8 +29,8 @@ class SettleOptions:
     # a button event wait until the click is through and the screen has been quiet this
     # long since it (given up 0.12 s later on a screen that keeps changing).
     click_to_key_s: float = 0.03
-    # How long the screen must stay unchanged after typing borrowed keys before the
-    # keyboard mapping is restored (see Keyboard._temporarily_mapped). Longer than a CFS
+    # How long the screen must stay unchanged after typing on lent keycodes before one is
+    # given back or lent to another character (the agent's Keyboard._borrow). Longer than a CFS
     # period (100 ms): a CPU-capped browser stalls that long while keys are still queued.
     typing_quiet_s: float = 0.2
 

@@ -207,8 +207,8 @@ class SettleOptions:
     # manager's click-to-focus holds it) and the screen has been quiet this long since it
     # (given up 0.12 s later on a screen that keeps changing): Desktop._let_buttons_land.
     click_to_key_s: float = 0.03
-    # How long the screen must stay unchanged after typing borrowed keys before the
-    # keyboard mapping is restored (Keyboard._temporarily_mapped).
+    # How long the screen must stay unchanged after typing on lent keycodes before one is
+    # given back or lent to another character (Keyboard._borrow).
     typing_quiet_s: float = 0.2
 
 

@@ -1,8 +1,13 @@
 """Keyboard input through XTEST, with any Unicode character typeable.
 
 A character the current layout has no key for is given a spare keycode (one the layout
-leaves empty) for as long as it is being typed, and the keycode is emptied again after:
-every character arrives as a real key press, so pages see keydown/keypress/input events.
+leaves empty): every character arrives as a real key press, so pages see
+keydown/keypress/input events. The keycode stays lent after the typing, so that the same
+character typed again costs no change of the layout: every change makes each client
+re-read the table, and giving a keycode back or lending it to another character must wait
+until the keys typed on it have been read (Keyboard._borrow). At most
+:data:`KEPT_BORROWINGS` stay lent between actions, so that programs in the session still
+find spare keycodes of their own.
 """
 
 from __future__ import annotations
@@ -18,10 +23,13 @@ from .errors import InvalidAction
 from .fakeinput import FakeInput
 from .keys import char_keysym, parse_combo
 
-__all__ = ["Keyboard"]
+__all__ = ["KEPT_BORROWINGS", "Keyboard"]
 
 _SHIFT = XK.XK_Shift_L
 _MAPPING_GRACE_S = 0.1  # only where the X server has no RECORD extension
+# Keycodes lent to characters that stay lent once an action is done (Xvfb's US layout
+# leaves 19 empty; xdotool and x11vnc borrow from the same ones).
+KEPT_BORROWINGS = 8
 
 
 class Keyboard:
@@ -47,6 +55,8 @@ class Keyboard:
         self._rows: list[tuple[int, ...]] = []
         self._by_keysym: dict[int, tuple[int, bool]] = {}
         self._spare: list[int] = []
+        # keysym → the spare keycode lent to it, least recently typed first.
+        self._borrowed: dict[int, int] = {}
 
     def mapping_changed(self) -> None:
         """Someone (a program in the session, or we) changed the layout: re-read it lazily."""
@@ -58,11 +68,19 @@ class Keyboard:
         count = self._max_keycode - self._min_keycode + 1
         rows = self._display.get_keyboard_mapping(self._min_keycode, count)
         self._rows = [tuple(row) for row in rows]
+        # A lending someone else's change of the layout overwrote is no longer ours.
+        self._borrowed = {
+            keysym: keycode for keysym, keycode in self._borrowed.items()
+            if self._rows[keycode - self._min_keycode][:2] == (keysym, keysym)
+        }
+        lent = set(self._borrowed.values())
         by_keysym: dict[int, tuple[int, bool]] = {}
         spare: list[int] = []
         for offset, row in enumerate(rows):
             keycode = self._min_keycode + offset
             syms = list(row)
+            if keycode in lent:
+                continue
             if not any(syms):
                 spare.append(keycode)
                 continue
@@ -97,39 +115,63 @@ class Keyboard:
             if shift_down:
                 self._fake(X.KeyRelease, shift)
 
-    @contextmanager
-    def _temporarily_mapped(self, keysyms: Iterable[int]) -> Iterator[dict[int, int]]:
-        """Give each keysym without a key a spare keycode; empty those keycodes on exit."""
-        missing = sorted({k for k in keysyms if k not in self._by_keysym})
-        if len(missing) > len(self._spare):
+    def _borrow(self, keysyms: Iterable[int]) -> dict[int, int]:
+        """The keycode of each keysym the layout has no key for: lent before, or lent now.
+
+        A new lending rewrites the table and waits until the clients have re-read it
+        (Chromium fetches a changed table asynchronously and translates the keys it reads
+        meanwhile with the old one). When the spare keycodes are all lent, the least
+        recently typed characters not wanted now give theirs up, once the keys typed before
+        have shown on screen: a client translates a key with the mapping it knows when it
+        reads the event, and a busy Chromium reads the last keys and the change in one
+        batch, so they would come out as the new character."""
+        wanted = [k for k in dict.fromkeys(keysyms) if k not in self._by_keysym]
+        if len(wanted) > len(self._spare) + len(self._borrowed):
             raise InvalidAction(
-                f"{len(missing)} distinct characters have no key; at most "
-                f"{len(self._spare)} can be typed in one go"
+                f"{len(wanted)} distinct characters have no key; at most "
+                f"{len(self._spare) + len(self._borrowed)} can be typed in one go"
             )
-        assigned = dict(zip(missing, self._spare, strict=False))
-        if not assigned:
-            yield assigned
+        missing = [k for k in wanted if k not in self._borrowed]
+        if missing:
+            free = list(self._spare)
+            keep = set(wanted)
+            rows = list(self._rows)
+            if len(missing) > len(free):
+                self._await_delivery()
+                for keysym in [k for k in self._borrowed if k not in keep]:
+                    if len(free) == len(missing):
+                        break
+                    keycode = self._borrowed.pop(keysym)
+                    rows[keycode - self._min_keycode] = (X.NoSymbol,) * len(rows[0])
+                    free.append(keycode)
+            for keysym, keycode in zip(missing, free, strict=False):
+                # Both levels: a viewer's Shift may be down (tap_keysym).
+                rows[keycode - self._min_keycode] = (keysym, keysym) + (X.NoSymbol,) * (
+                    len(rows[0]) - 2)
+                self._borrowed[keysym] = keycode
+            since = time.monotonic()
+            self._write_mapping(rows)
+            self._await_reread(since)
+        for keysym in wanted:  # most recently typed last
+            self._borrowed[keysym] = self._borrowed.pop(keysym)
+        return {keysym: self._borrowed[keysym] for keysym in wanted}
+
+    def _give_back_extra(self) -> None:
+        """Beyond :data:`KEPT_BORROWINGS`, the least recently typed characters give their
+        keycodes back, once the keys typed on them have shown (as in :meth:`_borrow`)."""
+        if len(self._borrowed) <= KEPT_BORROWINGS:
+            return
+        self._display.sync()
+        self._await_delivery()
+        self._refresh()  # a table another client changed meanwhile is kept as it is now
+        extra = list(self._borrowed)[: max(0, len(self._borrowed) - KEPT_BORROWINGS)]
+        if not extra:
             return
         rows = list(self._rows)
-        width = len(rows[0])
-        for keysym, keycode in assigned.items():
-            rows[keycode - self._min_keycode] = (keysym, keysym) + (X.NoSymbol,) * (width - 2)
-        since = time.monotonic()
+        for keysym in extra:
+            keycode = self._borrowed.pop(keysym)
+            rows[keycode - self._min_keycode] = (X.NoSymbol,) * len(rows[0])
         self._write_mapping(rows)
-        # Chromium fetches a changed table asynchronously and translates the keys it reads
-        # meanwhile with the old one: wait until the clients have re-read it.
-        self._await_reread(since)
-        try:
-            yield assigned
-        finally:
-            self._display.sync()
-            # A client translates a key with the mapping it knows when it reads the event,
-            # and a busy Chromium reads the last keys and our restoring MappingNotify in one
-            # batch: the last characters would come out empty. So the mapping stays until
-            # the typing has shown on screen (the screen is quiet again), then goes.
-            self._await_delivery()
-            self._write_mapping(self._rows)
-            self._stale = True
 
     def _write_mapping(self, rows: list[tuple[int, ...]]) -> None:
         """Replace the whole table in one request.
@@ -139,14 +181,18 @@ class Keyboard:
         """
         self._display.change_keyboard_mapping(self._min_keycode, rows)
         self._display.sync()
+        self._rows = rows  # what the X server has now, until its MappingNotify says stale
+        self._stale = True
 
     def _chunks(self, keysyms: Sequence[int]) -> Iterator[Sequence[int]]:
-        """Split a text so that no chunk needs more unmapped keysyms than there are spares."""
+        """Split a text so that no chunk needs more keysyms off the layout than there are
+        keycodes to lend (the spare ones and those lent already)."""
         start = 0
         needed: set[int] = set()
+        capacity = len(self._spare) + len(self._borrowed)
         for index, keysym in enumerate(keysyms):
             if keysym not in self._by_keysym and keysym not in needed:
-                if len(needed) == len(self._spare):
+                if len(needed) == capacity:
                     yield keysyms[start:index]
                     start, needed = index, set()
                 needed.add(keysym)
@@ -156,25 +202,26 @@ class Keyboard:
         """Press and release the key of ``keysym`` (a borrowed keycode when the layout has
         none: on both levels, as a live viewer's Shift may be down)."""
         self._refresh()
-        with self._temporarily_mapped([keysym]) as assigned:
-            keycode = assigned.get(keysym) or self._by_keysym[keysym][0]
-            self._fake(X.KeyPress, keycode)
-            self._fake(X.KeyRelease, keycode)
+        keycode = self._borrow([keysym]).get(keysym) or self._by_keysym[keysym][0]
+        self._fake(X.KeyPress, keycode)
+        self._fake(X.KeyRelease, keycode)
         self._display.sync()
+        self._give_back_extra()
 
     def type_text(self, text: str) -> None:
         self._refresh()
         keysyms = [char_keysym(char) for char in text if char != "\r"]
         for chunk in self._chunks(keysyms):
             self._refresh()
-            with self._temporarily_mapped(chunk) as assigned:
-                self._tap_all(
-                    [
-                        (assigned[keysym], None) if keysym in assigned else self._by_keysym[keysym]
-                        for keysym in chunk
-                    ]
-                )
+            lent = self._borrow(chunk)
+            self._tap_all(
+                [
+                    (lent[keysym], None) if keysym in lent else self._by_keysym[keysym]
+                    for keysym in chunk
+                ]
+            )
             self._display.sync()
+        self._give_back_extra()
 
     def _combo_keycodes(self, keys: str, assigned: dict[int, int]) -> list[int]:
         keycodes: list[int] = []
@@ -196,26 +243,19 @@ class Keyboard:
             yield
             return
         self._refresh()
-        keysyms = parse_combo(combo)
-        with self._temporarily_mapped(keysyms) as assigned:
-            keycodes = self._combo_keycodes(combo, assigned)
-            pressed: list[int] = []
-            try:
-                for keycode in keycodes:
-                    self._fake(X.KeyPress, keycode)
-                    pressed.append(keycode)
-                self._display.sync()
-                yield
-            finally:
-                for keycode in reversed(pressed):
-                    self._fake(X.KeyRelease, keycode)
-                self._display.sync()
-
-    def _spare_keycodes_are_empty(self) -> bool:
-        """True when every keycode we borrow is unmapped again (the layout is as we found it)."""
-        self._stale = True
-        self._refresh()
-        return all(not any(self._rows[keycode - self._min_keycode]) for keycode in self._spare)
+        keycodes = self._combo_keycodes(combo, self._borrow(parse_combo(combo)))
+        pressed: list[int] = []
+        try:
+            for keycode in keycodes:
+                self._fake(X.KeyPress, keycode)
+                pressed.append(keycode)
+            self._display.sync()
+            yield
+        finally:
+            for keycode in reversed(pressed):
+                self._fake(X.KeyRelease, keycode)
+            self._display.sync()
+        self._give_back_extra()
 
     def validate(self, keys: str | Sequence[str]) -> None:
         """Raise InvalidAction for unknown names before any key goes down."""
