@@ -27,9 +27,9 @@ value down to a valid one. Everything else goes to Schemathesis's own check.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
+import uuid
 import zlib
 from collections.abc import MutableMapping
 from typing import Any
@@ -171,9 +171,6 @@ def _tame_handoff(case: Any) -> None:
                 case.body["lease_s"] = 1
 
 
-_fresh_keys = itertools.count()
-
-
 def _fresh_idempotency_key(case: Any) -> None:
     """A stateful sequence's create gets a key of its own. Its checks take every 201 of a
     create for a new session, but a key the run sent before (the generator draws few, "N"
@@ -185,7 +182,7 @@ def _fresh_idempotency_key(case: Any) -> None:
     headers = case.headers  # a case-insensitive mapping, not a dict
     key = headers.get("Idempotency-Key") if isinstance(headers, MutableMapping) else None
     if isinstance(key, str):
-        headers["Idempotency-Key"] = f"{key[:200]}-{next(_fresh_keys)}"
+        headers["Idempotency-Key"] = f"{key[:200]}-{uuid.uuid4().hex[:12]}"
 
 
 @schemathesis.hook
