@@ -2,18 +2,19 @@
 
 Run from the repository root (root, runc, CRIU)::
 
-    .venv/bin/python bench/soak.py [--cycles 200] [--every 25]
+    .venv/bin/python bench/soak.py [--cycles 200] [--every 25] [--parallel 1]
 
 Starts ``deskbox serve`` like bench/api.py (container engine). Each cycle creates a
 session, sends 20 websocket clicks and a screenshot, types, runs a command, uploads and
 downloads 100 kB, then in turns hibernates and resumes it, freezes and thaws it, or forks
-two copies and deletes them, takes a screenshot and deletes it. Every ``--every`` cycles
-it samples the server process (resident memory, threads, open descriptors, children) and
-the host (runc containers, mounts of its sessions), and at the end prints those samples, the
-memory the server gained per 100 sessions over the second half of the run (the first half
-includes its warm-up: imports, caches, the allocator's high-water mark), and what was left
-once the server stopped. Ended sessions stay listed as ``stopped`` (a small record each)
-for ``DESKBOX_ENDED_SESSION_TTL_H``, so some growth is by design.
+two copies and deletes them, takes a screenshot and deletes it; ``--parallel`` clients run
+cycles at once. Every ``--every`` cycles it samples the server process (resident memory,
+threads, open descriptors, children) and the host (runc containers, mounts of its
+sessions), and at the end prints those samples, the memory the server gained per 100
+sessions over the second half of the run (the first half includes its warm-up: imports,
+caches, the allocator's high-water mark), and what was left once the server stopped. Ended
+sessions stay listed as ``stopped`` (a small record each) for
+``DESKBOX_ENDED_SESSION_TTL_H``, so some growth is by design.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,33 +162,70 @@ def render(samples: list[Sample]) -> None:
               f"({middle.sessions} → {last.sessions} sessions).")
 
 
+class Churn:
+    """``cycles`` cycles on ``parallel`` clients at once, sampled every ``every`` cycles."""
+
+    def __init__(self, http: httpx.Client, pid: int, cycles: int, every: int) -> None:
+        self.http, self.pid, self.cycles, self.every = http, pid, cycles, every
+        self.started = time.monotonic()
+        self.samples = [sample(pid, 0, 0, self.started)]
+        self.failure: str | None = None
+        self._lock = threading.Lock()
+        self._next = self._done = self._made = 0
+
+    def _take(self) -> int | None:
+        with self._lock:
+            if self.failure is not None or self._next == self.cycles:
+                return None
+            self._next += 1
+            return self._next - 1
+
+    def client(self) -> None:
+        http = self.http
+        with httpx.Client(base_url=http.base_url, headers=http.headers,
+                          timeout=http.timeout) as own:
+            while (number := self._take()) is not None:
+                try:
+                    made = cycle(own, number)
+                except SystemExit as failure:
+                    with self._lock:
+                        self.failure = self.failure or str(failure)
+                    return
+                with self._lock:
+                    self._done += 1
+                    self._made += made
+                    if self._done % self.every == 0 or self._done == self.cycles:
+                        self.samples.append(sample(self.pid, self._done, self._made,
+                                                   self.started))
+                        print(f"{self._done} cycles, {self._made} sessions, server RSS "
+                              f"{self.samples[-1].rss_mib:.1f} MiB", file=sys.stderr,
+                              flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cycles", type=int, default=200)
     parser.add_argument("--every", type=int, default=25, help="sample after this many cycles")
+    parser.add_argument("--parallel", type=int, default=1, help="clients cycling at once")
     args = parser.parse_args()
     interrupt_on_sigterm()
-    samples: list[Sample] = []
     with tempfile.TemporaryDirectory(prefix="deskbox-bench-soak-") as scratch:
         # Its access log is a line per request: kept out of the terminal, shown on failure.
         log = Path(scratch) / "server.log"
         with server(Path(scratch) / "state", log=log) as http:
-            pid = server_pid(http)
-            started = time.monotonic()
-            made = 0
-            samples.append(sample(pid, 0, 0, started))
-            for number in range(args.cycles):
-                try:
-                    made += cycle(http, number)
-                except SystemExit:
-                    print(*log.read_text().splitlines()[-30:], sep="\n", file=sys.stderr)
-                    raise
-                if (number + 1) % args.every == 0 or number + 1 == args.cycles:
-                    samples.append(sample(pid, number + 1, made, started))
-                    print(f"{number + 1} cycles, {made} sessions, server RSS "
-                          f"{samples[-1].rss_mib:.1f} MiB", file=sys.stderr, flush=True)
+            churn = Churn(http, server_pid(http), args.cycles, args.every)
+            clients = [threading.Thread(target=churn.client, name=f"client-{n}")
+                       for n in range(args.parallel)]
+            for client in clients:
+                client.start()
+            for client in clients:
+                client.join()
+            if churn.failure is not None:
+                print(*log.read_text().splitlines()[-30:], sep="\n", file=sys.stderr)
+                raise SystemExit(churn.failure)
         after = _leftovers()
-    render(samples)
+    print(f"{args.parallel} client(s) at once.\n")
+    render(churn.samples)
     print(f"\nOnce the server stopped: {after}.")
 
 
