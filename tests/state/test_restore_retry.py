@@ -45,12 +45,19 @@ def failing_criu(directory: Path, times: int) -> Criu:
     return Criu(wrapper)
 
 
+def hibernated_with_mark(sandbox: RuncSandbox, mark: str) -> bytes:
+    """The sandbox hibernated (its processes end) with ``mark`` on its clipboard; the
+    screen it showed."""
+    screen, _ = screen_and_mark(sandbox, mark)
+    hibernate_sandbox(sandbox, Criu())
+    sandbox.release_init()
+    return screen
+
+
 def test_a_failed_restore_is_tried_again_and_the_sandbox_comes_back(
     sandbox: RuncSandbox, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    before, _ = screen_and_mark(sandbox, "kept through a failed restore")
-    hibernate_sandbox(sandbox, Criu())
-    sandbox.release_init()
+    before = hibernated_with_mark(sandbox, "kept through a failed restore")
 
     with caplog.at_level(logging.WARNING, logger="deskbox.runc"):
         restore_sandbox(sandbox, failing_criu(tmp_path, times=1))
@@ -68,9 +75,8 @@ def test_a_failed_restore_is_tried_again_and_the_sandbox_comes_back(
 def test_a_restore_that_fails_twice_is_reported_and_its_checkpoint_kept(
     sandbox: RuncSandbox, tmp_path: Path
 ) -> None:
-    _, mark = screen_and_mark(sandbox, "kept through two failed restores")
-    hibernate_sandbox(sandbox, Criu())
-    sandbox.release_init()
+    mark = "kept through two failed restores"
+    hibernated_with_mark(sandbox, mark)
 
     with pytest.raises(SessionFailed) as raised:
         restore_sandbox(sandbox, failing_criu(tmp_path, times=2))
@@ -94,9 +100,8 @@ class _RuncThatCannotDelete(Runc):
 def test_a_delete_failing_between_the_tries_reports_crius_error_too(
     sandbox: RuncSandbox, tmp_path: Path
 ) -> None:
-    _, mark = screen_and_mark(sandbox, "kept through a failed delete")
-    hibernate_sandbox(sandbox, Criu())
-    sandbox.release_init()
+    mark = "kept through a failed delete"
+    hibernated_with_mark(sandbox, mark)
     options = sandbox.options
     sandbox.options = replace(options, runc=_RuncThatCannotDelete())
     try:
