@@ -28,16 +28,20 @@ pytestmark = [
 ]
 
 
-def failing_criu(directory: Path, times: int) -> Criu:
+def failing_criu(directory: Path, times: int, take_an_image: bool = False) -> Criu:
     """The real CRIU, except that its first ``times`` runs for a restore exit at once with
-    an error (runc's command line, its parent's, says what it runs for)."""
+    an error (runc's command line, its parent's, says what it runs for); with
+    ``take_an_image``, after removing runc's file of the images being restored (as deleting
+    their snapshot meanwhile would)."""
     count = directory / "restores-failed"
     wrapper = directory / "criu-failing-restores"
+    take = ("rm -f \"$(tr '\\0' '\\n' < /proc/$PPID/cmdline | sed -n '/^--image-path$/{n;p;}')"
+            "/descriptors.json\"; " if take_an_image else "")
     wrapper.write_text(
         "#!/bin/sh\n"
         f"if grep -qa restore /proc/$PPID/cmdline && [ \"$(wc -c < {count})\" -lt {times} ]; "
-        f"then printf x >> {count}; echo 'Error (criu/test.c:1): a failure of the test' >&2; "
-        "exit 1; fi\n"
+        f"then printf x >> {count}; {take}"
+        "echo 'Error (criu/test.c:1): a failure of the test' >&2; exit 1; fi\n"
         f'exec {CRIU_WRAPPER} "$@"\n'
     )
     wrapper.chmod(0o755)
@@ -119,4 +123,24 @@ def test_a_delete_failing_between_the_tries_reports_crius_error_too(
     assert sandbox.hibernate_archive.is_file()
 
     restore_sandbox(sandbox, Criu())
+    assert screen_and_mark(sandbox, None)[1] == mark
+
+
+def test_a_restore_whose_images_changed_under_it_is_not_tried_again(
+    sandbox: RuncSandbox, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A snapshot deleted while a copy of it is restored (its pool's refill) takes the
+    images away: a second try could only fail again, and the warning of one would say
+    something had gone wrong where the delete just did its work."""
+    mark = "kept through a restore whose images went"
+    hibernated_with_mark(sandbox, mark)
+    with caplog.at_level(logging.WARNING, logger="deskbox.runc"), \
+            pytest.raises(SessionFailed) as raised:
+        restore_sandbox(sandbox, failing_criu(tmp_path, times=2, take_an_image=True))
+    assert "tried twice" not in raised.value.message, raised.value.message
+    assert (tmp_path / "restores-failed").read_text() == "x"  # one try only
+    assert not [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert Runc().state(sandbox.container_id) is None
+
+    restore_sandbox(sandbox, Criu())  # the hibernation archive itself is whole
     assert screen_and_mark(sandbox, None)[1] == mark

@@ -313,8 +313,10 @@ def _restore_processes(
     them): one failed once in a full test run, "Cannot apply seals on memfd: Operation not
     permitted", and not again in 170 hibernate/resume cycles; a session lost to a failure
     that does not repeat costs its user more than a second try. SessionFailed with CRIU's
-    reason if the second fails too (a deadline or a destroy is not tried again)."""
+    reason if the second fails too (a deadline or a destroy is not tried again, nor a
+    restore whose images are gone or changed under it: its snapshot deleted meanwhile)."""
     first: str | None = None
+    images_before = _image_files(images)
     while True:
         pid_file.unlink(missing_ok=True)
         (logs / "restore.log").unlink(missing_ok=True)
@@ -331,6 +333,9 @@ def _restore_processes(
             if reason != first:
                 reason += f" (the first try: {first})"
             raise SessionFailed(f"{reason} (tried twice)")
+        images_now = _image_files(images)
+        if not images_now or images_now != images_before:
+            raise SessionFailed(reason)  # the same try again could only fail again
         first = reason
         log.warning("restoring %s failed, trying once more: %s", sandbox.container_id, reason)
         # What runc may have left of the failed restore would refuse the second.
@@ -338,6 +343,15 @@ def _restore_processes(
             sandbox.options.runc.delete(sandbox.container_id)
         except SessionFailed as error:
             raise SessionFailed(f"{reason} (not tried again: {error})") from error
+
+
+def _image_files(images: Path) -> dict[str, int]:
+    """The checkpoint's files and their sizes ({} if the directory is gone)."""
+    try:
+        with os.scandir(images) as entries:
+            return {entry.name: entry.stat().st_size for entry in entries if entry.is_file()}
+    except OSError:
+        return {}
 
 
 @contextlib.contextmanager
