@@ -138,12 +138,12 @@ class Keyboard:
             rows = list(self._rows)
             if len(missing) > len(free):
                 self._await_delivery()
+                # Each keycode taken back is lent again below (the capacity check above
+                # leaves enough to take): its row is rewritten there, not emptied here.
                 for keysym in [k for k in self._borrowed if k not in keep]:
                     if len(free) == len(missing):
                         break
-                    keycode = self._borrowed.pop(keysym)
-                    rows[keycode - self._min_keycode] = (X.NoSymbol,) * len(rows[0])
-                    free.append(keycode)
+                    free.append(self._borrowed.pop(keysym))
             for keysym, keycode in zip(missing, free, strict=False):
                 # Both levels: a viewer's Shift may be down (tap_keysym).
                 rows[keycode - self._min_keycode] = (keysym, keysym) + (X.NoSymbol,) * (
