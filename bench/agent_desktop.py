@@ -53,6 +53,8 @@ TYPED = (
 )[:100]
 # Six characters a US layout has no key for (ü ß ç 中 文 ✓): no more than stay lent.
 TYPED_OFF_LAYOUT = "Grüße, ça va? 中文 ✓"
+# A Chinese sentence of 17 distinct characters off the layout: more than stay lent.
+TYPED_CJK = "今天天气很好，我们一起去公园散步吧。"
 CLICK_X, CLICK_Y = 640, 400
 
 FLAT_PAGE = """<!doctype html><html><head><meta charset="utf-8"><style>
@@ -241,6 +243,9 @@ async def measure(sock: Path, cdp: CdpPage, workdir: Path, n: int, clicks: int,
         rows.append(Row(f"type {TYPED_OFF_LAYOUT!r} again: the call", call_ms[1:]))
         rows.append(Row(f"type {TYPED_OFF_LAYOUT!r} again: until exact in the DOM",
                         dom_ms[1:]))
+        call_ms, dom_ms, _ = await typing(desk, cdp, TYPED_CJK, 1 + max(3, n // 20))
+        rows.append(Row(f"type {TYPED_CJK!r} again: the call", call_ms[1:]))
+        rows.append(Row(f"type {TYPED_CJK!r} again: until exact in the DOM", dom_ms[1:]))
         show(cdp, text_page(), workdir, "text")  # the frame the encoders are timed on
     finally:
         await client.close()

@@ -298,6 +298,27 @@ class Desktop:
         except X_ERRORS as error:
             raise self._failure(error) from None
 
+    def give_back_keycodes(self) -> None:
+        """Keycodes lent beyond the few that stay lent go back (Keyboard.give_back_extra)
+        once the keys typed on them have been read: the screen has been quiet for
+        ``typing_quiet_s`` since, or the bound on waiting for that quiet (1 s times the
+        patience) has passed since the last key. Never waits: the service calls this once
+        the desktop has been idle for a while, and again after the next idle spell if the
+        keys may still be unread (a guest under emulation, a screen that keeps moving)."""
+        self._check_alive()
+        if not self.keyboard.lends_extra:
+            return
+        try:
+            quiet_since = self._settle.quiet_since()
+            now = time.monotonic()
+            read = (quiet_since is not None
+                    and now - max(quiet_since, self.keyboard.last_key_at)
+                    >= self.settle_options.typing_quiet_s)
+            if read or now - self.keyboard.last_key_at >= 1.0 * self._patience:
+                self.keyboard.give_back_extra()
+        except X_ERRORS as error:
+            raise self._failure(error) from None
+
     # -- one pointer action without blocking (the service runs it on its event loop) -----
 
     def send_pointer(

@@ -5,9 +5,10 @@ leaves empty): every character arrives as a real key press, so pages see
 keydown/keypress/input events. The keycode stays lent after the typing, so that the same
 character typed again costs no change of the layout: every change makes each client
 re-read the table, and giving a keycode back or lending it to another character must wait
-until the keys typed on it have been read (Keyboard._borrow). At most
-:data:`KEPT_BORROWINGS` stay lent between actions, so that programs in the session still
-find spare keycodes of their own.
+until the keys typed on it have been read (Keyboard._borrow). Beyond
+:data:`KEPT_BORROWINGS`, lendings are given back once the desktop is idle
+(:meth:`Keyboard.give_back_extra`), so that programs in the session still find spare
+keycodes of their own.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Keyboard:
         self._spare: list[int] = []
         # keysym → the spare keycode lent to it, least recently typed first.
         self._borrowed: dict[int, int] = {}
+        self.last_key_at = 0.0  # time.monotonic() of the last key event sent
 
     def mapping_changed(self) -> None:
         """Someone (a program in the session, or we) changed the layout: re-read it lazily."""
@@ -94,6 +96,7 @@ class Keyboard:
 
     def _fake(self, event_type: int, keycode: int) -> None:
         self._fake_input.send(event_type, keycode)
+        self.last_key_at = time.monotonic()
 
     def _tap_all(self, keys: Sequence[tuple[int, bool | None]]) -> None:
         """Press and release each (keycode, needs shift) in turn.
@@ -156,14 +159,20 @@ class Keyboard:
             self._borrowed[keysym] = self._borrowed.pop(keysym)
         return {keysym: self._borrowed[keysym] for keysym in wanted}
 
-    def _give_back_extra(self) -> None:
+    @property
+    def lends_extra(self) -> bool:
+        """More than :data:`KEPT_BORROWINGS` keycodes are lent (as far as we know)."""
+        return len(self._borrowed) > KEPT_BORROWINGS
+
+    def give_back_extra(self) -> None:
         """Beyond :data:`KEPT_BORROWINGS`, the least recently typed characters give their
-        keycodes back, once the keys typed on them have shown (as in :meth:`_borrow`)."""
-        if len(self._borrowed) <= KEPT_BORROWINGS:
-            return
-        self._display.sync()
-        self._await_delivery()
-        self._refresh()  # a table another client changed meanwhile is kept as it is now
+        keycodes back. The caller makes sure that the keys typed on them have been read
+        (the desktop does this once it is idle: see :meth:`_borrow` for the race). Not
+        done at the end of each action: a text of more distinct characters off the layout
+        than stay lent (a Chinese sentence) would wait for the keys to be read each time it
+        is typed."""
+        self._stale = True  # a table another client changed meanwhile is kept as it is now
+        self._refresh()
         extra = list(self._borrowed)[: max(0, len(self._borrowed) - KEPT_BORROWINGS)]
         if not extra:
             return
@@ -206,7 +215,6 @@ class Keyboard:
         self._fake(X.KeyPress, keycode)
         self._fake(X.KeyRelease, keycode)
         self._display.sync()
-        self._give_back_extra()
 
     def type_text(self, text: str) -> None:
         self._refresh()
@@ -221,7 +229,6 @@ class Keyboard:
                 ]
             )
             self._display.sync()
-        self._give_back_extra()
 
     def _combo_keycodes(self, keys: str, assigned: dict[int, int]) -> list[int]:
         keycodes: list[int] = []
@@ -255,7 +262,6 @@ class Keyboard:
             for keycode in reversed(pressed):
                 self._fake(X.KeyRelease, keycode)
             self._display.sync()
-        self._give_back_extra()
 
     def validate(self, keys: str | Sequence[str]) -> None:
         """Raise InvalidAction for unknown names before any key goes down."""

@@ -39,7 +39,9 @@ __all__ = ["DesktopService", "register_desktop"]
 T = TypeVar("T")
 MAX_READY_S = 300.0
 MAX_WATCH_S = 60.0
-IDLE_TRIM_S = 2.0  # after this long without a desktop call, free memory goes back
+# After this long without a desktop call, keycodes lent beyond those that stay lent and
+# free memory go back.
+IDLE_TRIM_S = 2.0
 # The reply to one action that has no result and no screenshot (a click): always the same.
 _NO_RESULTS = Parts().blob({"results": [None], "settled": True, "screenshot": None})
 
@@ -57,6 +59,7 @@ class DesktopService:
         self._lock: asyncio.Lock | None = None
         self._malloc: _Malloc | None = None
         self._trim: asyncio.TimerHandle | None = None
+        self._idle_work: asyncio.Task[None] | None = None  # held: the loop keeps weak refs
         # ``watch``: its own thread, X connection and wake-up pipe, made on its first call.
         self._watch: Watch | None = None
         self._watch_executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -128,12 +131,27 @@ class DesktopService:
                 self._trim = loop.call_later(IDLE_TRIM_S, self._trim_idle, self._malloc)
 
     def _trim_idle(self, malloc: _Malloc) -> None:
+        desktop = self._desktop
+        if desktop is not None and desktop.keyboard.lends_extra and not self._closed:
+            # Its turn on the worker ends by setting this timer again: the trim follows.
+            self._idle_work = asyncio.get_running_loop().create_task(
+                self._give_back_keycodes())
+            return
         # On the watch's thread if only watch calls came (a recording of a desktop that
         # a person drives over VNC).
         executor = self._executor or self._watch_executor
         if executor is not None:
             with contextlib.suppress(RuntimeError):  # shut down meanwhile: nothing to trim
                 executor.submit(malloc.trim)
+
+    async def _give_back_keycodes(self) -> None:
+        """Idle: the keycodes lent beyond those that stay lent go back (keyboard.py), in
+        the worker's turn like any call (a few X round trips; it never waits for the
+        screen). Its turn ends by setting the idle timer again: if the keys typed on them
+        may still be unread, the next idle spell tries again."""
+        with contextlib.suppress(CallError):  # the desktop failed: its next call says so
+            await self._on_worker(
+                lambda: self._with_desktop(lambda desktop: desktop.give_back_keycodes()))
 
     def _connected(self) -> Desktop:
         """The desktop, connected now if it is not (on the worker thread)."""
