@@ -127,6 +127,14 @@ def server(
             process.wait()
 
 
+def status_field(pid: int, name: str) -> int:
+    """A number of ``/proc/<pid>/status`` (``VmRSS`` in KiB, ``Threads``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(name + ":"):
+            return int(line.split()[1])
+    raise SystemExit(f"no {name} in /proc/{pid}/status")
+
+
 def server_pid(http: httpx.Client) -> int:
     """The pid of the ``deskbox serve`` process that :func:`server` started for ``http``."""
     port = str(http.base_url.port).encode()
@@ -328,7 +336,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for session_id in (first, *others):
             http.delete(f"/v1/sessions/{session_id}")
 
-    ms = lambda samples: (statistics.median(samples) * 1000, p95(samples) * 1000)  # noqa: E731
+    def ms(samples: Sequence[float]) -> tuple[float, float]:
+        return statistics.median(samples) * 1000, p95(samples) * 1000
+
     rows: list[tuple[str, str, str, str, str]] = []
     median, high = ms(created)
     rows.append(("create (POST returns, toolbar drawn)", f"{median:.0f}", f"{high:.0f}",

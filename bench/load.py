@@ -52,10 +52,7 @@ def progress(message: str) -> None:
 
 
 def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    return bench_api.status_field(pid, "VmRSS") / 1024
 
 
 def table(result: LoadResult, clients: int, sessions: int, rss: tuple[float, float],

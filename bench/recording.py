@@ -21,8 +21,9 @@ import argparse
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from api import HEIGHT, WIDTH, fresh_looks, interrupt_on_sigterm, p95, server, timed
 
@@ -61,14 +62,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"measuring: round {run + 1} of {args.rounds}...", file=sys.stderr)
                 for name, session_id in ids.items():
                     base = f"/v1/sessions/{session_id}"
-                    samples[name, "click"] += timed(
-                        lambda b=base: http.post(f"{b}/actions", json=CLICK).raise_for_status(),
-                        args.iterations)
                     looks = fresh_looks({"format": "jpeg"})  # each captured and encoded
-                    samples[name, "screenshot"] += timed(
-                        lambda b=base, looks=looks: http.get(
-                            f"{b}/screenshot", params=looks()).raise_for_status(),
-                        args.iterations)
+
+                    def click(base: str = base) -> object:
+                        return http.post(f"{base}/actions", json=CLICK).raise_for_status()
+
+                    def look(base: str = base, looks: Callable[[], dict[str, Any]] = looks,
+                             ) -> object:
+                        return http.get(f"{base}/screenshot", params=looks()).raise_for_status()
+
+                    samples[name, "click"] += timed(click, args.iterations)
+                    samples[name, "screenshot"] += timed(look, args.iterations)
             recording = http.get(f"/v1/sessions/{ids['recorded']}/recording").json()
         finally:
             for session_id in ids.values():

@@ -69,7 +69,8 @@ def cold_creates(box: Deskbox, n: int) -> list[float]:
 
 def cold_resets(box: Deskbox, task: Task, n: int) -> list[float]:
     with DeskboxEnv(client=box, task=task) as env:
-        return [timed(env.reset) for _ in range(n)]
+        samples = [timed(env.reset) for _ in range(n)]
+    return samples
 
 
 def restores(box: Deskbox, task: Task, n: int, unpacked: bool

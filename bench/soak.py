@@ -6,7 +6,8 @@ Run from the repository root (root, runc, CRIU)::
 
 Starts ``deskbox serve`` like bench/api.py (container engine). Each cycle creates a
 session, sends 20 websocket clicks and a screenshot, types, runs a command, uploads and
-downloads 100 kB, then in turns hibernates and resumes it, freezes and thaws it, or forks
+downloads 100 kB, asks the browser and its page something over DevTools, takes a frame
+through the live view (VNC), then in turns hibernates and resumes it, freezes and thaws it, or forks
 two copies and deletes them, takes a screenshot and deletes it; ``--parallel`` clients run
 cycles at once. Every ``--every`` cycles it samples the server process (resident memory,
 threads, open descriptors, children) and the host (runc containers, mounts of its
@@ -31,8 +32,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from api import create, interrupt_on_sigterm, server, server_pid  # bench/api.py
+from api import (  # bench/api.py
+    create,
+    interrupt_on_sigterm,
+    server,
+    server_pid,
+    status_field,
+)
 from websockets.sync.client import connect
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.rfb_client import RfbViewer  # noqa: E402
 
 PAGE = "data:text/html,<body style='background:%23080'><input autofocus></body>"
 UPLOAD = b"x" * 100_000
@@ -49,13 +59,6 @@ class Sample:
     children: int
     containers: int
     mounts: int
-
-
-def _status_field(pid: int, name: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(name + ":"):
-            return int(line.split()[1])
-    raise SystemExit(f"no {name} in /proc/{pid}/status")
 
 
 def _containers() -> int:
@@ -79,7 +82,7 @@ def _children(pid: int) -> int:
 def sample(pid: int, cycles: int, sessions: int, started: float) -> Sample:
     return Sample(
         cycles=cycles, sessions=sessions, seconds=time.monotonic() - started,
-        rss_mib=_status_field(pid, "VmRSS") / 1024, threads=_status_field(pid, "Threads"),
+        rss_mib=status_field(pid, "VmRSS") / 1024, threads=status_field(pid, "Threads"),
         fds=len(os.listdir(f"/proc/{pid}/fd")), children=_children(pid),
         containers=_containers(), mounts=_mounts(),
     )
@@ -109,6 +112,37 @@ def _websocket_clicks(http: httpx.Client, session: str) -> None:
             ws.recv()
 
 
+def _devtools(http: httpx.Client, session: str) -> None:
+    """The browser's version over its DevTools socket, then a sum in its page's."""
+    url = str(http.base_url).replace("http://", "ws://", 1)
+    auth = {"Authorization": http.headers["Authorization"]}
+    base = f"/v1/sessions/{session}/cdp"
+    pages = [t for t in _ok(http.get(f"{base}/json/list")).json() if t["type"] == "page"]
+    if not pages:
+        raise SystemExit("DevTools listed no page")
+    calls = [(f"{url}{base}", "Browser.getVersion", {}),
+             (pages[0]["webSocketDebuggerUrl"], "Runtime.evaluate", {"expression": "6 * 7"})]
+    for socket_url, method, params in calls:
+        with connect(socket_url, additional_headers=auth, max_size=None) as ws:
+            ws.send(json.dumps({"id": 1, "method": method, "params": params}))
+            while "id" not in (reply := json.loads(ws.recv(timeout=10))):
+                pass  # an event
+            if "result" not in reply:
+                raise SystemExit(f"DevTools {method}: {reply}")
+    if reply["result"]["result"].get("value") != 42:
+        raise SystemExit(f"DevTools evaluate: {reply}")
+
+
+def _live_view(http: httpx.Client, session: str) -> None:
+    url = str(http.base_url).replace("http://", "ws://", 1)
+    with RfbViewer(f"{url}/v1/sessions/{session}/vnc", timeout_s=20,
+                   additional_headers={"Authorization": http.headers["Authorization"]},
+                   ) as viewer:
+        frame = viewer.full_frame()
+    if frame.shape[:2] != (viewer.height, viewer.width) or not frame.any():
+        raise SystemExit("the live view gave no frame")
+
+
 def cycle(http: httpx.Client, number: int) -> int:
     """One session's life; how many sessions it made (forks count)."""
     session = create(http, PAGE)
@@ -122,6 +156,8 @@ def cycle(http: httpx.Client, number: int) -> int:
     _ok(http.put(f"{base}/files", params={"path": "/tmp/upload"}, content=UPLOAD))
     if _ok(http.get(f"{base}/files", params={"path": "/tmp/upload"})).content != UPLOAD:
         raise SystemExit("a download did not give the upload back")
+    _devtools(http, session)
+    _live_view(http, session)
     turn = number % 3
     if turn == 0:
         _ok(http.post(f"{base}/pause", json={"mode": "hibernate"}))
