@@ -90,7 +90,7 @@ class DesktopService:
         finally:
             # Busy, the frame buffers are reused from the heap (no page faults); idle, they
             # go back. On the worker, so that a trim never runs beside a call's X work.
-            self._trim = loop.call_later(IDLE_TRIM_S, self._trim_idle, malloc)
+            self._trim = loop.call_later(IDLE_TRIM_S, self._when_idle, malloc)
 
     async def _pointer_now(
         self, action: a.Action, view: a.View | None, settle: a.SettleOptions | None,
@@ -128,9 +128,11 @@ class DesktopService:
             raise CallError(error.status, error.kind, error.message) from None
         finally:
             if self._malloc is not None:
-                self._trim = loop.call_later(IDLE_TRIM_S, self._trim_idle, self._malloc)
+                self._trim = loop.call_later(IDLE_TRIM_S, self._when_idle, self._malloc)
 
-    def _trim_idle(self, malloc: _Malloc) -> None:
+    def _when_idle(self, malloc: _Malloc) -> None:
+        """No desktop call for IDLE_TRIM_S: keycodes lent beyond those that stay lent go
+        back first, then free memory."""
         desktop = self._desktop
         if desktop is not None and desktop.keyboard.lends_extra and not self._closed:
             # Its turn on the worker ends by setting this timer again: the trim follows.
@@ -333,7 +335,7 @@ class DesktopService:
         except DesktopError as error:
             raise CallError(error.status, error.kind, error.message) from None
         finally:
-            self._trim = loop.call_later(IDLE_TRIM_S, self._trim_idle, malloc)
+            self._trim = loop.call_later(IDLE_TRIM_S, self._when_idle, malloc)
 
     def _watched(self, timeout_s: float, quality: int, now: bool, wake: Wake,
                  stopped: Callable[[], bool]) -> EncodedImage | None:
