@@ -55,6 +55,8 @@ TYPED = (
 TYPED_OFF_LAYOUT = "Grüße, ça va? 中文 ✓"
 # A Chinese sentence of 17 distinct characters off the layout: more than stay lent.
 TYPED_CJK = "今天天气很好，我们一起去公园散步吧。"
+# Another of 19, none of them in the first: typed after it, it takes the first's keycodes.
+TYPED_CJK_OTHER = "春眠不觉晓处处闻啼鸟夜来风雨声花落知多少"
 CLICK_X, CLICK_Y = 640, 400
 
 FLAT_PAGE = """<!doctype html><html><head><meta charset="utf-8"><style>
@@ -246,6 +248,17 @@ async def measure(sock: Path, cdp: CdpPage, workdir: Path, n: int, clicks: int,
         call_ms, dom_ms, _ = await typing(desk, cdp, TYPED_CJK, 1 + max(3, n // 20))
         rows.append(Row(f"type {TYPED_CJK!r} again: the call", call_ms[1:]))
         rows.append(Row(f"type {TYPED_CJK!r} again: until exact in the DOM", dom_ms[1:]))
+        # The two sentences in turns, each after an agent's pause (its model's turn): the
+        # keycodes of the one before are taken back (their keys long read) and lent anew.
+        call_ms, dom_ms = [], []
+        for turn in range(max(4, n // 20)):
+            await asyncio.sleep(2.5)
+            calls, doms, _ = await typing(desk, cdp, (TYPED_CJK, TYPED_CJK_OTHER)[turn % 2], 1)
+            call_ms += calls
+            dom_ms += doms
+        rows.append(Row("type a new Chinese sentence after 2.5 s: the call", call_ms))
+        rows.append(Row("type a new Chinese sentence after 2.5 s: until exact in the DOM",
+                        dom_ms))
         show(cdp, text_page(), workdir, "text")  # the frame the encoders are timed on
     finally:
         await client.close()

@@ -233,6 +233,27 @@ async def test_lendings_beyond_those_kept_go_back_on_a_screen_that_never_stops_m
     assert page.value() == "z今"
 
 
+async def test_keycodes_typed_on_a_while_ago_are_lent_again_without_waiting(
+    page: Page,
+) -> None:
+    """Lending keycodes to new characters takes them back from the least recently typed
+    ones, after their keys have shown. Typed more than a second before, that needs no wait:
+    on a screen that never goes quiet, such a `type` waited the whole bound (1 s) for a
+    quiet that never came."""
+    _add_spinner(page)
+    first = "今天天气很好，我们一起去公园散步吧。"
+    second = "春眠不觉晓处处闻啼鸟夜来风雨声花落知多少"  # 19 more: takes first's keycodes
+    await page.focus_field()
+    await page.desk.perform(a.TypeText(text=first))
+    await asyncio.sleep(1.2)  # past the bound, before the idle give-back (IDLE_TRIM_S)
+    started = time.monotonic()
+    await page.desk.perform(a.TypeText(text=second))
+    elapsed_s = time.monotonic() - started
+    await page.until_events(lambda _: page.value() == first + second)
+    assert page.value() == first + second
+    assert elapsed_s < 0.8, elapsed_s
+
+
 @pytest.mark.parametrize(("keys", "key", "code"), [
     ("Return", "Enter", "Enter"), ("enter", "Enter", "Enter"), ("esc", "Escape", "Escape"),
     ("Page_Up", "PageUp", "PageUp"), ("Left", "ArrowLeft", "ArrowLeft"),

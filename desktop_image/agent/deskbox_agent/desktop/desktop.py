@@ -250,9 +250,24 @@ class Desktop:
             self._keymap_watch.wait_reread(since, timeout_s=1.0 * self._patience,
                                            quiet_s=0.1 * self._patience)
 
-    def _typing_shown(self) -> None:
-        """Until the screen has been quiet for a moment after typing (bounded)."""
-        self._settle.wait_quiet(self.settle_options.typing_quiet_s, 1.0 * self._patience)
+    def _typing_shown(self, typed_at: float) -> None:
+        """Until keys sent at ``typed_at`` have shown: the screen quiet for
+        ``typing_quiet_s`` since then, at most until 1 s (times the patience) after it."""
+        left_s = typed_at + 1.0 * self._patience - time.monotonic()
+        if left_s > 0:
+            quiet_since = self._settle.quiet_since()
+            self._settle.wait_quiet(
+                self.settle_options.typing_quiet_s, left_s,
+                since=None if quiet_since is None else max(quiet_since, typed_at))
+
+    def _typed_keys_read(self, typed_at: float) -> bool:
+        """Whether :meth:`_typing_shown` would return at once for keys sent at ``typed_at``."""
+        now = time.monotonic()
+        if now - typed_at >= 1.0 * self._patience:
+            return True
+        quiet_since = self._settle.quiet_since()
+        return (quiet_since is not None
+                and now - max(quiet_since, typed_at) >= self.settle_options.typing_quiet_s)
 
     def _let_buttons_land(self, react: bool = False) -> None:
         """After a recent button event, until the screen has gone quiet (30 ms); with
@@ -300,22 +315,16 @@ class Desktop:
 
     def give_back_keycodes(self) -> None:
         """Keycodes lent beyond the few that stay lent go back (Keyboard.give_back_extra)
-        once the keys typed on them have been read: the screen has been quiet for
+        if the keys typed on them have been read: the screen has been quiet for
         ``typing_quiet_s`` since, or the bound on waiting for that quiet (1 s times the
-        patience) has passed since the last key. Never waits: the service calls this once
-        the desktop has been idle for a while, and again after the next idle spell if the
-        keys may still be unread (a guest under emulation, a screen that keeps moving)."""
+        patience) has passed. Never waits: the service calls this once the desktop has
+        been idle for a while, and again after the next idle spell if the keys may still
+        be unread (a guest under emulation, a screen that keeps moving)."""
         self._check_alive()
         if not self.keyboard.lends_extra:
             return
         try:
-            quiet_since = self._settle.quiet_since()
-            now = time.monotonic()
-            read = (quiet_since is not None
-                    and now - max(quiet_since, self.keyboard.last_key_at)
-                    >= self.settle_options.typing_quiet_s)
-            if read or now - self.keyboard.last_key_at >= 1.0 * self._patience:
-                self.keyboard.give_back_extra()
+            self.keyboard.give_back_extra(self._typed_keys_read)
         except X_ERRORS as error:
             raise self._failure(error) from None
 

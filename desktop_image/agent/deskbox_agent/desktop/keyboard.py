@@ -39,16 +39,16 @@ class Keyboard:
     def __init__(
         self,
         display: Display,
-        await_delivery: Callable[[], object] | None = None,
+        await_delivery: Callable[[float], object] | None = None,
         await_reread: Callable[[float], object] | None = None,
     ) -> None:
-        """``await_delivery`` returns once clients have handled the keys sent so far (the
-        desktop waits for the screen to settle); ``await_reread(since)`` once clients have
-        re-read a mapping changed at ``since`` (the desktop watches with RECORD). Both
-        default to a fixed grace period."""
+        """``await_delivery(typed_at)`` returns once clients have handled the keys sent at
+        or before ``typed_at`` (the desktop waits for the screen to settle);
+        ``await_reread(since)`` once clients have re-read a mapping changed at ``since``
+        (the desktop watches with RECORD). Both default to a fixed grace period."""
         self._display = display
         self._fake_input = FakeInput(display)
-        self._await_delivery = await_delivery or (lambda: time.sleep(_MAPPING_GRACE_S))
+        self._await_delivery = await_delivery or (lambda _typed_at: time.sleep(_MAPPING_GRACE_S))
         self._await_reread = await_reread or (lambda _since: time.sleep(_MAPPING_GRACE_S))
         self._min_keycode: int = display.display.info.min_keycode
         self._max_keycode: int = display.display.info.max_keycode
@@ -58,7 +58,8 @@ class Keyboard:
         self._spare: list[int] = []
         # keysym → the spare keycode lent to it, least recently typed first.
         self._borrowed: dict[int, int] = {}
-        self.last_key_at = 0.0  # time.monotonic() of the last key event sent
+        # lent keycode → time.monotonic() of the last key event sent on it (0: none yet).
+        self._typed_at: dict[int, float] = {}
 
     def mapping_changed(self) -> None:
         """Someone (a program in the session, or we) changed the layout: re-read it lazily."""
@@ -76,6 +77,7 @@ class Keyboard:
             if self._rows[keycode - self._min_keycode][:2] == (keysym, keysym)
         }
         lent = set(self._borrowed.values())
+        self._typed_at = {k: at for k, at in self._typed_at.items() if k in lent}
         by_keysym: dict[int, tuple[int, bool]] = {}
         spare: list[int] = []
         for offset, row in enumerate(rows):
@@ -96,7 +98,8 @@ class Keyboard:
 
     def _fake(self, event_type: int, keycode: int) -> None:
         self._fake_input.send(event_type, keycode)
-        self.last_key_at = time.monotonic()
+        if keycode in self._typed_at:
+            self._typed_at[keycode] = time.monotonic()
 
     def _tap_all(self, keys: Sequence[tuple[int, bool | None]]) -> None:
         """Press and release each (keycode, needs shift) in turn.
@@ -124,10 +127,10 @@ class Keyboard:
         A new lending rewrites the table and waits until the clients have re-read it
         (Chromium fetches a changed table asynchronously and translates the keys it reads
         meanwhile with the old one). When the spare keycodes are all lent, the least
-        recently typed characters not wanted now give theirs up, once the keys typed before
-        have shown on screen: a client translates a key with the mapping it knows when it
-        reads the event, and a busy Chromium reads the last keys and the change in one
-        batch, so they would come out as the new character."""
+        recently typed characters not wanted now give theirs up, once the keys typed on them
+        have shown on screen (no wait if that was long ago): a client translates a key with
+        the mapping it knows when it reads the event, and a busy Chromium reads the last
+        keys and the change in one batch, so they would come out as the new character."""
         wanted = [k for k in dict.fromkeys(keysyms) if k not in self._by_keysym]
         if len(wanted) > len(self._spare) + len(self._borrowed):
             raise InvalidAction(
@@ -140,18 +143,18 @@ class Keyboard:
             keep = set(wanted)
             rows = list(self._rows)
             if len(missing) > len(free):
-                self._await_delivery()
-                # Each keycode taken back is lent again below (the capacity check above
-                # leaves enough to take): its row is rewritten there, not emptied here.
-                for keysym in [k for k in self._borrowed if k not in keep]:
-                    if len(free) == len(missing):
-                        break
-                    free.append(self._borrowed.pop(keysym))
+                # The capacity check above leaves enough to take back.
+                taken = [k for k in self._borrowed if k not in keep][: len(missing) - len(free)]
+                self._await_delivery(self._last_typed(taken))
+                # Each keycode taken back is lent again below: its row is rewritten there,
+                # not emptied here.
+                free.extend(self._borrowed.pop(keysym) for keysym in taken)
             for keysym, keycode in zip(missing, free, strict=False):
                 # Both levels: a viewer's Shift may be down (tap_keysym).
                 rows[keycode - self._min_keycode] = (keysym, keysym) + (X.NoSymbol,) * (
                     len(rows[0]) - 2)
                 self._borrowed[keysym] = keycode
+                self._typed_at[keycode] = 0.0
             since = time.monotonic()
             self._write_mapping(rows)
             self._await_reread(since)
@@ -164,21 +167,26 @@ class Keyboard:
         """More than :data:`KEPT_BORROWINGS` keycodes are lent (as far as we know)."""
         return len(self._borrowed) > KEPT_BORROWINGS
 
-    def give_back_extra(self) -> None:
+    def _last_typed(self, keysyms: Iterable[int]) -> float:
+        """When a key was last sent on the keycodes lent to ``keysyms``."""
+        return max((self._typed_at.get(self._borrowed[k], 0.0) for k in keysyms), default=0.0)
+
+    def give_back_extra(self, read: Callable[[float], bool]) -> None:
         """Beyond :data:`KEPT_BORROWINGS`, the least recently typed characters give their
-        keycodes back. The caller makes sure that the keys typed on them have been read
-        (the desktop does this once it is idle: see :meth:`_borrow` for the race). Not
-        done at the end of each action: a text of more distinct characters off the layout
-        than stay lent (a Chinese sentence) would wait for the keys to be read each time it
-        is typed."""
+        keycodes back if ``read(typed_at)`` says that the keys last typed on them, at
+        ``typed_at``, have been read (see :meth:`_borrow` for the race). The desktop calls
+        this once it is idle, not at the end of each action: a text of more distinct
+        characters off the layout than stay lent (a Chinese sentence) would wait for its
+        keys to be read each time it is typed."""
         self._stale = True  # a table another client changed meanwhile is kept as it is now
         self._refresh()
         extra = list(self._borrowed)[: max(0, len(self._borrowed) - KEPT_BORROWINGS)]
-        if not extra:
+        if not extra or not read(self._last_typed(extra)):
             return
         rows = list(self._rows)
         for keysym in extra:
             keycode = self._borrowed.pop(keysym)
+            del self._typed_at[keycode]
             rows[keycode - self._min_keycode] = (X.NoSymbol,) * len(rows[0])
         self._write_mapping(rows)
 
