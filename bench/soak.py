@@ -7,14 +7,14 @@ Run from the repository root (root, runc, CRIU)::
 Starts ``deskbox serve`` like bench/api.py (container engine). Each cycle creates a
 session, sends 20 websocket clicks and a screenshot, types, runs a command, uploads and
 downloads 100 kB, asks the browser and its page something over DevTools, takes a frame
-through the live view (VNC), then in turns hibernates and resumes it, freezes and thaws it, or forks
-two copies and deletes them, takes a screenshot and deletes it; ``--parallel`` clients run
-cycles at once. Every ``--every`` cycles it samples the server process (resident memory,
-threads, open descriptors, children) and the host (runc containers, mounts of its
-sessions), and at the end prints those samples, the memory the server gained per 100
-sessions over the second half of the run (the first half includes its warm-up: imports,
-caches, the allocator's high-water mark), and what was left once the server stopped. Ended
-sessions stay listed as ``stopped`` (a small record each) for
+through the live view (VNC), then in turns hibernates and resumes it, freezes and thaws
+it, or forks two copies and deletes them, takes a screenshot and deletes it;
+``--parallel`` clients run cycles at once. Every ``--every`` cycles it samples the server
+process (resident memory, threads, open descriptors, children) and the host (runc
+containers, mounts of its sessions), and at the end prints those samples, the memory the
+server gained per 100 sessions over the second half of the run (the first half includes
+its warm-up: imports, caches, the allocator's high-water mark), and what was left once the
+server stopped. Ended sessions stay listed as ``stopped`` (a small record each) for
 ``DESKBOX_ENDED_SESSION_TTL_H``, so some growth is by design.
 """
 
@@ -95,10 +95,15 @@ def _ok(response: httpx.Response, status: int = 200) -> httpx.Response:
     return response
 
 
+def _websocket_base(http: httpx.Client) -> tuple[str, dict[str, str]]:
+    """The server's websocket URL and the headers that authenticate to it."""
+    return (str(http.base_url).replace("http://", "ws://", 1),
+            {"Authorization": http.headers["Authorization"]})
+
+
 def _websocket_clicks(http: httpx.Client, session: str) -> None:
-    url = str(http.base_url).replace("http://", "ws://", 1)
-    with connect(f"{url}/v1/sessions/{session}/actions/ws",
-                 additional_headers={"Authorization": http.headers["Authorization"]}) as ws:
+    url, auth = _websocket_base(http)
+    with connect(f"{url}/v1/sessions/{session}/actions/ws", additional_headers=auth) as ws:
         for number in range(20):
             ws.send(json.dumps({"id": number, "action": {"type": "click", "x": 200, "y": 20}}))
             reply = json.loads(ws.recv())
@@ -114,8 +119,7 @@ def _websocket_clicks(http: httpx.Client, session: str) -> None:
 
 def _devtools(http: httpx.Client, session: str) -> None:
     """The browser's version over its DevTools socket, then a sum in its page's."""
-    url = str(http.base_url).replace("http://", "ws://", 1)
-    auth = {"Authorization": http.headers["Authorization"]}
+    url, auth = _websocket_base(http)
     base = f"/v1/sessions/{session}/cdp"
     pages = [t for t in _ok(http.get(f"{base}/json/list")).json() if t["type"] == "page"]
     if not pages:
@@ -134,10 +138,9 @@ def _devtools(http: httpx.Client, session: str) -> None:
 
 
 def _live_view(http: httpx.Client, session: str) -> None:
-    url = str(http.base_url).replace("http://", "ws://", 1)
+    url, auth = _websocket_base(http)
     with RfbViewer(f"{url}/v1/sessions/{session}/vnc", timeout_s=20,
-                   additional_headers={"Authorization": http.headers["Authorization"]},
-                   ) as viewer:
+                   additional_headers=auth) as viewer:
         frame = viewer.full_frame()
     if frame.shape[:2] != (viewer.height, viewer.width) or not frame.any():
         raise SystemExit("the live view gave no frame")
