@@ -37,6 +37,10 @@ RED, GREEN, BLUE, WHITE = (255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 255)
 # Chromium on X11 turns one wheel notch into 120 px, and may merge notches that arrive
 # together into one wheel event: the sum of deltas is what a page (and a user) sees.
 PX_PER_NOTCH = 120
+# 17 distinct characters off the layout: more than stay lent once the desktop is idle.
+SENTENCE = "今天天气很好，我们一起去公园散步吧。"
+# 19 more, none of them in SENTENCE: as many as Xvfb's layout has spare keycodes.
+OTHER_SENTENCE = "春眠不觉晓处处闻啼鸟夜来风雨声花落知多少"
 
 
 def of(events: Events, kind: str) -> Events:
@@ -140,6 +144,16 @@ def _keycodes_typing(client: xdisplay.Display, text: str) -> int:
                and len({keysym for keysym in row if keysym}) == 1)
 
 
+async def _kept_lent_once_idle(watcher: xdisplay.Display, text: str) -> int:
+    """How many keycodes stay lent to ``text``'s characters once the desktop has been idle
+    (the agent gives back those beyond KEPT_BORROWINGS then); fails if more stay."""
+    deadline = time.monotonic() + IDLE_TRIM_S + 3.0
+    while (lent := _keycodes_typing(watcher, text)) > KEPT_BORROWINGS:
+        assert time.monotonic() < deadline, f"{lent} keycodes still lent"
+        await asyncio.sleep(0.1)
+    return lent
+
+
 async def test_a_character_off_the_layout_typed_again_changes_no_mapping(
     page: Page, host_desktop: HostDesktop,
 ) -> None:
@@ -168,17 +182,16 @@ async def test_a_sentence_of_more_characters_off_the_layout_than_stay_lent_typed
     before the desktop has been idle, all of them still have their keycodes (giving them
     back waits for the screen's quiet, ~240 ms a `type` when it was done at the end of
     each)."""
-    sentence = "今天天气很好，我们一起去公园散步吧。"  # 17 distinct characters off the layout
     watcher = xdisplay.Display(host_desktop.display_name)
     try:
         await page.focus_field()
-        await page.desk.perform(a.TypeText(text=sentence))
+        await page.desk.perform(a.TypeText(text=SENTENCE))
         _mapping_notifies(watcher)
         # At once (the idle give-back comes IDLE_TRIM_S after the last call).
-        await page.desk.perform(a.TypeText(text=sentence))
+        await page.desk.perform(a.TypeText(text=SENTENCE))
         assert _mapping_notifies(watcher) == 0  # so no wait for a re-read, nor for quiet
-        await page.until_events(lambda _: page.value() == sentence * 2)
-        assert page.value() == sentence * 2
+        await page.until_events(lambda _: page.value() == SENTENCE * 2)
+        assert page.value() == SENTENCE * 2
     finally:
         watcher.close()
 
@@ -197,11 +210,7 @@ async def test_more_characters_off_the_layout_than_spare_keycodes_type_exactly(
         assert _keycodes_typing(watcher, text) > KEPT_BORROWINGS  # not given back at once
         await page.until_events(lambda _: page.value() == text)
         assert page.value() == text
-        deadline = time.monotonic() + IDLE_TRIM_S + 3.0
-        while (lent := _keycodes_typing(watcher, text)) > KEPT_BORROWINGS:
-            assert time.monotonic() < deadline, f"{lent} keycodes still lent"
-            await asyncio.sleep(0.1)
-        assert lent >= 1
+        assert await _kept_lent_once_idle(watcher, text) >= 1
     finally:
         watcher.close()
     await page.desk.run([a.Key(keys="ctrl+a"), a.TypeText(text="z")])  # the layout's keys
@@ -216,16 +225,12 @@ async def test_lendings_beyond_those_kept_go_back_on_a_screen_that_never_stops_m
     read cannot be seen: once the desktop is idle, they are given back all the same after
     the bound on that wait (1 s), and the layout's own keys and a lent one still type."""
     _add_spinner(page)
-    sentence = "今天天气很好，我们一起去公园散步吧。"
     await page.focus_field()
-    await page.desk.perform(a.TypeText(text=sentence))
-    await page.until_events(lambda _: page.value() == sentence)
+    await page.desk.perform(a.TypeText(text=SENTENCE))
+    await page.until_events(lambda _: page.value() == SENTENCE)
     watcher = xdisplay.Display(host_desktop.display_name)
     try:
-        deadline = time.monotonic() + IDLE_TRIM_S + 3.0
-        while (lent := _keycodes_typing(watcher, sentence)) > KEPT_BORROWINGS:
-            assert time.monotonic() < deadline, f"{lent} keycodes still lent"
-            await asyncio.sleep(0.1)
+        await _kept_lent_once_idle(watcher, SENTENCE)
     finally:
         watcher.close()
     await page.desk.run([a.Key(keys="ctrl+a"), a.TypeText(text="z今")])
@@ -241,8 +246,7 @@ async def test_keycodes_typed_on_a_while_ago_are_lent_again_without_waiting(
     on a screen that never goes quiet, such a `type` waited the whole bound (1 s) for a
     quiet that never came."""
     _add_spinner(page)
-    first = "今天天气很好，我们一起去公园散步吧。"
-    second = "春眠不觉晓处处闻啼鸟夜来风雨声花落知多少"  # 19 more: takes first's keycodes
+    first, second = SENTENCE, OTHER_SENTENCE  # the second takes the first's keycodes
     await page.focus_field()
     await page.desk.perform(a.TypeText(text=first))
     await asyncio.sleep(1.2)  # past the bound, before the idle give-back (IDLE_TRIM_S)
