@@ -250,24 +250,17 @@ class Desktop:
             self._keymap_watch.wait_reread(since, timeout_s=1.0 * self._patience,
                                            quiet_s=0.1 * self._patience)
 
-    def _typing_shown(self, typed_at: float) -> None:
+    def _typing_shown(self, typed_at: float, wait: bool = True) -> bool:
         """Until keys sent at ``typed_at`` have shown: the screen quiet for
-        ``typing_quiet_s`` since then, at most until 1 s (times the patience) after it."""
+        ``typing_quiet_s`` since then, at most until 1 s (times the patience) after it.
+        Without ``wait``, only whether that is so now."""
         left_s = typed_at + 1.0 * self._patience - time.monotonic()
-        if left_s > 0:
-            quiet_since = self._settle.quiet_since()
-            self._settle.wait_quiet(
-                self.settle_options.typing_quiet_s, left_s,
-                since=None if quiet_since is None else max(quiet_since, typed_at))
-
-    def _typed_keys_read(self, typed_at: float) -> bool:
-        """Whether :meth:`_typing_shown` would return at once for keys sent at ``typed_at``."""
-        now = time.monotonic()
-        if now - typed_at >= 1.0 * self._patience:
+        if left_s <= 0:
             return True
         quiet_since = self._settle.quiet_since()
-        return (quiet_since is not None
-                and now - max(quiet_since, typed_at) >= self.settle_options.typing_quiet_s)
+        return self._settle.wait_quiet(
+            self.settle_options.typing_quiet_s, left_s if wait else 0.0,
+            since=None if quiet_since is None else max(quiet_since, typed_at))
 
     def _let_buttons_land(self, react: bool = False) -> None:
         """After a recent button event, until the screen has gone quiet (30 ms); with
@@ -324,7 +317,7 @@ class Desktop:
         if not self.keyboard.lends_extra:
             return
         try:
-            self.keyboard.give_back_extra(self._typed_keys_read)
+            self.keyboard.give_back_extra(lambda typed_at: self._typing_shown(typed_at, False))
         except X_ERRORS as error:
             raise self._failure(error) from None
 
