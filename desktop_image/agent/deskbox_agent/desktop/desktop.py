@@ -306,18 +306,34 @@ class Desktop:
         except X_ERRORS as error:
             raise self._failure(error) from None
 
-    def give_back_keycodes(self) -> None:
-        """Keycodes lent beyond the few that stay lent go back (Keyboard.give_back_extra)
-        if the keys typed on them have been read: the screen has been quiet for
-        ``typing_quiet_s`` since, or the bound on waiting for that quiet (1 s times the
-        patience) has passed. Never waits: the service calls this once the desktop has
-        been idle for a while, and again after the next idle spell if the keys may still
-        be unread (a guest under emulation, a screen that keeps moving)."""
+    @property
+    def keyboard_chores_due(self) -> bool:
+        """Whether :meth:`do_keyboard_chores` has anything to do."""
+        return self.keyboard.lends_extra or (
+            self._keymap_watch is not None and not self._keymap_watch.knows_readers)
+
+    def do_keyboard_chores(self) -> None:
+        """The keyboard's work for when the desktop is idle; never waits. The service calls
+        it once the desktop has been idle for a while, and again after the next idle spell
+        while it is due.
+
+        - Once, the clients that re-read a changed layout are learned, so that the first
+          character off the layout waits only for them (a `type` of it ~15 ms), not until
+          their re-reads have stopped for a while (~155 ms): the table is written unchanged
+          and those that re-read it within 1 s (times the patience) are learned.
+        - Keycodes lent beyond the few that stay lent go back (Keyboard.give_back_extra)
+          if the keys typed on them have been read: the screen has been quiet for
+          ``typing_quiet_s`` since, or the bound on waiting for that quiet (1 s times the
+          patience) has passed; else the next idle spell tries again (a guest under
+          emulation, a screen that keeps moving)."""
         self._check_alive()
-        if not self.keyboard.lends_extra:
-            return
         try:
-            self.keyboard.give_back_extra(lambda typed_at: self._typing_shown(typed_at, False))
+            if self._keymap_watch is not None and not self._keymap_watch.knows_readers:
+                since = self.keyboard.rewrite_unchanged()
+                self._keymap_watch.learn_from(since, window_s=1.0 * self._patience)
+            if self.keyboard.lends_extra:
+                self.keyboard.give_back_extra(
+                    lambda typed_at: self._typing_shown(typed_at, False))
         except X_ERRORS as error:
             raise self._failure(error) from None
 

@@ -4,7 +4,8 @@ Chromium re-reads the keymap asynchronously after a MappingNotify and translates
 it reads meanwhile with the old one. The X server's RECORD extension shows each client's
 keymap requests (core GetKeyboardMapping, XKB GetMap), so after changing the mapping we
 wait until every client that has re-read it before has re-read it again — instead of
-guessing with a sleep.
+guessing with a sleep. Who re-reads is learned at the first change, or before any in the
+background (:meth:`KeymapWatch.learn_from`): the first change then waits only for them.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ class KeymapWatch:
         self._lock = threading.Condition()
         self._fetched: dict[int, float] = {}  # client id base → last keymap fetch
         self._readers: set[int] = set()  # clients seen re-reading after one of our changes
+        # A change nobody waits for (learn_from): when, and the end of the window in which
+        # re-reads count; the clients that re-read it in that window, each at its first.
+        self._learning: tuple[float, float] | None = None
+        self._rereads: dict[int, float] = {}
         self._failure: str | None = None  # why the X server's connection was closed on us
         self._closing = False
         xkb = control.query_extension("XKEYBOARD")
@@ -78,22 +83,64 @@ class KeymapWatch:
         with self._lock:
             if category == record.ClientDied:
                 self._readers.discard(base)
+                self._rereads.pop(base, None)
                 self._fetched.pop(base, None)
             elif category == record.FromClient and base != self._own_base:
-                self._fetched[base] = time.monotonic()
+                now = self._fetched[base] = time.monotonic()
+                if self._learning is not None and self._learning[0] <= now <= self._learning[1]:
+                    self._rereads.setdefault(base, now)
             self._lock.notify_all()
+
+    @property
+    def knows_readers(self) -> bool:
+        """Whether the clients that re-read a changed keymap are known, or being learned."""
+        with self._lock:
+            return bool(self._readers) or self._learning is not None
+
+    def learn_from(self, since: float, window_s: float) -> None:
+        """The keymap was changed at ``since`` and nobody waits: the clients that re-read it
+        within ``window_s`` become its readers (see :meth:`_adopt_learned_readers`).
+
+        Only fetches inside the window count: a client that read the keymap once, later,
+        for a reason of its own (a program starting) and does not re-read it on a change
+        would make every wait run to its timeout."""
+        with self._lock:
+            self._learning = (since, since + window_s)
+            self._rereads.clear()
+
+    def _adopt_learned_readers(self, change: float, quiet_s: float) -> None:
+        """Before the change made at ``change`` is waited for (under the lock): the readers
+        ``learn_from`` found become known once none re-read for ``quiet_s`` (the rule a
+        change that learns on the spot uses) or its window has passed. A read after
+        ``change`` may be a re-read of it: it does not count.
+
+        Unless a client they do not include read the keymap after that window (a browser
+        started later): whether it re-reads is not known, so this change learns anew."""
+        heard = {c: at for c, at in self._rereads.items() if at < change}
+        if self._learning is None or not heard:
+            return
+        start, end = self._learning
+        if change <= end and change - max(heard.values()) < quiet_s:
+            return  # they may be re-reading still: this change learns on the spot
+        end = min(end, change)
+        self._learning = (start, end)  # nothing later counts as a re-read of that change
+        self._rereads.clear()
+        if not any(end < at < change and c not in heard for c, at in self._fetched.items()):
+            self._readers |= heard.keys()
 
     def wait_reread(self, since: float, timeout_s: float, quiet_s: float = 0.1) -> bool:
         """Wait until the clients that re-read the keymap before have done so after ``since``.
 
-        With no such client known yet (the first change in this desktop's life), wait until
-        some client has re-read and then ``quiet_s`` passed without another, and remember
-        who did. False if that did not happen within ``timeout_s``.
+        With no such client known yet (the first change in this desktop's life, unless
+        :meth:`learn_from` learned them), wait until some client has re-read and then
+        ``quiet_s`` passed without another, and remember who did. False if that did not
+        happen within ``timeout_s``.
         """
         deadline = since + timeout_s
         with self._lock:
             if self._failure is not None:
                 raise DesktopFailed(f"the desktop failed: {self._failure}")
+            self._adopt_learned_readers(since, quiet_s)
             if self._readers:
                 done = self._lock.wait_for(
                     lambda: all(self._fetched.get(c, 0.0) >= since for c in self._readers),

@@ -1,0 +1,122 @@
+"""The first character off the layout in an agent's life: the clients that re-read a changed
+layout are learned while the desktop is idle, so that lending it a keycode waits only for
+them (~15 ms a `type`, ~155 ms when they were learned on the spot); a client that read the
+layout since, unknown, is still waited for. Each test starts an agent of its own on the
+module's desktop (Xvfb, openbox, Chromium), since what it learns lasts its life."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest_asyncio
+from Xlib import X
+from Xlib import display as xdisplay
+
+from deskbox_agent.desktop.service import IDLE_TRIM_S
+from deskbox_server.agent import AgentClient
+from deskbox_server.agent.desktop import AgentDesktop
+from deskbox_server.schemas import actions as a
+
+from ..cdp_page import CdpPage
+from ..local_desktop import HostDesktop
+from .conftest import start_desktop_agent, stop_agent
+from .desk_page import Page
+
+# The chores run IDLE_TRIM_S after the last call; the re-reads they cause take a few ms.
+IDLE_LEARNING_S = IDLE_TRIM_S + 0.6
+# Re-reads of the table the chores write count for 1 s after it.
+LEARNING_OVER_S = IDLE_TRIM_S + 1.0 + 0.3
+# On the spot, learning waits 0.1 s of quiet after the clients' re-reads: always slower.
+LEARNT_BEFORE_MAX_S = 0.1
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def fresh_page(host_desktop: HostDesktop, agent_site: Path, cdp: CdpPage,
+                     tmp_path: Path) -> AsyncIterator[Page]:
+    """The event page driven by an agent that has never changed the layout."""
+    proc = start_desktop_agent(tmp_path / "fresh.sock", host_desktop.display_name, agent_site)
+    try:
+        client = await AgentClient.connect_unix(str(tmp_path / "fresh.sock"))
+        try:
+            page = Page(AgentDesktop(client), cdp)
+            await page.load()
+            await page.focus_field()
+            yield page
+        finally:
+            await client.close()
+    finally:
+        stop_agent(proc)
+
+
+class _LateReader:
+    """A client started after the agent learned: it reads the layout once, then re-reads it
+    ``delay_s`` after each change (a program slower to follow than the browser)."""
+
+    def __init__(self, display_name: str, delay_s: float) -> None:
+        self._x = xdisplay.Display(display_name)
+        self._delay_s = delay_s
+        self._stop = threading.Event()
+        self.rereads: list[float] = []
+        self._read()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        first = self._x.display.info.min_keycode
+        self._x.get_keyboard_mapping(first, self._x.display.info.max_keycode - first + 1)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self._x.pending_events():
+                time.sleep(0.005)
+                continue
+            if self._x.next_event().type == X.MappingNotify:
+                time.sleep(self._delay_s)
+                self.rereads.append(time.monotonic())
+                self._read()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        with contextlib.suppress(Exception):
+            self._x.close()
+
+
+async def test_the_first_character_off_the_layout_after_an_idle_spell_waits_for_no_quiet(
+    fresh_page: Page,
+) -> None:
+    """The agent's model takes its turn; meanwhile the idle desktop learns who re-reads
+    the layout (it writes it unchanged). The first lending then waits only for those
+    clients: under 0.1 s, where learning on the spot waits 0.1 s of quiet after them."""
+    await asyncio.sleep(IDLE_LEARNING_S)
+    started = time.monotonic()
+    await fresh_page.desk.perform(a.TypeText(text="ʘ"))
+    elapsed_s = time.monotonic() - started
+    await fresh_page.until_events(lambda _: fresh_page.value() == "ʘ")
+    assert fresh_page.value() == "ʘ"
+    assert elapsed_s < LEARNT_BEFORE_MAX_S, elapsed_s
+
+
+async def test_a_client_that_read_the_layout_after_the_learning_is_still_waited_for(
+    fresh_page: Page, host_desktop: HostDesktop,
+) -> None:
+    """A program that started after the idle desktop learned (a second browser, say) is not
+    known to re-read: the first lending learns on the spot, so it waits for that program's
+    re-read too, as a lending before any learning would."""
+    await asyncio.sleep(LEARNING_OVER_S)
+    late = _LateReader(host_desktop.display_name, delay_s=0.05)
+    try:
+        started = time.monotonic()
+        await fresh_page.desk.perform(a.TypeText(text="ʬ"))
+        rereads_before_the_reply = list(late.rereads)
+        await fresh_page.until_events(lambda _: fresh_page.value() == "ʬ")
+        assert fresh_page.value() == "ʬ"
+        assert rereads_before_the_reply, "typed before the late client had re-read the layout"
+        assert rereads_before_the_reply[0] > started
+    finally:
+        late.close()
