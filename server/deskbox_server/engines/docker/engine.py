@@ -276,25 +276,33 @@ class DockerEngine(Engine[DockerSandbox]):
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(_WATCH_INTERVAL_S)
-            if not self._sandboxes:
+            if self._sandboxes:
+                await self.look_at_containers()
+
+    async def look_at_containers(self) -> None:
+        """One round of the watcher: a listing of the server's containers, and what it says
+        of each sandbox's."""
+        pause_changes = {sid: s.pause_changes for sid, s in self._sandboxes.items()}
+        # Only containers made before the listing began must be in it: one created
+        # meanwhile (a session starting) is judged at the next round.
+        created = {sid: s.container_id for sid, s in self._sandboxes.items()}
+        try:
+            listed = await self.daemon.list_labelled(f"{LABEL_SERVER}={self.tag}")
+        except DeskboxError as error:
+            log.warning("listing the containers: %s", error)
+            return
+        states = {str(found["Id"]): str(found.get("State", "")) for found in listed}
+        for sandbox in list(self._sandboxes.values()):
+            if (sandbox.container_id is None or sandbox.ended is not None
+                    or created.get(sandbox.session_id) != sandbox.container_id):
                 continue
-            pause_changes = {sid: s.pause_changes for sid, s in self._sandboxes.items()}
-            try:
-                listed = await self.daemon.list_labelled(f"{LABEL_SERVER}={self.tag}")
-            except DeskboxError as error:
-                log.warning("listing the containers: %s", error)
-                continue
-            states = {str(found["Id"]): str(found.get("State", "")) for found in listed}
-            for sandbox in list(self._sandboxes.values()):
-                if sandbox.container_id is None or sandbox.ended is not None:
-                    continue
-                state = states.get(sandbox.container_id)
-                if state is None:
-                    sandbox.ended = "was removed by someone else"
-                elif state not in ("created", "running", "paused"):
-                    sandbox.ended = f"stopped ({state})"
-                elif pause_changes.get(sandbox.session_id) == sandbox.pause_changes:
-                    _note_held(sandbox, state == "paused" and not sandbox.frozen)
+            state = states.get(sandbox.container_id)
+            if state is None:
+                sandbox.ended = "was removed by someone else"
+            elif state not in ("created", "running", "paused"):
+                sandbox.ended = f"stopped ({state})"
+            elif pause_changes.get(sandbox.session_id) == sandbox.pause_changes:
+                _note_held(sandbox, state == "paused" and not sandbox.frozen)
 
 
 def _note_held(sandbox: DockerSandbox, held: bool) -> None:
