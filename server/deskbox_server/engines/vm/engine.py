@@ -291,8 +291,7 @@ class VmEngine(Engine[VmSandbox]):
         directory = self.state_dir / "vm" / session_id
         config = await asyncio.to_thread(_read_config, directory)
         sandbox = VmSandbox(self.state_dir, self._max_execs, session_id, config)
-        if not await asyncio.to_thread(sandbox.hibernation_file.is_file):
-            raise SessionFailed("the VM's hibernation file is gone")
+        await _hibernation_file_kept(sandbox)
         await self._find_network(sandbox)
         return sandbox
 
@@ -341,8 +340,7 @@ class VmEngine(Engine[VmSandbox]):
         sandbox.timings["hibernate_bytes"] = float(size)
 
     async def restore(self, sandbox: VmSandbox) -> None:
-        if not await asyncio.to_thread(sandbox.hibernation_file.is_file):
-            raise SessionFailed("the VM's hibernation file is gone")
+        await _hibernation_file_kept(sandbox)
         await self._boot(sandbox, self.start_timeout(0), sandbox.hibernation_file)
         # The guest's whole memory (GiBs): freeing its blocks takes the kernel a while.
         await asyncio.to_thread(sandbox.hibernation_file.unlink, True)
@@ -407,6 +405,12 @@ def _read_config(directory: Path) -> VmConfig:
     except (OSError, ValueError, TypeError) as error:
         raise SessionFailed(f"the VM state in {directory} lacks a usable {CONFIG_FILE}: "
                             f"{error}") from None
+
+
+async def _hibernation_file_kept(sandbox: VmSandbox) -> None:
+    """SessionFailed unless the hibernated VM's memory file is still there to boot from."""
+    if not await asyncio.to_thread(sandbox.hibernation_file.is_file):
+        raise SessionFailed("the VM's hibernation file is gone")
 
 
 def _prepare_host_side(sandbox: VmSandbox, uid: int) -> None:
