@@ -217,6 +217,7 @@ class Desktop:
             raise self._failure(error) from None
 
     def _perform(self, action: a.Action, space: Space) -> ActionResult:
+        self._keys_go_out()  # keys, or modifiers held around a click
         if isinstance(action, _KEYBOARD_ACTIONS):
             self._let_buttons_land(react=True)
             # Damage from here on is the keys' doing: _typing_shown waits for it to stop.
@@ -301,39 +302,45 @@ class Desktop:
         typed here, the way ``type`` types one, once the screen has settled."""
         self._check_alive()
         self._marked = None
+        self._keys_go_out()
         try:
             self.keyboard.tap_keysym(keysym)
         except X_ERRORS as error:
             raise self._failure(error) from None
 
-    @property
-    def keyboard_chores_due(self) -> bool:
-        """Whether :meth:`do_keyboard_chores` has anything to do."""
-        return self.keyboard.lends_extra or (
-            self._keymap_watch is not None and not self._keymap_watch.knows_readers)
-
-    def do_keyboard_chores(self) -> None:
-        """The keyboard's work for when the desktop is idle; never waits. The service calls
-        it once the desktop has been idle for a while, and again after the next idle spell
-        while it is due.
-
-        - Once, the clients that re-read a changed layout are learned, so that the first
-          character off the layout waits only for them (a `type` of it ~15 ms), not until
-          their re-reads have stopped for a while (~155 ms): the table is written unchanged
-          and those that re-read it within 1 s (times the patience) are learned.
-        - Keycodes lent beyond the few that stay lent go back (Keyboard.give_back_extra)
-          if the keys typed on them have been read: the screen has been quiet for
-          ``typing_quiet_s`` since, or the bound on waiting for that quiet (1 s times the
-          patience) has passed; else the next idle spell tries again (a guest under
-          emulation, a screen that keeps moving)."""
+    def learn_keymap_readers(self) -> None:
+        """Once in the desktop's life, with the browser up and nobody typing yet: learn which
+        clients re-read a changed layout, so that the first character off the layout waits
+        only for them (a `type` of it ~15 ms), not until their re-reads have stopped for a
+        while (~155 ms). The table is written unchanged and the re-reads are noted in the
+        background (KeymapWatch.learn_from). Never waits."""
         self._check_alive()
+        if self._keymap_watch is None or self._keymap_watch.knows_readers:
+            return
         try:
-            if self._keymap_watch is not None and not self._keymap_watch.knows_readers:
-                since = self.keyboard.rewrite_unchanged()
-                self._keymap_watch.learn_from(since, window_s=1.0 * self._patience)
-            if self.keyboard.lends_extra:
-                self.keyboard.give_back_extra(
-                    lambda typed_at: self._typing_shown(typed_at, False))
+            since = self.keyboard.rewrite_unchanged()
+        except X_ERRORS as error:
+            raise self._failure(error) from None
+        self._keymap_watch.learn_from(since, window_s=1.0 * self._patience)
+
+    def _keys_go_out(self) -> None:
+        """Keys are about to be sent: a client that reads the keymap now may be reading it
+        for them, not re-reading a change (KeymapWatch.keys_sent)."""
+        if self._keymap_watch is not None and self._keymap_watch.learning:
+            self._keymap_watch.keys_sent(time.monotonic())
+
+    def give_back_keycodes(self) -> None:
+        """Keycodes lent beyond the few that stay lent go back (Keyboard.give_back_extra)
+        if the keys typed on them have been read: the screen has been quiet for
+        ``typing_quiet_s`` since, or the bound on waiting for that quiet (1 s times the
+        patience) has passed. Never waits: the service calls this once the desktop has
+        been idle for a while, and again after the next idle spell if the keys may still
+        be unread (a guest under emulation, a screen that keeps moving)."""
+        self._check_alive()
+        if not self.keyboard.lends_extra:
+            return
+        try:
+            self.keyboard.give_back_extra(lambda typed_at: self._typing_shown(typed_at, False))
         except X_ERRORS as error:
             raise self._failure(error) from None
 

@@ -4,8 +4,9 @@ Chromium re-reads the keymap asynchronously after a MappingNotify and translates
 it reads meanwhile with the old one. The X server's RECORD extension shows each client's
 keymap requests (core GetKeyboardMapping, XKB GetMap), so after changing the mapping we
 wait until every client that has re-read it before has re-read it again — instead of
-guessing with a sleep. Who re-reads is learned at the first change, or before any in the
-background (:meth:`KeymapWatch.learn_from`): the first change then waits only for them.
+guessing with a sleep. Who re-reads is learned at the first change, or before any, in the
+background, once the browser is up (:meth:`KeymapWatch.learn_from`): the first change then
+waits only for them.
 """
 
 from __future__ import annotations
@@ -35,10 +36,13 @@ class KeymapWatch:
         self._lock = threading.Condition()
         self._fetched: dict[int, float] = {}  # client id base → last keymap fetch
         self._readers: set[int] = set()  # clients seen re-reading after one of our changes
+        self._started: dict[int, float] = {}  # client id base → when it connected
         # A change nobody waits for (learn_from): when, and the end of the window in which
-        # re-reads count; the clients that re-read it in that window, each at its first.
+        # re-reads count (keys sent end it early); the clients that re-read it in that
+        # window, each at its first. None once the next change has taken them (or not).
         self._learning: tuple[float, float] | None = None
         self._rereads: dict[int, float] = {}
+        self._learned_before = False  # learn_from was called (it is tried once)
         self._failure: str | None = None  # why the X server's connection was closed on us
         self._closing = False
         xkb = control.query_extension("XKEYBOARD")
@@ -60,7 +64,7 @@ class KeymapWatch:
                     "delivered_events": (0, 0),
                     "device_events": (0, 0),
                     "errors": (0, 0),
-                    "client_started": False,
+                    "client_started": True,
                     "client_died": True,
                 }
             ],
@@ -85,47 +89,61 @@ class KeymapWatch:
                 self._readers.discard(base)
                 self._rereads.pop(base, None)
                 self._fetched.pop(base, None)
+                self._started.pop(base, None)
+            elif category == record.ClientStarted:
+                self._started[base] = time.monotonic()
             elif category == record.FromClient and base != self._own_base:
                 now = self._fetched[base] = time.monotonic()
-                if self._learning is not None and self._learning[0] <= now <= self._learning[1]:
+                learning = self._learning
+                if (learning is not None and learning[0] <= now <= learning[1]
+                        and self._started.get(base, 0.0) < learning[0]):
                     self._rereads.setdefault(base, now)
             self._lock.notify_all()
 
     @property
     def knows_readers(self) -> bool:
-        """Whether the clients that re-read a changed keymap are known, or being learned."""
+        """Whether the clients that re-read a changed keymap are known, or were looked for."""
         with self._lock:
-            return bool(self._readers) or self._learning is not None
+            return bool(self._readers) or self._learned_before
 
     def learn_from(self, since: float, window_s: float) -> None:
-        """The keymap was changed at ``since`` and nobody waits: the clients that re-read it
-        within ``window_s`` become its readers (see :meth:`_adopt_learned_readers`).
-
-        Only fetches inside the window count: a client that read the keymap once, later,
-        for a reason of its own (a program starting) and does not re-read it on a change
-        would make every wait run to its timeout."""
+        """The keymap was changed at ``since`` and nobody waits: the clients connected before
+        it that re-read it within ``window_s`` become its readers, if their re-reads had
+        stopped (for the quiet a change that learns on the spot waits for) before the next
+        change or keys sent (:meth:`keys_sent`). Nobody else may type meanwhile: a client
+        that reads the keymap only when a key comes (two of Chromium's four connections do)
+        would be taken for a reader, and every change would wait for it until its timeout."""
         with self._lock:
             self._learning = (since, since + window_s)
             self._rereads.clear()
+            self._learned_before = True
+
+    @property
+    def learning(self) -> bool:
+        """Whether re-reads of a change made by :meth:`learn_from` are being noted."""
+        return self._learning is not None  # a racy read: keys_sent looks again, locked
+
+    def keys_sent(self, at: float) -> None:
+        """Keys go out from ``at``: reads after it may be for them, not re-reads."""
+        with self._lock:
+            if self._learning is not None and at < self._learning[1]:
+                self._learning = (self._learning[0], at)
 
     def _adopt_learned_readers(self, change: float, quiet_s: float) -> None:
-        """Before the change made at ``change`` is waited for (under the lock): the readers
-        ``learn_from`` found become known once none re-read for ``quiet_s`` (the rule a
-        change that learns on the spot uses) or its window has passed. A read after
-        ``change`` may be a re-read of it: it does not count.
-
-        Unless a client they do not include read the keymap after that window (a browser
-        started later): whether it re-reads is not known, so this change learns anew."""
-        heard = {c: at for c, at in self._rereads.items() if at < change}
-        if self._learning is None or not heard:
+        """At the first change after :meth:`learn_from` (under the lock): its readers become
+        known if their re-reads had stopped for ``quiet_s`` before the window ended, and no
+        client that connected since has read the keymap (a browser started later: whether
+        it re-reads is not known). Else this change learns on the spot, as without it."""
+        if self._learning is None:
             return
         start, end = self._learning
-        if change <= end and change - max(heard.values()) < quiet_s:
-            return  # they may be re-reading still: this change learns on the spot
         end = min(end, change)
-        self._learning = (start, end)  # nothing later counts as a re-read of that change
+        heard = {c: at for c, at in self._rereads.items() if at < end}
+        self._learning = None
         self._rereads.clear()
-        if not any(end < at < change and c not in heard for c, at in self._fetched.items()):
+        settled = bool(heard) and end - max(heard.values()) >= quiet_s
+        newcomers = any(self._started.get(c, 0.0) >= start for c in self._fetched)
+        if settled and not newcomers:
             self._readers |= heard.keys()
 
     def wait_reread(self, since: float, timeout_s: float, quiet_s: float = 0.1) -> bool:

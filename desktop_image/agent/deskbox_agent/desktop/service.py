@@ -39,9 +39,8 @@ __all__ = ["DesktopService", "register_desktop"]
 T = TypeVar("T")
 MAX_READY_S = 300.0
 MAX_WATCH_S = 60.0
-# After this long without a desktop call, the keyboard's chores are done (the clients that
-# re-read the layout learned, keycodes lent beyond those that stay lent given back) and
-# free memory goes back.
+# After this long without a desktop call, keycodes lent beyond those that stay lent and
+# free memory go back.
 IDLE_TRIM_S = 2.0
 # The reply to one action that has no result and no screenshot (a click): always the same.
 _NO_RESULTS = Parts().blob({"results": [None], "settled": True, "screenshot": None})
@@ -132,12 +131,13 @@ class DesktopService:
                 self._trim = loop.call_later(IDLE_TRIM_S, self._when_idle, self._malloc)
 
     def _when_idle(self, malloc: _Malloc) -> None:
-        """No desktop call for IDLE_TRIM_S: the keyboard's chores first (Desktop.
-        do_keyboard_chores), then free memory."""
+        """No desktop call for IDLE_TRIM_S: keycodes lent beyond those that stay lent go
+        back first, then free memory."""
         desktop = self._desktop
-        if desktop is not None and desktop.keyboard_chores_due and not self._closed:
+        if desktop is not None and desktop.keyboard.lends_extra and not self._closed:
+            # Its turn on the worker ends by setting this timer again: the trim follows.
             self._idle_work = asyncio.get_running_loop().create_task(
-                self._do_keyboard_chores(malloc))
+                self._give_back_keycodes())
             return
         # On the watch's thread if only watch calls came (a recording of a desktop that
         # a person drives over VNC).
@@ -146,18 +146,14 @@ class DesktopService:
             with contextlib.suppress(RuntimeError):  # shut down meanwhile: nothing to trim
                 executor.submit(malloc.trim)
 
-    async def _do_keyboard_chores(self, malloc: _Malloc) -> None:
-        """In the worker's turn like any call (a few X round trips; they never wait for
-        other clients), then the trim. The turn ends by setting the idle timer again: what
-        is still due (keys typed on lent keycodes that may still be unread) is tried after
-        the next idle spell."""
-
-        def chores_then_trim() -> None:
-            self._with_desktop(lambda desktop: desktop.do_keyboard_chores())
-            malloc.trim()
-
+    async def _give_back_keycodes(self) -> None:
+        """Idle: the keycodes lent beyond those that stay lent go back (keyboard.py), in
+        the worker's turn like any call (a few X round trips; it never waits for the
+        screen). Its turn ends by setting the idle timer again: if the keys typed on them
+        may still be unread, the next idle spell tries again."""
         with contextlib.suppress(CallError):  # the desktop failed: its next call says so
-            await self._on_worker(chores_then_trim)
+            await self._on_worker(
+                lambda: self._with_desktop(lambda desktop: desktop.give_back_keycodes()))
 
     def _connected(self) -> Desktop:
         """The desktop, connected now if it is not (on the worker thread)."""
@@ -297,8 +293,11 @@ class DesktopService:
             raise CallError(error.status, error.kind, error.message + why) from None
         # The desktop's own connections (input, capture: libraries found, shared memory
         # set up) are made now, while the sandbox is young: a session that later runs into
-        # its pids limit (a fork bomb) can still be driven.
-        await self._on_worker(lambda: self._with_desktop(lambda desktop: None))
+        # its pids limit (a fork bomb) can still be driven. With the browser up and nobody
+        # typing yet, who re-reads the layout is learned now too (a snapshot of a session
+        # just started hands that on to each copy).
+        await self._on_worker(lambda: self._with_desktop(
+            lambda desktop: desktop.learn_keymap_readers() if browser else None))
         return dict(timings)
 
     async def watch(self, args: Mapping[str, Json]) -> Blob:
