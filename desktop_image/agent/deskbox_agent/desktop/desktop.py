@@ -57,6 +57,14 @@ _MAX_QUICK_NOTCHES = 20
 REUSE_MAX_BYTES = 4 * 1024 * 1024
 
 
+def _sends_keys(action: a.Action) -> bool:
+    """Typing and keys, or modifiers held around a click or the wheel."""
+    match action:
+        case a.Click(modifiers=modifiers) | a.Scroll(modifiers=modifiers):
+            return bool(modifiers)
+    return isinstance(action, _KEYBOARD_ACTIONS)
+
+
 def sends_without_waiting(action: a.Action) -> bool:
     """True for a pointer action whose events go out in one go, with no wait between
     them and none after but the X server's round trip: a single click without modifiers,
@@ -217,7 +225,8 @@ class Desktop:
             raise self._failure(error) from None
 
     def _perform(self, action: a.Action, space: Space) -> ActionResult:
-        self._keys_go_out()  # keys, or modifiers held around a click
+        if _sends_keys(action):
+            self._keys_go_out()
         if isinstance(action, _KEYBOARD_ACTIONS):
             self._let_buttons_land(react=True)
             # Damage from here on is the keys' doing: _typing_shown waits for it to stop.
