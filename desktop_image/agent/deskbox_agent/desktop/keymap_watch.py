@@ -110,9 +110,10 @@ class KeymapWatch:
         """The keymap was changed at ``since`` and nobody waits: the clients connected before
         it that re-read it within ``window_s`` become its readers, if their re-reads had
         stopped (for the quiet a change that learns on the spot waits for) before the next
-        change or keys sent (:meth:`keys_sent`). Nobody else may type meanwhile: a client
+        change or keys sent (:meth:`keys_sent`). So it is for when nobody types: a client
         that reads the keymap only when a key comes (two of Chromium's four connections do)
-        would be taken for a reader, and every change would wait for it until its timeout."""
+        would be taken for a reader, and every change would wait for it until its timeout
+        (the agent's keys end the window; a person's over the live view would not)."""
         with self._lock:
             self._learning = (since, since + window_s)
             self._rereads.clear()
