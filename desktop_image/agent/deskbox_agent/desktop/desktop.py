@@ -335,7 +335,7 @@ class Desktop:
     def _keys_go_out(self) -> None:
         """Keys are about to be sent: a client that reads the keymap now may be reading it
         for them, not re-reading a change (KeymapWatch.keys_sent)."""
-        if self._keymap_watch is not None and self._keymap_watch.learning:
+        if self._keymap_watch is not None:
             self._keymap_watch.keys_sent(time.monotonic())
 
     def give_back_keycodes(self) -> None:

@@ -119,11 +119,6 @@ class KeymapWatch:
             self._rereads.clear()
             self._learned_before = True
 
-    @property
-    def learning(self) -> bool:
-        """Whether re-reads of a change made by :meth:`learn_from` are being noted."""
-        return self._learning is not None  # a racy read: keys_sent looks again, locked
-
     def keys_sent(self, at: float) -> None:
         """Keys go out from ``at``: reads after it may be for them, not re-reads."""
         with self._lock:
