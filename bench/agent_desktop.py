@@ -238,8 +238,7 @@ async def measure(sock: Path, cdp: CdpPage, workdir: Path, n: int, clicks: int,
         rows.append(Row("type 100 ASCII chars: until exact in the DOM (the page's clock)",
                         page_ms))
         # Its characters off the layout are lent keycodes the first time (the browser
-        # re-reads the layout), which they keep: the first typing apart from the rest. The
-        # desktop's first lending: it waits for the clients the agent learned at `ready`.
+        # re-reads the layout), which they keep: the first typing apart from the rest.
         call_ms, dom_ms, _ = await typing(desk, cdp, TYPED_OFF_LAYOUT, 1 + max(3, n // 20))
         rows.append(Row(f"type {TYPED_OFF_LAYOUT!r}, the first time: the call", call_ms[:1]))
         rows.append(Row(f"type {TYPED_OFF_LAYOUT!r}, the first time: until exact in the DOM",

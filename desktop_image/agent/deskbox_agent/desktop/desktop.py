@@ -57,14 +57,6 @@ _MAX_QUICK_NOTCHES = 20
 REUSE_MAX_BYTES = 4 * 1024 * 1024
 
 
-def _sends_keys(action: a.Action) -> bool:
-    """Typing and keys, or modifiers held around a click or the wheel."""
-    match action:
-        case a.Click(modifiers=modifiers) | a.Scroll(modifiers=modifiers):
-            return bool(modifiers)
-    return isinstance(action, _KEYBOARD_ACTIONS)
-
-
 def sends_without_waiting(action: a.Action) -> bool:
     """True for a pointer action whose events go out in one go, with no wait between
     them and none after but the X server's round trip: a single click without modifiers,
@@ -225,8 +217,6 @@ class Desktop:
             raise self._failure(error) from None
 
     def _perform(self, action: a.Action, space: Space) -> ActionResult:
-        if _sends_keys(action):
-            self._keys_go_out()
         if isinstance(action, _KEYBOARD_ACTIONS):
             self._let_buttons_land(react=True)
             # Damage from here on is the keys' doing: _typing_shown waits for it to stop.
@@ -311,32 +301,10 @@ class Desktop:
         typed here, the way ``type`` types one, once the screen has settled."""
         self._check_alive()
         self._marked = None
-        self._keys_go_out()
         try:
             self.keyboard.tap_keysym(keysym)
         except X_ERRORS as error:
             raise self._failure(error) from None
-
-    def learn_keymap_readers(self) -> None:
-        """Once in the desktop's life, with the browser up and nobody typing yet: learn which
-        clients re-read a changed layout, so that the first character off the layout waits
-        only for them (a `type` of it ~15 ms), not until their re-reads have stopped for a
-        while (~155 ms). The table is written unchanged and the re-reads are noted in the
-        background (KeymapWatch.learn_from). Never waits."""
-        self._check_alive()
-        if self._keymap_watch is None or self._keymap_watch.knows_readers:
-            return
-        try:
-            since = self.keyboard.rewrite_unchanged()
-        except X_ERRORS as error:
-            raise self._failure(error) from None
-        self._keymap_watch.learn_from(since, window_s=1.0 * self._patience)
-
-    def _keys_go_out(self) -> None:
-        """Keys are about to be sent: a client that reads the keymap now may be reading it
-        for them, not re-reading a change (KeymapWatch.keys_sent)."""
-        if self._keymap_watch is not None:
-            self._keymap_watch.keys_sent(time.monotonic())
 
     def give_back_keycodes(self) -> None:
         """Keycodes lent beyond the few that stay lent go back (Keyboard.give_back_extra)

@@ -190,15 +190,6 @@ class Keyboard:
             rows[keycode - self._min_keycode] = (X.NoSymbol,) * len(rows[0])
         self._write_mapping(rows)
 
-    def rewrite_unchanged(self) -> float:
-        """Write the table as it is: every client that follows changes re-reads it, so they
-        can be learned before a lending has to wait for them. When it was written."""
-        self._stale = True  # as give_back_extra: the table as it is now, whoever changed it
-        self._refresh()
-        since = time.monotonic()
-        self._write_mapping(list(self._rows))
-        return since
-
     def _write_mapping(self, rows: list[tuple[int, ...]]) -> None:
         """Replace the whole table in one request.
 

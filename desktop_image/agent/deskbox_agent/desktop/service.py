@@ -293,11 +293,8 @@ class DesktopService:
             raise CallError(error.status, error.kind, error.message + why) from None
         # The desktop's own connections (input, capture: libraries found, shared memory
         # set up) are made now, while the sandbox is young: a session that later runs into
-        # its pids limit (a fork bomb) can still be driven. With the browser up and nobody
-        # typing yet, who re-reads the layout is learned now too (a snapshot of a session
-        # just started hands that on to each copy).
-        await self._on_worker(lambda: self._with_desktop(
-            lambda desktop: desktop.learn_keymap_readers() if browser else None))
+        # its pids limit (a fork bomb) can still be driven.
+        await self._on_worker(lambda: self._with_desktop(lambda desktop: None))
         return dict(timings)
 
     async def watch(self, args: Mapping[str, Json]) -> Blob:
