@@ -12,6 +12,7 @@ from deskbox_server.engines.runc.layout import SANDBOX_USER_IDS
 from deskbox_server.engines.runc.sandbox import RuncSandbox
 
 from ..sandbox_agent import connect_agent
+from ..scheduling import POLICIES, SCHED_IDLE, SCHED_OTHER, policies_by_name
 from .conftest import exec_in
 
 
@@ -163,12 +164,6 @@ def test_proc_paths_are_masked_and_read_only(sandbox: RuncSandbox) -> None:
     assert exec_in(sandbox, "ls", "/sys/firmware").stdout == ""
 
 
-# Every thread of every process of the sandbox: its name and its scheduling policy.
-POLICIES = ("for t in /proc/[0-9]*/task/[0-9]*; do "
-            "echo $(cat ${t%/task/*}/comm) $(grep ^policy $t/sched | tr -dc 0-9); done")
-SCHED_OTHER, SCHED_IDLE = 0, 5
-
-
 def test_the_workload_yields_to_the_agent_and_the_x_server(sandbox: RuncSandbox) -> None:
     """Chromium (every process and thread of it) and the commands the agent runs are at
     SCHED_IDLE inside the session's CPU cgroup: a click or screenshot for the agent, the
@@ -177,11 +172,7 @@ def test_the_workload_yields_to_the_agent_and_the_x_server(sandbox: RuncSandbox)
     policy."""
     done = exec_in(sandbox, "sh", "-c", POLICIES)
     assert done.returncode == 0, done.stderr
-    policies: dict[str, list[int]] = {}
-    for line in done.stdout.splitlines():
-        if line.strip():
-            name, value = line.rsplit(" ", 1)
-            policies.setdefault(name, []).append(int(value))
+    policies = policies_by_name(done.stdout)
     assert set(policies["chromium"]) == {SCHED_IDLE}, policies
     for name in ("Xvfb", "openbox", "deskbox-session"):
         assert set(policies[name]) == {SCHED_OTHER}, policies

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -122,6 +123,8 @@ async def run_exec(stream: Stream, spec: ExecSpec, spawner: Spawner) -> None:
     try:
         proc = await spawner.start(spec.cmd, env, spec.cwd)
     except OSError as e:
+        if e.errno == errno.EAGAIN:
+            raise  # no fork at the sandbox's pids limit: a 429 (registry.failure_answer)
         await stream.error(422, "exec_failed", f"cannot run {spec.cmd[0]!r}: {e.strerror}")
         return
     assert proc.stdout is not None and proc.stderr is not None
