@@ -135,11 +135,11 @@ def start_desktop_agent(socket_path: Path, display: str, site: Path,
         [sys.executable, "-m", "deskbox_agent", "--listen", f"unix:{socket_path}",
          "--display", display], env=env, stderr=subprocess.PIPE,
     )
-    wait_listening(proc, socket_path)
+    _wait_listening(proc, socket_path)
     return proc
 
 
-def wait_listening(proc: subprocess.Popen[bytes], socket_path: Path) -> None:
+def _wait_listening(proc: subprocess.Popen[bytes], socket_path: Path) -> None:
     deadline = time.monotonic() + 10
     while True:
         with socket.socket(socket.AF_UNIX) as probe:
@@ -163,7 +163,7 @@ def scripted_agent(script: str, mode: str, socket_path: Path) -> Iterator[Path]:
     proc = subprocess.Popen([sys.executable, "-c", script, "--listen", f"unix:{socket_path}"],
                             env=env, stderr=subprocess.PIPE)
     try:
-        wait_listening(proc, socket_path)
+        _wait_listening(proc, socket_path)
         yield socket_path
     finally:
         stop_agent(proc)

@@ -213,16 +213,18 @@ def test_a_fork_bomb_hits_the_pids_limit_and_the_session_runs_on(
     server_and_neighbour_answer(client, neighbour)
 
 
-# Takes every thread the sandbox may start, and keeps them; and takes any freed later (by a
-# process that was starting while it filled them, or a command that ended), so that a
-# call finds none free.
+# Takes every thread the sandbox may start, and keeps them.
 HOLD_EVERY_PID = """
 import threading, time
+made = 0
 while True:
     try:
         threading.Thread(target=time.sleep, args=(1e6,), daemon=True).start()
     except RuntimeError:
-        time.sleep(0.02)
+        break
+    made += 1
+open('/tmp/held', 'w').write(str(made))
+time.sleep(1e6)
 """
 
 

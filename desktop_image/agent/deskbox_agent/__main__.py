@@ -31,7 +31,6 @@ from .h2server import serve_connection
 from .limits import Limits
 from .registry import Json, Registry
 from .routes import Router
-from .spawner import IDLE_COMMANDS_ENV, Spawner
 
 __all__ = ["main"]
 
@@ -80,9 +79,9 @@ async def _proved(reader: asyncio.StreamReader, token: bytes) -> bool:
     return hmac.compare_digest(line, TOKEN_PREFIX + token + b"\n")
 
 
-async def serve(address: str, limits: Limits, registry: Registry, spawner: Spawner,
+async def serve(address: str, limits: Limits, registry: Registry,
                 token: bytes | None = None) -> None:
-    router = Router(registry, limits, spawner)
+    router = Router(registry, limits)
     scheme, _, rest = address.partition(":")
     if token is not None and scheme != "tcp":
         raise SystemExit("--token-file is for tcp: addresses")
@@ -193,7 +192,6 @@ def main(argv: list[str] | None = None) -> int:
     token = read_token(args.token_file) if args.token_file else None
     # Out of the environment: the commands the agent runs see no DESKBOX_ variable.
     init_dir = os.environ.pop(INIT_DIR_ENV, "") or None
-    spawner = Spawner(idle=os.environ.pop(IDLE_COMMANDS_ENV, "") == "1")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="deskbox-agent: %(message)s")
 
@@ -209,9 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                    if display else None)
         try:
             with contextlib.suppress(asyncio.CancelledError):
-                await serve(args.listen, Limits(), registry, spawner, token)
+                await serve(args.listen, Limits(), registry, token)
         finally:
-            spawner.close()
             if service is not None:
                 await asyncio.to_thread(service.close)
 

@@ -14,20 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import json
 import os
 import signal
-import subprocess
 from collections.abc import Mapping
-from typing import IO
 
 from .fdwait import wait_readable
 from .h2server import Stream
 from .limits import Limits
 from .records import EXIT, MAX_RECORD, STDERR, STDOUT, record
 from .registry import Json
-from .spawner import Spawner
 
 __all__ = ["ExecSpec", "parse_exec", "run_exec"]
 
@@ -117,52 +113,23 @@ class _Pump:
                 await self.out.put(record(self.kind, keep))
 
 
-async def run_exec(stream: Stream, spec: ExecSpec, spawner: Spawner) -> None:
+async def run_exec(stream: Stream, spec: ExecSpec) -> None:
     env = dict(os.environ)
     env.update(spec.env)
     try:
-        proc = await spawner.start(spec.cmd, env, spec.cwd)
+        proc = await asyncio.create_subprocess_exec(
+            *spec.cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=env, cwd=spec.cwd, start_new_session=True,
+            limit=MAX_RECORD,
+        )
     except OSError as e:
-        if e.errno == errno.EAGAIN:
-            raise  # no fork at the sandbox's pids limit: a 429 (registry.failure_answer)
         await stream.error(422, "exec_failed", f"cannot run {spec.cmd[0]!r}: {e.strerror}")
         return
     assert proc.stdout is not None and proc.stderr is not None
-    files = (proc.stdout, proc.stderr)
-    pipes: list[asyncio.BaseTransport] = []
-    try:
-        stdout = await _reader(files[0], pipes)
-        stderr = await _reader(files[1], pipes)
-        await _serve(stream, spec, proc, stdout, stderr)
-    finally:
-        if proc.poll() is None:  # cancelled before _serve could stop it
-            _kill_group(proc.pid)
-        # Our ends of the pipes: a child left behind may hold theirs open for as long as it
-        # likes.
-        for pipe in pipes:
-            pipe.close()
-        for file in files:
-            file.close()  # one whose transport was never made
-        with contextlib.suppress(ProcessLookupError):
-            await _exited(proc)
-
-
-async def _reader(pipe: IO[bytes], transports: list[asyncio.BaseTransport]
-                  ) -> asyncio.StreamReader:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=MAX_RECORD)
-    transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), pipe)
-    transports.append(transport)
-    return reader
-
-
-async def _serve(stream: Stream, spec: ExecSpec, proc: subprocess.Popen[bytes],
-                 stdout: asyncio.StreamReader, stderr: asyncio.StreamReader) -> None:
     queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=4)
     readers = [
-        _Pump(stdout, STDOUT, spec.max_output, queue),
-        _Pump(stderr, STDERR, spec.max_output, queue),
+        _Pump(proc.stdout, STDOUT, spec.max_output, queue),
+        _Pump(proc.stderr, STDERR, spec.max_output, queue),
     ]
     pumps = [asyncio.create_task(r.run()) for r in readers]
     timed_out = False
@@ -218,22 +185,38 @@ async def _serve(stream: Stream, spec: ExecSpec, proc: subprocess.Popen[bytes],
             for task in [*pumps, waiter]:
                 task.cancel()
             await asyncio.gather(*pumps, waiter, return_exceptions=True)
+        # Our ends of the pipes: a child left behind may hold theirs open for as long as it
+        # likes, and asyncio lets the process go only once both are closed.
+        transport = getattr(proc, "_transport", None)
+        if isinstance(transport, asyncio.SubprocessTransport):
+            transport.close()
+        with contextlib.suppress(ProcessLookupError):
+            await _exited(proc)
 
 
-async def _exited(proc: subprocess.Popen[bytes]) -> None:
-    """Until the command itself has exited, then reaped (``returncode`` set).
+async def _exited(proc: asyncio.subprocess.Process) -> None:
+    """Until the command itself has exited and was reaped.
 
-    The pidfd tells the exit without a thread or a child watcher: the command may have left
-    processes behind that hold its output pipes for as long as they run.
+    Not ``proc.wait()``: that also waits until its output pipes are closed (Python 3.11's
+    asyncio wakes it only then), which a process the command left behind may delay for
+    as long as it runs. The pidfd tells the exit at once; the child watcher then reaps it
+    and sets ``returncode`` moments later.
     """
     if proc.returncode is not None:
         return
-    pidfd = os.pidfd_open(proc.pid)  # not reaped until poll() below: the pid is still ours
     try:
-        await wait_readable(pidfd)
-    finally:
-        os.close(pidfd)
-    proc.poll()
+        pidfd = os.pidfd_open(proc.pid)
+    except OSError:
+        pidfd = -1  # reaped already: returncode is about to be set
+    if pidfd >= 0:
+        try:
+            await wait_readable(pidfd)
+        finally:
+            os.close(pidfd)
+    delay = 0.0005
+    while proc.returncode is None:
+        await asyncio.sleep(delay)
+        delay = min(0.05, delay * 2)
 
 
 def _kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
@@ -241,7 +224,7 @@ def _kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
         os.killpg(pid, sig)
 
 
-async def _stop(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+async def _stop(proc: asyncio.subprocess.Process, grace_s: float) -> None:
     """SIGTERM to the group and up to ``grace_s`` for the command to exit, then SIGKILL to
     the group (what ignored SIGTERM, or was left behind by the command, goes too).
 

@@ -14,7 +14,6 @@ from .files import get_file, put_file
 from .h2server import Stream
 from .limits import Limits
 from .registry import Json, Registry
-from .spawner import Spawner
 
 __all__ = ["Router"]
 
@@ -23,10 +22,9 @@ _TCP = re.compile(r"^/v1/channels/tcp/([0-9]{1,5})$")
 
 
 class Router:
-    def __init__(self, registry: Registry, limits: Limits, spawner: Spawner) -> None:
+    def __init__(self, registry: Registry, limits: Limits) -> None:
         self.registry = registry
         self.limits = limits
-        self.spawner = spawner
         self.started = time.monotonic()
 
     async def __call__(self, stream: Stream) -> None:
@@ -45,7 +43,7 @@ class Router:
             if isinstance(spec, str):
                 await stream.error(400, "bad_request", spec)
             else:
-                await run_exec(stream, spec, self.spawner)
+                await run_exec(stream, spec)
         elif path == "/v1/files" and method == "GET":
             await get_file(stream, self.limits)
         elif path == "/v1/files" and method == "PUT":

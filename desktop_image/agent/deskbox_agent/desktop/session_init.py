@@ -107,8 +107,8 @@ class StuckBrowser:
             self._pid = None
 
 
-# The browser's process: `chrt` for the moment before it execs Chromium (deskbox-session).
-_BROWSER_NAMES = (b"chromium", b"chrt")
+# The browser's process: `nice` for the moment before it execs Chromium (deskbox-session).
+_BROWSER_NAMES = (b"chromium", b"nice")
 
 
 def _stat(pid: int) -> tuple[str, float] | None:
