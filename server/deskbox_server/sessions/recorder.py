@@ -260,7 +260,10 @@ class Recorder:
         self._humans.clear()
         self.closed = True
         await self.unwatch()
-        self._writer.cancel()
+        # Not in the middle of a flush: its lines would be written by a thread nobody
+        # waits for, after the recording was reported stopped and read back.
+        async with self._writing:
+            self._writer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._writer
         await self.flush()
