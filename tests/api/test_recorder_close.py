@@ -12,9 +12,8 @@ from datetime import timedelta
 from pathlib import Path
 
 from deskbox_server.schemas.events import SessionEvent
-from deskbox_server.sessions import recorder as recorder_module
 from deskbox_server.sessions.lifecycle import utcnow
-from deskbox_server.sessions.recorder import Recorder
+from deskbox_server.sessions.recorder import FLUSH_S, Recorder
 from deskbox_server.sessions.recording_store import RecordingMeta, RecordingStore
 
 
@@ -47,7 +46,7 @@ async def test_the_end_of_a_recording_waits_for_the_flush_on_its_way(tmp_path: P
     for n in range(5):
         recorder.event(help_requested(n))
     # The writer's own flush (every FLUSH_S) takes the five entries and is writing them.
-    deadline = time.monotonic() + 5 * recorder_module.FLUSH_S
+    deadline = time.monotonic() + 5 * FLUSH_S
     while not store.writing.is_set():
         assert time.monotonic() < deadline, "the writer never flushed"
         await asyncio.sleep(0.01)
