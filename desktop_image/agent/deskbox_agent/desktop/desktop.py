@@ -23,6 +23,7 @@ from Xlib.protocol.rq import Event
 from . import actions as a
 from .capture import Capturer
 from .clipboard import Clipboard
+from .cpu_waits import CpuWaits
 from .encode import EncodedImage, encode
 from .errors import DesktopFailed, InvalidAction
 from .frame import Frame
@@ -127,7 +128,7 @@ class Desktop:
             self.height: int = screen.height_in_pixels
             self.pointer = Pointer(self._x)
             self.settle_options = a.SettleOptions()
-            self._settle = SettleWatcher(self._x, self._on_event)
+            self._settle = SettleWatcher(self._x, self._on_event, CpuWaits(self._x))
             self._keymap_watch = self._watch_keymap_reads()
             self.keyboard = Keyboard(self._x, self._typing_shown, self._keymap_reread)
             self._capturer = Capturer(display_name, self._x)

@@ -9,6 +9,7 @@ from Xlib.display import Display
 from Xlib.ext import damage
 from Xlib.protocol.rq import Event
 
+from .cpu_waits import CpuWaits, Sample
 from .xwait import drain_events, wait_readable
 
 __all__ = ["SettleWatcher"]
@@ -24,8 +25,11 @@ class SettleWatcher:
     need not wait out a fresh quiet window on a screen that has long been still.
     """
 
-    def __init__(self, display: Display, on_other_event: Callable[[Event], None]) -> None:
+    def __init__(self, display: Display, on_other_event: Callable[[Event], None],
+                 waits: CpuWaits | None = None) -> None:
+        """``waits``: the desktop's programs' waits for a CPU, which quiet does not count."""
         self._display = display
+        self._waits = waits
         display.damage_query_version()
         self._damage = display.screen().root.damage_create(damage.DamageReportNonEmpty)
         self._damage_type = display.extension_event.DamageNotify
@@ -67,6 +71,8 @@ class SettleWatcher:
     def arm(self) -> None:
         """Forget damage seen so far: what follows is caused by the next actions."""
         self._take_damage()
+        if self._waits is not None:
+            self._waits.refresh()
 
     def forgive(self) -> float:
         """The damage so far left every pixel as it was (a repaint): empty the region and
@@ -105,12 +111,27 @@ class SettleWatcher:
         """Wait for ``quiet_s`` without damage, counted from ``since`` if given (a time
         ``quiet_since`` vouched for), else from now; False if it kept changing past
         ``timeout_s``. ``unchanged``: asked after damage, whether the screen is as it was
-        (a repaint of the same pixels counts as no change)."""
+        (a repaint of the same pixels counts as no change).
+
+        Until the screen first changes, quiet while the desktop's programs waited for a
+        CPU does not count (cpu_waits.py): the time they were held since this call
+        lengthens the window by as much, so that a screen still only because its
+        programs have not run yet is not called settled. Once it changed, quiet counts as
+        on an idle host: after answering a click Chromium goes on working unseen for a
+        while (its renderer runnable for 0.6 s with two busy loops), and counting that
+        doubled the settle for no screenshot less wrong. Quiet that is already long
+        enough when the call comes is taken as it is."""
         start = time.monotonic()
         deadline = start + timeout_s
         last_change = start if since is None else min(since, start)
         if since is not None:
             self._sync()  # damage up to now is read before quiet is declared
+        waits = self._waits
+        # The programs' waits as the call began; None once the screen has answered.
+        before: Sample | None = None
+        if waits is not None and start - last_change < quiet_s:
+            before = waits.sample()
+        held = 0.0
         while True:
             clean_since = self._clean_since
             if self._take_damage():
@@ -118,12 +139,18 @@ class SettleWatcher:
                     self._clean_since = clean_since
                 else:
                     last_change = time.monotonic()
+                    before, held = None, 0.0  # it answered: quiet is quiet from here
             now = time.monotonic()
-            if now - last_change >= quiet_s:
-                return True
+            if now - last_change - held >= quiet_s:
+                if waits is None or before is None:
+                    return True
+                held = waits.held_s(before, waits.sample())
+                now = time.monotonic()
+                if now - last_change - held >= quiet_s:
+                    return True
             if now >= deadline:
                 return False
-            wait_readable(self._display, min(last_change + quiet_s, deadline) - now)
+            wait_readable(self._display, min(last_change + held + quiet_s, deadline) - now)
 
     def pump(self) -> None:
         """Handle events that arrived between actions (layout changes, stray damage).
@@ -131,3 +158,5 @@ class SettleWatcher:
         actions (the warm pool sends one when a desktop is ready) clears damage older than
         itself."""
         self._take_damage()
+        if self._waits is not None:
+            self._waits.refresh()
