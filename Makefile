@@ -46,7 +46,7 @@ test: lint
 # tables in bench/results/YYYY-MM-DD.md. `make bench BENCH_ARGS=--quick`: small sizes.
 BENCHES := agent_desktop.py api.py vnc.py state.py container_start.py peers.py startup.py density.py \
 	load.py agent_protocol.py server_cpu.py agent_live.py exec.py click_layers.py vm.py engines.py rl.py \
-	volumes.py recording.py listing.py soak.py
+	volumes.py recording.py listing.py soak.py settle_busy.py
 BENCH_ARGS ?=
 
 bench: setup

@@ -47,6 +47,7 @@ QUICK: dict[str, list[str]] = {
     "rl.py": ["--resets", "4", "--envs", "1,4"],
     "volumes.py": ["--runs", "2"],
     "recording.py": ["--rounds", "1", "--iterations", "10"],
+    "settle_busy.py": ["--clicks", "10"],
     "listing.py": ["--ended", "2000", "--clicks", "40"],
     "soak.py": ["--cycles", "3", "--every", "1"],
 }
