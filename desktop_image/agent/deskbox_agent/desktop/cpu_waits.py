@@ -19,8 +19,10 @@ The programs: the X server (the peer of our connection), its clients (their pids
 X-Resource extension) and the descendants of each client that bear its name (Chromium's
 zygote, renderers and utility processes), but not the agent nor what it runs: a build's
 processes wait for a CPU all the time and draw nothing. Found again every few seconds,
-before actions (a navigation starts renderers). The files are opened at each sample,
-never kept open: CRIU cannot restore a process that holds another task's ``/proc`` files
+before actions whose settling is awaited (a navigation starts renderers), on the desktop's
+worker: never on the event loop's quick pointer path, which must not wait on the X server
+(a stalled X server would hold every call). The files are opened at each sample, never
+kept open: CRIU cannot restore a process that holds another task's ``/proc`` files
 (criu#1553), and the sandbox may be checkpointed at any time.
 """
 
@@ -51,9 +53,10 @@ class CpuWaits:
         self._found_at = -_REFRESH_S
 
     def refresh(self) -> None:
-        """Find the programs again if the last look is a few seconds old (a few ms of
-        reading ``/proc``): called before actions, so that the samples taken while the
-        screen settles after them do not pay for it, nor miss the waits it takes."""
+        """Find the programs again if the last look is a few seconds old (an X round trip
+        and a few ms of reading ``/proc``): called before actions, so that the samples
+        taken while the screen settles after them do not pay for it, nor miss the waits
+        it takes."""
         if time.monotonic() - self._found_at >= _REFRESH_S:
             self._pids = self._find()
             self._found_at = time.monotonic()

@@ -200,6 +200,7 @@ class Desktop:
                         # Damage since the mark that left every pixel as it was: a
                         # repaint (Chromium redraws after its processes were stopped).
                         quiet_since = self._settle.forgive()
+                self._settle.find_programs()
                 self._settle.arm()
             else:
                 self._settle.pump()

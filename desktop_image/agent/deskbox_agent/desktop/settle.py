@@ -71,6 +71,12 @@ class SettleWatcher:
     def arm(self) -> None:
         """Forget damage seen so far: what follows is caused by the next actions."""
         self._take_damage()
+
+    def find_programs(self) -> None:
+        """Before actions whose settling will be awaited: look for the desktop's programs
+        if the last look is old (an X round trip and ``/proc``; cpu_waits.py), so that the
+        wait does not pay for it. Never from the event loop's quick pointer path, which
+        must not wait on the X server."""
         if self._waits is not None:
             self._waits.refresh()
 
@@ -158,5 +164,3 @@ class SettleWatcher:
         actions (the warm pool sends one when a desktop is ready) clears damage older than
         itself."""
         self._take_damage()
-        if self._waits is not None:
-            self._waits.refresh()
