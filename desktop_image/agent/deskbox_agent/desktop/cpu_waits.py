@@ -5,15 +5,15 @@ A screen that shows nothing new for 100 ms is settled only if its programs were 
 draw meanwhile. With the session's CPU taken (a build the agent runs beside the browser,
 a host with more desktops than cores), Chromium may not even have read a click when the
 100 ms are over: with six busy loops in a sandbox of one CPU, 8 to 13 of 60 settled
-screenshots after a click showed the page before it (2026-12-07, bench/settle_busy.py). The
-kernel counts, per thread, the
-time it was runnable but not running (the second field of ``/proc/<pid>/task/<tid>/schedstat``).
-A click's answer passes through a chain of threads (the browser's X reader, the renderer's
-main thread and compositor, the display compositor, the X server): for each program the
-longest wait of one of its threads, summed over the programs, is the time the chain was
-held. Summing every thread instead counts the many threads that wait side by side many
-times over (settles twice as long with two busy loops, for no screenshot less wrong);
-the main threads alone missed the compositors' waits (the test still failed).
+screenshots after a click showed the page before it (2026-12-07, bench/settle_busy.py).
+The kernel counts, per thread, the time it was runnable but not running (the second field
+of ``/proc/<pid>/task/<tid>/schedstat``). A click's answer passes through a chain of
+threads (the browser's X reader, the renderer's main thread and compositor, the display
+compositor, the X server): for each program the longest wait of one of its threads,
+summed over the programs, is the time the chain was held. Summing every thread instead
+counts the many threads that wait side by side many times over (settles twice as long
+with two busy loops, for no screenshot less wrong); the main threads alone missed the
+compositors' waits (the test still failed).
 
 The programs: the X server (the peer of our connection), its clients (their pids from the
 X-Resource extension) and the descendants of each client that bear its name (Chromium's
@@ -42,6 +42,7 @@ __all__ = ["CpuWaits", "Sample"]
 Sample = dict[int, dict[int, int]]
 _REFRESH_S = 5.0
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
+_MAX_DEPTH = 64  # of a process tree
 
 
 class CpuWaits:
@@ -106,10 +107,12 @@ class CpuWaits:
         found = set(clients)
         for pid, (program, parent) in processes.items():
             ancestor: int | None = parent
-            while ancestor is not None and ancestor not in clients and ancestor != me:
+            # Bounded: parents read at different times could, with pids reused, loop.
+            for _ in range(_MAX_DEPTH):
+                if ancestor is None or ancestor in clients or ancestor == me:
+                    break
                 ancestor = processes[ancestor][1] if ancestor in processes else None
-            if (ancestor is not None and ancestor in clients
-                    and processes.get(ancestor, (None, 0))[0] == program):
+            if ancestor in clients and processes.get(ancestor, (None, 0))[0] == program:
                 found.add(pid)
         if server is not None:
             found.add(server)
