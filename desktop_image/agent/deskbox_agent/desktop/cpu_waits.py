@@ -36,6 +36,8 @@ import time
 from Xlib.display import Display
 from Xlib.ext import res
 
+from .procstat import proc_stat
+
 __all__ = ["CpuWaits", "Sample"]
 
 # pid -> (tid -> nanoseconds the thread has waited for a CPU since it started).
@@ -50,6 +52,7 @@ class CpuWaits:
 
     def __init__(self, display: Display) -> None:
         self._display = display
+        self._server = _server_pid(display)  # the peer of a connection never changes
         self._pids: tuple[int, ...] = ()
         self._found_at = -_REFRESH_S
 
@@ -97,7 +100,7 @@ class CpuWaits:
         descendants; none that cannot be known (no X-Resource, a remote X server)."""
         me = os.getpid()
         clients = {pid for pid in self._client_pids() if pid != me}
-        server = self._server_pid()
+        server = self._server
         if not clients and server is None:
             return ()
         processes: dict[int, tuple[bytes, int]] = {}
@@ -128,30 +131,28 @@ class CpuWaits:
             return []
         return [int(value.value[0]) for value in reply.ids if value.value]
 
-    def _server_pid(self) -> int | None:
-        try:
-            sock = socket.socket(fileno=os.dup(self._display.fileno()))
-        except OSError:
+
+def _server_pid(display: Display) -> int | None:
+    """The X server's pid: the peer of the connection's unix socket (None over TCP)."""
+    try:
+        sock = socket.socket(fileno=os.dup(display.fileno()))
+    except OSError:
+        return None
+    try:
+        if sock.family != socket.AF_UNIX:
             return None
-        try:
-            if sock.family != socket.AF_UNIX:
-                return None
-            pid, _, _ = _PEERCRED.unpack(
-                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
-            return pid if pid > 0 else None
-        except OSError:
-            return None
-        finally:
-            sock.close()
+        pid, _, _ = _PEERCRED.unpack(
+            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+        return pid if pid > 0 else None
+    except OSError:
+        return None
+    finally:
+        sock.close()
 
 
 def _name_and_parent(pid: int) -> tuple[bytes, int] | None:
-    """The process's name (its program's, unless it renamed itself) and its parent's pid."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            line = stat.read(1024)
-        # The name (field 2) may hold spaces and parentheses: fields after its last ')'.
-        start, end = line.index(b"("), line.rindex(b")")
-        return line[start + 1:end], int(line[end + 2:].split()[1])
-    except (OSError, ValueError, IndexError):
+    """The process's name and its parent's pid."""
+    stat = proc_stat(pid)
+    if stat is None or len(stat[1]) < 2 or not stat[1][1].isdigit():
         return None
+    return stat[0], int(stat[1][1])

@@ -18,6 +18,8 @@ import os
 import signal
 import time
 
+from .procstat import proc_stat
+
 __all__ = ["ENV", "StuckBrowser", "clues"]
 
 ENV = "DESKBOX_INIT_LOGS"
@@ -114,14 +116,11 @@ _BROWSER_NAMES = (b"chromium", b"nice")
 def _stat(pid: int) -> tuple[str, float] | None:
     """The browser's state letter and CPU seconds (all its threads), or None if ``pid`` is
     gone or is no browser (any more)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            head, tail = stat.read(4096).rsplit(b")", 1)
-    except (OSError, ValueError):
+    stat = proc_stat(pid)
+    if stat is None:
         return None
-    fields = tail.split()
-    if (head.partition(b"(")[2] not in _BROWSER_NAMES or len(fields) < 13
-            or fields[0] == b"Z"):
+    name, fields = stat
+    if name not in _BROWSER_NAMES or len(fields) < 13 or fields[0] == b"Z":
         return None
     return fields[0].decode(), (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
 
