@@ -46,7 +46,7 @@ async def take_snapshot(request: Request, caller: Caller, session_id: str) -> Sn
     Actions get 409 while it is taken (about a second); VNC viewers and DevTools clients
     are disconnected and may reconnect.
     """
-    record = await get_services(request).manager.snapshot(caller.key_id, session_id)
+    record = await get_services(request).manager.copies.snapshot(caller.key_id, session_id)
     return to_snapshot(record, request)
 
 
@@ -56,7 +56,7 @@ async def fork(
 ) -> Forks:
     """``count`` new running sessions from this one's current state, each its own sandbox."""
     count = (body or ForkRequest()).count
-    records = await get_services(request).manager.fork(caller.key_id, session_id, count)
+    records = await get_services(request).manager.copies.fork(caller.key_id, session_id, count)
     return Forks(sessions=[to_resource(r, request) for r in records])
 
 

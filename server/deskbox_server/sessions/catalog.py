@@ -1,8 +1,8 @@
 """The snapshots a caller sees: finding, listing and deleting them, and their pools.
 
-Made snapshots come from ``SessionManager.snapshot`` (a running session's checkpoint);
-this catalog keeps the rest of their life: the store on disk (snapshots.py) and the warm
-pool's ready copies of each (pool.py).
+Made snapshots come from ``SessionCopies.snapshot`` (copies.py: a running session's
+checkpoint); this catalog keeps the rest of their life: the store on disk (snapshots.py)
+and the warm pool's ready copies of each (pool.py).
 """
 
 from __future__ import annotations

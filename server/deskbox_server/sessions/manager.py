@@ -1,5 +1,5 @@
 """The table of sessions: create, find, keep alive and stop them; caps; idle expiry;
-recovery at start; snapshots and forks of a session.
+recovery at start. Snapshots and forks of a session are copies.py's.
 
 The manager owns the live sessions of this process (their desktops, desktop.py) and keeps the
 registry in step with every state change; in a fleet of servers that share their registry,
@@ -31,20 +31,19 @@ from ..errors import (
     Conflict,
     DeskboxError,
     InsufficientStorage,
-    Internal,
     InvalidRequest,
     NotFound,
-    QuotaExceeded,
     SessionFailed,
 )
 from ..metrics import Metrics
 from ..schemas.health import EngineSummary
-from ..schemas.sessions import Resources, SessionCreate, SessionState
+from ..schemas.sessions import SessionCreate, SessionState
 from ..settings import Settings
 from . import start_stop
 from .browser_watch import BrowserWatch
 from .catalog import SnapshotCatalog
 from .context import SessionContext
+from .copies import SessionCopies
 from .desktop import AnyDesktop
 from .events import EventLog
 from .fleet import Fleet
@@ -64,7 +63,7 @@ from .registry import Registry
 from .secrets import SecretStore
 from .session import Session
 from .shared_registry import SharedRegistry
-from .snapshots import SnapshotRecord, SnapshotStore
+from .snapshots import SnapshotStore
 from .volumes import VolumeStore
 
 __all__ = ["LiveSession", "SessionManager"]
@@ -141,11 +140,17 @@ class SessionManager:
         # GET/DELETE /v1/snapshots and the snapshots' pools (catalog.py).
         self.catalog = SnapshotCatalog(self.snapshots, self.pool, settings.max_sessions_per_key,
                                        self._engines)
+        changes = ChangesInFlight()
         self._context = SessionContext(
             registry=registry, browsers=self._browsers, links=self.links, frames=self._frames,
             metrics=metrics, publish=self._publish_state, fail=self._fail_soon,
             volumes=self.volumes, secrets=self.secrets, events=self.events,
-            recordings=self.recordings, changes=ChangesInFlight(),
+            recordings=self.recordings, changes=changes,
+        )
+        # POST /v1/sessions/{id}/snapshots and /fork (copies.py).
+        self.copies = SessionCopies(
+            self, self.snapshots, self.catalog, self._forks, changes, self._fleet,
+            settings.snapshot_quota_mb, self._removals,
         )
 
     # -- server lifetime ------------------------------------------------------------------
@@ -533,7 +538,7 @@ class SessionManager:
         elif body.from_snapshot is not None and body.resources is None and body.network is None:
             key = SnapshotKey(body.from_snapshot, owner, snapshot)  # not a fork's copy
         if key is not None and self.pool is not None:
-            self._check_capacity(owner)
+            self.check_capacity(owner)
             claimed = self.pool.claim(key)
             if claimed is not None:
                 return await self._adopt_from_pool(owner, body, backend_name, timeout_s,
@@ -552,7 +557,7 @@ class SessionManager:
         )
         engine.check(spec)
         if mounts:  # before a profile volume is made for a create that cannot run
-            self._check_capacity(owner)
+            self.check_capacity(owner)
             attached = await self.volumes.attach(
                 owner, session_id, mounts,
                 [body.browser.profile] if body.browser.profile is not None else [],
@@ -560,7 +565,7 @@ class SessionManager:
             spec = dataclasses.replace(spec, volumes=attached)
         try:
             # No await between the capacity check and taking the slot.
-            self._check_capacity(owner)
+            self.check_capacity(owner)
         except BaseException:
             self.volumes.detach(session_id)
             raise
@@ -581,6 +586,11 @@ class SessionManager:
         if wait:
             await self._started(live)
         return record
+
+    async def create_copy(self, owner: str, body: SessionCreate, checkpoint: Path,
+                          together: StartTogether) -> SessionRecord:
+        """One copy of a fork (copies.py): running, started from ``checkpoint``."""
+        return await self._create(owner, body, True, checkpoint, together)
 
     async def _started(self, live: LiveSession) -> None:
         """Wait for the session's start; SessionFailed if it failed, Conflict if it was
@@ -627,7 +637,7 @@ class SessionManager:
         log.info("session %s running (engine %s, from the warm pool)", record.id, backend_name)
         return record
 
-    def _check_capacity(self, owner: str, count: int = 1) -> None:
+    def check_capacity(self, owner: str, count: int = 1) -> None:
         live = list(self._live.values())
         retry = self._settings.retry_after_s
         if len(live) + count > self._settings.max_sessions:
@@ -741,100 +751,6 @@ class SessionManager:
             await asyncio.sleep(0)
         return None
 
-    # -- snapshots and forks (the checkpoint itself: Session.checkpoint) ------------------
-
-    async def snapshot(self, owner: str, session_id: str) -> SnapshotRecord:
-        """Checkpoint a running session to a snapshot; it runs on (API.md)."""
-        session = await self.session(owner, session_id, "live")
-        _refuse_copies_of_volumes(session.record)
-        record = session.record
-        # Soft: two snapshots taken at once may both pass, and a snapshot's size is known
-        # only once it is taken. It keeps one key from filling the disk that every key's
-        # hibernations and forks need.
-        quota_mb = self._settings.snapshot_quota_mb
-        used_mb = sum(s.size_bytes for s in await self.catalog.list(owner)) >> 20
-        if used_mb >= quota_mb:
-            raise QuotaExceeded(f"this API key's snapshots hold {used_mb} MB, its quota is "
-                                f"{quota_mb} MB (DESKBOX_SNAPSHOT_QUOTA_MB); delete one first")
-        return await self._context.changes.run(
-            self._take_snapshot(session, owner), f"snapshot of session {record.id}")
-
-    async def _take_snapshot(self, session: Session, owner: str) -> SnapshotRecord:
-        record = session.record
-        snapshot_id, directory = self.snapshots.new_id()
-        try:
-            info = await session.checkpoint(directory)
-        except BaseException:
-            # A checkpoint written before it failed (the session deleted while its agent
-            # came back) has no record: nothing lists it, and only a restart removed it.
-            await asyncio.shield(asyncio.to_thread(shutil.rmtree, directory, True))
-            raise
-        snapshot = SnapshotRecord(
-            id=snapshot_id, owner=owner, session_id=record.id, backend=record.backend,
-            body=record.body.model_copy(update={"from_snapshot": None}),
-            created_at=utcnow(), size_bytes=info.compressed_bytes or info.raw_bytes,
-            raw_bytes=info.raw_bytes,
-        )
-        await asyncio.to_thread(self.snapshots.save, snapshot)
-        log.info("session %s: snapshot %s (%.2f s, %d MiB)", record.id, snapshot_id,
-                 info.seconds, snapshot.size_bytes >> 20)
-        return snapshot
-
-    async def fork(self, owner: str, session_id: str, count: int) -> builtins.list[SessionRecord]:
-        """``count`` new running sessions, each a copy of this one as it is now.
-
-        All or nothing: if one copy fails, the others are deleted and SessionFailed says why.
-        """
-        session = await self.session(owner, session_id, "live")
-        record = session.record
-        _refuse_copies_of_volumes(record)
-        self._check_capacity(owner, count)
-        if self._fleet is not None:
-            await self._fleet.check_capacity(owner, count)
-        room = (record.body.resources or Resources()).memory_mb << 20
-        directory = await asyncio.to_thread(self._forks.new, room)
-        try:
-            started = time.monotonic()
-            async with session.copying(directory):
-                body = record.body.model_copy(update={"from_snapshot": None})
-                together = StartTogether(count)
-                results = await asyncio.gather(
-                    *(self._copy(owner, body, directory, together) for _ in range(count)),
-                    return_exceptions=True,
-                )
-        finally:
-            self._remove_soon(directory)
-        copies = [r for r in results if isinstance(r, SessionRecord)]
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            await asyncio.gather(
-                *(self.delete(owner, copy.id) for copy in copies), return_exceptions=True
-            )
-            if isinstance(errors[0], DeskboxError):
-                raise errors[0]
-            raise Internal(f"forking session {record.id} failed: {errors[0]!r}")
-        log.info("session %s forked into %s (%.2f s)", record.id,
-                 ", ".join(c.id for c in copies), time.monotonic() - started)
-        return copies
-
-    async def _copy(
-        self, owner: str, body: SessionCreate, checkpoint: Path, together: StartTogether
-    ) -> SessionRecord:
-        """One copy of a fork, running; one that fails lets the others run without it."""
-        try:
-            return await self._create(owner, body, True, checkpoint, together)
-        except BaseException:
-            together.abort()
-            raise
-
-    def _remove_soon(self, directory: Path) -> None:
-        """Remove a fork's checkpoint after its answer, not before: unlinking its images
-        (~170 MB) took 10-20 ms of every fork. Shutdown waits for it; what a killed
-        server left, the next start removes (Scratch.open, SnapshotStore.open)."""
-        removal = asyncio.create_task(asyncio.to_thread(shutil.rmtree, directory, True))
-        self._removals.add(removal)
-        removal.add_done_callback(self._removals.discard)
-
     # -- the reaper -----------------------------------------------------------------------
 
     async def reap(self) -> None:
@@ -908,10 +824,3 @@ class SessionManager:
             log.info("forgot %d sessions that ended over %g h ago", forgotten,
                      self._settings.ended_session_ttl_h)
 
-
-def _refuse_copies_of_volumes(record: SessionRecord) -> None:
-    if record.body.all_volumes():
-        raise InvalidRequest(
-            "snapshots and forks of a session with volumes (or a browser profile) are not "
-            "offered: a copy would be a second writer of its volumes"
-        )
