@@ -60,6 +60,8 @@ async def test_get_json_reads_a_bounded_answer() -> None:
     http("200 OK", b"x" * 2048, length=False),   # over the limit, until EOF
     http("404 Not Found", b"{}"),
     http("200 OK", b"not json"),
+    "HTTP/1.1 2\u00b20 OK\r\n\r\n".encode("latin-1"),  # digits by str.isdigit(), not ASCII
+    b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\n{}",
     b"SSH-2.0-OpenSSH\r\n\r\n",
 ])
 async def test_get_json_refuses_what_a_browser_should_not_say(answer: bytes) -> None:

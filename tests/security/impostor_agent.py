@@ -4,12 +4,13 @@ It unlinks the agent's socket and listens at its path; after the session's next 
 host connects to it (tests/impostors.py). It answers the handshake (``hello`` of the
 protocol it is given) and ``info`` (a 64x48 screen) as an agent would, so the session
 resumes (modes ``mute`` and ``no_hello`` do not: they say nothing at all, or nothing to
-``hello``); then it misbehaves on the first ``act`` (or ``exec`` in the ``exec_flood`` mode)
-the host sends it; in the ``bad_frame`` mode it offers ``grab_deflated`` and answers it
-with pixels one byte short of its screen. The desktop's calls come as messages of the call stream
-(``POST /v1/calls``), answered there. HTTP/2 through the image's own h2
-(/usr/lib/deskbox-agent); what no h2 would send is written as raw frames. Only the
-standard library and those wheels: this runs in the image's Python 3.11.
+``hello``; ``huge_screen`` tells a 16384x16384 screen); then it misbehaves on the first
+``act`` (or ``exec`` in the ``EXEC_MODES``) the host sends it; in the ``bad_frame`` mode
+it offers ``grab_deflated`` and answers it with pixels one byte short of its screen. The
+desktop's calls come as messages of the call stream (``POST /v1/calls``), answered there.
+HTTP/2 through the image's own h2 (/usr/lib/deskbox-agent); what no h2 would send is
+written as raw frames. Only the standard library and those wheels: this runs in the
+image's Python 3.11.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 sys.path.append("/usr/lib/deskbox-agent")
 
@@ -43,7 +44,8 @@ MAGIC = {"image/jpeg": b"\xff\xd8\xff", "image/png": b"\x89PNG\r\n\x1a\n",
 IMAGE_LIMIT = SCREEN[0] * SCREEN[1] * 4 + 64 * 1024  # what the host accepts (desktop.py)
 
 
-def raw_headers(stream_id: int, fields: list[tuple[str, str]], flags: set[str]) -> bytes:
+def raw_headers(stream_id: int, fields: Sequence[tuple[str | bytes, str | bytes]],
+                flags: set[str]) -> bytes:
     frame = HeadersFrame(stream_id)
     frame.data = Encoder().encode(fields)
     for flag in flags:
@@ -188,6 +190,21 @@ def misbehave(mode: str, peer: Peer, stream_id: int, request: bytes) -> None:
         head = json.dumps({"status": 200, "content_type": PARTS, "size": 1 << 31}).encode()
         peer.send(stream_id, len(head).to_bytes(4, "big") + head)
         forever(peer, raw_data(stream_id, b"z" * 16384))
+    elif mode == "deep_json":
+        # A reply head of brackets nested past what json.loads can recurse into.
+        head = b"[" * 2000 + b"]" * 2000  # within the 4096 bytes a head may have
+        peer.send(stream_id, len(head).to_bytes(4, "big") + head)
+    elif mode == "huge_screen":
+        # Never reached by a host that checks the screen ``info`` gave: an image of it.
+        peer.send(stream_id, calls_reply(PARTS, parts_reply(request, 600 * MIB, 1024)))
+    elif mode == "bad_status":
+        # A status of three digits by str.isdigit(), the middle one a superscript two.
+        peer.sock.sendall(raw_headers(stream_id, [(b":status", b"2\xb20")], {"END_HEADERS"}))
+    elif mode == "bad_record":
+        # A whole exec record, in one frame, of a kind the protocol does not have.
+        peer.h2.send_headers(stream_id, [(":status", "200")])
+        peer.flush()
+        peer.send(stream_id, b"z" + (0).to_bytes(4, "big"))
     elif mode == "exec_flood":
         # Well-formed stdout records within the windows, endlessly: only the output cap
         # the host asked for stops it.
@@ -202,6 +219,7 @@ def misbehave(mode: str, peer: Peer, stream_id: int, request: bytes) -> None:
 
 
 CALLS = "application/vnd.deskbox.calls"
+EXEC_MODES = {"exec_flood", "bad_status", "bad_record"}  # misbehave on /v1/exec, not on act
 
 
 def calls_reply(content_type: str, body: bytes) -> bytes:
@@ -234,6 +252,7 @@ def serve(mode: str, protocol: int, conn: socket.socket) -> None:
                 pass
             return
         peer = Peer(conn)
+        screen = (16384, 16384) if mode == "huge_screen" else SCREEN
         paths: dict[int, str] = {}
         calls: dict[int, Calls] = {}
         while True:
@@ -253,13 +272,13 @@ def serve(mode: str, protocol: int, conn: socket.socket) -> None:
                         peer.h2.send_headers(event.stream_id,
                                              [(":status", "200"), ("content-type", CALLS)])
                         peer.flush()
-                    elif path == "/v1/exec" and mode == "exec_flood":
+                    elif path == "/v1/exec" and mode in EXEC_MODES:
                         misbehave(mode, peer, event.stream_id, b"")
                 elif isinstance(event, DataReceived) and event.stream_id in calls:
                     for message in calls[event.stream_id].feed(event.data):
                         if message["call"] == "info":
                             peer.send(event.stream_id, calls_reply("application/json", json.dumps(
-                                {"display": ":1", "width": SCREEN[0], "height": SCREEN[1],
+                                {"display": ":1", "width": screen[0], "height": screen[1],
                                  "capture": "impostor"}).encode()))
                         elif message["call"] == "grab_deflated" and mode == "bad_frame":
                             peer.send(event.stream_id, calls_reply(PARTS, short_frame()))

@@ -6,7 +6,9 @@ answers the handshake after the restore, so the session resumes, then misbehaves
 next desktop call (or exec): garbage where frames belong, a frame or a header block that
 never ends, a parts reply claiming a 300 MiB image, an image larger than the one asked
 for, no answer at all, an answer on a stream the host never opened or data before
-headers, an endless body past every window, endless well-formed exec output.
+headers, an endless body past every window, endless well-formed exec output, a reply
+head nested too deep for ``json.loads``, a screen larger than any display, a status of
+digits that are not ASCII, an exec record of an unknown kind.
 
 In every case the call that met it gets a 502 ``session_failed`` within its deadline, the
 session goes to ``failed`` with the reason (in the API and in its events), and the server
@@ -64,7 +66,12 @@ CASES = {
     "out_of_order": "a desktop call answered 'application/json', not application/vnd.deskbox.parts",
     "act_flood": f"calls: act: a reply of {1 << 31} bytes",
     "exec_flood": "exec: more output than the 1048576 asked for",
+    "deep_json": "calls: a reply head is not {status, content_type, size}",
+    "huge_screen": "info: a screen of 16384x16384, over the 33177600 pixels",
+    "bad_status": "a bad :status '2\u00b20'",  # the superscript two, as the reason shows it
+    "bad_record": "exec: a bad record (kind b'z', 0 bytes)",
 }
+EXEC_MODES = {"exec_flood", "bad_status", "bad_record"}  # as impostor_agent.py's
 
 
 class Neighbour:
@@ -112,7 +119,7 @@ def test_a_hostile_agent_fails_only_its_own_session(
 
         before = rss()
         started = time.monotonic()
-        if mode == "exec_flood":
+        if mode in EXEC_MODES:
             response = client.post(f"/v1/sessions/{victim}/exec",
                                    json={"cmd": ["true"], "timeout_s": 30})
         else:

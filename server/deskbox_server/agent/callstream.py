@@ -16,6 +16,7 @@ import struct
 from collections.abc import Callable
 
 from ..errors import DeskboxError
+from . import untrusted_json
 from .connection import AgentConnection, AgentStream, take_bytes
 
 __all__ = ["CALLS_TYPE", "MAX_REPLY_HEAD", "CallStream"]
@@ -96,7 +97,7 @@ class CallStream:
 
     def _head(self, raw: bytes) -> tuple[int, str, int]:
         try:
-            head = json.loads(raw)
+            head = untrusted_json.loads(raw)
         except ValueError:
             head = None
         if isinstance(head, dict):

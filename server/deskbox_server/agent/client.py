@@ -29,6 +29,7 @@ from ..errors import (
     SessionFailed,
     Timeout,
 )
+from . import untrusted_json
 from .callstream import CallStream
 from .connection import AgentConnection, AgentStream, StreamReset
 from .limits import AgentLimits
@@ -83,7 +84,7 @@ class CallResult:
 
     def json(self) -> Json:
         try:
-            value: Json = json.loads(self.body)
+            value: Json = untrusted_json.loads(self.body)
         except ValueError as e:
             raise AgentFailed(f"a call answered with bad JSON: {e}") from None
         return value
@@ -103,7 +104,7 @@ def _error_for(status: int, raw: bytes) -> DeskboxError:
     """The error of an answer other than 200, from the protocol's error shape."""
     kind, message = f"status {status}", raw.decode(errors="replace") or "(no body)"
     try:
-        error = json.loads(raw)["error"]
+        error = untrusted_json.loads(raw)["error"]
         kind, message = str(error["kind"]), str(error["message"])
     except (ValueError, KeyError, TypeError):
         pass
@@ -367,19 +368,16 @@ class AgentClient:
             sizes = {b"o": 0, b"e": 0}
             while True:
                 async with asyncio.timeout_at(deadline):
+                    # Each record's head is checked as soon as it is there, whether its
+                    # payload is still on its way or came in the same read.
                     while len(buffer) < _RECORD.size or len(buffer) < _RECORD.size + (
-                        _RECORD.unpack_from(buffer)[1]
+                        self._record_head(buffer)[1]
                     ):
-                        if len(buffer) >= _RECORD.size:
-                            kind, length = _RECORD.unpack_from(buffer)
-                            if kind not in (b"o", b"e", b"x") or length > _MAX_RECORD:
-                                raise self._conn.fail(
-                                    f"exec: a bad record (kind {kind!r}, {length} bytes)")
                         chunk = await stream.read()
                         if not chunk:
                             raise self._conn.fail("exec: the output ended without a status")
                         buffer += chunk
-                kind, length = _RECORD.unpack_from(buffer)
+                kind, length = self._record_head(buffer)
                 payload = bytes(buffer[_RECORD.size : _RECORD.size + length])
                 del buffer[: _RECORD.size + length]
                 if kind == b"x":
@@ -402,9 +400,16 @@ class AgentClient:
             if stream is not None:
                 stream.cancel()
 
+    def _record_head(self, buffer: bytearray) -> tuple[bytes, int]:
+        """The kind and length of the exec record at the start of ``buffer``, if valid."""
+        kind, length = _RECORD.unpack_from(buffer)
+        if kind not in (b"o", b"e", b"x") or length > _MAX_RECORD:
+            raise self._conn.fail(f"exec: a bad record (kind {kind!r}, {length} bytes)")
+        return kind, length
+
     def _exec_status(self, payload: bytes) -> ExecStatus:
         try:
-            value = json.loads(payload)
+            value = untrusted_json.loads(payload)
             status = ExecStatus(
                 value["exit_code"], value["signal"], value["timed_out"],
                 value["stdout_truncated"], value["stderr_truncated"],
@@ -449,7 +454,8 @@ class AgentClient:
                 raise SessionFailed(f"agent: files: {error}") from None
             raise
         length = stream.headers.get("content-length", "")
-        if not (length.isdigit() and len(length) <= 19 and int(length) <= max_bytes):
+        if not (length.isascii() and length.isdigit() and len(length) <= 19
+                and int(length) <= max_bytes):
             stream.cancel()
             raise self._conn.fail(f"files: a bad content-length {_clean(length, 32)!r}")
         return FileReader(self._conn, stream, int(length), timeout_s)
@@ -476,7 +482,7 @@ class AgentClient:
                         await stream.send(chunk)
                     await stream.send(b"", end=True)
                 await self._check_status(stream)
-                value = json.loads(await stream.read_all(_SMALL_BODY))
+                value = untrusted_json.loads(await stream.read_all(_SMALL_BODY))
         except TimeoutError:
             raise Timeout(f"writing {_clean(path, 128)!r}: the agent did not answer") from None
         except StreamReset:

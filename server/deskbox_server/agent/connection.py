@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Sequence
 
@@ -31,6 +32,8 @@ from ..errors import AgentFailed
 from .limits import AgentLimits
 
 __all__ = ["AgentConnection", "AgentStream", "StreamReset", "take_bytes"]
+
+log = logging.getLogger("deskbox.agent")
 
 FLOOD = "a flood of frames without payload (SETTINGS, PING, empty or unknown frames)"
 
@@ -65,7 +68,7 @@ class AgentStream:
     def _on_head(self, headers: Sequence[tuple[bytes | str, bytes | str]]) -> None:
         self.headers = {_text(k): _text(v) for k, v in headers}
         raw = self.headers.get(":status", "")
-        if not (len(raw) == 3 and raw.isdigit() and 200 <= int(raw) < 600):
+        if not (len(raw) == 3 and raw.isascii() and raw.isdigit() and 200 <= int(raw) < 600):
             raise AgentFailed(f"stream {self.id}: a bad :status {raw[:16]!r}")
         self.status = int(raw)
         self._head.set()
@@ -388,6 +391,12 @@ class AgentConnection:
             pass
         except (ConnectionError, OSError) as e:
             self.fail(f"the stream broke: {e!r}")
+        except Exception as e:
+            # Whatever a check here missed: the session fails with a reason rather than
+            # keep a connection that nobody reads, whose calls would wait out their
+            # deadlines and whose byte channels would wait for ever.
+            log.exception("reading the agent's stream")
+            self.fail(f"the host could not read the agent's stream: {type(e).__name__}: {e}")
 
     def _dispatch(self, event: h2.events.Event) -> int:
         """Hand one event on; 1 when it carried something for a live stream."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import struct
 import time
 from collections.abc import Callable, Sequence
@@ -43,6 +42,7 @@ from ..media import MEDIA_TYPES, EncodedImage, Frame
 from ..schemas import actions as a
 from ..schemas.results import ActionResult, BatchResult, ClipboardText, Point, Size
 from ..settle import SettleOptions, batch_allowance_s
+from . import untrusted_json
 from .client import AgentClient, CallResult, Json
 from .inflate import inflate_exact
 
@@ -114,6 +114,12 @@ class AgentDesktop:
                 and isinstance(capture, str) and len(display) <= 64 and len(capture) <= 64):
             raise self._client.fail("info: not {display, width, height, capture}")
         assert isinstance(width, int) and isinstance(height, int)
+        # Every frame and image the host takes is sized from this screen: no larger than
+        # a session's largest display (schemas/sessions.py), so that a lying agent cannot
+        # make the host inflate or hold gigabytes.
+        if width * height > a.MAX_PIXELS:
+            raise self._client.fail(f"info: a screen of {width}x{height}, over the "
+                                    f"{a.MAX_PIXELS} pixels of the largest display")
         self._screen = (width, height)
         return DesktopInfo(display, width, height, capture)
 
@@ -362,7 +368,7 @@ class AgentDesktop:
                 f"a parts reply's header of {length} bytes (at most {MAX_HEADER}, "
                 f"and within the {len(body)}-byte body)")
         try:
-            header = json.loads(body[_LENGTH.size : _LENGTH.size + length])
+            header = untrusted_json.loads(body[_LENGTH.size : _LENGTH.size + length])
         except ValueError as error:
             raise self._client.fail(f"a parts reply's header is not JSON: {error}") from None
         if not isinstance(header, dict):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
 import socket
 from collections.abc import Awaitable, Callable
@@ -24,6 +23,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus, WebSocketException
 
 from ..errors import BrowserUnavailable, NotFound, Timeout
+from . import untrusted_json
 
 __all__ = [
     "MAX_LISTING",
@@ -87,14 +87,15 @@ async def connect_tcp(port: int, timeout_s: float = CONNECT_TIMEOUT_S) -> Devtoo
 def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+    status = parts[1] if len(parts) >= 2 else ""
+    if not (parts[0].startswith("HTTP/1.") and status.isascii() and status.isdigit()):
         raise BrowserUnavailable("the browser's DevTools answered something that is not HTTP")
     headers: dict[str, str] = {}
     for line in lines[1:]:
         name, sep, value = line.partition(":")
         if sep:
             headers[name.strip().lower()] = value.strip()
-    return int(parts[1]), headers
+    return int(status), headers
 
 
 async def get_json(
@@ -124,7 +125,7 @@ async def get_json(
             status, headers = _parse_head(head[:-4])
             length = headers.get("content-length")
             if length is not None:
-                if not length.isdigit() or int(length) > limit:
+                if not (length.isascii() and length.isdigit()) or int(length) > limit:
                     raise BrowserUnavailable(f"the browser's answer to {path} is too large")
                 body = await reader.readexactly(int(length))
             else:
@@ -145,7 +146,7 @@ async def get_json(
     if status != 200:
         raise BrowserUnavailable(f"the browser's DevTools answered {path} with HTTP {status}")
     try:
-        return json.loads(body)
+        return untrusted_json.loads(body)
     except ValueError:
         raise BrowserUnavailable(f"the browser's answer to {path} is not JSON") from None
 
