@@ -636,6 +636,46 @@ def test_a_resume_cut_short_by_a_killed_server_leaves_the_session_hibernated(
         assert http.delete(f"/v1/sessions/{sid}").status_code == 204
 
 
+def test_a_delete_during_a_resume_is_a_409_and_leaves_no_sandbox(server: Server) -> None:
+    """A hibernated session deleted while it is restored: the resume answers 409 `conflict`
+    (200 if it was done first, 404 if the delete came before it), never a 500 for a state
+    the session could no longer take, and the session ends stopped with no sandbox left."""
+    statuses = []
+    for delay_s in (0.15, 0.3, 0.45):
+        with server.client() as http:
+            http.timeout = httpx.Timeout(120)
+            created = http.post("/v1/sessions", json={"display": {"width": 640, "height": 400}})
+            assert created.status_code == 201, created.text
+            sid = created.json()["id"]
+            paused = http.post(f"/v1/sessions/{sid}/pause", json={"mode": "hibernate"})
+            assert paused.status_code == 200, paused.text
+            answers: list[httpx.Response] = []
+
+            def resume(sid: str = sid, answers: list[httpx.Response] = answers) -> None:
+                with server.client() as own:
+                    own.timeout = httpx.Timeout(120)
+                    answers.append(own.post(f"/v1/sessions/{sid}/resume"))
+
+            resuming = threading.Thread(target=resume)
+            resuming.start()
+            time.sleep(delay_s)
+            assert http.delete(f"/v1/sessions/{sid}").status_code == 204
+            resuming.join(120)
+            [answer] = answers
+            statuses.append(answer.status_code)
+            if answer.status_code == 404:
+                assert_error(answer, 404, "not_found")
+            elif answer.status_code != 200:
+                message = assert_error(answer, 409, "conflict")["message"]
+                assert f"session {sid} was stopp" in message, message
+            deadline = time.monotonic() + 30
+            while http.get(f"/v1/sessions/{sid}").json()["state"] != "stopped":
+                assert time.monotonic() < deadline, http.get(f"/v1/sessions/{sid}").text
+                time.sleep(0.1)
+            assert not [cid for cid in Runc().list_ids() if cid.endswith("-" + sid)]
+    assert 409 in statuses, statuses  # the delete did come during a restore
+
+
 @pytest.mark.parametrize("what", ["snapshots", "fork"])
 def test_a_delete_during_a_checkpoint_is_a_409_and_leaves_no_files(
     server: Server, state_dir: Path, what: str,

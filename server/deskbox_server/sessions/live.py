@@ -25,6 +25,10 @@ class LiveSession:
     busy: int = 0
     # Pause, resume, snapshot and fork, one at a time; the screen when it was paused.
     changing: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Held while a resume thaws or restores the desktop: a delete, which does not wait for
+    # ``changing``, waits for this before it removes the sandbox, so that no restore brings
+    # processes back after the removal.
+    restoring: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_frame: LastFrame | None = None
     # Set while a snapshot or fork checkpoints the running desktop: actions get 409.
     checkpointing: bool = False

@@ -5,6 +5,7 @@ start and destruction (desktop.py). The manager (manager.py) calls them and keep
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -80,6 +81,10 @@ async def end(
     await context.unwatch(record.id)  # before the browser goes with the desktop
     if live.handoff is not None:
         live.handoff.close()
+    # A resume's restore ends before the sandbox goes (within the end's bound all the same).
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(stop_timeout_s), live.restoring:
+            pass
     if live.handle is None:
         context.volumes.detach(record.id)  # a start that failed removed its sandbox
     elif (reason := await _remove(

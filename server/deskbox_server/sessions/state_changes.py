@@ -78,7 +78,9 @@ async def pause(
             if mode == "hibernate":
                 await asyncio.to_thread(context.frames.forget, record.id)
             if isinstance(error, SessionFailed):  # e.g. its X server did not answer
-                await context.fail(live, error.message)
+                instead = await context.fail(live, error.message)
+                if instead is not None:  # it was deleted meanwhile: no fault of its own
+                    raise instead from error
             raise
         live.last_frame = LastFrame(frame, utcnow())
         record.touch()  # a paused session expires too, timeout_s after its pause
@@ -95,16 +97,25 @@ async def resume(live: LiveSession, context: SessionContext) -> SessionRecord:
         if record.state is S.running:
             return record
         handle = live.handle
-        if record.state not in (S.paused, S.hibernated) or handle is None:
+        before = record.state
+        if before not in (S.paused, S.hibernated) or handle is None:
             raise not_live(record)
-        if record.state is S.paused:
-            await handle.thaw()
-        else:
+        async with live.restoring:
             try:
-                await handle.restore()
-            except SessionFailed as error:
-                await context.fail(live, error.message)
+                if before is S.paused:
+                    await handle.thaw()
+                else:
+                    await handle.restore()
+            except Exception as error:
+                if record.state is not before:  # deleted meanwhile
+                    raise _deleted_meanwhile(record, "resumed") from error
+                if isinstance(error, SessionFailed) and before is S.hibernated:
+                    instead = await context.fail(live, error.message)
+                    if instead is not None:
+                        raise instead from error
                 raise
+        if record.state is not before:  # a delete does not wait for ``changing``
+            raise _deleted_meanwhile(record, "resumed")
         live.last_frame = None
         await asyncio.to_thread(context.frames.forget, record.id)
         record.transition(S.running)
@@ -114,6 +125,10 @@ async def resume(live: LiveSession, context: SessionContext) -> SessionRecord:
         context.watch(record.id, handle)
     log.info("session %s resumed", record.id)
     return record
+
+
+def _deleted_meanwhile(record: SessionRecord, doing: str) -> Conflict:
+    return Conflict(f"session {record.id} was {record.state.value} while it {doing}")
 
 
 async def _beside(main: Awaitable[T], other: Awaitable[object]) -> T:
