@@ -225,6 +225,42 @@ def test_deleting_a_snapshot_while_its_pool_restores_is_no_failure(
         assert not pool.snapshot_keys(key_id(KEY_A))
 
 
+def test_a_refused_snapshot_delete_keeps_its_pool(server: Server) -> None:
+    """A snapshot a create is restoring from cannot be deleted (409): its pool stays and
+    refills. Before, the delete emptied the pool first, and the snapshot, still listed
+    with its pool's size, had no ready copy again until the server restarted."""
+    with server.client(KEY_A) as a, snapshot_of_a_plain_session(server, a) as snapshot:
+        sid = snapshot["id"]
+        assert a.put(f"/v1/snapshots/{sid}/pool", json={"size": 1}).status_code == 200
+
+        def wait_for_a_ready_copy() -> None:
+            deadline = time.monotonic() + 60
+            while a.get(f"/v1/snapshots/{sid}").json()["pool"]["ready"] != 1:
+                assert time.monotonic() < deadline, a.get(f"/v1/snapshots/{sid}").text
+                time.sleep(0.1)
+
+        wait_for_a_ready_copy()
+        made: list[httpx.Response] = []
+
+        def cold_copy() -> None:
+            with server.client(KEY_A) as own:  # resources of its own: restored now
+                own.timeout = httpx.Timeout(120)
+                made.append(own.post("/v1/sessions", json={
+                    "from_snapshot": sid, "resources": {"cpus": 1}}))
+
+        copying = threading.Thread(target=cold_copy)
+        copying.start()
+        time.sleep(0.25)  # into the restore (about half a second)
+        deleted = a.delete(f"/v1/snapshots/{sid}")
+        copying.join(120)
+        [copy] = made
+        assert copy.status_code == 201, copy.text
+        assert a.delete(f"/v1/sessions/{copy.json()['id']}").status_code == 204
+        assert deleted.status_code == 409, deleted.text
+        wait_for_a_ready_copy()
+        assert a.delete(f"/v1/snapshots/{sid}").status_code == 204
+
+
 @pytest.mark.skipif(Criu().missing() is not None,
                     reason="CRIU 4.1 is not installed (scripts/criu.sh)")
 def test_a_snapshot_pool_dropped_while_its_copy_settles_leaves_the_refills_running(

@@ -101,3 +101,58 @@ def test_a_full_state_dir_answers_507_and_a_delete_still_removes_the_desktop(
                           http.get("/v1/sessions").json()["sessions"]]) != [(sid, "stopped")]:
             assert time.monotonic() < deadline, listed
             time.sleep(0.1)
+
+
+def test_a_recorded_session_on_a_full_state_dir_is_removed_by_its_delete(
+    small_disk: Path,
+) -> None:
+    """Its recording's end cannot be written: the delete still answers 204 and removes the
+    desktop. Before, the write's OSError ended the delete with a 500 before the removal,
+    and the desktop ran on, held by no session, until the server stopped."""
+    settings = Settings(state_dir=small_disk, api_keys=[KEY_A], backends=["local"],
+                        default_backend="local", reaper_interval_s=0.2)
+    with running_server(settings) as server, server.client() as http:
+        created = http.post("/v1/sessions", json={"display": DISPLAY, "record": True})
+        assert created.status_code == 201, created.text
+        sid = created.json()["id"]
+        pids = server.handle(sid).sandbox.processes.pids()
+        assert pids and all(_alive(pid) for pid in pids)
+        filler = _fill(small_disk)
+        try:
+            assert http.delete(f"/v1/sessions/{sid}").status_code == 204
+            deadline = time.monotonic() + 15
+            while any(_alive(pid) for pid in pids):
+                assert time.monotonic() < deadline, "the desktop outlived its delete"
+                time.sleep(0.1)
+            assert http.get(f"/v1/sessions/{sid}").json()["state"] == "stopped"
+        finally:
+            filler.unlink()
+
+
+def test_a_start_whose_running_state_cannot_be_saved_fails_the_session(
+    small_disk: Path,
+) -> None:
+    """The disk fills while a session starts: its desktop comes up, its running state
+    cannot be written, and the session fails with that reason, its desktop removed.
+    Before, it stayed `running` with a start whose error (507) every delete raised again,
+    so no delete could remove it."""
+    settings = Settings(state_dir=small_disk, api_keys=[KEY_A], backends=["local"],
+                        default_backend="local", reaper_interval_s=0.2)
+    with running_server(settings) as server, server.client() as http:
+        created = http.post("/v1/sessions", params={"wait": "false"}, json={"display": DISPLAY})
+        assert created.status_code == 201, created.text
+        sid = created.json()["id"]
+        filler = _fill(small_disk)
+        try:
+            deadline = time.monotonic() + 60
+            while (body := http.get(f"/v1/sessions/{sid}").json())["state"] == "starting":
+                assert time.monotonic() < deadline, body
+                time.sleep(0.1)
+            assert body["state"] == "failed", body
+            assert "no room on the server's disk" in body["failure"]["reason"], body
+            while server.services.manager.holding:  # its desktop goes, and the session
+                assert time.monotonic() < deadline, server.services.manager.holding
+                time.sleep(0.1)
+            assert http.delete(f"/v1/sessions/{sid}").status_code == 204
+        finally:
+            filler.unlink()

@@ -6,6 +6,7 @@ the sandbox), so the page is read over X before and after a checkpoint, never du
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -30,6 +31,7 @@ from deskbox_server.engines.runc.layout import SANDBOX_USER_IDS
 from deskbox_server.engines.runc.runtime import Runc
 from deskbox_server.engines.runc.sandbox import RuncSandbox
 from deskbox_server.scratch import scratch_prefix
+from deskbox_server.sessions import snapshots as snapshots_module
 from deskbox_server.sessions.desktop import AnyDesktop
 from deskbox_server.settings import Settings
 
@@ -745,3 +747,41 @@ def test_a_keys_snapshots_stop_at_its_quota(tmp_path: Path) -> None:
             assert again.status_code == 201, again.text
         finally:
             http.delete(f"/v1/sessions/{sid}")
+
+
+class _FullForRecords:
+    """The snapshot store's ``os`` (sessions/snapshots.py), whose record files find the
+    disk full; everything else is the real module's."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    @staticmethod
+    def open(path: Any, *args: Any, **kwargs: Any) -> int:
+        if str(path).endswith(".partial"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return os.open(path, *args, **kwargs)
+
+
+def test_a_snapshot_whose_record_finds_no_room_is_a_507_and_leaves_no_files(
+    client: httpx.Client, state_dir: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The checkpoint is written, then its record finds the disk full: 507, and the
+    checkpoint (listed nowhere) is removed at once. Before: a 500, and the checkpoint kept
+    under the state dir, listed nowhere, until the server restarted."""
+    created = client.post("/v1/sessions", json={"display": {"width": 640, "height": 400}})
+    assert created.status_code == 201, created.text
+    sid = created.json()["id"]
+    try:
+        before = {entry.name for entry in (state_dir / "snapshots").iterdir()}
+        with monkeypatch.context() as patched:
+            patched.setattr(snapshots_module, "os", _FullForRecords())
+            message = assert_error(client.post(f"/v1/sessions/{sid}/snapshots"), 507,
+                                   "insufficient_storage")["message"]
+        assert "no room on the server's disk for snapshot" in message, message
+        assert {entry.name for entry in (state_dir / "snapshots").iterdir()} == before
+        made = client.post(f"/v1/sessions/{sid}/snapshots")  # with room again, it is taken
+        assert made.status_code == 201, made.text
+        assert client.delete(f"/v1/snapshots/{made.json()['id']}").status_code == 204
+    finally:
+        client.delete(f"/v1/sessions/{sid}")

@@ -34,9 +34,18 @@ class SnapshotCatalog:
 
     async def delete(self, owner: str, snapshot_id: str) -> None:
         snapshot = await asyncio.to_thread(self._store.get, owner, snapshot_id)
-        if self._pool is not None:
-            await self._pool.set_target(self.pool_key(snapshot), 0)
-        await asyncio.to_thread(self._store.delete, owner, snapshot_id)
+        if self._pool is None:
+            await asyncio.to_thread(self._store.delete, owner, snapshot_id)
+            return
+        # The pool's copies go first: a refill restoring from the snapshot holds it.
+        await self._pool.set_target(self.pool_key(snapshot), 0)
+        try:
+            await asyncio.to_thread(self._store.delete, owner, snapshot_id)
+        except Exception:
+            # Refused (a create restores from it) or failed: it stays, and so does its pool.
+            if snapshot.pool_size:
+                await self._pool.set_target(self.pool_key(snapshot), snapshot.pool_size)
+            raise
 
     def pool_ready(self, snapshot: SnapshotRecord) -> int:
         return self._pool.ready(self.pool_key(snapshot)) if self._pool is not None else 0

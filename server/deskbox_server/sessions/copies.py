@@ -85,18 +85,19 @@ class SessionCopies:
         snapshot_id, directory = self._snapshots.new_id()
         try:
             info = await session.checkpoint(directory)
+            snapshot = SnapshotRecord(
+                id=snapshot_id, owner=owner, session_id=record.id, backend=record.backend,
+                body=record.body.model_copy(update={"from_snapshot": None}),
+                created_at=utcnow(), size_bytes=info.compressed_bytes or info.raw_bytes,
+                raw_bytes=info.raw_bytes,
+            )
+            await asyncio.to_thread(self._snapshots.save, snapshot)
         except BaseException:
-            # A checkpoint written before it failed (the session deleted while its agent
-            # came back) has no record: nothing lists it, and only a restart removed it.
+            # A checkpoint without its record (the session deleted while its agent came
+            # back, or no room left for the record) is listed nowhere: only a restart
+            # would remove it.
             await asyncio.shield(asyncio.to_thread(shutil.rmtree, directory, True))
             raise
-        snapshot = SnapshotRecord(
-            id=snapshot_id, owner=owner, session_id=record.id, backend=record.backend,
-            body=record.body.model_copy(update={"from_snapshot": None}),
-            created_at=utcnow(), size_bytes=info.compressed_bytes or info.raw_bytes,
-            raw_bytes=info.raw_bytes,
-        )
-        await asyncio.to_thread(self._snapshots.save, snapshot)
         log.info("session %s: snapshot %s (%.2f s, %d MiB)", record.id, snapshot_id,
                  info.seconds, snapshot.size_bytes >> 20)
         return snapshot

@@ -654,11 +654,19 @@ class SessionManager:
             )
 
     async def _start(self, live: LiveSession, engine: AnyEngine, spec: SessionSpec) -> None:
-        failure = await start_stop.start(
-            live, engine, spec, self._context,
-            engine.start_timeout(self._settings.start_timeout_s),
-            self._settings.desktop_call_timeout_s,
-        )
+        try:
+            failure = await start_stop.start(
+                live, engine, spec, self._context,
+                engine.start_timeout(self._settings.start_timeout_s),
+                self._settings.desktop_call_timeout_s,
+            )
+        except Exception as error:
+            # Its desktop ran, then its record or its recording could not be written (a
+            # full disk, the recordings' quota): the session fails and its desktop goes,
+            # rather than leave a start task whose error every delete would raise again.
+            log.warning("session %s: after its desktop started: %r", live.record.id, error)
+            failure = (error.message if isinstance(error, DeskboxError)
+                       else f"the desktop started, then {type(error).__name__}: {error}")
         if failure is not None:
             await self._end(live, failure)
 

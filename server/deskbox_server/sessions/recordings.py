@@ -90,7 +90,10 @@ class Recordings:
         await recorder.close()
         meta = recorder.meta
         self.store.stopped(meta, reason)
-        await asyncio.to_thread(self.store.save, meta)
+        try:
+            await asyncio.to_thread(self.store.save, meta)
+        except OSError as error:  # a full disk: the session's end goes on all the same
+            log.error("session %s: its recording's end was not written: %s", session_id, error)
         log.info("session %s: recording stopped (%s; %d frames, %d actions, %d bytes)",
                  session_id, reason or "asked", meta.frames, meta.actions, meta.bytes)
         return meta

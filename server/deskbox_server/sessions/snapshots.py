@@ -12,6 +12,7 @@ The files hold the session's memory: only the server's user can read them.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from ..errors import Conflict, NotFound
+from ..errors import Conflict, InsufficientStorage, NotFound
 from ..schemas.sessions import SessionCreate
 
 __all__ = ["SnapshotRecord", "SnapshotStore"]
@@ -83,10 +84,17 @@ class SnapshotStore:
     def save(self, record: SnapshotRecord) -> None:
         directory = self.directory(record.id)
         partial = directory / (_RECORD + ".partial")
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as file:
-            file.write(record.model_dump_json())
-        os.replace(partial, directory / _RECORD)
+        try:
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as file:
+                file.write(record.model_dump_json())
+            os.replace(partial, directory / _RECORD)
+        except OSError as error:
+            if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise InsufficientStorage(
+                    f"no room on the server's disk for snapshot {record.id}'s record: "
+                    f"{error.strerror}") from None
+            raise
 
     def _read(self, snapshot_id: str) -> SnapshotRecord | None:
         if not _ID.match(snapshot_id):
