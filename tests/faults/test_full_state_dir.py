@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from deskbox_server.settings import Settings
@@ -56,6 +57,16 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
 
 
+def _delete_and_see_it_removed(http: httpx.Client, sid: str, pids: list[int]) -> None:
+    """A delete answers 204, the desktop's processes end and the session says stopped."""
+    assert http.delete(f"/v1/sessions/{sid}").status_code == 204
+    deadline = time.monotonic() + 15
+    while any(_alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, "the desktop outlived its delete"
+        time.sleep(0.1)
+    assert http.get(f"/v1/sessions/{sid}").json()["state"] == "stopped"
+
+
 def test_a_full_state_dir_answers_507_and_a_delete_still_removes_the_desktop(
     small_disk: Path,
 ) -> None:
@@ -86,12 +97,7 @@ def test_a_full_state_dir_answers_507_and_a_delete_still_removes_the_desktop(
             shot = http.post(f"/v1/sessions/{sid}/actions", json={"type": "screen_size"})
             assert shot.status_code == 200, shot.text
 
-            assert http.delete(f"/v1/sessions/{sid}").status_code == 204
-            deadline = time.monotonic() + 15
-            while any(_alive(pid) for pid in pids):
-                assert time.monotonic() < deadline, "the desktop outlived its delete"
-                time.sleep(0.1)
-            assert http.get(f"/v1/sessions/{sid}").json()["state"] == "stopped"
+            _delete_and_see_it_removed(http, sid, pids)
         finally:
             filler.unlink()
         # Once there is room, the registry takes the end it could not (a reaper pass); the
@@ -119,12 +125,7 @@ def test_a_recorded_session_on_a_full_state_dir_is_removed_by_its_delete(
         assert pids and all(_alive(pid) for pid in pids)
         filler = _fill(small_disk)
         try:
-            assert http.delete(f"/v1/sessions/{sid}").status_code == 204
-            deadline = time.monotonic() + 15
-            while any(_alive(pid) for pid in pids):
-                assert time.monotonic() < deadline, "the desktop outlived its delete"
-                time.sleep(0.1)
-            assert http.get(f"/v1/sessions/{sid}").json()["state"] == "stopped"
+            _delete_and_see_it_removed(http, sid, pids)
         finally:
             filler.unlink()
 
