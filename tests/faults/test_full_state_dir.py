@@ -14,13 +14,14 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from deskbox_server.settings import Settings
 
-from ..api.conftest import DISPLAY, KEY_A, running_server
+from ..api.conftest import DISPLAY, KEY_A, Server, running_server
 from ..api.helpers import assert_error
 
 
@@ -57,6 +58,16 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
 
 
+def _running(server: Server, http: httpx.Client, body: dict[str, Any]) -> tuple[str, list[int]]:
+    """A new session of ``body`` and its desktop's processes, all alive."""
+    created = http.post("/v1/sessions", json=body)
+    assert created.status_code == 201, created.text
+    sid = str(created.json()["id"])
+    pids = server.handle(sid).sandbox.processes.pids()
+    assert pids and all(_alive(pid) for pid in pids)
+    return sid, pids
+
+
 def _delete_and_see_it_removed(http: httpx.Client, sid: str, pids: list[int]) -> None:
     """A delete answers 204, the desktop's processes end and the session says stopped."""
     assert http.delete(f"/v1/sessions/{sid}").status_code == 204
@@ -73,11 +84,7 @@ def test_a_full_state_dir_answers_507_and_a_delete_still_removes_the_desktop(
     settings = Settings(state_dir=small_disk, api_keys=[KEY_A], backends=["local"],
                         default_backend="local", reaper_interval_s=0.2)
     with running_server(settings) as server, server.client() as http:
-        created = http.post("/v1/sessions", json={"display": DISPLAY})
-        assert created.status_code == 201, created.text
-        sid = created.json()["id"]
-        pids = server.handle(sid).sandbox.processes.pids()
-        assert pids and all(_alive(pid) for pid in pids)
+        sid, pids = _running(server, http, {"display": DISPLAY})
 
         filler = _fill(small_disk)
         try:
@@ -118,11 +125,7 @@ def test_a_recorded_session_on_a_full_state_dir_is_removed_by_its_delete(
     settings = Settings(state_dir=small_disk, api_keys=[KEY_A], backends=["local"],
                         default_backend="local", reaper_interval_s=0.2)
     with running_server(settings) as server, server.client() as http:
-        created = http.post("/v1/sessions", json={"display": DISPLAY, "record": True})
-        assert created.status_code == 201, created.text
-        sid = created.json()["id"]
-        pids = server.handle(sid).sandbox.processes.pids()
-        assert pids and all(_alive(pid) for pid in pids)
+        sid, pids = _running(server, http, {"display": DISPLAY, "record": True})
         filler = _fill(small_disk)
         try:
             _delete_and_see_it_removed(http, sid, pids)

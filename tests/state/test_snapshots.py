@@ -638,6 +638,26 @@ def test_a_resume_cut_short_by_a_killed_server_leaves_the_session_hibernated(
         assert http.delete(f"/v1/sessions/{sid}").status_code == 204
 
 
+def _deleted_during(server: Server, http: httpx.Client, sid: str, what: str,
+                    body: dict[str, Any] | None, delay_s: float) -> httpx.Response:
+    """The answer to ``POST /v1/sessions/{sid}/{what}`` (sent from a client of its own)
+    when the session is deleted ``delay_s`` after it was sent."""
+    answers: list[httpx.Response] = []
+
+    def post() -> None:
+        with server.client() as own:
+            own.timeout = httpx.Timeout(120)
+            answers.append(own.post(f"/v1/sessions/{sid}/{what}", json=body))
+
+    posting = threading.Thread(target=post)
+    posting.start()
+    time.sleep(delay_s)
+    assert http.delete(f"/v1/sessions/{sid}").status_code == 204
+    posting.join(120)
+    [answer] = answers
+    return answer
+
+
 def test_a_delete_during_a_resume_is_a_409_and_leaves_no_sandbox(server: Server) -> None:
     """A hibernated session deleted while it is restored: the resume answers 409 `conflict`
     (200 if it was done first, 404 if the delete came before it), never a 500 for a state
@@ -651,19 +671,7 @@ def test_a_delete_during_a_resume_is_a_409_and_leaves_no_sandbox(server: Server)
             sid = created.json()["id"]
             paused = http.post(f"/v1/sessions/{sid}/pause", json={"mode": "hibernate"})
             assert paused.status_code == 200, paused.text
-            answers: list[httpx.Response] = []
-
-            def resume(sid: str = sid, answers: list[httpx.Response] = answers) -> None:
-                with server.client() as own:
-                    own.timeout = httpx.Timeout(120)
-                    answers.append(own.post(f"/v1/sessions/{sid}/resume"))
-
-            resuming = threading.Thread(target=resume)
-            resuming.start()
-            time.sleep(delay_s)
-            assert http.delete(f"/v1/sessions/{sid}").status_code == 204
-            resuming.join(120)
-            [answer] = answers
+            answer = _deleted_during(server, http, sid, "resume", None, delay_s)
             statuses.append(answer.status_code)
             if answer.status_code == 404:
                 assert_error(answer, 404, "not_found")
@@ -692,20 +700,8 @@ def test_a_delete_during_a_checkpoint_is_a_409_and_leaves_no_files(
             created = http.post("/v1/sessions", json={"display": {"width": 640, "height": 400}})
             assert created.status_code == 201, created.text
             sid = created.json()["id"]
-            answers: list[httpx.Response] = []
-
-            def take(sid: str = sid, answers: list[httpx.Response] = answers) -> None:
-                with server.client() as own:
-                    own.timeout = httpx.Timeout(120)
-                    body = {"count": 1} if what == "fork" else None
-                    answers.append(own.post(f"/v1/sessions/{sid}/{what}", json=body))
-
-            taking = threading.Thread(target=take)
-            taking.start()
-            time.sleep(delay_s)
-            assert http.delete(f"/v1/sessions/{sid}").status_code == 204
-            taking.join(120)
-            [answer] = answers
+            body = {"count": 1} if what == "fork" else None
+            answer = _deleted_during(server, http, sid, what, body, delay_s)
             statuses.append(answer.status_code)
             if answer.status_code == 201:  # done before the delete: clean up after it
                 made = answer.json()
