@@ -170,6 +170,30 @@ def test_an_action_on_a_stalled_x_server_fails_the_session_within_its_deadline(
     still_answers(client, neighbour)
 
 
+def test_calls_queued_behind_a_long_batch_are_not_cut_short_by_their_wait(
+    client: httpx.Client, session: dict[str, Any],
+) -> None:
+    """Each call's deadline counts from its turn: the second wait and the screenshot behind
+    it end well past their own deadlines counted from when they were sent."""
+    wait_s = CALL_TIMEOUT_S + 1.0
+    path = f"/v1/sessions/{session['id']}"
+    waits = [InFlight(client, "POST", f"{path}/actions",
+                      {"type": "wait", "ms": int(wait_s * 1000)}) for _ in range(2)]
+    started = time.monotonic()
+    for waiting in waits:
+        waiting.start()
+        time.sleep(0.2)  # in this order on the session's line
+    shot = client.get(f"{path}/screenshot")
+    took = time.monotonic() - started
+    for waiting in waits:
+        waiting.join(wait_s * 3)
+        assert waiting.response is not None, waiting.error
+        assert waiting.response.status_code == 200, waiting.response.text
+    assert shot.status_code == 200, shot.text
+    assert took >= 2 * wait_s, took  # it did wait its turn
+    assert client.get(path).json()["state"] == "running"
+
+
 @pytest.mark.parametrize("stall", sorted(STALLS))
 def test_delete_of_a_stalled_session_returns_at_once_and_leaves_nothing(
     client: httpx.Client, server: Server, session: dict[str, Any],

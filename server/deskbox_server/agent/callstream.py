@@ -40,11 +40,15 @@ class CallStream:
         self._stream: AgentStream | None = None
         self._buffer = bytearray()
 
-    async def call(self, name: str, body: bytes, max_body: int) -> tuple[str, bytes]:
+    async def call(self, name: str, body: bytes, max_body: int,
+                   its_turn: Callable[[], None] | None = None) -> tuple[str, bytes]:
         """The reply's (content type, body) to the call ``name`` with the JSON ``body`` of
-        its arguments; the caller bounds the time (asyncio.timeout)."""
+        its arguments; the caller bounds the time (asyncio.timeout), and ``its_turn`` is
+        called once the calls ahead are done (where its own deadline should start)."""
         message = b'{"call":' + json.dumps(name).encode() + b',"args":' + body + b"}"
         async with self._lock:
+            if its_turn is not None:
+                its_turn()
             try:
                 stream = await self._open()
                 await stream.send(_LENGTH.pack(len(message)) + message)

@@ -303,14 +303,23 @@ class AgentClient:
         max_body: int | None = None,
     ) -> CallResult:
         """A registered handler of the agent, through the call stream (``POST /v1/calls``):
-        calls take turns on it, in the order they are made."""
+        calls take turns on it, in the order they are made. ``timeout_s`` counts from the
+        call's turn: a call queued behind a long one (a batch's minute of ``wait``) is not
+        cut short by its wait in line, which the calls ahead bound with their own deadlines."""
         body = json.dumps(args or {}, separators=(",", ":")).encode()
+        seconds = timeout_s or self._conn.limits.call_timeout_s
+        loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(timeout_s or self._conn.limits.call_timeout_s) as deadline:
+            async with asyncio.timeout(None) as deadline:
                 self._deadlines.add(deadline)
+
+                def its_turn() -> None:
+                    if deadline.when() is None:  # else end_calls_now already ended it
+                        deadline.reschedule(loop.time() + seconds)
+
                 try:
                     content_type, data = await self._calls.call(
-                        name, body, max_body or self._conn.limits.max_rpc_body)
+                        name, body, max_body or self._conn.limits.max_rpc_body, its_turn)
                 finally:
                     self._deadlines.discard(deadline)
         except TimeoutError:
@@ -320,8 +329,9 @@ class AgentClient:
         return CallResult(content_type, data)
 
     def end_calls_now(self) -> None:
-        """Every call of :meth:`call` waiting now is past its deadline at once (its caller
-        knows the agent cannot answer for a while: its sandbox was paused behind our back)."""
+        """Every call of :meth:`call` waiting now, in line or for its reply, is past its
+        deadline at once (its caller knows the agent cannot answer for a while: its sandbox
+        was paused behind our back)."""
         now = asyncio.get_running_loop().time()
         for deadline in self._deadlines:
             if not deadline.expired():  # one that fired is on its way out: left alone
