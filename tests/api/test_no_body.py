@@ -19,6 +19,8 @@ def test_a_post_that_takes_no_body_refuses_fields(client: httpx.Client, path: st
                            "invalid_request")["message"]
     assert message == f"POST {url} takes no body, or {{}}: it has name", message
     assert_error(client.post(url, content=b"[1]"), 422, "invalid_request")
+    # JSON nested deeper than the parser recurses (json.loads: RecursionError) is just as bad.
+    assert_error(client.post(url, content=b"[" * 5000), 422, "invalid_request")
     # No body, {} and null are what clients send: the call goes on (to its 404 here).
     for body in (None, {}, b"null"):
         sent = client.post(url, content=body) if isinstance(body, bytes) else \

@@ -124,3 +124,12 @@ def test_a_message_over_the_request_limit_is_refused_and_the_socket_goes_on(
     assert "DESKBOX_MAX_REQUEST_BYTES" in refused["error"]["message"]
     ws.send(json.dumps({"id": 2, "action": {"type": "cursor_position"}}))
     assert reply(ws)[0]["ok"] is True
+
+
+def test_json_nested_too_deep_is_refused_and_the_socket_goes_on(ws: ClientConnection) -> None:
+    """Deeper than the parser recurses: refused like any bad message; the socket goes on."""
+    ws.send("[" * 5000)
+    refused, _ = reply(ws)
+    assert refused["ok"] is False and refused["error"]["type"] == "invalid_request", refused
+    ws.send(json.dumps({"id": 2, "action": {"type": "cursor_position"}}))
+    assert reply(ws)[0]["ok"] is True

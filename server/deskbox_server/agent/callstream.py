@@ -15,8 +15,8 @@ import json
 import struct
 from collections.abc import Callable
 
+from .. import untrusted_json
 from ..errors import DeskboxError
-from . import untrusted_json
 from .connection import AgentConnection, AgentStream, take_bytes
 
 __all__ = ["CALLS_TYPE", "MAX_REPLY_HEAD", "CallStream"]

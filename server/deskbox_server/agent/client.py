@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 from urllib.parse import quote
 
+from .. import untrusted_json
 from ..errors import (
     AgentFailed,
     Capacity,
@@ -29,7 +30,6 @@ from ..errors import (
     SessionFailed,
     Timeout,
 )
-from . import untrusted_json
 from .callstream import CallStream
 from .connection import AgentConnection, AgentStream, StreamReset
 from .limits import AgentLimits

@@ -30,6 +30,7 @@ from deskbox_agent.desktop import actions as agent_actions
 from deskbox_agent.desktop.errors import InvalidAction as AgentInvalidAction
 from deskbox_agent.desktop.space import Space
 
+from .. import untrusted_json
 from ..errors import (
     Conflict,
     DesktopFailed,
@@ -42,7 +43,6 @@ from ..media import MEDIA_TYPES, EncodedImage, Frame
 from ..schemas import actions as a
 from ..schemas.results import ActionResult, BatchResult, ClipboardText, Point, Size
 from ..settle import SettleOptions, batch_allowance_s
-from . import untrusted_json
 from .client import AgentClient, CallResult, Json
 from .inflate import inflate_exact
 

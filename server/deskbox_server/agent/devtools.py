@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus, WebSocketException
 
+from .. import untrusted_json
 from ..errors import BrowserUnavailable, NotFound, Timeout
-from . import untrusted_json
 
 __all__ = [
     "MAX_LISTING",

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Query, Request, Response, WebSocket
 from pydantic import ValidationError
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
+from .. import untrusted_json
 from ..errors import DeskboxError, Internal, InvalidRequest
 from ..media import EncodedImage
 from ..schemas import actions as a
@@ -140,7 +141,7 @@ def _image_announcement(image: EncodedImage) -> dict[str, object]:
 
 def _raw_id(text: str) -> object:
     try:
-        data = json.loads(text)
+        data = untrusted_json.loads(text)
     except ValueError:
         return None
     message_id = data.get("id") if isinstance(data, dict) else None

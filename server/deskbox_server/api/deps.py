@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
 from starlette.requests import HTTPConnection
 
+from .. import untrusted_json
 from ..errors import InvalidRequest
 from ..metrics import Metrics
 from ..sessions.manager import SessionManager
@@ -53,7 +53,7 @@ async def refuse_body(request: Request, _: Caller) -> None:
     if not raw.strip():
         return
     try:
-        value = json.loads(raw)
+        value = untrusted_json.loads(raw)
     except ValueError:
         value = raw
     if value == {} or value is None:

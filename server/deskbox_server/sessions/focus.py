@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from websockets.exceptions import WebSocketException
 
+from .. import untrusted_json
 from ..agent.devtools import MAX_LISTING, Opener, get_json, open_websocket
 from ..errors import BrowserUnavailable, DeskboxError
 
@@ -91,7 +92,7 @@ async def _evaluate(open_devtools: Opener, path: str) -> Any:
             await connection.send(json.dumps({"id": 1, "method": "Runtime.evaluate", "params": {
                 "expression": FOCUS, "returnByValue": True}}))
             while True:
-                message = json.loads(await connection.recv())
+                message = untrusted_json.loads(await connection.recv())
                 if isinstance(message, dict) and message.get("id") == 1:
                     return message.get("result", {}).get("result", {}).get("value")
     except (TimeoutError, ValueError, WebSocketException, OSError, BrowserUnavailable):

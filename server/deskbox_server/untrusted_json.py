@@ -1,4 +1,5 @@
-"""JSON from inside a sandbox (the agent's replies, the browser's DevTools answers).
+"""JSON from outside the server: a client's request, the agent's replies, the browser's
+DevTools answers.
 
 ``json.loads`` raises ``RecursionError``, not ``ValueError``, on arrays or objects nested a
 few thousand deep, which a body of a few KiB can hold: here it is a ``ValueError`` like
