@@ -156,6 +156,48 @@ def test_pool_settings_are_checked() -> None:
 
 
 
+def test_a_snapshot_that_never_restores_does_not_starve_the_other_pools(
+    server: Server, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its pool's restores fail (the snapshot's files damaged on disk); the display pool
+    still refills. Before, the refills retried that snapshot every 5 s and never reached
+    another pool again."""
+    with server.client(KEY_A) as a, snapshot_of_a_plain_session(server, a) as snapshot:
+        sid = snapshot["id"]
+        (server.services.manager.snapshots.directory(sid) / "sandbox.json").unlink()
+        with caplog.at_level("WARNING", logger="deskbox.pool"):
+            assert a.put(f"/v1/snapshots/{sid}/pool", json={"size": 1}).status_code == 200
+            deadline = time.monotonic() + 60
+            while not any(sid in r.getMessage() for r in caplog.records):
+                assert time.monotonic() < deadline, "the damaged snapshot was never restored"
+                time.sleep(0.1)
+        pool = server.services.manager.pool
+        assert pool is not None
+        claimed = pool.claimed
+        plain = a.post("/v1/sessions", json={})
+        assert plain.status_code == 201, plain.text
+        assert pool.claimed == claimed + 1  # the display pool's desktop taken
+        try:
+            wait_ready(server, timeout_s=60)
+        finally:
+            a.delete(f"/v1/sessions/{plain.json()['id']}")
+            a.put(f"/v1/snapshots/{sid}/pool", json={"size": 0})
+
+
+def test_a_snapshot_of_another_engine_is_not_pooled(server: Server) -> None:
+    """This server's pool makes runc sandboxes: a snapshot of a VM (here its record says so)
+    gets a 422 naming its backend, not a pool whose every restore fails."""
+    with server.client(KEY_A) as a, snapshot_of_a_plain_session(server, a) as snapshot:
+        store = server.services.manager.snapshots
+        record = store.get(key_id(KEY_A), snapshot["id"])
+        store.save(record.model_copy(update={"backend": "vm"}))
+        refused = a.put(f"/v1/snapshots/{snapshot['id']}/pool", json={"size": 1})
+        assert refused.status_code == 422, refused.text
+        assert "'vm'" in refused.json()["error"]["message"]
+        assert a.get(f"/v1/snapshots/{snapshot['id']}").json()["pool"] == {
+            "size": 0, "ready": 0}
+
+
 @pytest.mark.skipif(Criu().missing() is not None,
                     reason="CRIU 4.1 is not installed (scripts/criu.sh)")
 def test_a_snapshot_pool_serves_creates_from_the_snapshot(server: Server) -> None:

@@ -60,8 +60,9 @@ class SnapshotCatalog:
         pool cannot hold more desktops than the key could run.
         """
         snapshot = await asyncio.to_thread(self._store.get, owner, snapshot_id)
-        if self._pool is None:
-            raise InvalidRequest("this server has no warm pool for the snapshot's backend")
+        if self._pool is None or self._pool.backend != snapshot.backend:
+            raise InvalidRequest("this server has no warm pool for the snapshot's backend "
+                                 f"{snapshot.backend!r}")
         key = self.pool_key(snapshot)
         others = sum(self._pool.target(k) for k in self._pool.snapshot_keys(owner) if k != key)
         cap = self._cap_per_key

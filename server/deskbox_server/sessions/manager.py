@@ -180,7 +180,9 @@ class SessionManager:
         self._reaper = asyncio.create_task(self._reap_forever(), name="deskbox-reaper")
         if self.pool is not None:
             for snapshot in await asyncio.to_thread(self.snapshots.all):
-                if snapshot.pool_size:
+                # A pool kept for a snapshot of an engine that is now another's default
+                # cannot be served (its size stays saved for a server that can).
+                if snapshot.pool_size and snapshot.backend == self.pool.backend:
                     await self.pool.set_target(self.catalog.pool_key(snapshot), snapshot.pool_size)
             self.pool.start()
 

@@ -124,7 +124,15 @@ class WarmPool:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        # When a pool whose last start failed is tried again: until then the others refill
+        # (a snapshot that never restores once held the loop, and every other pool ran dry).
+        self._retry_at: dict[Key, float] = {}
         self.claimed = 0
+
+    @property
+    def backend(self) -> str:
+        """The engine the pool's desktops run on: a snapshot of another cannot be pooled."""
+        return self._engine.name
 
     def ready(self, key: Key) -> int:
         return len(self._ready.get(key, ()))
@@ -146,6 +154,7 @@ class WarmPool:
             self._ready.setdefault(key, deque())
         else:
             self._targets.pop(key, None)
+            self._retry_at.pop(key, None)
         queue = self._ready.get(key, deque())
         surplus = [queue.pop() for _ in range(max(0, len(queue) - size))]
         if not size:
@@ -187,7 +196,11 @@ class WarmPool:
             # Cleared before the pass, not after: a claim or a close() during a start sets
             # it again, and the wait below returns at once instead of missing that wake.
             self._wake.clear()
+            loop = asyncio.get_running_loop()
             for key in list(self._targets):
+                if self._retry_at.get(key, 0.0) > loop.time():
+                    continue
+                self._retry_at.pop(key, None)
                 while (not self._closing and key in self._targets
                        and len(self._ready[key]) < self._targets[key]):
                     session_id = new_session_id()
@@ -205,8 +218,8 @@ class WarmPool:
                             continue
                         log.warning("pool: starting a desktop for %s failed: %s", key.label,
                                     getattr(error, "message", repr(error)))
-                        await asyncio.sleep(_RETRY_AFTER_FAILURE_S)
-                        continue
+                        self._retry_at[key] = loop.time() + _RETRY_AFTER_FAILURE_S
+                        break
                     try:
                         # An empty batch: the agent forgets the screen changes of the start
                         # (or the restore), so the first look after a claim answers at once
@@ -226,7 +239,13 @@ class WarmPool:
                     queue.append(_Ready(session_id, handle))
                     log.info("pool %s: desktop %s ready (%d of %d)", key.label, session_id,
                              len(queue), self._targets[key])
-            await self._wake.wait()
+            retries = [at for key, at in self._retry_at.items() if key in self._targets]
+            if not retries:
+                await self._wake.wait()
+                continue
+            with suppress(TimeoutError):
+                async with asyncio.timeout_at(min(retries)):
+                    await self._wake.wait()
 
     async def close(self) -> None:
         """Stop refilling and destroy the ready desktops. A desktop being started is
