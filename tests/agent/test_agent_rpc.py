@@ -235,6 +235,39 @@ async def test_file_caps_and_errors(client: AgentClient, tmp_path: Path) -> None
     assert await client.read_file(str(target), 100) == b"old"
 
 
+async def test_a_file_that_shrinks_while_read_cuts_that_download_only(
+    client: AgentClient, tmp_path: Path
+) -> None:
+    """A log rotated under a download: fewer bytes than the content-length sent broke the
+    connection's HTTP/2 framing, and the host failed the whole agent."""
+    target = tmp_path / "log"
+    target.write_bytes(b"l" * (32 << 20))  # far more than the stream's window
+    reader = await client.open_file(str(target), 64 << 20)
+    received = 0
+    try:
+        with pytest.raises(SessionFailed, match="reset"):
+            async for chunk in reader.chunks():
+                if not received:
+                    target.write_bytes(b"")  # truncated, as logrotate's copytruncate does
+                received += len(chunk)
+    finally:
+        reader.close()
+    assert received < 32 << 20
+    assert client.failed_reason is None
+    assert await client.read_file(str(target), 100) == b""
+
+
+async def test_a_file_that_fails_to_read_is_an_error_not_a_failed_agent(
+    client: AgentClient,
+) -> None:
+    """/proc/self/mem says size 0 and its read fails (EIO): a 500 before, which the host
+    takes for a broken agent."""
+    with pytest.raises(InvalidRequest, match="EIO"):
+        await client.read_file("/proc/self/mem", 1000)
+    assert client.failed_reason is None
+    assert await client.health() >= 0
+
+
 async def test_exec_ends_with_the_command_not_with_a_leftover(
     client: AgentClient, tmp_path: Path
 ) -> None:

@@ -41,7 +41,7 @@ def _path(stream: Stream) -> str | None:
 
 def _cap(stream: Stream, limits: Limits) -> int | None:
     raw = stream.query.get("max", str(limits.max_file_size))
-    if not raw.isdigit() or int(raw) > limits.max_file_size:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > limits.max_file_size:
         return None
     return int(raw)
 
@@ -71,9 +71,16 @@ async def get_file(stream: Stream, limits: Limits) -> None:
                              extra={"content-length": str(st.st_size)})
         left = st.st_size  # a file that grows meanwhile is cut at its size when opened
         while left:
-            chunk = await asyncio.to_thread(os.read, fd, min(CHUNK, left))
+            try:
+                chunk = await asyncio.to_thread(os.read, fd, min(CHUNK, left))
+            except OSError:
+                chunk = b""
             if not chunk:
-                break  # it shrank: the host sees fewer bytes than content-length
+                # It shrank (a log rotated) or could not be read on: fewer bytes than the
+                # content-length sent would break the connection's framing (HTTP/2 checks
+                # it), so only this stream is reset, and the host's download ends cut.
+                stream.abort()
+                return
             left -= len(chunk)
             await stream.write(chunk)
         await stream.write(b"", end=True)
@@ -122,7 +129,11 @@ async def _send_unsized(stream: Stream, fd: int, path: str, cap: int) -> None:
     with its real length."""
     data = bytearray()
     while len(data) <= cap:
-        chunk = await asyncio.to_thread(os.read, fd, min(CHUNK, cap + 1 - len(data)))
+        try:
+            chunk = await asyncio.to_thread(os.read, fd, min(CHUNK, cap + 1 - len(data)))
+        except OSError as e:  # /proc/self/mem, many sysfs files: EIO, EINVAL
+            await stream.error(*_errno_reply(e))
+            return
         if not chunk:
             break
         data += chunk
