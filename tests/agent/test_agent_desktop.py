@@ -258,6 +258,28 @@ async def test_region_scale_view_and_zoom(page: Page) -> None:
     assert decode(in_view.screenshot).size == (640, 400)
 
 
+async def test_the_edges_of_a_view_far_larger_than_the_screen(desk: AgentDesktop) -> None:
+    """The last column of a view three times the screen's size rounded to the column past
+    the screen's edge, whose capture X refused: the session failed."""
+    view = a.CoordinateSpace(width=3840, height=2400)
+    result = await desk.run([
+        a.Zoom(region=a.Region(x=3839, y=0, width=1, height=2400)),
+        a.Zoom(region=a.Region(x=0, y=2399, width=3840, height=1)),
+    ], view)
+    column, row = result.results
+    assert isinstance(column, EncodedImage) and isinstance(row, EncodedImage)
+    assert decode(column).size == (1, 800) and decode(row).size == (1280, 1)
+
+
+async def test_a_webp_past_the_formats_bound_is_refused_and_the_desktop_goes_on(
+    desk: AgentDesktop,
+) -> None:
+    """WebP has at most 16383 pixels a side, the API's sizes 16384: a 500 before."""
+    with pytest.raises(InvalidAction, match="WebP image is at most 16383 pixels a side"):
+        await desk.run([a.Screenshot(format="webp", scale=a.ScaleTo(width=16384, height=100))])
+    assert (await desk.run([a.ScreenSize()])).results == [Size(width=1280, height=800)]
+
+
 async def test_capture_and_grab(page: Page) -> None:
     image = await page.desk.capture("png")
     assert decode(image).size == (1280, 800)

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 from isal import isal_zlib
 
+from .errors import InvalidAction
 from .frame import Frame
 from .jpeg_strips import encode_jpeg, jpeg_in_strips
 from .strips import Strips, cut, strip_starts
@@ -132,6 +133,9 @@ def encode_png(frame: Frame, strips: Strips | None = None) -> bytes:
                      _chunk(b"IEND", b"")))
 
 
+WEBP_MAX_SIDE = 16_383  # the format's own bound (libwebp); the API's sides go to 16384
+
+
 def encode(
     frame: Frame, fmt: Literal["jpeg", "png", "webp"], quality: int,
     strips: Strips | None = None,
@@ -148,6 +152,10 @@ def encode(
     else:
         import io
 
+        if max(frame.width, frame.height) > WEBP_MAX_SIDE:
+            raise InvalidAction(
+                f"a WebP image is at most {WEBP_MAX_SIDE} pixels a side, this one would be "
+                f"{frame.width}x{frame.height}: ask for PNG or JPEG, or a smaller scale")
         buffer = io.BytesIO()
         frame.to_pil().save(buffer, format="WEBP", quality=quality, method=0)
         data = buffer.getvalue()

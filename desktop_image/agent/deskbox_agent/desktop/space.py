@@ -55,7 +55,10 @@ class Space:
             return region.x, region.y, region.width, region.height
         fx = self.screen_width / self.view_width
         fy = self.screen_height / self.view_height
-        x0, y0 = round(region.x * fx), round(region.y * fy)
+        # Clamped like points: the last view column of a view over twice the screen's
+        # size rounds to the column past the screen's edge, which X refuses to capture.
+        x0 = min(round(region.x * fx), self.screen_width - 1)
+        y0 = min(round(region.y * fy), self.screen_height - 1)
         x1 = min(round((region.x + region.width) * fx), self.screen_width)
         y1 = min(round((region.y + region.height) * fy), self.screen_height)
         return x0, y0, max(x1 - x0, 1), max(y1 - y0, 1)
