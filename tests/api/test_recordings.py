@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import struct
+import threading
 import time
 import zipfile
 from collections.abc import Iterator
@@ -246,6 +247,69 @@ def test_quota_and_expiry(tmp_path: Any) -> None:
         assert wait_for(lambda: client.get(f"/v1/sessions/{sid}/recording").status_code
                         == 404, timeout_s=5)
         client.delete(f"/v1/sessions/{sid}")
+
+
+# Noise redrawn on every animation frame: each recorded frame is a JPEG of ~1 MB.
+NOISE = ("data:text/html,<body style='margin:0'><canvas id=c width=1280 height=800></canvas>"
+         "<script>const c=document.getElementById('c').getContext('2d');"
+         "const d=c.createImageData(1280,800),w=new Uint32Array(d.data.buffer);let s=1;"
+         "function f(){for(let i=0;i<w.length;i++){s^=s<<13;s^=s>>>17;s^=s<<5;"
+         "w[i]=s|0xff000000}c.putImageData(d,0,0);requestAnimationFrame(f)}f()</script></body>")
+
+
+def test_frames_dropped_at_the_quota_are_not_counted(tmp_path: Any) -> None:
+    """The first write of a recording goes past its key's quota and is dropped: the
+    recording says it has no frame, and asking for one (or the video) is a 404. It counted
+    the dropped frames, and both answered 500."""
+    settings = Settings(state_dir=tmp_path / "state", api_keys=[KEY_A], backends=["local"],
+                        default_backend="local", recording_quota_mb=1)
+    with running_server(settings) as server, server.client() as client:
+        sid = client.post("/v1/sessions", json={
+            "display": DISPLAY, "record": True, "browser": {"start_url": NOISE}}).json()["id"]
+        try:
+            recording = wait_for(lambda: (r := client.get(
+                f"/v1/sessions/{sid}/recording").json())["state"] == "stopped" and r)
+            assert recording, "the quota never stopped the recording"
+            assert "quota" in recording["stop_reason"], recording
+            assert recording["frames"] == 0, recording
+            assert_error(client.get(f"/v1/sessions/{sid}/recording/frames/0"), 404,
+                         "not_found")
+            assert_error(client.get(f"/v1/sessions/{sid}/recording.mp4"), 404, "not_found")
+        finally:
+            client.delete(f"/v1/sessions/{sid}")
+
+
+def test_starts_at_once_make_one_recording_that_stops(
+    client: httpx.Client, server: Server,
+) -> None:
+    """Starts sent together once made a recorder each; a stop stopped the last, and the
+    others took frames on for ever."""
+    sid = client.post("/v1/sessions", json={
+        "display": DISPLAY, "browser": {"start_url": NOISE}}).json()["id"]
+    try:
+        together = threading.Barrier(4)
+        answers: list[int] = []
+
+        def start() -> None:
+            together.wait()
+            answers.append(client.post(f"/v1/sessions/{sid}/recording/start").status_code)
+
+        threads = [threading.Thread(target=start) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert answers == [200] * 4
+        time.sleep(1)
+        stopped = client.post(f"/v1/sessions/{sid}/recording/stop").json()
+        assert stopped["state"] == "stopped"
+        frames = server.settings.state_dir / "recordings" / sid / "frames"
+        written = len(list(frames.iterdir()))
+        time.sleep(2)  # 8 frames at 4 a second, were a recorder still taking them
+        assert len(list(frames.iterdir())) == written == stopped["frames"]
+    finally:
+        client.delete(f"/v1/sessions/{sid}")
+        client.delete(f"/v1/sessions/{sid}/recording")
 
 
 def test_a_humans_rfb_input_reads_as_actions() -> None:

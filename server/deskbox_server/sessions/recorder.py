@@ -68,6 +68,10 @@ class Recorder:
         self._frames: asyncio.Task[None] | None = None
         self._watched: AnyDesktop | None = None
         self.closed = False
+        # Frames on disk: those numbered but dropped unwritten (the quota, a full disk) are
+        # not counted as the recording's, whose frame N must then be a file.
+        self._frames_written = meta.frames
+        self._dropping = False
 
     def now(self) -> float:
         """Seconds since the recording began (it may have been stopped and begun again)."""
@@ -212,6 +216,8 @@ class Recorder:
                 await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
     def _frame(self, image: EncodedImage) -> None:
+        if self._dropping:
+            return
         meta = self.meta
         if meta.width is None:
             meta.width, meta.height = image.width, image.height
@@ -239,19 +245,30 @@ class Recorder:
             self._lines, self._files = [], []
             size = sum(len(line) for line in lines) + sum(len(data) for _, data in files)
             if not self._within_quota(size):
-                if not self.closed:
-                    self.closed = True  # nothing more is taken
-                    self._stop("the API key's recording quota is used up")
+                self._drop("the API key's recording quota is used up")
                 return
             meta = self.meta
             try:
                 meta.bytes += await asyncio.to_thread(self._store.append, meta, lines, files)
-                await asyncio.to_thread(self._store.save, meta)
             except OSError as error:  # a full disk: stop, rather than hold entries in memory
                 log.error("session %s: cannot write its recording: %s", meta.session_id, error)
-                if not self.closed:
-                    self.closed = True
-                    self._stop(f"the recording could not be written: {error.strerror}")
+                self._drop(f"the recording could not be written: {error.strerror}")
+                return
+            self._frames_written += sum(1 for name, _ in files if name.startswith("frames/"))
+            try:
+                await asyncio.to_thread(self._store.save, meta)
+            except OSError as error:
+                log.error("session %s: cannot write its recording: %s", meta.session_id, error)
+                self._drop(f"the recording could not be written: {error.strerror}")
+
+    def _drop(self, why: str) -> None:
+        """Nothing more is taken nor counted; the frames not written are not the recording's."""
+        self._dropping = True
+        self._lines, self._files = [], []
+        self.meta.frames = self._frames_written
+        if not self.closed:
+            self.closed = True
+            self._stop(why)
 
     async def close(self) -> None:
         """Stop taking frames and entries; write what waits. Idempotent."""

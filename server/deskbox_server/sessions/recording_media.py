@@ -78,7 +78,10 @@ def frame_path(store: RecordingStore, meta: RecordingMeta, number: int) -> Path:
     if not 0 <= number < meta.frames:
         raise NotFound(f"recording of session {meta.session_id} has no frame {number} "
                        f"(it has {meta.frames})")
-    return store.directory(meta.session_id) / "frames" / f"{number:06d}.jpg"
+    path = store.directory(meta.session_id) / "frames" / f"{number:06d}.jpg"
+    if not path.is_file():  # the recording deleted (or expired) meanwhile
+        raise NotFound(f"recording of session {meta.session_id} has no frame {number}")
+    return path
 
 
 def video(store: RecordingStore, meta: RecordingMeta) -> Path:
@@ -90,6 +93,8 @@ def video(store: RecordingStore, meta: RecordingMeta) -> Path:
     directory = store.directory(meta.session_id)
     entries = _entries(store, meta)
     frames = [(e["t"], e["frame"]) for e in entries if e["kind"] == "frame"]
+    if not frames:  # none written (the quota), or the recording deleted meanwhile
+        raise NotFound(f"recording of session {meta.session_id} has no frame yet")
     # The last frame stays on screen until the last thing recorded.
     end = max(max(e["t"], e.get("end_t", 0)) for e in entries)
     target = directory / f"video-{len(frames)}.mp4"

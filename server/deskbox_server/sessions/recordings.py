@@ -39,6 +39,10 @@ class Recordings:
         self._live: dict[str, Recorder] = {}
         self._followers: dict[str, asyncio.Task[None]] = {}
         self._ending: set[asyncio.Task[RecordingMeta | None]] = set()
+        # Starts under way: a second start joins the first, an end waits for it (two
+        # starts once made two recorders, the first never stopped; an end during a start
+        # found nothing to stop, and the start then recorded an ended session).
+        self._beginning: dict[str, asyncio.Future[RecordingMeta]] = {}
 
     def recorder(self, session_id: str) -> Recorder | None:
         return self._live.get(session_id)
@@ -48,6 +52,14 @@ class Recordings:
         recorder = self._live.get(record.id)
         if recorder is not None:
             return recorder.meta
+        beginning = self._beginning.get(record.id)
+        if beginning is None:
+            beginning = asyncio.ensure_future(self._begin(record, handle))
+            self._beginning[record.id] = beginning
+            beginning.add_done_callback(lambda _: self._beginning.pop(record.id, None))
+        return await asyncio.shield(beginning)
+
+    async def _begin(self, record: SessionRecord, handle: AnyDesktop | None) -> RecordingMeta:
         owner = record.owner
         self.check_quota(owner)
         meta = await asyncio.to_thread(self.store.begin, owner, record.id)
@@ -77,6 +89,10 @@ class Recordings:
     async def end(self, session_id: str, reason: str | None = None) -> RecordingMeta | None:
         """Stop the session's recording (None: it was not recording); ``reason`` None:
         it was asked to."""
+        beginning = self._beginning.get(session_id)
+        if beginning is not None:
+            # Its failure is its caller's to hear; what it started is ended below.
+            await asyncio.wait([beginning])
         recorder = self._live.pop(session_id, None)
         if recorder is None:
             return None
