@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import stat
 import threading
@@ -12,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from websockets.sync.client import connect
 
 from deskbox_server.api.auth import key_id
 from deskbox_server.schemas.sessions import SessionCreate, SessionState
@@ -20,7 +22,7 @@ from deskbox_server.sessions.lifecycle import SessionRecord
 from deskbox_server.sessions.registry import Registry
 from deskbox_server.settings import Settings
 
-from .conftest import Server, running_server
+from .conftest import KEY_A, Server, running_server
 from .helpers import assert_error
 
 SMALL = {"width": 640, "height": 400}
@@ -257,11 +259,36 @@ def test_what_the_engine_lacks_is_refused_by_name_and_the_session_runs_on(
     body: dict[str, Any], words: str,
 ) -> None:
     """The local engine declares no capability (engines/base.py): each request that needs
-    one is a 422 naming it and what to use instead, and the session is untouched."""
-    response = client.request(method, f"/v1/sessions/{session['id']}/{path}", json=body)
-    message = assert_error(response, 422, "invalid_request")["message"]
-    assert words in message and "use the container engine" in message
+    one is a 422 naming it and what to use instead, and the session is untouched: refused
+    before anything changed (a refused hibernate, snapshot or fork once closed every
+    DevTools connection first, and a refused pause showed the session paused meanwhile)."""
+    headers = {"Authorization": f"Bearer {KEY_A}"}
+    with connect(session["urls"]["cdp_ws"], additional_headers=headers,
+                 open_timeout=10) as devtools:
+        response = client.request(method, f"/v1/sessions/{session['id']}/{path}", json=body)
+        message = assert_error(response, 422, "invalid_request")["message"]
+        assert words in message and "use the container engine" in message
+        devtools.send(json.dumps({"id": 1, "method": "Browser.getVersion"}))
+        assert json.loads(devtools.recv(timeout=10))["id"] == 1  # still connected
     assert client.get(f"/v1/sessions/{session['id']}").json()["state"] == "running"
+    assert "paused" not in _states_so_far(client, session)  # not even meanwhile
+
+
+def _states_so_far(client: httpx.Client, session: dict[str, Any]) -> list[str]:
+    """The states of the session's event history (its stream, read until it waits)."""
+    states: list[str] = []
+    try:
+        with client.stream("GET", f"/v1/sessions/{session['id']}/events",
+                           timeout=httpx.Timeout(10, read=1)) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    event = json.loads(line[len("data: "):])
+                    if event["type"] == "state":
+                        states.append(event["state"])
+    except httpx.ReadTimeout:
+        pass
+    assert states[:2] == ["starting", "running"], states
+    return states
     shot = client.post(f"/v1/sessions/{session['id']}/actions", json={"type": "screen_size"})
     assert shot.status_code == 200, shot.text
 

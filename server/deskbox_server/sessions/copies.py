@@ -68,6 +68,7 @@ class SessionCopies:
     async def snapshot(self, owner: str, session_id: str) -> SnapshotRecord:
         """Checkpoint a running session to a snapshot; it runs on (API.md)."""
         session = await self._host.session(owner, session_id, "live")
+        session.require_checkpoint()
         _refuse_copies_of_volumes(session.record)
         # Soft: two snapshots taken at once may both pass, and a snapshot's size is known
         # only once it is taken. It keeps one key from filling the disk that every key's
@@ -109,6 +110,7 @@ class SessionCopies:
         """
         session = await self._host.session(owner, session_id, "live")
         record = session.record
+        session.require_checkpoint()
         _refuse_copies_of_volumes(record)
         self._host.check_capacity(owner, count)
         if self._fleet is not None:

@@ -34,6 +34,7 @@ from ..errors import BrowserUnavailable, Conflict, DeskboxError, DesktopFailed
 from ..media import EncodedImage
 from ..sandbox_io import ExecCommand, ExecResult, FileDownload
 from ..schemas import actions as a
+from ..schemas.pause import PauseMode
 from ..schemas.results import BatchResult
 
 __all__ = ["AGENT_FAILURE_GRACE_S", "DEFAULT_CALL_TIMEOUT_S", "AnyDesktop", "Desktop"]
@@ -275,10 +276,23 @@ class Desktop(Generic[S]):
     def can_freeze(self) -> bool:
         return Capability.FREEZE in self.engine.capabilities
 
+    def require_pause(self, mode: PauseMode) -> None:
+        """EngineLacks (422) unless the engine can pause this way: asked before the pause
+        changes anything (its state, the watch, the viewers' and DevTools' connections)."""
+        if mode == "freeze":
+            self.engine.require(Capability.FREEZE, 'pause mode "freeze"')
+        else:
+            self.engine.require(Capability.CHECKPOINT, 'pause mode "hibernate"')
+
+    def require_checkpoint(self) -> None:
+        """EngineLacks (422) unless the engine can checkpoint: before a snapshot or a fork
+        changes anything."""
+        self.engine.require(Capability.CHECKPOINT, "snapshots and forks")
+
     async def freeze(self) -> None:
         """Stop every process where it stands (pause mode "freeze"); no call reaches the
         agent until :meth:`thaw`."""
-        self.engine.require(Capability.FREEZE, 'pause mode "freeze"')
+        self.require_pause("freeze")
         await self.engine.freeze(self.sandbox)
 
     async def thaw(self) -> None:
@@ -286,7 +300,7 @@ class Desktop(Generic[S]):
 
     async def hibernate(self) -> None:
         """Checkpoint the sandbox to disk; its processes end (pause mode "hibernate")."""
-        self.engine.require(Capability.CHECKPOINT, 'pause mode "hibernate"')
+        self.require_pause("hibernate")
         await self._mark()
         await self.let_go(for_checkpoint=True)
         try:
@@ -303,7 +317,7 @@ class Desktop(Generic[S]):
     async def snapshot(self, directory: Path, packed: bool = True) -> SnapshotInfo:
         """Checkpoint the running sandbox into the new ``directory``; it runs on, with a
         new stream to its agent."""
-        self.engine.require(Capability.CHECKPOINT, "snapshots and forks")
+        self.require_checkpoint()
         await self._mark()
         await self.let_go(for_checkpoint=True)
         try:

@@ -395,6 +395,11 @@ class Session:
             state_changes.resume(self._live, self._context),
             f"resume of session {self._live.record.id}")
 
+    def require_checkpoint(self) -> None:
+        """EngineLacks (422) unless its engine can checkpoint it: before a snapshot's quota
+        or a fork's capacity is even looked at."""
+        self._handle().require_checkpoint()
+
     async def checkpoint(self, directory: Path) -> SnapshotInfo:
         """Checkpoint the running desktop into ``directory`` (a snapshot); it keeps
         running."""

@@ -43,6 +43,7 @@ async def pause(
         handle = live.handle
         if record.state is not S.running or handle is None:
             raise not_live(record)
+        handle.require_pause(mode)
         record.transition(target)
 
         def still_pausing() -> bool:  # a delete may come while pause waits
@@ -152,6 +153,7 @@ async def _checkpointing(
     handle = live.handle
     if record.state is not S.running or handle is None:
         raise not_live(record)
+    handle.require_checkpoint()
     live.checkpointing = True
     try:
         await drain(lambda: live.busy, record.id, DRAIN_TIMEOUT_S)
