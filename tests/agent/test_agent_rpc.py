@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import subprocess
@@ -288,6 +289,27 @@ async def test_exec_ends_with_the_command_not_with_a_leftover(
                 os.kill(int(pid_file.read_text()), 9)
                 break
             await asyncio.sleep(0.05)
+
+
+async def test_exec_ends_with_the_command_even_if_a_leftover_writes_on(
+    client: AgentClient, tmp_path: Path
+) -> None:
+    """A child in the background that never stops writing (a server started with `&`):
+    the output is read for half a second more, then the status comes. The drain gave up
+    only on a pipe that fell silent, so this exec never ended, not even at its timeout."""
+    pid_file = tmp_path / "writer.pid"
+    started = time.monotonic()
+    try:
+        chunks, status = await run(client, [
+            "sh", "-c", f"(trap '' PIPE; while :; do echo x || exit; done) & "
+                        f"echo $! > {pid_file}; echo started"], timeout_s=5)
+        assert time.monotonic() - started < 3
+        assert status.exit_code == 0 and not status.timed_out
+        assert b"started\n" in b"".join(c.data for c in chunks)
+    finally:
+        if pid_file.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), 9)
 
 
 async def test_files_replaced_keep_their_mode_and_directories_are_refused(

@@ -95,6 +95,7 @@ class _Pump:
         self.pipe, self.kind, self.cap, self.out = pipe, kind, cap, out
         self.truncated = False
         self.reading_since: float | None = None
+        self.waited_s = 0.0  # for the host to take records (flow control), in all
 
     async def run(self) -> None:
         sent = 0
@@ -110,7 +111,9 @@ class _Pump:
                 self.truncated = True
             if keep:
                 sent += len(keep)
+                waiting_since = loop.time()
                 await self.out.put(record(self.kind, keep))
+                self.waited_s += loop.time() - waiting_since
 
 
 async def run_exec(stream: Stream, spec: ExecSpec) -> None:
@@ -137,27 +140,36 @@ async def run_exec(stream: Stream, spec: ExecSpec) -> None:
     async def wait() -> None:
         nonlocal timed_out
         loop = asyncio.get_running_loop()
+        deadline = loop.time() + spec.timeout_s
         try:
-            async with asyncio.timeout(spec.timeout_s):
+            async with asyncio.timeout_at(deadline):
                 await _exited(proc)
         except TimeoutError:
             timed_out = True
             await _stop(proc, spec.stop_grace_s)
             await _exited(proc)
-        # A child left behind may keep a pipe open: once the command is gone, a pipe that
-        # stays silent for DRAIN_GRACE_S is given up (a pump waiting for the host is not).
+        # A child left behind may keep a pipe open, silent or writing all the time (a
+        # server started with `&`): once the command is gone, each pipe is read for
+        # DRAIN_GRACE_S more, not counting waits for the host to take the output (what
+        # the command wrote before it exited is not lost to a slow host), and never past
+        # the exec's own timeout.
         ended = loop.time()
+        last_call = max(deadline, ended) + DRAIN_GRACE_S
+        waited_before = [reader.waited_s for reader in readers]
         while not all(p.done() for p in pumps):
             await asyncio.wait(pumps, timeout=0.05)
-            for reader, pump in zip(readers, pumps, strict=True):
-                since = reader.reading_since
-                if since is not None and loop.time() - max(since, ended) >= DRAIN_GRACE_S:
+            now = loop.time()
+            for reader, pump, waited in zip(readers, pumps, waited_before, strict=True):
+                reading = reader.reading_since is not None
+                drained_s = now - ended - (reader.waited_s - waited)
+                if now >= last_call or (reading and drained_s >= DRAIN_GRACE_S):
                     pump.cancel()
         await asyncio.gather(*pumps, return_exceptions=True)
         for _ in pumps:
             await queue.put(None)
 
     waiter = asyncio.create_task(wait())
+    completed = False
     try:
         await stream.respond(200, "application/x-deskbox-records")
         open_pipes = 2
@@ -177,19 +189,25 @@ async def run_exec(stream: Stream, spec: ExecSpec) -> None:
             "stderr_truncated": readers[1].truncated,
         }
         await stream.write(record(EXIT, json.dumps(status).encode()), end=True)
+        completed = True
     finally:
         try:
             if proc.returncode is None:
                 await _stop(proc, spec.stop_grace_s)
+            elif not completed:
+                # Stopped (a reset, the connection's end) after the command exited: what
+                # it left in its group goes too, as it would have with the command.
+                _kill_group(proc.pid)
         finally:
             for task in [*pumps, waiter]:
                 task.cancel()
+            # Our ends of the pipes, even if the stop above was cut short: a child left
+            # behind may hold theirs open for as long as it likes, and asyncio lets the
+            # process go only once both are closed.
+            transport = getattr(proc, "_transport", None)
+            if isinstance(transport, asyncio.SubprocessTransport):
+                transport.close()
             await asyncio.gather(*pumps, waiter, return_exceptions=True)
-        # Our ends of the pipes: a child left behind may hold theirs open for as long as it
-        # likes, and asyncio lets the process go only once both are closed.
-        transport = getattr(proc, "_transport", None)
-        if isinstance(transport, asyncio.SubprocessTransport):
-            transport.close()
         with contextlib.suppress(ProcessLookupError):
             await _exited(proc)
 
