@@ -23,6 +23,7 @@ import pytest
 from deskbox_server.engines import AnyEngine
 from deskbox_server.engines.base import AgentStream, Engine, Sandbox, SessionSpec
 from deskbox_server.engines.runc.runtime import Runc
+from deskbox_server.errors import SessionFailed
 
 from ..api.conftest import DISPLAY, Server
 from ..api.containers import container_server
@@ -356,3 +357,19 @@ def test_a_removal_that_overruns_fails_the_session_instead_of_leaving_it_stoppin
     assert [e["state"] for e in states] == ["starting", "running", "stopping", "failed"]
     # The removal went on in the background.
     eventually(lambda: Runc().state(container_id) is None, "the sandbox is removed", 10)
+
+
+def test_a_runc_that_does_not_answer_is_a_session_failure_not_an_escape(
+    tmp_path: Path,
+) -> None:
+    """``subprocess.TimeoutExpired`` is neither SessionFailed nor OSError: it escaped a
+    sandbox's removal at its first runc call, which then left the network, mounts and
+    files of the sandbox behind, and at a restart aborted the server's recovery."""
+    hung = tmp_path / "runc"
+    hung.write_text("#!/bin/sh\nexec sleep 30\n")
+    hung.chmod(0o755)
+    runc = Runc(binary=str(hung))
+    started = time.monotonic()
+    with pytest.raises(SessionFailed, match=r"^runc delete did not answer within 0.5 s$"):
+        runc._run(["delete", "--force", "nothing"], timeout_s=0.5)
+    assert time.monotonic() - started < 5

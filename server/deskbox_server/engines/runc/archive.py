@@ -71,6 +71,13 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
 def pack(images: Path, archive: Path) -> int:
     """Compress ``images`` into ``archive`` (mode 0600, replaced atomically); its size.
     Only regular files are packed (CRIU's images are nothing else)."""
+    try:
+        return _pack(images, archive)
+    except subprocess.TimeoutExpired:
+        raise SessionFailed(f"compressing the checkpoint took over {_TIMEOUT_S:.0f} s") from None
+
+
+def _pack(images: Path, archive: Path) -> int:
     partial = archive.with_suffix(".partial")
     part_files = [archive.with_suffix(f".part{index}") for index in range(PARTS)]
     running: list[subprocess.Popen[bytes]] = []
@@ -143,6 +150,13 @@ def _feed(archive: Path, offset: int, length: int, pipe: int) -> None:
 
 def unpack(archive: Path, images: Path) -> None:
     """Unpack ``archive`` into ``images``; SessionFailed if it is missing or corrupted."""
+    try:
+        _unpack(archive, images)
+    except subprocess.TimeoutExpired:
+        raise SessionFailed(f"unpacking the checkpoint took over {_TIMEOUT_S:.0f} s") from None
+
+
+def _unpack(archive: Path, images: Path) -> None:
     if not archive.is_file():
         raise SessionFailed(f"the checkpoint {archive} is missing")
     lengths = _lengths(archive)

@@ -293,8 +293,8 @@ def restore(
         link_agent(sandbox)
     except BaseException:
         # Stopped, never resumed: nothing of it ran. Kill it; its checkpoint stays.
-        sandbox.options.runc.kill(sandbox.container_id)
-        with contextlib.suppress(SessionFailed):
+        with contextlib.suppress(SessionFailed):  # the restore's own error is the one told
+            sandbox.options.runc.kill(sandbox.container_id)
             sandbox.options.runc.delete(sandbox.container_id)
         sandbox.release_init()
         raise

@@ -46,10 +46,16 @@ class Runc:
     def _run(
         self, args: Sequence[str], timeout_s: float = 30.0, log: Path | None = None
     ) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run(
-            self._argv(*args, log=log), stdin=subprocess.DEVNULL, capture_output=True,
-            timeout=timeout_s, check=False,
-        )
+        """SessionFailed if runc does not answer in time (a sandbox's removal then goes on
+        with its other steps, and says why it could not finish)."""
+        try:
+            return subprocess.run(
+                self._argv(*args, log=log), stdin=subprocess.DEVNULL, capture_output=True,
+                timeout=timeout_s, check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise SessionFailed(f"runc {args[0]} did not answer within {timeout_s:g} s"
+                                ) from None
 
     def run_detached(self, container_id: str, bundle: Path, pid_file: Path) -> None:
         """``runc run --detach``: returns once the container's process has started.
@@ -58,12 +64,15 @@ class Runc:
         to ``bundle/runc.log``.
         """
         log = bundle / "runc.log"
-        done = subprocess.run(
-            self._argv("run", "--detach", "--bundle", str(bundle), "--pid-file",
-                       str(pid_file), container_id, log=log),
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            timeout=60, check=False,
-        )
+        try:
+            done = subprocess.run(
+                self._argv("run", "--detach", "--bundle", str(bundle), "--pid-file",
+                           str(pid_file), container_id, log=log),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                timeout=60, check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise SessionFailed("runc did not start the sandbox within 60 s") from None
         if done.returncode != 0:
             raise SessionFailed(f"runc could not start the sandbox: {_last_error(log)}")
 
