@@ -39,7 +39,6 @@ from .scratch import Scratch
 from .sessions.manager import SessionManager
 from .sessions.registry import Registry
 from .sessions.shared_registry import SharedRegistry
-from .sessions.tokens import TokenStore
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -167,9 +166,8 @@ def create_app(
     engines = engines if engines is not None else default_engines(settings)
     registry = session_registry(settings, engines)
     manager = SessionManager(settings, registry, engines, metrics)
-    tokens = TokenStore(shared=registry.records if isinstance(registry, SharedRegistry)
-                        else None)
-    services = Services(settings, load_keyring(settings), manager, metrics, tokens=tokens)
+    services = Services(settings, load_keyring(settings), manager, metrics,
+                        tokens=manager.tokens)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

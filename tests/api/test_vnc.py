@@ -105,6 +105,21 @@ def test_issue_and_revoke_a_token(client: httpx.Client, session: dict[str, Any])
                  404, "not_found")
 
 
+def test_an_ended_sessions_tokens_are_forgotten(client: httpx.Client, server: Server) -> None:
+    """They stayed until they expired (up to a week), counting against the server's bound
+    of live tokens: one key churning sessions filled it, and every key's next token was
+    a 429 for days."""
+    created = client.post("/v1/sessions", json={"display": {"width": 320, "height": 240}})
+    assert created.status_code == 201, created.text
+    sid = created.json()["id"]
+    held = len(server.services.tokens)
+    for scope in ("view", "control", "cdp"):
+        issue_token(client, sid, scope, ttl_s=7 * 24 * 3600)
+    assert len(server.services.tokens) == held + 3
+    assert client.delete(f"/v1/sessions/{sid}").status_code == 204
+    assert len(server.services.tokens) == held
+
+
 def _closed_within(ws: Any, seconds: float) -> int | None:
     """The close code once the server closed ``ws`` (reading what it sends meanwhile)."""
     deadline = time.monotonic() + seconds

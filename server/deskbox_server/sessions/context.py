@@ -1,7 +1,7 @@
 """What every session of a manager shares (the registry, the browser watch, the links,
-the frame store, metrics, the volumes, the secrets, the recordings) and the two ways back
-to the manager: publish a state change, fail a session. The manager wires one; session.py,
-state_changes.py and start_stop.py use it.
+the frame store, metrics, the volumes, the secrets, the recordings, the tokens) and the
+two ways back to the manager: publish a state change, fail a session. The manager wires
+one; session.py, state_changes.py and start_stop.py use it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from .pause import FrameStore
 from .recordings import Recordings
 from .registry import Registry
 from .secrets import SecretStore
+from .tokens import TokenStore
 from .volumes import VolumeStore
 
 __all__ = ["SessionContext"]
@@ -51,6 +52,8 @@ class SessionContext:
     recordings: Recordings
     # Pauses, resumes and checkpoints: they end even if their request goes (in_flight.py).
     changes: ChangesInFlight
+    # The session tokens issued (tokens.py); an ended session's are forgotten.
+    tokens: TokenStore
 
     def watch(self, session_id: str, handle: AnyDesktop) -> None:
         """The session runs (again): follow its browser, take its recording's frames."""

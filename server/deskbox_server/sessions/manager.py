@@ -64,6 +64,7 @@ from .secrets import SecretStore
 from .session import Session
 from .shared_registry import SharedRegistry
 from .snapshots import SnapshotStore
+from .tokens import TokenStore
 from .volumes import VolumeStore
 
 __all__ = ["LiveSession", "SessionManager"]
@@ -124,6 +125,9 @@ class SessionManager:
         self.secrets = SecretStore(settings.state_dir / "secrets",
                                    settings.state_dir / "secrets.key")
         self._frames = FrameStore(settings.state_dir / "frames")
+        # Session tokens (tokens.py): kept with the fleet's shared records, if any.
+        self.tokens = TokenStore(
+            shared=registry.records if isinstance(registry, SharedRegistry) else None)
         # Recordings of sessions, kept past them (recordings.py, recording_store.py).
         self.recordings = Recordings(
             RecordingStore(settings.state_dir / "recordings",
@@ -145,7 +149,7 @@ class SessionManager:
             registry=registry, browsers=self._browsers, links=self.links, frames=self._frames,
             metrics=metrics, publish=self._publish_state, fail=self._fail_soon,
             volumes=self.volumes, secrets=self.secrets, events=self.events,
-            recordings=self.recordings, changes=changes,
+            recordings=self.recordings, changes=changes, tokens=self.tokens,
         )
         # POST /v1/sessions/{id}/snapshots and /fork (copies.py).
         self.copies = SessionCopies(

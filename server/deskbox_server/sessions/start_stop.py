@@ -77,6 +77,7 @@ async def end(
             log.warning("session %s failed: %s", record.id, failure)
         saved = await _save(context, record)
         context.publish(record)
+    context.tokens.forget_session(record.id)
     await context.recordings.end(record.id, "the session ended")
     await context.unwatch(record.id)  # before the browser goes with the desktop
     if live.handoff is not None:

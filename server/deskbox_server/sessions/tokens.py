@@ -184,6 +184,13 @@ class TokenStore:
             raise Forbidden(f"this token's scope is {record.scope!r}; this needs {wanted}")
         return record
 
+    def forget_session(self, session_id: str) -> None:
+        """The session ended: its tokens can open nothing any more, and no longer count
+        against the server's bound (one key churning sessions with week-long tokens
+        once filled it for every key)."""
+        for record in [t for t in self._by_digest.values() if t.session_id == session_id]:
+            self._drop(record.id)
+
     def _drop(self, token_id: str) -> None:
         digest = self._digest_by_id.pop(token_id, None)
         if digest is not None:
