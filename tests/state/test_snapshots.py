@@ -692,9 +692,11 @@ def test_a_delete_during_a_checkpoint_is_a_409_and_leaves_no_files(
 ) -> None:
     """A session deleted while a snapshot or fork checkpoints it: the checkpoint answers 409
     `conflict` (201 if it was done first), never a 502 about its agent, and nothing of a
-    snapshot that was not made stays on disk (it was kept, unlisted, until a restart)."""
+    snapshot that was not made stays on disk (it was kept, unlisted, until a restart), nor
+    does a copy of a fork whose source went while its copies were restored (they ran on,
+    unknown to the caller)."""
     statuses = []
-    for delay_s in (0.3, 0.6):
+    for delay_s in (0.3, 0.6) if what == "snapshots" else (0.3, 0.6, 0.9, 1.2):
         with server.client() as http:
             http.timeout = httpx.Timeout(120)
             created = http.post("/v1/sessions", json={"display": {"width": 640, "height": 400}})
@@ -712,6 +714,8 @@ def test_a_delete_during_a_checkpoint_is_a_409_and_leaves_no_files(
             else:
                 message = assert_error(answer, 409, "conflict")["message"]
                 assert f"session {sid} was deleted while it was checkpointed" in message
+                running = http.get("/v1/sessions", params={"state": "running"}).json()
+                assert running["sessions"] == [], running
         unmade = [entry.name for entry in (state_dir / "snapshots").iterdir()
                   if entry.name.startswith("snap_") and not (entry / "snapshot.json").is_file()]
         assert unmade == []

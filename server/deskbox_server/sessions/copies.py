@@ -117,6 +117,7 @@ class SessionCopies:
             await self._fleet.check_capacity(owner, count)
         room = (record.body.resources or Resources()).memory_mb << 20
         directory = await asyncio.to_thread(self._forks.new, room)
+        results: list[SessionRecord | BaseException] = []
         try:
             started = time.monotonic()
             async with session.copying(directory):
@@ -126,20 +127,29 @@ class SessionCopies:
                     *(self._copy(owner, body, directory, together) for _ in range(count)),
                     return_exceptions=True,
                 )
+        except BaseException:
+            # The copies were made, then the source could not run on (deleted meanwhile,
+            # its thaw failed): the caller hears an error and never their ids, so they go.
+            await self._delete_all(owner, results)
+            raise
         finally:
             self._remove_soon(directory)
         copies = [r for r in results if isinstance(r, SessionRecord)]
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
-            await asyncio.gather(
-                *(self._host.delete(owner, copy.id) for copy in copies), return_exceptions=True
-            )
+            await self._delete_all(owner, results)
             if isinstance(errors[0], DeskboxError):
                 raise errors[0]
             raise Internal(f"forking session {record.id} failed: {errors[0]!r}")
         log.info("session %s forked into %s (%.2f s)", record.id,
                  ", ".join(c.id for c in copies), time.monotonic() - started)
         return copies
+
+    async def _delete_all(self, owner: str, results: list[SessionRecord | BaseException]
+                          ) -> None:
+        copies = [r for r in results if isinstance(r, SessionRecord)]
+        await asyncio.shield(asyncio.gather(
+            *(self._host.delete(owner, copy.id) for copy in copies), return_exceptions=True))
 
     async def _copy(
         self, owner: str, body: SessionCreate, checkpoint: Path, together: StartTogether
