@@ -539,6 +539,15 @@ def test_openai_wait(client: httpx.Client, session: dict[str, Any]) -> None:
     assert time.monotonic() - started >= 1.0
 
 
+def test_openai_waits_add_up_to_a_batchs_bound(
+    client: httpx.Client, session: dict[str, Any],
+) -> None:
+    """61 waits of 1 s were taken (up to 100 s), past the 60 s every other batch keeps to."""
+    over = client.post(f"/v1/sessions/{session['id']}/actions/openai", json={
+        "call_id": "call_w", "actions": [{"type": "wait"}] * 61})
+    assert "may add up to 60 s at most" in assert_error(over, 422, "invalid_request")["message"]
+
+
 def test_openai_move(
     client: httpx.Client, session: dict[str, Any], page: EventPage, at: Any
 ) -> None:

@@ -165,6 +165,10 @@ class ComputerCall(BaseModel):
     def _one_form(self) -> ComputerCall:
         if (self.action is None) == (self.actions is None):
             raise ValueError("give either action or actions")
+        waits = sum(isinstance(action, WaitAction) for action in self.all_actions())
+        if waits * WAIT_MS > a.MAX_WAIT_MS:
+            raise ValueError(f"the waits of a call ({WAIT_MS // 1000} s each) may add up to "
+                             f"{a.MAX_WAIT_MS // 1000} s at most, as a batch's do")
         return self
 
     def all_actions(self) -> list[ComputerAction]:
