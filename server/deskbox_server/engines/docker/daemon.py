@@ -27,6 +27,12 @@ __all__ = ["Daemon", "DaemonRefused"]
 T = TypeVar("T")
 _LOAD_CHUNK = 4 * 1024 * 1024
 _UNREACHABLE = 900  # aiodocker's status for a connection that failed
+# A daemon that accepts connections and never answers (a storage lock held, the service
+# stopped with SIGSTOP) would hold a create, and the delete and shutdown that wait for
+# it, for ever: aiodocker's client has no timeout of its own. Removing a container stops
+# its processes first (Podman waits up to 10 s for them).
+_CALL_TIMEOUT_S = 60.0
+_LOAD_TIMEOUT_S = 1800.0  # the session image, ~1 GB, streamed
 
 
 def _socket_owner(url: str) -> int | None:
@@ -106,9 +112,13 @@ class Daemon:
             docker, self._docker = self._docker, None
             await docker.close()
 
-    async def _call(self, what: str, call: Awaitable[T]) -> T:
+    async def _call(self, what: str, call: Awaitable[T], timeout_s: float | None = None) -> T:
+        timeout_s = timeout_s or _CALL_TIMEOUT_S
         try:
-            return await call
+            async with asyncio.timeout(timeout_s):
+                return await call
+        except TimeoutError:
+            raise self._unreachable(f"no answer to '{what}' within {timeout_s:g} s") from None
         except DockerError as error:
             if error.status == _UNREACHABLE:
                 raise self._unreachable(error.message) from None
@@ -155,7 +165,8 @@ class Daemon:
                     yield chunk
 
         answers = await self._call("load the session image",
-                                   self._api.images.import_image(data=chunks()))
+                                   self._api.images.import_image(data=chunks()),
+                                   _LOAD_TIMEOUT_S)
         for answer in answers or ():
             if isinstance(answer, dict) and answer.get("error"):
                 raise DaemonRefused("load the session image", 500, str(answer["error"]))

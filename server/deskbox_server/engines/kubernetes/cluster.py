@@ -27,6 +27,10 @@ __all__ = ["Cluster", "ClusterRefused", "Obj"]
 
 Obj = dict[str, Any]
 T = TypeVar("T")
+# An API server that accepts connections and never answers would hold a create's cleanup,
+# a delete and the shutdown that wait for it, for ever: the client has no timeout of its
+# own. Every call is bounded (a watch by its own timeout_seconds, and the same again).
+_CALL_TIMEOUT_S = 30.0
 _IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -93,11 +97,15 @@ class Cluster:
 
     async def _call(self, what: str, call: Awaitable[T]) -> T:
         try:
-            return await call
+            async with asyncio.timeout(_CALL_TIMEOUT_S):
+                return await call
         except ApiException as error:
             raise ClusterRefused(what, int(error.status or 0), _exception_message(error)
                                  ) from None
-        except (TimeoutError, aiohttp.ClientError, OSError) as error:
+        except TimeoutError:
+            raise SessionFailed(f"the Kubernetes API at {self.where} did not answer '{what}' "
+                                f"within {_CALL_TIMEOUT_S:g} s") from None
+        except (aiohttp.ClientError, OSError) as error:
             raise SessionFailed(f"the Kubernetes API at {self.where} does not answer "
                                 f"({error or type(error).__name__})") from None
 
@@ -158,7 +166,9 @@ class Cluster:
             async for event in stream.stream(
                     self._core.list_namespaced_pod, self.namespace, label_selector=selector,
                     resource_version=since, timeout_seconds=timeout_s,
-                    allow_watch_bookmarks=False):
+                    allow_watch_bookmarks=False,
+                    # A connection gone half-open would otherwise end pod-death news for good.
+                    _request_timeout=timeout_s + _CALL_TIMEOUT_S):
                 raw = event.get("raw_object")
                 if isinstance(raw, dict):
                     yield str(event.get("type", "")), raw
