@@ -373,3 +373,38 @@ def test_a_runc_that_does_not_answer_is_a_session_failure_not_an_escape(
     with pytest.raises(SessionFailed, match=r"^runc delete did not answer within 0.5 s$"):
         runc._run(["delete", "--force", "nothing"], timeout_s=0.5)
     assert time.monotonic() - started < 5
+
+
+class FailingRemoval(SlowRemoval):
+    """The session's own engine, whose destroy reports a failure (a mount busy, runc not
+    answering); here the sandbox is in fact gone, so that the test leaves nothing."""
+
+    def __init__(self, real: AnyEngine) -> None:
+        super().__init__(real, 0.0)
+
+    async def destroy(self, sandbox: Sandbox) -> None:
+        await self.real.destroy(sandbox)
+        raise SessionFailed("runc delete did not answer within 30 s")
+
+
+def test_a_volume_stays_attached_while_its_sandbox_could_not_be_removed(
+    client: httpx.Client, server: Server, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its volumes were freed all the same: a new session could mount one for writing
+    while the old sandbox, and its mount of it, were still there (two writers of one
+    filesystem image)."""
+    volume = client.post("/v1/volumes", json={"name": "kept", "size_mb": 16})
+    assert volume.status_code == 201, volume.text
+    created = client.post("/v1/sessions", json={
+        "display": DISPLAY, "volumes": [{"name": "kept", "path": "/root/kept"}]})
+    assert created.status_code == 201, created.text
+    session = created.json()
+    desktop = sandbox_of(server, session)
+    monkeypatch.setattr(desktop, "engine", FailingRemoval(desktop.engine))
+    assert client.delete(f"/v1/sessions/{session['id']}").status_code == 204
+    body = client.get(f"/v1/sessions/{session['id']}").json()
+    assert body["state"] == "failed" and "could not be removed" in body["failure"]["reason"]
+    second = client.post("/v1/sessions", json={
+        "display": DISPLAY, "volumes": [{"name": "kept", "path": "/root/kept"}]})
+    message = assert_error(second, 409, "conflict")["message"]
+    assert session["id"] in message, message

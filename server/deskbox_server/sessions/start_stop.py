@@ -120,9 +120,9 @@ async def _remove(
     handle: AnyDesktop, session_id: str, timeout_s: float,
     removals: set[asyncio.Task[None]], removed: Callable[[], None],
 ) -> str | None:
-    """Destroy the desktop, then call ``removed``; why the sandbox may still be there: its
-    removal failed, or took more than ``timeout_s`` (it goes on in the background, and the
-    manager's shutdown gives it one more bounded wait)."""
+    """Destroy the desktop, then call ``removed`` (not if that failed); why the sandbox
+    may still be there: its removal failed, or took more than ``timeout_s`` (it goes on in
+    the background, and the manager's shutdown gives it one more bounded wait)."""
     problems: list[str] = []
     removal = asyncio.create_task(_destroy(handle, session_id, removed, problems))
     done, _ = await asyncio.wait({removal}, timeout=timeout_s)
@@ -143,5 +143,7 @@ async def _destroy(
         detail = error.message if isinstance(error, DeskboxError) else repr(error)
         problems.append(f"its sandbox could not be removed ({detail}); the next start of "
                         "the server removes it")
-    finally:
-        removed()
+        # Not ``removed``: its volumes stay attached, so that no other session writes one
+        # while a mount of it, or a process of the old sandbox, may still be there.
+        return
+    removed()
