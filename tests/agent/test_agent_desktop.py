@@ -93,6 +93,24 @@ async def test_a_quick_click_waits_its_turn_behind_a_running_batch(page: Page) -
     assert page.value() == "k"
 
 
+async def test_a_call_given_up_keeps_the_desktop_until_its_work_ends(page: Page) -> None:
+    """The host gives a batch up (its deadline) while the worker still runs it: the lone
+    click after it once ran on the event loop beside that batch, into the middle of its
+    drag or held keys, since the cancelled call let the desktop go at once."""
+    await page.focus_field()
+    request = {"actions": [{"type": "wait", "ms": 1000}, {"type": "type", "text": "k"}],
+               "view": None, "screenshot": None, "settle": page.desk._settle_json()}
+    with pytest.raises(Timeout):
+        await page.desk._client.call("act", request, timeout_s=0.2)
+    x, y = page.at(500, 450)
+    await page.desk.perform(a.Click(x=x, y=y))
+    events = await page.until_events(
+        lambda found: any(e["type"] == "click" for e in found))
+    order = [e["type"] for e in events if e["type"] in ("keydown", "mousedown")]
+    assert order == ["keydown", "mousedown"]
+    assert page.value() == "k"
+
+
 async def test_keys_and_combos(page: Page) -> None:
     await page.focus_field()
     await page.desk.run([a.TypeText(text="abc def"), a.Key(keys="ctrl+a"),

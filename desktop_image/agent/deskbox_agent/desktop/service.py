@@ -20,7 +20,7 @@ import contextlib
 import math
 import threading
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..fdwait import wait_readable
 from ..registry import Blob, CallError, Json, Registry
@@ -82,9 +82,19 @@ class DesktopService:
         if self._trim is not None:
             self._trim.cancel()
         loop = asyncio.get_running_loop()
+        lock = self._lock
         try:
-            async with self._lock:
-                return await loop.run_in_executor(self._executor, work)
+            await lock.acquire()
+            try:
+                running = loop.run_in_executor(self._executor, work)
+            except BaseException:
+                lock.release()
+                raise
+            # A call cancelled (the host gave it up) leaves its work running on the worker:
+            # it cannot be stopped midway. The desktop stays taken until that work ends, so
+            # that a quick pointer action on the loop never runs beside it.
+            running.add_done_callback(lambda done: _release(lock, done))
+            return await asyncio.shield(running)
         except DesktopError as error:
             raise CallError(error.status, error.kind, error.message) from None
         finally:
@@ -476,3 +486,11 @@ def register_desktop(
     registry.register("mark", service.mark)
     registry.register("watch", service.watch)
     return service
+
+
+def _release(lock: asyncio.Lock, done: asyncio.Future[Any]) -> None:
+    """The worker's work ended: the desktop is free. Its error, if the call that waited
+    for it was cancelled, is nobody's to hear (read here, so that asyncio logs nothing)."""
+    lock.release()
+    if not done.cancelled():
+        done.exception()
