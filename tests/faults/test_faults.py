@@ -228,6 +228,13 @@ time.sleep(1e6)
 """
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def test_a_sandbox_at_its_pids_limit_refuses_calls_and_hibernates_and_resumes(
     client: httpx.Client, server: Server, neighbour: dict[str, Any],
 ) -> None:
@@ -256,6 +263,15 @@ def test_a_sandbox_at_its_pids_limit_refuses_calls_and_hibernates_and_resumes(
             return True
 
         eventually(refused, "an exec refused at the pids limit", 20)
+        # A command refused so is not left running: its fork could take the last pid and
+        # the agent's thread to wait for it then failed, and the command ran on unwatched,
+        # never reaped, while the caller was told to try again.
+        container_id = sandbox_of(server, session).sandbox.container_id
+        for _ in range(3):
+            again = client.post(f"/v1/sessions/{sid}/exec", json={"cmd": ["sleep", "600"]})
+            assert again.status_code == 429, again.text
+        assert not [pid for pid in cgroup_pids(container_id)
+                    if _cmdline(pid) == b"sleep\x00600\x00"]
         assert client.get(f"/v1/sessions/{sid}").json()["state"] == "running"
         shot = client.get(f"/v1/sessions/{sid}/screenshot")
         assert shot.status_code == 200, shot.text
@@ -267,7 +283,6 @@ def test_a_sandbox_at_its_pids_limit_refuses_calls_and_hibernates_and_resumes(
         assert resumed.status_code == 200, resumed.text
         assert resumed.json()["state"] == "running"
         # The program was restored with every thread it held, under the same limit.
-        container_id = sandbox_of(server, session).sandbox.container_id
         [cgroup] = [d for d in cgroup_dirs(container_id) if (d / "pids.max").is_file()]
         assert (cgroup / "pids.max").read_text().strip() == "128"
         assert int((cgroup / "pids.current").read_text()) >= 120

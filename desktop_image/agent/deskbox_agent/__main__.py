@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from . import PROTOCOL, VERSION
 from .desktop import register_desktop
 from .desktop.session_init import ENV as INIT_DIR_ENV
+from .execute import install_child_watcher
 from .h2server import serve_connection
 from .limits import Limits
 from .registry import Json, Registry
@@ -201,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         assert task is not None
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
+        install_child_watcher()
         registry = default_registry()
         display = args.display or os.environ.get("DISPLAY") or None
         service = (register_desktop(registry, display, args.patience, init_dir)

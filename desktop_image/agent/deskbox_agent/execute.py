@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import signal
-from collections.abc import Mapping
+import sys
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from .fdwait import wait_readable
 from .h2server import Stream
@@ -25,7 +29,7 @@ from .limits import Limits
 from .records import EXIT, MAX_RECORD, STDERR, STDOUT, record
 from .registry import Json
 
-__all__ = ["ExecSpec", "parse_exec", "run_exec"]
+__all__ = ["ExecSpec", "install_child_watcher", "parse_exec", "run_exec"]
 
 DRAIN_GRACE_S = 0.5  # output read after the command ended (a child may hold the pipe)
 MAX_STOP_GRACE_S = 60.0
@@ -126,6 +130,8 @@ async def run_exec(stream: Stream, spec: ExecSpec) -> None:
             limit=MAX_RECORD,
         )
     except OSError as e:
+        if e.errno == errno.EAGAIN:  # the fork, at the pids limit: 429 (registry.py)
+            raise
         await stream.error(422, "exec_failed", f"cannot run {spec.cmd[0]!r}: {e.strerror}")
         return
     assert proc.stdout is not None and proc.stderr is not None
@@ -259,3 +265,30 @@ async def _stop(proc: asyncio.subprocess.Process, grace_s: float) -> None:
         # Called while the leader runs; if it exited in its grace, a group that still has
         # members keeps its id, and an empty one is not found (ESRCH, ignored).
         _kill_group(proc.pid)
+
+
+def install_child_watcher() -> None:
+    """From the agent's event loop, before its first command: Python 3.11's child watcher,
+    but a child whose waiting thread cannot start (the sandbox at its pids limit: the fork
+    took the last one) is killed and reaped at once. The stock one left it running, with
+    no timeout, never reaped, while the exec answered "at the limit, try again": a retry
+    could run the command twice. Python 3.12 and later watch children with a pidfd, no
+    thread: nothing to install there."""
+    if sys.version_info >= (3, 12):
+        return
+
+    class ReapingWatcher(asyncio.ThreadedChildWatcher):
+        def add_child_handler(  # type: ignore[override]  # (typeshed's TypeVarTuple)
+            self, pid: int, callback: Callable[..., object], *args: Any,
+        ) -> None:
+            try:
+                super().add_child_handler(pid, callback, *args)
+            except RuntimeError:
+                _kill_group(pid)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+                raise
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        asyncio.set_child_watcher(ReapingWatcher())
