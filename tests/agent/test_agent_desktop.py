@@ -298,6 +298,23 @@ async def test_a_webp_past_the_formats_bound_is_refused_and_the_desktop_goes_on(
     assert (await desk.run([a.ScreenSize()])).results == [Size(width=1280, height=800)]
 
 
+async def test_a_batch_whose_reply_would_not_fit_in_memory_is_refused(page: Page) -> None:
+    """Its reply is built whole in the agent: a thousand looks at a photo-like page (here
+    noise, ~3 MB a PNG), or scaled up, took gigabytes and the agent was killed for memory."""
+    page.cdp.evaluate(
+        "(() => { const c = document.createElement('canvas'); c.width = innerWidth;"
+        " c.height = innerHeight; c.style = 'position:fixed;left:0;top:0;z-index:9';"
+        " const x = c.getContext('2d'), d = x.createImageData(c.width, c.height);"
+        " const w = new Uint32Array(d.data.buffer); let s = 7;"
+        " for (let i = 0; i < w.length; i++) { s ^= s << 13; s ^= s >>> 17; s ^= s << 5;"
+        " w[i] = s | 0xff000000; }"
+        " x.putImageData(d, 0, 0); document.body.append(c); })()")
+    await asyncio.sleep(0.5)
+    with pytest.raises(InvalidAction, match=r"add up to more than 256 MiB at action \d+"):
+        await page.desk.run([a.Screenshot(format="png")] * 1000)
+    assert (await page.desk.run([a.ScreenSize()])).results == [Size(width=1280, height=800)]
+
+
 async def test_capture_and_grab(page: Page) -> None:
     image = await page.desk.capture("png")
     assert decode(image).size == (1280, 800)

@@ -56,6 +56,9 @@ _MAX_QUICK_NOTCHES = 20
 # JPEG, a photo 2 MiB as PNG, but a look scaled up to 7680x4320 would hold tens of MiB in
 # an idle session (and its checkpoints).
 REUSE_MAX_BYTES = 4 * 1024 * 1024
+# A batch's reply is built whole in the agent's memory (and the sandbox's): a thousand
+# looks of a photo-like page scaled up would take gigabytes and the agent with them.
+MAX_BATCH_REPLY_BYTES = 256 * 1024 * 1024
 
 
 def sends_without_waiting(action: a.Action) -> bool:
@@ -92,6 +95,14 @@ class ClipboardText:
 
 
 ActionResult = EncodedImage | Point | Size | ClipboardText | None
+
+
+def _reply_bytes(result: ActionResult) -> int:
+    if isinstance(result, EncodedImage):
+        return len(result.data)
+    if isinstance(result, ClipboardText):
+        return len(result.text.encode(errors="surrogatepass"))
+    return 0
 
 
 @dataclass(frozen=True)
@@ -204,7 +215,17 @@ class Desktop:
                 self._settle.arm()
             else:
                 self._settle.pump()
-            results = [self._perform(action, space) for action in actions]
+            results: list[ActionResult] = []
+            held = 0  # bytes of the batch's images and texts, all sent in one reply
+            for action in actions:
+                result = self._perform(action, space)
+                held += _reply_bytes(result)
+                if held > MAX_BATCH_REPLY_BYTES:
+                    raise InvalidAction(
+                        f"the batch's screenshots and texts add up to more than "
+                        f"{MAX_BATCH_REPLY_BYTES >> 20} MiB at action {len(results)}: ask "
+                        "for fewer, smaller or JPEG ones (its actions before it were done)")
+                results.append(result)
             image = None
             settled = True
             if screenshot is not None:
