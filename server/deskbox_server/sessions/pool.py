@@ -127,6 +127,7 @@ class WarmPool:
         # When a pool whose last start failed is tried again: until then the others refill
         # (a snapshot that never restores once held the loop, and every other pool ran dry).
         self._retry_at: dict[Key, float] = {}
+        self._starting: asyncio.Future[AnyDesktop] | None = None  # the refill's start
         self.claimed = 0
 
     @property
@@ -204,11 +205,16 @@ class WarmPool:
                 while (not self._closing and key in self._targets
                        and len(self._ready[key]) < self._targets[key]):
                     session_id = new_session_id()
+                    starting = self._starting = asyncio.ensure_future(Desktop.start(
+                        self._engine, key.spec(session_id), self._timeout_s,
+                        self._call_timeout_s,
+                    ))
                     try:
-                        handle = await Desktop.start(
-                            self._engine, key.spec(session_id), self._timeout_s,
-                            self._call_timeout_s,
-                        )
+                        handle = await starting
+                    except asyncio.CancelledError:
+                        if self._closing and starting.cancelled():
+                            return  # close() cancelled the start (it cleaned up after itself)
+                        raise
                     except Exception as error:
                         if key not in self._targets:
                             # Dropped meanwhile: a deleted snapshot's images vanish under
@@ -220,6 +226,8 @@ class WarmPool:
                                     getattr(error, "message", repr(error)))
                         self._retry_at[key] = loop.time() + _RETRY_AFTER_FAILURE_S
                         break
+                    finally:
+                        self._starting = None
                     try:
                         # An empty batch: the agent forgets the screen changes of the start
                         # (or the restore), so the first look after a claim answers at once
@@ -250,17 +258,18 @@ class WarmPool:
     async def close(self) -> None:
         """Stop refilling and destroy the ready desktops. A desktop being started is
         cancelled where the engine's create allows it, else let finish (runc's start runs in
-        a thread) and destroyed too."""
+        a thread) and destroyed too. Only the start is cancelled, never the refill itself:
+        a desktop started and not yet queued (its empty batch, its discard) was left
+        running when the refill was cancelled there."""
         self._closing = True
         self._wake.set()
         if self._task is not None:
-            if self._engine.create_cancellable:
+            if self._engine.create_cancellable and self._starting is not None:
+                self._starting.cancel()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), self._timeout_s + 10)
+            except TimeoutError:
                 self._task.cancel()
-            else:
-                try:
-                    await asyncio.wait_for(asyncio.shield(self._task), self._timeout_s + 10)
-                except TimeoutError:
-                    self._task.cancel()
             with suppress(asyncio.CancelledError, Exception):
                 await self._task
         ready = [r for queue in self._ready.values() for r in queue]

@@ -13,14 +13,10 @@ from typing import ClassVar
 
 from ...errors import DesktopFailed
 from ..base import AgentStream, Engine, SessionSpec
+from ..in_thread import made_in_thread
 from .sandbox import LocalSandbox
 
 __all__ = ["LocalEngine"]
-
-
-def _stop_started(starting: asyncio.Future[LocalSandbox]) -> None:
-    if not starting.cancelled() and starting.exception() is None:
-        asyncio.get_running_loop().run_in_executor(None, starting.result().stop)
 
 
 class LocalEngine(Engine[LocalSandbox]):
@@ -31,12 +27,8 @@ class LocalEngine(Engine[LocalSandbox]):
     )
 
     async def create(self, spec: SessionSpec, timeout_s: float) -> LocalSandbox:
-        starting = asyncio.ensure_future(asyncio.to_thread(LocalSandbox, spec.desktop, timeout_s))
-        try:
-            return await asyncio.shield(starting)
-        except asyncio.CancelledError:
-            starting.add_done_callback(_stop_started)  # its thread runs on: stop what it made
-            raise
+        return await made_in_thread(lambda: LocalSandbox(spec.desktop, timeout_s),
+                                    LocalSandbox.stop)
 
     async def started(self, sandbox: LocalSandbox, timeout_s: float) -> None:
         # The browser picks its DevTools port (the host's loopback is shared).

@@ -19,6 +19,7 @@ from ...errors import InvalidRequest
 from ..base import AgentStream, Capability, Engine, SessionSpec, SnapshotInfo
 from ..host_addresses import HostAddressWatch, start_host_watch
 from ..image import build_off_loop
+from ..in_thread import made_in_thread
 from ..network import Egress, check_allow, resolve_egress
 from ..processes import become_subreaper
 from .criu import Criu, hibernate_sandbox, restore_sandbox
@@ -92,20 +93,20 @@ class RuncEngine(Engine[RuncSandbox]):
         if spec.resources is not None:
             limits = Limits(spec.resources.cpus, spec.resources.memory_mb, spec.resources.pids)
         if spec.from_snapshot is not None:
-            return await asyncio.to_thread(
-                restore_copy, self.options, spec.id, spec.from_snapshot, self._criu, limits,
-                timeout_s, spec.together,
-            )
+            snapshot = spec.from_snapshot
+            return await made_in_thread(lambda: restore_copy(
+                self.options, spec.id, snapshot, self._criu, limits, timeout_s, spec.together,
+            ), RuncSandbox.destroy)
         egress = Egress()
         if spec.network is not None and spec.network.egress != "none":
             # Host names of an allowlist are resolved here, on the host, once.
             egress = await asyncio.to_thread(
                 resolve_egress, spec.network.egress, spec.network.allow
             )
-        return await asyncio.to_thread(
-            RuncSandbox.start, self.options, spec.id, spec.desktop, limits, True,
-            timeout_s, egress, not spec.background, spec.volumes,
-        )
+        return await made_in_thread(lambda: RuncSandbox.start(
+            self.options, spec.id, spec.desktop, limits, True, timeout_s, egress,
+            not spec.background, spec.volumes,
+        ), RuncSandbox.destroy)
 
     async def started(self, sandbox: RuncSandbox, timeout_s: float) -> None:
         await asyncio.to_thread(sandbox.apply_limits)
