@@ -26,6 +26,7 @@ from deskbox_server.engines.desktop_commands import DEVTOOLS_PORT
 from deskbox_server.engines.runc.criu import Criu
 from deskbox_server.engines.runc.runtime import Runc
 from deskbox_server.engines.runc.sandbox import RuncSandbox
+from deskbox_server.sessions import state_changes
 from deskbox_server.sessions.desktop import AnyDesktop
 
 from ..impostors import run
@@ -199,6 +200,31 @@ def test_pause_waits_for_actions_in_flight(
     assert done, "the action in flight failed"  # act() asserted its 200
     assert waited >= 0.5, waited  # the pause waited for the rest of the 1.5 s action
     assert client.post(f"/v1/sessions/{sid}/resume").json()["state"] == "running"
+
+
+def test_a_pause_that_fails_after_a_keepalive_lists_the_session_running(
+    client: httpx.Client, session: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A keepalive during the pause's wait for an action in flight saved the session as
+    paused; the pause then failed (the action outlasted the wait) and the session ran on,
+    but the listing, read from the registry, left it out of ``state=running``."""
+    monkeypatch.setattr(state_changes, "DRAIN_TIMEOUT_S", 0.5)
+    sid = session["id"]
+    waiting = threading.Thread(target=act, args=(client, session, {"type": "wait", "ms": 2500}))
+    waiting.start()
+    time.sleep(0.3)
+    pausing: list[httpx.Response] = []
+    asking = threading.Thread(target=lambda: pausing.append(client.post(
+        f"/v1/sessions/{sid}/pause", json={"mode": "freeze"})))
+    asking.start()
+    time.sleep(0.2)
+    assert client.post(f"/v1/sessions/{sid}/keepalive").status_code == 200
+    asking.join(30)
+    waiting.join(30)
+    assert_error(pausing[0], 409, "conflict")
+    assert client.get(f"/v1/sessions/{sid}").json()["state"] == "running"
+    listed = client.get("/v1/sessions", params={"state": "running"}).json()["sessions"]
+    assert sid in [s["id"] for s in listed], listed
 
 
 def sh(client: httpx.Client, sid: str, script: str) -> str:

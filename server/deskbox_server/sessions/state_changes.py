@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
@@ -76,6 +77,10 @@ async def pause(
             if still_pausing():
                 record.transition(S.running)
                 context.watch(record.id, handle)
+                # A keepalive meanwhile saved the state it saw, paused: the registry (the
+                # listing, a restart's recovery) says what is true again.
+                with contextlib.suppress(DeskboxError):
+                    await context.registry.save(record)
             if mode == "hibernate":
                 await asyncio.to_thread(context.frames.forget, record.id)
             if isinstance(error, SessionFailed):  # e.g. its X server did not answer
