@@ -91,17 +91,37 @@ class DisplayReservation:
         return cls(int(number), private_dir) if number.isdigit() else None
 
     def take_over(self) -> None:
-        """Write our pid into the lock (a restarted server adopting a running session)."""
+        """Write our pid into the lock (a restarted server adopting a running session).
+        DesktopFailed if another X server claimed the number while no server held it (its
+        lock named a dead process, which X servers take for stale)."""
+        self._refuse_if_foreign()
         self.lock_path.write_bytes(f"{os.getpid():>10}\n".encode())
 
     def publish(self, sandbox_socket: Path) -> None:
-        """Link the sandbox's socket privately, then point ``/tmp/.X11-unix/X<N>`` at it."""
+        """Link the sandbox's socket privately, then point ``/tmp/.X11-unix/X<N>`` at it;
+        never over another X server's socket."""
+        self._refuse_if_foreign()
         self.private_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         link_socket(sandbox_socket, self.private_socket, "X socket")
         _ensure_host_socket_dir()
         with contextlib.suppress(FileNotFoundError):
             self.host_link.unlink()
         self.host_link.symlink_to(self.private_socket)
+
+    def _foreign(self) -> bool:
+        """Whether a process other than this server, alive, holds the number: its lock
+        names it, or the host's socket path is not our link."""
+        with contextlib.suppress(OSError):
+            if os.readlink(self.host_link) != str(self.private_socket):
+                return True
+        if os.path.exists(self.host_link) and not os.path.islink(self.host_link):
+            return True
+        return _held_by_another(self.lock_path)
+
+    def _refuse_if_foreign(self) -> None:
+        if self._foreign():
+            raise DesktopFailed(f"display {self.name} was taken by another X server of the "
+                                "host while no server held it")
 
     def release(self, any_owner: bool = False) -> None:
         """Remove the symlink (only if it is ours), the private link and the lock file.
@@ -115,8 +135,21 @@ class DisplayReservation:
             self.private_socket.unlink()
         with contextlib.suppress(OSError):
             owner = self.lock_path.read_bytes().strip()
-            if any_owner or owner == str(os.getpid()).encode():
+            if owner == str(os.getpid()).encode() or (
+                    any_owner and not _held_by_another(self.lock_path)):
                 self.lock_path.unlink()
+
+
+def _held_by_another(lock_path: Path) -> bool:
+    """Whether the X lock names a live process other than this one (X servers write their
+    pid there; a dead one's lock is stale, theirs and ours alike)."""
+    try:
+        owner = lock_path.read_bytes().strip()
+    except OSError:
+        return False
+    if not owner.isdigit() or int(owner) in (0, os.getpid()):
+        return False
+    return os.path.exists(f"/proc/{int(owner)}")
 
 
 def link_socket(sandbox_socket: Path, private_link: Path, what: str) -> None:
