@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,7 @@ from websockets.sync.client import connect
 from deskbox import Deskbox
 from deskbox_server.api.tokens import TOKEN_ENDED
 from deskbox_server.logs import RedactTokens
+from deskbox_server.vnc import hub as vnc_hub
 
 from ..cdp_page import CdpPage
 from ..headless import canvas_pixel, headless_chromium
@@ -745,3 +747,45 @@ def test_no_token_for_a_session_that_ended(client: httpx.Client) -> None:
     assert client.delete(f"/v1/sessions/{sid}").status_code == 204
     refused = client.post(f"/v1/sessions/{sid}/tokens", json={"scope": "view"})
     assert f"session {sid} is stopped" in assert_error(refused, 404, "not_found")["message"]
+
+
+def test_a_sessions_viewers_are_bounded(
+    client: httpx.Client, session: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each viewer holds one of the session's agent streams (128, shared with commands,
+    files and DevTools): one view token opening viewers without end starved the rest."""
+    monkeypatch.setattr(vnc_hub, "MAX_VIEWERS_PER_SESSION", 2)
+    token = token_for(client, session["id"], "view")
+    with RfbViewer(vnc_url(session, token)), RfbViewer(vnc_url(session, token)):
+        with pytest.raises(InvalidStatus) as refused:
+            RfbViewer(vnc_url(session, token))
+        assert refused.value.response.status_code == 429
+        assert b"2 live viewers" in refused.value.response.body
+    with RfbViewer(vnc_url(session, token)) as again:  # room again once they left
+        assert again.updates >= 0
+
+
+def test_a_viewer_gone_before_it_was_accepted_leaves_no_stream(
+    server: Server, client: httpx.Client, session: dict[str, Any],
+) -> None:
+    """Its VNC connection (an agent stream and an x11vnc client) stayed open until the
+    last viewer of the session left; 126 of them starved the session's agent connection."""
+    token = token_for(client, session["id"], "view")
+    agent = server.handle(session["id"]).agent
+    assert agent is not None
+    streams = agent._conn._streams  # the connection's open HTTP/2 streams
+    host, port = server.url.removeprefix("http://").split(":")
+    with RfbViewer(vnc_url(session, token)):  # keeps the VNC server running
+        held = len(streams)
+        for _ in range(10):
+            with socket.create_connection((host, int(port))) as gone:
+                gone.sendall(
+                    f"GET /v1/sessions/{session['id']}/vnc?token={token} HTTP/1.1\r\n"
+                    f"Host: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                    "Sec-WebSocket-Version: 13\r\n\r\n".encode())
+        time.sleep(1)  # for the server to take them up (each opened a stream in ~10 ms)
+        deadline = time.monotonic() + 10
+        while len(streams) > held:
+            assert time.monotonic() < deadline, f"{len(streams) - held} streams left open"
+            time.sleep(0.1)

@@ -180,17 +180,24 @@ async def vnc_ws(websocket: WebSocket, session_id: str) -> None:
 
         async with (
             services.manager.links.hold(session_id, close_for_checkpoint),
-            services.vnc.viewer(session_id, session.start_vnc) as server,
+            services.vnc.viewer(session_id, session.start_vnc,
+                                services.settings.retry_after_s) as server,
         ):
             reader, writer = await server.connect()
             upstream.append(writer)
             try:
                 await handshake_server(reader, writer)
+                offered = websocket.scope.get("subprotocols") or []
+                await websocket.accept(subprotocol="binary" if "binary" in offered else None)
             except (RfbError, TimeoutError) as error:
                 writer.close()
                 raise SessionFailed(f"the session's VNC server failed: {error}") from None
-            offered = websocket.scope.get("subprotocols") or []
-            await websocket.accept(subprotocol="binary" if "binary" in offered else None)
+            except BaseException:
+                # The viewer hung up before it was accepted (uvicorn's ClientDisconnected
+                # is an OSError): its VNC connection and agent stream go now, not when the
+                # last viewer leaves.
+                writer.close()
+                raise
             accepted = True
             viewer_id = f"viewer-{id(websocket):x}"
             source = _source(grant)

@@ -77,7 +77,6 @@ async def end(
             log.warning("session %s failed: %s", record.id, failure)
         saved = await _save(context, record)
         context.publish(record)
-    context.tokens.forget_session(record.id)
     await context.recordings.end(record.id, "the session ended")
     await context.unwatch(record.id)  # before the browser goes with the desktop
     if live.handoff is not None:
@@ -101,6 +100,9 @@ async def end(
         record.transition(S.stopped)
         saved = await _save(context, record)
         context.publish(record)
+    # Last: a viewer or DevTools client that a token opened hears of the session's end
+    # (1001) as its connection goes with the desktop, not of a token revoked (1008).
+    context.tokens.forget_session(record.id)
     return saved
 
 

@@ -9,8 +9,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from ..agent.vnc_server import VncServer
+from ..errors import Capacity
 
-__all__ = ["VncHub"]
+__all__ = ["MAX_VIEWERS_PER_SESSION", "VncHub"]
+
+# Each viewer holds a stream of the session's agent connection (at most 128, shared with
+# commands, files and DevTools) and up to a viewer's buffer of memory: one view token
+# opening viewers without end once starved everything else of the session.
+MAX_VIEWERS_PER_SESSION = 32
 
 log = logging.getLogger("deskbox.vnc")
 
@@ -36,10 +42,15 @@ class VncHub:
 
     @contextlib.asynccontextmanager
     async def viewer(
-        self, session_id: str, start: Callable[[], Awaitable[VncServer]]
+        self, session_id: str, start: Callable[[], Awaitable[VncServer]],
+        retry_after_s: int = 5,
     ) -> AsyncIterator[VncServer]:
-        """The session's server (started with ``start`` if none runs) for one viewer."""
+        """The session's server (started with ``start`` if none runs) for one viewer;
+        Capacity (429) past MAX_VIEWERS_PER_SESSION."""
         entry = self._entries.setdefault(session_id, _Entry())
+        if entry.viewers >= MAX_VIEWERS_PER_SESSION:
+            raise Capacity(f"session {session_id} has {MAX_VIEWERS_PER_SESSION} live viewers; "
+                           "close one first", retry_after_s)
         entry.viewers += 1
         try:
             async with entry.lock:
