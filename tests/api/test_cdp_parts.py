@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from deskbox_server.agent.devtools import connect_tcp, get_json
+from deskbox_server.agent.devtools import browser_path, connect_tcp, get_json, open_websocket
 from deskbox_server.api.cdp import rewrite_targets, rewrite_version
 from deskbox_server.errors import BrowserUnavailable
 from deskbox_server.schemas.sessions import SessionState
@@ -96,6 +96,9 @@ def test_urls_are_rewritten_to_the_control_plane() -> None:
          "webSocketDebuggerUrl": f"{BASE}/page/AB12?token=dbt_x"},
         {"id": "odd", "type": "page"},
     ]
+    # A URL urlsplit raises ValueError on: a 500, and the browser's watch ended for good.
+    assert rewrite_targets([{"id": "v6", "webSocketDebuggerUrl": "ws://[x/devtools/page/a"}],
+                           BASE, None) == [{"id": "v6"}]
     with pytest.raises(BrowserUnavailable):
         rewrite_targets({"not": "a list"}, BASE, None)
     with pytest.raises(BrowserUnavailable):
@@ -122,3 +125,18 @@ async def test_the_event_log_replays_then_follows_then_ends() -> None:
     assert "heartbeat" in seen
     assert [e.id for e in log.history("s1")] == [1, 2, 3]
     assert [e.type async for e in log.follow("s1", after=2)] == ["browser_restarted"]
+
+
+async def test_a_browser_path_no_url_parser_takes_is_browser_unavailable() -> None:
+    body = json.dumps({"webSocketDebuggerUrl": "ws://[x/devtools/browser/a"}).encode()
+    async with fake_devtools(http("200 OK", body)) as (port, _):
+        with pytest.raises(BrowserUnavailable):
+            await browser_path(lambda: connect_tcp(port))
+
+
+async def test_a_websocket_redirected_by_the_browser_is_browser_unavailable() -> None:
+    """The library cannot follow a redirect on our socket: its ValueError was a 500."""
+    redirect = b"HTTP/1.1 302 Found\r\nLocation: ws://127.0.0.1:1/x\r\nContent-Length: 0\r\n\r\n"
+    async with fake_devtools(redirect) as (port, _):
+        with pytest.raises(BrowserUnavailable):
+            await open_websocket(lambda: connect_tcp(port), "/devtools/page/a", 1 << 20)

@@ -177,11 +177,22 @@ Opener = Callable[[], Awaitable[DevtoolsSocket]]
 """Makes a new connection to one browser's DevTools (``DesktopHandle.open_devtools``)."""
 
 
+def url_path(url: object) -> str:
+    """The path of a URL the browser (a sandbox's process) sent; "" for anything else,
+    "ws://[x/" included (urlsplit raises ValueError on it)."""
+    if not isinstance(url, str):
+        return ""
+    try:
+        return urlsplit(url).path
+    except ValueError:
+        return ""
+
+
 async def browser_path(open_devtools: Opener) -> str:
     """The path of the browser-level DevTools websocket, from ``/json/version``."""
     version = await get_json(await open_devtools(), "/json/version", MAX_LISTING)
     url = version.get("webSocketDebuggerUrl") if isinstance(version, dict) else None
-    path = urlsplit(url).path if isinstance(url, str) else ""
+    path = url_path(url)
     if not _BROWSER_PATH.match(path):
         raise BrowserUnavailable("the browser's /json/version names no browser websocket")
     return path
@@ -223,7 +234,8 @@ async def open_websocket(
     except TimeoutError:
         devtools.close()
         raise Timeout(f"the browser's DevTools websocket did not open in {timeout_s} s") from None
-    except (OSError, WebSocketException) as error:
+    except (OSError, WebSocketException, ValueError) as error:
+        # ValueError: a redirect, which the library cannot follow on our own socket.
         devtools.close()
         raise BrowserUnavailable(f"the browser's DevTools websocket failed: {error}") from None
     except BaseException:  # cancelled

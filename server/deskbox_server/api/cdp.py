@@ -75,7 +75,11 @@ def rewrite_targets(targets: object, base: str, token: str | None) -> list[dict[
             if key not in ("webSocketDebuggerUrl", "devtoolsFrontendUrl")
         }
         url = target.get("webSocketDebuggerUrl")
-        match = _PAGE_PATH.match(urlsplit(url).path) if isinstance(url, str) else None
+        try:
+            path = urlsplit(url).path if isinstance(url, str) else ""
+        except ValueError:  # "ws://[x/...": the sandbox's answer, not to be trusted
+            path = ""
+        match = _PAGE_PATH.match(path)
         if match is not None:
             entry["webSocketDebuggerUrl"] = _with_token(f"{base}/page/{match[1]}", token)
         out.append(entry)
