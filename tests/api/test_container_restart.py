@@ -196,3 +196,35 @@ def test_a_pause_cut_short_by_a_killed_server_leaves_the_session_running(
             assert http.delete(f"/v1/sessions/{session['id']}").status_code == 204
     finally:
         reap([state.pid])
+
+
+def test_a_session_in_use_outlives_a_restart(tmp_path: Path) -> None:
+    """Its use moved its idle clock in the killed server's memory only: the next server
+    re-adopted it with the clock saved at its start, and its first reaper pass stopped
+    the session as expired while it was in use."""
+    state_dir, log = tmp_path / "state", tmp_path / "server.log"
+    inits: list[int] = []
+    try:
+        with serve(state_dir, log, {"DESKBOX_REAPER_INTERVAL_S": "0.5"}) as (first, http):
+            made = http.post("/v1/sessions", json={"timeout_s": 6})
+            assert made.status_code == 201, made.text
+            sid = made.json()["id"]
+            state = Runc().state(container_of(sid))
+            assert state is not None
+            inits.append(state.pid)
+            for _ in range(8):  # 8 s in use: past the clock saved at its start
+                moved = http.post(f"/v1/sessions/{sid}/actions", json={"type": "move",
+                                                                       "x": 5, "y": 5})
+                assert moved.status_code == 200, moved.text
+                time.sleep(1)
+            first.send_signal(signal.SIGKILL)
+            first.wait()
+        with serve(state_dir, log, {"DESKBOX_REAPER_INTERVAL_S": "0.5"}) as (_, http):
+            time.sleep(2)  # a few reaper passes
+            body = http.get(f"/v1/sessions/{sid}").json()
+            assert body["state"] == "running", body
+            assert http.delete(f"/v1/sessions/{sid}").status_code == 204
+    finally:
+        options = runc_engine(Settings(state_dir=state_dir)).options
+        remove_orphans(options, keep=())
+        reap(inits)

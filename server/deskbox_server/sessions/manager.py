@@ -239,6 +239,11 @@ class SessionManager:
         self._live[record.id] = live
         self.volumes.reattach(record.owner, record.id, record.body.all_volumes())
         if record.state is S.running and live.handle is not None:
+            # Its use (actions, commands, DevTools) moved its idle clock in the previous
+            # server's memory only, and the restart was no idleness of its own: a fresh
+            # clock, or the first reaper pass stopped a session in use as expired.
+            record.touch()
+            await self._registry.save(record)
             self._context.watch(record.id, live.handle)
         log.info("session %s re-adopted (engine %s, %s)", record.id, record.backend,
                  record.state.value)
