@@ -10,6 +10,7 @@ environment variable.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -137,6 +138,31 @@ def test_a_keys_secrets_stop_at_its_quota(
     assert "retry-after" not in refused.headers
     assert client.delete("/v1/secrets/A").status_code == 204
     store_secret(client, "C")
+
+
+def test_creates_of_one_name_at_once_make_one_secret(
+    client: Recorder, secret_server: Server,
+) -> None:
+    """Each found no secret of that name and each answered 201, the last replacing the
+    others (API.md: 409 for a name in use); their records' writes shared one temporary
+    file, which could be renamed into place cut, leaving the key's secrets unreadable."""
+    together = threading.Barrier(6)
+    statuses: list[int] = []
+
+    def create(index: int) -> None:
+        with secret_server.client(KEY_A) as own:
+            together.wait()
+            statuses.append(own.post("/v1/secrets", json={
+                "name": "ONCE", "value": VALUE + "x" * index * 50,
+                "allowed_origins": [GOOD]}).status_code)
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(statuses) == [201, 409, 409, 409, 409, 409], statuses
+    assert [s["name"] for s in client.get("/v1/secrets").json()["secrets"]] == ["ONCE"]
 
 
 def test_a_secret_is_typed_only_where_its_origin_has_the_focus(

@@ -25,6 +25,8 @@ class SnapshotCatalog:
         self._pool = pool
         self._cap_per_key = cap_per_key
         self._engines = engines
+        # Per API key (there are few): a pool's size, or a snapshot's delete.
+        self._setting_pools: dict[str, asyncio.Lock] = {}
 
     async def get(self, owner: str, snapshot_id: str) -> SnapshotRecord:
         return await asyncio.to_thread(self._store.get, owner, snapshot_id)
@@ -33,6 +35,12 @@ class SnapshotCatalog:
         return await asyncio.to_thread(self._store.list, owner)
 
     async def delete(self, owner: str, snapshot_id: str) -> None:
+        # Not beside a change of a pool: one set during the delete came back as a pool of
+        # a snapshot that was gone, restoring and failing for ever.
+        async with self._setting_pools.setdefault(owner, asyncio.Lock()):
+            await self._delete(owner, snapshot_id)
+
+    async def _delete(self, owner: str, snapshot_id: str) -> None:
         snapshot = await asyncio.to_thread(self._store.get, owner, snapshot_id)
         if self._pool is None:
             await asyncio.to_thread(self._store.delete, owner, snapshot_id)
@@ -57,8 +65,13 @@ class SnapshotCatalog:
         """Keep ``size`` ready copies of a snapshot for its owner's creates from it.
 
         The copies of all of a key's snapshots count against its session cap, so that a
-        pool cannot hold more desktops than the key could run.
+        pool cannot hold more desktops than the key could run. One change at a time: two
+        at once each passed the cap before either was set.
         """
+        async with self._setting_pools.setdefault(owner, asyncio.Lock()):
+            return await self._set_pool(owner, snapshot_id, size)
+
+    async def _set_pool(self, owner: str, snapshot_id: str, size: int) -> SnapshotRecord:
         snapshot = await asyncio.to_thread(self._store.get, owner, snapshot_id)
         if self._pool is None or self._pool.backend != snapshot.backend:
             raise InvalidRequest("this server has no warm pool for the snapshot's backend "

@@ -14,6 +14,7 @@ import builtins
 import dataclasses
 import os
 import re
+import threading
 from datetime import datetime
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 from ..errors import Conflict, Internal, NotFound, QuotaExceeded
 from ..sandbox_io import ExecResult
 from ..schemas.secrets import SecretCreate
+from .atomic_file import replace_file
 from .lifecycle import utcnow
 
 __all__ = ["SecretRecord", "SecretStore", "redact"]
@@ -45,19 +47,12 @@ class SecretRecord(BaseModel):
         return f"SecretRecord(name={self.name!r}, owner={self.owner!r})"
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    partial = path.with_name(path.name + ".partial")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as file:
-        file.write(data)
-    os.replace(partial, path)
-
-
 class SecretStore:
     def __init__(self, root: Path, key_path: Path) -> None:
         self.root = root
         self._key_path = key_path
         self._fernet: Fernet | None = None
+        self._creating = threading.Lock()
 
     def open(self) -> None:
         """The root (mode 0700) and the server's key (mode 0600; made if missing)."""
@@ -67,7 +62,7 @@ class SecretStore:
             key = self._key_path.read_bytes().strip()
         except FileNotFoundError:
             key = Fernet.generate_key()
-            _write_private(self._key_path, key + b"\n")
+            replace_file(self._key_path, key + b"\n")
         os.chmod(self._key_path, 0o600)
         try:
             self._fernet = Fernet(key)
@@ -107,6 +102,12 @@ class SecretStore:
         return [r for r in (self._read(owner, n) for n in names) if r is not None]
 
     def create(self, owner: str, body: SecretCreate) -> SecretRecord:
+        # One at a time (creates run on threads): two of one name both found none and both
+        # answered 201, the second replacing the first; two at the cap both passed it.
+        with self._creating:
+            return self._create(owner, body)
+
+    def _create(self, owner: str, body: SecretCreate) -> SecretRecord:
         if self._read(owner, body.name) is not None:
             raise Conflict(f"a secret {body.name!r} exists already; delete it to replace it")
         if len(self.list(owner)) >= _MAX_PER_KEY:
@@ -118,7 +119,7 @@ class SecretStore:
         )
         directory = self.root / owner
         directory.mkdir(mode=0o700, exist_ok=True)
-        _write_private(self._path(owner, body.name), record.model_dump_json().encode())
+        replace_file(self._path(owner, body.name), record.model_dump_json().encode())
         return record
 
     def delete(self, owner: str, name: str) -> None:

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import Conflict, InsufficientStorage, NotFound
 from ..schemas.sessions import SessionCreate
+from .atomic_file import replace_file
 
 __all__ = ["SnapshotRecord", "SnapshotStore"]
 
@@ -82,13 +83,8 @@ class SnapshotStore:
         return self.root / _FORKS
 
     def save(self, record: SnapshotRecord) -> None:
-        directory = self.directory(record.id)
-        partial = directory / (_RECORD + ".partial")
         try:
-            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as file:
-                file.write(record.model_dump_json())
-            os.replace(partial, directory / _RECORD)
+            replace_file(self.directory(record.id) / _RECORD, record.model_dump_json().encode())
         except OSError as error:
             if error.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise InsufficientStorage(
