@@ -184,6 +184,37 @@ def test_a_snapshot_that_never_restores_does_not_starve_the_other_pools(
             a.put(f"/v1/snapshots/{sid}/pool", json={"size": 0})
 
 
+def test_pools_set_at_once_keep_to_the_keys_cap(
+    server: Server, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each change checked the cap, then waited (the snapshot unpacked for fast restores)
+    before it set its pool: two at once both passed, and the key kept twice its cap."""
+    monkeypatch.setattr(server.services.manager.catalog, "_cap_per_key", 1)
+    with server.client(KEY_A) as a, snapshot_of_a_plain_session(server, a) as first:
+        second = a.post(f"/v1/sessions/{first['session_id']}/snapshots")
+        assert second.status_code == 201, second.text
+        answers: dict[str, int] = {}
+        together = threading.Barrier(2)
+
+        def pool(snapshot_id: str) -> None:
+            with server.client(KEY_A) as own:
+                together.wait()
+                answers[snapshot_id] = own.put(f"/v1/snapshots/{snapshot_id}/pool",
+                                               json={"size": 1}).status_code
+
+        threads = [threading.Thread(target=pool, args=(s,))
+                   for s in (first["id"], second.json()["id"])]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        try:
+            assert sorted(answers.values()) == [200, 422], answers
+        finally:
+            for snapshot_id in answers:
+                a.delete(f"/v1/snapshots/{snapshot_id}")
+
+
 def test_a_snapshot_of_another_engine_is_not_pooled(server: Server) -> None:
     """This server's pool makes runc sandboxes: a snapshot of a VM (here its record says so)
     gets a 422 naming its backend, not a pool whose every restore fails."""
