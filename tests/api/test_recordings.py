@@ -18,7 +18,9 @@ import httpx
 import pytest
 from PIL import Image
 
+from deskbox_server.errors import QuotaExceeded
 from deskbox_server.sessions.human_input import HumanAction, HumanInput
+from deskbox_server.sessions.recordings import Recordings
 from deskbox_server.settings import Settings
 
 from ..rfb_client import RfbViewer
@@ -367,3 +369,28 @@ def test_a_hostile_frame_is_a_clear_error_not_a_crash(
     finally:
         client.delete(f"/v1/sessions/{sid}")
         client.delete(f"/v1/sessions/{sid}/recording")
+
+
+def test_a_pool_desktop_whose_recording_cannot_begin_is_not_left_running(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A create served by the warm pool whose recording could not begin (no room on the
+    disk, or the key's quota filled meanwhile): the caller got the error and never the
+    session's id, while the session ran on unseen, counted against the key's caps."""
+    async def refused(*_: Any) -> Any:
+        raise QuotaExceeded("the API key's recordings use their quota")
+
+    settings = Settings(state_dir=tmp_path / "state", api_keys=[KEY_A], backends=["local"],
+                        default_backend="local", pool_size=1, pool_displays=["640x400"])
+    with running_server(settings) as server, server.client() as client:
+        pool = server.services.manager.pool
+        assert pool is not None
+        assert wait_for(lambda: sum(pool.ready_by_display().values()) == 1, timeout_s=60)
+        monkeypatch.setattr(Recordings, "begin", refused)
+        created = client.post("/v1/sessions", json={
+            "display": {"width": 640, "height": 400}, "record": True})
+        assert_error(created, 429, "quota_exceeded")
+        assert pool.claimed == 1  # it was the pool's desktop
+        assert client.get("/v1/sessions", params={"state": "running"}).json()[
+            "sessions"] == []
+        assert wait_for(lambda: not server.services.manager.holding, timeout_s=15)

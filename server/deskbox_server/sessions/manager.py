@@ -644,7 +644,16 @@ class SessionManager:
             log.warning("session %s: marking its sandbox as claimed: %s", record.id, error)
         self._context.watch(record.id, handle)
         if body.record:
-            await self._context.recordings.begin(record, handle)
+            try:
+                await self._context.recordings.begin(record, handle)
+            except Exception as error:
+                # No room for the recording, or the key's quota used up meanwhile: the
+                # caller hears the error and never the session's id, so it must not run
+                # on unseen, counted against the key's caps (as _start does).
+                reason = (error.message if isinstance(error, DeskboxError)
+                          else f"its recording could not begin: {type(error).__name__}")
+                await self._end(live, reason)
+                raise
         log.info("session %s running (engine %s, from the warm pool)", record.id, backend_name)
         return record
 
