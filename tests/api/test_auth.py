@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import stat
+from pathlib import Path
 from typing import Any
 
 import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
+
+from deskbox_server.api.auth import load_keyring
+from deskbox_server.settings import Settings
 
 from .conftest import KEY_B, Server
 from .helpers import assert_error
@@ -60,3 +65,18 @@ def test_websocket_needs_the_owners_key(server: Server, session: dict[str, Any])
         response = raised.value.response
         assert response.status_code == status
         assert b'"request_id"' in response.body
+
+
+def test_a_key_file_left_empty_by_a_killed_server_is_made_again(tmp_path: Path) -> None:
+    """The first start wrote its key file after creating it: killed (or out of disk) in
+    between, it left it empty, and every later start refused to run."""
+    settings = Settings(state_dir=tmp_path / "state", api_keys=[])
+    settings.api_key_path.parent.mkdir(parents=True)
+    settings.api_key_path.write_text("")
+    keyring = load_keyring(settings)
+    key = settings.api_key_path.read_text().strip()
+    assert key.startswith("dbx_") and keyring.identify(key) is not None
+    assert load_keyring(settings).identify(key) is not None  # read back as it is
+    assert stat.S_IMODE(settings.api_key_path.stat().st_mode) == 0o600
+    assert [p.name for p in settings.api_key_path.parent.iterdir()] == [
+        settings.api_key_path.name]

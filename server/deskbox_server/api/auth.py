@@ -6,11 +6,13 @@ by the key itself, so the registry holds no secret.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import logging
 import os
 import secrets
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,18 +58,30 @@ def load_keyring(settings: Settings) -> KeyRing:
         return KeyRing(settings.api_keys)
     path = settings.api_key_path
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key = "dbx_" + secrets.token_urlsafe(32)
+    # Written whole under a name of its own, then linked into place if no file is there:
+    # a server killed (or out of disk) while writing once left an empty key file, and
+    # every later start refused to run.
+    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.", suffix=".partial")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        key = path.read_text().strip()
-        if not key:
-            raise ValueError(f"the API key file {path} is empty") from None
-        log.info("API key read from %s", path)
-    else:
-        key = "dbx_" + secrets.token_urlsafe(32)
         with os.fdopen(fd, "w") as file:
             file.write(key + "\n")
+            file.flush()
+            os.fsync(file.fileno())
+        os.link(partial, path)
+    except FileExistsError:
+        existing = path.read_text().strip()
+        if existing:
+            key = existing
+            log.info("API key read from %s", path)
+        else:  # left empty by a server killed while writing it: it gave no key out
+            os.replace(partial, path)
+            log.warning("generated an API key; it is stored (mode 0600) in %s", path)
+    else:
         log.warning("generated an API key; it is stored (mode 0600) in %s", path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial)
     return KeyRing([key], generated_path=path)
 
 
