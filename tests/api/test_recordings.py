@@ -352,6 +352,17 @@ def test_a_humans_rfb_input_reads_as_actions() -> None:
     ]
 
 
+def test_a_viewer_that_types_without_a_pause_is_recorded_in_bounded_parts() -> None:
+    """Its text grew in memory until it paused, into one ``type`` of any length (the API
+    takes 20,000 characters a ``type``)."""
+    done: list[HumanAction] = []
+    viewer = HumanInput(done.append, lambda: 0.0)
+    for _ in range(45_000):
+        viewer.message(struct.pack(">BBHI", 4, True, 0, ord("a")))
+    viewer.flush()
+    assert [len(d.action["text"]) for d in done] == [20_000, 20_000, 5_000]
+
+
 def test_a_hostile_frame_is_a_clear_error_not_a_crash(
     client: httpx.Client, server: Server
 ) -> None:

@@ -13,6 +13,8 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..schemas.actions import MAX_TYPE_CHARS
+
 __all__ = ["HumanAction", "HumanInput"]
 
 _KEY_EVENT, _POINTER_EVENT = 4, 5
@@ -25,6 +27,7 @@ _MODIFIERS = {
     0xFFEB: "super", 0xFFEC: "super",
 }
 _TYPING_GAP_S = 1.0  # a pause this long ends a ``type``
+_MAX_TYPED = MAX_TYPE_CHARS  # a ``type`` the API itself would take, and no longer
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,8 @@ class HumanInput:
             self._end_wheel()
             self._typed_at = (self._typed_at[0] if self._typed else now, now)
             self._typed.append(char)
+            if len(self._typed) >= _MAX_TYPED:  # a viewer that never pauses: bounded
+                self._end_typing()
             return
         self._end_typing()
         self._end_wheel()
