@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from deskbox import Deskbox, cdp
+from deskbox_server.api.auth import key_id
 from deskbox_server.settings import Settings
 
 from ..images import IMAGE_STATE_DIR, session_image
@@ -352,3 +353,22 @@ def test_a_volume_that_does_not_mount_fails_only_that_create(
     assert str(disk) not in Path("/proc/self/mountinfo").read_text()
     assert subprocess.run(["losetup", "-j", str(disk)], capture_output=True,
                           text=True).stdout == ""
+
+
+def test_a_delete_cut_short_leaves_no_volume_behind(
+    client: httpx.Client, volume_server: Server,
+) -> None:
+    """A delete that could not remove all its files (here the disk image made immutable;
+    a killed server alike) removed them in the directory's order: the disk image could
+    go and the record stay, and the volume came back, unmountable and counted against the
+    key's quota. Now its record goes first: the volume is gone, whatever is left."""
+    make_volume(client, "cut")
+    disk = volume_server.settings.state_dir / "volumes" / key_id(KEY_A) / "cut" / "disk.ext4"
+    subprocess.run(["chattr", "+i", disk], check=True)
+    try:
+        assert client.delete("/v1/volumes/cut").status_code == 204
+        assert_error(client.get("/v1/volumes/cut"), 404, "not_found")
+        assert "cut" not in [v["name"] for v in client.get("/v1/volumes").json()["volumes"]]
+    finally:
+        subprocess.run(["chattr", "-i", disk], check=False)
+    make_volume(client, "cut")  # its name is free again: the leftovers go then

@@ -129,7 +129,7 @@ class VolumeStore:
             if held:
                 raise Conflict(f"volume {name!r} is attached to session "
                                f"{', '.join(sorted(held))}; delete or stop it first")
-            await asyncio.to_thread(shutil.rmtree, self._directory(owner, record.name))
+            await asyncio.to_thread(_remove, self._directory(owner, record.name))
 
     # -- attachments ----------------------------------------------------------------------
 
@@ -175,6 +175,15 @@ class VolumeStore:
         for key, held in list(self._attached.items()):
             if held.pop(session_id, None) is not None and not held:
                 del self._attached[key]
+
+
+def _remove(directory: Path) -> None:
+    """The record first: the volume is gone at once, whatever stops the rest (a killed
+    server, a failing disk), and what is left is an unfinished volume that open() removes.
+    Removed in the directory's order, the disk image could go first and a volume that
+    could not be mounted come back, still counted against the key's quota."""
+    (directory / _RECORD).unlink(missing_ok=True)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _make(directory: Path, record: VolumeRecord) -> None:
