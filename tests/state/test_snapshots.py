@@ -754,18 +754,10 @@ def test_a_keys_snapshots_stop_at_its_quota(tmp_path: Path) -> None:
             http.delete(f"/v1/sessions/{sid}")
 
 
-class _FullForRecords:
-    """The snapshot store's ``os`` (sessions/snapshots.py), whose record files find the
-    disk full; everything else is the real module's."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(os, name)
-
-    @staticmethod
-    def open(path: Any, *args: Any, **kwargs: Any) -> int:
-        if str(path).endswith(".partial"):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return os.open(path, *args, **kwargs)
+def _no_room(path: Path, data: bytes) -> None:
+    """The snapshot store's writer of record files (sessions/atomic_file.py), which finds
+    the disk full."""
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def test_a_snapshot_whose_record_finds_no_room_is_a_507_and_leaves_no_files(
@@ -780,7 +772,7 @@ def test_a_snapshot_whose_record_finds_no_room_is_a_507_and_leaves_no_files(
     try:
         before = {entry.name for entry in (state_dir / "snapshots").iterdir()}
         with monkeypatch.context() as patched:
-            patched.setattr(snapshots_module, "os", _FullForRecords())
+            patched.setattr(snapshots_module, "replace_file", _no_room)
             message = assert_error(client.post(f"/v1/sessions/{sid}/snapshots"), 507,
                                    "insufficient_storage")["message"]
         assert "no room on the server's disk for snapshot" in message, message
