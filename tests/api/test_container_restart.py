@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -223,6 +224,42 @@ def test_a_session_in_use_outlives_a_restart(tmp_path: Path) -> None:
             time.sleep(2)  # a few reaper passes
             body = http.get(f"/v1/sessions/{sid}").json()
             assert body["state"] == "running", body
+            assert http.delete(f"/v1/sessions/{sid}").status_code == 204
+    finally:
+        options = runc_engine(Settings(state_dir=state_dir)).options
+        remove_orphans(options, keep=())
+        reap(inits)
+
+
+def test_a_hibernation_the_killed_server_did_not_record_is_kept(tmp_path: Path) -> None:
+    """Killed between a hibernate's dump and the save of its new state (or that save
+    refused for a full disk): the registry says running, the sandbox no longer runs, and
+    its checkpoint is whole. The next server failed the session and removed that
+    checkpoint; now the session is hibernated, and resumes."""
+    state_dir, log = tmp_path / "state", tmp_path / "server.log"
+    inits: list[int] = []
+    try:
+        with serve(state_dir, log) as (first, http):
+            made = create(http)
+            sid = made["id"]
+            paused = http.post(f"/v1/sessions/{sid}/pause", json={"mode": "hibernate"},
+                               timeout=120)
+            assert paused.status_code == 200, paused.text
+            first.send_signal(signal.SIGKILL)
+            first.wait()
+        # What the registry held had the kill come before the save of 'hibernated'.
+        with sqlite3.connect(Settings(state_dir=state_dir).database_path) as registry:
+            registry.execute("UPDATE sessions SET state = 'running' WHERE id = ?", (sid,))
+        with serve(state_dir, log) as (_, http):
+            body = http.get(f"/v1/sessions/{sid}").json()
+            assert body["state"] == "hibernated", body
+            resumed = http.post(f"/v1/sessions/{sid}/resume", timeout=120)
+            assert resumed.status_code == 200, resumed.text
+            state = Runc().state(container_of(sid))
+            assert state is not None
+            inits.append(state.pid)
+            shot = http.get(f"/v1/sessions/{sid}/screenshot")
+            assert shot.status_code == 200, shot.text
             assert http.delete(f"/v1/sessions/{sid}").status_code == 204
     finally:
         options = runc_engine(Settings(state_dir=state_dir)).options

@@ -243,8 +243,8 @@ class SessionManager:
             # server's memory only, and the restart was no idleness of its own: a fresh
             # clock, or the first reaper pass stopped a session in use as expired.
             record.touch()
-            await self._registry.save(record)
             self._context.watch(record.id, live.handle)
+        await self._registry.save(record)  # its clock, or a hibernation it was not told of
         log.info("session %s re-adopted (engine %s, %s)", record.id, record.backend,
                  record.state.value)
         return None

@@ -15,7 +15,7 @@ from ..engines.desktop_commands import DesktopSpec
 from ..errors import DeskboxError, Internal
 from ..schemas.sessions import Failure, SessionCreate
 from ..schemas.sessions import SessionState as S
-from .desktop import DEFAULT_CALL_TIMEOUT_S, Desktop
+from .desktop import DEFAULT_CALL_TIMEOUT_S, AnyDesktop, Desktop
 from .lifecycle import SessionRecord, utcnow
 from .live import LiveSession
 from .pause import FrameStore
@@ -57,13 +57,36 @@ async def readopt(
             handle = await Desktop.adopt(engine, record.id, True, call_timeout_s)
             last_frame = await asyncio.to_thread(frames.load, record.id)
         else:
-            handle = await Desktop.adopt(engine, record.id, False, call_timeout_s)
+            try:
+                handle = await Desktop.adopt(engine, record.id, False, call_timeout_s)
+            except DeskboxError as error:
+                handle = await _hibernated_unsaid(record, engine, call_timeout_s, error)
+                last_frame = await asyncio.to_thread(frames.load, record.id)
     except DeskboxError as error:
         return f"the server restarted and could not re-adopt it: {error.message}"
     except Exception as error:
         log.exception("re-adopting session %s", record.id)
         return f"the server restarted and could not re-adopt it: {type(error).__name__}"
     return LiveSession(record, handle, last_frame=last_frame)
+
+
+async def _hibernated_unsaid(
+    record: SessionRecord, engine: AnyEngine, call_timeout_s: float, error: DeskboxError,
+) -> AnyDesktop:
+    """A running session whose sandbox no longer runs, but was checkpointed whole: the
+    previous server was killed (or its disk was full) between a hibernate's dump and the
+    save of its new state. It is hibernated (its archive is renamed into place whole, or
+    is not there), not lost; else ``error``, why it could not be adopted running."""
+    if Capability.CHECKPOINT not in engine.capabilities:
+        raise error
+    try:
+        handle = await Desktop.adopt(engine, record.id, True, call_timeout_s)
+    except DeskboxError:
+        raise error from None
+    log.warning("session %s: hibernated by the previous server, which did not say so",
+                record.id)
+    record.transition(S.hibernated)
+    return handle
 
 
 def desktop_spec(body: SessionCreate) -> DesktopSpec:

@@ -393,11 +393,13 @@ class RuncSandbox(Sandbox):
         if not (sandbox.session_dir / _INNER_DISPLAY).is_file():
             raise SessionFailed(f"the sandbox {sandbox.container_id} was not checkpointed")
         state = options.runc.state(sandbox.container_id)
-        if state is not None and state.status != "stopped":
-            if not sandbox.hibernate_archive.is_file():
+        if not sandbox.hibernate_archive.is_file():
+            if state is not None and state.status != "stopped":
                 raise SessionFailed(
                     f"the sandbox {sandbox.container_id} was resumed as the server stopped, "
                     "and its checkpoint is gone")
+            raise SessionFailed(f"the sandbox {sandbox.container_id} has no checkpoint")
+        if state is not None and state.status != "stopped":
             # A resume the previous server did not finish (it was killed): the session was
             # never said to run again, and its checkpoint is whole (removed only once the
             # restored copy runs), so the copy, sealed or not, is discarded.
