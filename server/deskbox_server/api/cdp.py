@@ -168,17 +168,21 @@ async def _proxy(websocket: WebSocket, session_id: str, target_id: str | None) -
     settings = services.settings
     limit = settings.cdp_max_message_bytes
     limits = RelayLimits(limit, settings.cdp_client_buffer_bytes, settings.ws_send_timeout_s)
-    session = _session_relays(websocket, session_id, settings.cdp_session_buffer_bytes)
+    session: _SessionRelays | None = None
     counted = False
     try:
         try:
             owner, browser = await _session(services, websocket, session_id)
+            # Looked up after the wait (a fleet's token check reads the cluster): an entry
+            # taken before it could be forgotten meanwhile by a socket that ended, and a
+            # socket counted on it escaped the cap and the session's buffer budget.
+            session = _session_relays(websocket, session_id, settings.cdp_session_buffer_bytes)
             if session.sockets >= MAX_SOCKETS_PER_SESSION:
                 raise Capacity(
                     f"session {session_id} has {MAX_SOCKETS_PER_SESSION} DevTools connections "
                     "open; close one first", settings.retry_after_s,
                 )
-            session.sockets += 1  # no await since the check
+            session.sockets += 1  # no await since the lookup
             counted = True
             if target_id is None:
                 path = await browser.devtools_browser_path()
@@ -215,6 +219,6 @@ async def _proxy(websocket: WebSocket, session_id: str, target_id: str | None) -
         finally:
             await upstream.close()
     finally:
-        if counted:
+        if counted and session is not None:
             session.sockets -= 1
         _forget_if_idle(websocket, session_id)
