@@ -282,9 +282,18 @@ class VmEngine(Engine[VmSandbox]):
         self._uids.claim(uid)
         sandbox.uid = uid
         sandbox.guest = VmGuest(pid, sandbox.paths, qmp)
-        await self._find_network(sandbox)
-        if await sandbox.guest.status() != "running":  # the previous server froze it
-            await sandbox.guest.resume()
+        try:
+            await self._find_network(sandbox)
+            if await sandbox.guest.status() != "running":  # the previous server froze it
+                await sandbox.guest.resume()
+        except BaseException:
+            # Not taken over: its QMP socket closed and its uid given back here (the
+            # orphans' removal then stops its QEMU), not kept by a sandbox nobody holds.
+            sandbox.guest = None
+            await qmp.close()
+            self._uids.give_back(uid)
+            sandbox.uid = None
+            raise
         return sandbox
 
     async def adopt_checkpointed(self, session_id: str) -> VmSandbox:
