@@ -83,6 +83,17 @@ def test_an_agent_that_does_nothing_scores_0_and_one_that_breaks_is_an_error(
     [line] = records(tmp_path / "broken.jsonl")
     assert line["error"] == "RuntimeError: the model is down" and line["reward"] == 0.0
     assert "click-button (seed 0): RuntimeError: the model is down" in broken.stderr
+    # One that calls sys.exit(): its episode's error, not the whole run's traceback.
+    (tmp_path / "agents.py").write_text(
+        "import sys\n"
+        "def leaves(observation, instruction):\n"
+        "    sys.exit(3)\n")
+    left = deskbox_eval(task_server, task, "--agent", "agents.py:leaves", "--repeat", "2",
+                        "--out", "left.jsonl", cwd=tmp_path)
+    assert left.returncode == 1, left.stderr
+    assert [r["error"] for r in records(tmp_path / "left.jsonl")] == [
+        "the agent exited (3)"] * 2
+    assert "Traceback" not in left.stderr
     with Deskbox(task_server.url, KEY_A) as box:
         assert live_sessions(box) == []
 
@@ -93,12 +104,18 @@ def test_an_agent_that_does_nothing_scores_0_and_one_that_breaks_is_an_error(
      "no Python file"),
     ([str(TASKS_DIR / "click-button.yaml"), "--agent", f"{SOLVERS}:absent"],
      "has no absent"),
+    # The ":name" left off, and an agent file that does not even compile: tracebacks before.
+    ([str(TASKS_DIR / "click-button.yaml"), "--agent", SOLVERS], "name a callable as"),
+    ([str(TASKS_DIR / "click-button.yaml"), "--agent", "broken_agent.py:solve"],
+     "SyntaxError"),
 ])
 def test_tasks_or_agents_that_cannot_be_loaded_exit_2(task_server: Server, tmp_path: Path,
                                                       args: list[str], message: str) -> None:
+    (tmp_path / "broken_agent.py").write_text("def solve(:\n")
     done = deskbox_eval(task_server, *args, cwd=tmp_path)
-    assert done.returncode == 2 and message in done.stderr
-    assert list(tmp_path.iterdir()) == []  # no JSONL for a run that never started
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["broken_agent.py"]  # no JSONL
 
 
 def test_ctrl_c_stops_every_episode_and_deletes_its_session(task_server: Server,

@@ -116,6 +116,8 @@ def _short(value: Any, limit: int = 200) -> str:
 def load_callable(spec: str, base_dir: Path) -> Callable[..., Any]:
     """``module:name`` (importable) or ``path/to/file.py:name`` (relative to ``base_dir``)."""
     where, _, name = spec.rpartition(":")
+    if not where or not name:
+        raise TaskError(f"{spec}: name a callable as module:name or path/to/file.py:name")
     if where.endswith(".py"):
         path = (base_dir / where).resolve()
         module_name = f"deskbox_task_{abs(hash(path)):x}"
@@ -126,13 +128,18 @@ def load_callable(spec: str, base_dir: Path) -> Callable[..., Any]:
                 if loaded is None or loaded.loader is None or not path.is_file():
                     raise TaskError(f"{spec}: no Python file {path}")
                 module = importlib.util.module_from_spec(loaded)
-                loaded.loader.exec_module(module)
+                try:
+                    loaded.loader.exec_module(module)
+                except Exception as error:  # its own code failed: a SyntaxError, an import
+                    raise TaskError(f"{spec}: {path} failed to load: "
+                                    f"{type(error).__name__}: {error}") from error
                 sys.modules[module_name] = module
     else:
         try:
             module = importlib.import_module(where)
-        except ImportError as error:
-            raise TaskError(f"{spec}: cannot import {where}: {error}") from error
+        except Exception as error:  # not found, or its own code failed
+            raise TaskError(f"{spec}: cannot import {where}: {type(error).__name__}: "
+                            f"{error}") from error
     target: Any = module
     for part in name.split("."):
         target = getattr(target, part, None)

@@ -179,8 +179,13 @@ def _episode(client: Deskbox, task: Task, agent: AgentSource, seed: int,
             error = "interrupted"
     except Exception as failure:  # an episode's failure is its record, not the run's end
         error = f"{type(failure).__name__}: {failure}"
+    except SystemExit as failure:  # an agent that called sys.exit(): its episode ends
+        error = f"the agent exited ({failure.code})"
     finally:
-        env.close()
+        try:
+            env.close()
+        except Exception as failure:  # its session could not be deleted (the server away)
+            error = error or f"closing its session: {type(failure).__name__}: {failure}"
     return Episode(task.id, seed, reward, steps, round(time.monotonic() - started, 3), error,
                    info.get("evaluation"), session_id)
 
