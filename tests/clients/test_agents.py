@@ -419,6 +419,23 @@ def test_openai_malformed_actions_answer_the_screen_and_say_why(
 # -- the SDK's dialect calls, sync and async ------------------------------------------------
 
 
+def test_the_adapters_keep_to_the_display_the_model_was_told(box: Deskbox) -> None:
+    """A session made with a coordinate_space of its own: a model told the screen's size
+    (the adapters' default) got images of that other space, and its clicks were mapped
+    from it (a click past 1024 was refused, nearer ones landed elsewhere)."""
+    with box.sessions.create(display=SCREEN, coordinate_space=(1024, 640)) as other:
+        tool = claude.ComputerTool(other)
+        assert tool.display == (1280, 800)
+        [image] = tool.run_input({"action": "screenshot"})
+        assert png(image["source"]["data"]).size == (1280, 800)
+        tool.run_input({"action": "left_click", "coordinate": [1200, 700]})
+        gpt = cua.ComputerTool(other)
+        assert gpt.display == (1280, 800)
+        shot = other.act_openai({"type": "screenshot"}, coordinate_space=gpt._space)
+        assert shot.screenshot is not None
+        assert (shot.screenshot.width, shot.screenshot.height) == (1280, 800)
+
+
 def test_session_act_anthropic(session: Session, fresh: AgentPage) -> None:
     clicked = session.act_anthropic({"action": "left_click", "coordinate": list(RIGHT_SPOT)},
                                     coordinate_space=MODEL)
@@ -544,7 +561,9 @@ def test_loops_stop_after_max_steps() -> None:
     result = claude.run(FakeAnthropic([looping] * 3), session, "task", max_steps=3)
     assert result.stop_reason == "max_steps" and result.steps == 3
     assert len(session.calls) == 3 and result.transcript[-1]["role"] == "user"
-    assert session.calls[0]["coordinate_space"] is None  # 1280x800 needs no scaling
+    # The display the model was told, also the screen's own size: a session's own
+    # coordinate_space would apply otherwise.
+    assert session.calls[0]["coordinate_space"] == (1280, 800)
     gpt = recorded("openai_responses.json")[1]
     done = cua.run(FakeOpenAI([gpt] * 2), session, "task", max_steps=2)
     assert done.stop_reason == "max_steps" and done.steps == 2

@@ -110,7 +110,10 @@ class ComputerTool:
         self.acknowledge = acknowledge
         screen = (session.display.width, session.display.height)
         self.display = display or fit_display(*screen, max_pixels)
-        self._space = None if self.display == screen else self.display
+        # Always sent, also when it is the screen's size: a session made with a
+        # coordinate_space of its own would otherwise scale the model's coordinates and
+        # images to that space instead of the display the model was told.
+        self._space = self.display
 
     @property
     def definition(self) -> dict[str, Any]:
