@@ -419,3 +419,16 @@ def test_image_sizes_read_from_headers(format: str, options: dict[str, Any]) -> 
     image.save(encoded, format=format, **options)
     assert image_size(encoded.getvalue()) == (317, 123)
     assert image_size(b"GIF89a....") == (0, 0) and image_size(b"") == (0, 0)
+
+
+def test_a_create_waits_for_its_session_beyond_the_clients_timeout(
+    local_server: Server,
+) -> None:
+    """A client's timeout fit for actions (60 s by default) cut a create short that a VM
+    takes minutes to finish: the call raised and the session it asked for ran on, unknown
+    to it. A create that waits does so for at least CREATE_WAIT_S."""
+    with deskbox.Deskbox(local_server.url, KEY_A, timeout=0.05) as hasty:
+        made = hasty.sessions.create(display={"width": 320, "height": 240})
+    with deskbox.Deskbox(local_server.url, KEY_A) as box:
+        assert box.sessions.get(made.id).state == "running"
+        box.sessions.get(made.id).close()

@@ -60,6 +60,10 @@ BACKEND_HELP = ("the engine: container, vm, docker, kubernetes or local (those t
                 "offers; default: its own).")
 #: Extra seconds an ``exec`` call waits beyond the command's own ``timeout_s``.
 EXEC_GRACE_S = 15.0
+#: The least a create waits for its session to run: longer than any engine's start (a VM
+#: under software emulation paints its first page in 2-3 minutes). A client that gave up
+#: sooner left the session it asked for running, unknown to it.
+CREATE_WAIT_S = 600.0
 #: The longest wait before trying a call again (``max_retries``), whatever Retry-After says.
 MAX_RETRY_WAIT_S = 60.0
 

@@ -220,7 +220,10 @@ class Sessions:
         ``volumes``: ``[{"name", "path", "read_only"}]`` to mount; ``profile``: the volume
         that keeps the browser's profile. ``idempotency_key``: a key of yours (1-255 printable
         ASCII characters); sent again after a timeout or a broken connection, the create
-        answers the session the first one made instead of a second (API.md)."""
+        answers the session the first one made instead of a second (API.md). A create that
+        waits does so for at least 600 s (``CREATE_WAIT_S``): a VM starts slowly."""
+        if timeout is None and wait:
+            timeout = max(self._client.timeout, b.CREATE_WAIT_S)
         call = b.create_call(display, start_url, backend, from_snapshot, timeout_s, labels,
                              resources, network, record, coordinate_space, wait, timeout,
                              volumes, profile, idempotency_key)
