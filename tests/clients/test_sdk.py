@@ -369,6 +369,19 @@ def test_websocket_fast_path(session: Session) -> None:
     assert session.act({"type": "cursor_position"}).results == [{"x": 120, "y": 130}]
 
 
+def test_a_call_that_times_out_on_the_websocket_does_not_shift_the_next_replies(
+    session: Session,
+) -> None:
+    """The late reply stayed queued on the socket and the next call read it as its own:
+    results one step behind, an image's bytes taken for JSON."""
+    with session.actions_ws():
+        with pytest.raises(deskbox.APITimeoutError):
+            session.act({"type": "wait", "ms": 1500}, timeout=0.3)
+        session.click(140, 150)  # the socket is closed: over HTTP, answered for itself
+        assert session.act({"type": "cursor_position"}).results == [{"x": 140, "y": 150}]
+        assert session.screenshot(as_image=True).size == (800, 600)
+
+
 def test_closing_is_idempotent_and_a_closed_session_is_gone(box: Deskbox) -> None:
     created = box.sessions.create(display=DISPLAY)
     created.close()

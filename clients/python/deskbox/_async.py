@@ -8,7 +8,6 @@ is the websocket fast path (``async with session.actions_ws(): ...``).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -577,7 +576,7 @@ class AsyncActionsSocket:
             self._next_id += 1
             await self._send(b.ws_message(self._next_id, action, screenshot if last else None,
                                           coordinate_space))
-            result, shot = b.ws_result(*await self._reply(timeout))
+            result, shot = b.ws_result(*await self._reply(timeout, self._next_id))
             results.append(result)
         return ActionsResult(results, shot)
 
@@ -592,19 +591,25 @@ class AsyncActionsSocket:
         except WebSocketException as error:
             raise APIConnectionError(f"the actions websocket broke: {error}") from error
 
-    async def _reply(self, timeout: float | None) -> tuple[dict[str, Any], list[bytes]]:
+    async def _reply(self, timeout: float | None, sent_id: int
+                     ) -> tuple[dict[str, Any], list[bytes]]:
+        """The reply to the message ``sent_id``. A socket whose reply did not come in time
+        is closed: that late reply would be read as the next call's (stale results, an
+        image's bytes taken for JSON); the session's next calls go over HTTP."""
         wait = self._timeout if timeout is None else timeout
         ws = self._connection()
         try:
             async with asyncio.timeout(wait):
                 text = await ws.recv()
-                reply: dict[str, Any] = json.loads(text)
+                reply: dict[str, Any] = b.ws_reply(text, sent_id)
                 frames = []
                 for _ in range(int(reply.get("binary_frames", 0))):
                     frame = await ws.recv()
                     frames.append(frame if isinstance(frame, bytes) else frame.encode())
         except TimeoutError as error:
+            await self.close()
             raise b.transport_error(error) from error
-        except WebSocketException as error:
+        except (WebSocketException, b.OutOfStep) as error:
+            await self.close()
             raise APIConnectionError(f"the actions websocket broke: {error}") from error
         return reply, frames

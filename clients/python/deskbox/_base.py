@@ -570,6 +570,22 @@ def ws_message(message_id: int, action: Action, screenshot: ScreenshotOption,
     return json.dumps(message)
 
 
+class OutOfStep(Exception):
+    """A websocket reply that is not the one awaited: the socket can no longer be read."""
+
+
+def ws_reply(text: str | bytes, sent_id: int) -> dict[str, Any]:
+    """The JSON reply to the message ``sent_id``; OutOfStep for anything else (a frame's
+    bytes, another message's reply)."""
+    try:
+        reply = json.loads(text)
+    except ValueError:
+        raise OutOfStep("a reply that is not JSON") from None
+    if not isinstance(reply, dict) or reply.get("id") != sent_id:
+        raise OutOfStep(f"a reply to another message than {sent_id}")
+    return reply
+
+
 def ws_result(
     reply: Mapping[str, Any], frames: list[bytes]
 ) -> tuple[dict[str, Any] | Screenshot, Screenshot | None]:

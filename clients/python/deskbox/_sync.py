@@ -6,7 +6,6 @@ httpx; :class:`ActionsSocket` is the websocket fast path (``Session.actions_ws()
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -577,7 +576,7 @@ class ActionsSocket:
             self._next_id += 1
             self._send(b.ws_message(self._next_id, action, screenshot if last else None,
                                     coordinate_space))
-            result, shot = b.ws_result(*self._reply(timeout))
+            result, shot = b.ws_result(*self._reply(timeout, self._next_id))
             results.append(result)
         return ActionsResult(results, shot)
 
@@ -587,18 +586,23 @@ class ActionsSocket:
         except WebSocketException as error:
             raise APIConnectionError(f"the actions websocket broke: {error}") from error
 
-    def _reply(self, timeout: float | None) -> tuple[dict[str, Any], list[bytes]]:
+    def _reply(self, timeout: float | None, sent_id: int) -> tuple[dict[str, Any], list[bytes]]:
+        """The reply to the message ``sent_id``. A socket whose reply did not come in time
+        is closed: that late reply would be read as the next call's (stale results, an
+        image's bytes taken for JSON); the session's next calls go over HTTP."""
         wait = self._timeout if timeout is None else timeout
         try:
             text = self._ws.recv(timeout=wait)
-            reply: dict[str, Any] = json.loads(text)
+            reply: dict[str, Any] = b.ws_reply(text, sent_id)
             frames = []
             for _ in range(int(reply.get("binary_frames", 0))):
                 frame = self._ws.recv(timeout=wait)
                 frames.append(frame if isinstance(frame, bytes) else frame.encode())
         except TimeoutError as error:
+            self.close()
             raise b.transport_error(error) from error
-        except WebSocketException as error:
+        except (WebSocketException, b.OutOfStep) as error:
+            self.close()
             raise APIConnectionError(f"the actions websocket broke: {error}") from error
         return reply, frames
 
