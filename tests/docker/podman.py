@@ -27,18 +27,28 @@ ROOTLESS_USER = "deskbox-rootless"
 def rootless_user() -> pwd.struct_passwd:
     """An ordinary user with subordinate uid and gid ranges (what rootless Podman maps a
     container's users to), made if missing; the tests run as root."""
+    start = 300000
     try:
-        return pwd.getpwnam(ROOTLESS_USER)
+        pwd.getpwnam(ROOTLESS_USER)
     except KeyError:
+        # Not Debian's first range (100000-165535): that one is the runc sandboxes' own
+        # ids, which this user could then become (engines/runc/id_overlap.py).
         subprocess.run(["useradd", "--create-home", "--shell", "/usr/sbin/nologin",
+                        "-K", f"SUB_UID_MIN={start}", "-K", f"SUB_UID_MAX={start + 65535}",
+                        "-K", f"SUB_GID_MIN={start}", "-K", f"SUB_GID_MAX={start + 65535}",
                         ROOTLESS_USER], check=True, capture_output=True)
     user = pwd.getpwnam(ROOTLESS_USER)
-    subuids = Path("/etc/subuid").read_text() if Path("/etc/subuid").exists() else ""
-    if not any(line.startswith(f"{ROOTLESS_USER}:") for line in subuids.splitlines()):
-        start = 300000
-        subprocess.run(["usermod", "--add-subuids", f"{start}-{start + 65535}",
-                        "--add-subgids", f"{start}-{start + 65535}", ROOTLESS_USER],
-                       check=True, capture_output=True)
+    for path, option in (("/etc/subuid", "subuids"), ("/etc/subgid", "subgids")):
+        lines = Path(path).read_text().splitlines() if Path(path).exists() else []
+        mine = [line for line in lines if line.startswith(f"{ROOTLESS_USER}:")]
+        if mine != [f"{ROOTLESS_USER}:{start}:65536"]:  # none yet, or made by an older test
+            for line in mine:
+                _, first, count = line.split(":")
+                subprocess.run(["usermod", f"--del-{option}",
+                                f"{first}-{int(first) + int(count) - 1}", ROOTLESS_USER],
+                               check=True, capture_output=True)
+            subprocess.run(["usermod", f"--add-{option}", f"{start}-{start + 65535}",
+                            ROOTLESS_USER], check=True, capture_output=True)
     return user
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import threading
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -23,6 +24,7 @@ from ..in_thread import made_in_thread
 from ..network import Egress, check_allow, resolve_egress
 from ..processes import become_subreaper
 from .criu import Criu, hibernate_sandbox, restore_sandbox
+from .id_overlap import users_sharing_ids
 from .kerndat import keep_kerndat_cache
 from .layout import Limits
 from .reach import check_image_reachable
@@ -33,6 +35,8 @@ from .stream import open_agent_stream
 
 __all__ = ["RuncEngine"]
 
+
+log = logging.getLogger("deskbox.runc")
 
 class RuncEngine(Engine[RuncSandbox]):
     """Sessions in runc sandboxes made from the image ``options.rootfs``.
@@ -71,6 +75,14 @@ class RuncEngine(Engine[RuncSandbox]):
             rootfs = await build_off_loop(self._image)
             self.options = dataclasses.replace(self.options, rootfs=rootfs)
         await asyncio.to_thread(check_image_reachable, self.options.rootfs)
+        if self.options.user_ids is not None and (
+                sharing := await asyncio.to_thread(users_sharing_ids, self.options.user_ids)):
+            first, count = self.options.user_ids
+            log.warning(
+                "the sandboxes run as the host's ids %d-%d, which the host also grants to "
+                "%s: that user can become them and reach every session; give it another "
+                "range (usermod --del-subuids/--add-subuids)", first, first + count - 1,
+                ", ".join(sharing))
         # Last: a prepare that failed leaves nothing behind.
         if self.options.scratch is not None:
             await asyncio.to_thread(self.options.scratch.open)
