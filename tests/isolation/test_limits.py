@@ -32,6 +32,9 @@ def _cgroup(controller: str, box: RuncSandbox, name: str) -> str:
 
 def test_limits_are_applied(small: RuncSandbox) -> None:
     assert int(_cgroup("memory", small, "memory.limit_in_bytes")) == 256 * 1024 * 1024
+    # Memory and swap together at the same bound: no swap past the limit (this host
+    # counts swap; runc left it unbounded before).
+    assert int(_cgroup("memory", small, "memory.memsw.limit_in_bytes")) == 256 * 1024 * 1024
     assert _cgroup("pids", small, "pids.max") == "64"
     assert _cgroup("cpu", small, "cpu.cfs_quota_us") == "50000"
     assert _cgroup("cpu", small, "cpu.cfs_period_us") == "100000"

@@ -247,7 +247,7 @@ def runtime_config(config: SandboxConfig) -> RuntimeConfig:
             "cgroupsPath": config.cgroups_path,
             "resources": {
                 "devices": [{"allow": False, "access": "rwm"}],
-                "memory": {"limit": memory},
+                "memory": _memory(memory),
                 "cpu": {
                     "quota": max(1000, int(limits.cpus * CPU_PERIOD_US)),
                     "period": CPU_PERIOD_US,
@@ -364,9 +364,22 @@ class SandboxTemplate:
                 mount["source"] = str(socket_dir)
         config["linux"]["cgroupsPath"] = cgroups_path
         resources = config["linux"]["resources"]
-        resources["memory"] = {"limit": limits.memory_mb * 1024 * 1024}
+        resources["memory"] = _memory(limits.memory_mb * 1024 * 1024)
         resources["cpu"] = {"quota": max(1000, int(limits.cpus * CPU_PERIOD_US)),
                             "period": CPU_PERIOD_US}
         resources["pids"] = {"limit": limits.pids}
         config.pop("annotations", None)
         return config
+
+
+def _memory(limit: int) -> dict[str, int]:
+    """The cgroup's memory, and memory plus swap at the same bound where the host counts
+    swap (no swap for a sandbox: on a host with swap, its tmpfs files and a memory hog
+    went to the host's swap past the limit instead of meeting the OOM killer; the docker
+    engine's spec says the same). A host that does not count swap has no file to write."""
+    if _SWAP_COUNTED.exists() or any(Path("/sys/fs/cgroup").glob("*/memory.swap.max")):
+        return {"limit": limit, "swap": limit}
+    return {"limit": limit}
+
+
+_SWAP_COUNTED = Path("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes")  # cgroup v1
