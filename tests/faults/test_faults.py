@@ -213,6 +213,33 @@ def test_a_fork_bomb_hits_the_pids_limit_and_the_session_runs_on(
     server_and_neighbour_answer(client, neighbour)
 
 
+def test_a_browser_killed_during_a_fork_bomb_comes_back_once_the_bomb_ends(
+    client: httpx.Client, session: dict[str, Any],
+) -> None:
+    """The browser dies and a fork bomb takes its pids and every other; the bomb's
+    processes exit as orphans of the sandbox's init a few seconds later. The init now
+    reaps them while it waits between restarts (it slept without reaping: a review's
+    reading was that the zombies could then keep every restart failing until it gave up;
+    here the browser came back either way, and this keeps it so)."""
+    bomb = exec_in(client, session, "python3", "-c", (
+        "import json, os, signal, time\n"
+        "browser = json.load(open('/run/deskbox/status.json'))['pids']['browser']\n"
+        "os.kill(browser, signal.SIGKILL)\n"  # then take its pids, and every other
+        "while True:\n"
+        "    try:\n"
+        "        pid = os.fork()\n"
+        "    except OSError:\n"
+        "        break\n"
+        "    if pid == 0:\n"
+        "        time.sleep(4)\n"
+        "        os._exit(0)\n"
+    ), timeout_s=60)
+    assert bomb["exit_code"] == 0, bomb
+    eventually(lambda: _answers(client, session), "the browser shows its page again", 45)
+    body = client.get(f"/v1/sessions/{session['id']}").json()
+    assert body["state"] == "running", body
+
+
 # Takes every thread the sandbox may start, and keeps them.
 HOLD_EVERY_PID = """
 import threading, time
