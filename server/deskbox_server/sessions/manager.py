@@ -244,7 +244,10 @@ class SessionManager:
             # clock, or the first reaper pass stopped a session in use as expired.
             record.touch()
             self._context.watch(record.id, live.handle)
-        await self._registry.save(record)  # its clock, or a hibernation it was not told of
+        try:  # its clock, or a hibernation it was not told of
+            await self._registry.save(record)
+        except InsufficientStorage:  # a full disk does not stop the server's start
+            self._unsaved[record.id] = record
         log.info("session %s re-adopted (engine %s, %s)", record.id, record.backend,
                  record.state.value)
         return None
