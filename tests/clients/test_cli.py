@@ -214,6 +214,13 @@ def test_exit_codes(local_server: Server, session_id: str) -> None:
     assert deskbox(local_server, "act", session_id, '{"type": "nope"}').returncode == 7
     assert deskbox(local_server, "create", "--label", "novalue").returncode == 2
     assert deskbox(local_server, "frobnicate").returncode == 2
+    # An id that would not stay one path segment, a screenshot to a directory that does
+    # not exist: usage errors with a message, not tracebacks.
+    bad_id = deskbox(local_server, "show", "a/b")
+    assert bad_id.returncode == 2 and "not an id or name" in bad_id.stderr, bad_id.stderr
+    nowhere = deskbox(local_server, "screenshot", session_id, "-o", "/nonexistent/dir/x.png")
+    assert nowhere.returncode == 2 and "cannot write" in nowhere.stderr, nowhere.stderr
+    assert "Traceback" not in bad_id.stderr + nowhere.stderr
     # The local backend refuses exec (422); pause & co. are refused or work.
     assert deskbox(local_server, "exec", session_id, "--", "true").returncode == 7
     paused = deskbox(local_server, "pause", session_id)

@@ -110,6 +110,8 @@ def _client(url: str | None, api_key: str | None, as_json: bool) -> Iterator[Des
             yield box
     except DeskboxError as error:
         _fail(error, as_json)
+    except ValueError as error:  # an id the SDK refuses as a path segment ("a/b")
+        _usage(str(error))
 
 
 def _print_json(value: Any) -> None:
@@ -255,7 +257,10 @@ def register(app: typer.Typer) -> None:
             sys.stdout.buffer.write(data)
             sys.stdout.buffer.flush()
             return
-        Path(output).write_bytes(data)
+        try:
+            Path(output).write_bytes(data)
+        except OSError as error:
+            _usage(f"cannot write {output}: {error.strerror}")
         if as_json:
             _print_json({"path": output, "format": chosen, "size": len(data)})
         else:
