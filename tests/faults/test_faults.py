@@ -190,11 +190,11 @@ def test_a_memory_hog_is_killed_and_the_session_runs_on(
     server_and_neighbour_answer(client, neighbour)
 
 
-def test_a_fork_bomb_hits_the_pids_limit_and_the_session_runs_on(
-    client: httpx.Client, session: dict[str, Any], neighbour: dict[str, Any],
-) -> None:
-    bomb = exec_in(client, session, "python3", "-c", (
-        "import os, time\n"
+def fork_bomb(lifetime_s: float, first: str = "") -> str:
+    """A Python program that runs ``first``, then forks until the pids limit refuses,
+    each child living ``lifetime_s``; it prints how many it made."""
+    return (
+        f"import os, time\n{first}"
         "made = 0\n"
         "while True:\n"
         "    try:\n"
@@ -202,11 +202,17 @@ def test_a_fork_bomb_hits_the_pids_limit_and_the_session_runs_on(
         "    except OSError:\n"
         "        break\n"
         "    if pid == 0:\n"
-        "        time.sleep(5)\n"
+        f"        time.sleep({lifetime_s})\n"
         "        os._exit(0)\n"
         "    made += 1\n"
         "print(made, flush=True)\n"
-    ), timeout_s=60)
+    )
+
+
+def test_a_fork_bomb_hits_the_pids_limit_and_the_session_runs_on(
+    client: httpx.Client, session: dict[str, Any], neighbour: dict[str, Any],
+) -> None:
+    bomb = exec_in(client, session, "python3", "-c", fork_bomb(5), timeout_s=60)
     made = int(bomb["stdout"].split()[0])
     assert 0 < made < 1024, bomb  # stopped by the sandbox's pids limit (1024)
     eventually(lambda: _answers(client, session), "the session answers again", 30)
@@ -221,19 +227,10 @@ def test_a_browser_killed_during_a_fork_bomb_comes_back_once_the_bomb_ends(
     reaps them while it waits between restarts (it slept without reaping: a review's
     reading was that the zombies could then keep every restart failing until it gave up;
     here the browser came back either way, and this keeps it so)."""
-    bomb = exec_in(client, session, "python3", "-c", (
-        "import json, os, signal, time\n"
+    bomb = exec_in(client, session, "python3", "-c", fork_bomb(4, first=(
+        "import json, signal\n"
         "browser = json.load(open('/run/deskbox/status.json'))['pids']['browser']\n"
-        "os.kill(browser, signal.SIGKILL)\n"  # then take its pids, and every other
-        "while True:\n"
-        "    try:\n"
-        "        pid = os.fork()\n"
-        "    except OSError:\n"
-        "        break\n"
-        "    if pid == 0:\n"
-        "        time.sleep(4)\n"
-        "        os._exit(0)\n"
-    ), timeout_s=60)
+        "os.kill(browser, signal.SIGKILL)\n")), timeout_s=60)  # then takes its pids too
     assert bomb["exit_code"] == 0, bomb
     eventually(lambda: _answers(client, session), "the browser shows its page again", 45)
     body = client.get(f"/v1/sessions/{session['id']}").json()
