@@ -372,6 +372,9 @@ class SandboxTemplate:
         return config
 
 
+_SWAP_COUNTED = Path("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes")  # cgroup v1
+
+
 def _memory(limit: int) -> dict[str, int]:
     """The cgroup's memory, and memory plus swap at the same bound where the host counts
     swap (no swap for a sandbox: on a host with swap, its tmpfs files and a memory hog
@@ -380,6 +383,3 @@ def _memory(limit: int) -> dict[str, int]:
     if _SWAP_COUNTED.exists() or any(Path("/sys/fs/cgroup").glob("*/memory.swap.max")):
         return {"limit": limit, "swap": limit}
     return {"limit": limit}
-
-
-_SWAP_COUNTED = Path("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes")  # cgroup v1
