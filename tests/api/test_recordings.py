@@ -267,8 +267,14 @@ def test_frames_dropped_at_the_quota_are_not_counted(tmp_path: Any) -> None:
                         default_backend="local", recording_quota_mb=1)
     with running_server(settings) as server, server.client() as client:
         sid = client.post("/v1/sessions", json={
-            "display": DISPLAY, "record": True, "browser": {"start_url": NOISE}}).json()["id"]
+            "display": DISPLAY, "browser": {"start_url": NOISE}}).json()["id"]
         try:
+            # Recording starts once the noise is on screen: a frame taken before the page
+            # drew is small enough to fit the quota, and is rightly counted.
+            assert wait_for(lambda: len(client.get(
+                f"/v1/sessions/{sid}/screenshot", params={"format": "jpeg"}).content)
+                > 512 * 1024), "the noise page never filled the screen"
+            assert client.post(f"/v1/sessions/{sid}/recording/start").status_code == 200
             recording = wait_for(lambda: (r := client.get(
                 f"/v1/sessions/{sid}/recording").json())["state"] == "stopped" and r)
             assert recording, "the quota never stopped the recording"
