@@ -40,9 +40,37 @@ def host_ids(pid: int) -> tuple[list[str], list[str]]:
     return status["Uid"].split(), status["Gid"].split()
 
 
+def login_defs() -> dict[str, int]:
+    """The numeric settings of /etc/login.defs (shadow's useradd reads its ranges there)."""
+    found: dict[str, int] = {}
+    for line in Path("/etc/login.defs").read_text().splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[1].isdigit():
+            found[fields[0]] = int(fields[1])
+    return found
+
+
+def overlaps(ids: tuple[int, int], first: int, last: int) -> bool:
+    return ids[0] <= last and first < ids[0] + ids[1]
+
+
+def test_no_tool_of_the_host_hands_out_the_sandboxes_ids() -> None:
+    """useradd gave the first user of a Debian host the sandboxes' ids in /etc/subuid: that
+    user could become them (newuidmap) and reach every session's agent socket."""
+    ids = SANDBOX_USER_IDS
+    assert ids[1] == 65536 and ids[0] + ids[1] <= 2**31  # signed 32-bit everywhere
+    defs = login_defs()
+    for kind in ("UID", "GID"):
+        first = defs.get(f"SUB_{kind}_MIN", 100_000)
+        last = defs.get(f"SUB_{kind}_MAX", 600_100_000) + defs.get(f"SUB_{kind}_COUNT", 65536)
+        assert not overlaps(ids, first, last), (kind, first, last)
+        assert not overlaps(ids, 0, defs.get(f"{kind}_MAX", 60_000))  # users and groups
+    assert not overlaps(ids, 0x0008_0000, 0x6FFF_FFFF)  # systemd-nspawn's container ranges
+    assert not overlaps(ids, 0x7FFE_0000, 0x7FFE_FFFF)  # systemd's foreign ids
+
+
 def test_root_inside_is_an_unprivileged_user_of_the_host(sandbox: RuncSandbox) -> None:
     first, count = SANDBOX_USER_IDS
-    assert first >= 65536 and count == 65536
     inside = exec_in(sandbox, "sh", "-c", "id -u; id -g; cat /proc/self/uid_map /proc/1/gid_map")
     assert inside.stdout.split() == ["0", "0", "0", str(first), str(count),
                                      "0", str(first), str(count)], inside.stdout

@@ -7,8 +7,9 @@ import os
 from pathlib import Path
 
 from deskbox_server.engines.runc.criu import share_images
+from deskbox_server.engines.runc.layout import SANDBOX_USER_IDS
 
-GID = 100_000  # the sandboxes' gid 0 on the host (layout.SANDBOX_USER_IDS)
+GID = SANDBOX_USER_IDS[0]  # the sandboxes' gid 0 on the host
 
 
 def _tree(root: Path) -> Path:

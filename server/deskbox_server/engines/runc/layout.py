@@ -17,13 +17,14 @@ What a sandbox gets, and why:
   are the host's files for it, read-only);
 - its own user namespace (``user_ids``) where the network namespace is its own too (egress
   ``none``; container.py says why not otherwise): uid and gid 0 inside are
-  ``SANDBOX_USER_IDS[0]`` of the host, an id no host process uses, and the 65536 ids from
-  there back the rest. So a process that escaped every other bound is an unprivileged user
-  of the host, and the image (owned by the host's root, "nobody" inside) is not writable
-  to it whatever its mount flags. Per-user kernel counts (inotify instances, ...) are
-  still charged to the namespace's owner, the host's root. Every host path the sandbox's
-  processes open themselves (CRIU restores its mounts and reads its images from inside
-  the namespace) must be reachable by that gid;
+  ``SANDBOX_USER_IDS[0]`` of the host, an id no host process uses and no tool hands out
+  (the constant says why), and the 65536 ids from there back the rest. So a process that
+  escaped every other bound is an unprivileged user of the host, and the image (owned by
+  the host's root, "nobody" inside) is not writable to it whatever its mount flags.
+  Per-user kernel counts (inotify instances, ...) are still charged to the namespace's
+  owner, the host's root. Every host path the sandbox's processes open themselves (CRIU
+  restores its mounts and reads its images from inside the namespace) must be reachable
+  by that gid;
 - cgroup limits on cpu, memory and pids; no capabilities; no_new_privileges; the seccomp
   profile of ``seccomp.py`` (an allowlist read from a Debian package: a sandbox whose
   profile cannot be read does not start); the masked and read-only /proc paths of runc's
@@ -69,8 +70,14 @@ READONLY_PATHS: tuple[str, ...] = (
 )
 
 CPU_PERIOD_US = 100_000
-# (first host id, count): ids 0..count-1 inside every sandbox are these on the host.
-SANDBOX_USER_IDS = (100_000, 65_536)
+# (first host id, count): ids 0..count-1 inside every sandbox are these on the host. A
+# range no tool of the host hands out: shadow's useradd grants /etc/subuid ranges from
+# 100000 up to 600100000 (login.defs), systemd-nspawn picks container ranges below
+# 0x70000000 and keeps 0x7FFE0000-0x7FFEFFFF for "foreign" files; 0x70000000-0x7FFDFFFF
+# is unused by both (systemd.io/UIDS-GIDS). Its users could otherwise become the sandboxes'
+# ids (newuidmap) and reach every session. Checkpoints keep the ids they were taken with
+# (CRIU restores the user namespace it dumped): see ``host_root_gid``.
+SANDBOX_USER_IDS = (0x7FF0_0000, 65_536)
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,7 @@ from .displays import (
     unmount,
     wait_for_file,
 )
+from .id_overlap import checkpoint_root_gid
 from .layout import (
     CPU_PERIOD_US,
     SANDBOX_USER_IDS,
@@ -76,7 +77,6 @@ from .layout import (
     Limits,
     SandboxConfig,
     SandboxTemplate,
-    host_root_gid,
     write_bundle,
     write_config,
 )
@@ -263,15 +263,15 @@ class RuncSandbox(Sandbox):
             sandbox.network = SessionNetwork.find(sandbox.container_id, sandbox.session_dir)
         return sandbox
 
-    def _prepare_host_side(self) -> None:
-        """The shared tmpfs, the socket directory and a display number of the host."""
+    def _prepare_host_side(self, root_gid: int | None) -> None:
+        """The shared tmpfs (entered by ``root_gid``, the host gid of the sandbox's root if
+        it has a user namespace), the socket directory and a display number of the host."""
         root = self.options.shared_root
         root.mkdir(mode=0o711, parents=True, exist_ok=True)
         root.chmod(0o711)  # entered by the sandboxes' gid on the way to their own directory
         self.shared_dir.mkdir(mode=0o700)
-        ids = self.options.user_ids
-        mount_tmpfs(self.shared_dir, f"{_SHARED_DIR_OPTIONS},mode=0700" if ids is None
-                    else f"{_SHARED_DIR_OPTIONS},mode=0710,gid={ids[0]}")
+        mount_tmpfs(self.shared_dir, f"{_SHARED_DIR_OPTIONS},mode=0700" if root_gid is None
+                    else f"{_SHARED_DIR_OPTIONS},mode=0710,gid={root_gid}")
         self.socket_dir.mkdir()
         self.socket_dir.chmod(0o1777)  # what X servers expect of /tmp/.X11-unix
         self.display = DisplayReservation.allocate(
@@ -342,7 +342,7 @@ class RuncSandbox(Sandbox):
         sandbox._claim_session_dir()
         try:
             started = time.monotonic()
-            sandbox._prepare_host_side()
+            sandbox._prepare_host_side(checkpoint_root_gid(options.user_ids, template.config))
             (sandbox.session_dir / _INNER_DISPLAY).write_text(f"{template.inner_display}\n")
             if template.xserver_pid is not None:
                 (sandbox.session_dir / _XSERVER_PID).write_text(f"{template.xserver_pid}\n")
@@ -413,9 +413,9 @@ class RuncSandbox(Sandbox):
         display = DisplayReservation.find(sandbox.display_dir)
         if display is None:
             sandbox.release_host_side()
-            sandbox._prepare_host_side()
             config = json.loads((sandbox.bundle / "config.json").read_text())
-            gid = host_root_gid(config)
+            gid = checkpoint_root_gid(options.user_ids, config)
+            sandbox._prepare_host_side(gid)
             remount_volumes(sandbox.shared_dir, sandbox.session_dir,
                             (gid, gid) if gid is not None else (0, 0))
         else:
@@ -455,7 +455,8 @@ class RuncSandbox(Sandbox):
     ) -> None:
         started = time.monotonic()
         deadline = started + timeout_s
-        self._prepare_host_side()
+        ids = self.options.user_ids
+        self._prepare_host_side(ids[0] if ids is not None else None)
         assert self.display is not None
         number = self.display.number
         netns, files = self._start_network(egress)
