@@ -15,13 +15,26 @@ from deskbox_server.sessions.shared_registry import SharedRegistry
 class FleetTable:
     def __init__(self) -> None:
         self.entries: dict[str, SharedEntry] = {}
+        self.live_ids: set[str] = set()
+        self._writes = 0
+
+    def _write(self, session_id: str, record: str) -> None:
+        self._writes += 1  # each write a new version, as a resourceVersion
+        old = self.entries.get(session_id)
+        self.entries[session_id] = SharedEntry(session_id, record, old.tokens if old else {},
+                                               str(self._writes))
 
     async def put(self, session_id: str, owner: str, live: bool, record: str) -> None:
-        old = self.entries.get(session_id)
-        self.entries[session_id] = SharedEntry(session_id, record, old.tokens if old else {})
+        self._write(session_id, record)
+        (self.live_ids.add if live else self.live_ids.discard)(session_id)
 
-    async def put_if(self, session_id: str, record: str, version: str) -> bool:
-        raise NotImplementedError
+    async def put_if(self, session_id: str, live: bool, record: str, version: str) -> bool:
+        old = self.entries.get(session_id)
+        if old is None or old.version != version:
+            return False
+        self._write(session_id, record)
+        (self.live_ids.add if live else self.live_ids.discard)(session_id)
+        return True
 
     async def read(self, session_id: str) -> SharedEntry | None:
         return self.entries.get(session_id)
@@ -41,9 +54,10 @@ class FleetTable:
         return list(self.entries.values())
 
     async def live(self) -> list[SharedEntry]:
-        raise NotImplementedError
+        return [self.entries[i] for i in sorted(self.live_ids)]
 
-    ended = live
+    async def ended(self) -> list[SharedEntry]:
+        return [e for i, e in self.entries.items() if i not in self.live_ids]
 
     async def delete(self, session_id: str) -> None:
         raise NotImplementedError

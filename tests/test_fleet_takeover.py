@@ -73,7 +73,7 @@ async def fleet_with_session(registry: SharedRegistry, unreachable: int
     record.touch()
     await registry.save(record)
     table = SessionTable(registry, unreachable)
-    return Fleet(registry, table, 10, 5, PASS_S), table
+    return Fleet(registry, table, 10, 5, PASS_S, {}), table
 
 
 async def state(registry: SharedRegistry) -> S:

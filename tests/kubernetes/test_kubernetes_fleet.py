@@ -15,8 +15,15 @@ from typing import Any
 import httpx
 import pytest
 
+from deskbox_server.engines.desktop_commands import DesktopSpec
 from deskbox_server.engines.kubernetes.cluster import Cluster
+from deskbox_server.engines.kubernetes.engine import KubernetesEngine, KubernetesOptions
 from deskbox_server.engines.kubernetes.records import ClusterRecords
+from deskbox_server.engines.kubernetes.spec import (
+    PodLimits,
+    network_policy_manifest,
+    pod_manifest,
+)
 
 from ..api.containers import act, page_origin
 from ..api.containers import create_running as create
@@ -176,11 +183,37 @@ async def test_a_record_written_over_a_newer_one_is_refused(standin: StandIn) ->
         read = await records.read("ses_0f0f")
         assert read is not None and read.version
         await records.put("ses_0f0f", "key_a", False, '{"state": "stopping"}')  # another's
-        assert not await records.put_if("ses_0f0f", '{"clock": 2}', read.version)
+        assert not await records.put_if("ses_0f0f", True, '{"clock": 2}', read.version)
         now = await records.read("ses_0f0f")
         assert now is not None and now.record == '{"state": "stopping"}'
         assert [e.session_id for e in await records.ended()] == ["ses_0f0f"]
-        assert await records.put_if("ses_0f0f", '{"clock": 3}', now.version)
+        assert await records.put_if("ses_0f0f", True, '{"clock": 3}', now.version)
+        # Its liveness is written with it: the fleet lists it by that.
+        assert [e.session_id for e in await records.live()] == ["ses_0f0f"]
     finally:
         await records.delete("ses_0f0f")
         await cluster.close()
+
+
+async def test_a_pod_a_killed_start_left_half_made_is_removed(standin: StandIn) -> None:
+    """What a replica killed mid-start leaves: a policy and a pod that never runs (its image
+    cannot be pulled), no Secret. Nothing there can be adopted; the fleet's reaper, which
+    ends such a session (sessions/fleet.py), still removes all of it."""
+    engine = KubernetesEngine(KubernetesOptions(
+        api=standin.url, namespace=NAMESPACE, image="registry.invalid/nothing:1",
+        fleet="fleet-unit"))
+    await engine.prepare()
+    name = "deskbox-ses-halfmade"
+    try:
+        await engine.cluster.create_network_policy(
+            network_policy_manifest(engine.pods, "ses_halfmade", []))
+        await engine.cluster.create_pod(
+            pod_manifest(engine.pods, "ses_halfmade", DesktopSpec(), PodLimits()))
+        assert name in standin.names("pods") and name in standin.names("networkpolicies")
+        await engine.remove_left("ses_halfmade")
+        assert name not in standin.names("pods")
+        assert name not in standin.names("networkpolicies")
+    finally:
+        await engine.cluster.delete_pod(name)
+        await engine.cluster.delete_network_policy(name)
+        await engine.close()

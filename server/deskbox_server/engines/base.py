@@ -74,8 +74,9 @@ class SharedRecords(Protocol):
         """Write a session's record (made on first write); ``live``: whether it may still
         run, for :meth:`live`."""
 
-    async def put_if(self, session_id: str, record: str, version: str) -> bool:
-        """Write the record only if it is still at ``version``; whether it was."""
+    async def put_if(self, session_id: str, live: bool, record: str, version: str) -> bool:
+        """Write the record (as :meth:`put`) only if it is still at ``version``; whether
+        it was."""
         ...
 
     async def read(self, session_id: str) -> SharedEntry | None: ...
@@ -391,6 +392,17 @@ class Engine(ABC, Generic[S]):
     async def remove_orphans(self, keep: Collection[str]) -> list[str]:
         """Destroy what previous servers left of sessions not in ``keep``; their ids."""
         return []
+
+    async def remove_left(self, session_id: str) -> None:
+        """Destroy what a server that stopped left of one session's sandbox: its start or
+        its removal was cut short, so the sandbox may be whole, half made or gone. By
+        default the sandbox is adopted first; engines that can remove a half-made one
+        by its session's name do so."""
+        try:
+            sandbox = await self.adopt(session_id)
+        except SessionFailed:
+            return
+        await self.destroy(sandbox)
 
     # -- capabilities ----------------------------------------------------------------------
 

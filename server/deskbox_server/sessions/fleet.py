@@ -5,8 +5,9 @@ A request for a running session another server started makes this one take it ov
 own stream to the session's agent, as after a restart; both then hold it). A session
 another server ended is let go of here, at the next request for it or the next reaper
 pass. Each pass also keeps the idle clocks in step (the latest request through any server
-counts) and stops the expired sessions no server holds. The session table (manager.py)
-keeps the sessions; this module decides when they move.
+counts), stops the expired sessions no server holds, and ends the ones a server that
+stopped (killed, or its node lost) left starting or stopping: no other server moves those
+on. The session table (manager.py) keeps the sessions; this module decides when they move.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..errors import Capacity, Conflict, DeskboxError, SessionFailed
 from ..schemas.sessions import SessionState as S
 from .lifecycle import LIVE_STATES, SessionRecord, utcnow
 from .live import LiveSession, not_live
+from .recovery import failed
 from .shared_registry import SharedRegistry
 
 __all__ = ["Fleet", "FleetHost"]
@@ -56,10 +58,17 @@ class FleetHost(Protocol):
 
     def stop_soon(self, live: LiveSession) -> None: ...
 
+    async def remove_left(self, record: SessionRecord) -> None:
+        """Remove what a server that stopped left of the ended session's sandbox."""
+        ...
+
 
 class Fleet:
     def __init__(self, registry: SharedRegistry, host: FleetHost, max_per_key: int,
-                 retry_after_s: int, reaper_interval_s: float) -> None:
+                 retry_after_s: int, reaper_interval_s: float,
+                 stuck_after_s: Mapping[S, float]) -> None:
+        """``stuck_after_s``: for ``starting`` and ``stopping``, how long a record may stay
+        unchanged while a server moves it on (longer than any start or stop takes)."""
         self._registry = registry
         self._host = host
         self._max_per_key = max_per_key
@@ -71,6 +80,10 @@ class Fleet:
         # When a takeover of each session first failed, in the current run of failures.
         self._unreachable_since: dict[str, float] = {}
         self._swept_at = 0.0
+        self._stuck_after_s = stuck_after_s
+        # The starting and stopping records no server here holds: the version each was
+        # first seen at, and when (this server's clock: the fleet's may disagree).
+        self._unchanged: dict[str, tuple[str, float]] = {}
 
     @property
     def clock_grace(self) -> dt.timedelta:
@@ -195,10 +208,44 @@ class Fleet:
                      record.timeout_s)
             with suppress(DeskboxError):
                 self._host.stop_soon(await self._taking_over(record, patient=False))
+        await self._end_stuck(list(versions.values()))
         if time.monotonic() - self._swept_at > _SWEEP_S:
             self._swept_at = time.monotonic()
             if swept := await self._registry.sweep():
                 log.info("forgot the records of %d long-ended sessions", len(swept))
+
+    async def _end_stuck(self, versions: list[tuple[SessionRecord, str]]) -> None:
+        """End the sessions whose record has stayed ``starting`` or ``stopping`` longer
+        than a server takes to move it on: the server that was doing so has stopped. A
+        start cut short fails, a delete cut short is done; then what is left of the
+        sandbox goes. Each only over the record as it was read (a late server wins)."""
+        now = time.monotonic()
+        unchanged = {}
+        for record, version in versions:
+            limit = self._stuck_after_s.get(record.state)
+            if limit is None or record.id in self._host.holding:
+                continue
+            seen = self._unchanged.get(record.id)
+            since = seen[1] if seen is not None and seen[0] == version else now
+            if now - since < limit:
+                unchanged[record.id] = (version, since)
+                continue
+            if record.state is S.starting:
+                failed(record, "the server starting it stopped before it ran")
+            else:
+                record.transition(S.stopped)
+            try:
+                if not await self._registry.save_if(record, version):
+                    continue
+            except DeskboxError as error:
+                log.warning("session %s: ending it for a server that stopped: %s",
+                            record.id, error)
+                continue
+            log.warning("session %s %s: the server %s it stopped", record.id,
+                        record.state.value,
+                        "starting" if record.state is S.failed else "stopping")
+            await self._host.remove_left(record)
+        self._unchanged = unchanged
 
     async def _keep_in_step(self, live: LiveSession, shared: SessionRecord | None,
                             version: str) -> None:

@@ -107,7 +107,7 @@ class SessionManager:
         # This server's part in a fleet that shares the registry (fleet.py), if it does.
         self._fleet = Fleet(
             registry, self, settings.max_sessions_per_key, settings.retry_after_s,
-            settings.reaper_interval_s,
+            settings.reaper_interval_s, self._stuck_after_s(),
         ) if isinstance(registry, SharedRegistry) else None
         # GET /v1/sessions/{id}/events: state changes, browser exits and restarts.
         self.events = EventLog()
@@ -458,6 +458,28 @@ class SessionManager:
     def stop_soon(self, live: LiveSession) -> None:
         if live.stop_task is None:
             live.stop_task = asyncio.create_task(self._end(live, None))
+
+    def _stuck_after_s(self) -> dict[SessionState, float]:
+        """How long a fleet's record stays starting or stopping at most while its server
+        lives: a start is bounded by its engine's timeout, then ended (a stop) if it
+        failed; a stop by twice stop_timeout_s (a resume's restore, then the removal). A
+        minute more for the saves and the reaper's passes."""
+        settings = self._settings
+        start_s = max((engine.start_timeout(settings.start_timeout_s)
+                       for engine in self._engines.values()), default=settings.start_timeout_s)
+        stop_s = 2 * settings.stop_timeout_s
+        slack_s = 60.0 + 2 * settings.reaper_interval_s
+        return {S.starting: start_s + stop_s + slack_s, S.stopping: stop_s + slack_s}
+
+    async def remove_left(self, record: SessionRecord) -> None:
+        self._publish_state(record)
+        engine = self._engines.get(record.backend)
+        if engine is None:
+            return
+        try:
+            await engine.remove_left(record.id)
+        except Exception:
+            log.exception("removing what is left of session %s", record.id)
 
     # -- lifecycle ------------------------------------------------------------------------
 

@@ -97,7 +97,8 @@ class SharedRegistry(Registry):
     async def save_if(self, record: SessionRecord, version: str) -> bool:
         """Save the record only if the fleet's copy is still at ``version`` (no server
         changed it since it was read); whether it was saved."""
-        if not await self.records.put_if(record.id, record_json(record), version):
+        if not await self.records.put_if(record.id, record.state in LIVE_STATES,
+                                         record_json(record), version):
             return False
         await super().save(record)
         return True

@@ -251,6 +251,10 @@ class KubernetesEngine(Engine[PodSandbox]):
         self._sandboxes[session_id] = sandbox
         return sandbox
 
+    async def remove_left(self, session_id: str) -> None:
+        # Its pod may never have run (a start cut short): nothing to adopt, all to delete.
+        await self.destroy(PodSandbox(self.options.max_execs, session_id))
+
     def forget(self, sandbox: PodSandbox) -> None:
         if self._sandboxes.get(sandbox.session_id) is sandbox:
             del self._sandboxes[sandbox.session_id]

@@ -85,9 +85,11 @@ class ClusterRecords:
             # Made by another replica between our patch and our create: patch it.
             await self._cluster.patch_secret(name, patch)
 
-    async def put_if(self, session_id: str, record: str, version: str) -> bool:
+    async def put_if(self, session_id: str, live: bool, record: str, version: str) -> bool:
         # A merge patch that names a resourceVersion is refused (409) if the object moved on.
-        patch = {"metadata": {"resourceVersion": version}, "data": {_RECORD: _encode(record)}}
+        patch = {"metadata": {"resourceVersion": version,
+                              "labels": {LABEL_LIVE: str(live).lower()}},
+                 "data": {_RECORD: _encode(record)}}
         try:
             return await self._cluster.patch_secret(record_name(session_id), patch) is not None
         except ClusterRefused as error:
