@@ -243,20 +243,33 @@ class VmEngine(Engine[VmSandbox]):
         guest, sandbox.guest = sandbox.guest, None
         if guest is not None:
             await guest.stop()
+        # A cgroup that would not go away may still hold QEMU's processes, running as the
+        # VM's uid: that uid is not given back for another VM (SessionFailed skips it).
         await asyncio.to_thread(sandbox.cgroup.remove)
         if sandbox.uid is not None:
             self._uids.give_back(sandbox.uid)
             sandbox.uid = None
 
     async def destroy(self, sandbox: VmSandbox) -> None:
-        await self.kill(sandbox)
+        """Everything of the VM goes, also when its QEMU would not (then SessionFailed,
+        after the rest): its runtime directory is kept, so that the next server's removal
+        of orphans finds the VM and tries again."""
+        try:
+            await self.kill(sandbox)
+        except SessionFailed as error:
+            lingering: SessionFailed | None = error
+        else:
+            lingering = None
         network, sandbox.network = sandbox.network, None
         if network is None and sandbox.config.egress != "none":
             network = await asyncio.to_thread(SessionNetwork.find, sandbox.network_name,
                                               sandbox.state_dir)
         if network is not None:
             await asyncio.to_thread(network.teardown)
-        await asyncio.to_thread(_remove_dirs, sandbox)
+        await asyncio.to_thread(shutil.rmtree, sandbox.state_dir, True)
+        if lingering is not None:
+            raise lingering
+        await asyncio.to_thread(shutil.rmtree, sandbox.paths.runtime, True)
 
     async def release(self, sandbox: VmSandbox) -> None:
         """A hibernated VM at server shutdown: its QEMU is gone already; keep its file
@@ -431,9 +444,3 @@ def _prepare_host_side(sandbox: VmSandbox, uid: int) -> None:
     sandbox.paths.runtime.mkdir(mode=0o700, exist_ok=True)
     os.chown(sandbox.paths.runtime, uid, uid)
     sandbox.cgroup.create(sandbox.config.cpu_quota, sandbox.config.cgroup_memory_bytes)
-
-
-def _remove_dirs(sandbox: VmSandbox) -> None:
-    shutil.rmtree(sandbox.paths.runtime, ignore_errors=True)
-    shutil.rmtree(sandbox.state_dir, ignore_errors=True)
-

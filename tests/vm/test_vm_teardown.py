@@ -1,0 +1,55 @@
+"""A VM whose cgroup would not go away (a QEMU thread stuck in the kernel; here a child
+group nobody removes) still loses everything else at its destroy: the destroy skipped its
+network, its disk and its directories, and nothing removed them again. Its runtime
+directory alone stays, so that the next server's removal of orphans tries once more; the
+VM's uid is not handed to another VM meanwhile. No guest boots: the sandbox is made by
+hand, as far as a destroy reaches."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from deskbox_server.engines.vm.engine import VmEngine
+from deskbox_server.engines.vm.qemu import VmConfig
+from deskbox_server.engines.vm.sandbox import VmSandbox, runtime_root
+from deskbox_server.errors import SessionFailed
+
+
+def no_image(_: object) -> Path:
+    raise AssertionError("no guest is booted here")
+
+
+def test_a_cgroup_that_stays_leaves_only_what_finds_the_vm_again(tmp_path: Path) -> None:
+    engine = VmEngine(tmp_path / "state", no_image)
+    sandbox = VmSandbox(engine.state_dir, 8, "ses_stuckgroup", VmConfig())
+    sandbox.paths.runtime.mkdir(parents=True)
+    sandbox.state_dir.mkdir(parents=True)
+    (sandbox.state_dir / "disk.img").write_bytes(b"\0" * 4096)
+    sandbox.cgroup.create(1.0, 256 * 1024 * 1024)
+    blockers = [directory / "held" for directory in sandbox.cgroup.directories]
+    try:
+        for blocker in blockers:
+            blocker.mkdir()  # a group with a child group cannot be removed
+        sandbox.uid = 4242
+
+        with pytest.raises(SessionFailed, match="cgroup .* would not go away"):
+            asyncio.run(engine.destroy(sandbox))
+        assert not sandbox.state_dir.exists()  # the disk went
+        assert sandbox.paths.runtime.is_dir()  # what the next server's sweep looks for
+        assert sandbox.uid == 4242  # kept: QEMU may still run as it
+
+        for blocker in blockers:
+            blocker.rmdir()
+        assert asyncio.run(engine.remove_orphans(())) == ["ses_stuckgroup"]
+        assert not sandbox.paths.runtime.exists()
+        assert not any(directory.exists() for directory in sandbox.cgroup.directories)
+    finally:
+        for blocker in blockers:
+            if blocker.is_dir():
+                blocker.rmdir()
+        sandbox.cgroup.remove()
+        shutil.rmtree(runtime_root(engine.state_dir), ignore_errors=True)
