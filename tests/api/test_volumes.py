@@ -143,6 +143,25 @@ def test_files_outlive_the_session_and_move_between_user_namespaces(
     assert client.get("/v1/volumes/work").json()["used_bytes"] > 0
 
 
+def test_a_background_command_hears_the_stop_and_finishes_its_writes(
+    client: httpx.Client,
+) -> None:
+    """A session's end gives every process of it SIGTERM and a moment, not only the
+    desktop's own: a command left running in the background was killed without warning,
+    and its last write never reached the volume."""
+    make_volume(client, "work")
+    first = start(client, volumes=[{"name": "work", "path": WORK}])
+    writer = (f"trap 'echo finished > {WORK}/last; exit 0' TERM; echo started > {WORK}/last;"
+              " while :; do sleep 0.1; done")
+    started = run(client, first, f"setsid sh -c \"{writer}\" </dev/null >/dev/null 2>&1 &"
+                  f" sleep 0.5; cat {WORK}/last")
+    assert started["stdout"] == "started\n", started
+    delete(client, first)
+    second = start(client, volumes=[{"name": "work", "path": WORK}])
+    assert run(client, second, f"cat {WORK}/last")["stdout"] == "finished\n"
+    delete(client, second)
+
+
 def test_a_volume_has_one_writer_or_readers_only(client: httpx.Client) -> None:
     make_volume(client, "shared")
     writer = start(client, volumes=[{"name": "shared", "path": WORK}])
