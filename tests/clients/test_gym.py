@@ -3,7 +3,8 @@ desktops: Xvfb and Chromium): Gymnasium's own checker passes; ``gymnasium.make``
 observations are the settled screen at the model's size; a click that turns the page green
 is rewarded by an evaluator and ends the episode; a refused action is reported, not
 raised; ``max_steps`` truncates; ``close`` deletes every session the env made. The vector
-env steps two desktops at once and resets an ended one at the next step.
+env steps two desktops at once and resets an ended one at the next step; a reset refused
+part-way deletes the sessions it started.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from deskbox import AsyncSession, Deskbox, DeskboxError, Session
+from deskbox import AsyncSession, Deskbox, DeskboxError, RateLimited, Session
 from deskbox.gym import ACTION_TYPES, ENV_ID, DeskboxEnv, anthropic_action, openai_action
 from deskbox.gym_vector import DeskboxVectorEnv
+from deskbox.tasks import Task
 from deskbox_server.schemas.actions import ActionAdapter
 
 from .conftest import KEY_A, Server
@@ -177,3 +179,30 @@ def test_a_failed_step_closes_the_vector_env_and_deletes_every_session(
         envs.step([{"type": "move", "x": 1, "y": 1}] * 3)
     assert my_sessions(local_server) == []
     envs.close()  # again: nothing left to do
+
+
+# A task with no setup: its desktops are plain new ones, made on the env's worker threads.
+NOTHING_TO_DO = Task.model_validate({"id": "nothing", "instruction": "Look at the page.",
+                                     "evaluator": {"type": "url", "pattern": "^data:"}})
+
+
+@pytest.mark.parametrize("task", [None, NOTHING_TO_DO], ids=["plain", "task"])
+def test_a_reset_refused_part_way_deletes_the_sessions_it_started(
+    one_per_key: Server, task: Task | None
+) -> None:
+    """The key may hold one session: of the two creates of a reset, one is refused at once
+    while the other's desktop is still starting. The reset raises the refusal, and the
+    session that did start is deleted once its create ends, not left running unseen."""
+    envs = DeskboxVectorEnv(2, one_per_key.url, KEY_A, start_url=PAGE, observation_size=SIZE,
+                            task=task)
+    try:
+        with pytest.raises(RateLimited, match="maximum of 1 live sessions") as refused:
+            envs.reset()
+        assert my_sessions(one_per_key) == []
+        [note] = refused.value.__notes__  # under the refusal in its traceback
+        assert note.startswith("in environment ") and "the vector env is closed" in note
+    finally:
+        envs.close()
+        with Deskbox(one_per_key.url, KEY_A) as box:  # a leak must not fail the next test
+            for session in box.sessions.list():
+                session.close()

@@ -12,7 +12,8 @@ a step costs about one step of the slowest environment, not the sum. Autoreset i
 Gymnasium's next-step mode: the step after an episode ended resets that environment (a new
 session) and ignores its action. ``evaluate`` is awaited with the session
 (:class:`deskbox.AsyncSession`). ``close`` deletes every session, also after an error or a
-KeyboardInterrupt in a step.
+KeyboardInterrupt in a step or a reset: the sessions still starting then are waited for and
+deleted too (a reset with one create refused leaves none of the others running).
 
 With a ``task`` (as :class:`deskbox.gym.DeskboxEnv` takes it), each reset runs the task's
 setup, or with ``pool``/``start_states`` claims or restores a copy of its start state, and
@@ -98,6 +99,7 @@ class DeskboxVectorEnv(VectorEnv[NDArray[np.uint8], Any, NDArray[Any]]):
                              if self._task_client is not None and self._owns_start_states
                              else start_states)
         self._sessions: list[AsyncSession | None] = [None] * num_envs
+        self._starting: set[asyncio.Future[tuple[AsyncSession, bool]]] = set()
         self._steps = np.zeros(num_envs, dtype=np.int64)
         self._started = np.zeros(num_envs, dtype=np.float64)  # each episode's monotonic start
         self._ended = np.zeros(num_envs, dtype=bool)  # reset at the next step (autoreset)
@@ -165,13 +167,9 @@ class DeskboxVectorEnv(VectorEnv[NDArray[np.uint8], Any, NDArray[Any]]):
         await self._delete(i)
         self._steps[i] = 0
         info: dict[str, Any] = {}
+        session, changed_just_now = await self._start(i)
         if self.task is not None:
-            session, changed_just_now = await self._task_desktop()
             info["instruction"] = self.task.instruction
-        else:
-            session = await self._client.sessions.create(**self.episodes.create_args())
-            changed_just_now = True
-        self._sessions[i] = session
         info["session_id"] = session.id
         # As DeskboxEnv.reset: the first observation is of a settled screen.
         deadline = time.monotonic() + RESET_SETTLE_S
@@ -181,6 +179,26 @@ class DeskboxVectorEnv(VectorEnv[NDArray[np.uint8], Any, NDArray[Any]]):
             observation, info["settled"] = await self._observe(session, NOTHING)
         self._started[i] = time.monotonic()
         return observation, info
+
+    async def _start(self, i: int) -> tuple[AsyncSession, bool]:
+        """Environment ``i``'s new desktop, and whether it changed just now (as
+        :func:`task_desktop`). A cancel stops the wait, not the start: the server makes the
+        session whether or not its answer is read (a task's setup runs on in its thread), and
+        only the answer says which session to delete. So the start goes on, ``_run`` waits
+        for it, and the session it made is the environment's, deleted with the others."""
+        start = asyncio.ensure_future(self._new_desktop(i))
+        self._starting.add(start)
+        start.add_done_callback(self._starting.discard)
+        return await asyncio.shield(start)
+
+    async def _new_desktop(self, i: int) -> tuple[AsyncSession, bool]:
+        if self.task is not None:
+            session, changed_just_now = await self._task_desktop()
+        else:
+            session = await self._client.sessions.create(**self.episodes.create_args())
+            changed_just_now = True
+        self._sessions[i] = session
+        return session, changed_just_now
 
     async def _task_desktop(self) -> tuple[AsyncSession, bool]:
         assert self.task is not None and self._task_client is not None
@@ -230,30 +248,42 @@ class DeskboxVectorEnv(VectorEnv[NDArray[np.uint8], Any, NDArray[Any]]):
             await session.close()
 
     async def _stop_pending(self) -> None:
-        others = asyncio.all_tasks() - {asyncio.current_task()}
+        others = asyncio.all_tasks() - {asyncio.current_task()} - self._starting
         for task in others:
             task.cancel()
         await asyncio.gather(*others, return_exceptions=True)
+        await self._starts_ended()
+
+    async def _starts_ended(self) -> None:
+        """Every start under way has made its session, which the environment now holds,
+        or failed."""
+        await asyncio.gather(*list(self._starting), return_exceptions=True)
 
     async def _delete_all(self) -> None:
         await asyncio.gather(*(self._delete(i) for i in range(self.num_envs)),
                              return_exceptions=True)
 
     def _run(self, *calls: Coroutine[Any, Any, Any]) -> list[Any]:
-        """The calls at once on the env's loop, in order. On a failure the others are
-        cancelled, every session goes (the env is closed) and the first error is raised;
-        a KeyboardInterrupt closes it too."""
+        """The calls at once on the env's loop, one per environment, in order. On a failure
+        the others are cancelled, the sessions they were starting are waited for, every
+        session goes (the env is closed) and the first error is raised, with a note naming
+        its environment; a KeyboardInterrupt closes the env too."""
 
         async def all_of() -> list[Any]:
             tasks = [asyncio.ensure_future(call) for call in calls]
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception()]
+            failed = [i for i, t in enumerate(tasks)
+                      if t.done() and not t.cancelled() and t.exception()]
             if failed:
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
-                error = failed[0].exception()
+                await self._starts_ended()
+                error = tasks[failed[0]].exception()
                 assert error is not None
+                error.add_note(f"in environment {failed[0]} of {self.num_envs}; the vector "
+                               "env is closed and its sessions deleted, those that were "
+                               "starting too")
                 raise error
             return [task.result() for task in tasks]
 
