@@ -3,8 +3,8 @@ desktops: Xvfb and Chromium): Gymnasium's own checker passes; ``gymnasium.make``
 observations are the settled screen at the model's size; a click that turns the page green
 is rewarded by an evaluator and ends the episode; a refused action is reported, not
 raised; ``max_steps`` truncates; ``close`` deletes every session the env made. The vector
-env steps two desktops at once and resets an ended one at the next step; a reset refused
-part-way deletes the sessions it started.
+env steps two desktops at once and resets an ended one at the next step, takes vendor tool
+calls as the single env does, and a reset refused part-way deletes the sessions it started.
 """
 
 from __future__ import annotations
@@ -179,6 +179,32 @@ def test_a_failed_step_closes_the_vector_env_and_deletes_every_session(
         envs.step([{"type": "move", "x": 1, "y": 1}] * 3)
     assert my_sessions(local_server) == []
     envs.close()  # again: nothing left to do
+
+
+def test_a_vector_env_takes_vendor_tool_calls_as_the_single_env_does(
+    local_server: Server
+) -> None:
+    """An Anthropic and an OpenAI click in the model's coordinates turn both pages green;
+    a call the server refuses is reported in that environment's info, not raised."""
+    envs = DeskboxVectorEnv(2, local_server.url, KEY_A, start_url=PAGE, observation_size=SIZE,
+                            evaluate=green_async, max_steps=5)
+    try:
+        envs.reset()
+        obs, rewards, terminated, _, infos = envs.step([
+            anthropic_action({"action": "left_click", "coordinate": [320, 200]}),
+            openai_action({"type": "click", "button": "left", "x": 320, "y": 200})])
+        assert "error" not in infos
+        assert [tuple(o[200, 320]) for o in obs] == [(0, 0xC0, 0)] * 2
+        assert list(rewards) == [1.0, 1.0] and list(terminated) == [True, True]
+        obs, *_ = envs.step([[{"type": "wait", "ms": 0}]] * 2)  # both reset: red again
+        obs, rewards, _, _, infos = envs.step([
+            anthropic_action({"action": "left_click", "coordinate": [-4, 2]}),
+            openai_action({"type": "move", "x": 1, "y": 1})])
+        assert "coordinate" in infos["error"][0] and not infos["_error"][1]
+        assert [tuple(o[200, 320]) for o in obs] == [(0xC0, 0, 0)] * 2
+    finally:
+        envs.close()
+    assert my_sessions(local_server) == []
 
 
 # A task with no setup: its desktops are plain new ones, made on the env's worker threads.

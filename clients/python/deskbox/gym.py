@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, SupportsFloat
+from typing import Any, SupportsFloat, TypeGuard
 
 import gymnasium
 import numpy as np
@@ -51,7 +51,8 @@ from .tasks.start import StartStates, task_desktop
 
 __all__ = ["ACTION_TYPES", "DIALECTS", "ENV_ID", "LOOK_AFTER_CHANGES", "NOTHING",
            "RESET_SETTLE_S", "ActionSpace", "DeskboxEnv", "Episodes", "Observation",
-           "anthropic_action", "as_batch", "openai_action", "pixels", "register", "task_of"]
+           "anthropic_action", "as_batch", "is_tool_call", "openai_action", "pixels", "register",
+           "task_of"]
 
 ENV_ID = "deskbox/Desktop-v0"
 # API.md "Actions": the types a step may send.
@@ -84,6 +85,13 @@ def anthropic_action(tool_input: Mapping[str, Any]) -> dict[str, Any]:
 def openai_action(action: Mapping[str, Any]) -> dict[str, Any]:
     """A step's action from an OpenAI ``computer_call``'s ``action``."""
     return {"type": "openai", "action": dict(action)}
+
+
+def is_tool_call(action: Action) -> TypeGuard[Mapping[str, Any]]:
+    """Whether ``action`` is a vendor's tool call (``anthropic_action``, ``openai_action``):
+    it goes to that vendor's endpoint, which translates it (API.md "Vendor dialects"); the
+    plain actions endpoint refuses it."""
+    return isinstance(action, Mapping) and action.get("type") in DIALECTS
 
 
 @dataclass(frozen=True)
@@ -304,7 +312,7 @@ class DeskboxEnv(gymnasium.Env[Observation, Any]):
         # same reset gives the same info (Gymnasium's determinism check).
         info: dict[str, Any] = {"steps": self.steps}
         try:
-            if isinstance(action, Mapping) and action.get("type") in DIALECTS:
+            if is_tool_call(action):
                 self._act_in_dialect(action)
                 action = NOTHING
             observation, info["settled"] = self._observe(as_batch(action))

@@ -44,6 +44,7 @@ from .gym import (
     Episodes,
     Observation,
     as_batch,
+    is_tool_call,
     pixels,
     task_of,
 )
@@ -217,6 +218,9 @@ class DeskboxVectorEnv(VectorEnv[NDArray[np.uint8], Any, NDArray[Any]]):
         self._steps[i] += 1
         info: dict[str, Any] = {"steps": int(self._steps[i])}
         try:
+            if is_tool_call(action):  # as DeskboxEnv.step: through the vendor's endpoint
+                await self._act_in_dialect(session, action)
+                action = NOTHING
             observation, info["settled"] = await self._observe(session, as_batch(action))
         except UnprocessableEntity as refused:  # as DeskboxEnv.step: reported, not raised
             info["error"] = str(refused)
@@ -225,6 +229,13 @@ class DeskboxVectorEnv(VectorEnv[NDArray[np.uint8], Any, NDArray[Any]]):
         seconds = time.monotonic() - self._started[i]
         return observation, reward, *self.episodes.outcome(reward, int(self._steps[i]),
                                                            seconds), info
+
+    async def _act_in_dialect(self, session: AsyncSession, action: Mapping[str, Any]) -> None:
+        size = self.episodes.size
+        if action["type"] == "anthropic":
+            await session.act_anthropic(action["input"], coordinate_space=size)
+        else:
+            await session.act_openai(action["action"], coordinate_space=size)
 
     async def _reward(self, session: AsyncSession, info: dict[str, Any]) -> float:
         if self.task is not None:
