@@ -1,22 +1,25 @@
 """Resets from a task's start state kept as a snapshot (``pool``): the first reset sets the
 task up and snapshots it; the others are copies of it, claimed from the snapshot's pool or
 restored. 20 resets show the same first observation, pixel for pixel; what an episode did
-is gone at the next reset; closing deletes the snapshot and its copies. The vector env does
-the same for N envs at once."""
+is gone at the next reset; closing deletes the snapshot and its copies, every one it can
+and then names those it could not. A pool past the key's cap is refused with nothing left
+behind. The vector env does the same for N envs at once."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
-from deskbox import Deskbox
+from deskbox import Deskbox, DeskboxError, UnprocessableEntity
 from deskbox.gym import DeskboxEnv
 from deskbox.gym_vector import DeskboxVectorEnv
 from deskbox.tasks.start import StartStates
 
 from ..api.conftest import KEY_A, Server
+from ..api.containers import container_server
 from .conftest import TASKS_DIR, example, live_sessions, solver
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -79,6 +82,54 @@ def test_a_pooled_reset_is_a_claim_of_a_ready_copy(box: Deskbox) -> None:
         env.close()
         states.close()
     assert box.snapshots.list() == []
+
+
+def test_closing_tries_every_delete_and_names_the_snapshots_it_could_not(box: Deskbox) -> None:
+    """The first of two start states' snapshots is deleted behind their back: closing still
+    deletes the second, then raises an error naming the first."""
+    before = {s.id for s in box.snapshots.list()}
+    states = StartStates(box, pool=0)  # no copies: only the snapshots matter here
+    made: list[str] = []
+    try:
+        for name in ("click-button", "navigate-link"):
+            session, _ = states.desktop(example(name), {"display": {"width": 1280,
+                                                                    "height": 800}})
+            session.close()
+            [snapshot] = {s.id for s in box.snapshots.list()} - before - set(made)
+            made.append(snapshot)
+        box.snapshots.delete(made[0])
+        with pytest.raises(DeskboxError) as failed:
+            states.close()
+        assert {s.id for s in box.snapshots.list()} == before  # the second went all the same
+        assert str(failed.value).startswith("1 of 2 start states' snapshots could not be "
+                                            f"deleted ({made[0]}: 404 not_found")
+    finally:
+        for snapshot in {s.id for s in box.snapshots.list()} - before:
+            box.snapshots.delete(snapshot)
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deskbox]:
+    """A server whose key may run 2 sessions, so its snapshots' pools may keep 2 copies."""
+    with container_server(tmp_path_factory, "capped", max_sessions_per_key=2) as server, \
+            Deskbox(server.url, KEY_A) as client:
+        yield client
+
+
+def test_a_pool_past_the_keys_cap_leaves_nothing_behind(capped: Deskbox) -> None:
+    """A pool of 3 is refused: the reset raises the refusal, and neither the desktop set up
+    for it nor its snapshot is left. The next reset is refused again, not started from a
+    snapshot without its pool."""
+    states = StartStates(capped, pool=3)  # as `deskbox eval --pool 3` makes it
+    env = DeskboxEnv(client=capped, task=example("click-button"), start_states=states)
+    try:
+        for _ in range(2):
+            with pytest.raises(UnprocessableEntity, match="may keep 2 copies in all"):
+                env.reset()
+            assert capped.snapshots.list() == [] and live_sessions(capped) == []
+    finally:
+        env.close()
+        states.close()
 
 
 def test_a_pool_needs_a_task(box: Deskbox) -> None:

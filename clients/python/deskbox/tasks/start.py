@@ -6,6 +6,10 @@ desktop of the task is a create ``from_snapshot``: a claim of a ready copy (tens
 milliseconds) or, when none is ready, a restore (about a second), with no setup to run.
 One :class:`StartStates` can serve many environments at once (``deskbox eval --pool``):
 the first to need a task's snapshot makes it, the others wait for it.
+
+A pool the server refuses (past the key's cap: the copies of all of a key's snapshots count
+against its session cap, API.md "Warm pool") leaves nothing behind: the desktop and the
+snapshot just made are deleted, and the refusal is raised.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from .._errors import DeskboxError
 from .._sync import Deskbox, Session
 from .model import Task
 from .prepare import prepare
@@ -47,13 +52,28 @@ class StartStates:
             if snapshot is None:
                 session = self._first(task, create_args)
                 try:
-                    self._snapshots[key] = session.snapshot().id
-                    self.client.snapshots.set_pool(self._snapshots[key], self.pool)
+                    # Kept only once its pool is set: a snapshot whose pool was refused
+                    # would start the next episodes without one, then outlive a close
+                    # that failed before reaching it.
+                    self._snapshots[key] = self._start_state(session)
                 except BaseException:  # e.g. an engine without checkpoints: a 422 naming it
                     session.close()
                     raise
                 return session, True
         return self.client.sessions.create(**{**create_args, "from_snapshot": snapshot}), False
+
+    def _start_state(self, session: Session) -> str:
+        """A snapshot of ``session`` with its pool set; deleted if the pool is refused."""
+        snapshot = session.snapshot().id
+        try:
+            self.client.snapshots.set_pool(snapshot, self.pool)
+        except BaseException as refused:
+            try:
+                self.client.snapshots.delete(snapshot)
+            except DeskboxError as failed:
+                refused.add_note(f"and its snapshot {snapshot} could not be deleted: {failed}")
+            raise
+        return snapshot
 
     def _first(self, task: Task, create_args: Mapping[str, Any]) -> Session:
         session = self.client.sessions.create(**create_args)
@@ -69,11 +89,21 @@ class StartStates:
         return session
 
     def close(self) -> None:
-        """Delete the snapshots (and so their ready copies)."""
+        """Delete the snapshots (and so their ready copies). Every delete is tried; a
+        :class:`~deskbox.DeskboxError` naming each snapshot that could not be deleted, and
+        why, is raised after them."""
         with self._lock:
             snapshots, self._snapshots = list(self._snapshots.values()), {}
+        failed: dict[str, DeskboxError] = {}
         for snapshot in snapshots:
-            self.client.snapshots.delete(snapshot)
+            try:
+                self.client.snapshots.delete(snapshot)
+            except DeskboxError as error:
+                failed[snapshot] = error
+        if failed:
+            named = "; ".join(f"{snapshot}: {error}" for snapshot, error in failed.items())
+            raise DeskboxError(f"{len(failed)} of {len(snapshots)} start states' snapshots "
+                               f"could not be deleted ({named})") from next(iter(failed.values()))
 
 
 def task_desktop(client: Deskbox, task: Task, create_args: Mapping[str, Any],
