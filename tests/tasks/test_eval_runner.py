@@ -141,3 +141,30 @@ def test_ctrl_c_stops_every_episode_and_deletes_its_session(task_server: Server,
         assert live_sessions(box) == []
     lines = records(tmp_path / "run.jsonl")
     assert lines and all(line["error"] == "interrupted" for line in lines)
+
+
+def test_a_clean_up_that_fails_is_said_in_one_line_after_the_summary(
+    task_server: Server, tmp_path: Path,
+) -> None:
+    """With ``--pool`` the run deletes its start states' snapshots at the end; one deleted
+    behind its back (here by the agent itself) made that a traceback, with no summary."""
+    agent = tmp_path / "agent.py"
+    agent.write_text(
+        "import runpy\n"
+        "from deskbox import Deskbox\n"
+        f"solved = runpy.run_path({str(TASKS_DIR / 'solvers.py')!r})['solve']\n"
+        "def solve(observation, instruction):\n"
+        "    with Deskbox() as box:\n"
+        "        for snapshot in box.snapshots.list():\n"
+        "            box.snapshots.delete(snapshot.id)\n"
+        "    return solved(observation, instruction)\n")
+    out = tmp_path / "run.jsonl"
+    done = deskbox_eval(task_server, str(TASKS_DIR / "click-button.yaml"), "--agent",
+                        f"{agent}:solve", "--pool", "1", "--out", str(out), cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "start states' snapshots could not be deleted" in done.stderr, done.stderr
+    assert [line["reward"] for line in records(out)] == [1.0]
+    assert any(row.startswith("click-button") for row in done.stdout.splitlines()), done.stdout
+    with Deskbox(task_server.url, KEY_A) as box:
+        assert live_sessions(box) == [] and box.snapshots.list() == []

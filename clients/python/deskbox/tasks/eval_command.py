@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .._errors import DeskboxError
 from .._sync import Deskbox
 from .evaluate import load_callable
 from .model import TaskError
@@ -26,8 +27,8 @@ def evaluate_agent(
     pool: int = 0,
 ) -> int:
     """Run ``deskbox eval``; the exit code: 0 when every episode ran (whatever its reward),
-    1 when some ended in an error, 2 for tasks or an agent that cannot be loaded, 130 on
-    Ctrl-C."""
+    1 when some ended in an error or the run's own clean-up failed (a start state's snapshot
+    not deleted), 2 for tasks or an agent that cannot be loaded, 130 on Ctrl-C."""
     err = Console(stderr=True)
     try:
         tasks = collect_tasks(task_paths)
@@ -60,6 +61,9 @@ def evaluate_agent(
             err.print(f"deskbox eval: interrupted after {len(episodes)} of {total} "
                       "episodes; their sessions are deleted")
             code = 130
+        except DeskboxError as error:  # the episodes' own errors are theirs: this is the run's
+            err.print(f"deskbox eval: {error}", markup=False, highlight=False)
+            code = 1
         else:
             code = 1 if any(e.error is not None for e in episodes) else 0
     if episodes:
