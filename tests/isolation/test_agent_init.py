@@ -149,6 +149,18 @@ def test_a_profile_that_is_no_directory_does_not_end_the_session(options: RuncOp
         assert exec_in(box, "true").returncode == 0
 
 
+def test_an_init_that_ends_says_why_to_the_host(options: RuncOptions) -> None:
+    """Its X server killed, the init ends the sandbox: the reason was only in the init's
+    log, gone with the sandbox, and the host said "the sandbox ... exited"."""
+    with own_sandbox(options, "xserver-killed") as box:
+        assert exec_in(box, "sh", "-c", "kill -9 $(pidof Xvfb)").returncode == 0
+        deadline = time.monotonic() + 15
+        while (failure := box.failure()) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert failure == (f"the sandbox {box.container_id} exited "
+                           "(its init: xserver exited with -9)"), failure
+
+
 def test_a_full_run_directory_does_not_end_the_session(options: RuncOptions) -> None:
     """The init's log and status.json live in the sandbox's small /run, which its user can
     fill; PID 1 then goes on without them and still starts the browser again."""

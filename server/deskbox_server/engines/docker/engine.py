@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 
 from ...errors import DeskboxError, Internal, SessionFailed, Timeout
 from ..base import AgentStream, Capability, Engine, SessionSpec
+from ..exit_note import exit_note
 from ..image import OCI_ARCHIVE, build_off_loop
 from ..runc.seccomp import PODMAN_PROFILE, SeccompProfile, seccomp_profile
 from .agent_socket import agent_socket_ready, connect_agent
@@ -300,7 +301,8 @@ class DockerEngine(Engine[DockerSandbox]):
             if state is None:
                 sandbox.ended = "was removed by someone else"
             elif state not in ("created", "running", "paused"):
-                sandbox.ended = f"stopped ({state})"
+                why = await asyncio.to_thread(exit_note, sandbox.socket_dir)
+                sandbox.ended = f"stopped ({state})" + (f" (its init: {why})" if why else "")
             elif pause_changes.get(sandbox.session_id) == sandbox.pause_changes:
                 _note_held(sandbox, state == "paused" and not sandbox.frozen)
 

@@ -49,6 +49,7 @@ from ...errors import Conflict, DesktopFailed, InvalidRequest, SessionFailed
 from ...scratch import Scratch
 from ..base import Sandbox, VolumeAttach
 from ..desktop_commands import DEVTOOLS_PORT, DesktopSpec, session_env
+from ..exit_note import exit_note
 from ..fd_wait import readable
 from ..network import (
     NETNS_DIR,
@@ -577,7 +578,9 @@ class RuncSandbox(Sandbox):
         if self._pidfd is None:
             return "the sandbox is not running"
         if readable([self._pidfd]):
-            return f"the sandbox {self.container_id} exited"
+            why = exit_note(self.socket_dir)
+            return f"the sandbox {self.container_id} exited" + (
+                f" (its init: {why})" if why else "")
         return self.network.failure() if self.network is not None else None
 
     # -- destroy --------------------------------------------------------------------------
