@@ -237,7 +237,7 @@ def _ensure_base(images: Path, recipe: Recipe, progress: Progress) -> Path:
     started = time.monotonic()
     progress(f"base {recipe.base_hash}: running mmdebstrap ({len(recipe.packages)} packages)")
     with _staging(images, f"base-{recipe.base_hash}") as staging:
-        argv = recipe.mmdebstrap_argv(staging / "rootfs")
+        argv = _verbose(recipe.mmdebstrap_argv(staging / "rootfs"))
         # A session of its own, so that a terminal's Ctrl-C reaches only this script, which
         # stops the whole of mmdebstrap (apt, dpkg) before removing its chroot; and it gets
         # SIGTERM if this script is killed outright.
@@ -262,6 +262,15 @@ def _ensure_base(images: Path, recipe: Recipe, progress: Progress) -> Path:
         os.rename(staging, final)
     progress(f"base {recipe.base_hash} built in {time.monotonic() - started:.0f} s")
     return final / "rootfs"
+
+
+def _verbose(argv: list[str]) -> list[str]:
+    """mmdebstrap's command line with --verbose: apt's and dpkg's lines as they come. Without
+    it, mmdebstrap draws a progress bar on a terminal only, and into our pipe it writes
+    nothing for the minutes that the packages install. Kept out of mmdebstrap_argv, whose
+    hash names the base: what it says is no part of what it builds."""
+    program, *options = argv
+    return [program, "--verbose", *options]
 
 
 def made_from_image(ensure: Callable[[Path, Progress], Path], state_dir: Path) -> int:
