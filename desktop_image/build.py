@@ -252,6 +252,7 @@ def _ensure_base(images: Path, recipe: Recipe, progress: Progress) -> Path:
                     line = line.rstrip()
                     progress(f"  mmdebstrap: {line}")
                     tail = (tail + [line])[-20:]
+                process.wait()
             except BaseException:
                 _stop_session(process)
                 raise
@@ -315,15 +316,65 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def _stop_session(process: subprocess.Popen[str], grace_s: float = 10.0) -> None:
+# What stops a build: Ctrl-C, and SIGTERM, which main() turns into the same KeyboardInterrupt.
+_STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+_GROUP_POLL_S = 0.1
+
+
+def _stop_session(
+    process: subprocess.Popen[str], grace_s: float = 10.0, kill_wait_s: float = 30.0
+) -> None:
     """SIGTERM to every process of ``process``'s session (its own process group), SIGKILL
-    to what is left after ``grace_s``; returns once ``process`` has exited."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(wait_s)
-            return
+    to those left after ``grace_s`` or at the next Ctrl-C or SIGTERM; returns once none of
+    them runs (or, if SIGKILL cannot end them, ``kill_wait_s`` later).
+
+    Those signals are held meanwhile and only cut the grace short: a second Ctrl-C that
+    unwound this wait left mmdebstrap running, with its chroot's mounts. The group, not
+    ``process`` alone: a child that outlives mmdebstrap (its progress reader ignores
+    SIGTERM) would run on with nobody to stop it."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        _signal_group(process.pid, signal.SIGTERM)
+        if not _wait_group(process.pid, grace_s, until_signal=True):
+            _signal_group(process.pid, signal.SIGKILL)
+            _wait_group(process.pid, kill_wait_s, until_signal=False)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _wait_group(pgid: int, timeout_s: float, until_signal: bool) -> bool:
+    """Whether every process of the group ``pgid`` has ended within ``timeout_s``; with
+    ``until_signal``, False as soon as a stop signal comes (held, it is taken here)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if not _group_runs(pgid):
+            return True
+        signalled = signal.sigtimedwait(_STOP_SIGNALS, _GROUP_POLL_S) is not None
+        if (signalled and until_signal) or time.monotonic() > deadline:
+            return False
+
+
+def _group_runs(pgid: int) -> bool:
+    """Whether a process of the group ``pgid`` runs; a zombie does not (orphans are left
+    for init to reap, which it may do late)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+            state, _ppid, group = stat_file.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError, ValueError):
+            continue  # ended meanwhile
+        if group == str(pgid) and state != "Z":
+            return True
+    return False
 
 
 @contextlib.contextmanager
