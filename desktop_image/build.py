@@ -7,8 +7,9 @@ installed into /usr/lib/deskbox-agent by ``agent_install.py``), this script,
 ``agent_install.py`` and ``image_store.py``. Images live in
 ``<state_dir>/images/<recipe-hash>/`` (layout in image_store.py); an image is built into a
 temporary directory next to it and renamed into place, so a half-built image is never
-used, and an image that exists is never rebuilt. The agent's wheels are downloaded once
-into ``<state_dir>/wheels/``.
+used, and an image that exists is never rebuilt unless asked (``--rebuild``, for one that
+fails its integrity check: it is unmounted and replaced). The agent's wheels are downloaded
+once into ``<state_dir>/wheels/``.
 
 Two stages keep edits to the overlay cheap: the mmdebstrap result is cached by the hash of
 its command line (``images/base-<hash>``) and the final tree is a hard-linked copy of it
@@ -17,8 +18,8 @@ intact). That tree is packed into a read-only erofs file with a content manifest
 start checks the image cheaply and mounts it read-only at ``rootfs/``, which sessions use
 as their root.
 
-Usage: ``python desktop_image/build.py [--state-dir DIR] [--verify]``; the last line
-printed is the mounted root filesystem's path (``--verify``: one line per file that
+Usage: ``python desktop_image/build.py [--state-dir DIR] [--verify | --rebuild]``; the last
+line printed is the mounted root filesystem's path (``--verify``: one line per file that
 differs from the build, exit status 1 if any).
 """
 
@@ -31,6 +32,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -45,8 +47,8 @@ import agent_install
 import image_store
 
 __all__ = [
-    "Recipe", "cached_or_built", "ensure_image", "image_dir", "load_recipe", "made_from_image",
-    "main",
+    "Recipe", "cached_or_built", "ensure_image", "image_dir", "load_recipe", "made_from",
+    "made_from_image", "main",
 ]
 
 RECIPE_DIR = Path(__file__).resolve().parent
@@ -158,19 +160,21 @@ def image_dir(state_dir: Path, recipe: Recipe) -> Path:
 
 
 def ensure_image(
-    state_dir: Path, recipe: Recipe | None = None, progress: Progress = print
+    state_dir: Path, recipe: Recipe | None = None, progress: Progress = print,
+    rebuild: bool = False,
 ) -> Path:
     """The mounted root filesystem of ``recipe`` (default: this directory's), built if
-    missing; ImageIntegrityError if the cached image fails the start-up check."""
+    missing (``rebuild``: built again, replacing the cached one); ImageIntegrityError if
+    the cached image fails the start-up check."""
     recipe = recipe or load_recipe()
     images = state_dir / "images"
     images.mkdir(parents=True, exist_ok=True)
     final = images / recipe.hash
-    if (final / image_store.IMAGE_FILE).is_file():
+    if not rebuild and (final / image_store.IMAGE_FILE).is_file():
         progress(f"image {recipe.hash} is cached")
         return image_store.check(final)
     with _locked(images / ".lock", progress):
-        if not (final / image_store.IMAGE_FILE).is_file():  # else built while we waited
+        if rebuild or not (final / image_store.IMAGE_FILE).is_file():  # else built meanwhile
             _build(images, final, recipe, progress)
     return image_store.check(final)
 
@@ -201,8 +205,56 @@ def _build(images: Path, final: Path, recipe: Recipe, progress: Progress) -> Non
         }
         (staging / image_store.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         shutil.rmtree(tree)
-        os.rename(staging, final)
+        _put_in_place(staging, final, progress)
     progress(f"image {recipe.hash} ready in {time.monotonic() - started:.1f} s: {final}")
+
+
+def _put_in_place(staging: Path, final: Path, progress: Progress) -> None:
+    """Rename the built ``staging`` to ``final``. An image there already (one that
+    ``--rebuild`` replaces, or what a removal by hand left: its mounted, read-only rootfs/)
+    is unmounted and removed first, with the OCI images made from its files; renaming onto
+    it failed (ENOTEMPTY)."""
+    if not final.exists():
+        os.rename(staging, final)
+        return
+    progress(f"image {final.name}: replacing the cached one")
+    aside = Path(tempfile.mkdtemp(prefix=f".replaced-{final.name}-", dir=final.parent))
+    # Lazily: it goes whatever uses it. A session that runs on it keeps its own mount.
+    image_store.retire(final, aside, lazy=True)
+    os.rename(staging, final)
+    # A VM guest holds no file of the image, only a link to it by name, which the new image
+    # answers; an OCI image is a copy of its files.
+    for made in made_from(final.parent, final.name):
+        if made.name.startswith("oci-"):
+            progress(f"  removing {made.name}, made from the replaced image")
+            shutil.rmtree(made)
+    shutil.rmtree(aside)
+
+
+# What is made from a session image, beside it: the name's prefix, and the keys in its
+# manifest.json that lead to the image's hash (vm_guest.py, oci_image.py).
+MADE_FROM_IMAGE = {"vm-": ("rootfs", "image_hash"), "oci-": ("image_hash",)}
+
+
+def made_from(images: Path, image_hash: str) -> list[Path]:
+    """The VM guests and OCI images in ``images`` made from the image ``image_hash``."""
+    found = []
+    for prefix, keys in MADE_FROM_IMAGE.items():
+        for directory in sorted(images.glob(f"{prefix}*")):
+            if _manifest_value(directory / "manifest.json", keys) == image_hash:
+                found.append(directory)
+    return found
+
+
+def _manifest_value(manifest: Path, keys: tuple[str, ...]) -> object:
+    """The value at ``keys`` in the JSON file ``manifest``; None if it has none."""
+    try:
+        value: object = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return None
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
 
 
 def _install_agent(
@@ -285,11 +337,18 @@ def made_from_image(ensure: Callable[[Path, Progress], Path], state_dir: Path) -
     try:
         made = ensure(state_dir, progress)
     except image_store.ImageIntegrityError as error:
-        progress(f"error: {error}; run `deskbox image verify` for every difference, or "
-                 "remove the image directory to build it again")
+        progress(f"error: {error}; {integrity_advice(state_dir)}")
         return INTEGRITY_FAILED
     print(made)
     return 0
+
+
+def integrity_advice(state_dir: Path) -> str:
+    """What to run when the cached image fails its integrity check: the commands, as typed."""
+    where = shlex.quote(str(state_dir))
+    return (f"`deskbox image verify --state-dir {where}` lists every difference; "
+            f"`deskbox image build --state-dir {where} --rebuild` builds the image again "
+            "and replaces it")
 
 
 def cached_or_built(
@@ -457,9 +516,14 @@ def main(argv: list[str] | None = None) -> int:
         default=Path(os.environ.get("DESKBOX_STATE_DIR", RECIPE_DIR.parent / ".state")),
     )
     parser.add_argument("--print-hash", action="store_true", help="print the recipe hash only")
-    parser.add_argument(
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument(
         "--verify", action="store_true",
         help="compare every file of the built image with its content manifest",
+    )
+    what.add_argument(
+        "--rebuild", action="store_true",
+        help="build the image even if cached, and replace it (one that fails its check)",
     )
     args = parser.parse_args(argv)
     recipe = load_recipe()
@@ -484,13 +548,12 @@ def main(argv: list[str] | None = None) -> int:
     # A stop (SIGTERM) unwinds like Ctrl-C, so that an unfinished build is removed.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        rootfs = ensure_image(args.state_dir.resolve(), recipe, progress)
+        rootfs = ensure_image(args.state_dir.resolve(), recipe, progress, args.rebuild)
     except KeyboardInterrupt:
         progress("image build interrupted: the unfinished build was removed")
         return 130
     except image_store.ImageIntegrityError as error:
-        progress(f"error: {error}; run `deskbox image verify` for every difference, or "
-                 f"remove {final} to build it again")
+        progress(f"error: {error}; {integrity_advice(args.state_dir.resolve())}")
         return INTEGRITY_FAILED
     print(rootfs)
     return 0

@@ -41,6 +41,7 @@ __all__ = [
     "make_image",
     "mount_table",
     "mounted_fstype",
+    "retire",
     "verify",
     "write_contents",
 ]
@@ -264,6 +265,29 @@ def _mount(image_dir: Path, mountpoint: Path) -> tuple[str, bool] | None:
             f"{done.stderr.strip()} (mounting needs root, a loop device and erofs)"
         )
     return mounted_fstype(mountpoint)
+
+
+def retire(image_dir: Path, aside: Path, lazy: bool = False) -> None:
+    """Take an image out of use: unmount it from ``rootfs/`` and rename its directory to
+    ``aside``, for the caller to remove. Both under the mount lock, so that no start mounts
+    it in between. Sandboxes already running on it keep their own mounts of it (and its
+    loop device the file). ``lazy``: detach the mount even if a process of this mount
+    namespace uses it; else RuntimeError, saying so, and nothing changes."""
+    mountpoint = image_dir / MOUNTPOINT
+    with _mount_lock(image_dir.parent):
+        while mounted_fstype(mountpoint) is not None:  # once per mount stacked there
+            _unmount(mountpoint, lazy)
+        os.rename(image_dir, aside)
+
+
+def _unmount(mountpoint: Path, lazy: bool) -> None:
+    done = subprocess.run(
+        ["umount", *(["--lazy"] if lazy else []), str(mountpoint)],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"cannot unmount the session image at {mountpoint}: "
+                           f"{done.stderr.strip()}")
 
 
 def check(image_dir: Path) -> Path:

@@ -91,6 +91,9 @@ def image_build(
     = False,
     oci: Annotated[bool, typer.Option(help="Also the OCI image (deskbox image export).")]
     = False,
+    rebuild: Annotated[bool, typer.Option(
+        help="Build the session image even if cached and replace it (one that fails its "
+             "integrity check), with the OCI image made from it.")] = False,
 ) -> None:
     """Build the session image (and with --vm, --oci what is made from it) unless cached.
 
@@ -102,7 +105,8 @@ def image_build(
     scripts = ["build.py", *(["vm_guest.py"] if vm else []), *(["oci_image.py"] if oci else [])]
     with _errors_exit_2():
         for script in scripts:
-            built = build_image(cache, recipe, _progress, script_name=script)
+            built = build_image(cache, recipe, _progress, script_name=script,
+                                rebuild=rebuild and script == "build.py")
             typer.echo(built.parent if script == "build.py" else built)
 
 

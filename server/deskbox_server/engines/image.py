@@ -38,12 +38,14 @@ def build_image(
     timeout_s: float = 3600.0,
     cancel: threading.Event | None = None,
     script_name: str = "build.py",
+    rebuild: bool = False,
 ) -> Path:
     """What ``script_name`` of ``recipe_dir`` builds (``build.py``: the root filesystem),
     built first if the cache lacks it; the path its last line of output names.
 
     Every line the build writes to stderr goes to ``progress`` as it comes. Setting
-    ``cancel`` (or ``timeout_s`` passing) kills the build.
+    ``cancel`` (or ``timeout_s`` passing) kills the build. ``rebuild`` (build.py only):
+    build the image even if cached, and replace the cached one.
     """
     script = recipe_dir / script_name
     if not script.is_file():
@@ -56,7 +58,8 @@ def build_image(
     stopped: list[str] = []
     done = threading.Event()
     with subprocess.Popen(
-        [sys.executable, str(script), "--state-dir", str(image_state_dir)],
+        [sys.executable, str(script), "--state-dir", str(image_state_dir),
+         *(["--rebuild"] if rebuild else [])],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, errors="replace",
     ) as process:
