@@ -32,6 +32,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -155,6 +156,10 @@ def _agent_files(package: Path) -> tuple[tuple[str, bytes], ...]:
     )
 
 
+# The name of a session image's directory: its recipe hash (Recipe.hash).
+IMAGE_NAME = re.compile(r"[0-9a-f]{16}")
+
+
 def image_dir(state_dir: Path, recipe: Recipe) -> Path:
     return state_dir / "images" / recipe.hash
 
@@ -207,6 +212,20 @@ def _build(images: Path, final: Path, recipe: Recipe, progress: Progress) -> Non
         shutil.rmtree(tree)
         _put_in_place(staging, final, progress)
     progress(f"image {recipe.hash} ready in {time.monotonic() - started:.1f} s: {final}")
+    _mention_other_images(images, recipe.hash, progress)
+
+
+def _mention_other_images(images: Path, current: str, progress: Progress) -> None:
+    """Say what the images of other recipes take: nothing removes them on its own (the
+    cache cannot know that no server or session of another checkout uses them)."""
+    sizes = []
+    for path in images.iterdir():
+        if IMAGE_NAME.fullmatch(path.name) and path.name != current:
+            with contextlib.suppress(OSError):
+                sizes.append((path / image_store.IMAGE_FILE).stat().st_size)
+    if sizes:
+        progress(f"{len(sizes)} images of other recipes take {sum(sizes) / 2**30:.1f} GiB in "
+                 f"{images}: `deskbox image prune` removes those no session uses")
 
 
 def _put_in_place(staging: Path, final: Path, progress: Progress) -> None:

@@ -1,5 +1,5 @@
 """The server's commands: ``deskbox-server`` (the same as ``deskbox serve``) and ``deskbox
-image build|export|inspect|verify``.
+image build|export|inspect|verify|prune``.
 
 The ``deskbox`` command of the client distribution (``deskbox/cli.py``) mounts :func:`serve`
 and :data:`image_app` when this package is importable, so ``deskbox serve`` works wherever
@@ -175,6 +175,28 @@ def image_verify(state_dir: StateDirOption = None) -> None:
     for problem in problems:
         typer.echo(problem)
     raise typer.Exit(1 if problems else 0)
+
+
+@image_app.command("prune")
+def image_prune(
+    state_dir: StateDirOption = None,
+    dry_run: Annotated[bool, typer.Option(help="Say what would be removed; remove nothing.")]
+    = False,
+) -> None:
+    """Remove every cached image but the current recipe's: session images of other recipes
+    (unmounted), the VM guests and OCI images made from them, other mmdebstrap stages.
+
+    An image that a running sandbox (or any process) uses is kept, with the processes named,
+    and the exit status is 1. Prints each directory removed and the space freed.
+    """
+    from .engines.image import prune_images
+
+    cache, recipe = _image_settings(state_dir)
+    with _errors_exit_2():
+        pruned = prune_images(cache, recipe, _progress, dry_run)
+    for line in pruned.report:
+        typer.echo(line)
+    raise typer.Exit(0 if pruned.complete else 1)
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """The session image: a build script of ``desktop_image/`` run as a subprocess, its progress
 relayed (``build.py``: the root filesystem; ``vm_guest.py``: the VM guest made from it;
-``oci_image.py``: the OCI image made from it).
+``oci_image.py``: the OCI image made from it; ``prune.py``: what the cache holds of other
+recipes, removed).
 
 The build is cached by recipe hash under ``<image_state_dir>/images/`` (a cached image is
 found in ~0.1 s; a cold build takes minutes). The server (each engine's ``prepare``) and
@@ -17,11 +18,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import Internal
 
-__all__ = ["OCI_ARCHIVE", "build_image", "build_off_loop", "describe_images", "verify_image"]
+__all__ = [
+    "OCI_ARCHIVE", "Pruned", "build_image", "build_off_loop", "describe_images", "prune_images",
+    "verify_image",
+]
 
 Progress = Callable[[str], None]
 _TAIL_LINES = 20
@@ -144,6 +149,33 @@ def verify_image(image_state_dir: Path, recipe_dir: Path, progress: Progress) ->
     if done.returncode not in (0, 1):
         raise Internal(f"could not verify the session image: {done.stderr.strip()[-2000:]}")
     return done.stdout.splitlines()
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """What ``prune.py`` said: a line per directory (removed, or kept and why) and the space
+    freed; ``complete`` unless an image was kept because it is in use (or not removable)."""
+
+    report: list[str]
+    complete: bool
+
+
+def prune_images(
+    image_state_dir: Path, recipe_dir: Path, progress: Progress, dry_run: bool = False
+) -> Pruned:
+    """Remove from the cache every image but the current one of ``recipe_dir`` (and what was
+    made from them) that no process uses (``prune.py``). Internal if it could not run."""
+    done = subprocess.run(
+        [sys.executable, str(recipe_dir / "prune.py"), "--state-dir", str(image_state_dir),
+         *(["--dry-run"] if dry_run else [])],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        errors="replace", check=False, timeout=3600,
+    )
+    for line in done.stderr.splitlines():
+        progress(line)
+    if done.returncode not in (0, 1):
+        raise Internal(f"could not prune the image cache: {done.stderr.strip()[-2000:]}")
+    return Pruned(done.stdout.splitlines(), complete=done.returncode == 0)
 
 
 def describe_images(image_state_dir: Path, recipe_dir: Path) -> dict[str, object]:
