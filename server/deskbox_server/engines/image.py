@@ -138,17 +138,26 @@ def verify_image(image_state_dir: Path, recipe_dir: Path, progress: Progress) ->
     """Every difference between the built image of ``recipe_dir`` and its content manifest
     (``build.py --verify``: reads every byte, seconds). Empty when the image is intact;
     Internal if it is not built or cannot be read."""
+    done = _run_recipe_script(recipe_dir / "build.py", image_state_dir, ["--verify"],
+                              progress, "could not verify the session image")
+    return done.stdout.splitlines()
+
+
+def _run_recipe_script(
+    script: Path, image_state_dir: Path, options: list[str], progress: Progress, failed: str,
+) -> subprocess.CompletedProcess[str]:
+    """One of the recipe's scripts on the cache, its stderr passed to ``progress``: exit
+    status 0 or 1 (its answer either way), else Internal with ``failed`` and its stderr."""
     done = subprocess.run(
-        [sys.executable, str(recipe_dir / "build.py"), "--state-dir", str(image_state_dir),
-         "--verify"],
+        [sys.executable, str(script), "--state-dir", str(image_state_dir), *options],
         stdin=subprocess.DEVNULL, capture_output=True, text=True,
         errors="replace", check=False, timeout=3600,
     )
     for line in done.stderr.splitlines():
         progress(line)
     if done.returncode not in (0, 1):
-        raise Internal(f"could not verify the session image: {done.stderr.strip()[-2000:]}")
-    return done.stdout.splitlines()
+        raise Internal(f"{failed}: {done.stderr.strip()[-2000:]}")
+    return done
 
 
 @dataclass(frozen=True)
@@ -165,16 +174,9 @@ def prune_images(
 ) -> Pruned:
     """Remove from the cache every image but the current one of ``recipe_dir`` (and what was
     made from them) that no process uses (``prune.py``). Internal if it could not run."""
-    done = subprocess.run(
-        [sys.executable, str(recipe_dir / "prune.py"), "--state-dir", str(image_state_dir),
-         *(["--dry-run"] if dry_run else [])],
-        stdin=subprocess.DEVNULL, capture_output=True, text=True,
-        errors="replace", check=False, timeout=3600,
-    )
-    for line in done.stderr.splitlines():
-        progress(line)
-    if done.returncode not in (0, 1):
-        raise Internal(f"could not prune the image cache: {done.stderr.strip()[-2000:]}")
+    done = _run_recipe_script(recipe_dir / "prune.py", image_state_dir,
+                              ["--dry-run"] if dry_run else [], progress,
+                              "could not prune the image cache")
     return Pruned(done.stdout.splitlines(), complete=done.returncode == 0)
 
 
