@@ -268,6 +268,19 @@ def test_a_command_gets_a_secret_in_its_environment_and_alone(client: Recorder) 
     assert all(VALUE not in answer for answer in client.answers)
 
 
+def test_output_cut_at_its_limit_in_a_secret_shows_none_of_it(client: Recorder) -> None:
+    """The output limit fell inside the value: the whole value was never there to be
+    replaced, and its first characters came back."""
+    store_secret(client)
+    sid = client.post("/v1/sessions", json={"display": DISPLAY}).json()["id"]
+    limit = 1024 * 1024  # DESKBOX_EXEC_OUTPUT_MAX_BYTES's default
+    shown = run(client, sid, ["sh", "-c", f'head -c {limit - 10} /dev/zero | tr "\\0" x; '
+                              'printf %s "$PW"'], secrets=["PW"])
+    assert shown["stdout_truncated"], {k: v for k, v in shown.items() if k != "stdout"}
+    assert shown["stdout"].endswith("x[secret PW]"), shown["stdout"][-40:]
+    assert VALUE[:4] not in shown["stdout"]
+
+
 def test_the_sdk_stores_lists_and_uses_secrets(secret_server: Server) -> None:
     with Deskbox(secret_server.url, KEY_A) as box:
         made = box.secrets.create("SDK_TOKEN", VALUE, [GOOD])

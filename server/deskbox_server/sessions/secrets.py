@@ -138,10 +138,22 @@ class SecretStore:
 def redact(result: ExecResult, values: dict[str, str]) -> ExecResult:
     """A command's output with each secret's value (4 characters or more) replaced by
     ``[secret NAME]``: a command that prints a secret does not hand it back through the
-    API (one that encodes it first does; the README says so)."""
-    stdout, stderr = result.stdout, result.stderr
-    for name, value in values.items():
-        if len(value) >= _REDACT_MIN:
-            plain, mark = value.encode(), f"[secret {name}]".encode()
-            stdout, stderr = stdout.replace(plain, mark), stderr.replace(plain, mark)
+    API (one that encodes it first does; the README says so). Output cut at its limit may
+    end with the start of a value: that start is replaced too."""
+    stdout = _redacted(result.stdout, values, result.stdout_truncated)
+    stderr = _redacted(result.stderr, values, result.stderr_truncated)
     return dataclasses.replace(result, stdout=stdout, stderr=stderr)
+
+
+def _redacted(output: bytes, values: dict[str, str], truncated: bool) -> bytes:
+    for name, value in values.items():
+        if len(value) < _REDACT_MIN:
+            continue
+        plain, mark = value.encode(), f"[secret {name}]".encode()
+        output = output.replace(plain, mark)
+        if truncated:
+            cut = next((k for k in range(len(plain) - 1, 0, -1)
+                        if output.endswith(plain[:k])), 0)
+            if cut:
+                output = output[:-cut] + mark
+    return output
