@@ -189,6 +189,26 @@ def test_an_address_the_host_gains_later_is_unreachable_too(
             assert isinstance(outcome[2], float) and outcome[2] < 1.0, (mode, outcome)
 
 
+def test_an_address_the_host_gains_back_is_blocked_for_sessions_started_meanwhile(
+    options: RuncOptions, sandboxes: dict[str, RuncSandbox], host_services: HostServices
+) -> None:
+    """A bridge taken down and brought up again (``docker compose down``/``up``, a VPN): a
+    session started while it was down has no rule for its address, and the watch took the
+    address for one it knew, so the session reached the host's services on it."""
+    address = f"10.215.{os.getpid() % 250}.1"
+    with host_address(address):
+        wait_blocked(sandboxes["all"], address)  # the watch has seen it
+    time.sleep(0.5)  # and seen it go
+    late = _start(options, "late", Egress("all"))
+    try:
+        with host_address(address):
+            wait_blocked(late, address)
+            target = f"{address}:{host_services.any_port}"
+            assert _probe(late, target)[target][0] == "ConnectionRefusedError"
+    finally:
+        late.destroy()
+
+
 def test_allowlist_reaches_only_the_allowed_service(
     sandboxes: dict[str, RuncSandbox], peer: Peer
 ) -> None:

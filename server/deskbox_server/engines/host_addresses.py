@@ -6,7 +6,8 @@ host's services. Its rules (network.py) block the host's addresses as they are w
 starts; a network bridge, a VPN or a container's veth that comes up later would be open to
 it. This watch listens for the kernel's address and route changes (rtnetlink) and adds what
 is new to the blocked sets of every session network whose name has the engine's prefix.
-Addresses the host loses stay blocked (harmless; it may gain them back).
+Addresses the host loses stay blocked where they were (harmless); one it gains back counts
+as new again: a session started while it was away has no rule for it.
 
 One thread per engine, asleep until the kernel reports a change.
 """
@@ -107,12 +108,14 @@ class HostAddressWatch:
     def apply(self) -> set[str]:
         """Block, in every session network of the prefix, what the host has gained since
         the last look; what was gained."""
-        gained = set(HostAddresses.read().blocked()) - self._known
+        now = set(HostAddresses.read().blocked())
+        gained = now - self._known
         if not gained:
+            self._known = now
             return gained
         for name in namespaces(self._prefix):
             block_addresses(NETNS_DIR / name, gained)
-        self._known |= gained
+        self._known = now  # only once blocked: a failure is retried at the next change
         log.info("blocked the host's new addresses %s in session networks",
                  ", ".join(sorted(gained)))
         return gained
