@@ -149,6 +149,11 @@ def test_the_container_is_confined(
     assert inspect(podman, name, "{{.HostConfig.Memory}} {{.HostConfig.PidsLimit}} "
                    "{{.HostConfig.NanoCpus}} {{.HostConfig.ReadonlyRootfs}}") == (
         f"{2048 * 1024 * 1024} 1024 1000000000 true")
+    # Its one host path, the socket directory, is a small tmpfs: it filled the state
+    # dir's disk for every session of the host.
+    filled = run(client, session, "head -c 10M /dev/zero 2>&1 >/tmp/.X11-unix/fill; "
+                 "rm -f /tmp/.X11-unix/fill; true")
+    assert "No space left on device" in filled, filled
 
 
 def test_resources_become_the_containers_limits(
@@ -224,6 +229,17 @@ def test_a_container_stopped_behind_the_servers_back_fails_its_session(
     assert state["failure"]["reason"], state
     assert client.delete(f"/v1/sessions/{doomed['id']}").status_code == 204
     assert name not in containers(podman)
+
+
+def test_a_session_whose_init_ends_says_why(client: httpx.Client) -> None:
+    doomed = create(client)
+    run(client, doomed, "kill -9 $(pidof Xvfb)")
+    deadline = time.monotonic() + 30
+    while (state := client.get(f"/v1/sessions/{doomed['id']}").json())["state"] != "failed":
+        assert time.monotonic() < deadline, state
+        time.sleep(0.2)
+    assert "(its init: xserver exited with -9)" in state["failure"]["reason"], state
+    assert client.delete(f"/v1/sessions/{doomed['id']}").status_code == 204
 
 
 def test_a_container_paused_behind_the_servers_back_is_refused_until_unpaused(
@@ -307,6 +323,33 @@ def test_a_killed_servers_container_is_adopted_by_the_next(podman: Podman, base:
         assert inspect(podman, name, "{{.State.Status}}") == "running"
     # A server's shutdown ends its sessions, and their containers.
     assert name not in containers(podman)
+
+
+# The init's status names its children's pids.
+STOP_THE_AGENT = ("import json, os, signal\n"
+                  "status = json.load(open('/run/deskbox/status.json'))\n"
+                  "os.kill(status['pids']['agent'], signal.SIGSTOP)\n")
+
+
+def test_a_container_the_next_server_cannot_reach_is_removed(
+    podman: Podman, base: Path,
+) -> None:
+    """Its agent does not answer the next server's handshake (stopped here; an agent of
+    another protocol version after an upgrade is refused the same way): the session
+    fails, and its container goes with the orphans. It ran on, kept as one of the
+    server's own sandboxes."""
+    state_dir, log = base / "unreachable-state", base / "unreachable.log"
+    with docker_server(podman, state_dir, log) as first:
+        made = create(first.client)
+        name = container_name(first, made, podman)
+        first.process.send_signal(signal.SIGKILL)
+        first.process.wait()
+    stopped = podman.cli("exec", name, "python3", "-c", STOP_THE_AGENT)
+    assert stopped.returncode == 0, stopped.stderr
+    with docker_server(podman, state_dir, log) as second:
+        again = second.client.get(f"/v1/sessions/{made['id']}").json()
+        assert again["state"] == "failed", again
+        assert name not in containers(podman)
 
 
 def test_a_delete_while_the_daemon_is_down_says_so_and_the_next_start_removes_it(

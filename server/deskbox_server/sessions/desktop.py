@@ -108,7 +108,10 @@ class Desktop(Generic[S]):
         try:
             await desktop.connect()
         except BaseException:
+            # Left as it is, and no longer this server's: the removal of orphans that
+            # follows a failed adoption must not take it for one of its own sessions.
             await desktop.let_go()
+            engine.forget(desktop.sandbox)
             raise
         return desktop
 

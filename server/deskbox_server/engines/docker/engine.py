@@ -34,6 +34,7 @@ from ...errors import DeskboxError, Internal, SessionFailed, Timeout
 from ..base import AgentStream, Capability, Engine, SessionSpec
 from ..exit_note import exit_note
 from ..image import OCI_ARCHIVE, build_off_loop
+from ..runc.displays import mount_tmpfs, unmount
 from ..runc.seccomp import PODMAN_PROFILE, SeccompProfile, seccomp_profile
 from .agent_socket import agent_socket_ready, connect_agent
 from .daemon import Daemon, DaemonRefused
@@ -47,6 +48,8 @@ _WATCH_INTERVAL_S = 2.0
 _SOCKET_POLL_S = 0.02
 _INSPECT_EVERY_S = 0.5
 _HEALTH_TIMEOUT_S = 2.0  # GET /healthz: how long the daemon may take to answer
+# As the runc engine's shared directory: the agent's socket and the init's exit note.
+_SOCKET_DIR_TMPFS = "size=256k,nr_inodes=64,mode=0755"
 
 
 @dataclass(frozen=True)
@@ -204,7 +207,7 @@ class DockerEngine(Engine[DockerSandbox]):
             log.warning("removing %s: %s", sandbox.label, error)
         # A daemon that does not answer raises (SessionFailed): the container may run on,
         # and the session says so; the next start's orphan sweep removes it.
-        await asyncio.to_thread(shutil.rmtree, sandbox.socket_dir, True)
+        await asyncio.to_thread(_remove_socket_dir, sandbox.socket_dir)
 
     async def adopt(self, session_id: str) -> DockerSandbox:
         sandbox = DockerSandbox(self.options.state_dir, self.options.max_execs, session_id)
@@ -229,6 +232,10 @@ class DockerEngine(Engine[DockerSandbox]):
         self._sandboxes[session_id] = sandbox
         return sandbox
 
+    def forget(self, sandbox: DockerSandbox) -> None:
+        if self._sandboxes.get(sandbox.session_id) is sandbox:
+            del self._sandboxes[sandbox.session_id]
+
     async def remove_orphans(self, keep: Collection[str]) -> list[str]:
         removed = []
         for found in await self.daemon.list_labelled(f"{LABEL_SERVER}={self.tag}"):
@@ -241,7 +248,7 @@ class DockerEngine(Engine[DockerSandbox]):
         root = self.options.state_dir / "docker"
         for entry in await asyncio.to_thread(_subdirectories, root):
             if entry.name not in keep and entry.name not in self._sandboxes:
-                await asyncio.to_thread(shutil.rmtree, entry, True)
+                await asyncio.to_thread(_remove_socket_dir, entry)
         return removed
 
     # -- capabilities ----------------------------------------------------------------------
@@ -346,10 +353,20 @@ def _ended(inspected: dict[str, Any] | None) -> str | None:
 
 
 def _make_socket_dir(path: Path) -> None:
+    """The session's socket directory: the one host path its container writes, so a small
+    tmpfs of its own where the server may mount one (as root); a plain directory on the
+    state dir's disk, which a session could fill, was all a container needed to do so."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(path.parent, 0o700)  # no other host user reaches a session's sockets
-    shutil.rmtree(path, ignore_errors=True)
+    _remove_socket_dir(path)
     path.mkdir(mode=0o755)
+    if os.geteuid() == 0:
+        mount_tmpfs(path, _SOCKET_DIR_TMPFS)
+
+
+def _remove_socket_dir(path: Path) -> None:
+    unmount(path)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _subdirectories(root: Path) -> list[Path]:
