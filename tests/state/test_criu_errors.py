@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
+import pytest
+
 from deskbox_server.engines.runc.criu import Criu, _explain
+from deskbox_server.engines.runc.sandbox import RuncSandbox
+from deskbox_server.engines.runc.snapshot import take_snapshot
+from deskbox_server.errors import InsufficientStorage
 
 
 def test_missing_criu_says_how_to_install_it(tmp_path: Path) -> None:
@@ -51,3 +57,22 @@ def test_other_failures_quote_the_first_specific_error(tmp_path: Path) -> None:
                    "(00.2) Error (criu/cr-dump.c:2111): Dumping FAILED.\n")
     assert _explain(log, b"").endswith("something specific")
     assert "runc said" in _explain(tmp_path / "missing.log", b"runc said")
+
+
+def test_a_dump_with_no_room_for_its_images_is_insufficient_storage(
+    sandbox: RuncSandbox, tmp_path: Path,
+) -> None:
+    """A fork's images on a scratch tmpfs that filled (several checkpoints chose it at
+    once, each seeing room enough): a 507 the client may retry, not a 422 saying the
+    sandbox cannot be checkpointed. The sandbox runs on."""
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "deskbox-tiny",
+                    str(tiny)], check=True)
+    try:
+        with pytest.raises(InsufficientStorage, match="no room for the checkpoint"):
+            take_snapshot(sandbox, Criu(), tiny / "fork", packed=False)
+        assert sandbox.failure() is None
+        assert list(tiny.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(tiny)], check=False)

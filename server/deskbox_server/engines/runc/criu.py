@@ -21,6 +21,7 @@ from CRIU's own log; the sandbox then runs on.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -84,6 +85,8 @@ _LOOPBACK_HOOK: Hook = {"path": "/bin/sh", "args": [
     "sh", "-c", 'pid=$(sed -n \'s/.*"pid": *\\([0-9][0-9]*\\).*/\\1/p\'); '
     'exec nsenter --target "$pid" --net ip link set lo up']}
 _LOG_LIMIT = 1 << 20
+# A file system with less free than this took a dump's images to its end.
+_FULL_BELOW = 1 << 20
 _NOISE = ("rlimit:", "Dumping FAILED", "failed with -1", "exited, status")
 _FOREIGN_UNIX = re.compile(r"Unix socket \S+ not found")
 _SOCKOPT = re.compile(r"Can't get (\d+):(\d+) opt: Operation not supported")
@@ -211,8 +214,30 @@ def dump(
                       "--image-path", str(images), "--work-path", str(logs),
                       sandbox.container_id)
     if done.returncode != 0:
-        raise CheckpointUnavailable(_explain(logs / "dump.log", done.stderr))
+        reason = _explain(logs / "dump.log", done.stderr)
+        if _out_of_room(images, logs / "dump.log", done.stderr):
+            # Not something the sandbox cannot do: the server's room, which may come back
+            # (several checkpoints at once chose one tmpfs, each seeing it free enough).
+            raise InsufficientStorage(f"no room for the checkpoint in {images.parent}: "
+                                      f"{reason}")
+        raise CheckpointUnavailable(reason)
     return sum(f.stat().st_size for f in images.rglob("*") if f.is_file())
+
+
+def _out_of_room(images: Path, log: Path, stderr: bytes) -> bool:
+    """Whether a dump failed for want of room where its images go: CRIU says so, or the
+    file system is full (then its log may not have been written either)."""
+    try:
+        room = os.statvfs(images)
+        if room.f_bavail * room.f_frsize < _FULL_BELOW:
+            return True
+    except OSError:
+        pass
+    try:
+        said = log.read_bytes()[-_LOG_LIMIT:] + stderr[-2000:]
+    except OSError:
+        said = stderr[-2000:]
+    return os.strerror(errno.ENOSPC).encode() in said
 
 
 def _has_own_network(config: RuntimeConfig) -> bool:
