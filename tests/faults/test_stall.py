@@ -375,6 +375,51 @@ def test_a_runc_that_does_not_answer_is_a_session_failure_not_an_escape(
     assert time.monotonic() - started < 5
 
 
+class SlowStart(SlowRemoval):
+    """The session's own engine with a start that takes minutes (a VM's boot under
+    emulation), which a delete cancels, and whose clean-up of a cancelled start is slow."""
+
+    create_cancellable = True
+
+    def __init__(self, real: AnyEngine, hold_s: float) -> None:
+        super().__init__(real, hold_s)
+        self.made: list[Sandbox] = []
+
+    async def create(self, spec: SessionSpec, timeout_s: float) -> Sandbox:
+        sandbox = await self.real.create(spec, timeout_s)
+        self.made.append(sandbox)
+        try:
+            await asyncio.sleep(120)
+        except BaseException:
+            await self.destroy(sandbox)  # as the vm engine's _boot_new
+            raise
+        return sandbox
+
+
+def test_deletes_of_a_starting_session_let_its_clean_up_finish(
+    client: httpx.Client, server: Server, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second delete (or the shutdown during a delete) cancelled the start again, inside
+    its clean-up: the sandbox was left running for good."""
+    manager = server.services.manager
+    engine = SlowStart(manager._engines["container"], 1.0)
+    monkeypatch.setitem(manager._engines, "container", engine)
+    made = client.post("/v1/sessions", params={"wait": "false"}, json={"display": DISPLAY})
+    assert made.status_code == 201, made.text
+    sid = made.json()["id"]
+    eventually(lambda: bool(engine.made), "the sandbox is made", 30)
+    container_id = engine.made[0].container_id  # type: ignore[attr-defined]
+    deletes = [threading.Thread(target=client.delete, args=(f"/v1/sessions/{sid}",))
+               for _ in range(2)]
+    deletes[0].start()
+    time.sleep(0.3)  # the first has cancelled the start, whose clean-up now holds
+    deletes[1].start()
+    for delete in deletes:
+        delete.join(30)
+    eventually(lambda: Runc().state(container_id) is None, "the sandbox is removed", 10)
+    assert client.get(f"/v1/sessions/{sid}").json()["state"] in ("stopped", "failed")
+
+
 class FailingRemoval(SlowRemoval):
     """The session's own engine, whose destroy reports a failure (a mount busy, runc not
     answering); here the sandbox is in fact gone, so that the test leaves nothing."""

@@ -741,10 +741,12 @@ class SessionManager:
         start = live.start_task
         if start is not None:
             engine = self._engines.get(live.record.backend)
-            if not start.done() and engine is not None and engine.create_cancellable:
+            if (not start.done() and not start.cancelling() and engine is not None
+                    and engine.create_cancellable):
                 # A VM's boot under emulation takes minutes: a delete, the reaper or the
                 # shutdown ends it now instead of waiting it out (Desktop.start and the
-                # engine's create leave nothing of a cancelled start).
+                # engine's create leave nothing of a cancelled start). Once: a second
+                # cancel would land in that clean-up and leave the sandbox behind.
                 start.cancel()
             try:
                 await asyncio.shield(start)
