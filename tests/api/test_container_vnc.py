@@ -8,6 +8,9 @@ a view token's crafted input changes nothing.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from websockets.sync.client import ClientConnection
 
 from deskbox_server.agent.vnc import AgentVnc
 from deskbox_server.sessions.desktop import AnyDesktop
@@ -212,3 +216,46 @@ def test_vncdotool_through_the_websocket_proxy(
     # The title mirrors events one at a time: wait for the state that shows this click.
     state = page.wait(lambda state: state["clicks"] > before and state["click"][:2] == [170, 160])
     assert state["click"][:2] == [170, 160]
+
+
+def test_a_viewer_that_floods_a_frozen_session_then_leaves_is_let_go(
+    tmp_path_factory: pytest.TempPathFactory, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A viewer sends more than the frozen VNC server takes, then leaves: its handler,
+    waiting to pass that input on, never read the viewer again, so it (and its place among
+    the session's 32 viewers) stayed until the session resumed."""
+    with container_server(tmp_path_factory, "vnc-flood", ws_send_timeout_s=2) as flooded, \
+            flooded.client() as http, open_session(http) as body:
+        _flood_a_frozen_session_then_leave(http, body, caplog)
+
+
+def _flood_a_frozen_session_then_leave(
+    client: httpx.Client, session: dict[str, Any], caplog: pytest.LogCaptureFixture,
+) -> None:
+    sid = session["id"]
+    caplog.set_level(logging.INFO, logger="deskbox.vnc")
+    viewer = RfbViewer(vnc_url(session, token_for(client, sid, "control")))
+    try:
+        paused = client.post(f"/v1/sessions/{sid}/pause", json={"mode": "freeze"})
+        assert paused.status_code == 200, paused.text
+
+        def flood() -> None:
+            with contextlib.suppress(Exception):  # until its socket is closed under it
+                for _ in range(8):
+                    viewer.cut_text_to_server(b"x" * ((1 << 20) - 64))
+
+        sender = threading.Thread(target=flood, daemon=True)
+        sender.start()
+        sender.join(3)  # its sends block: nothing upstream reads them
+        assert isinstance(viewer.ws, ClientConnection)
+        viewer.ws.socket.close()  # gone, without a close frame
+        deadline = time.monotonic() + 2 + 5  # the send timeout, then the close
+        while not any(f"session {sid}: control viewer" in r.getMessage()
+                      for r in caplog.records):
+            assert time.monotonic() < deadline, "the viewer's handler did not end"
+            time.sleep(0.1)
+        assert any("took none of the viewer's input for 2 s" in r.getMessage()
+                   for r in caplog.records), caplog.text
+    finally:
+        viewer.close()
+        client.post(f"/v1/sessions/{sid}/resume")

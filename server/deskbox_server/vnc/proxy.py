@@ -11,7 +11,10 @@ filtered by :class:`~deskbox_server.vnc.rfb.ClientMessages`.
 The server's bytes are always read at once into the viewer's outbox, never left in the VNC
 server's socket: x11vnc writes to its clients one at a time, so a viewer that stops reading
 would otherwise stall every other viewer of the session. A viewer whose outbox grows past
-``max_buffer`` bytes, or that takes nothing for ``send_timeout_s``, is closed (1008).
+``max_buffer`` bytes, or that takes nothing for ``send_timeout_s``, is closed (1008); so is
+one whose input the VNC server takes none of for ``send_timeout_s`` (a frozen session,
+flooded): its handler, waiting to pass that input on, no longer read the viewer, and did
+not see it leave until the session resumed.
 """
 
 from __future__ import annotations
@@ -59,6 +62,10 @@ class ProxyStats:
 
 class ViewerTooSlow(Exception):
     """The viewer took too little of what the VNC server sent (see run_proxy)."""
+
+
+class InputNotTaken(Exception):
+    """The VNC server took none of the viewer's input for a while (see run_proxy)."""
 
 
 class _Outbox:
@@ -199,7 +206,12 @@ async def run_proxy(
         if data:
             stats.to_server += len(data)
             writer.write(data)
-            await writer.drain()
+            try:
+                async with asyncio.timeout(send_timeout_s):
+                    await writer.drain()
+            except TimeoutError:
+                raise InputNotTaken(f"the session took none of the viewer's input for "
+                                    f"{send_timeout_s:g} s") from None
             forwarded_at = loop.time()
 
     async def upstream() -> None:
@@ -257,7 +269,7 @@ async def run_proxy(
             await asyncio.gather(up, down, out, watch, return_exceptions=True)
         for task in (up, down, out):
             error = None if task.cancelled() else task.exception()
-            if isinstance(error, RfbError | ViewerTooSlow):
+            if isinstance(error, RfbError | ViewerTooSlow | InputNotTaken):
                 raise error
         if not out.cancelled() and out.exception() is None:
             close_code, reason = _CLOSE_SERVER_GONE, _SERVER_GONE
@@ -268,6 +280,9 @@ async def run_proxy(
         log.info("vnc viewer dropped: %s", error)
         stats.too_slow = True
         close_code, reason = CLOSE_TOO_SLOW, "the viewer fell behind the session's screen"
+    except InputNotTaken as error:
+        log.info("vnc viewer dropped: %s", error)
+        close_code, reason = _CLOSE_POLICY, "the session takes no input (it is paused)"
     except (WebSocketDisconnect, ConnectionError, TimeoutError):
         pass
     finally:
@@ -284,7 +299,11 @@ async def run_proxy(
                 await asyncio.sleep(_RELEASE_SETTLE_S)
         writer.close()
         with contextlib.suppress(Exception):
-            await writer.wait_closed()
+            # A close waits until what the viewer sent has gone upstream: a frozen
+            # session's VNC server takes nothing, and the handler waited for its resume.
+            async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+                await writer.wait_closed()
+        writer.transport.abort()  # nothing if it closed; else its unsent input goes
         if websocket.client_state is WebSocketState.CONNECTED:
             # A stalled viewer cannot take the close frame either: give up after a moment.
             with contextlib.suppress(Exception):
