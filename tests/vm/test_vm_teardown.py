@@ -2,12 +2,14 @@
 group nobody removes) still loses everything else at its destroy: the destroy skipped its
 network, its disk and its directories, and nothing removed them again. Its runtime
 directory alone stays, so that the next server's removal of orphans tries once more; the
-VM's uid is not handed to another VM meanwhile. No guest boots: the sandbox is made by
-hand, as far as a destroy reaches."""
+VM's uid is not handed to another VM meanwhile. And a server's start, whose sweep of
+orphans meets such a VM, logs it and goes on to the next (the start stopped on it, every
+time). No guest boots: the sandbox is made by hand, as far as a destroy reaches."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 from pathlib import Path
 
@@ -52,4 +54,32 @@ def test_a_cgroup_that_stays_leaves_only_what_finds_the_vm_again(tmp_path: Path)
             if blocker.is_dir():
                 blocker.rmdir()
         sandbox.cgroup.remove()
+        shutil.rmtree(runtime_root(engine.state_dir), ignore_errors=True)
+
+
+def test_an_orphan_that_stays_is_logged_and_the_sweep_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = VmEngine(tmp_path / "state", no_image)
+    stuck = VmSandbox(engine.state_dir, 8, "ses_a_stuck", VmConfig())
+    gone = VmSandbox(engine.state_dir, 8, "ses_b_gone", VmConfig())
+    for orphan in (stuck, gone):
+        orphan.paths.runtime.mkdir(parents=True)
+    stuck.cgroup.create(1.0, 256 * 1024 * 1024)
+    blockers = [directory / "held" for directory in stuck.cgroup.directories]
+    try:
+        for blocker in blockers:
+            blocker.mkdir()
+
+        with caplog.at_level(logging.WARNING, logger="deskbox.vm"):
+            assert asyncio.run(engine.remove_orphans(())) == ["ses_b_gone"]
+        assert not gone.paths.runtime.exists()
+        assert stuck.paths.runtime.is_dir()  # the next start tries again
+        (warning,) = [r.getMessage() for r in caplog.records if "ses_a_stuck" in r.getMessage()]
+        assert "not removed" in warning and "would not go away" in warning
+    finally:
+        for blocker in blockers:
+            if blocker.is_dir():
+                blocker.rmdir()
+        stuck.cgroup.remove()
         shutil.rmtree(runtime_root(engine.state_dir), ignore_errors=True)

@@ -237,17 +237,25 @@ class DockerEngine(Engine[DockerSandbox]):
             del self._sandboxes[sandbox.session_id]
 
     async def remove_orphans(self, keep: Collection[str]) -> list[str]:
-        removed = []
+        removed, left = [], set()
         for found in await self.daemon.list_labelled(f"{LABEL_SERVER}={self.tag}"):
             session_id = str((found.get("Labels") or {}).get(LABEL_SESSION, ""))
             if session_id in keep or session_id in self._sandboxes:
                 continue
-            await self.daemon.remove(str(found["Id"]))
+            try:
+                await self.daemon.remove(str(found["Id"]))
+            except DaemonRefused as refused:
+                # Not a reason to stop the server's start (it would stop every start: the
+                # container is listed again each time); the next start tries it again.
+                log.warning("orphaned container of session %s not removed: %s", session_id,
+                            refused.message)
+                left.add(session_id)
+                continue
             removed.append(session_id)
         # Socket directories of containers that are gone.
         root = self.options.state_dir / "docker"
         for entry in await asyncio.to_thread(_subdirectories, root):
-            if entry.name not in keep and entry.name not in self._sandboxes:
+            if entry.name not in {*keep, *left} and entry.name not in self._sandboxes:
                 await asyncio.to_thread(_remove_socket_dir, entry)
         return removed
 

@@ -334,12 +334,21 @@ class VmEngine(Engine[VmSandbox]):
                 ids.update(entry.name for entry in parent.iterdir() if entry.is_dir())
         removed = []
         for session_id in sorted(ids - set(keep)):
-            with contextlib.suppress(InvalidRequest):
+            try:
                 sandbox = VmSandbox(self.state_dir, self._max_execs, session_id,
                                     VmConfig(egress="all"))  # so destroy looks for a network
+            except InvalidRequest:
+                continue  # not a session's directory
+            try:
                 await asyncio.to_thread(kill_leftover, sandbox.paths)
                 await self.destroy(sandbox)
-                removed.append(session_id)
+            except SessionFailed as error:
+                # Not a reason to stop the server's start (it would stop every start: what
+                # stays is found again each time); the next start tries it again.
+                log.warning("orphaned VM of session %s not removed: %s", session_id,
+                            error.message)
+                continue
+            removed.append(session_id)
         return removed
 
     # -- freeze and checkpoints ------------------------------------------------------------
