@@ -24,11 +24,18 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from ...errors import DesktopFailed, Internal, InvalidRequest, SessionFailed, Timeout
+from ...errors import (
+    Conflict,
+    DesktopFailed,
+    Internal,
+    InvalidRequest,
+    SessionFailed,
+    Timeout,
+)
 from ..base import AgentStream, Capability, Engine, SessionSpec, SnapshotInfo
 from ..desktop_commands import session_env
 from ..host_addresses import HostAddressWatch, start_host_watch
@@ -254,6 +261,7 @@ class VmEngine(Engine[VmSandbox]):
         """Everything of the VM goes, also when its QEMU would not (then SessionFailed,
         after the rest): its runtime directory is kept, so that the next server's removal
         of orphans finds the VM and tries again."""
+        sandbox.ending = True
         try:
             await self.kill(sandbox)
         except SessionFailed as error:
@@ -362,10 +370,11 @@ class VmEngine(Engine[VmSandbox]):
     async def checkpoint(self, sandbox: VmSandbox) -> None:
         guest = self._running(sandbox)
         await self._agent_let_go(sandbox)
-        await asyncio.to_thread(sandbox.hibernation_file.unlink, True)
-        size = await self._save(guest, sandbox.hibernation_file)
-        await asyncio.to_thread((sandbox.state_dir / CONFIG_FILE).write_text,
-                                sandbox.config.to_json())
+        with _ended_meanwhile(sandbox):
+            await asyncio.to_thread(sandbox.hibernation_file.unlink, True)
+            size = await self._save(guest, sandbox.hibernation_file)
+            await asyncio.to_thread((sandbox.state_dir / CONFIG_FILE).write_text,
+                                    sandbox.config.to_json())
         await self.kill(sandbox)
         sandbox.timings["hibernate"] = guest.timings["save"]
         sandbox.timings["hibernate_bytes"] = float(size)
@@ -436,6 +445,19 @@ def _read_config(directory: Path) -> VmConfig:
     except (OSError, ValueError, TypeError) as error:
         raise SessionFailed(f"the VM state in {directory} lacks a usable {CONFIG_FILE}: "
                             f"{error}") from None
+
+
+@contextlib.contextmanager
+def _ended_meanwhile(sandbox: VmSandbox) -> Iterator[None]:
+    """A checkpoint whose files went with its VM: the session was deleted meanwhile (a
+    delete does not wait for it), and its file's error is a conflict with that delete."""
+    try:
+        yield
+    except OSError:
+        if sandbox.ending:
+            raise Conflict(f"{sandbox.label} was removed while it was saved (its session "
+                           "ended meanwhile)") from None
+        raise
 
 
 async def _hibernation_file_kept(sandbox: VmSandbox) -> None:

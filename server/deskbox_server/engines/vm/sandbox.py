@@ -50,6 +50,7 @@ class VmSandbox(OwnDesktopSandbox):
         # close after it is that stream's end (engine.py); None: no stream to this QEMU yet.
         self.stream_mark: int | None = None
         self.timings: dict[str, float] = {}
+        self.ending = False  # its destroy began: what a checkpoint meanwhile meets is no fault
 
     @property
     def hibernation_file(self) -> Path:
