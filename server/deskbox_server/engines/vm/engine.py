@@ -30,7 +30,9 @@ from typing import ClassVar, Literal
 
 from ...errors import (
     Conflict,
+    DeskboxError,
     DesktopFailed,
+    InsufficientStorage,
     Internal,
     InvalidRequest,
     SessionFailed,
@@ -50,7 +52,14 @@ from ..network import (
 )
 from ..own_desktop import OWN_DISPLAY, OWN_HOME
 from .accel import Accelerator, detect_accelerator
-from .guest import VmGuest, in_thread_to_the_end, kill_leftover, leftover_pid, start_guest
+from .guest import (
+    NO_ROOM,
+    VmGuest,
+    in_thread_to_the_end,
+    kill_leftover,
+    leftover_pid,
+    start_guest,
+)
 from .jail import UidPool, jail_argv
 from .qemu import AGENT_PORT, GuestImage, VmConfig, VmVolume
 from .qmp import QmpClient
@@ -370,11 +379,14 @@ class VmEngine(Engine[VmSandbox]):
     async def checkpoint(self, sandbox: VmSandbox) -> None:
         guest = self._running(sandbox)
         await self._agent_let_go(sandbox)
-        with _ended_meanwhile(sandbox):
+        with _save_files(sandbox, sandbox.state_dir):
             await asyncio.to_thread(sandbox.hibernation_file.unlink, True)
-            size = await self._save(guest, sandbox.hibernation_file)
+            # Before the save, which stops the guest: a full disk here leaves it running.
             await asyncio.to_thread((sandbox.state_dir / CONFIG_FILE).write_text,
                                     sandbox.config.to_json())
+            size = await self._save(guest, sandbox.hibernation_file)
+        if sandbox.ending:  # a delete came during the save, and was done before it
+            raise _removed_meanwhile(sandbox)
         await self.kill(sandbox)
         sandbox.timings["hibernate"] = guest.timings["save"]
         sandbox.timings["hibernate_bytes"] = float(size)
@@ -393,26 +405,34 @@ class VmEngine(Engine[VmSandbox]):
                 "snapshots and forks are available for sessions with network egress \"none\" "
                 "only: a copy cannot take over the host-side network of this one")
         await self._agent_let_go(sandbox)
-        await asyncio.to_thread(directory.mkdir, 0o700)
-        try:
-            size = await self._save(guest, directory / HIBERNATION_FILE)
-            await guest.resume()
-            await asyncio.to_thread((directory / CONFIG_FILE).write_text,
-                                    sandbox.config.to_json())
-        except BaseException:
-            await asyncio.to_thread(shutil.rmtree, directory, True)
-            raise
+        with _save_files(sandbox, directory):
+            await asyncio.to_thread(directory.mkdir, 0o700)
+            try:
+                size = await self._save(guest, directory / HIBERNATION_FILE)
+                await guest.resume()
+                await asyncio.to_thread((directory / CONFIG_FILE).write_text,
+                                        sandbox.config.to_json())
+            except BaseException:
+                await asyncio.to_thread(shutil.rmtree, directory, True)
+                raise
         return SnapshotInfo(guest.timings["save"], size, None)
 
     async def _save(self, guest: VmGuest, path: Path) -> int:
         """The guest's state into ``path``; if that fails, the guest runs on as before (a
-        save stops it first) and the partial file is gone."""
+        save stops it first) and the partial file is gone. SessionFailed if it does not
+        run on: the session is lost then, whatever stopped the save."""
         try:
             return await guest.save(path, _SAVE_TIMEOUT_S)
-        except BaseException:
+        except BaseException as error:
             await asyncio.to_thread(path.unlink, True)
-            with contextlib.suppress(DesktopFailed, Timeout):
+            try:
                 await guest.resume()
+            except (DesktopFailed, Timeout) as failed:
+                if not isinstance(error, Exception):
+                    raise error from None  # a cancel stays one
+                why = error.message if isinstance(error, DeskboxError) else repr(error)
+                raise SessionFailed(f"the VM was not saved ({why}), and did not run on after "
+                                    f"it: {failed.message}") from None
             raise
 
     async def _restore_copy(self, session_id: str, directory: Path, timeout_s: float
@@ -448,16 +468,24 @@ def _read_config(directory: Path) -> VmConfig:
 
 
 @contextlib.contextmanager
-def _ended_meanwhile(sandbox: VmSandbox) -> Iterator[None]:
-    """A checkpoint whose files went with its VM: the session was deleted meanwhile (a
-    delete does not wait for it), and its file's error is a conflict with that delete."""
+def _save_files(sandbox: VmSandbox, where: Path) -> Iterator[None]:
+    """The errors of a checkpoint's files (in ``where``) as the API tells them. Files that
+    went with the VM: the session was deleted meanwhile (a delete does not wait for it), a
+    conflict with that delete. A full disk or a quota: 507, and the VM runs on as it was."""
     try:
         yield
-    except OSError:
+    except OSError as error:
         if sandbox.ending:
-            raise Conflict(f"{sandbox.label} was removed while it was saved (its session "
-                           "ended meanwhile)") from None
+            raise _removed_meanwhile(sandbox) from None
+        if error.errno in NO_ROOM:
+            raise InsufficientStorage(f"no room on the server's disk for the VM's state "
+                                      f"({where}): {error.strerror}") from None
         raise
+
+
+def _removed_meanwhile(sandbox: VmSandbox) -> Conflict:
+    return Conflict(f"{sandbox.label} was removed while it was saved (its session ended "
+                    "meanwhile)")
 
 
 async def _hibernation_file_kept(sandbox: VmSandbox) -> None:

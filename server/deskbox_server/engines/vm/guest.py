@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import subprocess
@@ -19,12 +20,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from ...errors import DesktopFailed, SessionFailed, Timeout
+from ...errors import DesktopFailed, InsufficientStorage, SessionFailed, Timeout
 from .accel import Accelerator
 from .qemu import AGENT_PORT_ID, GuestImage, VmConfig, VmPaths, guest_files, qemu_argv
 from .qmp import QmpClient, QmpError, QmpRefused
 
-__all__ = ["VmGuest", "in_thread_to_the_end", "kill_leftover", "leftover_pid", "start_guest"]
+__all__ = [
+    "NO_ROOM",
+    "VmGuest",
+    "in_thread_to_the_end",
+    "kill_leftover",
+    "leftover_pid",
+    "start_guest",
+]
 
 T = TypeVar("T")
 
@@ -33,6 +41,8 @@ _LOG_TAIL = 2000
 # Migration streams at disk speed: QEMU's default limit (32 MiB/s) would make a 1 GiB
 # guest take half a minute to hibernate.
 _MIGRATION_BANDWIDTH = 8 << 30
+# A full disk or a quota: a save that meets one is a 507, and the guest runs on.
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 
 
 @dataclass
@@ -73,7 +83,8 @@ class VmGuest:
 
     async def save(self, path: Path, timeout_s: float) -> int:
         """Stop the guest and write its whole state to the new file ``path`` (QEMU's
-        migration stream); the guest stays stopped ("postmigrate"). Its size."""
+        migration stream); the guest stays stopped ("postmigrate"). Its size.
+        InsufficientStorage when QEMU's writes met a full disk or a quota."""
         started = time.monotonic()
         await self.qmp.execute("stop")
         await self.qmp.execute("migrate-set-parameters",
@@ -92,7 +103,10 @@ class VmGuest:
             if state == "completed":
                 break
             if state in ("failed", "cancelled"):
-                detail = answer.get("error-desc", state) if isinstance(answer, dict) else state
+                detail = str(answer.get("error-desc", state)) if isinstance(answer, dict) else state
+                if any(os.strerror(code) in detail for code in NO_ROOM):
+                    raise InsufficientStorage(f"no room on the server's disk for the VM's "
+                                              f"state ({path.parent}): {detail}")
                 raise SessionFailed(f"QEMU could not save the VM: {detail}")
             if loop.time() > deadline:
                 with contextlib.suppress(DesktopFailed):
