@@ -63,6 +63,7 @@ from .guest import (
 from .jail import UidPool, jail_argv
 from .qemu import AGENT_PORT, GuestImage, VmConfig, VmVolume
 from .qmp import QmpClient
+from .runtime_files import socket_address
 from .sandbox import (
     CONFIG_FILE,
     HIBERNATION_FILE,
@@ -244,8 +245,9 @@ class VmEngine(Engine[VmSandbox]):
         await self._agent_let_go(sandbox)
         sandbox.stream_mark = sandbox.guest.qmp.event_mark()
         try:
-            return await asyncio.open_unix_connection(str(sandbox.paths.agent),
-                                                      limit=read_limit)
+            # Not through a link QEMU's user put there (to a host socket of root's).
+            with socket_address(sandbox.paths.agent) as address:
+                return await asyncio.open_unix_connection(address, limit=read_limit)
         except OSError as error:
             raise DesktopFailed(f"cannot connect to the VM's agent port: {error!r}") from None
 

@@ -24,6 +24,7 @@ from ...errors import DesktopFailed, InsufficientStorage, SessionFailed, Timeout
 from .accel import Accelerator
 from .qemu import AGENT_PORT_ID, GuestImage, VmConfig, VmPaths, guest_files, qemu_argv
 from .qmp import QmpClient, QmpError, QmpRefused
+from .runtime_files import create_own, read_tail
 
 __all__ = [
     "NO_ROOM",
@@ -165,12 +166,10 @@ def _alive(pid: int) -> bool:
 def _tail(paths: VmPaths) -> str:
     parts = []
     for log in (paths.qemu_log, paths.console):
-        with contextlib.suppress(OSError), log.open("rb") as file:
-            # Only the end: the console log is the guest's, as long as it cared to write.
-            file.seek(max(0, file.seek(0, os.SEEK_END) - _LOG_TAIL))
-            text = file.read().decode(errors="replace").strip()
-            if text:
-                parts.append(f"{log.name}: {text}")
+        # Only the end: the console log is the guest's, as long as it cared to write.
+        text = read_tail(log, _LOG_TAIL).decode(errors="replace").strip()
+        if text:
+            parts.append(f"{log.name}: {text}")
     return ("; " + " | ".join(parts)) if parts else ""
 
 
@@ -222,12 +221,16 @@ def _spawn(
         stale.unlink(missing_ok=True)
     files = guest_files(config, env, net_files)
     for name, content in files.items():
-        path = paths.fw_cfg(name)
-        path.unlink(missing_ok=True)
-        path.write_bytes(content)
-        path.chmod(0o644)  # for QEMU's user; the directory keeps everyone else out
-    opened: list[int] = []
+        # For QEMU's user; the directory keeps everyone else out.
+        with open(create_own(paths.fw_cfg(name), 0o644), "wb") as file:
+            file.write(content)
+    own: list[int] = []  # the server's files: QEMU gets its log as stdout and stderr only
+    opened: list[int] = []  # what QEMU is given
     try:
+        # Made before QEMU runs: what it does to their names later changes neither.
+        for path in (paths.qemu_log, paths.pid):
+            own.append(create_own(path))
+        qemu_log, pid_file = own
         incoming_fd = None
         if incoming is not None:
             incoming_fd = os.open(incoming, os.O_RDONLY | os.O_CLOEXEC)
@@ -240,27 +243,26 @@ def _spawn(
                 volume_fds[-1].append(
                     os.open(volume.disk, access | os.O_CLOEXEC | os.O_NOFOLLOW))
                 opened.append(volume_fds[-1][-1])
-        with open(paths.qemu_log, "ab") as qemu_log:
-            process = subprocess.Popen(
-                [*wrap, *qemu_argv(image, config, paths, accel, files, incoming_fd,
-                                   volume_fds)],
-                stdin=subprocess.DEVNULL, stdout=qemu_log, stderr=qemu_log,
-                pass_fds=opened, start_new_session=True,
-            )
+        process = subprocess.Popen(
+            [*wrap, *qemu_argv(image, config, paths, accel, files, incoming_fd,
+                               volume_fds)],
+            stdin=subprocess.DEVNULL, stdout=qemu_log, stderr=qemu_log,
+            pass_fds=opened, start_new_session=True,
+        )
         # The leader of QEMU's process group (its jail's unshare, or QEMU): what a later
         # server adopts or kills.
-        paths.pid.write_text(f"{process.pid}\n")
+        os.write(pid_file, f"{process.pid}\n".encode())
         return process
     finally:
-        for fd in opened:
+        for fd in (*own, *opened):
             os.close(fd)
 
 
 def leftover_pid(paths: VmPaths) -> int | None:
     """The pid of the QEMU (or its jail) a previous server left running in ``paths``."""
     try:
-        pid = int(paths.pid.read_text().strip())
-    except (OSError, ValueError):
+        pid = int(read_tail(paths.pid, 32))  # QEMU's user could have put anything there
+    except ValueError:
         return None
     # The pid may have been reused since: only a process started for this directory counts.
     return pid if _alive(pid) and str(paths.runtime) in _cmdline(pid) else None

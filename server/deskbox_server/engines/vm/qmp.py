@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import DesktopFailed, Timeout
+from .runtime_files import socket_address
 
 __all__ = ["QmpClient", "QmpError"]
 
@@ -59,8 +60,11 @@ class QmpClient:
         # a cancellation that arrives as what it awaits completes (gh-86296), and a delete
         # of a booting VM then waited out the whole boot (a cancelled start went on).
         try:
-            async with asyncio.timeout(timeout_s):
-                reader, writer = await asyncio.open_unix_connection(str(path), limit=MAX_LINE)
+            # QEMU's user owns the socket's directory: not through whatever it put there.
+            with socket_address(path) as address:
+                async with asyncio.timeout(timeout_s):
+                    reader, writer = await asyncio.open_unix_connection(address,
+                                                                        limit=MAX_LINE)
         except (OSError, TimeoutError) as error:
             kind = QmpRefused if isinstance(error, ConnectionRefusedError) else QmpError
             raise kind(f"cannot connect to QEMU's QMP socket {path}: {error!r}") from None

@@ -1,0 +1,73 @@
+"""The server's way into a VM's runtime directory, which QEMU's user owns (jail.py).
+
+A QEMU that its guest subverted can put anything under any name there, while it runs or
+before it exits: a symbolic link to a host file or socket, a FIFO that blocks its reader, a
+file that never ends. The server runs as root and follows none of it. Its own files there
+(QEMU's log and pid file) are made anew, never opened through a name QEMU could have
+left; it reads only regular files, a bounded tail of them, without blocking; and it
+connects to a socket only after taking the entry itself without following a link and
+checking that it is a socket, then connects to that very inode through ``/proc/self/fd``
+(as the docker engine reaches its agent: docker/agent_socket.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["create_own", "read_tail", "socket_address"]
+
+
+def create_own(path: Path, mode: int = 0o600) -> int:
+    """A new, empty file at ``path`` for the server to write (its descriptor): whatever
+    was at that name goes first, and the file is made by this call, not opened."""
+    _remove(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 mode)
+    os.fchmod(fd, mode)  # whatever the server's umask
+    return fd
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink()  # a link itself, never what it points to
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:
+        shutil.rmtree(path)  # follows no link inside either
+
+
+def read_tail(path: Path, limit: int) -> bytes:
+    """The last ``limit`` bytes of ``path`` if it is a regular file, else nothing."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode):
+            return b""
+        return os.pread(fd, limit, max(0, found.st_size - limit))
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def socket_address(path: Path) -> Iterator[str]:
+    """An address of the unix socket at ``path`` itself, valid inside the block; OSError
+    if nothing is there, or something other than a socket."""
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise OSError(errno.ENOTSOCK, f"{path.name} in the VM's runtime directory is "
+                          "not a socket")
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)

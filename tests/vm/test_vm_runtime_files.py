@@ -1,0 +1,184 @@
+"""What QEMU's user leaves in its VM's runtime directory does not lead the server (root) to a
+host file or socket, nor hang it.
+
+QEMU runs as a user of its own that owns that directory: a QEMU its guest subverted can
+replace any name there. The server wrote its pid file and QEMU's log through a symbolic
+link put at their names (a host file overwritten), read a FIFO put there (a server start,
+or a session's failure message, hung for good), and connected to a link at a socket's
+name (a host socket of root's, spoken to as QMP or as the agent).
+
+No guest boots: the sandboxes are made by hand, and "QEMU" is a shell that exits at once
+(its start fails as a real one's would, and the failure's message reads the logs), a
+process that stands for QEMU's jail, or nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from deskbox_server.engines.vm.accel import Accelerator
+from deskbox_server.engines.vm.engine import VmEngine
+from deskbox_server.engines.vm.guest import VmGuest, start_guest
+from deskbox_server.engines.vm.qemu import GuestImage, VmConfig, VmPaths
+from deskbox_server.engines.vm.sandbox import VmSandbox, runtime_root
+from deskbox_server.errors import DesktopFailed, SessionFailed
+
+T = TypeVar("T")
+HANG_S = 20.0  # a call that takes longer is stuck (on a FIFO)
+
+
+def no_image(_: object) -> Path:
+    raise AssertionError("no guest is booted here")
+
+
+def within(seconds: float, call: Callable[[], T], fifos: list[Path]) -> T:
+    """``call()``'s result; AssertionError if it has not returned within ``seconds`` (it
+    is then let go: the FIFOs it may wait on get a writer that closes at once)."""
+    outcome: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as error:  # noqa: BLE001 (handed to the test's thread)
+            errors.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    stuck = thread.is_alive()
+    for fifo in fifos:
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    thread.join()
+    assert not stuck, f"the server hung for over {seconds:.0f} s on what QEMU's user left"
+    if errors:
+        raise errors[0]
+    return outcome[0]
+
+
+@contextlib.contextmanager
+def host_socket(path: Path) -> Iterator[list[str]]:
+    """A unix socket of root's on the host, listening: the names of what connected."""
+    connected: list[str] = []
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(4)
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            connected.append("a connection")
+            connection.close()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield connected
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+
+
+def plant(runtime: Path, victims: Path) -> dict[Path, bytes]:
+    """QEMU's user's work: links to host files at the server's own names and a FIFO at the
+    console's. The host files and what they hold."""
+    victims.mkdir()
+    held = {}
+    for name in ("qemu.pid", "qemu.log", "fw_cfg.env"):
+        victim = victims / name
+        victim.write_bytes(f"a host file of root's, not {name}\n".encode())
+        held[victim] = victim.read_bytes()
+        (runtime / name).symlink_to(victim)
+    os.mkfifo(runtime / "console.log")
+    return held
+
+
+def test_a_start_writes_through_no_link_and_reads_no_fifo(tmp_path: Path) -> None:
+    paths = VmPaths(tmp_path / "runtime")
+    paths.runtime.mkdir()
+    held = plant(paths.runtime, tmp_path / "host")
+    qemu = ["sh", "-c", "echo 'qemu: could not load kernel' >&2; exit 1", "--"]
+
+    def start() -> None:
+        asyncio.run(start_guest(
+            GuestImage(tmp_path / "guest"), VmConfig(), paths,
+            Accelerator("tcg", "software emulation (TCG), as configured"), {}, 10.0,
+            wrap=qemu))
+
+    with pytest.raises(SessionFailed, match="exited with 1 at its start") as failed:
+        within(HANG_S, start, [paths.console])
+    # QEMU's log is the server's again, and tells why it stopped.
+    assert "qemu.log: qemu: could not load kernel" in str(failed.value)
+    for victim, content in held.items():
+        assert victim.read_bytes() == content, victim
+    for own in (paths.pid, paths.qemu_log, paths.fw_cfg("env")):
+        assert not own.is_symlink() and own.stat().st_uid == 0
+    assert int(paths.pid.read_text()) > 1
+
+
+def test_a_server_start_sweeps_a_vm_whose_pid_file_is_a_fifo(tmp_path: Path) -> None:
+    engine = VmEngine(tmp_path / "state", no_image)
+    sandbox = VmSandbox(engine.state_dir, 8, "ses_fifopid", VmConfig())
+    sandbox.paths.runtime.mkdir(parents=True)
+    os.mkfifo(sandbox.paths.pid)
+    try:
+        removed = within(HANG_S, lambda: asyncio.run(engine.remove_orphans(())),
+                         [sandbox.paths.pid])
+        assert removed == ["ses_fifopid"] and not sandbox.paths.runtime.exists()
+    finally:
+        shutil.rmtree(runtime_root(engine.state_dir), ignore_errors=True)
+
+
+class _Events:
+    """QMP's event count, all that opening an agent stream asks of it."""
+
+    def event_mark(self) -> int:
+        return 0
+
+
+def test_the_server_connects_to_no_socket_qemu_s_user_linked(tmp_path: Path) -> None:
+    engine = VmEngine(tmp_path / "state", no_image)
+    engine.handshake_timeout_s = 2.0
+    sandbox = VmSandbox(engine.state_dir, 8, "ses_linkedsockets", VmConfig())
+    sandbox.state_dir.mkdir(parents=True)
+    (sandbox.state_dir / "vm.json").write_text(sandbox.config.to_json())
+    sandbox.paths.runtime.mkdir(parents=True)
+    # Stands for the QEMU a previous server left (its jail's command line names the
+    # runtime directory), so that a takeover goes on to QMP.
+    leader = subprocess.Popen(["sh", "-c", "sleep 60", str(sandbox.paths.runtime)],
+                              start_new_session=True)
+    try:
+        sandbox.paths.pid.write_text(f"{leader.pid}\n")
+        with host_socket(tmp_path / "root.sock") as connected:
+            for name in ("qmp.sock", "agent.sock"):
+                (sandbox.paths.runtime / name).symlink_to(tmp_path / "root.sock")
+
+            with pytest.raises(SessionFailed, match="cannot take over the VM: .*not a socket"):
+                asyncio.run(engine.adopt(sandbox.session_id))
+
+            sandbox.guest = VmGuest(leader.pid, sandbox.paths, _Events())  # type: ignore[arg-type]
+            with pytest.raises(DesktopFailed, match="agent port: .*not a socket"):
+                asyncio.run(engine.open_stream(sandbox, 1 << 16))
+            assert connected == []
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
+        shutil.rmtree(runtime_root(engine.state_dir), ignore_errors=True)
