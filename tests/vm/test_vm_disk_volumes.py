@@ -1,8 +1,9 @@
 """Volumes on a VM: each is a virtio-blk disk of its ext4 image (the descriptor opened by the
 server: the jailed QEMU sees no volume file), mounted by the guest's /init where the session
 asked, read-only or not; kept through a hibernation (QEMU's migration to a file and a new
-QEMU). The server-level rules (one writer, quotas, 422 for copies) are the engine-neutral
-ones of tests/api/test_volumes.py.
+QEMU, under another uid: a VM that started meanwhile took the first's). The server-level
+rules (one writer, quotas, 422 for copies) are the engine-neutral ones of
+tests/api/test_volumes.py.
 
 Booted through the engine, without a browser, as test_vm_egress_all.py's guest; first in
 the package by name, so that it boots beside the package's VMs rather than after them.
@@ -26,7 +27,7 @@ from deskbox_server.engines.vm.engine import VmEngine
 from deskbox_server.engines.vm.sandbox import VmSandbox
 from deskbox_server.engines.volumes import create_disk
 
-from .conftest import BOOT_TIMEOUT_S, VmServers, qemu_pids, vm_guest
+from .conftest import BOOT_TIMEOUT_S, VmServers, qemu_pids, status_field, vm_guest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -87,9 +88,19 @@ async def test_volumes_are_disks_the_guest_mounts_and_keeps_through_a_hibernatio
         finally:
             await agent.close()
 
+        uid = status_field(qemu, "Uid").split()[0]
         await engine.checkpoint(sandbox)  # hibernate: QEMU ends, the disks stay attached
         assert qemu not in qemu_pids()
-        await engine.restore(sandbox)
+        # Another VM starts meanwhile and takes the uid the hibernation gave back: the
+        # restore's QEMU runs as another, where the first one's files were.
+        taken = engine._uids.take()
+        assert str(taken) == uid
+        try:
+            await engine.restore(sandbox)
+        finally:
+            engine._uids.give_back(taken)
+        (restored,) = qemu_pids(int(sandbox.paths.pid.read_text()))
+        assert status_field(restored, "Uid").split()[0] != uid
         agent = await connect(engine, sandbox)
         try:
             assert await run(agent, "sh", "-c", "cat /root/work/note && echo more >> "

@@ -7,6 +7,11 @@ link put at their names (a host file overwritten), read a FIFO put there (a serv
 or a session's failure message, hung for good), and connected to a link at a socket's
 name (a host socket of root's, spoken to as QMP or as the agent).
 
+And a restore runs its QEMU under whichever uid is free then (the hibernated VM's went
+back to the pool): that QEMU must be able to make its files, its console's among them,
+where the previous QEMU left its own. The restore failed the session when another VM had
+taken the uid meanwhile (test_vm_disk_volumes.py shows it on a real guest).
+
 No guest boots: the sandboxes are made by hand, and "QEMU" is a shell that exits at once
 (its start fails as a real one's would, and the failure's message reads the logs), a
 process that stands for QEMU's jail, or nothing."""
@@ -28,8 +33,9 @@ from typing import TypeVar
 import pytest
 
 from deskbox_server.engines.vm.accel import Accelerator
-from deskbox_server.engines.vm.engine import VmEngine
+from deskbox_server.engines.vm.engine import VmEngine, _prepare_host_side
 from deskbox_server.engines.vm.guest import VmGuest, start_guest
+from deskbox_server.engines.vm.jail import FIRST_UID
 from deskbox_server.engines.vm.qemu import GuestImage, VmConfig, VmPaths
 from deskbox_server.engines.vm.sandbox import VmSandbox, runtime_root
 from deskbox_server.errors import DesktopFailed, SessionFailed
@@ -181,4 +187,35 @@ def test_the_server_connects_to_no_socket_qemu_s_user_linked(tmp_path: Path) -> 
     finally:
         os.killpg(leader.pid, signal.SIGKILL)
         leader.wait()
+        shutil.rmtree(runtime_root(engine.state_dir), ignore_errors=True)
+
+
+def as_user(uid: int, *argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``argv`` in ``cwd`` as QEMU runs in its jail: that uid alone, no capability."""
+    return subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+         "--inh-caps=-all", "--bounding-set=-all", "--", *argv],
+        capture_output=True, text=True, check=False, cwd=cwd)
+
+
+def test_a_restore_under_another_uid_can_open_its_console(tmp_path: Path) -> None:
+    engine = VmEngine(tmp_path / "state", no_image)
+    sandbox = VmSandbox(engine.state_dir, 8, "ses_otheruid", VmConfig())
+    first, then = FIRST_UID + 900_010, FIRST_UID + 900_011  # no live VM's
+    try:
+        _prepare_host_side(sandbox, first)
+        written = as_user(first, "sh", "-c", "echo booted > console.log; : > qemu.sock",
+                          cwd=sandbox.paths.runtime)
+        assert written.returncode == 0, written.stderr
+        sandbox.cgroup.remove()  # as kill() leaves it at a hibernation
+
+        _prepare_host_side(sandbox, then)  # its uid was taken meanwhile
+        opened = as_user(then, "sh", "-c", "echo restored > console.log",
+                         cwd=sandbox.paths.runtime)
+        assert opened.returncode == 0, opened.stderr
+        assert sandbox.paths.console.read_text() == "restored\n"
+        assert sandbox.paths.runtime.stat().st_uid == then
+        assert sorted(p.name for p in sandbox.paths.runtime.iterdir()) == ["console.log"]
+    finally:
+        asyncio.run(engine.destroy(sandbox))
         shutil.rmtree(runtime_root(engine.state_dir), ignore_errors=True)

@@ -63,7 +63,7 @@ from .guest import (
 from .jail import UidPool, jail_argv
 from .qemu import AGENT_PORT, GuestImage, VmConfig, VmVolume
 from .qmp import QmpClient
-from .runtime_files import socket_address
+from .runtime_files import empty, socket_address
 from .sandbox import (
     CONFIG_FILE,
     HIBERNATION_FILE,
@@ -503,5 +503,9 @@ def _prepare_host_side(sandbox: VmSandbox, uid: int) -> None:
     root.mkdir(mode=0o711, parents=True, exist_ok=True)  # QEMU's user passes through
     root.parent.chmod(0o711)
     sandbox.paths.runtime.mkdir(mode=0o700, exist_ok=True)
+    # A previous QEMU's files (before a hibernation) are its uid's, and this QEMU may run
+    # as another (the uid went to another VM meanwhile): it could not open them (its
+    # console's file among them), and the restore failed the session.
+    empty(sandbox.paths.runtime)
     os.chown(sandbox.paths.runtime, uid, uid)
     sandbox.cgroup.create(sandbox.config.cpu_quota, sandbox.config.cgroup_memory_bytes)

@@ -20,7 +20,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["create_own", "read_tail", "socket_address"]
+__all__ = ["create_own", "empty", "read_tail", "socket_address"]
 
 
 def create_own(path: Path, mode: int = 0o600) -> int:
@@ -31,6 +31,12 @@ def create_own(path: Path, mode: int = 0o600) -> int:
                  mode)
     os.fchmod(fd, mode)  # whatever the server's umask
     return fd
+
+
+def empty(directory: Path) -> None:
+    """Remove everything in ``directory``, following no link."""
+    for entry in os.scandir(directory):
+        _remove(Path(entry.path))
 
 
 def _remove(path: Path) -> None:
