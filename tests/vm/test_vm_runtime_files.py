@@ -12,6 +12,9 @@ back to the pool): that QEMU must be able to make its files, its console's among
 where the previous QEMU left its own. The restore failed the session when another VM had
 taken the uid meanwhile (test_vm_disk_volumes.py shows it on a real guest).
 
+The guest's console is a file there (``-serial file:``), which the guest's root can write
+to for good: the directory is a small tmpfs of the VM's own, not the host's /run.
+
 No guest boots: the sandboxes are made by hand, and "QEMU" is a shell that exits at once
 (its start fails as a real one's would, and the failure's message reads the logs), a
 process that stands for QEMU's jail, or nothing."""
@@ -36,7 +39,8 @@ from deskbox_server.engines.vm.accel import Accelerator
 from deskbox_server.engines.vm.engine import VmEngine, _prepare_host_side
 from deskbox_server.engines.vm.guest import VmGuest, start_guest
 from deskbox_server.engines.vm.jail import FIRST_UID
-from deskbox_server.engines.vm.qemu import GuestImage, VmConfig, VmPaths
+from deskbox_server.engines.vm.qemu import GuestImage, VmConfig, VmPaths, qemu_argv
+from deskbox_server.engines.vm.runtime_files import RUNTIME_MB
 from deskbox_server.engines.vm.sandbox import VmSandbox, runtime_root
 from deskbox_server.errors import DesktopFailed, SessionFailed
 
@@ -219,3 +223,29 @@ def test_a_restore_under_another_uid_can_open_its_console(tmp_path: Path) -> Non
     finally:
         asyncio.run(engine.destroy(sandbox))
         shutil.rmtree(runtime_root(engine.state_dir), ignore_errors=True)
+
+
+def test_the_guest_s_console_cannot_fill_the_host_s_run(tmp_path: Path) -> None:
+    engine = VmEngine(tmp_path / "state", no_image)
+    sandbox = VmSandbox(engine.state_dir, 8, "ses_floodedconsole", VmConfig())
+    uid = FIRST_UID + 900_001
+    try:
+        _prepare_host_side(sandbox, uid)
+        argv = qemu_argv(GuestImage(tmp_path / "guest"), sandbox.config, sandbox.paths,
+                         Accelerator("tcg", "software emulation (TCG), as configured"), ())
+        assert f"file:{sandbox.paths.console}" in argv
+        # The guest's root writing to /dev/ttyS0 for ever: QEMU appends it all.
+        flood = as_user(uid, "dd", "if=/dev/zero", "of=console.log", "bs=1M", "count=64",
+                        cwd=sandbox.paths.runtime)
+        assert "No space left on device" in flood.stderr
+        assert sandbox.paths.console.stat().st_size <= RUNTIME_MB << 20
+
+        _prepare_host_side(sandbox, uid + 1)  # a restore: the same mount, emptied
+        mounts = [line.split() for line in Path("/proc/self/mounts").read_text().splitlines()]
+        (mounted,) = [m for m in mounts if m[1] == str(sandbox.paths.runtime)]
+        assert mounted[2] == "tmpfs" and f"size={RUNTIME_MB * 1024}k" in mounted[3]
+        assert not any(sandbox.paths.runtime.iterdir())
+    finally:
+        asyncio.run(engine.destroy(sandbox))
+        shutil.rmtree(runtime_root(engine.state_dir), ignore_errors=True)
+    assert str(sandbox.paths.runtime) not in Path("/proc/self/mounts").read_text()

@@ -63,7 +63,7 @@ from .guest import (
 from .jail import UidPool, jail_argv
 from .qemu import AGENT_PORT, GuestImage, VmConfig, VmVolume
 from .qmp import QmpClient
-from .runtime_files import empty, socket_address
+from .runtime_files import empty, mount_runtime, remove_runtime, socket_address
 from .sandbox import (
     CONFIG_FILE,
     HIBERNATION_FILE,
@@ -288,7 +288,7 @@ class VmEngine(Engine[VmSandbox]):
         await asyncio.to_thread(shutil.rmtree, sandbox.state_dir, True)
         if lingering is not None:
             raise lingering
-        await asyncio.to_thread(shutil.rmtree, sandbox.paths.runtime, True)
+        await asyncio.to_thread(remove_runtime, sandbox.paths.runtime)
 
     async def release(self, sandbox: VmSandbox) -> None:
         """A hibernated VM at server shutdown: its QEMU is gone already; keep its file
@@ -296,7 +296,7 @@ class VmEngine(Engine[VmSandbox]):
         await self.kill(sandbox)
         if sandbox.network is not None:
             sandbox.network.forget()
-        await asyncio.to_thread(shutil.rmtree, sandbox.paths.runtime, True)
+        await asyncio.to_thread(remove_runtime, sandbox.paths.runtime)
 
     async def adopt(self, session_id: str) -> VmSandbox:
         """The VM a previous server started: QEMU runs on in its own process group when its
@@ -503,6 +503,7 @@ def _prepare_host_side(sandbox: VmSandbox, uid: int) -> None:
     root.mkdir(mode=0o711, parents=True, exist_ok=True)  # QEMU's user passes through
     root.parent.chmod(0o711)
     sandbox.paths.runtime.mkdir(mode=0o700, exist_ok=True)
+    mount_runtime(sandbox.paths.runtime)
     # A previous QEMU's files (before a hibernation) are its uid's, and this QEMU may run
     # as another (the uid went to another VM meanwhile): it could not open them (its
     # console's file among them), and the restore failed the session.

@@ -8,6 +8,9 @@ left; it reads only regular files, a bounded tail of them, without blocking; and
 connects to a socket only after taking the entry itself without following a link and
 checking that it is a socket, then connects to that very inode through ``/proc/self/fd``
 (as the docker engine reaches its agent: docker/agent_socket.py).
+
+The directory is also a small tmpfs of the VM's own, so that what QEMU writes there (the
+guest's console above all) cannot fill the host's /run.
 """
 
 from __future__ import annotations
@@ -20,7 +23,42 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["create_own", "empty", "read_tail", "socket_address"]
+from ...errors import SessionFailed
+from ..runc.displays import mount_tmpfs, unmount
+
+__all__ = [
+    "RUNTIME_MB",
+    "create_own",
+    "empty",
+    "mount_runtime",
+    "read_tail",
+    "remove_runtime",
+    "socket_address",
+]
+
+# The runtime directory is a tmpfs of this size, the VM's own: the guest writes its serial
+# console into it for as long as it likes (its root can, to /dev/ttyS0), and the host's
+# /run is small and shared. The fw_cfg files (the session's environment: up to about a MiB
+# with a long start URL) and QEMU's log take their share first.
+RUNTIME_MB = 4
+_RUNTIME_INODES = 64  # a dozen names: sockets, files, logs
+
+
+def mount_runtime(directory: Path) -> None:
+    """Make ``directory`` a tmpfs of :data:`RUNTIME_MB` unless it is one already (the
+    same VM's before its hibernation); SessionFailed if it cannot be."""
+    if os.path.ismount(directory):
+        return
+    try:
+        mount_tmpfs(directory, f"size={RUNTIME_MB}m,nr_inodes={_RUNTIME_INODES},mode=0700")
+    except OSError as error:
+        raise SessionFailed(f"could not mount the VM's runtime directory: {error}") from None
+
+
+def remove_runtime(directory: Path) -> None:
+    """The runtime directory gone, its tmpfs first (nothing if it is gone already)."""
+    unmount(directory)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def create_own(path: Path, mode: int = 0o600) -> int:

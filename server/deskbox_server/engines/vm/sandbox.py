@@ -2,7 +2,8 @@
 
 Two directories per session. Its runtime directory, ``/run/deskbox-vm/<server>/<id>/``
 (short: unix socket paths have 108 bytes), holds what QEMU touches: the QMP and agent
-sockets, the fw_cfg files, its log and the guest's console. Its state directory,
+sockets, the fw_cfg files, its log and the guest's console; a small tmpfs of its own
+(runtime_files.py), which the guest's console cannot grow past. Its state directory,
 ``<state_dir>/vm/<id>/``, holds what outlives QEMU: the hibernation file and the VM's
 shape, for a later server to restore it.
 """
