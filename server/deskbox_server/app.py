@@ -185,6 +185,10 @@ def create_app(
         version=__version__,
         summary="Disposable desktops for computer-use agents",
         lifespan=lifespan,
+        # FastAPI's own pages load unpinned scripts from a CDN onto the console's origin,
+        # where the console keeps the API key: /openapi.json says it all.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.services = services
     count = metrics.errors.inc

@@ -207,6 +207,9 @@ def test_pages_are_served_with_strict_headers(server: Server) -> None:
         assert asset.status_code == 200
         assert asset.headers["content-type"].startswith("text/javascript")
     assert "/" not in httpx.get(server.url + "/openapi.json").json()["paths"]  # not an API
+    # FastAPI's own pages loaded unpinned CDN scripts onto the origin the console's key is on.
+    for page in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+        assert httpx.get(server.url + page).status_code == 404, page
 
 
 # -- sign-in --------------------------------------------------------------------------------
@@ -304,6 +307,9 @@ def test_the_live_view_opens_and_connects(quiet: Page, session: dict[str, Any]) 
             expect(view.locator("#state")).to_have_text("connected")
             assert view.evaluate("window.__deskbox.scope") == scope
             expect(view.locator("#screen canvas")).to_be_visible()
+            # A tab opened by the console starts with a copy of its session storage: the
+            # API key, in the page that parses what the sandbox's VNC server sends.
+            assert view.evaluate("window.sessionStorage.length") == 0
         finally:
             view.close()
 

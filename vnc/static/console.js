@@ -182,8 +182,11 @@ class Card {
 
 // A tab opened within the click (so that popup blockers let it through), sent to the view
 // page once the token is there; the token is in its URL, which the page never refers on.
+// Browsers give a tab opened this way a copy of this one's session storage, the API key
+// with it: the view page needs none of it.
 async function openView(id, scope) {
   const tab = window.open('', '_blank');
+  if (tab) tab.sessionStorage.clear();
   try {
     const token = await api.json('POST', `${sessionPath(id)}/tokens`, { scope, ttl_s: 3600 });
     const url = `${sessionPath(id)}/view?token=${encodeURIComponent(token.token)}`;
