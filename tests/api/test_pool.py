@@ -1,6 +1,7 @@
 """The warm pool (sessions/pool.py) on runc sandboxes: a plain create takes a ready desktop
 and the pool refills; pool desktops are nobody's until claimed and never shared; a create
-that asks for more than the pool has starts cold."""
+that asks for more than the pool has starts cold. The order of the refills is looked at on
+the local engine."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from deskbox_server.agent.desktop import AgentDesktop
 from deskbox_server.api.auth import key_id
 from deskbox_server.engines.runc.criu import Criu
+from deskbox_server.errors import DesktopFailed
 from deskbox_server.sessions.pool import PoolKey
 from deskbox_server.settings import Settings
 
@@ -397,3 +399,42 @@ def test_a_shutdown_during_a_refill_ends_once_that_desktop_has_started(
     took = time.monotonic() - stopping
     assert took < 15, f"the shutdown took {took:.1f} s"
     assert pool.ready(KEY) == 0
+
+
+def test_a_pool_whose_first_batches_fail_does_not_starve_the_other_pools(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every 640x400 desktop starts, then fails its empty batch; the 800x600 pool still
+    fills, and the failing one is tried again after a pause. Before, the refill started
+    640x400 desktops one after another for ever and never reached the other pool."""
+    failed = [0]
+    run = AgentDesktop.run
+
+    async def failing(self: AgentDesktop, actions: Sequence[Any], *args: Any) -> Any:
+        # The pool's empty batch on the small screen (our seam; the real call otherwise).
+        if not actions and (await self.info()).width == 640:
+            failed[0] += 1
+            raise DesktopFailed("the first batch failed")
+        return await run(self, actions, *args)
+
+    monkeypatch.setattr(AgentDesktop, "run", failing)
+    settings = Settings(
+        state_dir=tmp_path_factory.mktemp("pool-batch"), api_keys=[KEY_A],
+        backends=["local"], default_backend="local", pool_size=1,
+        pool_displays=["640x400", "800x600"],
+    )
+    with running_server(settings) as running:
+        pool = running.services.manager.pool
+        assert pool is not None
+        deadline = time.monotonic() + 60
+        while pool.ready(PoolKey(800, 600, 96)) < 1:
+            assert time.monotonic() < deadline, (
+                f"the 800x600 pool never filled ({failed[0]} failed first batches)")
+            time.sleep(0.1)
+        assert failed[0] >= 1 and pool.ready(PoolKey(640, 400, 96)) == 0
+        with running.client() as client:  # the full pool serves its display
+            created = client.post("/v1/sessions", json={
+                "display": {"width": 800, "height": 600}})
+            assert created.status_code == 201, created.text
+            assert created.json()["state"] == "running" and pool.claimed == 1
+            client.delete(f"/v1/sessions/{created.json()['id']}")

@@ -236,7 +236,11 @@ class WarmPool:
                     except Exception as error:
                         await self._discard(_Ready(session_id, handle),
                                             getattr(error, "message", repr(error)))
-                        continue
+                        if key in self._targets:
+                            # As after a failed start: one whose desktops all failed here
+                            # was started again at once, for ever, and no other pool refilled.
+                            self._retry_at[key] = loop.time() + _RETRY_AFTER_FAILURE_S
+                        break
                     # Checked after the last await: a pool dropped during the start or the
                     # empty batch has no queue any more (a KeyError here once ended the
                     # refills for good, and the server's shutdown with them).
