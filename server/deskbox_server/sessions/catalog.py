@@ -41,17 +41,18 @@ class SnapshotCatalog:
             await self._delete(owner, snapshot_id)
 
     async def _delete(self, owner: str, snapshot_id: str) -> None:
-        snapshot = await asyncio.to_thread(self._store.get, owner, snapshot_id)
-        if self._pool is None:
-            await asyncio.to_thread(self._store.delete, owner, snapshot_id)
-            return
-        # The pool's copies go first: a refill restoring from the snapshot holds it.
-        await self._pool.set_target(self.pool_key(snapshot), 0)
+        # Refused (409: a create restores from it) before its pool is touched: the pool's
+        # ready copies were once destroyed first, then the delete refused.
+        snapshot = await asyncio.to_thread(self._store.begin_delete, owner, snapshot_id)
         try:
-            await asyncio.to_thread(self._store.delete, owner, snapshot_id)
-        except Exception:
-            # Refused (a create restores from it) or failed: it stays, and so does its pool.
-            if snapshot.pool_size:
+            if self._pool is not None:
+                # The copies go before the files: a refill restoring from them reads them.
+                await self._pool.set_target(self.pool_key(snapshot), 0)
+            await asyncio.to_thread(self._store.finish_delete, snapshot_id)
+        except BaseException as error:
+            self._store.cancel_delete(snapshot_id)
+            if isinstance(error, Exception) and self._pool is not None and snapshot.pool_size:
+                # Failed: it stays, and so does its pool.
                 await self._pool.set_target(self.pool_key(snapshot), snapshot.pool_size)
             raise
 

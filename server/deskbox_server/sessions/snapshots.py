@@ -134,14 +134,21 @@ class SnapshotStore:
             if self._in_use[snapshot_id] <= 0:
                 del self._in_use[snapshot_id]
 
-    def delete(self, owner: str, snapshot_id: str) -> None:
-        self.get(owner, snapshot_id)
+    def begin_delete(self, owner: str, snapshot_id: str) -> SnapshotRecord:
+        """Conflict if a restore reads the snapshot; else none may begin from it any more
+        (:meth:`hold`: NotFound) until :meth:`finish_delete` removes it or
+        :meth:`cancel_delete` keeps it. What goes with it (its pool's copies) goes between,
+        once the delete is sure."""
+        record = self.get(owner, snapshot_id)
         with self._lock:
             if self._in_use[snapshot_id]:
                 raise Conflict(f"snapshot {snapshot_id} is being restored; delete it afterwards")
             if snapshot_id in self._deleted:
                 raise NotFound(f"no snapshot {snapshot_id!r}")  # another delete's
             self._deleted.add(snapshot_id)
+        return record
+
+    def finish_delete(self, snapshot_id: str) -> None:
         directory = self.directory(snapshot_id)
         # Renamed first: a crash halfway leaves a directory open() removes, not half a one.
         doomed = self.root / _FORKS / f"deleted-{snapshot_id}"
@@ -149,7 +156,10 @@ class SnapshotStore:
             (self.root / _FORKS).mkdir(mode=0o700, exist_ok=True)
             os.replace(directory, doomed)
         except BaseException:
-            with self._lock:
-                self._deleted.discard(snapshot_id)  # it is still whole, and still there
+            self.cancel_delete(snapshot_id)  # it is still whole, and still there
             raise
         shutil.rmtree(doomed, ignore_errors=True)
+
+    def cancel_delete(self, snapshot_id: str) -> None:
+        with self._lock:
+            self._deleted.discard(snapshot_id)
