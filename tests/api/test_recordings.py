@@ -4,6 +4,7 @@ decoded with PyAV. The console's replay page is tested in a browser (test_consol
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import struct
@@ -11,6 +12,8 @@ import threading
 import time
 import zipfile
 from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import av
@@ -20,6 +23,8 @@ from PIL import Image
 
 from deskbox_server.errors import QuotaExceeded
 from deskbox_server.sessions.human_input import HumanAction, HumanInput
+from deskbox_server.sessions.recorder import Recorder
+from deskbox_server.sessions.recording_store import RecordingMeta, RecordingStore
 from deskbox_server.sessions.recordings import Recordings
 from deskbox_server.settings import Settings
 
@@ -318,6 +323,76 @@ def test_starts_at_once_make_one_recording_that_stops(
     finally:
         client.delete(f"/v1/sessions/{sid}")
         client.delete(f"/v1/sessions/{sid}/recording")
+
+
+# A clock redrawn ten times a second: frames keep coming, at little CPU.
+TICKING = ("data:text/html,<body style='margin:0;font-size:60px'><p id=t></p><script>"
+           "setInterval(()=>document.getElementById('t').textContent=Date.now(),100)"
+           "</script></body>")
+
+
+def test_a_start_during_a_stop_records_on(
+    client: httpx.Client, server: Server, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A start that came while a stop was ending the recording began a new recorder on
+    the same recording, which the stop then marked stopped (expiring, its directory later
+    deleted under the recorder still writing). The start now waits for the stop."""
+    close = Recorder.close
+
+    async def held(self: Recorder) -> None:
+        await asyncio.sleep(0.5)  # the stop under way a moment longer (our seam)
+        await close(self)
+
+    monkeypatch.setattr(Recorder, "close", held)
+    sid = client.post("/v1/sessions", json={
+        "display": DISPLAY, "record": True, "browser": {"start_url": TICKING}}).json()["id"]
+    try:
+        stopped: list[httpx.Response] = []
+        stopping = threading.Thread(target=lambda: stopped.append(
+            client.post(f"/v1/sessions/{sid}/recording/stop")))
+        stopping.start()
+        time.sleep(0.2)
+        started = client.post(f"/v1/sessions/{sid}/recording/start")
+        stopping.join(30)
+        assert stopped[0].status_code == 200 and stopped[0].json()["state"] == "stopped"
+        assert started.status_code == 200 and started.json()["state"] == "recording"
+
+        time.sleep(2)
+        recording = client.get(f"/v1/sessions/{sid}/recording").json()
+        assert recording["state"] == "recording" and recording["expires_at"] is None
+        assert wait_for(lambda: client.get(f"/v1/sessions/{sid}/recording").json()[
+            "frames"] > recording["frames"]), "no frame came after the start"
+        events = [e["event"]["type"] for e in trajectory(client, sid) if e["kind"] == "event"]
+        assert events[-2:] == ["recording_stopped", "recording_started"]
+    finally:
+        client.delete(f"/v1/sessions/{sid}")
+        client.delete(f"/v1/sessions/{sid}/recording")
+
+
+def test_saves_at_once_each_write_the_whole_record(tmp_path: Path) -> None:
+    """A recorder's flush and its stop write meta.json at once: both wrote one fixed
+    temporary name, and the second rename found nothing (FileNotFoundError, a 500)."""
+    store = RecordingStore(tmp_path, timedelta(hours=1))
+    store.open()
+    meta = store.begin("key", "ses_0123456789")
+    failures: list[OSError] = []
+
+    def save() -> None:
+        try:
+            for _ in range(300):
+                store.save(meta)
+        except OSError as error:
+            failures.append(error)
+
+    savers = [threading.Thread(target=save) for _ in range(4)]
+    for saver in savers:
+        saver.start()
+    for saver in savers:
+        saver.join(60)
+    assert failures == []
+    directory = store.directory(meta.session_id)
+    assert RecordingMeta.model_validate_json((directory / "meta.json").read_bytes()) == meta
+    assert sorted(p.name for p in directory.iterdir()) == ["frames", "meta.json", "shots"]
 
 
 def test_a_humans_rfb_input_reads_as_actions() -> None:

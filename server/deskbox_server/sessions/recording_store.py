@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..errors import NotFound
 from ..schemas.recordings import Recording
+from .atomic_file import PARTIAL_SUFFIX, replace_file
 from .lifecycle import utcnow
 from .listing import Position
 
@@ -54,6 +55,8 @@ class RecordingStore:
         (its session is not followed across a restart), the expired ones go."""
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         for directory in sorted(self.root.iterdir()):
+            for partial in directory.glob(f"meta.json.*{PARTIAL_SUFFIX}"):  # a killed save's
+                partial.unlink(missing_ok=True)
             try:
                 meta = RecordingMeta.model_validate_json((directory / "meta.json").read_text())
             except (OSError, ValueError):
@@ -136,10 +139,10 @@ class RecordingStore:
         return written
 
     def save(self, meta: RecordingMeta) -> None:
-        path = self.directory(meta.session_id) / "meta.json"
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(meta.model_dump_json())
-        temporary.replace(path)
+        # Each save under a name of its own: a recorder's flush and its stop save at once,
+        # and two sharing one fixed name met a FileNotFoundError (a 500).
+        replace_file(self.directory(meta.session_id) / "meta.json",
+                     meta.model_dump_json().encode())
 
     def delete(self, owner: str, session_id: str) -> None:
         self.owned(owner, session_id)

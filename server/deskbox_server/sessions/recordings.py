@@ -43,12 +43,18 @@ class Recordings:
         # starts once made two recorders, the first never stopped; an end during a start
         # found nothing to stop, and the start then recorded an ended session).
         self._beginning: dict[str, asyncio.Future[RecordingMeta]] = {}
+        # Stops under way, from the recorder's removal to the recording's end written: a
+        # start waits for it, and so does a second stop (a start during a stop recorded on
+        # in a recording the stop then marked stopped, which expired under its recorder).
+        self._stopping: dict[str, asyncio.Future[RecordingMeta]] = {}
 
     def recorder(self, session_id: str) -> Recorder | None:
         return self._live.get(session_id)
 
     async def begin(self, record: SessionRecord, handle: AnyDesktop | None) -> RecordingMeta:
         """Record the session from now on (it goes on if it records already)."""
+        while (stopping := self._stopping.get(record.id)) is not None:
+            await asyncio.wait([stopping])  # its failure is its caller's to hear
         recorder = self._live.get(record.id)
         if recorder is not None:
             return recorder.meta
@@ -87,15 +93,24 @@ class Recordings:
                                 f"{self._quota >> 20} MiB; delete some first")
 
     async def end(self, session_id: str, reason: str | None = None) -> RecordingMeta | None:
-        """Stop the session's recording (None: it was not recording); ``reason`` None:
-        it was asked to."""
+        """Stop the session's recording (None: it was not recording; a stop under way is
+        waited for); ``reason`` None: it was asked to."""
         beginning = self._beginning.get(session_id)
         if beginning is not None:
             # Its failure is its caller's to hear; what it started is ended below.
             await asyncio.wait([beginning])
-        recorder = self._live.pop(session_id, None)
-        if recorder is None:
-            return None
+        stopping = self._stopping.get(session_id)
+        if stopping is None:
+            recorder = self._live.pop(session_id, None)
+            if recorder is None:
+                return None
+            stopping = asyncio.ensure_future(self._stop(recorder, reason))
+            self._stopping[session_id] = stopping
+            stopping.add_done_callback(lambda _: self._stopping.pop(session_id, None))
+        return await asyncio.shield(stopping)
+
+    async def _stop(self, recorder: Recorder, reason: str | None) -> RecordingMeta:
+        session_id = recorder.meta.session_id
         follower = self._followers.pop(session_id, None)
         if follower is not None:
             follower.cancel()
