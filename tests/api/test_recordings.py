@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import struct
 import threading
 import time
@@ -290,6 +291,81 @@ def test_frames_dropped_at_the_quota_are_not_counted(tmp_path: Any) -> None:
             assert_error(client.get(f"/v1/sessions/{sid}/recording.mp4"), 404, "not_found")
         finally:
             client.delete(f"/v1/sessions/{sid}")
+
+
+def test_videos_asked_at_once_hold_up_no_other_request(tmp_path: Path) -> None:
+    """Encodes ran on the loop's default executor, each request holding one of its threads
+    (one encoding, the others waiting for their turn): a few video requests of a long
+    recording held all of them for the whole encode, and every create and snapshot listing
+    waited behind. Now the rest of the API answers meanwhile, and a second encode of one
+    key is refused (429 capacity, Retry-After). The zip export, written whole into the
+    state dir before it was sent, is now made as it is sent."""
+    settings = Settings(state_dir=tmp_path / "state", api_keys=[KEY_A], backends=["local"],
+                        default_backend="local", recording_fps=12)
+    with running_server(settings) as server, server.client() as client:
+        sid = client.post("/v1/sessions", json={
+            "display": DISPLAY, "browser": {"start_url": NOISE}}).json()["id"]
+        try:
+            assert wait_for(lambda: len(client.get(
+                f"/v1/sessions/{sid}/screenshot", params={"format": "jpeg"}).content)
+                > 512 * 1024), "the noise page never filled the screen"
+            assert client.post(f"/v1/sessions/{sid}/recording/start").status_code == 200
+            assert wait_for(lambda: client.get(f"/v1/sessions/{sid}/recording").json()[
+                "frames"] >= 150, timeout_s=120), "the recording did not get its frames"
+        finally:
+            client.delete(f"/v1/sessions/{sid}")  # its CPU back for what follows
+        frames = client.get(f"/v1/sessions/{sid}/recording").json()["frames"]
+
+        answers: list[tuple[httpx.Response, float]] = []
+
+        def video() -> None:
+            with server.client() as own:
+                own.timeout = httpx.Timeout(600)
+                answer = own.get(f"/v1/sessions/{sid}/recording.mp4")
+                answers.append((answer, time.monotonic()))
+
+        # More than the loop's default executor has threads (min(32, cores + 4)).
+        asking = [threading.Thread(target=video)
+                  for _ in range(min(32, (os.cpu_count() or 1) + 4) + 2)]
+        for thread in asking:
+            thread.start()
+        time.sleep(1)  # the encode under way
+        started = time.monotonic()
+        listed = client.get("/v1/snapshots")
+        listing_s = time.monotonic() - started
+        created = client.post("/v1/sessions", json={"display": DISPLAY})
+        create_s = time.monotonic() - started - listing_s
+        answered = time.monotonic()
+        for thread in asking:
+            thread.join(600)
+        assert listed.status_code == 200 and created.status_code == 201, created.text
+        client.delete(f"/v1/sessions/{created.json()['id']}")
+        assert listing_s < 2 and create_s < 10, (listing_s, create_s)
+
+        made = [(r, at) for r, at in answers if r.status_code == 200]
+        print(f"{frames} frames; listing {listing_s:.2f} s, create {create_s:.2f} s, "
+              f"video {max(at for _, at in made) - started:.1f} s after them")
+        assert len(made) == 1 and made[0][1] > answered, "the encode was over too soon to tell"
+        for refused, _ in answers:
+            if refused.status_code != 200:
+                assert_error(refused, 429, "capacity")
+                assert int(refused.headers["Retry-After"]) > 0
+        with av.open(io.BytesIO(made[0][0].content)) as container:
+            assert container.streams.video[0].frames == frames + 1  # the last one twice
+        again = client.get(f"/v1/sessions/{sid}/recording.mp4")  # kept: at once
+        assert again.status_code == 200 and again.content == made[0][0].content
+
+        with client.stream("GET", f"/v1/sessions/{sid}/trajectory.zip") as export:
+            assert export.status_code == 200
+            chunks = export.iter_bytes()
+            first = next(chunks)
+            assert [p.name for p in settings.state_dir.rglob("*.zip")] == []
+            data = first + b"".join(chunks)
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            names = archive.namelist()
+            assert archive.testzip() is None
+        assert len([n for n in names if n.startswith("frames/")]) == frames
+        client.delete(f"/v1/sessions/{sid}/recording")
 
 
 def test_starts_at_once_make_one_recording_that_stops(

@@ -52,7 +52,8 @@ _DESCRIPTIONS = {
     409: "conflict: the session is not in a state that allows this (e.g. paused)",
     413: "invalid_request: the request body is larger than the server accepts",
     422: "invalid_request: the request is malformed or asks for something impossible",
-    429: "capacity: too many sessions, tokens or connections, see Retry-After; "
+    429: "capacity: too many sessions, tokens, connections or video encodes, see "
+         "Retry-After; "
          "quota_exceeded: the key's snapshots, volumes, recordings or secrets fill its "
          "quota (no Retry-After: only a delete frees it)",
     500: "internal: the server failed (logged with the request id)",

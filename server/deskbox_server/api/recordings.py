@@ -9,8 +9,7 @@ import re
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
-from fastapi.responses import FileResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import FileResponse, StreamingResponse
 
 from ..errors import DeskboxError, NotFound
 from ..schemas.recordings import Recording, RecordingList
@@ -125,17 +124,18 @@ async def get_video(request: Request, caller: Caller, session_id: str) -> Respon
     """The frames as H.264 video (encoded on the first request, then kept)."""
     services = get_services(request)
     meta = await _flushed(services, caller.key_id, session_id)
-    path = await asyncio.to_thread(media.video, services.manager.recordings.store, meta)
+    path = await services.manager.recordings.videos.video(meta)
     return FileResponse(path, media_type="video/mp4", filename=f"{session_id}.mp4")
 
 
-@router.get(_SESSION + "/trajectory.zip", response_class=FileResponse,
+@router.get(_SESSION + "/trajectory.zip", response_class=StreamingResponse,
             responses={200: {"content": {"application/zip": {}}}})
 async def export_recording(request: Request, caller: Caller, session_id: str) -> Response:
-    """trajectory.jsonl, recording.json, frames/ and shots/ in one zip."""
+    """trajectory.jsonl, recording.json, frames/ and shots/ in one zip, made as it is sent."""
     services = get_services(request)
     meta = await _flushed(services, caller.key_id, session_id)
-    path = await asyncio.to_thread(media.export_zip, services.manager.recordings.store, meta)
-    return FileResponse(path, media_type="application/zip",
-                        filename=f"{session_id}-trajectory.zip",
-                        background=BackgroundTask(path.unlink, missing_ok=True))
+    parts = await asyncio.to_thread(media.export, services.manager.recordings.store, meta)
+    # Its chunks are read on Starlette's threads, a file at a time: none waits on the
+    # client holding one, nor on the loop's default executor.
+    return StreamingResponse(media.zip_chunks(parts), media_type="application/zip", headers={
+        "Content-Disposition": f'attachment; filename="{session_id}-trajectory.zip"'})

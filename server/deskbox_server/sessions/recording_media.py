@@ -1,6 +1,6 @@
 """What a recording is read as: its trajectory (JSON lines, each action with the frames
 before and after it), its video (H.264 in MP4, encoded by PyAV's FFmpeg) and a zip export.
-Blocking: run on a worker thread.
+Blocking, run on a worker thread, but :class:`Videos` (the event loop's).
 
 Frames were taken when the screen changed, so an action's frames are found by time:
 ``frame_before`` is the last frame taken at or before the action began; ``frame_after``
@@ -10,24 +10,24 @@ changed on screen) the last one at or before its end.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
+import contextlib
 import json
 import os
-import subprocess
 import sys
-import tempfile
-import threading
 import zipfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import NotFound, SessionFailed, Timeout
+from ..errors import Capacity, NotFound, SessionFailed, Timeout
 from .recording_store import RecordingMeta, RecordingStore
 
-__all__ = ["export_zip", "frame_path", "trajectory", "trajectory_lines", "video"]
+__all__ = ["Export", "Videos", "export", "frame_path", "trajectory", "trajectory_lines",
+           "zip_chunks"]
 
-_VIDEO_LOCK = threading.Lock()  # one encoding at a time: it takes a core while it runs
 _ENCODE_TIMEOUT_S = 600
 
 
@@ -84,10 +84,16 @@ def frame_path(store: RecordingStore, meta: RecordingMeta, number: int) -> Path:
     return path
 
 
-def video(store: RecordingStore, meta: RecordingMeta) -> Path:
-    """The video of the frames so far, made on first request and kept (made again once
-    more frames came). Encoded by video_encode.py in a process of its own, which limits
-    its memory and CPU time: the frames are a sandbox's JPEGs, hostile data to decode."""
+@dataclass(frozen=True)
+class _Video:
+    target: Path  # video-<n>.mp4, of the first n frames
+    partial: Path  # where it is encoded
+    job: dict[str, Any]  # video_encode.py's
+    made: bool  # already, by an earlier request
+
+
+def _video_of(store: RecordingStore, meta: RecordingMeta) -> _Video:
+    """The video of the frames so far. Blocking: reads the trajectory."""
     if meta.frames == 0 or meta.width is None or meta.height is None:
         raise NotFound(f"recording of session {meta.session_id} has no frame yet")
     directory = store.directory(meta.session_id)
@@ -97,51 +103,136 @@ def video(store: RecordingStore, meta: RecordingMeta) -> Path:
         raise NotFound(f"recording of session {meta.session_id} has no frame yet")
     # The last frame stays on screen until the last thing recorded.
     end = max(max(e["t"], e.get("end_t", 0)) for e in entries)
-    target = directory / f"video-{len(frames)}.mp4"
-    with _VIDEO_LOCK:
-        if target.exists():
-            return target
-        for old in directory.glob("video-*.mp4"):
-            old.unlink(missing_ok=True)
-        partial = directory / "video.partial.mp4"
-        job = {"out": str(partial), "width": meta.width, "height": meta.height, "frames": [
-            [t, str(directory / "frames" / f"{number:06d}.jpg")]
-            for t, number in [*frames, (end, frames[-1][1])]]}
+    target, partial = directory / f"video-{len(frames)}.mp4", directory / "video.partial.mp4"
+    job = {"out": str(partial), "width": meta.width, "height": meta.height, "frames": [
+        [t, str(directory / "frames" / f"{number:06d}.jpg")]
+        for t, number in [*frames, (end, frames[-1][1])]]}
+    return _Video(target, partial, job, target.exists())
+
+
+def _clear_for(video: _Video) -> bool:
+    """False: the video is to be made, the older ones are gone; True: it was made."""
+    if video.target.exists():
+        return True
+    for old in video.target.parent.glob("video-*.mp4"):
+        old.unlink(missing_ok=True)
+    return False
+
+
+class Videos:
+    """The videos of recordings, made on first request and kept (made again once more
+    frames came). One is encoded at a time (it takes a core), and each API key has one
+    encode at most waiting or running: another is refused (429) rather than queued.
+
+    Nothing here holds a thread while it waits: the wait for the encoder's turn is the
+    event loop's, and the encoder a process the loop awaits. Encodes in worker threads of
+    the loop's default executor (min(32, cores + 4) of them) held all of them for minutes,
+    and every create, delete and snapshot listing of every key waited behind them."""
+
+    def __init__(self, store: RecordingStore) -> None:
+        self._store = store
+        self._turn = asyncio.Lock()
+        self._keys: set[str] = set()  # whose encode waits or runs
+
+    async def video(self, meta: RecordingMeta) -> Path:
+        video = await asyncio.to_thread(_video_of, self._store, meta)
+        if video.made:
+            return video.target
+        if meta.owner in self._keys:
+            raise Capacity("a video of this API key's recordings is being made; ask again "
+                           "once it is (one at a time per key)")
+        self._keys.add(meta.owner)
         try:
-            done = subprocess.run(
-                [sys.executable, "-m", "deskbox_server.sessions.video_encode"],
-                input=json.dumps(job).encode(), capture_output=True, check=False,
-                timeout=_ENCODE_TIMEOUT_S)
-            if done.returncode != 0:
-                reason = done.stderr.decode(errors="replace").strip().splitlines()
-                raise SessionFailed("the recording's frames could not be encoded: "
-                                    f"{reason[-1] if reason else f'exit {done.returncode}'}")
-            os.replace(partial, target)
-        except subprocess.TimeoutExpired:
-            raise Timeout(f"encoding the video took over {_ENCODE_TIMEOUT_S:g} s") from None
+            async with self._turn:
+                await self._make(video)
         finally:
-            partial.unlink(missing_ok=True)
-    return target
+            self._keys.discard(meta.owner)
+        return video.target
+
+    async def _make(self, video: _Video) -> None:
+        if await asyncio.to_thread(_clear_for, video):
+            return
+        try:
+            await _encode(video.job)
+            await asyncio.to_thread(os.replace, video.partial, video.target)
+        finally:
+            await asyncio.to_thread(video.partial.unlink, missing_ok=True)
 
 
-def export_zip(store: RecordingStore, meta: RecordingMeta) -> Path:
-    """A zip of the trajectory, the frames and the settled screenshots (a temporary file
-    the caller removes once sent)."""
-    directory = store.directory(meta.session_id)
-    entries = trajectory(store, meta)
-    handle, name = tempfile.mkstemp(dir=directory, prefix="export-", suffix=".zip")
-    os.close(handle)
-    path = Path(name)
+async def _encode(job: dict[str, Any]) -> None:
+    """Encoded by video_encode.py in a process of its own, which limits its memory and CPU
+    time: the frames are a sandbox's JPEGs, hostile data to decode."""
+    encoder = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "deskbox_server.sessions.video_encode",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE)
     try:
-        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
-            archive.writestr("recording.json", meta.model_dump_json(exclude={"owner", "entries"}),
-                             compress_type=zipfile.ZIP_DEFLATED)
-            archive.writestr("trajectory.jsonl", b"".join(trajectory_lines(entries)),
-                             compress_type=zipfile.ZIP_DEFLATED)
-            for sub in ("frames", "shots"):  # JPEG and PNG are compressed already
-                for file in sorted((directory / sub).iterdir()):
-                    archive.write(file, f"{sub}/{file.name}")
-    except BaseException:
-        path.unlink(missing_ok=True)
-        raise
-    return path
+        async with asyncio.timeout(_ENCODE_TIMEOUT_S):
+            _, stderr = await encoder.communicate(json.dumps(job).encode())
+    except TimeoutError:
+        raise Timeout(f"encoding the video took over {_ENCODE_TIMEOUT_S:g} s") from None
+    finally:
+        if encoder.returncode is None:  # timed out, or its request was cancelled
+            with contextlib.suppress(ProcessLookupError):
+                encoder.kill()
+            await encoder.wait()
+    if encoder.returncode != 0:
+        reason = stderr.decode(errors="replace").strip().splitlines()
+        raise SessionFailed("the recording's frames could not be encoded: "
+                            f"{reason[-1] if reason else f'exit {encoder.returncode}'}")
+
+
+@dataclass(frozen=True)
+class Export:
+    """What a zip export holds, read when it was asked for."""
+
+    directory: Path
+    meta: RecordingMeta
+    entries: list[dict[str, Any]]
+    files: list[str]  # frames/… and shots/…, relative to the directory
+
+
+def export(store: RecordingStore, meta: RecordingMeta) -> Export:
+    directory = store.directory(meta.session_id)
+    files = [f"{sub}/{file.name}" for sub in ("frames", "shots")
+             for file in sorted((directory / sub).iterdir())]
+    return Export(directory, meta, trajectory(store, meta), files)
+
+
+class _Chunks:
+    """What the zip writes, taken in chunks as it goes: a write-only stream, which
+    zipfile writes with data descriptors instead of seeking back."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes, /) -> int:
+        self._parts.append(bytes(data))
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def take(self) -> bytes:
+        data, self._parts = b"".join(self._parts), []
+        return data
+
+
+def zip_chunks(parts: Export) -> Iterator[bytes]:
+    """The zip of the trajectory, the frames and the settled screenshots, made as it is
+    sent: written whole into the state dir first, it took up to the key's recording quota
+    again on disk, counted nowhere. Blocking: a file at a time."""
+    sink = _Chunks()
+    with zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_STORED) as archive:
+        archive.writestr("recording.json", parts.meta.model_dump_json(exclude={"owner", "entries"}),
+                         compress_type=zipfile.ZIP_DEFLATED)
+        archive.writestr("trajectory.jsonl", b"".join(trajectory_lines(parts.entries)),
+                         compress_type=zipfile.ZIP_DEFLATED)
+        yield sink.take()
+        for name in parts.files:  # JPEG and PNG are compressed already
+            archive.write(parts.directory / name, name)
+            yield sink.take()
+    yield sink.take()

@@ -19,6 +19,7 @@ from .desktop import AnyDesktop
 from .events import EventLog
 from .lifecycle import SessionRecord
 from .recorder import Recorder
+from .recording_media import Videos
 from .recording_store import RecordingMeta, RecordingStore
 
 __all__ = ["Recordings"]
@@ -32,6 +33,7 @@ class Recordings:
         quota_bytes: int,
     ) -> None:
         self.store = store
+        self.videos = Videos(store)  # GET .../recording.mp4 (recording_media.py)
         self._events = events
         self._fps = fps
         self._quality = quality
