@@ -24,7 +24,7 @@ from deskbox_server.settings import Settings
 
 from ..images import IMAGE_STATE_DIR
 from .conftest import KEY_A, KEY_B, Server, running_server
-from .helpers import decode
+from .helpers import assert_error, decode
 
 pytestmark = pytest.mark.slow
 
@@ -274,6 +274,42 @@ def test_a_snapshot_pool_serves_creates_from_the_snapshot(server: Server) -> Non
             assert not pool.snapshot_keys(key_id(KEY_A))
         finally:
             a.delete(f"/v1/sessions/{sid}")
+
+
+@pytest.mark.skipif(Criu().missing() is not None,
+                    reason="CRIU 4.1 is not installed (scripts/criu.sh)")
+def test_a_pool_set_to_0_removes_the_images_unpacked_for_it(
+    server: Server, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pool unpacks its snapshot's images beside the archive (several times its size) for
+    fast restores: they count in the key's snapshot quota while kept, and pool 0 removes
+    them; the snapshot still restores, from its archive. They stayed for good, counted
+    nowhere."""
+    with server.client(KEY_A) as a, snapshot_of_a_plain_session(server, a) as snapshot:
+        sid = snapshot["id"]
+        images = server.settings.state_dir / "snapshots" / sid / "images"
+        try:
+            assert a.put(f"/v1/snapshots/{sid}/pool", json={"size": 1}).status_code == 200
+            assert images.is_dir()
+            # A quota just above what the key's snapshots take packed: the unpacked
+            # images take it over.
+            packed = sum(s["size_bytes"] for s in a.get("/v1/snapshots").json()["snapshots"])
+            monkeypatch.setattr(server.services.manager.copies, "_snapshot_quota_mb",
+                                (packed >> 20) + 1)
+            source = snapshot["session_id"]
+            assert_error(a.post(f"/v1/sessions/{source}/snapshots"), 429, "quota_exceeded")
+
+            assert a.put(f"/v1/snapshots/{sid}/pool", json={"size": 0}).status_code == 200
+            assert not images.exists()
+            assert (images.parent / "images.tar.zst").is_file()
+            second = a.post(f"/v1/sessions/{source}/snapshots")
+            assert second.status_code == 201, second.text
+            assert a.delete(f"/v1/snapshots/{second.json()['id']}").status_code == 204
+            copy = a.post("/v1/sessions", json={"from_snapshot": sid})
+            assert copy.status_code == 201, copy.text
+            assert a.delete(f"/v1/sessions/{copy.json()['id']}").status_code == 204
+        finally:
+            a.delete(f"/v1/snapshots/{sid}")
 
 
 def test_deleting_a_snapshot_while_its_pool_restores_is_no_failure(

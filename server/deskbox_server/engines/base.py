@@ -436,5 +436,11 @@ class Engine(ABC, Generic[S]):
 
     async def keep_for_restores(self, directory: Path) -> None:
         """The snapshot in ``directory`` is going to be restored often (a pool keeps copies
-        of it): keep it in the form fastest to restore, until it is deleted. Nothing by
-        default."""
+        of it): keep it in the form fastest to restore, until :meth:`kept_for_restores`
+        is removed. Nothing by default."""
+
+    def kept_for_restores(self, directory: Path) -> Path | None:
+        """What :meth:`keep_for_restores` adds to the snapshot in ``directory`` (None:
+        nothing). The session layer removes it once no pool keeps the snapshot, when no
+        restore reads it: it is the snapshot's memory again, taking disk for nothing."""
+        return None

@@ -87,9 +87,21 @@ class SnapshotCatalog:
             )
         engine = self._engines.get(snapshot.backend)
         if size > 0 and engine is not None:
+            self._store.want_unpacked(snapshot.id)
             # Before the pool starts restoring: its copies get the fast form at once.
             await engine.keep_for_restores(key.directory)
         snapshot = snapshot.model_copy(update={"pool_size": size})
         await asyncio.to_thread(self._store.save, snapshot)
         await self._pool.set_target(key, size)
+        if size == 0:
+            await self._pool.settled(key)
+            await self.drop_unpacked(snapshot)
         return snapshot
+
+    async def drop_unpacked(self, snapshot: SnapshotRecord) -> None:
+        """Remove the form its engine kept for a pool's restores, once none reads it: it
+        stayed for good, several times the archive's size, counted nowhere."""
+        engine = self._engines.get(snapshot.backend)
+        kept = engine.kept_for_restores(self._store.directory(snapshot.id)) if engine else None
+        if kept is not None:
+            await asyncio.to_thread(self._store.drop_unpacked, snapshot.id, kept)

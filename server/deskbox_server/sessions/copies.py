@@ -74,7 +74,7 @@ class SessionCopies:
         # only once it is taken. It keeps one key from filling the disk that every key's
         # hibernations and forks need.
         quota_mb = self._snapshot_quota_mb
-        used_mb = sum(s.size_bytes for s in await self._catalog.list(owner)) >> 20
+        used_mb = sum(s.disk_bytes for s in await self._catalog.list(owner)) >> 20
         if used_mb >= quota_mb:
             raise QuotaExceeded(f"this API key's snapshots hold {used_mb} MB, its quota is "
                                 f"{quota_mb} MB (DESKBOX_SNAPSHOT_QUOTA_MB); delete one first")

@@ -188,6 +188,8 @@ class SessionManager:
                 # cannot be served (its size stays saved for a server that can).
                 if snapshot.pool_size and snapshot.backend == self.pool.backend:
                     await self.pool.set_target(self.catalog.pool_key(snapshot), snapshot.pool_size)
+                elif not snapshot.pool_size:  # what an earlier server left unpacked
+                    await self.catalog.drop_unpacked(snapshot)
             self.pool.start()
 
     async def _recover(self) -> None:
@@ -529,15 +531,23 @@ class SessionManager:
             })
             record = await self._create(owner, body, wait, directory, idempotency=idempotency)
         except BaseException:
-            self.snapshots.release(snapshot.id)
+            self._release_snapshot(snapshot.id)
             raise
         # Restoring reads the snapshot: it is kept from deletion until the copy runs.
         start_task = self._live[record.id].start_task if record.id in self._live else None
         if start_task is None or start_task.done():
-            self.snapshots.release(snapshot.id)
+            self._release_snapshot(snapshot.id)
         else:
-            start_task.add_done_callback(lambda _: self.snapshots.release(snapshot.id))
+            start_task.add_done_callback(lambda _: self._release_snapshot(snapshot.id))
         return record
+
+    def _release_snapshot(self, snapshot_id: str) -> None:
+        if self.snapshots.release(snapshot_id):
+            # Its pool went to 0 while this restore read the images unpacked for it.
+            removal = asyncio.create_task(
+                asyncio.to_thread(self.snapshots.drop_unwanted, snapshot_id))
+            self._removals.add(removal)
+            removal.add_done_callback(self._removals.discard)
 
     async def _create(
         self, owner: str, body: SessionCreate, wait: bool, snapshot: Path | None = None,

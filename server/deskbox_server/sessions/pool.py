@@ -128,6 +128,7 @@ class WarmPool:
         # (a snapshot that never restores once held the loop, and every other pool ran dry).
         self._retry_at: dict[Key, float] = {}
         self._starting: asyncio.Future[AnyDesktop] | None = None  # the refill's start
+        self._starting_key: Key | None = None  # and the pool it is for
         self.claimed = 0
 
     @property
@@ -162,6 +163,13 @@ class WarmPool:
             self._ready.pop(key, None)
         self._wake.set()
         await asyncio.gather(*(self._discard(r, "no longer wanted") for r in surplus))
+
+    async def settled(self, key: Key) -> None:
+        """Once the refill starts no desktop of ``key`` (a copy of a snapshot being restored
+        reads its images until then). For a pool already dropped: none starts after."""
+        starting = self._starting
+        if starting is not None and self._starting_key == key:
+            await asyncio.wait([starting])
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._refill_forever(), name="deskbox-pool")
@@ -205,6 +213,7 @@ class WarmPool:
                 while (not self._closing and key in self._targets
                        and len(self._ready[key]) < self._targets[key]):
                     session_id = new_session_id()
+                    self._starting_key = key
                     starting = self._starting = asyncio.ensure_future(Desktop.start(
                         self._engine, key.spec(session_id), self._timeout_s,
                         self._call_timeout_s,

@@ -5,7 +5,8 @@ store adds ``snapshot.json`` (mode 0600: owner, source session, sizes) last, so 
 without it is a snapshot that never finished (the server died meanwhile) and is removed at
 start. Snapshots outlive the server: the directory is the whole truth, nothing else indexes
 it. Forks checkpoint in memory, or into ``<state>/snapshots/.forks/`` (fork_scratch.py), and
-remove it once the copies run.
+remove it once the copies run. While a pool keeps copies of a snapshot, its engine may keep
+its images unpacked in its directory too (keep_for_restores); they go when the pool does.
 
 The files hold the session's memory: only the server's user can read them.
 """
@@ -48,6 +49,12 @@ class SnapshotRecord(BaseModel):
     raw_bytes: int
     pool_size: int = 0  # ready copies the warm pool keeps (PUT /v1/snapshots/{id}/pool)
 
+    @property
+    def disk_bytes(self) -> int:
+        """What it takes on disk, as the key's quota counts it: its archive, and while a
+        pool keeps copies, its images unpacked for their restores (about ``raw_bytes``)."""
+        return self.size_bytes + (self.raw_bytes if self.pool_size else 0)
+
 
 class SnapshotStore:
     def __init__(self, root: Path) -> None:
@@ -57,6 +64,9 @@ class SnapshotStore:
         self._lock = threading.Lock()
         self._in_use: Counter[str] = Counter()
         self._deleted: set[str] = set()  # by this server: their records may linger a moment
+        # Images an engine keeps unpacked for a pool's restores (kept_for_restores) that no
+        # pool wants any more, left until the restores reading them end.
+        self._unwanted: dict[str, Path] = {}
 
     def open(self) -> None:
         """Create the directory; remove what a previous server left half-written."""
@@ -128,11 +138,15 @@ class SnapshotStore:
             self._in_use[snapshot.id] += 1
         return self.directory(snapshot.id)
 
-    def release(self, snapshot_id: str) -> None:
+    def release(self, snapshot_id: str) -> bool:
+        """True: the last restore reading unpacked images no pool wants has ended; the
+        caller removes them now (:meth:`drop_unwanted`, on a worker thread)."""
         with self._lock:
             self._in_use[snapshot_id] -= 1
-            if self._in_use[snapshot_id] <= 0:
-                del self._in_use[snapshot_id]
+            if self._in_use[snapshot_id] > 0:
+                return False
+            del self._in_use[snapshot_id]
+            return snapshot_id in self._unwanted
 
     def begin_delete(self, owner: str, snapshot_id: str) -> SnapshotRecord:
         """Conflict if a restore reads the snapshot; else none may begin from it any more
@@ -158,8 +172,41 @@ class SnapshotStore:
         except BaseException:
             self.cancel_delete(snapshot_id)  # it is still whole, and still there
             raise
+        with self._lock:
+            self._unwanted.pop(snapshot_id, None)
         shutil.rmtree(doomed, ignore_errors=True)
 
     def cancel_delete(self, snapshot_id: str) -> None:
         with self._lock:
             self._deleted.discard(snapshot_id)
+
+    # -- images kept unpacked for a pool ---------------------------------------------------
+
+    def want_unpacked(self, snapshot_id: str) -> None:
+        """A pool keeps copies of the snapshot (again): its unpacked images stay."""
+        with self._lock:
+            self._unwanted.pop(snapshot_id, None)
+
+    def drop_unpacked(self, snapshot_id: str, unpacked: Path) -> None:
+        """Remove ``unpacked``, the images an engine keeps for a pool's restores, now or
+        once no restore reads the snapshot (:meth:`release`)."""
+        with self._lock:
+            self._unwanted[snapshot_id] = unpacked
+        self.drop_unwanted(snapshot_id)
+
+    def drop_unwanted(self, snapshot_id: str) -> None:
+        with self._lock:
+            if self._in_use[snapshot_id]:
+                return
+            unpacked = self._unwanted.pop(snapshot_id, None)
+            if unpacked is None:  # wanted again meanwhile
+                return
+            # Renamed under the lock: a restore beginning after it reads the archive, and
+            # none finds half of the images. Into the forks' directory, which open() clears.
+            aside = self.root / _FORKS / f"unpacked-{snapshot_id}-{secrets.token_hex(4)}"
+            (self.root / _FORKS).mkdir(mode=0o700, exist_ok=True)
+            try:
+                os.replace(unpacked, aside)
+            except FileNotFoundError:  # none unpacked, or the snapshot deleted
+                return
+        shutil.rmtree(aside, ignore_errors=True)

@@ -30,7 +30,7 @@ from .layout import Limits
 from .reach import check_image_reachable
 from .sandbox import RuncOptions, RuncSandbox, remove_orphans
 from .seccomp import seccomp_profile
-from .snapshot import keep_unpacked, restore_copy, take_snapshot
+from .snapshot import RAW_IMAGES, keep_unpacked, restore_copy, take_snapshot
 from .stream import open_agent_stream
 
 __all__ = ["RuncEngine"]
@@ -179,6 +179,9 @@ class RuncEngine(Engine[RuncSandbox]):
 
     async def keep_for_restores(self, directory: Path) -> None:
         await asyncio.to_thread(keep_unpacked, directory)
+
+    def kept_for_restores(self, directory: Path) -> Path | None:
+        return directory / RAW_IMAGES
 
     async def close(self) -> None:
         await asyncio.to_thread(self._host_watch.close)

@@ -4,7 +4,8 @@ A snapshot is a directory (mode 0700) the session layer chooses::
 
     sandbox.json        the dumped sandbox's OCI config and inner display (oci.SandboxTemplate)
     images.tar.zst      CRIU's images (archive.py, mode 0600), for a snapshot that is kept
-    images/             or the raw images, for a fork that restores them right away
+    images/             or the raw images, for a fork that restores them right away (and
+                        beside the archive while a pool keeps copies: keep_unpacked)
 
 The images hold the session's memory: every file is mode 0600 in a 0700 directory.
 
@@ -31,8 +32,8 @@ from .layout import Limits, SandboxTemplate, host_root_gid
 from .sandbox import RuncOptions, RuncSandbox
 
 __all__ = [
-    "ARCHIVE", "TEMPLATE", "SnapshotStats", "keep_unpacked", "read_template", "restore_copy",
-    "snapshot_size", "take_snapshot",
+    "ARCHIVE", "RAW_IMAGES", "TEMPLATE", "SnapshotStats", "keep_unpacked", "read_template",
+    "restore_copy", "snapshot_size", "take_snapshot",
 ]
 
 TEMPLATE = "sandbox.json"
