@@ -265,6 +265,14 @@ NOISE = ("data:text/html,<body style='margin:0'><canvas id=c width=1280 height=8
          "w[i]=s|0xff000000}c.putImageData(d,0,0);requestAnimationFrame(f)}f()</script></body>")
 
 
+def record_the_noise(client: httpx.Client, sid: str) -> None:
+    """Start recording session ``sid`` once its NOISE page fills the screen."""
+    assert wait_for(lambda: len(client.get(
+        f"/v1/sessions/{sid}/screenshot", params={"format": "jpeg"}).content)
+        > 512 * 1024), "the noise page never filled the screen"
+    assert client.post(f"/v1/sessions/{sid}/recording/start").status_code == 200
+
+
 def test_frames_dropped_at_the_quota_are_not_counted(tmp_path: Any) -> None:
     """The first write of a recording goes past its key's quota and is dropped: the
     recording says it has no frame, and asking for one (or the video) is a 404. It counted
@@ -277,10 +285,7 @@ def test_frames_dropped_at_the_quota_are_not_counted(tmp_path: Any) -> None:
         try:
             # Recording starts once the noise is on screen: a frame taken before the page
             # drew is small enough to fit the quota, and is rightly counted.
-            assert wait_for(lambda: len(client.get(
-                f"/v1/sessions/{sid}/screenshot", params={"format": "jpeg"}).content)
-                > 512 * 1024), "the noise page never filled the screen"
-            assert client.post(f"/v1/sessions/{sid}/recording/start").status_code == 200
+            record_the_noise(client, sid)
             recording = wait_for(lambda: (r := client.get(
                 f"/v1/sessions/{sid}/recording").json())["state"] == "stopped" and r)
             assert recording, "the quota never stopped the recording"
@@ -306,10 +311,7 @@ def test_videos_asked_at_once_hold_up_no_other_request(tmp_path: Path) -> None:
         sid = client.post("/v1/sessions", json={
             "display": DISPLAY, "browser": {"start_url": NOISE}}).json()["id"]
         try:
-            assert wait_for(lambda: len(client.get(
-                f"/v1/sessions/{sid}/screenshot", params={"format": "jpeg"}).content)
-                > 512 * 1024), "the noise page never filled the screen"
-            assert client.post(f"/v1/sessions/{sid}/recording/start").status_code == 200
+            record_the_noise(client, sid)
             assert wait_for(lambda: client.get(f"/v1/sessions/{sid}/recording").json()[
                 "frames"] >= 150, timeout_s=120), "the recording did not get its frames"
         finally:

@@ -304,13 +304,20 @@ def test_delete_leaves_nothing(client: httpx.Client, podman: Podman, server: Ser
     assert not socket_dir.exists()
 
 
-def test_a_killed_servers_container_is_adopted_by_the_next(podman: Podman, base: Path) -> None:
-    state_dir, log = base / "restart-state", base / "restart.log"
+def left_by_a_killed_server(podman: Podman, state_dir: Path, log: Path
+                            ) -> tuple[dict[str, Any], str]:
+    """A session, and its container's name, whose server was killed (SIGKILL)."""
     with docker_server(podman, state_dir, log) as first:
         made = create(first.client)
         name = container_name(first, made, podman)
         first.process.send_signal(signal.SIGKILL)
         first.process.wait()
+    return made, name
+
+
+def test_a_killed_servers_container_is_adopted_by_the_next(podman: Podman, base: Path) -> None:
+    state_dir, log = base / "restart-state", base / "restart.log"
+    made, name = left_by_a_killed_server(podman, state_dir, log)
     assert name in containers(podman)  # the container outlives its server
     # Paused meanwhile (or by a pause the killed server had not recorded): the record says
     # running, so the next server unpauses it; its agent answered no handshake before.
@@ -339,11 +346,7 @@ def test_a_container_the_next_server_cannot_reach_is_removed(
     fails, and its container goes with the orphans. It ran on, kept as one of the
     server's own sandboxes."""
     state_dir, log = base / "unreachable-state", base / "unreachable.log"
-    with docker_server(podman, state_dir, log) as first:
-        made = create(first.client)
-        name = container_name(first, made, podman)
-        first.process.send_signal(signal.SIGKILL)
-        first.process.wait()
+    made, name = left_by_a_killed_server(podman, state_dir, log)
     stopped = podman.cli("exec", name, "python3", "-c", STOP_THE_AGENT)
     assert stopped.returncode == 0, stopped.stderr
     with docker_server(podman, state_dir, log) as second:

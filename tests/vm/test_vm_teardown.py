@@ -25,17 +25,32 @@ def no_image(_: object) -> Path:
     raise AssertionError("no guest is booted here")
 
 
+def held_cgroup(sandbox: VmSandbox) -> list[Path]:
+    """The VM's cgroup, made, with a child group in each directory: it cannot be removed
+    (as one whose QEMU thread is stuck in the kernel); the children's paths."""
+    sandbox.cgroup.create(1.0, 256 * 1024 * 1024)
+    blockers = [directory / "held" for directory in sandbox.cgroup.directories]
+    for blocker in blockers:
+        blocker.mkdir()
+    return blockers
+
+
+def let_go(sandbox: VmSandbox) -> None:
+    """Remove the children :func:`held_cgroup` made, then the VM's cgroup."""
+    for directory in sandbox.cgroup.directories:
+        if (directory / "held").is_dir():
+            (directory / "held").rmdir()
+    sandbox.cgroup.remove()
+
+
 def test_a_cgroup_that_stays_leaves_only_what_finds_the_vm_again(tmp_path: Path) -> None:
     engine = VmEngine(tmp_path / "state", no_image)
     sandbox = VmSandbox(engine.state_dir, 8, "ses_stuckgroup", VmConfig())
     sandbox.paths.runtime.mkdir(parents=True)
     sandbox.state_dir.mkdir(parents=True)
     (sandbox.state_dir / "disk.img").write_bytes(b"\0" * 4096)
-    sandbox.cgroup.create(1.0, 256 * 1024 * 1024)
-    blockers = [directory / "held" for directory in sandbox.cgroup.directories]
     try:
-        for blocker in blockers:
-            blocker.mkdir()  # a group with a child group cannot be removed
+        blockers = held_cgroup(sandbox)
         sandbox.uid = 4242
 
         with pytest.raises(SessionFailed, match="cgroup .* would not go away"):
@@ -50,10 +65,7 @@ def test_a_cgroup_that_stays_leaves_only_what_finds_the_vm_again(tmp_path: Path)
         assert not sandbox.paths.runtime.exists()
         assert not any(directory.exists() for directory in sandbox.cgroup.directories)
     finally:
-        for blocker in blockers:
-            if blocker.is_dir():
-                blocker.rmdir()
-        sandbox.cgroup.remove()
+        let_go(sandbox)
         shutil.rmtree(runtime_root(engine.state_dir), ignore_errors=True)
 
 
@@ -65,12 +77,8 @@ def test_an_orphan_that_stays_is_logged_and_the_sweep_goes_on(
     gone = VmSandbox(engine.state_dir, 8, "ses_b_gone", VmConfig())
     for orphan in (stuck, gone):
         orphan.paths.runtime.mkdir(parents=True)
-    stuck.cgroup.create(1.0, 256 * 1024 * 1024)
-    blockers = [directory / "held" for directory in stuck.cgroup.directories]
     try:
-        for blocker in blockers:
-            blocker.mkdir()
-
+        held_cgroup(stuck)
         with caplog.at_level(logging.WARNING, logger="deskbox.vm"):
             assert asyncio.run(engine.remove_orphans(())) == ["ses_b_gone"]
         assert not gone.paths.runtime.exists()
@@ -78,8 +86,5 @@ def test_an_orphan_that_stays_is_logged_and_the_sweep_goes_on(
         (warning,) = [r.getMessage() for r in caplog.records if "ses_a_stuck" in r.getMessage()]
         assert "not removed" in warning and "would not go away" in warning
     finally:
-        for blocker in blockers:
-            if blocker.is_dir():
-                blocker.rmdir()
-        stuck.cgroup.remove()
+        let_go(stuck)
         shutil.rmtree(runtime_root(engine.state_dir), ignore_errors=True)
