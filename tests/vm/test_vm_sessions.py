@@ -23,7 +23,8 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from deskbox import Deskbox
-from deskbox_server.engines.vm.sandbox import HIBERNATION_FILE
+from deskbox_server.engines.vm.qemu import VmConfig
+from deskbox_server.engines.vm.sandbox import CONFIG_FILE, HIBERNATION_FILE
 
 from ..api.containers import act
 from ..api.helpers import assert_error, decode, token_for
@@ -292,7 +293,7 @@ def test_hibernate_ends_qemu_and_resume_brings_the_page_back(
 
 
 def test_fork_makes_two_independent_vms(
-    client: httpx.Client, session: dict[str, Any], origin: tuple[int, int]
+    client: httpx.Client, session: dict[str, Any], origin: tuple[int, int], vm: Vm
 ) -> None:
     ox, oy = origin
     response = client.post(f"/v1/sessions/{session['id']}/fork", json={"count": 2})
@@ -310,6 +311,9 @@ def test_fork_makes_two_independent_vms(
             assert state["value"] == f"{TEXT}{number}"
         # The original goes on untouched by its copies' typing.
         assert read_page(client, session["id"], lambda s: True)["value"] == TEXT
+        # What a restarted server needs to take a copy over (a copy had none).
+        for sid in copies:
+            assert VmConfig.from_json((vm.state_dir / "vm" / sid / CONFIG_FILE).read_text())
     finally:
         for sid in copies:
             assert client.delete(f"/v1/sessions/{sid}").status_code == 204

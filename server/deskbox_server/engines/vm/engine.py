@@ -223,10 +223,12 @@ class VmEngine(Engine[VmSandbox]):
                 self.image, sandbox.config, sandbox.paths, self.accelerator, sandbox.env,
                 timeout_s, incoming, wrap, net_files if incoming is None else None,
             )
+            # What a later server needs to adopt it (adopt, adopt_checkpointed): a copy of a
+            # snapshot or fork as much as a new guest (a copy had none, and a restart
+            # failed it).
+            await asyncio.to_thread((sandbox.state_dir / CONFIG_FILE).write_text,
+                                    sandbox.config.to_json())
             if incoming is None:
-                # What a later server needs to adopt it (adopt, adopt_checkpointed).
-                await asyncio.to_thread((sandbox.state_dir / CONFIG_FILE).write_text,
-                                        sandbox.config.to_json())
                 await sandbox.guest.agent_port_event(True, 0, timeout_s)
             else:
                 await sandbox.guest.wait_running(timeout_s)
