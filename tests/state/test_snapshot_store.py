@@ -28,6 +28,12 @@ def saved(store: SnapshotStore) -> SnapshotRecord:
     return record
 
 
+def delete(store: SnapshotStore, snapshot_id: str) -> None:
+    """A delete as the API makes it, with nothing to do between its two halves."""
+    store.begin_delete(OWNER, snapshot_id)
+    store.finish_delete(snapshot_id)
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> SnapshotStore:
     opened = SnapshotStore(tmp_path / "snapshots")
@@ -40,23 +46,23 @@ def test_a_delete_between_reading_a_snapshot_and_holding_it_is_a_404(
 ) -> None:
     record = saved(store)
     read = store.get(OWNER, record.id)  # a create from the snapshot read its record
-    store.delete(OWNER, record.id)  # then a delete came
+    delete(store, record.id)  # then a delete came
     with pytest.raises(NotFound):
         store.hold(read)
     assert not store.directory(record.id).exists()
     with pytest.raises(NotFound):
-        store.delete(OWNER, record.id)
+        delete(store, record.id)
 
 
 def test_a_held_snapshot_is_kept_until_released(store: SnapshotStore) -> None:
     record = saved(store)
     directory = store.hold(record)
     with pytest.raises(Conflict) as refused:
-        store.delete(OWNER, record.id)
+        delete(store, record.id)
     assert "is being restored" in refused.value.message
     assert (directory / "images.tar.zst").read_bytes() == b"checkpoint"
     store.release(record.id)
-    store.delete(OWNER, record.id)
+    delete(store, record.id)
     assert not directory.exists()
 
 
@@ -64,6 +70,15 @@ def test_a_delete_that_fails_leaves_the_snapshot_usable(store: SnapshotStore) ->
     record = saved(store)
     (store.root / ".forks").write_text("not a directory")  # where deletes move snapshots
     with pytest.raises(OSError):
-        store.delete(OWNER, record.id)
+        delete(store, record.id)
     assert store.hold(record) == store.directory(record.id)
     assert [r.id for r in store.list(OWNER)] == [record.id]
+
+
+def test_a_delete_called_off_leaves_the_snapshot_usable(store: SnapshotStore) -> None:
+    record = saved(store)
+    store.begin_delete(OWNER, record.id)
+    with pytest.raises(NotFound):  # no restore begins while the delete may go on
+        store.hold(record)
+    store.cancel_delete(record.id)
+    assert store.hold(record) == store.directory(record.id)
