@@ -14,7 +14,8 @@ running another checkout uses another recipe's image. So an operator removes the
 Never the current recipe's image, and never an image in use: one that a process runs on (its
 root or working directory on the image's file system: a runc sandbox, in its own mount
 namespace, where unmounting on the host would not be refused), or holds a file of open
-(the vm engine's QEMU holds the image file); such an image is kept with what was made from
+(the vm engine's QEMU holds the image file, and a server holds the image its engines serve
+from while it runs, with no session too); such an image is kept with what was made from
 it, and named with those processes. Builds wait meanwhile (the build locks are held).
 
 Usage: ``python desktop_image/prune.py [--state-dir DIR] [--dry-run]``: one line per

@@ -10,6 +10,7 @@ file open through the guest's link.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -22,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from ..images import recipe_module
+from ..api.served import serve
+from ..images import IMAGE_STATE_DIR, recipe_module
 
 DESKBOX = str(Path(sys.executable).parent / "deskbox")
 MiB = 2**20
@@ -224,3 +226,24 @@ def test_deskbox_image_prune(images: Path) -> None:
     assert re.fullmatch(r"freed 5 MiB in 2 directories; the current image [0-9a-f]{16} is "
                         r"not built \(deskbox image build\)", lines[2]), lines[2]
     assert listing(images) == []
+
+
+def test_an_idle_server_is_named_as_its_images_user(
+    prune: ModuleType, tmp_path: Path
+) -> None:
+    """A server with no session between its sessions still serves from its image: a prune
+    from a newer recipe keeps it, naming the server (it removed the image from under the
+    server's next session). Dry runs, on the suite's shared cache."""
+    current = prune.build.load_recipe()
+    newer = dataclasses.replace(current, script=current.script + b"\n# a newer recipe\n")
+    images = IMAGE_STATE_DIR / "images"
+    said: list[str] = []
+    with serve(tmp_path / "state", tmp_path / "server.log") as (server, client):
+        assert client.get("/v1/sessions").json()["sessions"] == []  # idle
+        pruned = prune.prune(images, newer, said.append, print, dry_run=True)
+        assert pruned.kept == [current.hash], said
+        assert said[0].startswith(f"kept {current.hash}: in use by pid "), said
+        assert f"{server.pid} (deskbox)" in said[0], said
+    said.clear()
+    prune.prune(images, newer, said.append, print, dry_run=True)
+    assert f"would remove {current.hash} " in "\n".join(said)  # only a dry run: still there

@@ -8,6 +8,7 @@ slow the tests after it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -18,6 +19,7 @@ import pytest
 from deskbox_server.engines.vm.sandbox import runtime_root
 
 from ..api.helpers import decode
+from ..images import IMAGE_STATE_DIR, recipe_module
 from .conftest import BOOT_TIMEOUT_S, PoolServer, qemu_pids
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -36,6 +38,17 @@ def pool_qemus(server: PoolServer) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def test_the_vm_engine_holds_its_image_for_prune_to_see(pool_server: PoolServer) -> None:
+    """A vm-only server is a user of the session image its guest boots from, whether a VM
+    runs or not: a prune from a newer recipe keeps the image (a dry run, on the suite's
+    shared cache). Its QEMU's hold alone would end with its last VM."""
+    with recipe_module("prune") as prune:
+        current = prune.build.load_recipe()
+        newer = dataclasses.replace(current, script=current.script + b"\n# a newer recipe\n")
+        users = prune._image_users(IMAGE_STATE_DIR / "images", newer)
+    assert pool_server.process.pid in users.get(current.hash, {}), users
 
 
 def test_a_plain_create_takes_the_warm_vm_the_reaper_ends_it_and_shutdown_cancels_the_refill(

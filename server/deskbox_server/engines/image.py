@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -24,8 +25,8 @@ from pathlib import Path
 from ..errors import Internal
 
 __all__ = [
-    "OCI_ARCHIVE", "Pruned", "build_image", "build_off_loop", "describe_images", "prune_images",
-    "verify_image",
+    "OCI_ARCHIVE", "ImageHold", "Pruned", "build_image", "build_off_loop", "describe_images",
+    "prune_images", "verify_image",
 ]
 
 Progress = Callable[[str], None]
@@ -121,6 +122,28 @@ def build_image(
     if not built.is_dir():
         raise Internal(f"the image build reported {built}, which is not a directory")
     return built
+
+
+class ImageHold:
+    """A descriptor kept open on the image an engine serves from, for as long as the server
+    runs. ``deskbox image prune`` keeps an image that a process holds a file of (or runs
+    on), so an idle server of an older recipe, between sessions, is named as its user
+    instead of having the image removed from under its next session."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+
+    def hold(self, path: Path) -> None:
+        """Hold ``path`` (a directory of the mounted image, or the image's file) instead
+        of what was held before; OSError if it cannot be opened."""
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.release()
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 async def build_off_loop(build: Callable[[threading.Event], Path]) -> Path:

@@ -19,7 +19,7 @@ from typing import ClassVar
 from ...errors import InvalidRequest
 from ..base import AgentStream, Capability, Engine, SessionSpec, SnapshotInfo
 from ..host_addresses import HostAddressWatch, start_host_watch
-from ..image import build_off_loop
+from ..image import ImageHold, build_off_loop
 from ..in_thread import made_in_thread
 from ..network import Egress, check_allow, resolve_egress
 from ..processes import become_subreaper
@@ -62,6 +62,7 @@ class RuncEngine(Engine[RuncSandbox]):
         self._image = image
         self._criu = criu or Criu()
         self._host_watch = HostAddressWatch(options.id_prefix)
+        self._image_hold = ImageHold()
 
     async def prepare(self) -> None:
         # runc exits once a sandbox runs: its init must reparent to us, to be reaped.
@@ -87,6 +88,7 @@ class RuncEngine(Engine[RuncSandbox]):
         if self.options.scratch is not None:
             await asyncio.to_thread(self.options.scratch.open)
         await asyncio.to_thread(start_host_watch, self._host_watch)
+        await asyncio.to_thread(self._image_hold.hold, self.options.rootfs)
 
     def check(self, spec: SessionSpec) -> None:
         super().check(spec)
@@ -184,6 +186,7 @@ class RuncEngine(Engine[RuncSandbox]):
         return directory / RAW_IMAGES
 
     async def close(self) -> None:
+        self._image_hold.release()
         await asyncio.to_thread(self._host_watch.close)
         if self.options.scratch is not None:
             await asyncio.to_thread(self.options.scratch.close)

@@ -41,7 +41,7 @@ from ...errors import (
 from ..base import AgentStream, Capability, Engine, SessionSpec, SnapshotInfo
 from ..desktop_commands import session_env
 from ..host_addresses import HostAddressWatch, start_host_watch
-from ..image import build_off_loop
+from ..image import ImageHold, build_off_loop
 from ..network import (
     Egress,
     SessionNetwork,
@@ -123,6 +123,7 @@ class VmEngine(Engine[VmSandbox]):
         self._max_execs = max_execs
         self._browser = browser
         self._host_watch = HostAddressWatch("deskbox-vm-")  # any server's VMs: no harm
+        self._image_hold = ImageHold()
 
     @property
     def accelerator(self) -> Accelerator:
@@ -143,6 +144,7 @@ class VmEngine(Engine[VmSandbox]):
         directory = await build_off_loop(self._image_source)
         self._image = GuestImage.from_directory(directory)
         await asyncio.to_thread(start_host_watch, self._host_watch)
+        await asyncio.to_thread(self._image_hold.hold, self._image.root_disk)
 
     @property
     def image(self) -> GuestImage:
@@ -254,6 +256,7 @@ class VmEngine(Engine[VmSandbox]):
             raise DesktopFailed(f"cannot connect to the VM's agent port: {error!r}") from None
 
     async def close(self) -> None:
+        self._image_hold.release()
         await asyncio.to_thread(self._host_watch.close)
         # The runtime directories' parent is this server's; a VM that runs on keeps it.
         with contextlib.suppress(OSError):
