@@ -35,6 +35,7 @@ __all__ = [
     "AgentFailed",
     "BrowserUnavailable",
     "Capacity",
+    "CheckpointUnavailable",
     "Conflict",
     "DesktopFailed",
     "DeskboxError",
@@ -68,6 +69,11 @@ class DeskboxError(Exception):
 class InvalidRequest(DeskboxError):
     kind = "invalid_request"
     status = 422
+
+
+class CheckpointUnavailable(InvalidRequest):
+    """The engine cannot checkpoint this sandbox now (CRIU's dump, QEMU's save refused or
+    failed); the message says why, and the session runs on as it was."""
 
 
 class InvalidAction(InvalidRequest):

@@ -7,6 +7,9 @@ stand-in at the seam the engine drives QEMU through (guest.py's VmGuest).
   left for the new file: the call is a 507 ``insufficient_storage`` and the VM runs on as
   it was. It was a 502 that failed the session (QEMU's migration error), or a 500 (the
   file's open), though the guest had been resumed.
+- QEMU's migration fails otherwise (its writes refused: a file-size limit on the test's
+  QEMU): the call is a 422 naming QEMU's error, and the VM runs on. It was a 502 that
+  failed the session.
 - A delete does not wait for a hibernation: when it removes the VM (its directories too)
   after QEMU wrote the migration stream, the hibernation's next file is gone. That was a
   500; the delete came first, so the hibernation answers 409."""
@@ -15,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import resource
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +31,7 @@ from deskbox_server.engines.vm.engine import VmEngine
 from deskbox_server.engines.vm.guest import VmGuest, _connect_qmp
 from deskbox_server.engines.vm.qemu import QEMU, VmConfig
 from deskbox_server.engines.vm.sandbox import VmSandbox, runtime_root
-from deskbox_server.errors import Conflict, InsufficientStorage
+from deskbox_server.errors import CheckpointUnavailable, Conflict, InsufficientStorage
 
 
 def no_image(_: object) -> Path:
@@ -68,11 +73,22 @@ def made_by_hand(engine: VmEngine, session_id: str) -> VmSandbox:
     return sandbox
 
 
-def qemu_without_guest(sandbox: VmSandbox) -> subprocess.Popen[bytes]:
+def qemu_without_guest(
+    sandbox: VmSandbox, file_limit: int | None = None
+) -> subprocess.Popen[bytes]:
+    """``file_limit``: QEMU may write files up to that many bytes; a write beyond is
+    refused (EFBIG: SIGXFSZ is ignored, as it would kill QEMU instead)."""
+
+    def limit_files() -> None:
+        if file_limit is not None:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, file_limit))
+
     return subprocess.Popen(
         [QEMU, "-M", "none", "-nodefaults", "-nographic",
          "-qmp", f"unix:{sandbox.paths.qmp},server=on,wait=off"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
+        preexec_fn=limit_files)
 
 
 async def runs_as_it_was(sandbox: VmSandbox, guest: VmGuest) -> None:
@@ -116,6 +132,37 @@ def test_a_save_onto_a_full_disk_is_507_and_the_vm_runs_on(tmp_path: Path) -> No
             process.kill()
             process.wait()
             shutil.rmtree(runtime_root(engine.state_dir), ignore_errors=True)
+
+
+async def saves_refused(engine: VmEngine, sandbox: VmSandbox,
+                        process: subprocess.Popen[bytes]) -> None:
+    guest = sandbox.guest = VmGuest(process.pid, sandbox.paths,
+                                    await _connect_qmp(sandbox.paths, process, 30.0), process)
+    try:
+        with pytest.raises(CheckpointUnavailable,
+                           match="QEMU could not save the VM: .*File too large"):
+            await engine.checkpoint(sandbox)
+        await runs_as_it_was(sandbox, guest)
+
+        snapshot = engine.state_dir / "snapshot"
+        with pytest.raises(CheckpointUnavailable, match="File too large"):
+            await engine.snapshot(sandbox, snapshot)
+        assert not await asyncio.to_thread(snapshot.exists)
+        await runs_as_it_was(sandbox, guest)
+    finally:
+        await engine.destroy(sandbox)
+
+
+def test_a_save_qemu_fails_is_422_and_the_vm_runs_on(tmp_path: Path) -> None:
+    engine = VmEngine(tmp_path / "state", no_image)
+    sandbox = made_by_hand(engine, "ses_savefails")
+    process = qemu_without_guest(sandbox, file_limit=1)
+    try:
+        asyncio.run(saves_refused(engine, sandbox, process))
+    finally:
+        process.kill()
+        process.wait()
+        shutil.rmtree(runtime_root(engine.state_dir), ignore_errors=True)
 
 
 class _OvertakenByADelete(VmGuest):

@@ -35,7 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from ...errors import DeskboxError, InsufficientStorage, InvalidRequest, SessionFailed
+from ...errors import (
+    CheckpointUnavailable,
+    DeskboxError,
+    InsufficientStorage,
+    SessionFailed,
+)
 from ..base import StartTogether
 from ..network import bring_up_loopback
 from . import freezer, restored
@@ -48,7 +53,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CRIU_WRAPPER",
-    "CheckpointUnavailable",
     "Criu",
     "DumpStats",
     "dump",
@@ -90,10 +94,6 @@ _FULL_BELOW = 1 << 20
 _NOISE = ("rlimit:", "Dumping FAILED", "failed with -1", "exited, status")
 _FOREIGN_UNIX = re.compile(r"Unix socket \S+ not found")
 _SOCKOPT = re.compile(r"Can't get (\d+):(\d+) opt: Operation not supported")
-
-
-class CheckpointUnavailable(InvalidRequest):
-    """CRIU cannot checkpoint this sandbox here; the message says why."""
 
 
 @dataclass(frozen=True)

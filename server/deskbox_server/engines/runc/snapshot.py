@@ -24,10 +24,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import SessionFailed
+from ...errors import CheckpointUnavailable, SessionFailed
 from ..base import StartTogether
 from .archive import pack, unpack
-from .criu import CheckpointUnavailable, Criu, dump, restore_from, scratch_dirs, share_images
+from .criu import Criu, dump, restore_from, scratch_dirs, share_images
 from .layout import Limits, SandboxTemplate, host_root_gid
 from .sandbox import RuncOptions, RuncSandbox
 

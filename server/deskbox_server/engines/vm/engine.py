@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from ...errors import (
+    CheckpointUnavailable,
     Conflict,
     DeskboxError,
     DesktopFailed,
@@ -427,7 +428,8 @@ class VmEngine(Engine[VmSandbox]):
     async def _save(self, guest: VmGuest, path: Path) -> int:
         """The guest's state into ``path``; if that fails, the guest runs on as before (a
         save stops it first) and the partial file is gone. SessionFailed if it does not
-        run on: the session is lost then, whatever stopped the save."""
+        run on: the session is lost then, whatever stopped the save; a guest that does run
+        on fails no session (CheckpointUnavailable, InsufficientStorage, Timeout)."""
         try:
             return await guest.save(path, _SAVE_TIMEOUT_S)
         except BaseException as error:
@@ -440,6 +442,9 @@ class VmEngine(Engine[VmSandbox]):
                 why = error.message if isinstance(error, DeskboxError) else repr(error)
                 raise SessionFailed(f"the VM was not saved ({why}), and did not run on after "
                                     f"it: {failed.message}") from None
+            if isinstance(error, SessionFailed):  # QEMU refused the save; the guest runs on
+                raise CheckpointUnavailable(f"the VM was not saved, and runs on: "
+                                            f"{error.message}") from None
             raise
 
     async def _restore_copy(self, session_id: str, directory: Path, timeout_s: float

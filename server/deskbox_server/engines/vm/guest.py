@@ -20,7 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from ...errors import DesktopFailed, InsufficientStorage, SessionFailed, Timeout
+from ...errors import (
+    CheckpointUnavailable,
+    DesktopFailed,
+    InsufficientStorage,
+    SessionFailed,
+    Timeout,
+)
 from .accel import Accelerator
 from .qemu import AGENT_PORT_ID, GuestImage, VmConfig, VmPaths, guest_files, qemu_argv
 from .qmp import QmpClient, QmpError, QmpRefused
@@ -85,7 +91,8 @@ class VmGuest:
     async def save(self, path: Path, timeout_s: float) -> int:
         """Stop the guest and write its whole state to the new file ``path`` (QEMU's
         migration stream); the guest stays stopped ("postmigrate"). Its size.
-        InsufficientStorage when QEMU's writes met a full disk or a quota."""
+        InsufficientStorage when QEMU's writes met a full disk or a quota, and
+        CheckpointUnavailable when its migration failed otherwise."""
         started = time.monotonic()
         await self.qmp.execute("stop")
         await self.qmp.execute("migrate-set-parameters",
@@ -108,7 +115,7 @@ class VmGuest:
                 if any(os.strerror(code) in detail for code in NO_ROOM):
                     raise InsufficientStorage(f"no room on the server's disk for the VM's "
                                               f"state ({path.parent}): {detail}")
-                raise SessionFailed(f"QEMU could not save the VM: {detail}")
+                raise CheckpointUnavailable(f"QEMU could not save the VM: {detail}")
             if loop.time() > deadline:
                 with contextlib.suppress(DesktopFailed):
                     await self.qmp.execute("migrate_cancel")
