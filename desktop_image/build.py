@@ -350,16 +350,26 @@ def made_from_image(ensure: Callable[[Path, Progress], Path], state_dir: Path) -
     stderr, the made path on stdout (exit status 0), or why the session image cannot be
     used (INTEGRITY_FAILED)."""
 
-    def progress(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
+    signal.signal(signal.SIGTERM, _interrupt)
+    _stop_with_parent()
     try:
-        made = ensure(state_dir, progress)
+        made = ensure(state_dir, _progress)
+    except KeyboardInterrupt:
+        _progress("image build interrupted: the unfinished build was removed")
+        return 130
     except image_store.ImageIntegrityError as error:
-        progress(f"error: {error}; {integrity_advice(state_dir)}")
+        _progress(f"error: {error}; {integrity_advice(state_dir)}")
         return INTEGRITY_FAILED
     print(made)
     return 0
+
+
+def _progress(line: str) -> None:
+    """A build's progress, on stderr. Once nobody reads it (whoever ran the build was
+    killed), the build goes on to its end or its clean-up without saying so: a write that
+    raised there would cut the clean-up short."""
+    with contextlib.suppress(OSError):
+        print(line, file=sys.stderr, flush=True)
 
 
 def integrity_advice(state_dir: Path) -> str:
@@ -388,10 +398,31 @@ def cached_or_built(
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _die_with_parent() -> None:
-    """In mmdebstrap's child before exec: SIGTERM when this script dies (PR_SET_PDEATHSIG)."""
+def _die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """``sig`` to the calling process when its parent dies (PR_SET_PDEATHSIG): SIGTERM in
+    mmdebstrap's child before exec, SIGHUP in a build script (:func:`_stop_with_parent`)."""
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+
+
+def _stop_with_parent() -> None:
+    """Stop this build, as Ctrl-C does, when the process that ran it dies: a `deskbox image
+    build` or a server killed with SIGKILL left it building on unseen, holding the cache's
+    lock, with mmdebstrap under it. SIGHUP, not a stop signal: the kernel sends it again as
+    each thread of the dead parent ends (the orphan passes from thread to thread), and
+    stop signals after the first cut a stop short."""
+    parent = os.getppid()
+    signal.signal(signal.SIGHUP, _parent_died)
+    _die_with_parent(signal.SIGHUP)
+    if os.getppid() != parent:  # it died before the signal was asked for
+        os.kill(os.getpid(), signal.SIGHUP)
+
+
+def _parent_died(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # once
+    if signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, ()):
+        return  # a stop is under way already (its stop signals are held meanwhile)
+    raise KeyboardInterrupt
 
 
 # What stops a build: Ctrl-C, and SIGTERM, which main() turns into the same KeyboardInterrupt.
@@ -474,12 +505,17 @@ def _staging(images: Path, name: str) -> Iterator[Path]:
 def _remove_staging(staging: Path) -> None:
     """Unmount what an interrupted mmdebstrap left mounted in its chroot (/proc, /sys,
     /dev/pts, /dev/shm), then remove the directory: a removal that walked into those
-    mounts would fail on their files and leave them behind, mounted, for good."""
-    for point in _mounts_under(staging):
-        # Lazy: a mount some process still uses leaves the tree now and goes when it is done.
-        subprocess.run(["umount", "--lazy", point], stdin=subprocess.DEVNULL,
-                       capture_output=True, check=False)
-    shutil.rmtree(staging, ignore_errors=True)
+    mounts would fail on their files and leave them behind, mounted, for good. Ctrl-C and
+    SIGTERM are held meanwhile: one more of them, cutting it short, left those mounts."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        for point in _mounts_under(staging):
+            # Lazy: a mount some process still uses leaves the tree now, goes when it is done.
+            subprocess.run(["umount", "--lazy", point], stdin=subprocess.DEVNULL,
+                           capture_output=True, check=False)
+        shutil.rmtree(staging, ignore_errors=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _mounts_under(directory: Path) -> list[str]:
@@ -550,9 +586,7 @@ def main(argv: list[str] | None = None) -> int:
         print(recipe.hash)
         return 0
 
-    def progress(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
+    progress = _progress
     final = image_dir(args.state_dir.resolve(), recipe)
     if args.verify:
         if not (final / image_store.IMAGE_FILE).is_file():
@@ -566,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if problems else 0
     # A stop (SIGTERM) unwinds like Ctrl-C, so that an unfinished build is removed.
     signal.signal(signal.SIGTERM, _interrupt)
+    _stop_with_parent()
     try:
         rootfs = ensure_image(args.state_dir.resolve(), recipe, progress, args.rebuild)
     except KeyboardInterrupt:

@@ -268,3 +268,62 @@ def _processes() -> dict[int, str]:
         except OSError:
             continue  # exited meanwhile
     return found
+
+
+def test_a_killed_deskbox_image_build_stops_its_build(build: ModuleType, tmp_path: Path) -> None:
+    """`deskbox image build` (or a server) killed with SIGKILL while mmdebstrap runs: the
+    build script it ran got no signal and built on unseen, holding the cache's lock, with
+    mmdebstrap and its children under it."""
+    marker = f"deskbox-fake-apt-{tmp_path.name}"
+    bin_dir = tmp_path / "bin"
+    fake_mmdebstrap(build, bin_dir, FAKE_MMDEBSTRAP, marker=marker)
+    state = tmp_path / "state"
+    try:
+        with subprocess.Popen(
+            [str(Path(sys.executable).parent / "deskbox"), "image", "build",
+             "--state-dir", str(state)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True, start_new_session=True,
+            env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+        ) as command:
+            assert command.stderr is not None
+            said = []
+            for line in command.stderr:
+                said.append(line)
+                if "installing remaining packages" in line:
+                    break
+            else:
+                pytest.fail("the build never reached mmdebstrap:\n" + "".join(said))
+            assert left(marker), "no fake apt under mmdebstrap"
+            command.kill()
+            command.wait()
+        eventually(lambda: not left(marker, str(state)),
+                   "the build script, mmdebstrap and its child ended", timeout_s=30)
+        assert mounts_under(state) == []
+        assert not [p for p in (state / "images").iterdir() if p.name.startswith(".building-")]
+    finally:
+        kill_left(marker, str(state))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM], ids=["SIGHUP", "SIGTERM"])
+def test_a_build_stopped_by_a_burst_of_signals_leaves_nothing(
+    build: ModuleType, tmp_path: Path, sig: int
+) -> None:
+    """Three at once: a dead parent's threads each send SIGHUP as they end (the kernel's
+    parent-death signal), an impatient operator sends SIGTERM again. One that came while
+    the build removed its chroot cut that short and left its mounts (and SIGHUP, before it
+    meant a dead parent, killed the build outright)."""
+    marker = f"deskbox-fake-apt-{tmp_path.name}"
+    bin_dir = tmp_path / "bin"
+    fake_mmdebstrap(build, bin_dir, FAKE_MMDEBSTRAP, marker=marker)
+    state = tmp_path / "state"
+    try:
+        with start_build(state, bin_dir) as process:
+            assert process.stderr is not None
+            for _ in range(3):
+                process.send_signal(sig)
+            rest = process.stderr.read()
+            assert process.wait(30) == 130, rest
+        assert_nothing_left(state, rest, marker)
+    finally:
+        kill_left(marker, str(state))
