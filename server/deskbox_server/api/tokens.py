@@ -9,6 +9,8 @@ key in the bearer header (which holds every scope).
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Request, Response
 from starlette.requests import HTTPConnection
 
-from ..errors import DeskboxError, NotFound, Unauthorized
+from ..errors import DeskboxError, Forbidden, NotFound, Unauthorized
 from ..schemas.tokens import TokenCreate, TokenIssued
 from ..sessions.lifecycle import LIVE_STATES
 from ..sessions.tokens import Scope, looks_like_token
@@ -25,6 +27,7 @@ from .deps import Caller, Services, get_services
 __all__ = ["Grant", "authorize", "presented_token", "router", "until_token_ends"]
 
 router = APIRouter(prefix="/v1/sessions/{session_id}/tokens", tags=["tokens"])
+log = logging.getLogger("deskbox.tokens")
 
 
 @router.post("", status_code=201, response_model=TokenIssued)
@@ -83,12 +86,23 @@ async def until_token_ends(
         await asyncio.Event().wait()  # forever: the caller cancels it
     assert credential is not None
     every = _RECHECK_SHARED_S if services.tokens.shared else _RECHECK_S
+    expires_at = math.inf  # as last seen: a lookup that fails keeps it no longer than that
     while True:
         try:
             record = await services.tokens.verify(credential, session_id, scopes)
-        except DeskboxError:
+        except (Unauthorized, Forbidden):
             return TOKEN_ENDED
-        await asyncio.sleep(max(0.0, min(every, record.expires_at - time.time()) + 0.01))
+        except DeskboxError as error:
+            # The fleet's records out of reach for a moment (the cluster's API timed out or
+            # throttled): the token was not revoked, and its viewers stay.
+            if time.time() >= expires_at:
+                return TOKEN_ENDED
+            log.warning("session %s: a session token could not be checked again (%s); "
+                        "trying again in %.0f s", session_id, error.message, every)
+            await asyncio.sleep(every)
+            continue
+        expires_at = record.expires_at
+        await asyncio.sleep(max(0.0, min(every, expires_at - time.time()) + 0.01))
 
 
 def presented_token(connection: HTTPConnection) -> str | None:
