@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
 
+from ..rfb_client import RfbViewer
 from .conftest import DISPLAY, Server
 from .helpers import assert_error, token_for
 
@@ -94,3 +96,65 @@ def test_bad_handoff_input_is_a_clear_4xx(client: httpx.Client, desk: dict[str, 
     assert_error(client.post("/v1/sessions/ses_nope/handoff", json={"reason": "x"}), 404,
                  "not_found")
     assert_error(client.post("/v1/sessions/ses_nope/control"), 404, "not_found")
+
+
+@pytest.fixture
+def short(client: httpx.Client) -> Iterator[dict[str, Any]]:
+    """A session whose idle timeout is 2 s."""
+    response = client.post("/v1/sessions", json={"display": DISPLAY, "timeout_s": 2})
+    assert response.status_code == 201, response.text
+    session: dict[str, Any] = response.json()
+    yield session
+    client.delete(f"/v1/sessions/{session['id']}")
+
+
+def state_of(client: httpx.Client, sid: str) -> str:
+    return str(client.get(f"/v1/sessions/{sid}").json()["state"])
+
+
+def stops_idle_within(client: httpx.Client, sid: str, low_s: float, high_s: float) -> None:
+    """The reaper stops it between ``low_s`` and ``high_s`` from now, and not before."""
+    started = time.monotonic()
+    while state_of(client, sid) == "running":
+        assert time.monotonic() - started < high_s, "the idle timeout did not stop it"
+        time.sleep(0.1)
+    assert time.monotonic() - started > low_s, "stopped before its idle time had passed"
+
+
+def test_a_human_in_control_or_typing_in_the_live_view_keeps_the_idle_timeout_away(
+    client: httpx.Client, short: dict[str, Any]
+) -> None:
+    """The reaper stopped a session under a human's control once its idle timeout passed
+    (taking control, and a control viewer's input, touched nothing), closing the viewer."""
+    sid = short["id"]
+    assert client.post(f"/v1/sessions/{sid}/control", json={"lease_s": 60}).status_code == 200
+    time.sleep(3.5)
+    assert state_of(client, sid) == "running"
+    assert client.delete(f"/v1/sessions/{sid}/control").status_code == 200
+    time.sleep(1.0)  # the idle time counts from the hand-back
+    with RfbViewer(f"{short['urls']['vnc_ws']}?token={token_for(client, sid, 'control')}") \
+            as viewer:
+        for _ in range(6):  # a human moving the mouse in the view, for 3 s
+            viewer.pointer(100, 100, 0)
+            time.sleep(0.5)
+        assert state_of(client, sid) == "running"
+    stops_idle_within(client, sid, 1.0, 8.0)
+
+
+def test_an_agent_waiting_for_help_keeps_its_session_and_its_end_answers_409(
+    client: httpx.Client, short: dict[str, Any]
+) -> None:
+    sid = short["id"]
+    waited = client.post(f"/v1/sessions/{sid}/handoff", params={"wait": "true",
+                         "timeout_s": "3.5"}, json={"reason": "a captcha"})
+    assert waited.status_code == 200, waited.text
+    assert state_of(client, sid) == "running"
+
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(client.post, f"/v1/sessions/{sid}/handoff",
+                              params={"wait": "true", "timeout_s": "30"},
+                              json={"reason": "a captcha"})
+        time.sleep(0.5)
+        assert client.delete(f"/v1/sessions/{sid}").status_code == 204
+        # It was answered 200, as if its timeout had passed, with nobody having come.
+        assert_error(waiting.result(timeout=10), 409, "conflict")

@@ -36,10 +36,17 @@ class HandoffState:
         self.handed_back_at: datetime | None = None
         self._expiry: asyncio.TimerHandle | None = None
         self._handed_back = asyncio.Event()
+        self._waiting = 0
 
     @property
     def human_in_control(self) -> bool:
         return self.until is not None
+
+    @property
+    def in_use(self) -> bool:
+        """A human drives the session, or its agent waits for one: the session is in use,
+        whatever its idle clock says (neither moves it)."""
+        return self.until is not None or self._waiting > 0
 
     def resource(self) -> Handoff:
         return Handoff(human_in_control=self.human_in_control, since=self.since,
@@ -88,10 +95,13 @@ class HandoffState:
 
     async def wait_handed_back(self, timeout_s: float) -> None:
         """Until a human has handed the session back (after taking it), or ``timeout_s``."""
+        self._waiting += 1
         try:
             await asyncio.wait_for(self._handed_back.wait(), timeout_s)
         except TimeoutError:
             pass
+        finally:
+            self._waiting -= 1
 
     def close(self) -> None:
         """The session ended: no lease timer outlives it, and waiters are let go."""

@@ -851,6 +851,8 @@ class SessionManager:
                 self._note_held(live, live.handle)
             if reason is not None:
                 await self._fail_soon(live, f"the desktop failed: {reason}")
+            elif live.handoff is not None and live.handoff.in_use:
+                record.touch()  # its idle time counts from the hand-back
             elif live.busy == 0 and record.expired(now - grace):
                 log.info("session %s idle for %d s: stopping it", record.id, record.timeout_s)
                 self.stop_soon(live)

@@ -271,6 +271,12 @@ class Session:
         self.handoff.ask(reason)
         if wait_s is not None:
             await self.handoff.wait_handed_back(wait_s)
+            # The session's end lets the wait go: no human came, the session is gone.
+            record = self._live.record
+            if record.state is S.failed:
+                raise not_live(record)
+            if record.state in (S.stopping, S.stopped):
+                raise Conflict(f"session {record.id} was stopped while the call ran")
         return self.handoff.resource()
 
     # -- recording (recordings.py) ----------------------------------------------------------
@@ -322,7 +328,9 @@ class Session:
         return await self._running().tap_keysym(keysym)
 
     def human_input(self, viewer_id: str, source: Source, message: bytes) -> None:
-        """A control viewer's input message, kept if the session records."""
+        """A control viewer's input message, kept if the session records. A human's input
+        is use of the session, as the API's is: it keeps the idle timeout away."""
+        self._live.record.touch()
         recorder = self._context.recordings.recorder(self._live.record.id)
         if recorder is not None:
             recorder.human(viewer_id, source, message)
