@@ -219,6 +219,7 @@ async def _proxy(websocket: WebSocket, session_id: str, target_id: str | None) -
         finally:
             await upstream.close()
     finally:
-        if counted and session is not None:
-            session.sockets -= 1
-        _forget_if_idle(websocket, session_id)
+        if session is not None:  # None: refused before the session's relays were looked up
+            if counted:
+                session.sockets -= 1
+            _forget_if_idle(websocket, session_id)

@@ -31,6 +31,7 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.routing import Match, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -392,6 +393,10 @@ class RequestContext:
             if started():
                 raise
             await deskbox_error_response(error, self.count)(scope, receive, send_after_body)
+        except ClientDisconnect:
+            # The client left while its body was read (an aborted upload): nothing to
+            # answer, and no fault of the server's to log or count.
+            log.info("the client left during %s %s", scope.get("method"), scope.get("path"))
         except Exception:
             log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
             if started():
