@@ -36,6 +36,14 @@ def test_cut_text_reaches_the_server_in_utf8() -> None:
         struct.pack(">BxxxI", 6, len(wanted)) + wanted + UPDATE + EXTENDED_CUT)
 
 
+def test_cut_text_past_the_bound_once_in_utf8_is_refused() -> None:
+    """600 kB of "é" are 1.2 MB in UTF-8: passed on, the session's VNC server (1 MiB at
+    most) dropped the viewer without a reason."""
+    latin1 = "é".encode("latin-1") * 600_000
+    with pytest.raises(RfbError, match="ClientCutText of 1200000 bytes in UTF-8"):
+        ClientMessages(allow_input=True).feed(struct.pack(">BxxxI", 6, len(latin1)) + latin1)
+
+
 def key(keysym: int, down: bool = True) -> bytes:
     return struct.pack(">BBxxI", 4, int(down), keysym)
 

@@ -135,6 +135,10 @@ class ClientMessages:
                 continue
             if kind == CLIENT_CUT_TEXT:
                 message = utf8_cut_text(message)
+                # Latin-1 grows in UTF-8 (up to twice): past the bound, the session's VNC
+                # server would drop the viewer without a word.
+                if len(message) - 8 > self.max_cut_text:
+                    raise RfbError(f"ClientCutText of {len(message) - 8} bytes in UTF-8")
             out += message
             self.forwarded += 1
             if kind == KEY_EVENT:
