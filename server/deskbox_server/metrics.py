@@ -99,7 +99,8 @@ class Metrics:
         )
         self.execs = Counter(
             "deskbox_exec_total",
-            "Commands run in sessions, by outcome (exited, timed_out, background).",
+            "Commands run in sessions, by outcome (exited, timed_out, background, "
+            "client_left: killed as their client disconnected).",
             ("outcome",),
         )
         self.file_bytes = Counter(

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
 from PIL import Image
 
-__all__ = ["assert_error", "decode", "events_until", "issue_token", "near", "raw_exchange",
-           "token_for"]
+__all__ = ["access_statuses", "assert_error", "decode", "events_until", "issue_token", "near",
+           "raw_exchange", "server_log", "token_for"]
 
 
 def assert_error(response: httpx.Response, status: int, kind: str) -> dict[str, Any]:
@@ -89,3 +91,35 @@ def token_for(client: httpx.Client, session_id: str, scope: str,
               ttl_s: int | None = None) -> str:
     """A new token of ``scope`` for the session: its value alone."""
     return str(issue_token(client, session_id, scope, ttl_s)["token"])
+
+
+@contextmanager
+def server_log() -> Iterator[list[logging.LogRecord]]:
+    """What the test's server (uvicorn in a thread of this process) logs in the block:
+    deskbox's records from INFO up (its access lines among them), uvicorn's as configured
+    (its "Exception in ASGI application" among them)."""
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    keep = Keep()
+    deskbox, uvicorn = logging.getLogger("deskbox"), logging.getLogger("uvicorn")
+    level = deskbox.level
+    deskbox.setLevel(logging.INFO)
+    deskbox.addHandler(keep)
+    uvicorn.addHandler(keep)
+    try:
+        yield records
+    finally:
+        uvicorn.removeHandler(keep)
+        deskbox.removeHandler(keep)
+        deskbox.setLevel(level)
+
+
+def access_statuses(records: list[logging.LogRecord], method: str, path: str) -> list[int]:
+    """The statuses in the access lines among ``records`` of requests to ``path``, each
+    written as its request ended on the server."""
+    return [int(r.__dict__["status"]) for r in list(records)
+            if r.name == "deskbox.access" and r.getMessage().startswith(f"{method} {path} ")]

@@ -8,6 +8,7 @@ the control plane's port, the read-only root) run through the API, as an agent w
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import secrets
 import threading
@@ -29,7 +30,7 @@ from deskbox_server.settings import Settings
 from ..images import IMAGE_STATE_DIR, session_image
 from ..rfb_client import RfbViewer
 from .conftest import Server, running_server
-from .helpers import assert_error
+from .helpers import access_statuses, assert_error, server_log
 
 pytestmark = pytest.mark.slow
 
@@ -634,3 +635,58 @@ def test_file_transfers_count_and_the_live_view_does_not(
             assert done.result()["exit_code"] == 0
     response = box_client.put(files_url(box), params={"path": "/tmp/x"}, content=b"x")
     assert response.status_code == 200, response.text
+
+
+# -- a client that leaves -------------------------------------------------------------------
+
+
+def test_commands_whose_clients_left_are_killed(
+    box_server: Server, box_client: httpx.Client, box: str, api_key: str
+) -> None:
+    """More execs of a long ``sleep`` than the session has slots, each client giving up
+    after a moment (its timeout closes its connection): every command is killed as its
+    client goes and gives back its slot and the session's busy count. They ran on to their
+    ``timeout_s`` before, the session answering 429 to every command and file transfer
+    meanwhile, and refusing pauses and checkpoints as busy."""
+    cap = box_server.settings.exec_max_concurrent
+    handle = box_server.services.manager.handle(key_id(api_key), box)
+    live = box_server.services.manager.holding[box]
+    path = f"/v1/sessions/{box}/exec"
+    left = 'deskbox_exec_total{outcome="client_left"}'
+    left_before = _metric(box_client.get("/metrics").text, left)
+    assert "sleep" not in sandbox_process_names(box_client, box)
+
+    def give_up(_: int) -> int | None:
+        with box_server.client(api_key) as http:
+            try:
+                response = http.post(path, json={"cmd": ["sleep", "60"], "timeout_s": 60},
+                                     timeout=1.5)
+            except httpx.ReadTimeout:
+                return None
+        return response.status_code
+
+    with server_log() as records:
+        with ThreadPoolExecutor(cap + 2) as pool:
+            outcomes = list(pool.map(give_up, range(cap + 2)))
+        gave_up = outcomes.count(None)
+        # Those that found every slot taken were refused at once.
+        assert gave_up >= cap and outcomes.count(429) == cap + 2 - gave_up, outcomes
+        deadline = time.monotonic() + 5
+        while handle.exec_slots.in_use or live.busy:
+            assert time.monotonic() < deadline, (
+                f"{handle.exec_slots.in_use} exec slots still taken, busy {live.busy}")
+            time.sleep(0.05)
+        assert run(box_client, box, "echo", "free")["stdout"] == "free\n"
+        # The agent kills each command's process group when its stream is cut.
+        while "sleep" in sandbox_process_names(box_client, box):
+            assert time.monotonic() < deadline, "a command outlived its client"
+            time.sleep(0.1)
+        # Each request ended on the server then, as 499 (nginx's status for a client that
+        # left) in the access log, and nothing was logged as an error.
+        while access_statuses(records, "POST", path).count(499) < gave_up:
+            assert time.monotonic() < deadline, access_statuses(records, "POST", path)
+            time.sleep(0.05)
+    statuses = access_statuses(records, "POST", path)
+    assert statuses.count(499) == gave_up and statuses.count(429) == cap + 2 - gave_up
+    assert [r.getMessage() for r in records if r.levelno >= logging.WARNING] == []
+    assert _metric(box_client.get("/metrics").text, left) == left_before + gave_up

@@ -3,6 +3,7 @@ control, the lease, the agent's long poll, bad input. The local backend: fast, r
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +14,7 @@ import pytest
 
 from ..rfb_client import RfbViewer
 from .conftest import DISPLAY, Server
-from .helpers import assert_error, token_for
+from .helpers import access_statuses, assert_error, server_log, token_for
 
 CLICK = {"type": "click", "x": 10, "y": 10}
 
@@ -81,6 +82,29 @@ def test_an_agent_that_waits_is_answered_at_its_timeout(
     body = waited.json()
     assert (body["needs_help"], body["reason"], body["human_in_control"]) == (
         True, "a login form", False)
+
+
+def test_a_wait_ends_when_its_client_leaves(
+    client: httpx.Client, desk: dict[str, Any], server: Server
+) -> None:
+    """An agent that stops waiting (its timeout closes its connection): the server ends
+    the wait then, not at ``timeout_s`` (it stayed parked up to 10 minutes), and logs no
+    error for it."""
+    sid = desk["id"]
+    path = f"/v1/sessions/{sid}/handoff"
+    with server_log() as records, server.client() as http:
+        with pytest.raises(httpx.ReadTimeout):
+            http.post(path, params={"wait": "true", "timeout_s": "60"},
+                      json={"reason": "a captcha"}, timeout=0.5)
+        deadline = time.monotonic() + 5
+        while not access_statuses(records, "POST", path):
+            assert time.monotonic() < deadline, "the wait goes on without its client"
+            time.sleep(0.05)
+    # 499: nginx's status for a client that left (no one reads the answer).
+    assert access_statuses(records, "POST", path) == [499]
+    assert [r.getMessage() for r in records if r.levelno >= logging.WARNING] == []
+    # The request for help stands: a human may still come.
+    assert client.get(path).json()["needs_help"] is True
 
 
 def test_bad_handoff_input_is_a_clear_4xx(client: httpx.Client, desk: dict[str, Any]) -> None:

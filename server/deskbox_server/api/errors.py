@@ -8,6 +8,9 @@ Every non-2xx answer is ``{"error": {"type", "message", "request_id"}}``. Source
 - Starlette's ``HTTPException`` (unknown path 404, wrong method 405, ...),
 - anything else → 500 ``internal`` (logged with its traceback, never shown to the client).
 
+The one exception is :class:`~.disconnect.ClientLeft`: a bodiless 499 that no client reads
+(it has disconnected), for the access log.
+
 :class:`RequestContext` gives every request an id (``X-Request-Id`` header), bounds the body
 size and the wait for each piece of it (408 ``timeout`` when a client stops sending: a stalled
 upload must not hold its connection and the sandbox's writer forever), reads the rest of a
@@ -36,6 +39,7 @@ from starlette.routing import Match, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import Capacity, DeskboxError, InvalidRequest, NotFound, Timeout, Unauthorized
+from .disconnect import ClientLeft, client_left_response
 
 __all__ = [
     "BodyTimeout",
@@ -256,6 +260,8 @@ def install_error_handlers(app: FastAPI, count: ErrorCounter | None = None) -> N
     app.add_exception_handler(DeskboxError, on_deskbox_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
+    # Not an error: a client that left (disconnect.py), whose answer nobody reads.
+    app.add_exception_handler(ClientLeft, client_left_response)
 
 
 class RequestContext:

@@ -8,6 +8,8 @@ backend without a sandbox refuses with 422. Sizes are capped by the settings
 A command that outlives ``timeout_s`` is killed with its process tree and answered with
 200, ``"timed_out": true``, ``"exit_code": null`` and the output it had written: the
 partial output is often what explains the hang.
+A command whose client disconnects before the answer is killed the same way at once
+(disconnect.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ..sandbox_io import MAX_PATH_BYTES, ExecCommand, check_sandbox_path
 from ..schemas.exec import ExecRequest, ExecResponse, FileWritten
 from ..settings import Settings
 from .deps import Caller, get_services
+from .disconnect import ClientLeft, unless_client_leaves
 from .errors import PayloadTooLarge
 
 __all__ = ["body_limit", "router"]
@@ -75,8 +78,14 @@ async def exec_command(
         background=body.background,
         output_limit=settings.exec_output_max_bytes,
     )
-    result = await (await services.manager.session(caller.key_id, session_id)).exec(
-        command, tuple(body.secrets))
+    session = await services.manager.session(caller.key_id, session_id)
+    try:
+        # Killed if its caller leaves: run on to its timeout, it would hold one of the
+        # session's exec slots and keep the session busy, for nobody.
+        result = await unless_client_leaves(request, session.exec(command, tuple(body.secrets)))
+    except ClientLeft:
+        services.metrics.execs.inc("client_left")
+        raise
     outcome = "timed_out" if result.timed_out else "background" if body.background else "exited"
     services.metrics.execs.inc(outcome)
     return ExecResponse(

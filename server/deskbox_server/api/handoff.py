@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, Request
 
 from ..schemas.handoff import ControlRequest, Handoff, HelpRequest
 from .deps import Caller, get_services
+from .disconnect import unless_client_leaves
 from .tokens import authorize
 
 __all__ = ["router"]
@@ -58,4 +59,6 @@ async def ask_for_help(
 ) -> Handoff:
     """The agent asks for a human: an event, and the session marked as needing help."""
     session = await get_services(request).manager.session(caller.key_id, session_id)
-    return await session.ask_for_help(body.reason, timeout_s if wait else None)
+    # A wait whose client left would stay parked for up to MAX_WAIT_S, a request for nobody.
+    return await unless_client_leaves(
+        request, session.ask_for_help(body.reason, timeout_s if wait else None))
