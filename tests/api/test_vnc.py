@@ -296,6 +296,29 @@ def test_a_viewer_of_a_session_that_ends_is_told_so(client: httpx.Client) -> Non
         assert viewer.ws.close_reason.startswith("the session's screen ended: it stopped")
 
 
+def test_the_view_status_of_a_session_that_ended_says_so(client: httpx.Client) -> None:
+    """The view page polls its status once the session's end closed its picture (1001): a
+    view token's answer was a 401 once the server had forgotten the session's tokens, and
+    the page said "access refused" of a session that had simply ended. It is the 404 of an
+    ended session, naming its end; an API key still reads the session's final state."""
+    created = client.post("/v1/sessions", json={"display": {"width": 320, "height": 240}})
+    assert created.status_code == 201, created.text
+    sid = created.json()["id"]
+    view, control = token_for(client, sid, "view"), token_for(client, sid, "control")
+    status = f"/v1/sessions/{sid}/view/status"
+    with httpx.Client(base_url=str(client.base_url), timeout=30) as anonymous:
+        assert anonymous.get(status, params={"token": view}).json()["state"] == "running"
+        assert client.delete(f"/v1/sessions/{sid}").status_code == 204
+        for token in (view, control):
+            ended = assert_error(anonymous.get(status, params={"token": token}), 404,
+                                 "not_found")
+            assert ended["message"] == f"session {sid} ended (stopped)"
+        assert_error(anonymous.get(f"/v1/sessions/{sid}/view", params={"token": view}), 404,
+                     "not_found")
+        assert refused(f"{created.json()['urls']['vnc_ws']}?token={view}") == 404
+    assert client.get(status).json()["state"] == "stopped"
+
+
 def test_many_viewers_share_one_server_that_stops_with_the_last(
     server: Server, client: httpx.Client, session: dict[str, Any], page: EventPage,
     origin: tuple[int, int],

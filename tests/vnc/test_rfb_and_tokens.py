@@ -7,6 +7,7 @@ import struct
 import pytest
 
 from deskbox_server.errors import Forbidden, NotFound, Unauthorized
+from deskbox_server.sessions import tokens as tokens_module
 from deskbox_server.sessions.tokens import TokenStore
 from deskbox_server.vnc.rfb import MAX_HELD_KEYS, ClientMessages, RfbError, client_version
 
@@ -139,6 +140,49 @@ async def test_tokens_are_scoped_expire_and_revoke() -> None:
     with pytest.raises(Unauthorized):
         await store.verify(short, "ses_1", "control")
     assert len(store) == 0
+
+
+async def test_an_ended_sessions_tokens_say_so_for_a_while_and_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Forgotten at once, an ended session's token was a 401 "invalid session token": the
+    live view, polling its status when its picture closed, said "access refused" of a
+    session that had simply ended. For a while they answer 404, naming the end."""
+    now = [1000.0]
+    store = TokenStore(clock=lambda: now[0])
+    view, _ = await store.issue("key_a", "ses_1", "view", ttl_s=3600)
+    short, _ = await store.issue("key_a", "ses_1", "control", ttl_s=60)
+    cdp, _ = await store.issue("key_a", "ses_1", "cdp", ttl_s=3600)
+    other, _ = await store.issue("key_a", "ses_2", "view", ttl_s=3600)
+    store.forget_session("ses_1", "stopped")
+    assert len(store) == 1  # only the live session's token counts against the bound
+    with pytest.raises(NotFound, match=r"^session ses_1 ended \(stopped\)$"):
+        await store.verify(view, "ses_1", ("view", "control"))
+    with pytest.raises(Forbidden):  # its scope or session still decide first
+        await store.verify(cdp, "ses_1", "view")
+    with pytest.raises(Forbidden):
+        await store.verify(view, "ses_2", "view")
+    assert (await store.verify(other, "ses_2", "view")).session_id == "ses_2"
+    now[0] += 60  # the control token expired: a 401, as any expired token
+    with pytest.raises(Unauthorized):
+        await store.verify(short, "ses_1", "control")
+    with pytest.raises(NotFound):
+        await store.verify(view, "ses_1", "view")
+    now[0] += 600  # kept ten minutes at most
+    with pytest.raises(Unauthorized):
+        await store.verify(view, "ses_1", "view")
+
+    # Bounded: the oldest go first.
+    monkeypatch.setattr(tokens_module, "_MAX_ENDED", 3)
+    ended = []
+    for index in range(5):
+        token, _ = await store.issue("key_a", f"ses_e{index}", "view", ttl_s=3600)
+        store.forget_session(f"ses_e{index}", "failed")
+        ended.append(token)
+    for index, token in enumerate(ended):
+        with pytest.raises(Unauthorized if index < 2 else NotFound):
+            await store.verify(token, f"ses_e{index}", "view")
+    assert len(store._ended) == 3
 
 
 async def test_a_fleets_tokens_open_and_close_through_every_server() -> None:

@@ -92,6 +92,8 @@ async def until_token_ends(
             record = await services.tokens.verify(credential, session_id, scopes)
         except (Unauthorized, Forbidden):
             return TOKEN_ENDED
+        except NotFound as error:  # the session ended: not a lookup to try again
+            return error.message
         except DeskboxError as error:
             # The fleet's records out of reach for a moment (the cluster's API timed out or
             # throttled): the token was not revoked, and its viewers stay.

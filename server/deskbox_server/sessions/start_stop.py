@@ -102,7 +102,7 @@ async def end(
         context.publish(record)
     # Last: a viewer or DevTools client that a token opened hears of the session's end
     # (1001) as its connection goes with the desktop, not of a token revoked (1008).
-    context.tokens.forget_session(record.id)
+    context.tokens.forget_session(record.id, record.state.value)
     return saved
 
 

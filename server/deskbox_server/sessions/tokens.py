@@ -36,6 +36,12 @@ SCOPES: tuple[Scope, ...] = get_args(Scope)
 PREFIX = "dbt_"
 _MAX_PER_SESSION = 256
 _MAX_TOKENS = 100_000
+# An ended session's tokens answer 404 (the session ended) rather than 401 for this long:
+# a live view polls its status once its picture closes and must say "ended", not "access
+# refused"; a person reloading the page minutes later is told the same. Bounded, apart from
+# the live tokens' bound (a key churning sessions must not fill either).
+_ENDED_KEPT_S = 600.0
+_MAX_ENDED = 10_000
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,15 @@ class SessionToken:
     @property
     def expires_at_utc(self) -> datetime:
         return datetime.fromtimestamp(self.expires_at, UTC)
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """A token of a session that ended, kept to say so (never to open anything)."""
+
+    token: SessionToken
+    state: str  # how the session ended: stopped or failed
+    until: float  # time.time(): the token's expiry, or sooner
 
 
 def looks_like_token(value: str) -> bool:
@@ -81,8 +96,10 @@ class TokenStore:
         self._shared = shared
         self._by_digest: dict[str, SessionToken] = {}
         self._digest_by_id: dict[str, str] = {}
+        self._ended: dict[str, _Ended] = {}  # by digest, oldest first
 
     def __len__(self) -> int:
+        """The live tokens (what the server's bound counts; not the ended sessions')."""
         return len(self._by_digest)
 
     @property
@@ -164,14 +181,22 @@ class TokenStore:
         """The token's record if it is live, for ``session_id`` and one of ``scope``.
 
         Unauthorized for unknown, revoked and expired tokens; Forbidden for a token of
-        another session or scope. Messages never repeat the token.
+        another session or scope; NotFound for a token of a session that ended not long
+        ago (in a fleet such a token still verifies: the records keep it, and the session's
+        state says that it ended). Messages never repeat the token.
         """
         scopes: Collection[str] = (scope,) if isinstance(scope, str) else scope
-        record = None
+        record: SessionToken | None = None
+        ended: _Ended | None = None
         if looks_like_token(token):
             digest = _digest(token)
             record = (self._by_digest.get(digest) if self._shared is None
                       else await self._shared_lookup(digest, session_id))
+            if record is None and (ended := self._ended.get(digest)) is not None:
+                if ended.until <= self._clock():
+                    del self._ended[digest]
+                else:
+                    record = ended.token
         if record is None:
             raise Unauthorized("invalid session token (unknown, revoked or expired)")
         if record.expires_at <= self._clock():
@@ -182,14 +207,26 @@ class TokenStore:
         if record.scope not in scopes:
             wanted = " or ".join(repr(s) for s in scopes)
             raise Forbidden(f"this token's scope is {record.scope!r}; this needs {wanted}")
+        if ended is not None:
+            raise NotFound(f"session {session_id} ended ({ended.state})")
         return record
 
-    def forget_session(self, session_id: str) -> None:
-        """The session ended: its tokens can open nothing any more, and no longer count
-        against the server's bound (one key churning sessions with week-long tokens
-        once filled it for every key)."""
+    def forget_session(self, session_id: str, state: str) -> None:
+        """The session ended (``state``: stopped or failed): its tokens can open nothing
+        any more, and no longer count against the server's bound (one key churning
+        sessions with week-long tokens once filled it for every key). For a while they
+        still say that the session ended."""
+        now = self._clock()
         for record in [t for t in self._by_digest.values() if t.session_id == session_id]:
+            digest = self._digest_by_id[record.id]
             self._drop(record.id)
+            if self._shared is None:  # a fleet's records keep them, with the session's end
+                self._ended[digest] = _Ended(
+                    record, state, min(record.expires_at, now + _ENDED_KEPT_S))
+        for digest in [d for d, e in self._ended.items() if e.until <= now]:
+            del self._ended[digest]
+        while len(self._ended) > _MAX_ENDED:
+            del self._ended[next(iter(self._ended))]
 
     def _drop(self, token_id: str) -> None:
         digest = self._digest_by_id.pop(token_id, None)
