@@ -422,6 +422,42 @@ def test_view_page_in_chromium_with_a_view_token(
         assert shown == ["view only", True, True]
 
 
+def _page_says(cdp: CdpPage, element: str, wanted: str) -> list[str]:
+    """What the view page's ``element`` said, in order, until it says ``wanted`` (20 s)."""
+    said: list[str] = []
+    deadline = time.monotonic() + 20
+    while not said or said[-1] != wanted:
+        text = cdp.evaluate(f"document.getElementById('{element}')?.textContent ?? null")
+        if text is not None and (not said or said[-1] != text):
+            said.append(text)
+        assert time.monotonic() < deadline, said
+        time.sleep(0.05)
+    return said
+
+
+@pytest.mark.slow
+def test_view_page_in_chromium_says_who_is_in_control_and_that_the_session_ended(
+    tmp_path: Path, client: httpx.Client,
+) -> None:
+    """A view link's page said "you are in control" when a human took control elsewhere,
+    and "access refused" once its session ended (its token was a 401 by then)."""
+    created = client.post("/v1/sessions", json={"display": {"width": 320, "height": 240}})
+    assert created.status_code == 201, created.text
+    ending = created.json()
+    sid = ending["id"]
+    link = f"{ending['urls']['view']}?token={token_for(client, sid, 'view')}"
+    with headless_chromium(tmp_path / "viewer") as devtools, CdpPage.first(devtools) as cdp:
+        cdp.navigate(link)
+        _page_says(cdp, "state", "connected")
+        assert client.post(f"/v1/sessions/{sid}/control").status_code == 200
+        _page_says(cdp, "help", "a human is in control: the agent waits")
+        assert cdp.evaluate("[document.getElementById('take').hidden, "
+                            "document.getElementById('hand-back').hidden]") == [True, True]
+        assert client.delete(f"/v1/sessions/{sid}").status_code == 204
+        said = _page_says(cdp, "state", "ended")
+        assert not [text for text in said if "refused" in text], said
+
+
 def _click_and_type_in_the_view(cdp: CdpPage, x: int, y: int, text: str,
                                 focused: Callable[[], bool]) -> None:
     """A person's click at desktop pixel (x, y) of the live view's canvas, then, once

@@ -37,12 +37,33 @@ async function reason(response) {
 export const POLL_CONNECTED_MS = 3000;
 export const POLL_WAITING_MS = 1000;
 
+// A websocket that never opens is tried again after 1 s, then 2, 4, ... up to 30 s: a
+// server refusing viewers (too many of them, a VNC server that fails to start) is not
+// asked every second for ever.
+export const RETRY_FIRST_MS = 1000;
+export const RETRY_MAX_MS = 30000;
+export function retryDelay(failures) {
+  return Math.min(RETRY_MAX_MS, RETRY_FIRST_MS * 2 ** Math.max(0, failures - 1));
+}
+
+// Why the socket closed, for a person. A browser hides a refused upgrade's HTTP answer
+// (429 too many viewers, 502 the VNC server failed, 409 a checkpoint) from scripts: such a
+// socket closes 1006 with no reason, as one the network dropped.
+export function closeReason(close, opened) {
+  if (close?.reason) return close.reason;
+  if (close && close.code !== 1006 && close.code !== 1005) return `closed (${close.code})`;
+  return opened ? 'the connection was lost'
+    : 'the server refused the connection or could not be reached';
+}
+
 // ui: the page's elements (screen, state, scope, clip, clipToggle, clipText, clipSend,
 // clipType, clipStatus, help, take, handBack);
-// RFB: noVNC's client class; fetch and setTimeout: the window's.
+// RFB: noVNC's client class; WebSocket, fetch, setTimeout: the window's; now: the clock
+// (ms); storage: the tab's sessionStorage, or null.
 export class LiveView {
-  constructor({ ui, RFB, urls, fetch, setTimeout }) {
-    Object.assign(this, { ui, RFB, urls, fetch, setTimeout });
+  constructor({ ui, RFB, WebSocket, urls, fetch, setTimeout, now = () => Date.now(),
+    storage = null }) {
+    Object.assign(this, { ui, RFB, WebSocket, urls, fetch, setTimeout, now, storage });
     // What the page shows and tests read (window.__deskbox).
     this.state = 'connecting';
     this.scope = null;
@@ -53,9 +74,24 @@ export class LiveView {
     this.clipboardAsks = 0; // a newer notice's answer wins over an older one's
     this.rfb = null;
     this.connecting = false;
+    // Consecutive connections that never opened, why the last one failed, and when the
+    // next may be tried; why a live picture was lost, while it is reconnected.
+    this.failures = 0;
+    this.failure = '';
+    this.retryAt = 0;
+    this.dropped = '';
     // The handoff: a human in control (the agent's actions wait), the agent's call for help.
     this.human = false;
     this.needsHelp = false;
+    this.helpReason = '';
+    this.controlError = '';
+    // Control calls begun or answered: a status poll asked before one is older news.
+    this.controlCalls = 0;
+    // Whether this page took control. The handoff is the session's, not a person's: every
+    // page sees human_in_control, and only the one whose "Take control" won may say "you"
+    // and hand back. Kept in the tab's sessionStorage, so a reload still can.
+    this.controlKey = `deskbox-took-control:${urls.control.split('?')[0]}`;
+    this.tookControl = this.stored() === '1';
     ui.clipToggle.addEventListener('click', () => { ui.clip.hidden = !ui.clip.hidden; });
     ui.clipSend.addEventListener('click', () => this.paste());
     ui.clipType.addEventListener('click', () => this.typeText());
@@ -63,31 +99,73 @@ export class LiveView {
     ui.handBack.addEventListener('click', () => this.control('DELETE'));
   }
 
-  // Take control (POST) or hand back (DELETE); the answer is the session's handoff.
-  async control(method) {
-    let response;
+  stored() {
     try {
-      response = await this.fetch(this.urls.control, { method, cache: 'no-store' });
+      return this.storage?.getItem(this.controlKey) ?? null;
     } catch {
-      return;
-    }
-    if (!response.ok) return;
-    try {
-      this.showHandoff(await response.json());
-    } catch {
-      // the next status poll shows it
+      return null; // storage refused (a sandboxed frame): this page's memory only
     }
   }
 
-  showHandoff({ human_in_control: human, needs_help: needsHelp, reason }) {
+  setTookControl(took) {
+    this.tookControl = took;
+    try {
+      if (took) this.storage?.setItem(this.controlKey, '1');
+      else this.storage?.removeItem(this.controlKey);
+    } catch {
+      // this page's memory only
+    }
+  }
+
+  // Take control (POST) or hand back (DELETE); the answer is the session's handoff.
+  async control(method) {
+    const refused = method === 'POST' ? 'taking control refused' : 'hand-back refused';
+    this.controlError = '';
+    this.controlCalls += 1;
+    let handoff = null;
+    try {
+      const response = await this.fetch(this.urls.control, { method, cache: 'no-store' });
+      if (response.ok) {
+        this.setTookControl(method === 'POST');
+        handoff = await response.json().catch(() => null);
+      } else {
+        this.controlError = `${refused} (${response.status})${await reason(response)}`;
+      }
+    } catch {
+      this.controlError = `${refused}: server unreachable`;
+    }
+    this.controlCalls += 1;
+    if (handoff) this.showHandoff(handoff);
+    else this.renderHandoff(); // the error, or the next status poll shows the handoff
+  }
+
+  showHandoff({ human_in_control: human, needs_help: needsHelp, reason: helpReason }) {
+    // Control over (handed back from another page, the lease ran out): not this page's.
+    if (human === false && this.tookControl) this.setTookControl(false);
     this.human = human === true;
     this.needsHelp = needsHelp === true;
+    this.helpReason = helpReason || '';
+    this.renderHandoff();
+  }
+
+  renderHandoff() {
     const control = this.scope === 'control';
+    const mine = this.human && this.tookControl;
+    // Another page's control is not taken over from here: both pages would then say "you".
     this.ui.take.hidden = !control || this.human;
-    this.ui.handBack.hidden = !control || !this.human;
-    this.ui.help.hidden = !this.needsHelp && !this.human;
-    this.ui.help.textContent = this.human ? 'you are in control: the agent waits'
-      : this.needsHelp ? `the agent asks for help: ${reason || ''}` : '';
+    this.ui.handBack.hidden = !control || !mine;
+    this.ui.help.textContent = this.controlError
+      || (mine ? 'you are in control: the agent waits'
+        : this.human ? 'a human is in control: the agent waits'
+          : this.needsHelp ? `the agent asks for help: ${this.helpReason}` : '');
+    this.ui.help.hidden = this.ui.help.textContent === '';
+  }
+
+  failed(why) {
+    this.failures += 1;
+    this.failure = why;
+    this.retryAt = this.now() + retryDelay(this.failures);
+    this.show(`cannot connect: ${why} (retrying)`, 'failing');
   }
 
   show(text, cls) {
@@ -98,7 +176,22 @@ export class LiveView {
   connect() {
     if (this.connecting || this.connected) return;
     this.connecting = true;
-    const rfb = new this.RFB(this.ui.screen, this.urls.vnc, { wsProtocols: ['binary'], shared: true });
+    // The page opens the socket itself to read its close's code and reason (the server's
+    // "fell behind", a session's end): noVNC's disconnect event says only "clean" or not.
+    // Its listener comes before noVNC's, so the close is known when noVNC reports it.
+    let closed = null;
+    let socket = null;
+    let rfb;
+    try {
+      socket = new this.WebSocket(this.urls.vnc, ['binary']);
+      socket.addEventListener('close', ({ code, reason: why }) => { closed = { code, reason: why }; });
+      rfb = new this.RFB(this.ui.screen, socket, { shared: true });
+    } catch (error) {
+      socket?.close();
+      this.connecting = false;
+      this.failed(error?.message || String(error));
+      return;
+    }
     this.rfb = rfb;
     rfb.scaleViewport = true;
     rfb.resizeSession = false;
@@ -110,19 +203,28 @@ export class LiveView {
       this.connecting = false;
       this.connected = true;
       this.connects += 1;
+      this.failures = 0;
+      this.retryAt = 0;
+      this.failure = this.dropped = '';
       this.show('connected', 'connected');
       this.copied(null); // what the session holds now: x11vnc may say nothing for seconds
     });
-    rfb.addEventListener('disconnect', () => {
+    rfb.addEventListener('disconnect', (event) => {
       this.connecting = false;
       this.connected = false;
       this.disconnects += 1;
       if (this.rfb !== rfb) return; // the page let it go (the session is not running)
       this.rfb = null;
+      const why = closed || opened || event?.detail?.clean !== false
+        ? closeReason(closed, opened) : 'the viewer failed (see the browser\'s console)';
       // A live picture the server ended (a checkpoint, a pause) is looked at again at once;
-      // a connection that never opened waits for the next poll, so a failing server is not
-      // hammered.
-      if (opened) this.refresh();
+      // a connection that never opened is tried again later and later.
+      if (opened) {
+        this.dropped = why;
+        this.refresh();
+      } else {
+        this.failed(why);
+      }
     });
     rfb.addEventListener('clipboard', (event) => this.copied(event.detail.text));
   }
@@ -188,6 +290,7 @@ export class LiveView {
 
   // One look at the session's state; false when there is nothing more to wait for.
   async refresh() {
+    const asked = this.controlCalls;
     let response;
     try {
       response = await this.fetch(this.urls.status, { cache: 'no-store' });
@@ -195,10 +298,13 @@ export class LiveView {
       this.show('server unreachable', 'ended');
       return true;
     }
+    // 404: the session ended (its tokens say so for a while after; then they are 401).
     if (response.status === 401 || response.status === 403 || response.status === 404) {
       this.state = 'ended';
       this.disconnect();
-      this.show(response.status === 404 ? 'ended' : 'access refused', 'ended');
+      this.showHandoff({ human_in_control: false });
+      this.show(response.status === 404 ? 'ended' : `access refused${await reason(response)}`,
+        'ended');
       return false;
     }
     let status;
@@ -216,16 +322,23 @@ export class LiveView {
     this.ui.scope.textContent = status.scope === 'control' ? 'control' : 'view only';
     this.ui.clipSend.hidden = status.scope !== 'control';
     this.ui.clipType.hidden = status.scope !== 'control';
-    this.showHandoff(status.state === 'running' ? status : {});
+    const ended = status.state === 'stopped' || status.state === 'failed';
+    // A paused session's handoff is not shown, and stays as it was for when it runs again.
+    if (status.state !== 'running') this.showHandoff(ended ? { human_in_control: false } : {});
+    else if (asked === this.controlCalls) this.showHandoff(status);
     if (status.state === 'running') {
       if (!this.connected) {
-        this.show('connecting', 'connecting');
-        this.connect();
+        if (this.failures) this.show(`cannot connect: ${this.failure} (retrying)`, 'failing');
+        else this.show(this.dropped ? `reconnecting (${this.dropped})` : 'connecting', 'connecting');
+        if (this.now() >= this.retryAt) this.connect();
       }
       return true;
     }
+    // Not running: whatever failed or dropped before, it connects at once when it runs.
+    this.failures = 0;
+    this.retryAt = 0;
+    this.failure = this.dropped = '';
     this.disconnect();
-    const ended = status.state === 'stopped' || status.state === 'failed';
     this.show(ended ? `ended (${status.state})` : status.state, ended ? 'ended' : status.state);
     return !ended;
   }

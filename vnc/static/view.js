@@ -20,9 +20,16 @@ try {
   throw error;
 }
 
+let storage = null;
+try {
+  storage = window.sessionStorage;
+} catch {
+  // refused (a sandboxed frame): the page keeps what it took in memory only
+}
+
 // What tests and the benchmark read.
 const view = window.__deskbox = new LiveView({
-  ui, RFB, urls: endpoints(location), fetch: window.fetch.bind(window),
-  setTimeout: window.setTimeout.bind(window),
+  ui, RFB, WebSocket: window.WebSocket, urls: endpoints(location),
+  fetch: window.fetch.bind(window), setTimeout: window.setTimeout.bind(window), storage,
 });
 view.poll();

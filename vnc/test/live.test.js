@@ -7,7 +7,7 @@ import { readFileSync, readdirSync, statSync } from 'node:fs';
 import { test } from 'node:test';
 
 import {
-  LiveView, POLL_CONNECTED_MS, POLL_WAITING_MS, asLatin1, endpoints,
+  LiveView, POLL_CONNECTED_MS, POLL_WAITING_MS, RETRY_MAX_MS, asLatin1, endpoints, retryDelay,
 } from '../static/live.js';
 
 const VNC = new URL('..', import.meta.url);
@@ -27,13 +27,28 @@ class Element {
   }
 }
 
+// The browser's WebSocket as far as the page uses it: the page opens it and hands it to RFB.
+class WebSocket extends Element {
+  constructor(url, protocols) {
+    super();
+    Object.assign(this, { url, protocols, closed: false });
+  }
+
+  close() { this.closed = true; }
+
+  // The close as the browser delivers it (before noVNC, which listens after the page).
+  closeEvent(code, reason) {
+    for (const listener of this.listeners.close ?? []) listener({ code, reason });
+  }
+}
+
 // noVNC's RFB as far as the page uses it; every instance is kept to be driven by the test.
 function fakeRFB() {
   const made = [];
   class RFB extends Element {
-    constructor(target, url, options) {
+    constructor(target, socket, options) {
       super();
-      Object.assign(this, { target, url, options, pasted: [], disconnected: false });
+      Object.assign(this, { target, socket, options, pasted: [], disconnected: false });
       made.push(this);
     }
 
@@ -43,6 +58,13 @@ function fakeRFB() {
       if (this.disconnected) return;
       this.disconnected = true;
       this.dispatch('disconnect', { clean: true });
+    }
+
+    // The server closed the socket (code, reason) or refused it (1006, no reason); noVNC
+    // tells only whether the end was clean.
+    closedByServer(code, reason = '', clean = false) {
+      this.socket.closeEvent(code, reason);
+      this.dispatch('disconnect', { clean });
     }
   }
   return { RFB, made };
@@ -54,8 +76,9 @@ function response(status, body) {
 
 // A view whose status poll and other calls answer from `answers` (a response, or an Error
 // to throw), its reads of the session's clipboard from `clipboard` (the session's
-// clipboard is empty when it runs out); those reads are kept in `asked`.
-function harness(answers, clipboard = []) {
+// clipboard is empty when it runs out); those reads are kept in `asked`. Its clock is
+// `clock.now` (ms), its sessionStorage `storage`.
+function harness(answers, clipboard = [], storage = new Map()) {
   const ui = Object.fromEntries(
     ['screen', 'state', 'scope', 'clip', 'clipToggle', 'clipText', 'clipSend', 'clipType',
       'clipStatus',
@@ -79,10 +102,20 @@ function harness(answers, clipboard = []) {
     protocol: 'http:', host: '127.0.0.1:8765', pathname: '/v1/sessions/ses_1/view',
     search: '?token=tok',
   });
+  const clock = { now: 0 };
   const view = new LiveView({
-    ui, RFB, urls, fetch, setTimeout: (fn, ms) => timers.push({ fn, ms }),
+    ui, RFB, WebSocket, urls, fetch, setTimeout: (fn, ms) => timers.push({ fn, ms }),
+    now: () => clock.now, storage: mapStorage(storage),
   });
-  return { view, ui, made, fetched, asked, timers };
+  return { view, ui, made, fetched, asked, timers, clock, storage };
+}
+
+function mapStorage(items) {
+  return {
+    getItem: (key) => (items.has(key) ? items.get(key) : null),
+    setItem: (key, value) => items.set(key, String(value)),
+    removeItem: (key) => items.delete(key),
+  };
 }
 
 const running = (scope) => response(200, { session_id: 'ses_1', state: 'running', scope });
@@ -111,9 +144,10 @@ test('a running session is connected once, view-only for a view token', async ()
   assert.deepEqual(fetched[0].options, { cache: 'no-store' });
   assert.equal(made.length, 1);
   const [rfb] = made;
-  assert.equal(rfb.url, 'ws://127.0.0.1:8765/v1/sessions/ses_1/vnc?token=tok');
+  assert.equal(rfb.socket.url, 'ws://127.0.0.1:8765/v1/sessions/ses_1/vnc?token=tok');
+  assert.deepEqual(rfb.socket.protocols, ['binary']);
   assert.equal(rfb.target, ui.screen);
-  assert.deepEqual(rfb.options, { wsProtocols: ['binary'], shared: true });
+  assert.deepEqual(rfb.options, { shared: true });
   assert.equal(rfb.viewOnly, true);
   assert.equal(rfb.scaleViewport, true);
   assert.equal(ui.scope.textContent, 'view only');
@@ -395,4 +429,156 @@ test('a control token may take control and hand back', async () => {
   assert.equal(fetched.at(-1).options.method, 'DELETE');
   assert.equal(view.human, false);
   assert.equal(ui.help.hidden, true);
+});
+
+const handoff = (human, { scope = 'control', help = false } = {}) => response(200, {
+  session_id: 'ses_1', state: 'running', scope, human_in_control: human, needs_help: help,
+  reason: help ? 'a captcha' : null,
+});
+
+const shown = (ui) => ({
+  help: ui.help.hidden ? null : ui.help.textContent, take: !ui.take.hidden,
+  handBack: !ui.handBack.hidden,
+});
+
+test('"you are in control" only on the page that took control; the others see a human in control', async () => {
+  // The page that takes control...
+  const taker = harness([handoff(false), handoff(true), handoff(true), handoff(true)]);
+  await taker.view.refresh();
+  assert.deepEqual(shown(taker.ui), { help: null, take: true, handBack: false });
+  await taker.view.control('POST');
+  await taker.view.refresh();
+  assert.deepEqual(shown(taker.ui),
+    { help: 'you are in control: the agent waits', take: false, handBack: true });
+  // ...a view page and another control page, which poll the same handoff...
+  for (const scope of ['view', 'control']) {
+    const other = harness([handoff(true, { scope })]);
+    await other.view.refresh();
+    assert.deepEqual(shown(other.ui),
+      { help: 'a human is in control: the agent waits', take: false, handBack: false }, scope);
+  }
+  // ...and the taker's tab reloaded: still its control, to hand back.
+  const reloaded = harness([handoff(true)], [], taker.storage);
+  await reloaded.view.refresh();
+  assert.deepEqual(shown(reloaded.ui),
+    { help: 'you are in control: the agent waits', take: false, handBack: true });
+});
+
+test('control that ended elsewhere (a hand-back, the lease) is no longer the page\'s', async () => {
+  const { view, ui, storage } = harness([handoff(false), handoff(true), handoff(false),
+    handoff(true)]);
+  await view.refresh();
+  await view.control('POST');
+  assert.equal(storage.size, 1);
+  await view.refresh(); // the lease ran out
+  assert.equal(view.tookControl, false);
+  assert.equal(storage.size, 0);
+  await view.refresh(); // another page took it since
+  assert.deepEqual(shown(ui),
+    { help: 'a human is in control: the agent waits', take: false, handBack: false });
+});
+
+test('a status poll asked before "Take control" was answered does not undo it', async () => {
+  let answerPoll;
+  const { view, ui, fetched } = harness([handoff(false)]);
+  await view.refresh();
+  const slow = [new Promise((resolve) => { answerPoll = resolve; }), handoff(true)];
+  view.fetch = async (url, options) => { fetched.push({ url, options }); return slow.shift(); };
+  const polling = view.refresh(); // asked before the click: the session's older news
+  await view.control('POST');
+  answerPoll(handoff(false));
+  await polling;
+  assert.deepEqual(shown(ui),
+    { help: 'you are in control: the agent waits', take: false, handBack: true });
+});
+
+test('taking control or handing back that fails says why', async () => {
+  const paused = { error: { type: 'conflict', message: 'session ses_1 is paused; resume it first' } };
+  const { view, ui } = harness([handoff(false, { help: true }), response(409, paused),
+    new TypeError('fetch failed'), handoff(true), response(500, {})]);
+  await view.refresh();
+  await view.control('POST');
+  assert.deepEqual(shown(ui), {
+    help: 'taking control refused (409): session ses_1 is paused; resume it first',
+    take: true, handBack: false,
+  });
+  await view.control('POST');
+  assert.equal(ui.help.textContent, 'taking control refused: server unreachable');
+  await view.control('POST');
+  assert.equal(ui.help.textContent, 'you are in control: the agent waits');
+  await view.control('DELETE');
+  assert.deepEqual(shown(ui), { help: 'hand-back refused (500)', take: false, handBack: true });
+});
+
+test('a websocket the server refuses says so and is tried again later and later, up to 30 s', async () => {
+  const { view, ui, made, timers, clock } = harness(Array.from({ length: 200 },
+    () => running('view')));
+  await view.poll();
+  const waited = [];
+  let triedAt = clock.now;
+  for (let attempt = 1; attempt <= 8; attempt += 1) {
+    assert.equal(made.length, attempt);
+    made.at(-1).closedByServer(1006); // a 429, a 502, a 409: the browser shows none of them
+    assert.deepEqual([ui.state.textContent, ui.state.className], [
+      'cannot connect: the server refused the connection or could not be reached (retrying)',
+      'failing']);
+    assert.equal(view.failures, attempt);
+    while (made.length === attempt) { // the page polls every second meanwhile
+      clock.now += timers.at(-1).ms;
+      await timers.at(-1).fn();
+      assert.equal(ui.state.className, 'failing');
+    }
+    waited.push(clock.now - triedAt);
+    triedAt = clock.now;
+  }
+  assert.deepEqual(waited, [1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]);
+  assert.equal(retryDelay(100), RETRY_MAX_MS);
+  // Once it opens, the count starts again; a live picture closed by the server says why
+  // and is reconnected at once.
+  made.at(-1).dispatch('connect');
+  assert.equal(view.failures, 0);
+  assert.equal(ui.state.textContent, 'connected');
+  made.at(-1).closedByServer(1008, 'the viewer took nothing for 30 s');
+  await settled();
+  assert.equal(made.length, 10);
+  assert.equal(ui.state.textContent, 'reconnecting (the viewer took nothing for 30 s)');
+  made.at(-1).closedByServer(1006);
+  assert.equal(view.failures, 1);
+});
+
+test('a connection closed with a reason before it opened, or a viewer that fails, says why', async () => {
+  const { view, ui, made, clock, timers } = harness([running('view'), running('view'),
+    running('view')]);
+  await view.poll();
+  made[0].closedByServer(1011, "the session's VNC server failed: timed out");
+  assert.equal(ui.state.textContent,
+    "cannot connect: the session's VNC server failed: timed out (retrying)");
+  clock.now += 1000;
+  view.RFB = class { constructor() { throw new Error('Display exception'); } };
+  await timers.at(-1).fn();
+  assert.equal(ui.state.textContent, 'cannot connect: Display exception (retrying)');
+  assert.equal(view.connecting, false);
+  assert.equal(view.failures, 2);
+});
+
+test("the session's end closes the picture (1001) and the status poll's 404 says it ended", async () => {
+  const ended = { error: { type: 'not_found', message: 'session ses_1 ended (stopped)' } };
+  const { view, ui, made, fetched, timers } = harness([running('view'), response(404, ended)]);
+  await view.poll();
+  made[0].dispatch('connect');
+  made[0].closedByServer(1001, "the session's screen ended: it stopped", true);
+  await settled();
+  assert.equal(fetched.length, 2); // looked at once
+  assert.deepEqual([ui.state.textContent, ui.state.className, view.state],
+    ['ended', 'ended', 'ended']);
+  assert.equal(timers.length, 1); // and no more
+});
+
+test('a refused token says why', async () => {
+  const revoked = { error: { type: 'unauthorized',
+    message: 'invalid session token (unknown, revoked or expired)' } };
+  const { view, ui } = harness([response(401, revoked)]);
+  await view.poll();
+  assert.equal(ui.state.textContent,
+    'access refused: invalid session token (unknown, revoked or expired)');
 });
