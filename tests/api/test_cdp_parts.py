@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -123,8 +124,19 @@ async def test_the_event_log_replays_then_follows_then_ends() -> None:
     events = [e for e in seen if e != "heartbeat"]
     assert events == ["state", "browser_exited", "browser_restarted"]
     assert "heartbeat" in seen
-    assert [e.id for e in log.history("s1")] == [1, 2, 3]
-    assert [e.type async for e in log.follow("s1", after=2)] == ["browser_restarted"]
+    ids = [e.id for e in log.history("s1")]
+    assert len(ids) == 3 and ids == sorted(set(ids)), ids
+    assert [e.type async for e in log.follow("s1", after=ids[1])] == ["browser_restarted"]
+
+
+async def test_event_ids_come_from_the_clock_so_a_later_server_numbers_above() -> None:
+    """The next server process (a fresh log) gives ids above those of the one before it, as
+    the clock moved between them: Last-Event-ID resumes a stream there
+    (tests/api/test_container_restart.py does it across real processes)."""
+    earlier = EventLog().publish("s1", "state", state=SessionState.running).id
+    before = time.time_ns() // 1000
+    later = EventLog().publish("s1", "state", state=SessionState.stopping).id
+    assert earlier < later and before <= later, (earlier, before, later)
 
 
 async def test_a_browser_path_no_url_parser_takes_is_browser_unavailable() -> None:

@@ -7,6 +7,7 @@ test reaps them once the second server has destroyed them.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -24,7 +25,7 @@ from deskbox_server.engines.runc.runtime import Runc
 from deskbox_server.engines.runc.sandbox import remove_orphans
 from deskbox_server.settings import Settings
 
-from .helpers import decode
+from .helpers import decode, events_until
 from .sandbox_page import SandboxPage, events_data_url, read_display_number
 from .served import KEY, reap, serve
 from .test_container import RED, cgroup_dirs, mounts_mentioning, running
@@ -225,6 +226,47 @@ def test_a_session_in_use_outlives_a_restart(tmp_path: Path) -> None:
             body = http.get(f"/v1/sessions/{sid}").json()
             assert body["state"] == "running", body
             assert http.delete(f"/v1/sessions/{sid}").status_code == 204
+    finally:
+        options = runc_engine(Settings(state_dir=state_dir)).options
+        remove_orphans(options, keep=())
+        reap(inits)
+
+
+def test_an_event_stream_resumed_on_the_next_server_gets_what_happens_after(
+    tmp_path: Path,
+) -> None:
+    """A client follows a session's events, its server is killed, and it reconnects to the
+    next server with the Last-Event-ID it last saw: the re-adopted session's stop comes
+    through. Ids counted from 1 in each server process were all at or below it, and the
+    stream ended with nothing."""
+    state_dir, log = tmp_path / "state", tmp_path / "server.log"
+    inits: list[int] = []
+    try:
+        with serve(state_dir, log) as (first, http):
+            made = http.post("/v1/sessions", json={})
+            assert made.status_code == 201, made.text
+            sid = made.json()["id"]
+            state = Runc().state(container_of(sid))
+            assert state is not None
+            inits.append(state.pid)
+            seen = events_until(http, sid, lambda event: event.get("state") == "running")
+            first.send_signal(signal.SIGKILL)
+            first.wait()
+        last = seen[-1]["id"]
+        with serve(state_dir, log) as (_, http):
+            assert http.get(f"/v1/sessions/{sid}").json()["state"] == "running"
+            with http.stream("GET", f"/v1/sessions/{sid}/events", timeout=20,
+                             headers={"Last-Event-ID": str(last)}) as stream:
+                assert stream.status_code == 200
+                assert http.delete(f"/v1/sessions/{sid}").status_code == 204
+                lines = list(stream.iter_lines())  # until the stream ends with the session
+        ids = [int(line[len("id: "):]) for line in lines if line.startswith("id: ")]
+        events = [json.loads(line[len("data: "):]) for line in lines
+                  if line.startswith("data: ")]
+        states = [event["state"] for event in events if event["type"] == "state"]
+        assert states == ["stopping", "stopped"], (last, lines)
+        assert ids == [event["id"] for event in events]
+        assert last < ids[0] and ids == sorted(set(ids)), (last, ids)
     finally:
         options = runc_engine(Settings(state_dir=state_dir)).options
         remove_orphans(options, keep=())

@@ -2,7 +2,8 @@
 
 Each event is ``id: N``, ``event: <type>`` and ``data: <SessionEvent JSON>``
 (schemas/events.py): state changes, and the browser's exits and restarts. The stream starts
-with the events this server kept (after ``Last-Event-ID`` if sent) and ends after the
+with the events this server kept (after ``Last-Event-ID`` if sent, which may be an id of an
+earlier server process: ids grow across them, see sessions/events.py) and ends after the
 session has ended. A comment line every few seconds keeps proxies from closing it.
 """
 
@@ -15,6 +16,7 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import StreamingResponse
 
 from ..schemas.events import SessionEvent
+from ..sessions.events import next_event_id
 from ..sessions.lifecycle import LIVE_STATES, utcnow
 from .deps import Caller, get_services
 
@@ -47,10 +49,12 @@ async def session_events(
 
     async def frames() -> AsyncIterator[str]:
         if not log.history(session_id) and record.state not in LIVE_STATES:
-            # Ended before this server started: only its final state is known.
+            # Ended before this server started: only its final state is known. A new id,
+            # above the Last-Event-ID of a client that saw the session live elsewhere.
             reason = record.failure.reason if record.failure else None
-            yield _frame(SessionEvent(id=1, type="state", at=utcnow(), session_id=session_id,
-                                      state=record.state, reason=reason))
+            yield _frame(SessionEvent(id=next_event_id(), type="state", at=utcnow(),
+                                      session_id=session_id, state=record.state,
+                                      reason=reason))
             return
         async for event in log.follow(session_id, after, heartbeat_s=HEARTBEAT_S):
             yield ": keepalive\n\n" if event is None else _frame(event)

@@ -4,11 +4,19 @@ The manager publishes state changes, the browser watch (browser_watch.py) the br
 exits and restarts. Each session keeps its last :data:`KEEP_PER_SESSION` events; ended
 sessions keep theirs until :data:`KEEP_ENDED` newer ones have ended. A server that restarts
 starts with empty logs. Used from the event loop only.
+
+Event ids are the wall clock in microseconds (:func:`next_event_id`), not a count: a client
+resumes a stream with the ``Last-Event-ID`` it last saw on another server process (this one
+restarted, or another replica of a fleet), which gets only the events above it. Numbered
+from 1 by each process, the next server's events were all at or below that id, and none
+was sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -17,16 +25,39 @@ from ..schemas.events import EventType, SessionEvent
 from ..schemas.sessions import SessionState
 from .lifecycle import utcnow
 
-__all__ = ["KEEP_ENDED", "KEEP_PER_SESSION", "EventLog"]
+__all__ = ["KEEP_ENDED", "KEEP_PER_SESSION", "EventLog", "next_event_id"]
 
 KEEP_PER_SESSION = 256
 KEEP_ENDED = 1024
 
 
+class _EventIds:
+    def __init__(self) -> None:
+        self._last = 0
+        # One process may run several servers, each on an event loop of its own (the tests do).
+        self._lock = threading.Lock()
+
+    def next(self) -> int:
+        with self._lock:
+            # +1: ids stay unique and ordered when two events share a microsecond, or when the
+            # clock is set back while this process runs.
+            self._last = max(self._last + 1, time.time_ns() // 1000)
+            return self._last
+
+
+_IDS = _EventIds()
+
+
+def next_event_id() -> int:
+    """A new event id: above every id this process gave, and above those of a process that
+    ran before it (or of another server) as far as the hosts' clocks agree. Microseconds
+    since the epoch stay below 2**53 (exact in a JavaScript number) until the year 2255."""
+    return _IDS.next()
+
+
 @dataclass
 class _Stream:
     events: deque[SessionEvent] = field(default_factory=lambda: deque(maxlen=KEEP_PER_SESSION))
-    next_id: int = 1
     ended: bool = False
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -62,10 +93,9 @@ class EventLog:
         if stream is None:
             stream = self._live[session_id] = _Stream()
         event = SessionEvent(
-            id=stream.next_id, type=event_type, at=utcnow(), session_id=session_id,
+            id=next_event_id(), type=event_type, at=utcnow(), session_id=session_id,
             state=state, reason=reason, browser_restarts=browser_restarts,
         )
-        stream.next_id += 1
         stream.events.append(event)
         stream.wake()
         return event

@@ -81,7 +81,7 @@ class Recordings:
         history = self._events.history(record.id)
         recorder.event(self._events.publish(record.id, "recording_started"))
         self._followers[record.id] = asyncio.create_task(
-            self._follow(recorder, history[-1].id + 1 if history else 1),
+            self._follow(recorder, history[-1].id if history else 0),
             name=f"deskbox-recording-events-{record.id}")
         if handle is not None and record.state is SessionState.running:
             await recorder.watch_from_now(handle)
@@ -136,8 +136,8 @@ class Recordings:
         self._ending.add(task)
         task.add_done_callback(self._ending.discard)
 
-    async def _follow(self, recorder: Recorder, first_id: int) -> None:
-        async for event in self._events.follow(recorder.meta.session_id, after=first_id - 1):
+    async def _follow(self, recorder: Recorder, after: int) -> None:
+        async for event in self._events.follow(recorder.meta.session_id, after=after):
             if event is not None and event.type != "recording_started":
                 recorder.event(event)
 
