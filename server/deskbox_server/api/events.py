@@ -16,7 +16,6 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import StreamingResponse
 
 from ..schemas.events import SessionEvent
-from ..sessions.events import next_event_id
 from ..sessions.lifecycle import LIVE_STATES, utcnow
 from .deps import Caller, get_services
 
@@ -52,7 +51,7 @@ async def session_events(
             # Ended before this server started: only its final state is known. A new id,
             # above the Last-Event-ID of a client that saw the session live elsewhere.
             reason = record.failure.reason if record.failure else None
-            yield _frame(SessionEvent(id=next_event_id(), type="state", at=utcnow(),
+            yield _frame(SessionEvent(id=log.next_id(), type="state", at=utcnow(),
                                       session_id=session_id, state=record.state,
                                       reason=reason))
             return

@@ -5,7 +5,7 @@ exits and restarts. Each session keeps its last :data:`KEEP_PER_SESSION` events;
 sessions keep theirs until :data:`KEEP_ENDED` newer ones have ended. A server that restarts
 starts with empty logs. Used from the event loop only.
 
-Event ids are the wall clock in microseconds (:func:`next_event_id`), not a count: a client
+Event ids are the wall clock in microseconds (:meth:`EventLog.next_id`), not a count: a client
 resumes a stream with the ``Last-Event-ID`` it last saw on another server process (this one
 restarted, or another replica of a fleet), which gets only the events above it. Numbered
 from 1 by each process, the next server's events were all at or below that id, and none
@@ -15,7 +15,6 @@ was sent.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
@@ -25,34 +24,10 @@ from ..schemas.events import EventType, SessionEvent
 from ..schemas.sessions import SessionState
 from .lifecycle import utcnow
 
-__all__ = ["KEEP_ENDED", "KEEP_PER_SESSION", "EventLog", "next_event_id"]
+__all__ = ["KEEP_ENDED", "KEEP_PER_SESSION", "EventLog"]
 
 KEEP_PER_SESSION = 256
 KEEP_ENDED = 1024
-
-
-class _EventIds:
-    def __init__(self) -> None:
-        self._last = 0
-        # One process may run several servers, each on an event loop of its own (the tests do).
-        self._lock = threading.Lock()
-
-    def next(self) -> int:
-        with self._lock:
-            # +1: ids stay unique and ordered when two events share a microsecond, or when the
-            # clock is set back while this process runs.
-            self._last = max(self._last + 1, time.time_ns() // 1000)
-            return self._last
-
-
-_IDS = _EventIds()
-
-
-def next_event_id() -> int:
-    """A new event id: above every id this process gave, and above those of a process that
-    ran before it (or of another server) as far as the hosts' clocks agree. Microseconds
-    since the epoch stay below 2**53 (exact in a JavaScript number) until the year 2255."""
-    return _IDS.next()
 
 
 @dataclass
@@ -71,6 +46,16 @@ class EventLog:
         self._live: dict[str, _Stream] = {}
         self._ended: OrderedDict[str, _Stream] = OrderedDict()
         self._closed = False
+        self._last_id = 0
+
+    def next_id(self) -> int:
+        """A new event id: above every id this log gave, and above those of a server that
+        ran before this one (or of another server) as far as the hosts' clocks agree.
+        Microseconds since the epoch stay below 2**53 (exact in a JavaScript number) until
+        the year 2255. +1: ids stay unique and ordered when two events share a microsecond,
+        or when the clock is set back while the server runs."""
+        self._last_id = max(self._last_id + 1, time.time_ns() // 1000)
+        return self._last_id
 
     def close(self) -> None:
         """The server stops: every live session's stream says so (``server_stopping``) and
@@ -93,7 +78,7 @@ class EventLog:
         if stream is None:
             stream = self._live[session_id] = _Stream()
         event = SessionEvent(
-            id=next_event_id(), type=event_type, at=utcnow(), session_id=session_id,
+            id=self.next_id(), type=event_type, at=utcnow(), session_id=session_id,
             state=state, reason=reason, browser_restarts=browser_restarts,
         )
         stream.events.append(event)
