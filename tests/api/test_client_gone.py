@@ -16,7 +16,6 @@ import re
 import socket
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,29 +28,7 @@ from deskbox_server.settings import Settings
 
 from ..images import IMAGE_STATE_DIR, session_image
 from .conftest import KEY_A, Server, running_server
-
-
-class Kept(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-@contextmanager
-def warnings_of(*names: str) -> Iterator[list[logging.LogRecord]]:
-    """What these loggers say at WARNING and above meanwhile (uvicorn's do not propagate)."""
-    kept = Kept()
-    loggers = [logging.getLogger(name) for name in names]
-    for logger in loggers:
-        logger.addHandler(kept)
-    try:
-        yield kept.records
-    finally:
-        for logger in loggers:
-            logger.removeHandler(kept)
+from .helpers import server_log
 
 
 def internal_errors(client: httpx.Client) -> float:
@@ -83,7 +60,7 @@ def test_an_upload_whose_client_leaves_is_no_internal_error(
     client = server.client()
     before = internal_errors(client)
     host, port = server.url.removeprefix("http://").split(":")
-    with warnings_of("deskbox", "uvicorn.error") as said:
+    with server_log() as said:
         with socket.create_connection((host, int(port))) as raw:
             raw.sendall(
                 f"PUT /v1/sessions/{session['id']}/files?path=/tmp/gone.bin HTTP/1.1\r\n"
@@ -92,7 +69,8 @@ def test_an_upload_whose_client_leaves_is_no_internal_error(
                 .encode() + b"x" * 300_000)
             time.sleep(0.5)  # the handler reads the body's first part
         deadline = time.monotonic() + 5
-        while not said and time.monotonic() < deadline:
+        while not any("/files" in r.getMessage() for r in said) and (
+                time.monotonic() < deadline):
             time.sleep(0.1)  # what the handler says once it finds the client gone
     assert [r.getMessage() for r in said if r.levelno >= logging.ERROR] == []
     assert internal_errors(client) == before
@@ -108,7 +86,7 @@ def test_a_refused_devtools_socket_on_a_fresh_server_logs_no_error(tmp_path: Pat
     settings = Settings(state_dir=tmp_path / "state", api_keys=[KEY_A], backends=["local"],
                         default_backend="local")
     # uvicorn configures its loggers as the server starts: listened to after that.
-    with running_server(settings) as fresh, warnings_of("deskbox", "uvicorn.error") as said:
+    with running_server(settings) as fresh, server_log() as said:
         ws = fresh.url.replace("http://", "ws://")
         for _ in range(2):
             with pytest.raises(InvalidStatus) as refused:
