@@ -13,6 +13,7 @@ import threading
 import time
 import zipfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -265,27 +266,32 @@ NOISE = ("data:text/html,<body style='margin:0'><canvas id=c width=1280 height=8
          "w[i]=s|0xff000000}c.putImageData(d,0,0);requestAnimationFrame(f)}f()</script></body>")
 
 
-def record_the_noise(client: httpx.Client, sid: str) -> None:
-    """Start recording session ``sid`` once its NOISE page fills the screen."""
-    assert wait_for(lambda: len(client.get(
-        f"/v1/sessions/{sid}/screenshot", params={"format": "jpeg"}).content)
-        > 512 * 1024), "the noise page never filled the screen"
-    assert client.post(f"/v1/sessions/{sid}/recording/start").status_code == 200
+@contextmanager
+def recording_the_noise(
+    tmp_path: Path, **settings: Any
+) -> Iterator[tuple[Server, httpx.Client, str]]:
+    """A server of the local engine with ``settings``, and a session of it on the NOISE
+    page, recorded from when the noise fills the screen."""
+    with running_server(Settings(state_dir=tmp_path / "state", api_keys=[KEY_A],
+                                 backends=["local"], default_backend="local", **settings)
+                        ) as server, server.client() as client:
+        sid = client.post("/v1/sessions", json={
+            "display": DISPLAY, "browser": {"start_url": NOISE}}).json()["id"]
+        assert wait_for(lambda: len(client.get(
+            f"/v1/sessions/{sid}/screenshot", params={"format": "jpeg"}).content)
+            > 512 * 1024), "the noise page never filled the screen"
+        assert client.post(f"/v1/sessions/{sid}/recording/start").status_code == 200
+        yield server, client, sid
 
 
 def test_frames_dropped_at_the_quota_are_not_counted(tmp_path: Any) -> None:
     """The first write of a recording goes past its key's quota and is dropped: the
     recording says it has no frame, and asking for one (or the video) is a 404. It counted
     the dropped frames, and both answered 500."""
-    settings = Settings(state_dir=tmp_path / "state", api_keys=[KEY_A], backends=["local"],
-                        default_backend="local", recording_quota_mb=1)
-    with running_server(settings) as server, server.client() as client:
-        sid = client.post("/v1/sessions", json={
-            "display": DISPLAY, "browser": {"start_url": NOISE}}).json()["id"]
+    # Recording starts once the noise is on screen: a frame taken before the page drew is
+    # small enough to fit the quota, and is rightly counted.
+    with recording_the_noise(tmp_path, recording_quota_mb=1) as (_, client, sid):
         try:
-            # Recording starts once the noise is on screen: a frame taken before the page
-            # drew is small enough to fit the quota, and is rightly counted.
-            record_the_noise(client, sid)
             recording = wait_for(lambda: (r := client.get(
                 f"/v1/sessions/{sid}/recording").json())["state"] == "stopped" and r)
             assert recording, "the quota never stopped the recording"
@@ -305,13 +311,8 @@ def test_videos_asked_at_once_hold_up_no_other_request(tmp_path: Path) -> None:
     waited behind. Now the rest of the API answers meanwhile, and a second encode of one
     key is refused (429 capacity, Retry-After). The zip export, written whole into the
     state dir before it was sent, is now made as it is sent."""
-    settings = Settings(state_dir=tmp_path / "state", api_keys=[KEY_A], backends=["local"],
-                        default_backend="local", recording_fps=12)
-    with running_server(settings) as server, server.client() as client:
-        sid = client.post("/v1/sessions", json={
-            "display": DISPLAY, "browser": {"start_url": NOISE}}).json()["id"]
+    with recording_the_noise(tmp_path, recording_fps=12) as (server, client, sid):
         try:
-            record_the_noise(client, sid)
             assert wait_for(lambda: client.get(f"/v1/sessions/{sid}/recording").json()[
                 "frames"] >= 150, timeout_s=120), "the recording did not get its frames"
         finally:
@@ -361,7 +362,7 @@ def test_videos_asked_at_once_hold_up_no_other_request(tmp_path: Path) -> None:
             assert export.status_code == 200
             chunks = export.iter_bytes()
             first = next(chunks)
-            assert [p.name for p in settings.state_dir.rglob("*.zip")] == []
+            assert [p.name for p in server.settings.state_dir.rglob("*.zip")] == []
             data = first + b"".join(chunks)
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             names = archive.namelist()
