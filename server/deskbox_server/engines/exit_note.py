@@ -9,9 +9,9 @@ hundred bytes at most, printable characters only.
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
+
+from .untrusted_files import read_regular
 
 __all__ = ["EXIT_NOTE", "exit_note"]
 
@@ -21,18 +21,6 @@ _LIMIT = 200
 
 def exit_note(socket_dir: Path) -> str | None:
     """The init's line in ``socket_dir``, or None if it left none."""
-    try:
-        fd = os.open(socket_dir / EXIT_NOTE,
-                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None  # a FIFO would block, a device could be anything
-        raw = os.read(fd, _LIMIT)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    raw = read_regular(socket_dir / EXIT_NOTE, _LIMIT)
     text = "".join(c for c in raw.decode("utf-8", "replace") if c.isprintable()).strip()
     return text or None

@@ -27,10 +27,11 @@ from ...errors import (
     SessionFailed,
     Timeout,
 )
+from ..untrusted_files import read_regular
 from .accel import Accelerator
 from .qemu import AGENT_PORT_ID, GuestImage, VmConfig, VmPaths, guest_files, qemu_argv
 from .qmp import QmpClient, QmpError, QmpRefused
-from .runtime_files import create_own, read_tail
+from .runtime_files import create_own
 
 __all__ = [
     "NO_ROOM",
@@ -174,7 +175,7 @@ def _tail(paths: VmPaths) -> str:
     parts = []
     for log in (paths.qemu_log, paths.console):
         # Only the end: the console log is the guest's, as long as it cared to write.
-        text = read_tail(log, _LOG_TAIL).decode(errors="replace").strip()
+        text = read_regular(log, _LOG_TAIL, tail=True).decode(errors="replace").strip()
         if text:
             parts.append(f"{log.name}: {text}")
     return ("; " + " | ".join(parts)) if parts else ""
@@ -268,7 +269,8 @@ def _spawn(
 def leftover_pid(paths: VmPaths) -> int | None:
     """The pid of the QEMU (or its jail) a previous server left running in ``paths``."""
     try:
-        pid = int(read_tail(paths.pid, 32))  # QEMU's user could have put anything there
+        # QEMU's user could have put anything there.
+        pid = int(read_regular(paths.pid, 32, tail=True))
     except ValueError:
         return None
     # The pid may have been reused since: only a process started for this directory counts.

@@ -31,7 +31,6 @@ __all__ = [
     "create_own",
     "empty",
     "mount_runtime",
-    "read_tail",
     "remove_runtime",
     "socket_address",
 ]
@@ -84,23 +83,6 @@ def _remove(path: Path) -> None:
         pass
     except IsADirectoryError:
         shutil.rmtree(path)  # follows no link inside either
-
-
-def read_tail(path: Path, limit: int) -> bytes:
-    """The last ``limit`` bytes of ``path`` if it is a regular file, else nothing."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return b""
-    try:
-        found = os.fstat(fd)
-        if not stat.S_ISREG(found.st_mode):
-            return b""
-        return os.pread(fd, limit, max(0, found.st_size - limit))
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager
