@@ -231,6 +231,27 @@ def test_a_secret_is_typed_only_where_its_origin_has_the_focus(
             assert VALUE.encode() not in path.read_bytes(), path
 
 
+def test_a_field_that_takes_the_focus_late_gets_the_secret(
+    client: Recorder, secret_server: Server
+) -> None:
+    """The browser may take the focus a moment after the click (here the page focuses the
+    field itself 400 ms later): the check asks again before it refuses."""
+    store_secret(client)
+    sid = client.post("/v1/sessions", json={"display": DISPLAY}).json()["id"]
+    serve_origins(client, sid)
+    late = LOGIN.replace("<input ", "<input onmousedown='event.preventDefault(); "
+                         "setTimeout(() => this.focus(), 400)' ")
+    assert run(client, sid, ["sh", "-c", "printf %s \"$0\" > /tmp/site/late.html", late]
+               )["exit_code"] == 0
+    with Deskbox(secret_server.url, KEY_A) as box:
+        handle = box.sessions.get(sid)
+        cdp.navigate(handle, f"{GOOD}/late.html")
+        typed = client.post(f"/v1/sessions/{sid}/actions", json={
+            "actions": [CLICK_FIELD, {"type": "type", "secret": "PW"}]})
+        assert typed.status_code == 200, typed.text
+        assert cdp.evaluate(handle, "document.getElementById('pw').value") == VALUE
+
+
 def test_a_page_stuck_in_a_script_is_refused_in_bounded_time(
     client: Recorder, secret_server: Server
 ) -> None:
