@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from deskbox_server.api.auth import key_id
@@ -509,6 +509,53 @@ def test_viewers_and_devtools_clients_are_closed_for_a_checkpoint_and_reconnect(
                     evaluate(devtools, "1")
     finally:
         assert client.delete(f"/v1/sessions/{sid}").status_code == 204
+
+
+def test_a_viewer_connecting_as_a_checkpoint_begins_is_told_to_come_back(
+    client: httpx.Client,
+) -> None:
+    """A viewer still connecting (its session's VNC server starting) when a snapshot begins
+    had nothing for the checkpoint to close: the snapshot waited 5 s for it and went on with
+    it connected, or the viewer was refused 502 as if the session had failed. Now either it
+    connected first and is closed, or it is refused 409 (connect again), and the snapshot
+    does not wait for it."""
+    sid = new_session(client)
+    session = client.get(f"/v1/sessions/{sid}").json()
+    view = client.post(f"/v1/sessions/{sid}/tokens", json={"scope": "view"}).json()
+    vnc = f"{session['urls']['vnc_ws']}?token={view['token']}"
+    refused: list[int] = []
+
+    def view_it(outcome: list[object]) -> None:
+        try:
+            with RfbViewer(vnc) as viewer:
+                outcome.append("connected")
+                viewer.full_frame()
+        except InvalidStatus as error:
+            outcome.append(error.response.status_code)
+        except (ConnectionClosed, AssertionError, TimeoutError):
+            pass  # connected before the checkpoint, closed by it
+
+    try:
+        for delay in (0.0, 0.0, 0.05, 0.1):
+            outcome: list[object] = []
+            viewer_thread = threading.Thread(target=view_it, args=(outcome,))
+            viewer_thread.start()
+            time.sleep(delay)
+            started = time.monotonic()
+            snapshot = client.post(f"/v1/sessions/{sid}/snapshots")
+            took = time.monotonic() - started
+            viewer_thread.join(timeout=30)
+            assert snapshot.status_code == 201, snapshot.text
+            client.delete(f"/v1/snapshots/{snapshot.json()['id']}")
+            assert outcome and outcome[0] in ("connected", 409), (delay, outcome)
+            assert took < 4, f"the snapshot waited {took:.1f} s for a viewer (delay {delay})"
+            refused += [code for code in outcome if code == 409]
+            time.sleep(1)  # the last viewer gone, its VNC server stops: the next one starts it
+        with RfbViewer(vnc) as viewer:  # and after, viewers connect as before
+            assert viewer.full_frame().shape[:2] == (DISPLAY["height"], DISPLAY["width"])
+    finally:
+        assert client.delete(f"/v1/sessions/{sid}").status_code == 204
+    print(f"viewers refused 409 while the snapshot began: {len(refused)} of 4")
 
 
 def test_a_hibernated_session_survives_a_killed_server(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from starlette.staticfiles import StaticFiles
 from ..errors import DeskboxError, SessionFailed
 from ..schemas.actions import MAX_CLIPBOARD_CHARS, MAX_TYPE_CHARS
 from ..schemas.sessions import SessionState
+from ..sessions.links import Link, checkpointing
 from ..sessions.recorder import Source
 from ..sessions.tokens import Scope
 from ..vnc.proxy import handshake_server, run_proxy
@@ -167,6 +168,7 @@ async def vnc_ws(websocket: WebSocket, session_id: str) -> None:
     """RFB over websocket (subprotocol ``binary`` when offered); many viewers at once."""
     services = get_services(websocket)
     accepted = False
+    link: Link | None = None
     try:
         grant = await authorize(services, websocket, session_id, _VIEW_SCOPES)
         session = await services.manager.session(grant.owner, session_id)
@@ -179,12 +181,15 @@ async def vnc_ws(websocket: WebSocket, session_id: str) -> None:
                 writer.close()
 
         async with (
-            services.manager.links.hold(session_id, close_for_checkpoint),
+            services.manager.links.hold(session_id, close_for_checkpoint) as link,
             services.vnc.viewer(session_id, session.start_vnc,
                                 services.settings.retry_after_s) as server,
         ):
             reader, writer = await server.connect()
             upstream.append(writer)
+            if link.closing:  # a checkpoint began while this viewer connected
+                writer.close()
+                raise checkpointing(session_id)
             try:
                 await handshake_server(reader, writer)
                 offered = websocket.scope.get("subprotocols") or []
@@ -220,9 +225,13 @@ async def vnc_ws(websocket: WebSocket, session_id: str) -> None:
                 session_id, grant.scope, "dropped: too slow" if stats.too_slow else "left",
                 stats.messages, stats.dropped,
             )
-    except DeskboxError as error:
-        services.metrics.errors.inc(error.kind)
+    except DeskboxError as raised:
+        # What a checkpoint did to the connection being made (its VNC server or stream gone)
+        # is not the viewer's failure: it may connect again once the session runs.
+        ended = checkpointing(session_id) if (
+            not accepted and link is not None and link.closing) else raised
+        services.metrics.errors.inc(ended.kind)
         if not accepted:
-            await websocket.send_denial_response(deskbox_error_response(error))
+            await websocket.send_denial_response(deskbox_error_response(ended))
         else:
-            log.warning("session %s: live view ended: %s", session_id, error.message)
+            log.warning("session %s: live view ended: %s", session_id, ended.message)

@@ -18,22 +18,29 @@ from dataclasses import dataclass, field
 
 from ..errors import Conflict
 
-__all__ = ["RESTART_CLOSE_CODE", "SessionLinks"]
+__all__ = ["RESTART_CLOSE_CODE", "Link", "SessionLinks", "checkpointing"]
 
 log = logging.getLogger("deskbox.sessions")
 RESTART_CLOSE_CODE = 1012
 _CLOSE_TIMEOUT_S = 5.0
 
 
+def checkpointing(session_id: str) -> Conflict:
+    return Conflict(f"session {session_id} is being checkpointed; connect again in a moment")
+
+
 @dataclass
-class _Link:
+class Link:
     close: Callable[[], Awaitable[None]]
     gone: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set before ``close`` is called: a connection still being made when a checkpoint
+    # begins has nothing for ``close`` to close yet, and must give up once it is made.
+    closing: bool = False
 
 
 class SessionLinks:
     def __init__(self) -> None:
-        self._links: dict[str, dict[int, _Link]] = {}
+        self._links: dict[str, dict[int, Link]] = {}
         self._closed: set[str] = set()  # sessions being checkpointed
         self._ids = itertools.count()
 
@@ -43,21 +50,20 @@ class SessionLinks:
     @contextlib.asynccontextmanager
     async def hold(
         self, session_id: str, close: Callable[[], Awaitable[None]]
-    ) -> AsyncIterator[None]:
+    ) -> AsyncIterator[Link]:
         """Register one connection for its lifetime; ``close`` ends it from outside.
 
         The connection counts as gone only when this context exits: put everything that
-        holds the connection open (and cleans up after it) inside.
+        holds the connection open (and cleans up after it) inside. A connection made
+        inside must check :attr:`Link.closing` once it is made.
         """
         if session_id in self._closed:
-            raise Conflict(
-                f"session {session_id} is being checkpointed; connect again in a moment"
-            )
+            raise checkpointing(session_id)
         key = next(self._ids)
-        link = _Link(close)
+        link = Link(close)
         self._links.setdefault(session_id, {})[key] = link
         try:
-            yield
+            yield link
         finally:
             link.gone.set()
             links = self._links.get(session_id, {})
@@ -78,6 +84,8 @@ class SessionLinks:
             if links:
                 log.info("session %s: closing %d client connections for a checkpoint",
                          session_id, len(links))
+                for link in links:
+                    link.closing = True
                 await asyncio.gather(*(link.close() for link in links),
                                      return_exceptions=True)
                 waits = [asyncio.create_task(link.gone.wait()) for link in links]
