@@ -308,8 +308,11 @@ def test_the_live_view_opens_and_connects(quiet: Page, session: dict[str, Any]) 
             assert view.evaluate("window.__deskbox.scope") == scope
             expect(view.locator("#screen canvas")).to_be_visible()
             # A tab opened by the console starts with a copy of its session storage: the
-            # API key, in the page that parses what the sandbox's VNC server sends.
-            assert view.evaluate("window.sessionStorage.length") == 0
+            # API key, in the page that parses what the sandbox's VNC server sends. It holds
+            # only the token the page took out of its address bar.
+            assert view.evaluate("Object.keys(window.sessionStorage)") == [
+                f"deskbox.token:/v1/sessions/{session['id']}/view"]
+            assert "token=" not in view.url
         finally:
             view.close()
 

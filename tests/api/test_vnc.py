@@ -365,7 +365,12 @@ def test_view_page_is_served(client: httpx.Client, session: dict[str, Any]) -> N
         assert served.status_code == 200, asset
         assert served.headers["content-type"].startswith("text/javascript"), asset
     assert httpx.get(base + "/vnc/static/view.css").status_code == 200
-    assert_error(httpx.get(view), 401, "unauthorized")
+    assert_error(httpx.get(view, params={"token": "dbt_" + "x" * 43}), 401, "unauthorized")
+    # Without a token, the page alone (a reload: the page took the token out of its URL and
+    # its tab kept it); it opens nothing by itself: each of its calls needs the token.
+    alone = httpx.get(view)
+    assert alone.status_code == 200 and alone.text == response.text
+    assert_error(httpx.get(view + "/status"), 401, "unauthorized")
 
 
 @pytest.mark.slow
@@ -413,13 +418,23 @@ def test_view_page_in_chromium_with_a_view_token(
     tmp_path: Path, client: httpx.Client, session: dict[str, Any], origin: tuple[int, int]
 ) -> None:
     ox, oy = origin
-    link = f"{session['urls']['view']}?token={token_for(client, session['id'], 'view')}"
+    token = token_for(client, session['id'], 'view')
+    link = f"{session['urls']['view']}?token={token}"
     with headless_chromium(tmp_path / "viewer") as devtools, CdpPage.first(devtools) as cdp:
         cdp.navigate(link)
         assert canvas_pixel(cdp, ox + 200, oy + 350, BLUE) == list(BLUE)
         shown = cdp.evaluate("""[document.getElementById('scope').textContent,
             document.getElementById('clip-send').hidden, window.__deskbox.rfb.viewOnly]""")
         assert shown == ["view only", True, True]
+        # The token left the address bar (and so the history) at once; a reload still works.
+        assert cdp.evaluate("location.href") == session["urls"]["view"]
+        assert token not in cdp.evaluate("JSON.stringify(history.state) + location.href")
+        cdp.evaluate("location.reload()")
+        deadline = time.monotonic() + 20
+        while cdp.evaluate("document.getElementById('state')?.textContent ?? ''") != "connected":
+            assert time.monotonic() < deadline, "the reloaded page never connected"
+            time.sleep(0.05)
+        assert canvas_pixel(cdp, ox + 200, oy + 350, BLUE) == list(BLUE)
 
 
 def _page_says(cdp: CdpPage, element: str, wanted: str) -> list[str]:

@@ -2,10 +2,37 @@
 // can drive it (vnc/test/live.test.js): where the page connects, what the status poll shows,
 // when it (re)connects, and the clipboard panel. view.js wires it to the page.
 
-// The session token comes from the page's own URL (?token=) and goes only to this server:
-// the status poll and the websocket, on the page's own origin and path.
-export function endpoints(location) {
-  const token = new URLSearchParams(location.search).get('token') || '';
+// The session token comes from the page's own URL (?token=) and leaves the address bar at
+// once: a URL holding a live token, in the browser's history, a bookmark or a shared
+// screen, opens the session for as long as the token lives. The tab keeps it in its session
+// storage instead, so that a reload still works; where it cannot be kept, the URL keeps it.
+export function takeToken(location, history, storage) {
+  const key = `deskbox.token:${location.pathname}`;
+  const params = new URLSearchParams(location.search);
+  const token = params.get('token');
+  if (token === null) {
+    try {
+      return storage?.getItem(key) ?? '';
+    } catch {
+      return '';
+    }
+  }
+  try {
+    if (!storage) return token;
+    storage.setItem(key, token);
+  } catch {
+    return token;
+  }
+  params.delete('token');
+  const rest = params.toString();
+  history.replaceState(history.state, '',
+    `${location.pathname}${rest ? `?${rest}` : ''}${location.hash}`);
+  return token;
+}
+
+// The token goes only to this server: the status poll and the websocket, on the page's own
+// origin and path.
+export function endpoints(location, token) {
   const base = location.pathname.replace(/\/view\/?$/, '');
   const query = `?token=${encodeURIComponent(token)}`;
   const scheme = location.protocol === 'https:' ? 'wss' : 'ws';

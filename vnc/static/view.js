@@ -1,7 +1,7 @@
 // The Deskbox live view: noVNC's RFB client on /v1/sessions/{id}/vnc, scaled to the
 // window, showing the session's state and reconnecting when the session runs again.
 // The logic is in live.js; this wires it to the page (vnc/view.html) and to noVNC.
-import { LiveView, endpoints } from './live.js';
+import { LiveView, endpoints, takeToken } from './live.js';
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -27,9 +27,10 @@ try {
   // refused (a sandboxed frame): the page keeps what it took in memory only
 }
 
+const token = takeToken(location, history, storage);
 // What tests and the benchmark read.
 const view = window.__deskbox = new LiveView({
-  ui, RFB, WebSocket: window.WebSocket, urls: endpoints(location),
+  ui, RFB, WebSocket: window.WebSocket, urls: endpoints(location, token),
   fetch: window.fetch.bind(window), setTimeout: window.setTimeout.bind(window), storage,
 });
 view.poll();

@@ -8,6 +8,7 @@ import { test } from 'node:test';
 
 import {
   LiveView, POLL_CONNECTED_MS, POLL_WAITING_MS, RETRY_MAX_MS, asLatin1, endpoints, retryDelay,
+  takeToken,
 } from '../static/live.js';
 
 const VNC = new URL('..', import.meta.url);
@@ -100,8 +101,7 @@ function harness(answers, clipboard = [], storage = new Map()) {
   };
   const urls = endpoints({
     protocol: 'http:', host: '127.0.0.1:8765', pathname: '/v1/sessions/ses_1/view',
-    search: '?token=tok',
-  });
+  }, 'tok');
   const clock = { now: 0 };
   const view = new LiveView({
     ui, RFB, WebSocket, urls, fetch, setTimeout: (fn, ms) => timers.push({ fn, ms }),
@@ -123,8 +123,7 @@ const running = (scope) => response(200, { session_id: 'ses_1', state: 'running'
 test('the token goes from the page URL to the status poll, the control, clipboard and type routes and the websocket only', () => {
   const urls = endpoints({
     protocol: 'https:', host: 'desk.example:8443', pathname: '/v1/sessions/ses_9/view/',
-    search: '?token=a+b/c%3D&other=1',
-  });
+  }, 'a b/c=');
   assert.deepEqual(urls, {
     status: '/v1/sessions/ses_9/view/status?token=a%20b%2Fc%3D',
     clipboard: '/v1/sessions/ses_9/view/clipboard?token=a%20b%2Fc%3D',
@@ -132,9 +131,43 @@ test('the token goes from the page URL to the status poll, the control, clipboar
     control: '/v1/sessions/ses_9/control?token=a%20b%2Fc%3D',
     vnc: 'wss://desk.example:8443/v1/sessions/ses_9/vnc?token=a%20b%2Fc%3D',
   });
-  const bare = endpoints({ protocol: 'http:', host: 'h', pathname: '/v1/sessions/s/view',
-    search: '' });
+  const bare = endpoints({ protocol: 'http:', host: 'h', pathname: '/v1/sessions/s/view' }, '');
   assert.equal(bare.vnc, 'ws://h/v1/sessions/s/vnc?token=');
+});
+
+function pageAt(search, hash = '') {
+  const location = { pathname: '/v1/sessions/ses_9/view', search, hash };
+  const history = {
+    state: null, replaced: [],
+    replaceState(state, title, url) { this.replaced.push(url); },
+  };
+  return { location, history };
+}
+
+test('the token leaves the address bar for the tab\'s storage, and a reload finds it there', () => {
+  const items = new Map();
+  const { location, history } = pageAt('?token=a+b%2Fc&other=1', '#x');
+  assert.equal(takeToken(location, history, mapStorage(items)), 'a b/c');
+  assert.deepEqual(history.replaced, ['/v1/sessions/ses_9/view?other=1#x']);
+  assert.deepEqual([...items], [['deskbox.token:/v1/sessions/ses_9/view', 'a b/c']]);
+  const reloaded = pageAt('');
+  assert.equal(takeToken(reloaded.location, reloaded.history, mapStorage(items)), 'a b/c');
+  assert.deepEqual(reloaded.history.replaced, []);
+  const other = pageAt('?token=t2');  // a new link wins over the kept token
+  assert.equal(takeToken(other.location, other.history, mapStorage(items)), 't2');
+  assert.deepEqual(other.history.replaced, ['/v1/sessions/ses_9/view']);
+});
+
+test('where the token cannot be kept, the URL keeps it', () => {
+  const refused = { getItem() { throw new Error('denied'); },
+    setItem() { throw new Error('denied'); } };
+  for (const storage of [null, refused]) {
+    const { location, history } = pageAt('?token=tok');
+    assert.equal(takeToken(location, history, storage), 'tok');
+    assert.deepEqual(history.replaced, []);
+  }
+  const { location, history } = pageAt('');
+  assert.equal(takeToken(location, history, null), '');
 });
 
 test('a running session is connected once, view-only for a view token', async () => {

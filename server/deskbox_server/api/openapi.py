@@ -33,6 +33,8 @@ _ERROR_REF = "#/components/schemas/ErrorBody"
 _FASTAPI_ERRORS = ("HTTPValidationError", "ValidationError")
 _CREATE = ("post", "/v1/sessions")
 _TOKENS = "/v1/sessions/{session_id}/tokens"
+# Served without a credential too: the live view's page alone, for a reload (api/vnc.py).
+_PAGE_ALONE = ("get", "/v1/sessions/{session_id}/view")
 _TOKEN = _TOKENS + "/{token_id}"
 _SNAPSHOTS = "/v1/sessions/{session_id}/snapshots"
 # Collections of the key's own resources: a create can find the name taken or the quota full.
@@ -147,6 +149,8 @@ def describe(document: dict[str, Any]) -> dict[str, Any]:
                 operation["security"] = [{"api_key": []}]
                 if tags & TOKEN_TAGS:
                     operation["security"].append({"session_token": []})
+                if (method, path) == _PAGE_ALONE:
+                    operation["security"].append({})
     created = paths.get(_CREATE[1], {}).get(_CREATE[0], {}).get("responses", {}).get("201")
     if created is not None:
         created["links"] = _session_links(paths)

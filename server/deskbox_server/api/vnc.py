@@ -35,7 +35,7 @@ from ..vnc.proxy import handshake_server, run_proxy
 from ..vnc.rfb import RfbError
 from .deps import get_services
 from .errors import deskbox_error_response
-from .tokens import Grant, authorize, until_token_ends
+from .tokens import Grant, authorize, presented_token, until_token_ends
 
 __all__ = [
     "NOVNC_PATH", "STATIC_PATH", "ViewStatus", "ViewerClipboard", "ViewerText", "mount_assets",
@@ -154,8 +154,12 @@ def _source(grant: Grant) -> Source:
 @router.get("/view", response_class=HTMLResponse)
 async def view_page(request: Request, session_id: str) -> HTMLResponse:
     services = get_services(request)
-    grant = await authorize(services, request, session_id, _VIEW_SCOPES)
-    await services.manager.get(grant.owner, session_id)
+    if presented_token(request) is not None:
+        grant = await authorize(services, request, session_id, _VIEW_SCOPES)
+        await services.manager.get(grant.owner, session_id)
+    # Without a credential, the page alone: it holds nothing of the session and opens
+    # nothing, and its calls carry the token its tab kept when the page took it out of the
+    # address bar (static/live.js takeToken), so that a reload still works.
     template: Template = request.app.state.view_template
     page = template.substitute(
         session_id=html.escape(session_id, quote=True), static=STATIC_PATH, novnc=NOVNC_PATH
