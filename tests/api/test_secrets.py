@@ -9,6 +9,7 @@ environment variable.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -250,6 +251,40 @@ def test_a_field_that_takes_the_focus_late_gets_the_secret(
             "actions": [CLICK_FIELD, {"type": "type", "secret": "PW"}]})
         assert typed.status_code == 200, typed.text
         assert cdp.evaluate(handle, "document.getElementById('pw').value") == VALUE
+
+
+def test_a_frame_of_another_site_that_takes_the_focus_late_gets_no_secret(
+    client: Recorder, secret_server: Server
+) -> None:
+    """A frame of another site (a renderer of its own) lies over the field, and its
+    ``mousedown`` handler keeps that renderer busy for 1.5 s before the frame takes the
+    focus: when the check asks the page, the page still says its field has it. The frame
+    is asked too, which waits for its renderer: refused, nothing typed."""
+    store_secret(client)
+    sid = client.post("/v1/sessions", json={"display": DISPLAY}).json()["id"]
+    serve_origins(client, sid)
+    full = "position:fixed;left:0;top:0;width:100%;height:100%;border:0"
+    frame = (f"<input id=f style='{full}'><script>addEventListener('mousedown', () => "
+             "{ const t = Date.now(); while (Date.now() - t < 1500) {} })</script>")
+    page = (LOGIN.replace("<input ", "<input autofocus ")
+            + f"<iframe src='http://localhost:8001/frame.html' style='{full}'></iframe>")
+    assert run(client, sid, ["sh", "-c", "printf %s \"$0\" > /tmp/site/frame.html; "
+                             "printf %s \"$1\" > /tmp/site/framed.html", frame, page]
+               )["exit_code"] == 0
+    with Deskbox(secret_server.url, KEY_A) as box:
+        handle = box.sessions.get(sid)
+        cdp.navigate(handle, f"{GOOD}/framed.html")
+        deadline = time.monotonic() + 10
+        while "localhost:8001" not in json.dumps(client.get(
+                f"/v1/sessions/{sid}/cdp/json/list").json()):
+            assert time.monotonic() < deadline, "the frame of another site never loaded"
+            time.sleep(0.1)
+        assert cdp.evaluate(handle, "document.activeElement.id") == "pw"
+        refused = client.post(f"/v1/sessions/{sid}/actions", json={
+            "actions": [CLICK_FIELD, {"type": "type", "secret": "PW"}]})
+        assert_error(refused, 403, "secret_origin_mismatch")
+        assert "a frame of another origin" in refused.json()["error"]["message"]
+        assert cdp.evaluate(handle, "document.getElementById('pw').value") == ""
 
 
 def test_a_page_stuck_in_a_script_is_refused_in_bounded_time(

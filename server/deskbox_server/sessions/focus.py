@@ -5,6 +5,13 @@ A secret is typed only where a page of one of its allowed origins has the focus,
 editable field of a frame of that same origin. The page's own script answers the question,
 so a hostile page could lie about itself; it cannot lie for another origin's page, and that
 is what the check is for: a model talked into typing a password elsewhere is refused.
+
+A frame of another site runs in a renderer of its own (site isolation): the page learns
+that such a frame took the focus only after that renderer has handled the click, so a frame
+whose ``mousedown`` handler stays busy would be checked on the page's focus from before,
+and the keystrokes that follow would reach it. Every such frame is asked too, which waits
+for its renderer to finish what it is doing; one that has the focus, or that does not
+answer, is refused as any frame of another origin is.
 """
 
 from __future__ import annotations
@@ -25,6 +32,10 @@ __all__ = ["focused_field_origin"]
 
 _PAGE_PATH = re.compile(r"^/devtools/page/[A-Za-z0-9-]{1,64}$")
 _MAX_PAGES = 8
+_MAX_FRAMES = 32  # out-of-process frames asked; a browser with more is refused
+# The focus in a frame of another site than its page, or maybe there (a frame that did not
+# answer, or too many to ask): a frame chain of more than one origin, never a secret's.
+_ANOTHER_ORIGINS_FRAME = (None, False)
 _TIMEOUT_S = 5.0
 _MAX_ANSWER = 64 * 1024
 
@@ -68,25 +79,48 @@ async def _ask(open_devtools: Opener) -> tuple[str | None, bool] | None:
         listing = await get_json(await open_devtools(), "/json/list", MAX_LISTING)
     except DeskboxError:
         return None
-    pages = [t for t in listing if isinstance(t, dict) and t.get("type") == "page"] \
-        if isinstance(listing, list) else []
-    for page in pages[:_MAX_PAGES]:  # the most recently active first
-        path = urlsplit(str(page.get("webSocketDebuggerUrl", ""))).path
-        if not _PAGE_PATH.match(path):
-            continue
-        answer = await _evaluate(open_devtools, path)
-        if isinstance(answer, dict):
-            origin = answer.get("origin")
-            return (origin if isinstance(origin, str) else None,
-                    answer.get("editable") is True)
-    return None
+    targets = [t for t in listing if isinstance(t, dict)] if isinstance(listing, list) else []
+    pages = [t for t in targets if t.get("type") == "page"]
+    frames = [t for t in targets if t.get("type") == "iframe"]
+    if len(frames) > _MAX_FRAMES:
+        return _ANOTHER_ORIGINS_FRAME
+    # Every frame at once, beside the pages: each waits for its renderer.
+    asked_frames = [asyncio.ensure_future(_focus_of(open_devtools, frame)) for frame in frames]
+    try:
+        page_focus = None
+        for page in pages[:_MAX_PAGES]:  # the most recently active first
+            answered, focus = await _focus_of(open_devtools, page)
+            if answered and focus is not None:
+                page_focus = focus
+                break
+        for answered, focus in await asyncio.gather(*asked_frames):
+            if not answered or focus is not None:
+                return _ANOTHER_ORIGINS_FRAME
+    finally:
+        for task in asked_frames:
+            task.cancel()
+    return page_focus
 
 
-async def _evaluate(open_devtools: Opener, path: str) -> Any:
+async def _focus_of(open_devtools: Opener, target: dict[str, Any]
+                    ) -> tuple[bool, tuple[str | None, bool] | None]:
+    """(answered, (origin, editable) or None where the target's document has no focus)."""
+    path = urlsplit(str(target.get("webSocketDebuggerUrl", ""))).path
+    if not _PAGE_PATH.match(path):
+        return False, None
+    answered, answer = await _evaluate(open_devtools, path)
+    if not isinstance(answer, dict):
+        return answered and answer is None, None
+    origin = answer.get("origin")
+    return True, (origin if isinstance(origin, str) else None, answer.get("editable") is True)
+
+
+async def _evaluate(open_devtools: Opener, path: str) -> tuple[bool, Any]:
+    """(whether the target answered, the value FOCUS evaluated to)."""
     try:
         connection = await open_websocket(open_devtools, path, _MAX_ANSWER, _TIMEOUT_S)
     except DeskboxError:
-        return None
+        return False, None
     try:
         async with asyncio.timeout(_TIMEOUT_S):
             await connection.send(json.dumps({"id": 1, "method": "Runtime.evaluate", "params": {
@@ -94,8 +128,12 @@ async def _evaluate(open_devtools: Opener, path: str) -> Any:
             while True:
                 message = untrusted_json.loads(await connection.recv())
                 if isinstance(message, dict) and message.get("id") == 1:
-                    return message.get("result", {}).get("result", {}).get("value")
+                    reply = message.get("result")
+                    result = reply.get("result") if isinstance(reply, dict) else None
+                    if not isinstance(result, dict) or "value" not in result:
+                        return False, None
+                    return True, result["value"]
     except (TimeoutError, ValueError, WebSocketException, OSError, BrowserUnavailable):
-        return None
+        return False, None
     finally:
         await connection.close()
