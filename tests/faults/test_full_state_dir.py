@@ -10,6 +10,7 @@ that is a small tmpfs of its own.
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from deskbox_server.settings import Settings
 
 from ..api.conftest import DISPLAY, KEY_A, Server, running_server
 from ..api.helpers import assert_error
+from ..api.served import serve
 
 
 @pytest.fixture
@@ -160,3 +162,57 @@ def test_a_start_whose_running_state_cannot_be_saved_fails_the_session(
             assert http.delete(f"/v1/sessions/{sid}").status_code == 204
         finally:
             filler.unlink()
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def test_a_registry_the_disk_refuses_otherwise_still_lets_a_delete_remove_the_desktop(
+    tmp_path: Path,
+) -> None:
+    """A write the disk refuses for another reason than room (here a file size limit's
+    EFBIG; a quota's EDQUOT and EIO are alike to SQLite: its I/O error). Before, that error
+    was not the registry's 507 but a 500 raised at the delete's first save, before the
+    removal: the desktop ran on, held by no session, and the next server adopted it as
+    running. Now it is 507 as a full disk, a delete still removes the desktop, and its end
+    is saved once the disk takes writes again: here by the server's stop (its reaper, which
+    would do it too, waits 30 s), so the next server finds the session stopped, not failed
+    by the restart."""
+    engine = {"DESKBOX_BACKENDS": "local", "DESKBOX_DEFAULT_BACKEND": "local"}
+    with serve(tmp_path / "state", tmp_path / "server.log",
+               {**engine, "DESKBOX_REAPER_INTERVAL_S": "30"}) as (process, http):
+        created = http.post("/v1/sessions", json={"display": DISPLAY})
+        assert created.status_code == 201, created.text
+        sid = created.json()["id"]
+        desktop = _descendants(process.pid)
+        assert desktop and all(_alive(pid) for pid in desktop)
+        # Every write of the server past the first 512 bytes of a file fails (EFBIG;
+        # CPython ignores SIGXFSZ): the registry's among them, and its log's.
+        unlimited = resource.prlimit(process.pid, resource.RLIMIT_FSIZE)
+        resource.prlimit(process.pid, resource.RLIMIT_FSIZE, (512, unlimited[1]))
+        try:
+            refused = assert_error(http.post(f"/v1/sessions/{sid}/keepalive"), 507,
+                                   "insufficient_storage")
+            assert "refused a write of the session registry" in refused["message"], refused
+            assert http.delete(f"/v1/sessions/{sid}").status_code == 204
+            deadline = time.monotonic() + 15
+            while alive := [pid for pid in desktop if _alive(pid)]:
+                assert time.monotonic() < deadline, f"the desktop outlived its delete: {alive}"
+                time.sleep(0.1)
+        finally:
+            resource.prlimit(process.pid, resource.RLIMIT_FSIZE, unlimited)
+    with serve(tmp_path / "state", tmp_path / "server.log", engine) as (_, http):
+        assert http.get(f"/v1/sessions/{sid}").json()["state"] == "stopped"

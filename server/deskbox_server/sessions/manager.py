@@ -281,6 +281,15 @@ class SessionManager:
         for engine in self._engines.values():
             with suppress(Exception):
                 await engine.close()
+        # A last try at the ends not saved yet: the next server would otherwise take such a
+        # session for one still running and fail it as left behind by the restart.
+        try:
+            await self._save_unsaved()
+        except Exception:
+            log.exception("saving the sessions' ends at shutdown")
+        if self._unsaved:
+            log.error("%d ended sessions are not saved (the disk refuses writes): the next "
+                      "server will count them as failed", len(self._unsaved))
         await self._registry.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the state dir's lock
@@ -821,12 +830,7 @@ class SessionManager:
     async def reap(self) -> None:
         """One pass: fail sessions whose desktop died, stop those idle past their timeout;
         save the ends the registry could not take before."""
-        for record in list(self._unsaved.values()):
-            try:
-                await self._registry.save(record)
-            except InsufficientStorage:
-                break  # still full
-            self._unsaved.pop(record.id, None)
+        await self._save_unsaved()
         if self.pool is not None:
             self.pool.check()
         grace = dt.timedelta(0)
@@ -883,6 +887,15 @@ class SessionManager:
                     await self.forget_ended()
             except Exception:
                 log.exception("reaper pass failed")
+
+    async def _save_unsaved(self) -> None:
+        """Save the ends the registry could not take before (a full or failing disk)."""
+        for record in list(self._unsaved.values()):
+            try:
+                await self._registry.save(record)
+            except InsufficientStorage:
+                return  # still refused
+            self._unsaved.pop(record.id, None)
 
     async def forget_ended(self) -> None:
         """Delete the records of sessions that ended over ``ended_session_ttl_h`` ago."""

@@ -144,11 +144,19 @@ class Registry:
             return await loop.run_in_executor(
                 self._executor, functools.partial(fn, *args, **kwargs))
         except sqlite3.OperationalError as error:
-            if error.sqlite_errorcode != sqlite3.SQLITE_FULL:
-                raise
-            raise InsufficientStorage(
-                "no room on the server's disk: the session registry cannot be written "
-                f"({error})") from None
+            # A write the disk refuses for another reason than room (a quota's EDQUOT, a
+            # file size limit's EFBIG, EIO) is SQLite's I/O error: to the session as to a
+            # full disk, a record it cannot keep (its end must still remove its sandbox).
+            code = error.sqlite_errorcode
+            if code == sqlite3.SQLITE_FULL:
+                raise InsufficientStorage(
+                    "no room on the server's disk: the session registry cannot be written "
+                    f"({error})") from None
+            if code & 0xFF == sqlite3.SQLITE_IOERR:
+                raise InsufficientStorage(
+                    f"the server's disk refused a write of the session registry ({error}: "
+                    "a quota, a file size limit or a failing disk)") from None
+            raise
 
     @property
     def db(self) -> sqlite3.Connection:

@@ -115,6 +115,10 @@ async def _save(context: SessionContext, record: SessionRecord) -> bool:
         log.error("session %s: its %s state is not saved yet: %s", record.id,
                   record.state.value, error.message)
         return False
+    except Exception:  # a registry failing otherwise must not keep the sandbox alive either
+        log.exception("session %s: its %s state is not saved yet", record.id,
+                      record.state.value)
+        return False
     return True
 
 
