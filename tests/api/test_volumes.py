@@ -248,6 +248,27 @@ def test_a_browser_profile_keeps_a_cookie_to_the_next_session(
         delete(client, third)
 
 
+def test_a_volume_whose_record_was_cut_keeps_its_disk(
+    client: httpx.Client, volume_server: Server
+) -> None:
+    """A power loss can leave a volume's record empty (its write not on the disk yet). It
+    then read as no volume at all: a browser profile's next session made the volume anew,
+    removing its disk image and what the user kept in it, and the listing and the quota
+    left it out. Now the record is made again from the disk image."""
+    first = start(client, browser={"profile": "kept"})
+    assert run(client, first, "echo mine > /root/chromium/note")["exit_code"] == 0
+    delete(client, first)
+    record = (volume_server.settings.state_dir / "volumes" / key_id(KEY_A) / "kept"
+              / "volume.json")
+    record.write_text("")
+    listed = client.get("/v1/volumes").json()["volumes"]
+    assert [(v["name"], v["size_mb"]) for v in listed] == [("kept", 1024)], listed
+    second = start(client, browser={"profile": "kept"})
+    assert run(client, second, "cat /root/chromium/note")["stdout"] == "mine\n"
+    delete(client, second)
+    assert '"size_mb":1024' in record.read_text()  # written again, whole
+
+
 def test_copies_of_a_session_with_volumes_are_refused(client: httpx.Client) -> None:
     make_volume(client, "work")
     session = start(client, volumes=[{"name": "work", "path": WORK}])

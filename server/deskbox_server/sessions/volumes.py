@@ -20,14 +20,14 @@ import os
 import re
 import shutil
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
 from ..engines import VolumeAttach
 from ..engines.volumes import create_disk
-from ..errors import Conflict, NotFound, QuotaExceeded
+from ..errors import Conflict, Internal, NotFound, QuotaExceeded
 from ..schemas.volumes import PROFILE_SIZE_MB, VolumeAttachment, VolumeCreate, VolumeMount
 from .lifecycle import utcnow
 
@@ -72,14 +72,21 @@ class VolumeStore:
     # -- the records ----------------------------------------------------------------------
 
     def _read(self, owner: str, name: str) -> VolumeRecord | None:
+        """The volume's record; None for no volume. A record that cannot be read is not
+        "no volume": a create or a profile's first use would then make the volume anew,
+        removing its disk image."""
+        directory = self._directory(owner, name)
         try:
-            text = (self._directory(owner, name) / _RECORD).read_text()
-            return VolumeRecord.model_validate_json(text)
+            text = (directory / _RECORD).read_text()
         except FileNotFoundError:
             return None
-        except (OSError, ValidationError) as error:
-            log.warning("volume %s/%s is unreadable: %s", owner, name, error)
-            return None
+        except OSError as error:
+            raise Internal(f"volume {name!r}: its record cannot be read ({error}); its "
+                           "disk is kept") from None
+        try:
+            return VolumeRecord.model_validate_json(text)
+        except ValidationError as error:
+            return _rebuilt(directory, owner, name, error)
 
     def get(self, owner: str, name: str) -> VolumeRecord:
         record = self._read(owner, name) if _NAME.match(name) else None
@@ -186,6 +193,48 @@ def _remove(directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
+def _rebuilt(directory: Path, owner: str, name: str, damage: ValidationError
+             ) -> VolumeRecord | None:
+    """A volume whose record is damaged (empty, cut short: a power loss before its write
+    reached the disk) but whose disk image is there: its record made again from the image
+    (the size it was made with, its time), so that the disk is neither lost nor left out of
+    the key's quota. Without an image, an unfinished volume (None)."""
+    try:
+        made = (directory / _DISK).stat()
+    except FileNotFoundError:
+        log.warning("volume %s/%s has a damaged record and no disk: unfinished", owner, name)
+        return None
+    except OSError as error:
+        raise Internal(f"volume {name!r}: its record is damaged and its disk cannot be "
+                       f"looked at ({error})") from None
+    record = VolumeRecord(name=name, owner=owner, size_mb=max(1, made.st_size >> 20),
+                          created_at=datetime.fromtimestamp(made.st_mtime, UTC))
+    log.warning("volume %s/%s: its record was damaged (%s); made again from its disk "
+                "image (%d MB)", owner, name, damage.errors()[0]["msg"], record.size_mb)
+    try:
+        _write_record(directory, record)
+    except OSError as error:  # kept in memory only: the next read makes it again
+        log.warning("volume %s/%s: its record could not be written again: %s", owner, name,
+                    error)
+    return record
+
+
+def _write_record(directory: Path, record: VolumeRecord) -> None:
+    """Written whole or not at all, and on the disk before it counts (a power loss must
+    not leave an empty record: see _rebuilt)."""
+    partial = directory / (_RECORD + ".partial")
+    with partial.open("w") as file:
+        file.write(record.model_dump_json())
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(partial, directory / _RECORD)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _make(directory: Path, record: VolumeRecord) -> None:
     """The volume's directory, its disk image and then its record (which makes it exist);
     nothing of it is left if that fails."""
@@ -194,9 +243,7 @@ def _make(directory: Path, record: VolumeRecord) -> None:
     directory.mkdir(mode=0o700)
     try:
         create_disk(directory / _DISK, record.size_mb)
-        partial = directory / (_RECORD + ".partial")
-        partial.write_text(record.model_dump_json())
-        os.replace(partial, directory / _RECORD)
+        _write_record(directory, record)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
