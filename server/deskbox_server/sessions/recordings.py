@@ -17,7 +17,8 @@ from ..errors import QuotaExceeded
 from ..schemas.sessions import SessionState
 from .desktop import AnyDesktop
 from .events import EventLog
-from .lifecycle import SessionRecord
+from .lifecycle import LIVE_STATES, SessionRecord
+from .live import not_live
 from .recorder import Recorder
 from .recording_media import Videos
 from .recording_store import RecordingMeta, RecordingStore
@@ -57,6 +58,12 @@ class Recordings:
         """Record the session from now on (it goes on if it records already)."""
         while (stopping := self._stopping.get(record.id)) is not None:
             await asyncio.wait([stopping])  # its failure is its caller's to hear
+        # The session may have ended during that wait, its end finding no start to wait
+        # for: a recorder begun now would never be stopped (its tasks running for ever, the
+        # recording never expiring, counted against the key's quota). No await from here
+        # to the start's registration below, so a later end waits for the start.
+        if record.state is SessionState.stopping or record.state not in LIVE_STATES:
+            raise not_live(record)
         recorder = self._live.get(record.id)
         if recorder is not None:
             return recorder.meta
