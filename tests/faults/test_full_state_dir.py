@@ -9,21 +9,31 @@ that is a small tmpfs of its own.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import resource
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from deskbox_server.api.auth import key_id
+from deskbox_server.schemas.sessions import SessionCreate, SessionState
+from deskbox_server.sessions.lifecycle import SessionRecord, utcnow
+from deskbox_server.sessions.pool import new_session_id
+from deskbox_server.sessions.recording_store import RecordingStore
+from deskbox_server.sessions.registry import Registry
 from deskbox_server.settings import Settings
 
 from ..api.conftest import DISPLAY, KEY_A, Server, running_server
-from ..api.helpers import assert_error
+from ..api.helpers import assert_error, server_log
 from ..api.served import serve
 
 
@@ -216,3 +226,79 @@ def test_a_registry_the_disk_refuses_otherwise_still_lets_a_delete_remove_the_de
             resource.prlimit(process.pid, resource.RLIMIT_FSIZE, unlimited)
     with serve(tmp_path / "state", tmp_path / "server.log", engine) as (_, http):
         assert http.get(f"/v1/sessions/{sid}").json()["state"] == "stopped"
+
+
+def test_a_server_starts_on_a_full_state_dir_and_saves_what_it_found_later(
+    small_disk: Path,
+) -> None:
+    """A previous server left a session live whose desktop is gone and a recording marked
+    `recording` (it was killed, or its last saves met the full disk), and an expired
+    recording; the next server starts on the full disk. Before, its start rewrote both
+    records, met ENOSPC (the recording's meta.json, the registry's SQLITE_FULL) and did not
+    start at all, so the sweep that frees expired recordings never ran. Now it starts,
+    says failed and stopped from memory, frees the expired recording, and writes both
+    records once there is room (a reaper pass)."""
+    settings = Settings(state_dir=small_disk, api_keys=[KEY_A], backends=["local"],
+                        default_backend="local", reaper_interval_s=0.2)
+    with running_server(settings):  # what a server makes once (its secrets' key…)
+        pass
+    owner = key_id(KEY_A)
+    lost, recorded, expired = (new_session_id() for _ in range(3))
+    recordings = RecordingStore(small_disk / "recordings", timedelta(hours=1))
+    recordings.open()
+    recordings.begin(owner, recorded)
+    old = recordings.begin(owner, expired)
+    recordings.stopped(old, None)
+    old.expires_at = utcnow() - timedelta(minutes=1)
+    recordings.save(old)
+    # Its engine is not offered here: the session cannot be re-adopted and fails.
+    left = SessionRecord(id=lost, owner=owner, backend="container", body=SessionCreate(),
+                         timeout_s=300, state=SessionState.running)
+    asyncio.run(_saved(settings.database_path, left))
+    # A reader holds the registry's WAL index (made while there was room) across the
+    # start, as the disk filled under a running server: SQLite then meets the full disk
+    # at the write of a record, where the server has its say, not in making that index.
+    reader = sqlite3.connect(settings.database_path)
+    try:
+        reader.execute("SELECT COUNT(*) FROM sessions").fetchone()
+        filler = _fill(small_disk)
+        try:
+            with server_log() as logged, running_server(settings) as server, \
+                    server.client() as http:
+                # Both writes met the full disk (the recording's is saved at once if the
+                # sweep's deletion of the expired one left room).
+                said = [record.getMessage() for record in logged]
+                for what in (f"session {lost}: its failed state is not saved yet",
+                             f"session {recorded}: its stopped state is not saved yet"):
+                    assert any(what in line for line in said), (what, said)
+                session = http.get(f"/v1/sessions/{lost}").json()
+                assert session["state"] == "failed", session
+                assert "without the 'container' backend" in session["failure"]["reason"]
+                recording = http.get(f"/v1/sessions/{recorded}/recording").json()
+                assert recording["state"] == "stopped", recording
+                assert recording["stop_reason"] == "the server restarted", recording
+                assert recording["expires_at"] is not None, recording
+                assert_error(http.get(f"/v1/sessions/{expired}/recording"), 404, "not_found")
+                assert not (small_disk / "recordings" / expired).exists()
+
+                filler.unlink()
+                meta = small_disk / "recordings" / recorded / "meta.json"
+                deadline = time.monotonic() + 10
+                while (json.loads(meta.read_text())["state"] != "stopped"
+                       or [(s["id"], s["state"]) for s in http.get("/v1/sessions").json()[
+                           "sessions"]] != [(lost, "failed")]):
+                    assert time.monotonic() < deadline, "what was found was never saved"
+                    time.sleep(0.1)
+        finally:
+            filler.unlink(missing_ok=True)
+    finally:
+        reader.close()
+
+
+async def _saved(path: Path, record: SessionRecord) -> None:
+    registry = Registry(path)
+    await registry.open()
+    try:
+        await registry.save(record)
+    finally:
+        await registry.close()

@@ -216,7 +216,13 @@ class SessionManager:
                 adopted[record.backend].add(record.id)
                 continue
             log.warning("session %s failed: %s", record.id, reason)
-            await self._registry.save(failed(record, reason))
+            ended = failed(record, reason)
+            try:
+                await self._registry.save(ended)
+            except InsufficientStorage as error:  # a full disk does not stop the start
+                log.error("session %s: its failed state is not saved yet: %s", record.id,
+                          error.message)
+                self._unsaved[record.id] = ended
             # A hibernated session's last frame (pause.py) is of no use any more.
             await asyncio.to_thread(self._frames.forget, record.id)
         for name, engine in self._engines.items():
@@ -229,6 +235,9 @@ class SessionManager:
             for state, count in (await self._registry.count_by_state()).items()
             if state not in LIVE_STATES
         }
+        for ended in self._unsaved.values():  # the registry still calls them live
+            if ended.state not in LIVE_STATES:
+                self._ended[ended.state] = self._ended.get(ended.state, 0) + 1
 
     async def _adopt(self, record: SessionRecord) -> str | None:
         """Re-adopt a session a previous server left running; None, or why it failed."""

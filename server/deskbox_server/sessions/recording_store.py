@@ -15,6 +15,7 @@ Blocking: call from a worker thread, except :meth:`meta`, :meth:`owned`, :meth:`
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import shutil
 import threading
@@ -30,6 +31,10 @@ from .listing import Position
 __all__ = ["RecordingMeta", "RecordingStore", "recording_position"]
 
 log = logging.getLogger("deskbox.recordings")
+
+# A full disk, a quota or a file size limit: the save is tried again later, never an
+# error that stops what called it.
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class RecordingMeta(Recording):
@@ -47,6 +52,10 @@ class RecordingStore:
         self._ttl = ttl
         self._metas: dict[str, RecordingMeta] = {}
         self._lock = threading.Lock()  # the table, between the loop and worker threads
+        # Recordings whose state in memory a full disk kept from meta.json: the truth
+        # until a sweep saves them (one left `recording` there would be stopped again by
+        # the next server's open, its expiry pushed back).
+        self._unsaved: set[str] = set()
 
     # -- the table ------------------------------------------------------------------------
 
@@ -63,10 +72,12 @@ class RecordingStore:
                 log.warning("recording %s: unreadable; removed", directory.name)
                 shutil.rmtree(directory, ignore_errors=True)
                 continue
-            if meta.state == "recording":
-                self.stopped(meta, "the server restarted")
-                self.save(meta)
             self._metas[meta.session_id] = meta
+            if meta.state == "recording":
+                # A full disk must not stop the server's start, nor keep the sweep below
+                # from freeing the expired recordings.
+                self.stopped(meta, "the server restarted")
+                self.save_when_room(meta)
         self.sweep()
 
     def meta(self, session_id: str) -> RecordingMeta | None:
@@ -115,6 +126,7 @@ class RecordingStore:
         self.save(meta)
         with self._lock:
             self._metas[session_id] = meta
+            self._unsaved.discard(session_id)
         return meta
 
     def stopped(self, meta: RecordingMeta, reason: str | None) -> None:
@@ -144,22 +156,59 @@ class RecordingStore:
         replace_file(self.directory(meta.session_id) / "meta.json",
                      meta.model_dump_json().encode())
 
+    def save_when_room(self, meta: RecordingMeta) -> None:
+        """:meth:`save`; on a full disk, later (a :meth:`sweep`), its state in memory
+        meanwhile. Other errors are raised."""
+        try:
+            self.save(meta)
+        except OSError as error:
+            if error.errno not in _NO_ROOM:
+                raise
+            log.error("recording of session %s: its %s state is not saved yet: %s",
+                      meta.session_id, meta.state, error)
+            with self._lock:
+                self._unsaved.add(meta.session_id)
+        else:
+            with self._lock:
+                self._unsaved.discard(meta.session_id)
+
     def delete(self, owner: str, session_id: str) -> None:
         self.owned(owner, session_id)
         with self._lock:
             self._metas.pop(session_id, None)
+            self._unsaved.discard(session_id)
         shutil.rmtree(self.directory(session_id), ignore_errors=True)
 
     def sweep(self, now: datetime | None = None) -> list[str]:
-        """Delete the recordings past their expiry; their session ids."""
+        """Delete the recordings past their expiry; their session ids. Then save what a
+        full disk kept from being saved, as far as there is room now."""
         now = now or utcnow()
         with self._lock:
             expired = [m.session_id for m in self._metas.values()
                        if m.expires_at is not None and m.expires_at <= now]
             for session_id in expired:
                 self._metas.pop(session_id, None)
+                self._unsaved.discard(session_id)
         for session_id in expired:
             with contextlib.suppress(OSError):
                 shutil.rmtree(self.directory(session_id))
             log.info("recording of session %s expired; deleted", session_id)
+        self._save_unsaved()
         return expired
+
+    def _save_unsaved(self) -> None:
+        with self._lock:
+            unsaved = [self._metas[s] for s in self._unsaved if s in self._metas]
+        for meta in unsaved:
+            try:
+                self.save(meta)
+            except OSError as error:
+                if error.errno in _NO_ROOM:
+                    return  # still full: the next sweep tries again
+                if not isinstance(error, FileNotFoundError):  # not deleted meanwhile
+                    raise
+            else:
+                log.info("recording of session %s: its %s state saved", meta.session_id,
+                         meta.state)
+            with self._lock:
+                self._unsaved.discard(meta.session_id)

@@ -130,9 +130,9 @@ class Recordings:
         await recorder.close()
         meta = recorder.meta
         self.store.stopped(meta, reason)
-        try:
-            await asyncio.to_thread(self.store.save, meta)
-        except OSError as error:  # a full disk: the session's end goes on all the same
+        try:  # a full disk: saved at a later sweep (recording_store.py)
+            await asyncio.to_thread(self.store.save_when_room, meta)
+        except OSError as error:  # the session's end goes on all the same
             log.error("session %s: its recording's end was not written: %s", session_id, error)
         log.info("session %s: recording stopped (%s; %d frames, %d actions, %d bytes)",
                  session_id, reason or "asked", meta.frames, meta.actions, meta.bytes)
