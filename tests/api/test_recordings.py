@@ -11,6 +11,7 @@ import os
 import struct
 import threading
 import time
+import tracemalloc
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -228,6 +229,51 @@ def test_a_recording_outlives_its_session(client: httpx.Client, server: Server) 
     assert client.delete(f"/v1/sessions/{sid}/recording").status_code == 204
     assert_error(client.get(f"/v1/sessions/{sid}/recording.mp4"), 404, "not_found")
     assert_error(client.post(f"/v1/sessions/{sid}/recording/start"), 404, "not_found")
+
+
+def test_a_long_trajectory_is_sent_without_being_held_whole(
+    client: httpx.Client, server: Server
+) -> None:
+    """A trajectory of 20 MB (a thousand typings of 20,000 characters, the most one may
+    carry): read whole and parsed, it took about eight times its size in the server's
+    memory, for each request at once. Now it is read a line at a time as it is sent, in
+    time order and with each action's frames as before."""
+    created = client.post("/v1/sessions", json={"display": DISPLAY, "record": True})
+    sid = created.json()["id"]
+    for text in ("first", "second"):
+        assert client.post(f"/v1/sessions/{sid}/actions", json={
+            "type": "type", "text": text}).status_code == 200
+    assert client.delete(f"/v1/sessions/{sid}").status_code == 204
+    path = server.settings.state_dir / "recordings" / sid / "trajectory.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    typing = next(e for e in lines if e["kind"] == "action")
+    latest, seq = max(e.get("end_t", e["t"]) for e in lines), max(e["seq"] for e in lines)
+    with path.open("a") as file:  # the recorder's own lines, as a long session leaves them
+        for n in range(1, 1001):
+            t = latest + n * 0.01
+            file.write(json.dumps({**typing, "t": t, "end_t": t + 0.005, "seq": seq + n,
+                                   "action": {"type": "type", "text": "x" * 20_000}}) + "\n")
+    size = path.stat().st_size
+    assert size > 20_000_000
+    tracemalloc.start()
+    try:
+        with client.stream("GET", f"/v1/sessions/{sid}/trajectory") as response:
+            assert response.status_code == 200
+            received, kinds, times = 0, [], []
+            for line in response.iter_lines():
+                entry = json.loads(line)
+                received += 1
+                kinds.append(entry["kind"])
+                times.append(entry["t"])
+                if entry["kind"] == "action":
+                    assert "frame_before" in entry and "frame_after" in entry
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert received == len(lines) + 1000 and times == sorted(times)
+    assert kinds.count("action") == 1002
+    assert peak < size / 4, f"{peak / 1e6:.0f} MB held for a trajectory of {size / 1e6:.0f} MB"
+    client.delete(f"/v1/sessions/{sid}/recording")
 
 
 def test_bad_requests(client: httpx.Client, recorded: dict[str, Any]) -> None:

@@ -103,9 +103,10 @@ async def get_trajectory(request: Request, caller: Caller, session_id: str) -> R
     services = get_services(request)
     meta = await _flushed(services, caller.key_id, session_id)
     store = services.manager.recordings.store
-    body = await asyncio.to_thread(
-        lambda: b"".join(media.trajectory_lines(media.trajectory(store, meta))))
-    return Response(body, media_type=_NDJSON)
+    recorded = await asyncio.to_thread(media.trajectory, store, meta)
+    # A line at a time, read from the file as it is sent (Starlette iterates a plain
+    # iterator on a worker thread).
+    return StreamingResponse(media.trajectory_lines(recorded), media_type=_NDJSON)
 
 
 @router.get(_SESSION + "/recording/frames/{n}", response_class=FileResponse,

@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,53 +26,116 @@ from typing import Any
 from ..errors import Capacity, NotFound, SessionFailed, Timeout
 from .recording_store import RecordingMeta, RecordingStore
 
-__all__ = ["Export", "Videos", "export", "frame_path", "trajectory", "trajectory_lines",
-           "zip_chunks"]
+__all__ = ["Export", "Trajectory", "Videos", "export", "frame_path", "trajectory",
+           "trajectory_lines", "zip_chunks"]
 
 _ENCODE_TIMEOUT_S = 600
+_CHUNK = 1 << 20  # of the zip, sent as it is made
 
 
-def _entries(store: RecordingStore, meta: RecordingMeta) -> list[dict[str, Any]]:
-    path = store.directory(meta.session_id) / "trajectory.jsonl"
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    entries = []
-    for line in raw.splitlines():
+@dataclass(frozen=True)
+class _Line:
+    t: float
+    seq: int
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """Where each entry of a recording's ``trajectory.jsonl`` is, in time order, and the
+    times of its frames and actions: all an entry's ``frame_before`` and ``frame_after``
+    need. The entries themselves are read again one at a time as they are sent: read whole
+    and parsed, a long recording's took about eight times its size in the server's memory,
+    for each request at once."""
+
+    path: Path
+    lines: list[_Line]
+    frame_times: list[float]
+    frame_numbers: list[int]
+    action_starts: list[float]
+    end: float  # the last time anything recorded happened
+
+    @property
+    def frames(self) -> list[tuple[float, int]]:
+        return list(zip(self.frame_times, self.frame_numbers, strict=True))
+
+    def entries(self) -> Iterator[dict[str, Any]]:
+        """Every entry in time order, actions with ``frame_before`` and ``frame_after``."""
+        times, numbers, starts = self.frame_times, self.frame_numbers, self.action_starts
         try:
-            entries.append(json.loads(line))
-        except ValueError:  # a line cut short when the server was killed mid-write
-            continue
-    return entries
+            file = self.path.open("rb")
+        except FileNotFoundError:  # the recording deleted meanwhile
+            return
+        actions = 0
+        with file:
+            for line in self.lines:
+                file.seek(line.offset)
+                entry = json.loads(file.read(line.length))
+                if entry["kind"] == "action":
+                    actions += 1
+                    next_start = starts[actions] if actions < len(starts) else None
+                    before = bisect.bisect_right(times, entry["t"]) - 1
+                    entry["frame_before"] = numbers[before] if before >= 0 else None
+                    after = bisect.bisect_left(times, entry["end_t"])
+                    if after < len(times) and (next_start is None or times[after] < next_start):
+                        entry["frame_after"] = numbers[after]
+                    else:
+                        unchanged = bisect.bisect_right(times, entry["end_t"]) - 1
+                        entry["frame_after"] = numbers[unchanged] if unchanged >= 0 else None
+                yield entry
 
 
-def trajectory(store: RecordingStore, meta: RecordingMeta) -> list[dict[str, Any]]:
-    """Every entry in time order, actions with ``frame_before`` and ``frame_after``."""
-    entries = sorted(_entries(store, meta), key=lambda e: (e["t"], e["seq"]))
-    frames = [(e["t"], e["frame"]) for e in entries if e["kind"] == "frame"]
-    times = [t for t, _ in frames]
-    starts = [e["t"] for e in entries if e["kind"] == "action"]
-    action_index = 0
-    for entry in entries:
-        if entry["kind"] != "action":
-            continue
-        action_index += 1
-        next_start = starts[action_index] if action_index < len(starts) else None
-        before = bisect.bisect_right(times, entry["t"]) - 1
-        entry["frame_before"] = frames[before][1] if before >= 0 else None
-        after = bisect.bisect_left(times, entry["end_t"])
-        if after < len(times) and (next_start is None or times[after] < next_start):
-            entry["frame_after"] = frames[after][1]
-        else:
-            unchanged = bisect.bisect_right(times, entry["end_t"]) - 1
-            entry["frame_after"] = frames[unchanged][1] if unchanged >= 0 else None
-    return entries
+def trajectory(store: RecordingStore, meta: RecordingMeta) -> Trajectory:
+    """The recording's trajectory as it is now (a recording goes on: later lines are left
+    for a later request). Blocking: reads the file once."""
+    path = store.directory(meta.session_id) / "trajectory.jsonl"
+    lines: list[_Line] = []
+    frames: list[tuple[float, int]] = []
+    starts: list[float] = []
+    end = 0.0
+    try:
+        file = path.open("rb")
+    except FileNotFoundError:
+        return Trajectory(path, [], [], [], [], 0.0)
+    with file:
+        offset = 0
+        for raw in file:
+            length = len(raw)
+            try:
+                entry = json.loads(raw)
+            except ValueError:  # a line cut short when the server was killed mid-write
+                entry = None
+            if isinstance(entry, dict):
+                t = entry["t"]
+                lines.append(_Line(t, entry["seq"], offset, length))
+                end = max(end, t, entry.get("end_t", 0))
+                if entry["kind"] == "frame":
+                    frames.append((t, entry["frame"]))
+                elif entry["kind"] == "action":
+                    starts.append(t)
+            offset += length
+    lines.sort(key=lambda line: (line.t, line.seq))
+    frames.sort()
+    starts.sort()
+    return Trajectory(path, lines, [t for t, _ in frames], [n for _, n in frames], starts,
+                      end)
 
 
-def trajectory_lines(entries: list[dict[str, Any]]) -> Iterator[bytes]:
-    for entry in entries:
-        yield json.dumps(entry, separators=(",", ":")).encode() + b"\n"
+def trajectory_lines(trajectory: Trajectory) -> Iterator[bytes]:
+    """The JSON lines, in chunks of about 64 KiB (each one a step of the response's worker
+    thread)."""
+    chunk: list[bytes] = []
+    size = 0
+    for entry in trajectory.entries():
+        line = json.dumps(entry, separators=(",", ":")).encode() + b"\n"
+        chunk.append(line)
+        size += len(line)
+        if size >= 1 << 16:
+            yield b"".join(chunk)
+            chunk, size = [], 0
+    if chunk:
+        yield b"".join(chunk)
 
 
 def frame_path(store: RecordingStore, meta: RecordingMeta, number: int) -> Path:
@@ -97,12 +161,12 @@ def _video_of(store: RecordingStore, meta: RecordingMeta) -> _Video:
     if meta.frames == 0 or meta.width is None or meta.height is None:
         raise NotFound(f"recording of session {meta.session_id} has no frame yet")
     directory = store.directory(meta.session_id)
-    entries = _entries(store, meta)
-    frames = [(e["t"], e["frame"]) for e in entries if e["kind"] == "frame"]
+    recorded = trajectory(store, meta)
+    frames = recorded.frames
     if not frames:  # none written (the quota), or the recording deleted meanwhile
         raise NotFound(f"recording of session {meta.session_id} has no frame yet")
     # The last frame stays on screen until the last thing recorded.
-    end = max(max(e["t"], e.get("end_t", 0)) for e in entries)
+    end = recorded.end
     target, partial = directory / f"video-{len(frames)}.mp4", directory / "video.partial.mp4"
     job = {"out": str(partial), "width": meta.width, "height": meta.height, "frames": [
         [t, str(directory / "frames" / f"{number:06d}.jpg")]
@@ -188,7 +252,7 @@ class Export:
 
     directory: Path
     meta: RecordingMeta
-    entries: list[dict[str, Any]]
+    trajectory: Trajectory
     files: list[str]  # frames/… and shots/…, relative to the directory
 
 
@@ -205,9 +269,11 @@ class _Chunks:
 
     def __init__(self) -> None:
         self._parts: list[bytes] = []
+        self.size = 0  # of the parts not taken yet
 
     def write(self, data: bytes, /) -> int:
         self._parts.append(bytes(data))
+        self.size += len(data)
         return len(data)
 
     def flush(self) -> None:
@@ -217,8 +283,14 @@ class _Chunks:
         pass
 
     def take(self) -> bytes:
-        data, self._parts = b"".join(self._parts), []
+        data, self._parts, self.size = b"".join(self._parts), [], 0
         return data
+
+
+def _deflated(name: str) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name, time.localtime()[:6])
+    info.compress_type = zipfile.ZIP_DEFLATED
+    return info
 
 
 def zip_chunks(parts: Export) -> Iterator[bytes]:
@@ -229,8 +301,11 @@ def zip_chunks(parts: Export) -> Iterator[bytes]:
     with zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_STORED) as archive:
         archive.writestr("recording.json", parts.meta.model_dump_json(exclude={"owner", "entries"}),
                          compress_type=zipfile.ZIP_DEFLATED)
-        archive.writestr("trajectory.jsonl", b"".join(trajectory_lines(parts.entries)),
-                         compress_type=zipfile.ZIP_DEFLATED)
+        with archive.open(_deflated("trajectory.jsonl"), "w", force_zip64=True) as member:
+            for line in trajectory_lines(parts.trajectory):
+                member.write(line)
+                if sink.size >= _CHUNK:
+                    yield sink.take()
         yield sink.take()
         for name in parts.files:  # JPEG and PNG are compressed already
             archive.write(parts.directory / name, name)
