@@ -382,6 +382,32 @@ def test_a_call_that_times_out_on_the_websocket_does_not_shift_the_next_replies(
         assert session.screenshot(as_image=True).size == (800, 600)
 
 
+def test_waits_and_holds_lengthen_the_wait_for_an_answer(
+    local_server: Server, session: Session,
+) -> None:
+    """A batch's waits and holds may add up to 60 s (API.md), the client's default timeout:
+    the call gave up on a batch the server was still running as asked."""
+    with Deskbox(local_server.url, KEY_A, timeout=1) as hasty:
+        mine = Session(hasty, session.data)
+        batch = [{"type": "wait", "ms": 800},
+                 {"type": "hold_key", "keys": "shift", "duration_s": 0.8}]
+        assert mine.act(batch).results == [{}, {}]
+        with mine.actions_ws():
+            assert mine.act({"type": "wait", "ms": 1500}).results == [{}]
+            with pytest.raises(deskbox.APITimeoutError):  # a timeout given is kept
+                mine.act({"type": "wait", "ms": 1500}, timeout=0.3)
+
+
+async def test_async_waits_lengthen_the_wait_for_an_answer(
+    local_server: Server, session: Session,
+) -> None:
+    async with AsyncDeskbox(local_server.url, KEY_A, timeout=1) as hasty:
+        mine = deskbox.AsyncSession(hasty, session.data)
+        assert (await mine.act({"type": "wait", "ms": 1500})).results == [{}]
+        async with mine.actions_ws():
+            assert (await mine.act({"type": "wait", "ms": 1500})).results == [{}]
+
+
 def test_closing_is_idempotent_and_a_closed_session_is_gone(box: Deskbox) -> None:
     created = box.sessions.create(display=DISPLAY)
     created.close()

@@ -576,7 +576,8 @@ class AsyncActionsSocket:
             self._next_id += 1
             await self._send(b.ws_message(self._next_id, action, screenshot if last else None,
                                           coordinate_space))
-            result, shot = b.ws_result(*await self._reply(timeout, self._next_id))
+            wait = timeout if timeout is not None else b.act_timeout(self._timeout, [action])
+            result, shot = b.ws_result(*await self._reply(wait, self._next_id))
             results.append(result)
         return ActionsResult(results, shot)
 
@@ -591,12 +592,12 @@ class AsyncActionsSocket:
         except WebSocketException as error:
             raise APIConnectionError(f"the actions websocket broke: {error}") from error
 
-    async def _reply(self, timeout: float | None, sent_id: int
+    async def _reply(self, wait: float, sent_id: int
                      ) -> tuple[dict[str, Any], list[bytes]]:
-        """The reply to the message ``sent_id``. A socket whose reply did not come in time
-        is closed: that late reply would be read as the next call's (stale results, an
-        image's bytes taken for JSON); the session's next calls go over HTTP."""
-        wait = self._timeout if timeout is None else timeout
+        """The reply to the message ``sent_id``, waited for ``wait`` seconds. A socket whose
+        reply did not come in time is closed: that late reply would be read as the next
+        call's (stale results, an image's bytes taken for JSON); the session's next calls go
+        over HTTP."""
         ws = self._connection()
         try:
             async with asyncio.timeout(wait):

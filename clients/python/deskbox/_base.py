@@ -60,6 +60,9 @@ BACKEND_HELP = ("the engine: container, vm, docker, kubernetes or local (those t
                 "offers; default: its own).")
 #: Extra seconds an ``exec`` call waits beyond the command's own ``timeout_s``.
 EXEC_GRACE_S = 15.0
+#: Extra seconds an ``act`` call waits beyond the time its actions spend waiting or holding
+#: keys on purpose: the server's timing of them is not exact.
+ACT_GRACE_S = 15.0
 #: The least a create waits for its session to run: longer than any engine's start (a VM
 #: under software emulation paints its first page in 2-3 minutes). A client that gave up
 #: sooner left the session it asked for running, unknown to it.
@@ -357,7 +360,9 @@ class SessionBase(Generic[C]):
             body["coordinate_space"] = {
                 "width": coordinate_space[0], "height": coordinate_space[1]
             }
-        return Call("POST", f"{self._path}/actions", json=body, timeout=timeout)
+        wait = timeout if timeout is not None else act_timeout(self._client.timeout,
+                                                                  body["actions"])
+        return Call("POST", f"{self._path}/actions", json=body, timeout=wait)
 
     def _anthropic_call(
         self, tool_input: Mapping[str, Any], coordinate_space: tuple[int, int] | None,
@@ -523,6 +528,21 @@ def openai_body(action: Action | Sequence[Action], call_id: str | None) -> dict[
     if "action" in body or "actions" in body:
         return {**body, "call_id": call_id}
     return {"call_id": call_id, "action": body}
+
+
+def act_timeout(base: float, actions: Sequence[Action]) -> float:
+    """How long to wait for the answer to ``actions`` when the caller set no timeout:
+    ``base`` (the client's timeout) plus the time they wait or hold keys on purpose, which
+    API.md lets add up to 60 s, the client's default timeout, before the settling even
+    starts. A value the server would refuse counts for nothing: it answers 422 at once."""
+    held = 0.0
+    for action in actions:
+        kind = action.get("type")
+        value = action.get("ms") if kind == "wait" else (
+            action.get("duration_s") if kind == "hold_key" else None)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            held += value / 1000 if kind == "wait" else value
+    return base + held + ACT_GRACE_S if held else base
 
 
 def action_list(actions: Action | Sequence[Action]) -> list[dict[str, Any]]:

@@ -576,7 +576,8 @@ class ActionsSocket:
             self._next_id += 1
             self._send(b.ws_message(self._next_id, action, screenshot if last else None,
                                     coordinate_space))
-            result, shot = b.ws_result(*self._reply(timeout, self._next_id))
+            wait = timeout if timeout is not None else b.act_timeout(self._timeout, [action])
+            result, shot = b.ws_result(*self._reply(wait, self._next_id))
             results.append(result)
         return ActionsResult(results, shot)
 
@@ -586,11 +587,11 @@ class ActionsSocket:
         except WebSocketException as error:
             raise APIConnectionError(f"the actions websocket broke: {error}") from error
 
-    def _reply(self, timeout: float | None, sent_id: int) -> tuple[dict[str, Any], list[bytes]]:
-        """The reply to the message ``sent_id``. A socket whose reply did not come in time
-        is closed: that late reply would be read as the next call's (stale results, an
-        image's bytes taken for JSON); the session's next calls go over HTTP."""
-        wait = self._timeout if timeout is None else timeout
+    def _reply(self, wait: float, sent_id: int) -> tuple[dict[str, Any], list[bytes]]:
+        """The reply to the message ``sent_id``, waited for ``wait`` seconds. A socket whose
+        reply did not come in time is closed: that late reply would be read as the next
+        call's (stale results, an image's bytes taken for JSON); the session's next calls go
+        over HTTP."""
         try:
             text = self._ws.recv(timeout=wait)
             reply: dict[str, Any] = b.ws_reply(text, sent_id)
