@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 import io
+import re
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,6 +27,7 @@ from deskbox import (
     Conflict,
     Deskbox,
     DeskboxError,
+    Forbidden,
     NotFound,
     QuotaExceeded,
     RateLimited,
@@ -406,6 +409,60 @@ async def test_async_waits_lengthen_the_wait_for_an_answer(
         assert (await mine.act({"type": "wait", "ms": 1500})).results == [{}]
         async with mine.actions_ws():
             assert (await mine.act({"type": "wait", "ms": 1500})).results == [{}]
+
+
+def test_every_error_kind_of_the_api_maps_to_its_status() -> None:
+    """A websocket error has no HTTP status: the SDK gives it its kind's. Kinds it did not
+    know (``human_in_control``, ``secret_origin_mismatch``) became a ServerError 500."""
+    table = (Path(__file__).parents[2] / "docs" / "API.md").read_text()
+    kinds = dict(re.findall(r"^\s*\| `([a-z_]+)` \| (\d{3})", table, re.MULTILINE))
+    assert len(kinds) >= 14 and "human_in_control" in kinds
+    for kind, status in kinds.items():
+        error = deskbox._base.ws_error({"type": kind, "message": "m"})
+        assert (error.status, error.type) == (int(status), kind)
+
+
+def test_websocket_errors_are_those_of_http(
+    local_server: Server, box: Deskbox, session: Session,
+) -> None:
+    auth = {"Authorization": f"Bearer {KEY_A}"}
+    control = f"{local_server.url}/v1/sessions/{session.id}/control"
+    assert httpx.post(control, headers=auth, timeout=10).status_code == 200
+    try:
+        with session.actions_ws():
+            with pytest.raises(Conflict) as taken:
+                session.click(10, 10)
+        assert (taken.value.status, taken.value.type) == (409, "human_in_control")
+    finally:
+        assert httpx.delete(control, headers=auth, timeout=10).status_code == 200
+    # The page is a data: URL, no origin of the secret's.
+    box.secrets.create("SDK_PW", "hunter2", ["https://deskbox.invalid"])
+    try:
+        with session.actions_ws():
+            session.click(200, 20)
+            with pytest.raises(Forbidden) as refused:
+                session.act({"type": "type", "secret": "SDK_PW"})
+        assert (refused.value.status, refused.value.type) == (403, "secret_origin_mismatch")
+    finally:
+        box.secrets.delete("SDK_PW")
+
+
+async def test_async_websocket_errors_are_those_of_http(
+    local_server: Server, session: Session,
+) -> None:
+    control = f"/v1/sessions/{session.id}/control"
+    async with httpx.AsyncClient(base_url=local_server.url, timeout=10,
+                                 headers={"Authorization": f"Bearer {KEY_A}"}) as http:
+        assert (await http.post(control)).status_code == 200
+        try:
+            async with AsyncDeskbox(local_server.url, KEY_A) as abox:
+                mine = deskbox.AsyncSession(abox, session.data)
+                async with mine.actions_ws():
+                    with pytest.raises(Conflict) as taken:
+                        await mine.click(10, 10)
+            assert (taken.value.status, taken.value.type) == (409, "human_in_control")
+        finally:
+            assert (await http.delete(control)).status_code == 200
 
 
 def test_closing_is_idempotent_and_a_closed_session_is_gone(box: Deskbox) -> None:

@@ -6,10 +6,10 @@
     └── APIError                      the server answered with an error body (API.md)
         ├── BadRequest                400
         ├── Unauthorized              401  missing or wrong API key / token
-        ├── Forbidden                 403
+        ├── Forbidden                 403  (``secret_origin_mismatch`` too)
         ├── NotFound                  404  unknown session, or a route this server lacks
         ├── MethodNotAllowed          405  a route this server lacks for this method
-        ├── Conflict                  409  e.g. acting on a starting or paused session
+        ├── Conflict                  409  e.g. a paused session; ``human_in_control``
         ├── PayloadTooLarge           413  an upload over the server's cap
         ├── UnprocessableEntity       422  invalid request (``invalid_request``)
         ├── RateLimited               429  ``capacity``; ``retry_after`` in seconds
@@ -169,11 +169,15 @@ _BY_STATUS: dict[int, type[APIError]] = {
     507: InsufficientStorage,
 }
 
+# Every kind of API.md's table of errors, with the status its HTTP answer has.
 _STATUS_BY_KIND: dict[str, int] = {
     "unauthorized": 401,
     "forbidden": 403,
+    "secret_origin_mismatch": 403,
     "not_found": 404,
+    "method_not_allowed": 405,
     "conflict": 409,
+    "human_in_control": 409,
     "invalid_request": 422,
     "capacity": 429,
     "quota_exceeded": 429,
