@@ -465,6 +465,32 @@ async def test_async_websocket_errors_are_those_of_http(
             assert (await http.delete(control)).status_code == 200
 
 
+# A screen that never goes quiet: a settled screenshot's wait for it times out (2 s).
+RESTLESS = ("data:text/html,<style>@keyframes k{from{background:red}to{background:blue}}"
+            "body{animation:k .1s infinite alternate}</style><body>")
+
+
+def test_the_websocket_says_when_the_screen_did_not_settle(local_server: Server) -> None:
+    """The websocket's reply says ``"settled": false``; the SDK said True all the same."""
+    with Deskbox(local_server.url, KEY_A) as box, \
+            box.sessions.create(display=DISPLAY, start_url=RESTLESS) as restless:
+        assert restless.act({"type": "move", "x": 5, "y": 5}, screenshot=True).settled is False
+        with restless.actions_ws():
+            moved = restless.act([{"type": "move", "x": 5, "y": 5}], screenshot=True)
+            assert moved.screenshot is not None and moved.settled is False
+            assert restless.act({"type": "move", "x": 6, "y": 6}).settled is True  # no look
+
+
+async def test_async_websocket_says_when_the_screen_did_not_settle(
+    local_server: Server,
+) -> None:
+    async with AsyncDeskbox(local_server.url, KEY_A) as box, \
+            await box.sessions.create(display=DISPLAY, start_url=RESTLESS) as restless:
+        async with restless.actions_ws():
+            moved = await restless.act({"type": "move", "x": 5, "y": 5}, screenshot=True)
+            assert moved.screenshot is not None and moved.settled is False
+
+
 def test_closing_is_idempotent_and_a_closed_session_is_gone(box: Deskbox) -> None:
     created = box.sessions.create(display=DISPLAY)
     created.close()

@@ -608,8 +608,9 @@ def ws_reply(text: str | bytes, sent_id: int) -> dict[str, Any]:
 
 def ws_result(
     reply: Mapping[str, Any], frames: list[bytes]
-) -> tuple[dict[str, Any] | Screenshot, Screenshot | None]:
-    """One websocket reply and its binary frames → (the action's result, its screenshot)."""
+) -> tuple[dict[str, Any] | Screenshot, Screenshot | None, bool]:
+    """One websocket reply and its binary frames → (the action's result, its screenshot,
+    whether the screen had settled for it: false if the wait for it timed out)."""
     if not reply.get("ok"):
         raise ws_error(reply.get("error") or {})
     frames = list(frames)
@@ -621,7 +622,7 @@ def ws_result(
     screenshot = None
     if shot:
         screenshot = Screenshot(frames.pop(0), shot["media_type"], shot["width"], shot["height"])
-    return result, screenshot
+    return result, screenshot, bool(reply.get("settled", True))
 
 
 def describe_cmd(cmd: str | Sequence[str]) -> str:

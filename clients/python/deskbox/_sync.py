@@ -571,15 +571,16 @@ class ActionsSocket:
         items = b.action_list(actions)
         results: list[dict[str, Any] | Screenshot] = []
         shot: Screenshot | None = None
+        settled = True
         for index, action in enumerate(items):
             last = index == len(items) - 1
             self._next_id += 1
             self._send(b.ws_message(self._next_id, action, screenshot if last else None,
                                     coordinate_space))
             wait = timeout if timeout is not None else b.act_timeout(self._timeout, [action])
-            result, shot = b.ws_result(*self._reply(wait, self._next_id))
+            result, shot, settled = b.ws_result(*self._reply(wait, self._next_id))
             results.append(result)
-        return ActionsResult(results, shot)
+        return ActionsResult(results, shot, settled)
 
     def _send(self, text: str) -> None:
         try:
