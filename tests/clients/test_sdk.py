@@ -491,6 +491,22 @@ async def test_async_websocket_says_when_the_screen_did_not_settle(
             assert moved.screenshot is not None and moved.settled is False
 
 
+async def test_a_call_cancelled_on_the_websocket_does_not_shift_the_next_replies(
+    local_server: Server, session: Session,
+) -> None:
+    """A call its caller cancelled (``asyncio.wait_for``) left its reply on the socket: the
+    next call ran on the desktop but was reported failed (a reply to another message)."""
+    async with AsyncDeskbox(local_server.url, KEY_A) as abox:
+        mine = deskbox.AsyncSession(abox, session.data)
+        async with mine.actions_ws():
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(mine.act({"type": "wait", "ms": 800}), 0.2)
+            await asyncio.sleep(1)  # the late reply has come
+            await mine.move(160, 170)  # the socket is closed: over HTTP
+            assert (await mine.act({"type": "cursor_position"})).results == [
+                {"x": 160, "y": 170}]
+
+
 def test_closing_is_idempotent_and_a_closed_session_is_gone(box: Deskbox) -> None:
     created = box.sessions.create(display=DISPLAY)
     created.close()

@@ -614,4 +614,9 @@ class AsyncActionsSocket:
         except (WebSocketException, b.OutOfStep) as error:
             await self.close()
             raise APIConnectionError(f"the actions websocket broke: {error}") from error
+        except BaseException:
+            # A cancelled wait (the caller's wait_for, a task group's) leaves the reply to
+            # come, as a timeout does.
+            await self.close()
+            raise
         return reply, frames

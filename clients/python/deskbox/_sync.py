@@ -606,5 +606,10 @@ class ActionsSocket:
         except (WebSocketException, b.OutOfStep) as error:
             self.close()
             raise APIConnectionError(f"the actions websocket broke: {error}") from error
+        except BaseException:
+            # An interrupted wait (Ctrl-C in a notebook) leaves the reply to come, as a
+            # timeout does.
+            self.close()
+            raise
         return reply, frames
 
