@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import io
+import json
 import re
 import threading
 import time
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from PIL import Image
+from websockets.sync.server import ServerConnection, serve
 
 import deskbox
 from deskbox import (
@@ -505,6 +507,56 @@ async def test_a_call_cancelled_on_the_websocket_does_not_shift_the_next_replies
             await mine.move(160, 170)  # the socket is closed: over HTTP
             assert (await mine.act({"type": "cursor_position"})).results == [
                 {"x": 160, "y": 170}]
+
+
+@pytest.fixture
+def dropping_socket(session: Session) -> Iterator[dict[str, Any]]:
+    """The session's data with its actions websocket at a local server that answers one
+    message and then closes the socket with 1008, as the server does to a client that takes
+    no reply for 30 s; its HTTP calls still go to the real server."""
+
+    def answer_once(ws: ServerConnection) -> None:
+        message = json.loads(ws.recv())
+        ws.send(json.dumps({"id": message["id"], "ok": True, "result": {}}))
+        ws.close(1008, "no reply taken for 30 s")
+
+    with serve(answer_once, "127.0.0.1", 0) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        port = server.socket.getsockname()[1]
+        raw = dict(session.data.raw)
+        raw["urls"] = {**raw["urls"], "actions_ws": f"ws://127.0.0.1:{port}/actions/ws"}
+        yield raw
+        server.shutdown()
+    thread.join(5)
+
+
+def test_a_websocket_that_cannot_send_is_let_go(box: Deskbox,
+                                                dropping_socket: dict[str, Any]) -> None:
+    """The broken socket stayed attached: every later call failed on it."""
+    mine = Session(box, dropping_socket)
+    with mine.actions_ws():
+        mine.move(1, 1)
+        time.sleep(0.3)  # the server's close has come
+        with pytest.raises(APIConnectionError):
+            mine.move(180, 190)
+        mine.move(180, 190)  # over HTTP
+        assert mine.act({"type": "cursor_position"}).results == [{"x": 180, "y": 190}]
+
+
+async def test_async_websocket_that_cannot_send_is_let_go(
+    local_server: Server, dropping_socket: dict[str, Any],
+) -> None:
+    async with AsyncDeskbox(local_server.url, KEY_A) as abox:
+        mine = deskbox.AsyncSession(abox, dropping_socket)
+        async with mine.actions_ws():
+            await mine.move(1, 1)
+            await asyncio.sleep(0.3)
+            with pytest.raises(APIConnectionError):
+                await mine.move(190, 180)
+            await mine.move(190, 180)
+            assert (await mine.act({"type": "cursor_position"})).results == [
+                {"x": 190, "y": 180}]
 
 
 def test_closing_is_idempotent_and_a_closed_session_is_gone(box: Deskbox) -> None:

@@ -588,10 +588,18 @@ class AsyncActionsSocket:
         return self._ws
 
     async def _send(self, text: str) -> None:
+        """Send one message. A socket that cannot send is closed: kept, it failed every
+        later call; the session's next calls go over HTTP."""
+        ws = self._connection()
         try:
-            await self._connection().send(text)
-        except WebSocketException as error:
+            await ws.send(text)
+        except (WebSocketException, OSError) as error:
+            await self.close()
             raise APIConnectionError(f"the actions websocket broke: {error}") from error
+        except BaseException:
+            # Cancelled mid-send, whether the message went is unknown: a reply may come.
+            await self.close()
+            raise
 
     async def _reply(self, wait: float, sent_id: int
                      ) -> tuple[dict[str, Any], list[bytes]]:

@@ -583,9 +583,12 @@ class ActionsSocket:
         return ActionsResult(results, shot, settled)
 
     def _send(self, text: str) -> None:
+        """Send one message. A socket that cannot send is closed: kept, it failed every
+        later call; the session's next calls go over HTTP."""
         try:
             self._ws.send(text)
-        except WebSocketException as error:
+        except (WebSocketException, OSError) as error:
+            self.close()
             raise APIConnectionError(f"the actions websocket broke: {error}") from error
 
     def _reply(self, wait: float, sent_id: int) -> tuple[dict[str, Any], list[bytes]]:
