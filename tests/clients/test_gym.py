@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import urllib.parse
 import warnings
+from pathlib import Path
 
 import gymnasium
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from deskbox import AsyncSession, Deskbox, DeskboxError, RateLimited, Session
+from deskbox import APIConnectionError, AsyncSession, Deskbox, DeskboxError, RateLimited, Session
 from deskbox.gym import ACTION_TYPES, ENV_ID, DeskboxEnv, anthropic_action, openai_action
 from deskbox.gym_vector import DeskboxVectorEnv
 from deskbox.tasks import Task
 from deskbox_server.schemas.actions import ActionAdapter
+from deskbox_server.settings import Settings
 
+from ..api.conftest import running_server
 from .conftest import KEY_A, Server
 
 pytestmark = pytest.mark.timeout(180)
@@ -179,6 +182,23 @@ def test_a_failed_step_closes_the_vector_env_and_deletes_every_session(
         envs.step([{"type": "move", "x": 1, "y": 1}] * 3)
     assert my_sessions(local_server) == []
     envs.close()  # again: nothing left to do
+
+
+def test_a_vector_env_that_cannot_delete_its_sessions_says_which(
+    tmp_path: Path,
+) -> None:
+    """close() returned as if all were well, its sessions left running, and had forgotten
+    them before their deletes failed."""
+    settings = Settings(state_dir=tmp_path, api_keys=[KEY_A], backends=["local"],
+                        default_backend="local")
+    with running_server(settings) as server:
+        envs = DeskboxVectorEnv(2, server.url, KEY_A, start_url=PAGE, observation_size=SIZE)
+        _, infos = envs.reset()
+    # The server has stopped (its desktops with it): no delete reaches it.
+    with pytest.raises(DeskboxError, match="could not delete") as raised:
+        envs.close()
+    assert all(session_id in str(raised.value) for session_id in infos["session_id"])
+    assert isinstance(raised.value.__cause__, APIConnectionError)
 
 
 def test_a_vector_env_takes_vendor_tool_calls_as_the_single_env_does(

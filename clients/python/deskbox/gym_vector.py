@@ -13,7 +13,8 @@ Gymnasium's next-step mode: the step after an episode ended resets that environm
 session) and ignores its action. ``evaluate`` is awaited with the session
 (:class:`deskbox.AsyncSession`). ``close`` deletes every session, also after an error or a
 KeyboardInterrupt in a step or a reset: the sessions still starting then are waited for and
-deleted too (a reset with one create refused leaves none of the others running).
+deleted too (a reset with one create refused leaves none of the others running). A session
+it could not delete (the server unreachable) is named in the DeskboxError it then raises.
 
 With a ``task`` (as :class:`deskbox.gym.DeskboxEnv` takes it), each reset runs the task's
 setup, or with ``pool``/``start_states`` claims or restores a copy of its start state, and
@@ -35,7 +36,7 @@ from gymnasium.vector.utils import batch_space
 from numpy.typing import NDArray
 
 from ._async import AsyncDeskbox, AsyncSession
-from ._errors import UnprocessableEntity
+from ._errors import DeskboxError, UnprocessableEntity
 from ._sync import Deskbox, Session
 from .gym import (
     LOOK_AFTER_CHANGES,
@@ -151,8 +152,10 @@ class DeskboxVectorEnv(VectorEnv[NDArray[np.uint8], Any, NDArray[Any]]):
         try:
             # What an interrupt left running on the loop stops first.
             self._loop.run_until_complete(self._stop_pending())
-            self._loop.run_until_complete(self._delete_all())
-            self._loop.run_until_complete(self._client.close())
+            try:
+                self._loop.run_until_complete(self._delete_all())
+            finally:
+                self._loop.run_until_complete(self._client.close())
         finally:
             self._loop.close()
             try:
@@ -254,9 +257,11 @@ class DeskboxVectorEnv(VectorEnv[NDArray[np.uint8], Any, NDArray[Any]]):
         return pixels(result.screenshot.data, size), result.settled
 
     async def _delete(self, i: int) -> None:
-        session, self._sessions[i] = self._sessions[i], None
+        # The slot keeps a session whose delete failed, for close() to try again and name.
+        session = self._sessions[i]
         if session is not None:
             await session.close()
+            self._sessions[i] = None
 
     async def _stop_pending(self) -> None:
         others = asyncio.all_tasks() - {asyncio.current_task()} - self._starting
@@ -271,8 +276,18 @@ class DeskboxVectorEnv(VectorEnv[NDArray[np.uint8], Any, NDArray[Any]]):
         await asyncio.gather(*list(self._starting), return_exceptions=True)
 
     async def _delete_all(self) -> None:
-        await asyncio.gather(*(self._delete(i) for i in range(self.num_envs)),
-                             return_exceptions=True)
+        """Delete every session, all tried even if some fail; then a DeskboxError naming
+        those still running (as DeskboxEnv.close raises), not a silent return."""
+        outcomes = await asyncio.gather(*(self._delete(i) for i in range(self.num_envs)),
+                                        return_exceptions=True)
+        failed = [(session.id, outcome) for session, outcome in zip(self._sessions, outcomes,
+                                                                    strict=True)
+                  if session is not None and isinstance(outcome, BaseException)]
+        if failed:
+            names = ", ".join(session_id for session_id, _ in failed)
+            raise DeskboxError(
+                f"could not delete session(s) {names}: {failed[0][1]}; they run until their "
+                "idle timeout unless deleted") from failed[0][1]
 
     def _run(self, *calls: Coroutine[Any, Any, Any]) -> list[Any]:
         """The calls at once on the env's loop, one per environment, in order. On a failure
@@ -300,6 +315,9 @@ class DeskboxVectorEnv(VectorEnv[NDArray[np.uint8], Any, NDArray[Any]]):
 
         try:
             return self._loop.run_until_complete(all_of())
-        except BaseException:
-            self.close()
+        except BaseException as error:
+            try:
+                self.close()
+            except DeskboxError as not_deleted:  # the step's error is the one to raise
+                error.add_note(str(not_deleted))
             raise
