@@ -229,6 +229,31 @@ def test_exit_codes(local_server: Server, session_id: str) -> None:
         assert deskbox(local_server, "resume", session_id).returncode == 0
 
 
+def test_files_that_cannot_be_written_are_usage_errors(
+    local_server: Server, session_id: str, tmp_path: Path,
+) -> None:
+    """act --screenshot, export -o and eval --out to a place that cannot be written ended in
+    a traceback (act's after its actions had run)."""
+    nowhere = "/nonexistent/dir/out"
+    moved = deskbox(local_server, "act", session_id, '{"type": "move", "x": 7, "y": 8}',
+                    "--screenshot", nowhere)
+    assert moved.returncode == EXIT_CODES["usage"] and "cannot write" in moved.stderr
+    position = deskbox(local_server, "act", session_id, '{"type": "cursor_position"}')
+    assert json.loads(position.stdout)["results"] != [{"x": 7, "y": 8}]  # checked first
+    exported = deskbox(local_server, "export", session_id, "-o", nowhere)
+    assert exported.returncode == EXIT_CODES["usage"] and "cannot write" in exported.stderr
+    task = Path(__file__).parents[2] / "tasks" / "click-button.yaml"
+    (tmp_path / "agent.py").write_text("def agent(observation, instruction):\n    return []\n")
+    evaluated = subprocess.run(
+        [DESKBOX, "eval", str(task), "--agent", "agent.py:agent", "--out", nowhere],
+        capture_output=True, text=True, cwd=tmp_path, env=cli_env(local_server),
+        stdin=subprocess.DEVNULL, timeout=60, check=False)
+    assert evaluated.returncode == 2 and "cannot write" in evaluated.stderr
+    for done in (moved, exported, evaluated):
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, \
+            done.stderr
+
+
 def test_deskbox_max_retries_makes_the_cli_wait_out_a_full_server(one_per_key: Server) -> None:
     first = deskbox(one_per_key, "create", "--no-wait")
     assert first.returncode == 0, first.stderr

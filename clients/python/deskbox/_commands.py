@@ -17,6 +17,7 @@ them apart).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import webbrowser
 from collections.abc import Callable, Iterator
@@ -101,6 +102,26 @@ def _fail(error: DeskboxError, as_json: bool) -> NoReturn:
 def _usage(message: str) -> NoReturn:
     err.print(f"[red]usage error:[/red] {message}", highlight=False)
     raise typer.Exit(EXIT_CODES["usage"])
+
+
+def _check_writable(path: Path) -> None:
+    """A usage error, before any call, for a file that cannot be written: found only after
+    the call, the actions had run (or the recording been packed) for nothing. The write
+    itself may still fail (a full disk): callers catch OSError too."""
+    if path.is_dir():
+        _usage(f"{path} is a directory; give a file name")
+    if not path.parent.is_dir():
+        _usage(f"cannot write {path}: no directory {path.parent}")
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        _usage(f"cannot write {path}: permission denied")
+
+
+def _write(path: Path, data: bytes, done: str = "") -> None:
+    """``data`` to ``path``; a usage error of one line, not a traceback, if it fails."""
+    try:
+        path.write_bytes(data)
+    except OSError as error:
+        _usage(f"cannot write {path}: {error.strerror or error}{done}")
 
 
 @contextmanager
@@ -285,11 +306,13 @@ def register(app: typer.Typer) -> None:
             parsed = parsed["actions"]
         if not isinstance(parsed, dict | list) or not parsed:
             _usage("give an action object or a list of them")
+        if screenshot_out:
+            _check_writable(Path(screenshot_out))
         with _client(url, api_key, as_json) as box:
             shot = {"format": "png"} if screenshot_out else None
             result = box.sessions.get(session_id).act(parsed, screenshot=shot)
         if screenshot_out and result.screenshot is not None:
-            Path(screenshot_out).write_bytes(result.screenshot.data)
+            _write(Path(screenshot_out), result.screenshot.data, " (the actions ran)")
         _print_json(_results_json(result))
 
     @app.command("exec", context_settings={"ignore_unknown_options": True})

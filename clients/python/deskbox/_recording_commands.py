@@ -8,7 +8,18 @@ from typing import Annotated
 
 import typer
 
-from ._commands import ApiKey, Json, SessionId, Url, _client, _print_json, _usage, err, out
+from ._commands import (
+    ApiKey,
+    Json,
+    SessionId,
+    Url,
+    _check_writable,
+    _client,
+    _print_json,
+    _write,
+    err,
+    out,
+)
 
 __all__ = ["register_recordings"]
 
@@ -43,13 +54,13 @@ def register_recordings(app: typer.Typer) -> None:
         """Save a session's recording: trajectory.jsonl, frames and screenshots in a zip,
         or its video."""
         path = Path(output or f"{session_id}.{'mp4' if video else 'zip'}")
-        if path.is_dir():
-            _usage(f"{path} is a directory; give a file name")
+        _check_writable(path)  # before the server spends minutes encoding
         with _client(url, api_key, as_json) as box:
             session = box.sessions.get(session_id)
             with err.status("encoding the video…" if video else "packing the recording…",
                             spinner="dots"):
-                data = session.recording(path) if video else session.export(path)
+                data = session.recording() if video else session.export()
+        _write(path, data)
         if as_json:
             _print_json({"path": str(path), "size": len(data)})
         else:

@@ -28,7 +28,8 @@ def evaluate_agent(
 ) -> int:
     """Run ``deskbox eval``; the exit code: 0 when every episode ran (whatever its reward),
     1 when some ended in an error or the run's own clean-up failed (a start state's snapshot
-    not deleted), 2 for tasks or an agent that cannot be loaded, 130 on Ctrl-C."""
+    not deleted), 2 for tasks or an agent that cannot be loaded or an ``--out`` that cannot
+    be written, 130 on Ctrl-C."""
     err = Console(stderr=True)
     try:
         tasks = collect_tasks(task_paths)
@@ -42,7 +43,13 @@ def evaluate_agent(
     progress = Progress(TextColumn("eval"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[successes]} solved, {task.fields[errors]} "
                                    "errors"), TimeElapsedColumn(), console=err)
-    with out.open("w", encoding="utf-8") as jsonl, Deskbox(url, api_key) as client, progress:
+    try:
+        jsonl_file = out.open("w", encoding="utf-8")
+    except OSError as error:  # before any desktop is made for episodes it could not keep
+        err.print(f"deskbox eval: cannot write {out}: {error.strerror or error}",
+                  markup=False, highlight=False)
+        return 2
+    with jsonl_file as jsonl, Deskbox(url, api_key) as client, progress:
         bar = progress.add_task("eval", total=total, successes=0, errors=0)
 
         def ended(episode: Episode) -> None:
