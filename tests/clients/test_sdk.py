@@ -211,6 +211,45 @@ def test_transport_failures_are_deskbox_errors() -> None:
     assert "no answer in time: ReadTimeout" in str(raised.value)
 
 
+def _moved_proxy(request: httpx.Request) -> httpx.Response:
+    """A reverse proxy in front of a moved API (httpx's MockTransport: a misbehaving server
+    the real one is not): 308 for a delete, an HTML page, a body not in its encoding."""
+    if request.method == "DELETE":
+        return httpx.Response(308, headers={"Location": f"https://moved.test{request.url.path}"})
+    if request.url.path == "/v1/sessions":
+        return httpx.Response(200, text="<html>sign in</html>",
+                              headers={"Content-Type": "text/html"})
+    return httpx.Response(200, content=b"not gzip", headers={
+        "Content-Encoding": "gzip", "Content-Type": "application/json"})
+
+
+def test_answers_that_are_not_the_apis_are_errors() -> None:
+    """A 3xx was read as success (a delete answered 308 returned None, nothing deleted); a
+    body that is not JSON, or not in its encoding, raised json's or httpx's own errors."""
+    with Deskbox("http://deskbox.test", "k", transport=httpx.MockTransport(_moved_proxy)) as box:
+        with pytest.raises(APIError) as moved:
+            box.sessions.delete("ses_abc")
+        assert (moved.value.status, moved.value.type) == (308, "redirect")
+        assert "https://moved.test/v1/sessions/ses_abc" in str(moved.value)
+        with pytest.raises(APIError) as page:
+            box.sessions.list()
+        assert (page.value.status, page.value.type) == (200, "invalid_response")
+        assert "text/html" in str(page.value)
+        with pytest.raises(APIConnectionError, match="could not be decoded"):
+            box.health()
+
+
+async def test_async_answers_that_are_not_the_apis_are_errors() -> None:
+    async with AsyncDeskbox("http://deskbox.test", "k",
+                            transport=httpx.MockTransport(_moved_proxy)) as box:
+        with pytest.raises(APIError, match="redirect"):
+            await box.sessions.delete("ses_abc")
+        with pytest.raises(APIError, match="not JSON"):
+            await box.sessions.list()
+        with pytest.raises(APIConnectionError, match="could not be decoded"):
+            await box.health()
+
+
 def test_requests_carry_the_key_and_the_per_call_timeout() -> None:
     seen: list[httpx.Request] = []
 

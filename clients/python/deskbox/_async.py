@@ -119,7 +119,7 @@ class AsyncDeskbox(BaseClient):
                 call.method, call.path, params=tuple(call.params), json=call.json,
                 content=call.content, timeout=self._timeout_for(call), headers=call.headers,
             )
-        except httpx.TransportError as error:
+        except (httpx.TransportError, httpx.DecodingError) as error:
             raise b.transport_error(error) from error
         return self._read(call, response)
 

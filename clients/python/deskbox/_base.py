@@ -176,17 +176,20 @@ class BaseClient:
 
     @staticmethod
     def _read(call: Call, response: httpx.Response) -> Any:
-        """The decoded answer (JSON, or bytes), or the :class:`APIError` of its status."""
+        """The decoded answer (JSON, or bytes), or the :class:`APIError` of its status. Only
+        a 2xx is an answer: a redirect (the client does not follow one) is an error too,
+        else a DELETE answered 308 by a proxy read as done, the session left running."""
         if response.status_code >= 400:
             raise api_error(response)
-        if call.with_headers:
-            body = response.json() if call.expect_json else response.content
-            return Answer(body, response.headers)
+        if not 200 <= response.status_code < 300:
+            raise redirect_error(response)
         if not call.expect_json:
-            return response.content
-        if response.status_code == 204 or not response.content:
-            return None
-        return response.json()
+            body = response.content
+        elif response.status_code == 204 or not response.content:
+            body = None
+        else:
+            body = json_body(response)
+        return Answer(body, response.headers) if call.with_headers else body
 
 
 def max_retries_of_environment() -> int:
@@ -239,18 +242,47 @@ def api_error(response: httpx.Response) -> APIError:
     )
 
 
+def redirect_error(response: httpx.Response) -> APIError:
+    """The exception of a 3xx: the API never redirects, so the URL reached something else
+    (a proxy that moved it to https or under a path prefix)."""
+    location = response.headers.get("location")
+    where = f" to {location}" if location else ""
+    return APIError(
+        response.status_code, "redirect",
+        f"the server redirected the call{where}: is the client's base URL the API's?",
+        response.headers.get("x-request-id"), response.text,
+    )
+
+
+def json_body(response: httpx.Response) -> Any:
+    """The answer's JSON; an :class:`APIError` for one that is not (a proxy's HTML page)."""
+    try:
+        return response.json()
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError alike
+        kind = response.headers.get("content-type") or "no content type"
+        raise APIError(
+            response.status_code, "invalid_response",
+            f"the answer is not JSON ({kind}): {error}",
+            response.headers.get("x-request-id"), response.text,
+        ) from error
+
+
 def _kind_for(status: int) -> str:
     return {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
             409: "conflict", 413: "too_large", 422: "invalid_request", 429: "capacity"}.get(
         status, "internal" if status >= 500 else "bad_request")
 
 
-def transport_error(error: httpx.TransportError | OSError | TimeoutError) -> APIConnectionError:
+def transport_error(
+    error: httpx.TransportError | httpx.DecodingError | OSError | TimeoutError,
+) -> APIConnectionError:
     # httpx's and asyncio's timeouts often carry no text: say which kind it was.
     detail = str(error) or type(error).__name__
     if isinstance(error, httpx.TimeoutException | TimeoutError):
         return APITimeoutError(f"no answer in time: {detail} (raise the client's timeout for "
                                "long calls)")
+    if isinstance(error, httpx.DecodingError):  # e.g. a body not in its Content-Encoding
+        return APIConnectionError(f"the server's answer could not be decoded: {detail}")
     return APIConnectionError(f"could not reach the Deskbox server: {detail}")
 
 

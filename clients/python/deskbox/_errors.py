@@ -3,7 +3,9 @@
     DeskboxError                      anything this SDK raises
     ├── APIConnectionError            the server could not be reached (or the socket broke)
     │   └── APITimeoutError           no answer within the call's timeout
-    └── APIError                      the server answered with an error body (API.md)
+    └── APIError                      the server answered with an error body (API.md),
+        │                             or a redirect (``redirect``: 3xx, the API has none)
+        │                             or a body that is not JSON (``invalid_response``)
         ├── BadRequest                400
         ├── Unauthorized              401  missing or wrong API key / token
         ├── Forbidden                 403  (``secret_origin_mismatch`` too)
