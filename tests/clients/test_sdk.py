@@ -440,6 +440,9 @@ def test_waits_and_holds_lengthen_the_wait_for_an_answer(
             assert mine.act({"type": "wait", "ms": 1500}).results == [{}]
             with pytest.raises(deskbox.APITimeoutError):  # a timeout given is kept
                 mine.act({"type": "wait", "ms": 1500}, timeout=0.3)
+        # The vendors' waits alike: Anthropic's in seconds, OpenAI's a second on the server.
+        assert mine.act_anthropic({"action": "wait", "duration": 1.5}).content
+        assert mine.act_openai({"actions": [{"type": "wait"}, {"type": "wait"}]}).output
 
 
 async def test_async_waits_lengthen_the_wait_for_an_answer(

@@ -400,8 +400,10 @@ class SessionBase(Generic[C]):
         self, tool_input: Mapping[str, Any], coordinate_space: tuple[int, int] | None,
         format: str, quality: int | None, timeout: float | None,  # noqa: A002
     ) -> Call:
+        wait = timeout if timeout is not None else act_timeout(
+            self._client.timeout, [anthropic_as_action(tool_input)])
         return Call("POST", f"{self._path}/actions/anthropic", json=dict(tool_input),
-                    params=dialect_params(coordinate_space, format, quality), timeout=timeout,
+                    params=dialect_params(coordinate_space, format, quality), timeout=wait,
                     with_headers=True)
 
     def _openai_call(
@@ -409,8 +411,12 @@ class SessionBase(Generic[C]):
         coordinate_space: tuple[int, int] | None, format: str,  # noqa: A002
         quality: int | None, timeout: float | None,
     ) -> Call:
-        return Call("POST", f"{self._path}/actions/openai", json=openai_body(action, call_id),
-                    params=dialect_params(coordinate_space, format, quality), timeout=timeout,
+        body = openai_body(action, call_id)
+        wait = timeout if timeout is not None else act_timeout(
+            self._client.timeout, [OPENAI_WAIT for a in openai_actions(body)
+                                   if isinstance(a, Mapping) and a.get("type") == "wait"])
+        return Call("POST", f"{self._path}/actions/openai", json=body,
+                    params=dialect_params(coordinate_space, format, quality), timeout=wait,
                     with_headers=True)
 
     def _screenshot_call(
@@ -560,6 +566,31 @@ def openai_body(action: Action | Sequence[Action], call_id: str | None) -> dict[
     if "action" in body or "actions" in body:
         return {**body, "call_id": call_id}
     return {"call_id": call_id, "action": body}
+
+
+def openai_actions(body: Mapping[str, Any]) -> list[Any]:
+    """The actions of an ``/actions/openai`` body, in any of its shapes."""
+    if isinstance(body.get("actions"), list):
+        return list(body["actions"])
+    if "action" in body:
+        return [body["action"]]
+    return [body]
+
+
+#: What an OpenAI ``wait`` is on the server (its dialect's ``WAIT_MS``).
+OPENAI_WAIT: Action = {"type": "wait", "ms": 1000}
+
+
+def anthropic_as_action(tool_input: Mapping[str, Any]) -> Action:
+    """What an Anthropic tool input waits or holds keys for, as our action would (the rest
+    takes no time on purpose): ``duration`` is in seconds, a ``wait``'s 1 s by default."""
+    kind, duration = tool_input.get("action"), tool_input.get("duration")
+    if kind == "wait":
+        return {"type": "wait",
+                "ms": 1000 * (duration if isinstance(duration, int | float) else 1.0)}
+    if kind == "hold_key":
+        return {"type": "hold_key", "duration_s": duration}
+    return {"type": "none"}
 
 
 def act_timeout(base: float, actions: Sequence[Action]) -> float:
