@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from websockets.sync.client import connect
 
 from deskbox import Deskbox, cdp
 from deskbox_server.sessions import secrets as secrets_store
@@ -285,6 +286,46 @@ def test_a_frame_of_another_site_that_takes_the_focus_late_gets_no_secret(
         assert_error(refused, 403, "secret_origin_mismatch")
         assert "a frame of another origin" in refused.json()["error"]["message"]
         assert cdp.evaluate(handle, "document.getElementById('pw').value") == ""
+
+
+def test_a_stuck_frame_in_another_tab_keeps_no_secret_from_the_focused_page(
+    client: Recorder, secret_server: Server
+) -> None:
+    """Only the focused page's frames are asked: a frame of another site stuck in a script
+    in a background tab (it would never answer) does not refuse the field in front."""
+    store_secret(client)
+    sid = client.post("/v1/sessions", json={"display": DISPLAY}).json()["id"]
+    serve_origins(client, sid)
+    stuck = "<script>setTimeout(() => { for (;;) {} }, 300)</script>"
+    holder = "<iframe src='http://localhost:8001/stuck.html'></iframe>"
+    assert run(client, sid, ["sh", "-c", "printf %s \"$0\" > /tmp/site/stuck.html; "
+                             "printf %s \"$1\" > /tmp/site/holder.html", stuck, holder]
+               )["exit_code"] == 0
+    with Deskbox(secret_server.url, KEY_A) as box:
+        handle = box.sessions.get(sid)
+        cdp.navigate(handle, f"{GOOD}/login.html")
+        browser = client.get(f"/v1/sessions/{sid}/cdp/json/version").json()
+        with connect(browser["webSocketDebuggerUrl"], open_timeout=10,
+                     additional_headers={"Authorization": f"Bearer {KEY_A}"}) as devtools:
+            devtools.send(json.dumps({"id": 1, "method": "Target.createTarget", "params": {
+                "url": f"{GOOD}/holder.html", "background": True}}))
+            holder_tab = json.loads(devtools.recv(timeout=10))["result"]["targetId"]
+            deadline = time.monotonic() + 10
+            while "localhost:8001/stuck" not in json.dumps(client.get(
+                    f"/v1/sessions/{sid}/cdp/json/list").json()):
+                assert time.monotonic() < deadline, "the stuck frame never loaded"
+                time.sleep(0.1)
+            time.sleep(0.5)  # its script has started
+            typed = client.post(f"/v1/sessions/{sid}/actions", json={
+                "actions": [CLICK_FIELD, {"type": "type", "secret": "PW"}]})
+            assert typed.status_code == 200, typed.text
+            devtools.send(json.dumps({"id": 2, "method": "Target.closeTarget", "params": {
+                "targetId": holder_tab}}))
+            devtools.recv(timeout=10)
+        while holder_tab in json.dumps(client.get(f"/v1/sessions/{sid}/cdp/json/list").json()):
+            assert time.monotonic() < deadline + 10, "the background tab never closed"
+            time.sleep(0.05)  # closed a moment after its close answers
+        assert cdp.evaluate(handle, "document.getElementById('pw').value") == VALUE
 
 
 def test_a_page_stuck_in_a_script_is_refused_in_bounded_time(

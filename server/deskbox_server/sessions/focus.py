@@ -9,9 +9,9 @@ is what the check is for: a model talked into typing a password elsewhere is ref
 A frame of another site runs in a renderer of its own (site isolation): the page learns
 that such a frame took the focus only after that renderer has handled the click, so a frame
 whose ``mousedown`` handler stays busy would be checked on the page's focus from before,
-and the keystrokes that follow would reach it. Every such frame is asked too, which waits
-for its renderer to finish what it is doing; one that has the focus, or that does not
-answer, is refused as any frame of another origin is.
+and the keystrokes that follow would reach it. Every such frame of the focused page is
+asked too, which waits for its renderer to finish what it is doing; one that has the
+focus, or that does not answer, is refused as any frame of another origin is.
 """
 
 from __future__ import annotations
@@ -80,26 +80,42 @@ async def _ask(open_devtools: Opener) -> tuple[str | None, bool] | None:
     except DeskboxError:
         return None
     targets = [t for t in listing if isinstance(t, dict)] if isinstance(listing, list) else []
-    pages = [t for t in targets if t.get("type") == "page"]
-    frames = [t for t in targets if t.get("type") == "iframe"]
+    focused_page, page_focus = None, None
+    for page in [t for t in targets if t.get("type") == "page"][:_MAX_PAGES]:
+        answered, focus = await _focus_of(open_devtools, page)  # the most recent page first
+        if answered and focus is not None:
+            focused_page, page_focus = page.get("id"), focus
+            break
+    if page_focus is None:
+        return None
+    # The frames of other sites inside that page (another tab's, hung or not, are not where
+    # the keyboard goes), all at once: each waits for its renderer.
+    frames = [t for t in targets
+              if t.get("type") == "iframe" and _inside(t, focused_page, targets)]
     if len(frames) > _MAX_FRAMES:
         return _ANOTHER_ORIGINS_FRAME
-    # Every frame at once, beside the pages: each waits for its renderer.
-    asked_frames = [asyncio.ensure_future(_focus_of(open_devtools, frame)) for frame in frames]
-    try:
-        page_focus = None
-        for page in pages[:_MAX_PAGES]:  # the most recently active first
-            answered, focus = await _focus_of(open_devtools, page)
-            if answered and focus is not None:
-                page_focus = focus
-                break
-        for answered, focus in await asyncio.gather(*asked_frames):
-            if not answered or focus is not None:
-                return _ANOTHER_ORIGINS_FRAME
-    finally:
-        for task in asked_frames:
-            task.cancel()
+    for answered, focus in await asyncio.gather(*(_focus_of(open_devtools, frame)
+                                                  for frame in frames)):
+        if not answered or focus is not None:
+            return _ANOTHER_ORIGINS_FRAME
     return page_focus
+
+
+def _inside(frame: dict[str, Any], page_id: object, targets: list[dict[str, Any]]) -> bool:
+    """Whether ``frame`` is in the page ``page_id`` (its ``parentId`` chain); a chain that
+    cannot be followed counts as inside: better a frame asked for nothing than one missed."""
+    by_id = {t.get("id"): t for t in targets}
+    target: dict[str, Any] | None = frame
+    for _ in range(32):
+        parent = target.get("parentId") if target is not None else None
+        if parent is None or parent not in by_id:
+            return True
+        if parent == page_id:
+            return True
+        target = by_id[parent]
+        if target.get("type") == "page":
+            return False  # another page's
+    return True
 
 
 async def _focus_of(open_devtools: Opener, target: dict[str, Any]
