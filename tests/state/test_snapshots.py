@@ -533,7 +533,7 @@ def test_a_viewer_connecting_as_a_checkpoint_begins_is_told_to_come_back(
         except InvalidStatus as error:
             outcome.append(error.response.status_code)
         except (ConnectionClosed, AssertionError, TimeoutError):
-            pass  # connected before the checkpoint, closed by it
+            outcome.append("closed")  # connected before the checkpoint, closed by it
 
     try:
         for delay in (0.0, 0.0, 0.05, 0.1):
@@ -547,7 +547,7 @@ def test_a_viewer_connecting_as_a_checkpoint_begins_is_told_to_come_back(
             viewer_thread.join(timeout=30)
             assert snapshot.status_code == 201, snapshot.text
             client.delete(f"/v1/snapshots/{snapshot.json()['id']}")
-            assert outcome and outcome[0] in ("connected", 409), (delay, outcome)
+            assert outcome and outcome[0] in ("connected", "closed", 409), (delay, outcome)
             assert took < 4, f"the snapshot waited {took:.1f} s for a viewer (delay {delay})"
             refused += [code for code in outcome if code == 409]
             time.sleep(1)  # the last viewer gone, its VNC server stops: the next one starts it
