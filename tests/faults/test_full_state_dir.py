@@ -117,6 +117,12 @@ def test_a_full_state_dir_answers_507_and_a_delete_still_removes_the_desktop(
             assert shot.status_code == 200, shot.text
 
             _delete_and_see_it_removed(http, sid, pids)
+            # The listing says so too, though the registry cannot hear of it yet (it still
+            # says running): the server's own record is the truth.
+            assert [(s["id"], s["state"]) for s in
+                    http.get("/v1/sessions").json()["sessions"]] == [(sid, "stopped")]
+            assert http.get("/v1/sessions", params={"state": "running"}).json()[
+                "sessions"] == []
         finally:
             filler.unlink()
         # Once there is room, the registry takes the end it could not (a reaper pass); the

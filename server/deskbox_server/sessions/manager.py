@@ -411,13 +411,17 @@ class SessionManager:
     async def list(self, query: SessionQuery) -> tuple[list[SessionRecord], str | None]:
         """One page of ``query``, newest first, and the cursor of the next (None: the last)."""
         records, more = await self._registry.page(query)
-        # A session this server serves: its record here has the newer idle clock.
+        # A session this server serves: its record here has the newer idle clock. One whose
+        # end the registry could not take yet (a full disk): its record here is the truth
+        # (the registry still says running), left out if the query's states leave it out.
         merged = [
             self._live[r.id].record
-            if r.id in self._live and self._live[r.id].record.state is r.state else r
+            if r.id in self._live and self._live[r.id].record.state is r.state
+            else self._unsaved.get(r.id, r)
             for r in records
         ]
-        return merged, encode_cursor(position(records[-1])) if more else None
+        shown = [r for r in merged if not query.states or r.state in query.states]
+        return shown, encode_cursor(position(records[-1])) if more else None
 
     async def session(
         self, owner: str, session_id: str, missing: Literal["live", "running"] = "running"
