@@ -88,8 +88,8 @@ def run(client: httpx.Client, session_id: str, cmd: list[str], **extra: Any) -> 
 
 def serve_origins(client: httpx.Client, session_id: str) -> None:
     """The login page on two origins of the sandbox's loopback (ports 8000 and 8001)."""
-    assert run(client, session_id, ["sh", "-c", 'mkdir -p /tmp/site && printf %s "$0" > '
-                                    "/tmp/site/login.html", LOGIN])["exit_code"] == 0
+    assert run(client, session_id, ["mkdir", "-p", "/tmp/site"])["exit_code"] == 0
+    site_page(client, session_id, "login.html", LOGIN)
     for port in ("8000", "8001"):
         run(client, session_id, ["python3", "-m", "http.server", port, "--bind", "127.0.0.1",
                                  "--directory", "/tmp/site"], background=True)
@@ -97,6 +97,22 @@ def serve_origins(client: httpx.Client, session_id: str) -> None:
         assert run(client, session_id, ["sh", "-c", "for i in $(seq 50); do python3 -c "
                    f"\"import urllib.request;urllib.request.urlopen('http://127.0.0.1:{port}/')\""
                    " 2>/dev/null && exit 0; sleep 0.1; done; exit 1"])["exit_code"] == 0
+
+
+def site_page(client: httpx.Client, session_id: str, name: str, html: str) -> None:
+    """``html`` as /``name`` of both origins (serve_origins)."""
+    assert run(client, session_id, ["sh", "-c", 'printf %s "$1" > "/tmp/site/$0"', name, html]
+               )["exit_code"] == 0
+
+
+def until_listed(client: httpx.Client, session_id: str, text: str, what: str,
+                 listed: bool = True) -> None:
+    """Until the browser's targets name ``text`` (or, ``listed`` False, no longer do)."""
+    deadline = time.monotonic() + 10
+    while (text in json.dumps(client.get(f"/v1/sessions/{session_id}/cdp/json/list").json())
+           ) is not listed:
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
 
 
 def test_a_secret_is_stored_never_shown_and_the_keys_own(
@@ -243,8 +259,7 @@ def test_a_field_that_takes_the_focus_late_gets_the_secret(
     serve_origins(client, sid)
     late = LOGIN.replace("<input ", "<input onmousedown='event.preventDefault(); "
                          "setTimeout(() => this.focus(), 400)' ")
-    assert run(client, sid, ["sh", "-c", "printf %s \"$0\" > /tmp/site/late.html", late]
-               )["exit_code"] == 0
+    site_page(client, sid, "late.html", late)
     with Deskbox(secret_server.url, KEY_A) as box:
         handle = box.sessions.get(sid)
         cdp.navigate(handle, f"{GOOD}/late.html")
@@ -269,17 +284,12 @@ def test_a_frame_of_another_site_that_takes_the_focus_late_gets_no_secret(
              "{ const t = Date.now(); while (Date.now() - t < 1500) {} })</script>")
     page = (LOGIN.replace("<input ", "<input autofocus ")
             + f"<iframe src='http://localhost:8001/frame.html' style='{full}'></iframe>")
-    assert run(client, sid, ["sh", "-c", "printf %s \"$0\" > /tmp/site/frame.html; "
-                             "printf %s \"$1\" > /tmp/site/framed.html", frame, page]
-               )["exit_code"] == 0
+    site_page(client, sid, "frame.html", frame)
+    site_page(client, sid, "framed.html", page)
     with Deskbox(secret_server.url, KEY_A) as box:
         handle = box.sessions.get(sid)
         cdp.navigate(handle, f"{GOOD}/framed.html")
-        deadline = time.monotonic() + 10
-        while "localhost:8001" not in json.dumps(client.get(
-                f"/v1/sessions/{sid}/cdp/json/list").json()):
-            assert time.monotonic() < deadline, "the frame of another site never loaded"
-            time.sleep(0.1)
+        until_listed(client, sid, "localhost:8001", "the frame of another site never loaded")
         assert cdp.evaluate(handle, "document.activeElement.id") == "pw"
         refused = client.post(f"/v1/sessions/{sid}/actions", json={
             "actions": [CLICK_FIELD, {"type": "type", "secret": "PW"}]})
@@ -298,9 +308,8 @@ def test_a_stuck_frame_in_another_tab_keeps_no_secret_from_the_focused_page(
     serve_origins(client, sid)
     stuck = "<script>setTimeout(() => { for (;;) {} }, 300)</script>"
     holder = "<iframe src='http://localhost:8001/stuck.html'></iframe>"
-    assert run(client, sid, ["sh", "-c", "printf %s \"$0\" > /tmp/site/stuck.html; "
-                             "printf %s \"$1\" > /tmp/site/holder.html", stuck, holder]
-               )["exit_code"] == 0
+    site_page(client, sid, "stuck.html", stuck)
+    site_page(client, sid, "holder.html", holder)
     with Deskbox(secret_server.url, KEY_A) as box:
         handle = box.sessions.get(sid)
         cdp.navigate(handle, f"{GOOD}/login.html")
@@ -310,11 +319,7 @@ def test_a_stuck_frame_in_another_tab_keeps_no_secret_from_the_focused_page(
             devtools.send(json.dumps({"id": 1, "method": "Target.createTarget", "params": {
                 "url": f"{GOOD}/holder.html", "background": True}}))
             holder_tab = json.loads(devtools.recv(timeout=10))["result"]["targetId"]
-            deadline = time.monotonic() + 10
-            while "localhost:8001/stuck" not in json.dumps(client.get(
-                    f"/v1/sessions/{sid}/cdp/json/list").json()):
-                assert time.monotonic() < deadline, "the stuck frame never loaded"
-                time.sleep(0.1)
+            until_listed(client, sid, "localhost:8001/stuck", "the stuck frame never loaded")
             time.sleep(0.5)  # its script has started
             typed = client.post(f"/v1/sessions/{sid}/actions", json={
                 "actions": [CLICK_FIELD, {"type": "type", "secret": "PW"}]})
@@ -322,9 +327,8 @@ def test_a_stuck_frame_in_another_tab_keeps_no_secret_from_the_focused_page(
             devtools.send(json.dumps({"id": 2, "method": "Target.closeTarget", "params": {
                 "targetId": holder_tab}}))
             devtools.recv(timeout=10)
-        while holder_tab in json.dumps(client.get(f"/v1/sessions/{sid}/cdp/json/list").json()):
-            assert time.monotonic() < deadline + 10, "the background tab never closed"
-            time.sleep(0.05)  # closed a moment after its close answers
+        # Closed a moment after its close answers.
+        until_listed(client, sid, holder_tab, "the background tab never closed", listed=False)
         assert cdp.evaluate(handle, "document.getElementById('pw').value") == VALUE
 
 
@@ -336,9 +340,8 @@ def test_a_page_stuck_in_a_script_is_refused_in_bounded_time(
     store_secret(client)
     sid = client.post("/v1/sessions", json={"display": DISPLAY}).json()["id"]
     serve_origins(client, sid)
-    assert run(client, sid, ["sh", "-c", "printf %s \"$0\" > /tmp/site/stuck.html",
-                             LOGIN + "<script>setTimeout(() => { for (;;) {} }, 300)</script>"]
-               )["exit_code"] == 0
+    site_page(client, sid, "stuck.html",
+              LOGIN + "<script>setTimeout(() => { for (;;) {} }, 300)</script>")
     with Deskbox(secret_server.url, KEY_A) as box:
         cdp.navigate(box.sessions.get(sid), f"{GOOD}/stuck.html")
     started = time.monotonic()
