@@ -90,8 +90,9 @@ async def _ask(open_devtools: Opener) -> tuple[str | None, bool] | None:
         return None
     # The frames of other sites inside that page (another tab's, hung or not, are not where
     # the keyboard goes), all at once: each waits for its renderer.
+    by_id = {t.get("id"): t for t in targets}
     frames = [t for t in targets
-              if t.get("type") == "iframe" and _inside(t, focused_page, targets)]
+              if t.get("type") == "iframe" and _inside(t, focused_page, by_id)]
     if len(frames) > _MAX_FRAMES:
         return _ANOTHER_ORIGINS_FRAME
     for answered, focus in await asyncio.gather(*(_focus_of(open_devtools, frame)
@@ -101,16 +102,14 @@ async def _ask(open_devtools: Opener) -> tuple[str | None, bool] | None:
     return page_focus
 
 
-def _inside(frame: dict[str, Any], page_id: object, targets: list[dict[str, Any]]) -> bool:
-    """Whether ``frame`` is in the page ``page_id`` (its ``parentId`` chain); a chain that
-    cannot be followed counts as inside: better a frame asked for nothing than one missed."""
-    by_id = {t.get("id"): t for t in targets}
-    target: dict[str, Any] | None = frame
+def _inside(frame: dict[str, Any], page_id: object, by_id: dict[Any, dict[str, Any]]) -> bool:
+    """Whether ``frame`` is in the page ``page_id`` (its ``parentId`` chain through the
+    targets ``by_id``); a chain that cannot be followed counts as inside: better a frame
+    asked for nothing than one missed."""
+    target = frame
     for _ in range(32):
-        parent = target.get("parentId") if target is not None else None
-        if parent is None or parent not in by_id:
-            return True
-        if parent == page_id:
+        parent = target.get("parentId")
+        if parent is None or parent == page_id or parent not in by_id:
             return True
         target = by_id[parent]
         if target.get("type") == "page":
