@@ -29,6 +29,7 @@ from ..engines import VolumeAttach
 from ..engines.volumes import create_disk
 from ..errors import Conflict, Internal, NotFound, QuotaExceeded
 from ..schemas.volumes import PROFILE_SIZE_MB, VolumeAttachment, VolumeCreate, VolumeMount
+from .atomic_file import PARTIAL_SUFFIX, replace_file
 from .lifecycle import utcnow
 
 __all__ = ["VolumeRecord", "VolumeStore"]
@@ -56,7 +57,8 @@ class VolumeStore:
         self._lock = asyncio.Lock()  # creates and deletes, one at a time
 
     def open(self) -> None:
-        """Make the root (mode 0700) and remove volumes that never finished."""
+        """Make the root (mode 0700) and remove volumes that never finished, and what saves
+    of a record a killed server left."""
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.root, 0o700)
         for owner in self.root.iterdir():
@@ -64,6 +66,9 @@ class VolumeStore:
                 if entry.is_dir() and not (entry / _RECORD).is_file():
                     log.warning("removing the unfinished volume %s/%s", owner.name, entry.name)
                     shutil.rmtree(entry, ignore_errors=True)
+                elif entry.is_dir():
+                    for partial in entry.glob(f"{_RECORD}.*{PARTIAL_SUFFIX}"):  # a killed save's
+                        partial.unlink(missing_ok=True)
 
     def _directory(self, owner: str, name: str) -> Path:
         assert _OWNER.match(owner) and _NAME.match(name), name
@@ -222,17 +227,7 @@ def _rebuilt(directory: Path, owner: str, name: str, damage: ValidationError
 def _write_record(directory: Path, record: VolumeRecord) -> None:
     """Written whole or not at all, and on the disk before it counts (a power loss must
     not leave an empty record: see _rebuilt)."""
-    partial = directory / (_RECORD + ".partial")
-    with partial.open("w") as file:
-        file.write(record.model_dump_json())
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(partial, directory / _RECORD)
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    replace_file(directory / _RECORD, record.model_dump_json().encode())
 
 
 def _make(directory: Path, record: VolumeRecord) -> None:
