@@ -31,6 +31,7 @@ __all__ = ["Export", "Trajectory", "Videos", "export", "frame_path", "trajectory
 
 _ENCODE_TIMEOUT_S = 600
 _CHUNK = 1 << 20  # of the zip, sent as it is made
+_LINES_CHUNK = 1 << 16  # of the trajectory's lines: each one a step of a worker thread
 
 
 @dataclass(frozen=True)
@@ -51,18 +52,14 @@ class Trajectory:
 
     path: Path
     lines: list[_Line]
-    frame_times: list[float]
-    frame_numbers: list[int]
+    frames: list[tuple[float, int]]  # (time, number), in time order
     action_starts: list[float]
     end: float  # the last time anything recorded happened
 
-    @property
-    def frames(self) -> list[tuple[float, int]]:
-        return list(zip(self.frame_times, self.frame_numbers, strict=True))
-
     def entries(self) -> Iterator[dict[str, Any]]:
         """Every entry in time order, actions with ``frame_before`` and ``frame_after``."""
-        times, numbers, starts = self.frame_times, self.frame_numbers, self.action_starts
+        times, starts = [t for t, _ in self.frames], self.action_starts
+        numbers = [n for _, n in self.frames]
         try:
             file = self.path.open("rb")
         except FileNotFoundError:  # the recording deleted meanwhile
@@ -97,7 +94,7 @@ def trajectory(store: RecordingStore, meta: RecordingMeta) -> Trajectory:
     try:
         file = path.open("rb")
     except FileNotFoundError:
-        return Trajectory(path, [], [], [], [], 0.0)
+        return Trajectory(path, [], [], [], 0.0)
     with file:
         offset = 0
         for raw in file:
@@ -118,20 +115,18 @@ def trajectory(store: RecordingStore, meta: RecordingMeta) -> Trajectory:
     lines.sort(key=lambda line: (line.t, line.seq))
     frames.sort()
     starts.sort()
-    return Trajectory(path, lines, [t for t, _ in frames], [n for _, n in frames], starts,
-                      end)
+    return Trajectory(path, lines, frames, starts, end)
 
 
 def trajectory_lines(trajectory: Trajectory) -> Iterator[bytes]:
-    """The JSON lines, in chunks of about 64 KiB (each one a step of the response's worker
-    thread)."""
+    """The JSON lines, in chunks of about ``_LINES_CHUNK`` bytes."""
     chunk: list[bytes] = []
     size = 0
     for entry in trajectory.entries():
         line = json.dumps(entry, separators=(",", ":")).encode() + b"\n"
         chunk.append(line)
         size += len(line)
-        if size >= 1 << 16:
+        if size >= _LINES_CHUNK:
             yield b"".join(chunk)
             chunk, size = [], 0
     if chunk:
