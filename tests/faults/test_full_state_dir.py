@@ -290,11 +290,14 @@ def test_a_server_starts_on_a_full_state_dir_and_saves_what_it_found_later(
                 filler.unlink()
                 meta = small_disk / "recordings" / recorded / "meta.json"
                 deadline = time.monotonic() + 10
+                # On the disk itself: the listing shows the server's own record meanwhile.
                 while (json.loads(meta.read_text())["state"] != "stopped"
-                       or [(s["id"], s["state"]) for s in http.get("/v1/sessions").json()[
-                           "sessions"]] != [(lost, "failed")]):
+                       or reader.execute("SELECT state FROM sessions WHERE id = ?",
+                                         (lost,)).fetchall() != [("failed",)]):
                     assert time.monotonic() < deadline, "what was found was never saved"
                     time.sleep(0.1)
+                assert [(s["id"], s["state"]) for s in http.get("/v1/sessions").json()[
+                    "sessions"]] == [(lost, "failed")]
         finally:
             filler.unlink(missing_ok=True)
     finally:
