@@ -10,6 +10,7 @@ that is a small tmpfs of its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -125,13 +126,17 @@ def test_a_full_state_dir_answers_507_and_a_delete_still_removes_the_desktop(
                 "sessions"] == []
         finally:
             filler.unlink()
-        # Once there is room, the registry takes the end it could not (a reaper pass); the
-        # refused create made no session.
+        # Once there is room, the registry takes the end it could not (a reaper pass: read
+        # in its file, as the listing shows the server's own record before); the refused
+        # create made no session.
         deadline = time.monotonic() + 10
-        while (listed := [(s["id"], s["state"]) for s in
-                          http.get("/v1/sessions").json()["sessions"]]) != [(sid, "stopped")]:
-            assert time.monotonic() < deadline, listed
-            time.sleep(0.1)
+        with contextlib.closing(sqlite3.connect(settings.database_path)) as registry:
+            while (saved := registry.execute("SELECT id, state FROM sessions").fetchall()
+                   ) != [(sid, "stopped")]:
+                assert time.monotonic() < deadline, saved
+                time.sleep(0.1)
+        listed = [(s["id"], s["state"]) for s in http.get("/v1/sessions").json()["sessions"]]
+        assert listed == [(sid, "stopped")], listed
 
 
 def test_a_recorded_session_on_a_full_state_dir_is_removed_by_its_delete(
