@@ -278,10 +278,7 @@ def register(app: typer.Typer) -> None:
             sys.stdout.buffer.write(data)
             sys.stdout.buffer.flush()
             return
-        try:
-            Path(output).write_bytes(data)
-        except OSError as error:
-            _usage(f"cannot write {output}: {error.strerror}")
+        _write(Path(output), data)
         if as_json:
             _print_json({"path": output, "format": chosen, "size": len(data)})
         else:
