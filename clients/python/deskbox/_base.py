@@ -400,8 +400,8 @@ class SessionBase(Generic[C]):
         self, tool_input: Mapping[str, Any], coordinate_space: tuple[int, int] | None,
         format: str, quality: int | None, timeout: float | None,  # noqa: A002
     ) -> Call:
-        wait = timeout if timeout is not None else act_timeout(
-            self._client.timeout, [anthropic_as_action(tool_input)])
+        wait = timeout if timeout is not None else _lengthened(
+            self._client.timeout, anthropic_held_s(tool_input))
         return Call("POST", f"{self._path}/actions/anthropic", json=dict(tool_input),
                     params=dialect_params(coordinate_space, format, quality), timeout=wait,
                     with_headers=True)
@@ -412,9 +412,10 @@ class SessionBase(Generic[C]):
         quality: int | None, timeout: float | None,
     ) -> Call:
         body = openai_body(action, call_id)
-        wait = timeout if timeout is not None else act_timeout(
-            self._client.timeout, [OPENAI_WAIT for a in openai_actions(body)
-                                   if isinstance(a, Mapping) and a.get("type") == "wait"])
+        waits = sum(isinstance(a, Mapping) and a.get("type") == "wait"
+                    for a in openai_actions(body))
+        wait = timeout if timeout is not None else _lengthened(
+            self._client.timeout, waits * OPENAI_WAIT_S)
         return Call("POST", f"{self._path}/actions/openai", json=body,
                     params=dialect_params(coordinate_space, format, quality), timeout=wait,
                     with_headers=True)
@@ -578,34 +579,45 @@ def openai_actions(body: Mapping[str, Any]) -> list[Any]:
 
 
 #: What an OpenAI ``wait`` is on the server (its dialect's ``WAIT_MS``).
-OPENAI_WAIT: Action = {"type": "wait", "ms": 1000}
+OPENAI_WAIT_S = 1.0
 
 
-def anthropic_as_action(tool_input: Mapping[str, Any]) -> Action:
-    """What an Anthropic tool input waits or holds keys for, as our action would (the rest
-    takes no time on purpose): ``duration`` is in seconds, a ``wait``'s 1 s by default."""
+def anthropic_held_s(tool_input: Mapping[str, Any]) -> float:
+    """The seconds an Anthropic tool input waits or holds keys on purpose: its
+    ``duration``, a ``wait``'s 1 s by default."""
     kind, duration = tool_input.get("action"), tool_input.get("duration")
-    if kind == "wait":
-        return {"type": "wait",
-                "ms": 1000 * (duration if isinstance(duration, int | float) else 1.0)}
-    if kind == "hold_key":
-        return {"type": "hold_key", "duration_s": duration}
-    return {"type": "none"}
+    if kind not in ("wait", "hold_key"):
+        return 0.0
+    if duration is None and kind == "wait":
+        return 1.0
+    return _seconds(duration)
 
 
 def act_timeout(base: float, actions: Sequence[Action]) -> float:
     """How long to wait for the answer to ``actions`` when the caller set no timeout:
     ``base`` (the client's timeout) plus the time they wait or hold keys on purpose, which
     API.md lets add up to 60 s, the client's default timeout, before the settling even
-    starts. A value the server would refuse counts for nothing: it answers 422 at once."""
+    starts."""
     held = 0.0
     for action in actions:
         kind = action.get("type")
-        value = action.get("ms") if kind == "wait" else (
-            action.get("duration_s") if kind == "hold_key" else None)
-        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-            held += value / 1000 if kind == "wait" else value
-    return base + held + ACT_GRACE_S if held else base
+        if kind == "wait":
+            held += _seconds(action.get("ms")) / 1000
+        elif kind == "hold_key":
+            held += _seconds(action.get("duration_s"))
+    return _lengthened(base, held)
+
+
+def _seconds(value: object) -> float:
+    """A duration as given; one the server would refuse counts for nothing (it answers 422
+    at once)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return 0.0
+
+
+def _lengthened(base: float, held_s: float) -> float:
+    return base + held_s + ACT_GRACE_S if held_s else base
 
 
 def action_list(actions: Action | Sequence[Action]) -> list[dict[str, Any]]:
