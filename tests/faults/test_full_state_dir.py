@@ -36,6 +36,7 @@ from deskbox_server.settings import Settings
 from ..api.conftest import DISPLAY, KEY_A, Server, running_server
 from ..api.helpers import assert_error, server_log
 from ..api.served import serve
+from ..images import IMAGE_STATE_DIR
 
 
 @pytest.fixture
@@ -316,3 +317,49 @@ async def _saved(path: Path, record: SessionRecord) -> None:
         await registry.save(record)
     finally:
         await registry.close()
+
+
+def _state(http: httpx.Client, sid: str) -> tuple[str, str]:
+    """The session's state as GET says and as the listing says."""
+    listed = {s["id"]: s["state"] for s in http.get("/v1/sessions").json()["sessions"]}
+    return http.get(f"/v1/sessions/{sid}").json()["state"], listed[sid]
+
+
+@pytest.mark.slow
+def test_a_pause_or_resume_whose_state_cannot_be_saved_leaves_the_session_as_it_was(
+    small_disk: Path,
+) -> None:
+    """A freeze, and the resume of one, on a full state dir: the new state cannot be saved,
+    the call answers 507 and the session is as it was (API.md), for GET, the listing and
+    its actions alike. Before, the refused pause left the sandbox frozen, `paused` for GET
+    and `running` in the listing; the refused resume ran it, watched by nothing (no
+    browser watch, no recording frames), `running` for GET and `paused` in the listing."""
+    settings = Settings(state_dir=small_disk, api_keys=[KEY_A],
+                        image_state_dir=IMAGE_STATE_DIR, reaper_interval_s=0.2)
+    with running_server(settings) as server, server.client() as http:
+        http.timeout = httpx.Timeout(60)
+        created = http.post("/v1/sessions", json={"display": DISPLAY})
+        assert created.status_code == 201, created.text
+        sid = created.json()["id"]
+        look = {"type": "screen_size"}
+        try:
+            for call, body, before in (("pause", {"mode": "freeze"}, "running"),
+                                       ("resume", None, "paused")):
+                filler = _fill(small_disk)
+                try:
+                    refused = http.post(f"/v1/sessions/{sid}/{call}", json=body)
+                    message = assert_error(refused, 507, "insufficient_storage")["message"]
+                    assert "no room on the server's disk" in message, message
+                    assert _state(http, sid) == (before, before)
+                    acted = http.post(f"/v1/sessions/{sid}/actions", json=look)
+                    assert acted.status_code == (200 if before == "running" else 409), \
+                        acted.text
+                finally:
+                    filler.unlink()
+                done = http.post(f"/v1/sessions/{sid}/{call}", json=body)  # room again
+                assert done.status_code == 200, done.text
+            assert _state(http, sid) == ("running", "running")
+            acted = http.post(f"/v1/sessions/{sid}/actions", json=look)
+            assert acted.status_code == 200, acted.text
+        finally:
+            assert http.delete(f"/v1/sessions/{sid}").status_code == 204

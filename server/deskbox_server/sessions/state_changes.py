@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
@@ -50,6 +51,7 @@ async def pause(
         def still_pausing() -> bool:  # a delete may come while pause waits
             return record.state is target
 
+        stopped = False  # frozen or checkpointed: what a failure after it undoes
         try:
             await drain(lambda: live.busy, record.id, DRAIN_TIMEOUT_S)
             if still_pausing():
@@ -73,7 +75,17 @@ async def pause(
                 await asyncio.to_thread(context.frames.save, record.id, frame)
                 async with context.links.closed(record.id):
                     await handle.hibernate()
+            stopped = True
+            live.last_frame = LastFrame(frame, utcnow())
+            record.touch()  # a paused session expires too, timeout_s after its pause
+            # A state the registry cannot take (a full disk: 507) is undone below: the
+            # session is as it was (API.md), not paused and listed running.
+            await context.registry.save(record)
         except BaseException as error:
+            cause: BaseException = error
+            live.last_frame = None
+            if still_pausing() and stopped:
+                cause = await _run_again(live, handle, mode) or error
             if still_pausing():
                 record.transition(S.running)
                 context.watch(record.id, handle)
@@ -83,14 +95,13 @@ async def pause(
                     await context.registry.save(record)
             if mode == "hibernate":
                 await asyncio.to_thread(context.frames.forget, record.id)
-            if isinstance(error, SessionFailed):  # e.g. its X server did not answer
-                instead = await context.fail(live, error.message)
+            if isinstance(cause, SessionFailed):  # e.g. its X server did not answer
+                instead = await context.fail(live, cause.message)
                 if instead is not None:  # it was deleted meanwhile: no fault of its own
-                    raise instead from error
+                    raise instead from cause
+            if cause is not error:
+                raise cause from error
             raise
-        live.last_frame = LastFrame(frame, utcnow())
-        record.touch()  # a paused session expires too, timeout_s after its pause
-        await context.registry.save(record)
         context.publish(record)
     log.info("session %s %s", record.id, record.state.value)
     return record
@@ -106,6 +117,12 @@ async def resume(live: LiveSession, context: SessionContext) -> SessionRecord:
         before = record.state
         if before not in (S.paused, S.hibernated) or handle is None:
             raise not_live(record)
+        if before is S.paused:
+            # Saved before the thaw, which cannot be undone as simply: a state the registry
+            # cannot take (a full disk: 507) leaves the session paused, as it was. A server
+            # killed in between leaves a frozen sandbox of a session said to run: the next
+            # one thaws it as it takes the session over (Engine.adopt).
+            await context.registry.save(_resumed(record))
         async with live.restoring:
             try:
                 if before is S.paused:
@@ -119,6 +136,9 @@ async def resume(live: LiveSession, context: SessionContext) -> SessionRecord:
                     instead = await context.fail(live, error.message)
                     if instead is not None:
                         raise instead from error
+                elif before is S.paused:  # still paused, as the registry says again
+                    with contextlib.suppress(DeskboxError):
+                        await context.registry.save(record)
                 raise
         if record.state is not before:  # a delete does not wait for ``changing``
             raise _deleted_meanwhile(record, "resumed")
@@ -126,11 +146,36 @@ async def resume(live: LiveSession, context: SessionContext) -> SessionRecord:
         await asyncio.to_thread(context.frames.forget, record.id)
         record.transition(S.running)
         record.touch()
-        await context.registry.save(record)
+        # It runs, whatever the registry takes: its browser and recording are watched
+        # again before the save (a restored hibernation's 507 says the registry lags).
         context.publish(record)
         context.watch(record.id, handle)
+        await context.registry.save(record)
     log.info("session %s resumed", record.id)
     return record
+
+
+def _resumed(record: SessionRecord) -> SessionRecord:
+    """What ``record`` will be once its session runs again (its idle clock restarted)."""
+    after = dataclasses.replace(record)
+    after.transition(S.running)
+    after.touch()
+    return after
+
+
+async def _run_again(live: LiveSession, handle: AnyDesktop, mode: PauseMode
+                     ) -> SessionFailed | None:
+    """Undo a freeze or a hibernate whose new state was not saved: thaw or restore the
+    desktop; why it did not run again, if it did not (the caller fails the session)."""
+    try:
+        if mode == "freeze":
+            await handle.thaw()
+        else:
+            async with live.restoring:  # a delete meanwhile waits, as for a resume
+                await handle.restore()
+    except SessionFailed as error:
+        return error
+    return None
 
 
 def _deleted_meanwhile(record: SessionRecord, doing: str) -> Conflict:
