@@ -269,6 +269,47 @@ def test_a_field_that_takes_the_focus_late_gets_the_secret(
         assert cdp.evaluate(handle, "document.getElementById('pw').value") == VALUE
 
 
+
+def test_a_pause_waits_for_a_secrets_focus_check(
+    client: Recorder, secret_server: Server
+) -> None:
+    """A batch typing a secret is in flight from its focus check on: a pause sent during
+    the check (here asked again until the page focuses its field 800 ms after the click)
+    waits for the batch, as for any action in flight. Before, the check did not count as
+    work in flight: the pause froze the browser under it, the batch was refused 403 as if
+    no field had the focus, and a check that answered just before the freeze sent its
+    keys to a frozen desktop, whose deadline failed the session."""
+    store_secret(client)
+    sid = client.post("/v1/sessions", json={"display": DISPLAY}).json()["id"]
+    serve_origins(client, sid)
+    late = LOGIN.replace("<input ", "<input onmousedown='event.preventDefault(); "
+                         "setTimeout(() => this.focus(), 800)' ")
+    site_page(client, sid, "later.html", late)
+    with Deskbox(secret_server.url, KEY_A) as box:
+        handle = box.sessions.get(sid)
+        cdp.navigate(handle, f"{GOOD}/later.html")
+        answers: dict[str, tuple[httpx.Response, float]] = {}
+
+        def pause() -> None:
+            with secret_server.client(KEY_A) as own:
+                own.timeout = httpx.Timeout(60)
+                paused = own.post(f"/v1/sessions/{sid}/pause", json={"mode": "freeze"})
+                answers["pause"] = (paused, time.monotonic())
+
+        pausing = threading.Timer(0.3, pause)
+        pausing.start()
+        typed = client.post(f"/v1/sessions/{sid}/actions", json={
+            "actions": [CLICK_FIELD, {"type": "type", "secret": "PW"}]})
+        typed_at = time.monotonic()
+        pausing.join(60)
+        assert typed.status_code == 200, typed.text
+        paused, paused_at = answers["pause"]
+        assert paused.status_code == 200, paused.text
+        assert paused_at >= typed_at  # it waited for the batch
+        resumed = client.post(f"/v1/sessions/{sid}/resume")
+        assert resumed.status_code == 200, resumed.text
+        assert cdp.evaluate(handle, "document.getElementById('pw').value") == VALUE
+
 def test_a_frame_of_another_site_that_takes_the_focus_late_gets_no_secret(
     client: Recorder, secret_server: Server
 ) -> None:

@@ -146,10 +146,15 @@ class Session:
         live.last_in_line = mine
         loop = asyncio.get_running_loop()
         done: list[ActionResult] = []
+        counted = False
         try:
             if ahead is not None:
                 await asyncio.shield(ahead)
             handle = self._running()
+            # In flight from here, its focus checks too: a pause or checkpoint waits for
+            # it (drain) rather than stop the desktop between a check and the typing.
+            live.busy += 1
+            counted = True
             store, owner = self._context.secrets, live.record.owner
             await secret_typing.check_names(store, owner, actions)
             cut = secret_typing.parts(actions) if secret else [list(actions)]
@@ -158,9 +163,16 @@ class Session:
                 done += (await self._run(handle, part, view, None)).results
             last = await secret_typing.typed(store, owner, cut[-1], handle.open_devtools)
             call = asyncio.ensure_future(self._run(handle, last, view, screenshot))
+        except BaseException:
+            if counted:
+                live.busy -= 1
+            raise
         finally:
             loop.call_soon(_release, mine)
-        result = await call
+        try:
+            result = await call
+        finally:
+            live.busy -= 1
         return BatchResult(done + result.results, result.screenshot, result.settled)
 
     async def _run(
