@@ -639,6 +639,27 @@ def test_openai_bad_key_in_a_batch_acts_not_at_all(
     assert page.field_value() == ""
 
 
+@pytest.mark.parametrize(
+    ("params", "point"),
+    [({}, (5000, 10)), ({"coordinate_space": "640x400"}, (700, 10))],
+)
+def test_openai_point_off_screen_in_a_batch_acts_not_at_all(
+    client: httpx.Client, session: dict[str, Any], page: EventPage, field: None,
+    params: dict[str, str], point: tuple[int, int],
+) -> None:
+    """A batch whose later action points off the screen (of the model's space) is refused
+    before its first action runs: a model that retries the call types its text once."""
+    x, y = point
+    response = client.post(f"/v1/sessions/{session['id']}/actions/openai", params=params, json={
+        "actions": [{"type": "type", "text": "zz"}, {"type": "keypress", "keys": ["ENTER"]},
+                    {"type": "click", "button": "left", "x": x, "y": y}],
+    })
+    error = assert_error(response, 422, "invalid_request")
+    assert f"point ({x}, {y}) is outside the" in error["message"]
+    time.sleep(0.2)
+    assert page.events("keydown") == [] and page.field_value() == ""
+
+
 # -- translation alone (no desktop) ------------------------------------------------------
 
 

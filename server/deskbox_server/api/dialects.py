@@ -19,7 +19,7 @@ from fastapi import APIRouter, Body, Query, Request, Response
 from pydantic import ValidationError
 
 from ..dialects import anthropic, openai
-from ..dialects.plan import Plan
+from ..dialects.plan import Plan, check_points
 from ..errors import Internal, InvalidRequest
 from ..media import EncodedImage
 from ..schemas import actions as a
@@ -71,6 +71,9 @@ async def _answer(
 ) -> EncodedImage | Point:
     """Run the plan through the session's worker, as ``POST /actions`` does."""
     session = await get_services(request).manager.session(caller.key_id, session_id)
+    body = session.record.body
+    space = view or body.coordinate_space or body.display
+    check_points(plan.actions, space.width, space.height)
     batch = await session.act(plan.actions, view, plan.screenshot)
     if plan.screenshot is not None and batch.screenshot is not None:
         response.headers[SETTLED_HEADER] = "true" if batch.settled else "false"

@@ -9,11 +9,11 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from ..errors import InvalidRequest
+from ..errors import InvalidAction, InvalidRequest
 from ..keys import parse_combo
 from ..schemas import actions as a
 
-__all__ = ["Plan", "build", "check_keys", "type_actions"]
+__all__ = ["Plan", "build", "check_keys", "check_points", "type_actions"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -66,3 +66,24 @@ def check_keys(combos: Iterable[str]) -> None:
     """Reject unknown key names before anything runs, so a bad key never half-acts."""
     for combo in combos:
         parse_combo(combo)
+
+
+def _points(action: a.Action) -> Iterable[tuple[int | None, int | None]]:
+    match action:
+        case a.Click() | a.Move() | a.MouseDown() | a.MouseUp() | a.Scroll():
+            yield action.x, action.y
+        case a.Drag():
+            yield from action.path
+        case _:
+            return
+
+
+def check_points(actions: Iterable[a.Action], width: int, height: int) -> None:
+    """Reject a point off the ``width`` x ``height`` space before anything runs: the desktop
+    checks each action's points only when its turn comes, and a vendor's call is one step
+    of its model, which retries the whole call (a batch's text typed twice)."""
+    for action in actions:
+        for x, y in _points(action):
+            if x is not None and y is not None and not (0 <= x < width and 0 <= y < height):
+                # The desktop's own words (deskbox_agent.desktop.space).
+                raise InvalidAction(f"point ({x}, {y}) is outside the {width}x{height} screen")
