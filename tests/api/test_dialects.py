@@ -572,6 +572,32 @@ def test_openai_drag(
     assert pressed == spots[1:]
 
 
+def test_openai_drag_and_move_hold_keys(
+    client: httpx.Client, session: dict[str, Any], page: EventPage, at: Any
+) -> None:
+    """``keys`` of a drag or a move (OpenAI's schema has them: a shift-drag extends a
+    selection, a ctrl-drag copies) are held from the press to the release, then let go."""
+    page.clear()
+    spots = [(450, 330), (600, 380), (750, 430)]
+    path = [dict(zip(("x", "y"), at(*spot), strict=True)) for spot in spots]
+    output_image(gpt(client, session, {"type": "drag", "path": path, "keys": ["SHIFT"]}))
+    up = page.wait_for("mouseup")[0]
+    down = page.events("mousedown")[0]
+    pressed = [e for e in page.events("mousemove") if e["buttons"] == 1]
+    assert (client_xy(down), held(down)) == (spots[0], {"shift"})
+    assert [(client_xy(e), held(e)) for e in pressed] == [(s, {"shift"}) for s in spots[1:]]
+    assert (client_xy(up), held(up)) == (spots[-1], {"shift"})
+    page.clear()
+    x, y = at(777, 444)
+    output_image(gpt(client, session, {"type": "move", "x": x, "y": y, "keys": ["CTRL"]}))
+    move = page.wait_for("mousemove")[-1]
+    assert (client_xy(move), held(move)) == ((777, 444), {"ctrl"})
+    page.clear()
+    x, y = at(700, 500)
+    gpt(client, session, {"type": "move", "x": x, "y": y})
+    assert held(page.wait_for("mousemove")[-1]) == set()
+
+
 def test_openai_whole_computer_call_and_batched_actions(
     client: httpx.Client, session: dict[str, Any], page: EventPage, at: Any
 ) -> None:
@@ -612,7 +638,9 @@ def test_openai_whole_computer_call_and_batched_actions(
         ({"type": "keypress", "keys": []}, "keys"),
         ({"type": "scroll", "x": 1, "y": 1, "scroll_y": 10**9}, "scroll_y"),
         ({"type": "drag", "path": [{"x": 1, "y": 1}]}, "path"),
-        ({"type": "move", "x": 1, "y": 1, "keys": ["SHIFT"]}, "not supported"),
+        ({"type": "move", "x": 1, "y": 1, "keys": ["HYPERSHIFT"]}, "unknown key"),
+        ({"type": "drag", "path": [{"x": 1, "y": 1}, {"x": 2, "y": 2}], "keys": ["NOKEY"]},
+         "unknown key"),
         ({"type": "type"}, "text"),
         ({"call_id": "c", "action": {"type": "wait"}, "actions": [{"type": "wait"}]},
          "either action or actions"),

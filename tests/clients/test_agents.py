@@ -389,7 +389,7 @@ OPENAI_MALFORMED = [
     {"type": "click", "button": "left"}, {"type": "teleport"},
     {"type": "drag", "path": [{"x": 1, "y": 1}]}, {"type": "keypress", "keys": []},
     {"type": "click", "button": "thumb", "x": 1, "y": 1},
-    {"type": "move", "x": 1, "y": 1, "keys": ["SHIFT"]}, {"type": "type", "text": None},
+    {"type": "move", "x": 1, "y": 1, "keys": ["HYPERSHIFT"]}, {"type": "type", "text": None},
 ]
 
 
@@ -410,6 +410,10 @@ def test_openai_malformed_actions_answer_the_screen_and_say_why(
     output, message = tool.execute({"type": "computer_call", "call_id": "c2", "actions": [
         {"type": "type", "text": "zz"}, {"type": "keypress", "keys": ["NOKEY"]}]})
     assert "NOKEY" in message["content"][0]["text"]
+    output, message = tool.execute({"type": "computer_call", "call_id": "c2", "actions": [
+        {"type": "type", "text": "zz"}, {"type": "click", "button": "left", "x": MODEL[0],
+                                         "y": 1}]})
+    assert "is outside the" in message["content"][0]["text"]
     output, message = tool.execute({"type": "computer_call", "call_id": "c3"})
     assert "either action or actions" in message["content"][0]["text"]
     time.sleep(0.2)

@@ -9,7 +9,8 @@ had one, and always a screenshot, taken once the screen has settled after the la
 Translation:
 
 - ``click`` buttons ``left|right|wheel|back|forward`` (``wheel`` is the middle button);
-  ``keys`` on click, double_click and scroll are key names held meanwhile.
+  ``keys`` on click, double_click, scroll, move and drag are key names held meanwhile (a
+  drag's from before its press to after its release).
 - ``scroll``: ``scroll_x`` / ``scroll_y`` are pixels (positive: right / down). Our wheel
   moves in notches: ``PIXELS_PER_NOTCH`` = 100 px per notch, rounded away from zero, so any
   non-zero distance scrolls at least one notch (250 px → 3 notches, -40 px → -1).
@@ -18,7 +19,6 @@ Translation:
   are matched without regard to case, and a single letter means its key (``["CTRL", "A"]``
   is ctrl+a; ``["SHIFT", "A"]`` types a capital A).
 - ``wait`` waits ``WAIT_MS`` (1 s); ``screenshot`` does nothing but the answer.
-- ``move`` and ``drag`` cannot hold keys here: non-empty ``keys`` on them is a 422.
 
 Unknown fields are ignored (vendors add fields; rejecting them would break clients).
 """
@@ -31,7 +31,6 @@ from typing import Annotated, Any, Literal, assert_never
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..errors import InvalidRequest
 from ..media import EncodedImage
 from ..schemas import actions as a
 from ..schemas.scalars import IntOnly
@@ -214,11 +213,6 @@ def _held(keys: list[str] | None) -> list[str]:
     return names
 
 
-def _no_keys(action: MoveAction | DragAction) -> None:
-    if action.keys:
-        raise InvalidRequest(f"holding keys during {action.type} is not supported")
-
-
 def _translate(action: ComputerAction) -> tuple[a.Action, ...]:
     match action:
         case ClickAction():
@@ -240,11 +234,10 @@ def _translate(action: ComputerAction) -> tuple[a.Action, ...]:
         case ScreenshotAction():
             return ()
         case MoveAction():
-            _no_keys(action)
-            return (build(a.Move, x=action.x, y=action.y),)
+            return (build(a.Move, x=action.x, y=action.y, modifiers=_held(action.keys)),)
         case DragAction():
-            _no_keys(action)
-            return (build(a.Drag, path=[(p.x, p.y) for p in action.path]),)
+            return (build(a.Drag, path=[(p.x, p.y) for p in action.path],
+                          modifiers=_held(action.keys)),)
         case _:
             assert_never(action)
 

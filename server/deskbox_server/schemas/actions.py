@@ -116,6 +116,7 @@ class Move(_Strict):
     type: Literal["move"] = "move"
     x: Coordinate
     y: Coordinate
+    modifiers: Annotated[list[str], Field(max_length=8)] = []
 
 
 class MouseDown(_Strict):
@@ -138,6 +139,7 @@ class Drag(_Strict):
         list[tuple[Coordinate, Coordinate]], Field(min_length=2, max_length=MAX_DRAG_POINTS)
     ]
     button: MouseButton = "left"
+    modifiers: Annotated[list[str], Field(max_length=8)] = []
 
 
 class Scroll(_Strict):

@@ -107,6 +107,7 @@ class Click:
 class Move:
     x: int
     y: int
+    modifiers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,7 @@ class MouseUp:
 class Drag:
     path: tuple[tuple[int, int], ...]
     button: Button = "left"
+    modifiers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -348,13 +350,14 @@ _PARSERS: dict[str, tuple[tuple[str, ...], Callable[[_Fields], Action]]] = {
     "click": (("x", "y", "button", "count", "modifiers"), lambda f: Click(
         f.integer("x", *_COORD), f.integer("y", *_COORD), f.choice("button", _BUTTONS, "left"),
         f.integer("count", 1, 3, 1), f.modifiers())),
-    "move": (("x", "y"), lambda f: Move(f.integer("x", *_COORD, _REQUIRED),
-                                        f.integer("y", *_COORD, _REQUIRED))),
+    "move": (("x", "y", "modifiers"), lambda f: Move(
+        f.integer("x", *_COORD, _REQUIRED), f.integer("y", *_COORD, _REQUIRED), f.modifiers())),
     "mouse_down": (("button", "x", "y"), lambda f: MouseDown(
         f.choice("button", _BUTTONS, "left"), f.integer("x", *_COORD), f.integer("y", *_COORD))),
     "mouse_up": (("button", "x", "y"), lambda f: MouseUp(
         f.choice("button", _BUTTONS, "left"), f.integer("x", *_COORD), f.integer("y", *_COORD))),
-    "drag": (("path", "button"), lambda f: Drag(_path(f), f.choice("button", _BUTTONS, "left"))),
+    "drag": (("path", "button", "modifiers"), lambda f: Drag(
+        _path(f), f.choice("button", _BUTTONS, "left"), f.modifiers())),
     "scroll": (("x", "y", "dx", "dy", "modifiers"), lambda f: Scroll(
         f.integer("x", *_COORD), f.integer("y", *_COORD), f.integer("dx", -1000, 1000, 0),
         f.integer("dy", -1000, 1000, 0), f.modifiers())),

@@ -63,14 +63,14 @@ MAX_BATCH_REPLY_BYTES = 256 * 1024 * 1024
 
 def sends_without_waiting(action: a.Action) -> bool:
     """True for a pointer action whose events go out in one go, with no wait between
-    them and none after but the X server's round trip: a single click without modifiers,
-    a move, a button going down or up, a few wheel notches. (Modifiers may have to borrow
-    a keycode and wait for clients to re-read the mapping; a double click waits between
-    its clicks.)"""
+    them and none after but the X server's round trip: a single click or a move without
+    modifiers, a button going down or up, a few wheel notches. (Modifiers may have to
+    borrow a keycode and wait for clients to re-read the mapping; a double click waits
+    between its clicks.)"""
     match action:
-        case a.Click(count=1, modifiers=()):
+        case a.Click(count=1, modifiers=()) | a.Move(modifiers=()):
             return True
-        case a.Move() | a.MouseDown() | a.MouseUp():
+        case a.MouseDown() | a.MouseUp():
             return True
         case a.Scroll(modifiers=()):
             return abs(action.dx) + abs(action.dy) <= _MAX_QUICK_NOTCHES
@@ -405,7 +405,9 @@ class Desktop:
                 with self.keyboard.held(action.modifiers):
                     self.pointer.click(action.button, action.count)
             case a.Move():
-                self.pointer.move(*space.to_screen(action.x, action.y))
+                point = space.to_screen(action.x, action.y)
+                with self.keyboard.held(action.modifiers):
+                    self.pointer.move(*point)
             case a.MouseDown():
                 self._move_if(action.x, action.y, space)
                 self.pointer.down(action.button)
@@ -465,7 +467,13 @@ class Desktop:
     def _drag(self, action: a.Drag, space: Space) -> None:
         points = [space.to_screen(x, y) for x, y in action.path]
         self.pointer.move(*points[0])
-        self.pointer.down(action.button)
+        # Held from before the press to after the release: a page reads a shift-drag
+        # (extend the selection) or a ctrl-drag (copy) from the press and the release.
+        with self.keyboard.held(action.modifiers):
+            self._press_along(action.button, points)
+
+    def _press_along(self, button: a.Button, points: list[tuple[int, int]]) -> None:
+        self.pointer.down(button)
         try:
             for point in points[1:]:
                 self.pointer.sync()
@@ -479,7 +487,7 @@ class Desktop:
             self.pointer.sync()
             time.sleep(self.settle_options.drag_step_s)
         finally:
-            self.pointer.up(action.button)
+            self.pointer.up(button)
 
     # -- screenshots ----------------------------------------------------------------------
 
