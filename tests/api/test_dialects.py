@@ -484,6 +484,21 @@ def test_openai_scroll_pixels_become_notches(
     assert all(client_xy(w) == (700, 450) for w in page.events("wheel"))
 
 
+def test_openai_scroll_distances_are_in_the_coordinate_space(
+    client: httpx.Client, session: dict[str, Any], page: EventPage, at: Any
+) -> None:
+    """A model told of a 640x400 display scrolls by its own pixels: 100 of them are 200 of
+    the 1280x800 screen, 2 notches (and -150 are -300, 3 notches left)."""
+    page.clear()
+    x, y = at(700, 450)
+    output = gpt(client, session, {
+        "type": "scroll", "x": x // 2, "y": y // 2, "scroll_x": -150, "scroll_y": 100,
+    }, coordinate_space="640x400")
+    assert output["output"]["type"] == "computer_screenshot"
+    px = (-3 * PX_PER_NOTCH, 2 * PX_PER_NOTCH)
+    assert wait_wheel_total(page, px) == px
+
+
 def test_openai_scroll_holds_keys(
     client: httpx.Client, session: dict[str, Any], page: EventPage, at: Any
 ) -> None:

@@ -24,6 +24,7 @@ from ..errors import Internal, InvalidRequest
 from ..media import EncodedImage
 from ..schemas import actions as a
 from ..schemas.results import Point
+from ..sessions.session import Session
 from .actions import SIZE_PATTERN, parse_size
 from .deps import Caller, get_services
 from .errors import validation_message
@@ -61,19 +62,26 @@ def _settled(response: Response) -> dict[str, str]:
     return {SETTLED_HEADER: value} if value is not None else {}
 
 
+async def _session(request: Request, caller: Caller, session_id: str) -> Session:
+    return await get_services(request).manager.session(caller.key_id, session_id)
+
+
+def _space(session: Session, view: a.CoordinateSpace | None) -> tuple[int, int]:
+    """The size of the space the model's coordinates are in: the request's, the session's,
+    else the screen's."""
+    body = session.record.body
+    space = view or body.coordinate_space or body.display
+    return space.width, space.height
+
+
 async def _answer(
-    request: Request,
     response: Response,
-    caller: Caller,
-    session_id: str,
+    session: Session,
     plan: Plan,
     view: a.CoordinateSpace | None,
 ) -> EncodedImage | Point:
     """Run the plan through the session's worker, as ``POST /actions`` does."""
-    session = await get_services(request).manager.session(caller.key_id, session_id)
-    body = session.record.body
-    space = view or body.coordinate_space or body.display
-    check_points(plan.actions, space.width, space.height)
+    check_points(plan.actions, *_space(session, view))
     batch = await session.act(plan.actions, view, plan.screenshot)
     if plan.screenshot is not None and batch.screenshot is not None:
         response.headers[SETTLED_HEADER] = "true" if batch.settled else "false"
@@ -102,7 +110,7 @@ async def run_anthropic(
     """The ``input`` of a ``computer`` tool_use block (computer_20250124 / 20251124)."""
     view = _view(coordinate_space)
     plan = anthropic.to_plan(tool_input, a.Screenshot(format=format, quality=quality))
-    answer = await _answer(request, response, caller, session_id, plan, view)
+    answer = await _answer(response, await _session(request, caller, session_id), plan, view)
     if isinstance(answer, Point) or encodes_on_loop([answer]):
         return anthropic.render(answer)
     return await json_on_thread(lambda: anthropic.render(answer), exclude_none=False,
@@ -127,8 +135,12 @@ async def run_openai(
 ) -> openai.ComputerCallOutput | Response:
     """The ``action`` of a ``computer_call``, or ``{"call_id", "action" | "actions"}``."""
     view = _view(coordinate_space)
-    plan = openai.to_plan(call, a.Screenshot(format=format, quality=quality))
-    answer = await _answer(request, response, caller, session_id, plan, view)
+    session = await _session(request, caller, session_id)
+    width, height = _space(session, view)
+    screen = session.record.body.display
+    plan = openai.to_plan(call, a.Screenshot(format=format, quality=quality),
+                          (screen.width / width, screen.height / height))
+    answer = await _answer(response, session, plan, view)
     if not isinstance(answer, EncodedImage):
         raise Internal("the desktop answered without a screenshot")
     if encodes_on_loop([answer]):

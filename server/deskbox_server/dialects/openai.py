@@ -11,9 +11,10 @@ Translation:
 - ``click`` buttons ``left|right|wheel|back|forward`` (``wheel`` is the middle button);
   ``keys`` on click, double_click, scroll, move and drag are key names held meanwhile (a
   drag's from before its press to after its release).
-- ``scroll``: ``scroll_x`` / ``scroll_y`` are pixels (positive: right / down). Our wheel
-  moves in notches: ``PIXELS_PER_NOTCH`` = 100 px per notch, rounded away from zero, so any
-  non-zero distance scrolls at least one notch (250 px → 3 notches, -40 px → -1).
+- ``scroll``: ``scroll_x`` / ``scroll_y`` are pixels (positive: right / down) of the
+  model's coordinate space, as its ``x`` and ``y`` are. Our wheel moves in notches:
+  ``PIXELS_PER_NOTCH`` = 100 screen px per notch, rounded away from zero, so any non-zero
+  distance scrolls at least one notch (250 px → 3 notches, -40 px → -1).
 - ``keypress``: ``keys`` are pressed together, in order, and released in reverse. Names
   come upper-case (``CTRL``, ``SHIFT``, ``ENTER``, ``ARROWLEFT``, ``SPACE``, ``A``): names
   are matched without regard to case, and a single letter means its key (``["CTRL", "A"]``
@@ -213,7 +214,7 @@ def _held(keys: list[str] | None) -> list[str]:
     return names
 
 
-def _translate(action: ComputerAction) -> tuple[a.Action, ...]:
+def _translate(action: ComputerAction, scale: tuple[float, float]) -> tuple[a.Action, ...]:
     match action:
         case ClickAction():
             return (build(a.Click, x=action.x, y=action.y, button=_BUTTONS[action.button],
@@ -222,8 +223,10 @@ def _translate(action: ComputerAction) -> tuple[a.Action, ...]:
             return (build(a.Click, x=action.x, y=action.y, count=2,
                           modifiers=_held(action.keys)),)
         case ScrollAction():
-            return (build(a.Scroll, x=action.x, y=action.y, dx=notches(action.scroll_x),
-                          dy=notches(action.scroll_y), modifiers=_held(action.keys)),)
+            dx = notches(round(action.scroll_x * scale[0]))
+            dy = notches(round(action.scroll_y * scale[1]))
+            return (build(a.Scroll, x=action.x, y=action.y, dx=dx, dy=dy,
+                          modifiers=_held(action.keys)),)
         case TypeAction():
             return type_actions(action.text)
         case KeypressAction():
@@ -242,9 +245,15 @@ def _translate(action: ComputerAction) -> tuple[a.Action, ...]:
             assert_never(action)
 
 
-def to_plan(call: ComputerCall, shot: a.Screenshot) -> Plan:
-    """Every action of the call in order, then a settled screenshot (just one if none act)."""
-    actions = tuple(ours for action in call.all_actions() for ours in _translate(action))
+def to_plan(
+    call: ComputerCall, shot: a.Screenshot, scale: tuple[float, float] = (1.0, 1.0)
+) -> Plan:
+    """Every action of the call in order, then a settled screenshot (just one if none act).
+
+    ``scale``: screen pixels per pixel of the model's coordinate space (x, y), which its
+    scroll distances are in: a model told of a display half the screen's size scrolls by
+    its own pixels, twice as many of the screen's."""
+    actions = tuple(ours for action in call.all_actions() for ours in _translate(action, scale))
     return Plan(actions, shot) if actions else Plan((shot,))
 
 
