@@ -66,6 +66,16 @@ async def test_typing_ascii_and_unicode_reaches_the_dom_exactly(page: Page) -> N
     assert page.value() == text
 
 
+async def test_every_line_break_is_typed_whatever_its_spelling(page: Page) -> None:
+    """A lone carriage return (old Mac text, or a model that ends a line with it) was
+    dropped: "b\\rc" came out "bc". Each of \\n, \\r\\n and \\r is one Return."""
+    await page.focus_field()
+    await page.desk.run([a.TypeText(text="a\r\nb\rc\nd\r")])
+    expected = "a\nb\nc\nd\n"
+    await page.until(f"document.getElementById('field').value === {expected!r}")
+    assert page.value() == expected
+
+
 async def test_concurrent_batches_run_one_at_a_time_in_order(page: Page) -> None:
     await page.focus_field()
     # The first batch waits before it types: the second, sent while it waits, must not

@@ -226,7 +226,10 @@ class Keyboard:
 
     def type_text(self, text: str) -> None:
         self._refresh()
-        keysyms = [char_keysym(char) for char in text if char != "\r"]
+        # Every spelling of a line break is one Return: \r\n (Windows) and a lone \r
+        # (old Mac text, or a model that ends its lines so) as \n is.
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+        keysyms = [char_keysym(char) for char in text]
         for chunk in self._chunks(keysyms):
             self._refresh()
             lent = self._borrow(chunk)
