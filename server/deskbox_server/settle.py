@@ -60,8 +60,10 @@ def batch_allowance_s(
                 total += _KEY_WAITS_S + len(action.text) * _PER_CHAR_S
             case a.Drag():
                 total += len(action.path) * (settle.drag_step_s + 0.005)
+                if action.modifiers:
+                    total += _KEY_WAITS_S
             case a.ClipboardGet() | a.ClipboardSet():
                 total += _CLIPBOARD_S
-            case a.Click() | a.Scroll() if action.modifiers:
+            case a.Click() | a.Scroll() | a.Move() if action.modifiers:
                 total += _KEY_WAITS_S
     return total

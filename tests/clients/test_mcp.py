@@ -154,6 +154,10 @@ async def _exercise(client: ClientSession, server: Server, created_ids: list[str
     assert "404 not_found" in missing
     bad_key = error_text(await call(client, "key", session_id=session_id, keys="Hyper_Banana"))
     assert "422 invalid_request" in bad_key and "Hyper_Banana" in bad_key
+    held = error_text(await call(client, "drag", session_id=session_id,
+                                 path=[[10, 10], [20, 20]], modifiers=["Hyper_Banana"]))
+    assert "422 invalid_request" in held and "Hyper_Banana" in held
+    ok_text(await call(client, "move", session_id=session_id, x=20, y=30, modifiers=["shift"]))
     off_screen = error_text(await call(client, "move", session_id=session_id, x=5000, y=1))
     assert "outside" in off_screen
     wrong_type = await call(client, "move", session_id=session_id, x="left", y=1)

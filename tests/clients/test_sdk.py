@@ -368,6 +368,11 @@ def test_create_act_screenshot_delete(box: Deskbox, session: Session) -> None:
     session.move(300, 300)
     session.scroll(300, 300, dy=1)
     session.drag([(10, 300), (50, 320)])
+    # Keys held during a move and a drag reach the desktop: a name it lacks is refused.
+    session.move(310, 300, modifiers=["shift"])
+    session.drag([(10, 300), (50, 320)], modifiers=["ctrl"])
+    with pytest.raises(UnprocessableEntity, match="Hyper_Banana"):
+        session.drag([(10, 300), (50, 320)], modifiers=["Hyper_Banana"])
     result = session.act(
         [{"type": "move", "x": 50, "y": 320}, {"type": "cursor_position"},
          {"type": "screen_size"}],

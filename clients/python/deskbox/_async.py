@@ -295,8 +295,12 @@ class AsyncSession(SessionBase[AsyncDeskbox]):
     ) -> None:
         await self.act(b.click(x, y, button, count, modifiers), timeout=timeout)
 
-    async def move(self, x: int, y: int, *, timeout: float | None = None) -> None:
-        await self.act(b.move(x, y), timeout=timeout)
+    async def move(
+        self, x: int, y: int, *, modifiers: Sequence[str] | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """``modifiers``: keys held during the move (``["shift"]``)."""
+        await self.act(b.move(x, y, modifiers), timeout=timeout)
 
     async def type(self, text: str, *, timeout: float | None = None) -> None:
         await self.act(b.type_text(text), timeout=timeout)
@@ -314,9 +318,11 @@ class AsyncSession(SessionBase[AsyncDeskbox]):
 
     async def drag(
         self, path: Sequence[tuple[int, int]], *, button: str = "left",
-        timeout: float | None = None,
+        modifiers: Sequence[str] | None = None, timeout: float | None = None,
     ) -> None:
-        await self.act(b.drag(path, button), timeout=timeout)
+        """``modifiers``: keys held from before the press to after the release (a
+        shift-drag extends a selection)."""
+        await self.act(b.drag(path, button, modifiers), timeout=timeout)
 
     async def act_anthropic(
         self,

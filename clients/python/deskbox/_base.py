@@ -632,8 +632,8 @@ def click(x: int | None, y: int | None, button: str, count: int,
                       modifiers=list(modifiers) if modifiers else None)
 
 
-def move(x: int, y: int) -> dict[str, Any]:
-    return {"type": "move", "x": x, "y": y}
+def move(x: int, y: int, modifiers: Sequence[str] | None) -> dict[str, Any]:
+    return _drop_none(type="move", x=x, y=y, modifiers=list(modifiers) if modifiers else None)
 
 
 def type_text(text: str) -> dict[str, Any]:
@@ -650,8 +650,10 @@ def scroll(x: int | None, y: int | None, dx: int, dy: int,
                       modifiers=list(modifiers) if modifiers else None)
 
 
-def drag(path: Sequence[tuple[int, int]], button: str) -> dict[str, Any]:
-    return {"type": "drag", "path": [[int(x), int(y)] for x, y in path], "button": button}
+def drag(path: Sequence[tuple[int, int]], button: str,
+         modifiers: Sequence[str] | None) -> dict[str, Any]:
+    return _drop_none(type="drag", path=[[int(x), int(y)] for x, y in path], button=button,
+                      modifiers=list(modifiers) if modifiers else None)
 
 
 def ws_message(message_id: int, action: Action, screenshot: ScreenshotOption,

@@ -293,8 +293,12 @@ class Session(SessionBase[Deskbox]):
     ) -> None:
         self.act(b.click(x, y, button, count, modifiers), timeout=timeout)
 
-    def move(self, x: int, y: int, *, timeout: float | None = None) -> None:
-        self.act(b.move(x, y), timeout=timeout)
+    def move(
+        self, x: int, y: int, *, modifiers: Sequence[str] | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """``modifiers``: keys held during the move (``["shift"]``)."""
+        self.act(b.move(x, y, modifiers), timeout=timeout)
 
     def type(self, text: str, *, timeout: float | None = None) -> None:
         self.act(b.type_text(text), timeout=timeout)
@@ -312,9 +316,11 @@ class Session(SessionBase[Deskbox]):
 
     def drag(
         self, path: Sequence[tuple[int, int]], *, button: str = "left",
-        timeout: float | None = None,
+        modifiers: Sequence[str] | None = None, timeout: float | None = None,
     ) -> None:
-        self.act(b.drag(path, button), timeout=timeout)
+        """``modifiers``: keys held from before the press to after the release (a
+        shift-drag extends a selection)."""
+        self.act(b.drag(path, button, modifiers), timeout=timeout)
 
     def act_anthropic(
         self,

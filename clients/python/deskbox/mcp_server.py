@@ -193,19 +193,21 @@ class DeskboxTools:
         action = _drop_none(type="click", x=x, y=y, button="left", count=2)
         return await self._act(session_id, action, screenshot)
 
-    async def move(self, session_id: SessionId, x: int, y: int, screenshot: Shot = False,
-                   ) -> Content:
+    async def move(self, session_id: SessionId, x: int, y: int, modifiers: Keys = None,
+                   screenshot: Shot = False) -> Content:
         """Move the pointer to (x, y)."""
-        return await self._act(session_id, {"type": "move", "x": x, "y": y}, screenshot)
+        action = _drop_none(type="move", x=x, y=y, modifiers=modifiers)
+        return await self._act(session_id, action, screenshot)
 
     async def drag(
         self, session_id: SessionId,
         path: Annotated[list[tuple[int, int]], Field(
             min_length=2, description="Points [[x, y], ...] from press to release.")],
-        button: Button = "left", screenshot: Shot = False,
+        button: Button = "left", modifiers: Keys = None, screenshot: Shot = False,
     ) -> Content:
         """Press at the first point, move through the others, release at the last."""
-        action = {"type": "drag", "path": [list(p) for p in path], "button": button}
+        action = _drop_none(type="drag", path=[list(p) for p in path], button=button,
+                            modifiers=modifiers)
         return await self._act(session_id, action, screenshot)
 
     async def mouse_down(self, session_id: SessionId, x: X = None, y: Y = None,
