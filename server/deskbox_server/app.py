@@ -60,7 +60,7 @@ def default_engines(settings: Settings) -> dict[str, AnyEngine]:
         VmEngine.name: vm_engine,
         "docker": docker_engine,
         "kubernetes": kubernetes_engine,
-        LocalEngine.name: lambda _: LocalEngine(),
+        LocalEngine.name: lambda s: LocalEngine(s.state_dir),
     }
     unknown = sorted(set(settings.backends) - set(known))
     if unknown:

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["ProcessSet", "become_subreaper"]
+__all__ = ["ProcessSet", "become_subreaper", "kill_owned"]
 
 
 @dataclass
@@ -28,6 +29,9 @@ class ProcessSet:
     # Inherited by every descendant, even those that leave our process groups (Chromium's
     # crash handler calls setsid), so stop() can find them all in /proc.
     marker: str = field(default_factory=lambda: f"DESKBOX_PROCESS_SET={uuid.uuid4().hex}")
+    # Whose desktops these are (a server's state dir, hashed), inherited alike: a server
+    # killed outright leaves them running, and the next one finds them by it (kill_owned).
+    owner: str | None = None
 
     def spawn(
         self,
@@ -39,7 +43,8 @@ class ProcessSet:
     ) -> subprocess.Popen[bytes]:
         popen = subprocess.Popen(
             list(argv),
-            env={**env, _MARKER_NAME: self.marker.split("=", 1)[1]},
+            env={**env, _MARKER_NAME: self.marker.split("=", 1)[1],
+                 **({_OWNER_NAME: self.owner} if self.owner is not None else {})},
             cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -95,6 +100,7 @@ class ProcessSet:
 
 
 _MARKER_NAME = "DESKBOX_PROCESS_SET"
+_OWNER_NAME = "DESKBOX_PROCESS_OWNER"
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -105,6 +111,28 @@ def become_subreaper() -> None:
     """
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def kill_owned(owner: str, spare: Collection[str] = (), timeout_s: float = 2.0) -> int:
+    """SIGKILL every process of desktops of ``owner`` (ProcessSet.owner) but those of the
+    sets whose markers are in ``spare``; how many there were. What a server killed
+    outright left: its processes were reparented away from it, and nobody ends them."""
+    entry = f"{_OWNER_NAME}={owner}".encode()
+    spared = {marker.encode() for marker in spare}
+    deadline = time.monotonic() + timeout_s
+    killed: set[int] = set()
+    while time.monotonic() < deadline:
+        pids = [pid for pid, environ in _environs() if entry in environ
+                and spared.isdisjoint(environ)]
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        killed.update(pids)
+        time.sleep(0.01)  # the kernel needs a moment to tear the killed processes down
+    _reap_orphans()
+    return len(killed)
 
 
 def _reap_orphans() -> None:
@@ -131,17 +159,20 @@ def _reap_orphans() -> None:
 
 def _pids_with_environ(entry: bytes) -> list[int]:
     """Live processes whose environment holds ``entry`` (zombies have an empty environ)."""
-    found: list[int] = []
+    return [pid for pid, environ in _environs() if entry in environ]
+
+
+def _environs() -> Iterator[tuple[int, list[bytes]]]:
+    """Every process's pid and environment entries (a zombie's are empty)."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/environ", "rb") as environ:
-                if entry in environ.read().split(b"\0"):
-                    found.append(int(name))
+                entries = environ.read().split(b"\0")
         except OSError:
             continue
-    return found
+        yield int(name), entries
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

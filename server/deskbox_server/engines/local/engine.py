@@ -9,14 +9,20 @@ desktop is driven through its agent like a sandbox's; the host itself speaks no 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import logging
+from collections.abc import Collection
+from pathlib import Path
 from typing import ClassVar
 
 from ...errors import DesktopFailed
 from ..base import AgentStream, Engine, SessionSpec
 from ..in_thread import made_in_thread
-from .sandbox import LocalSandbox
+from .sandbox import LocalSandbox, remove_owned
 
 __all__ = ["LocalEngine"]
+
+log = logging.getLogger("deskbox.local")
 
 
 class LocalEngine(Engine[LocalSandbox]):
@@ -26,9 +32,27 @@ class LocalEngine(Engine[LocalSandbox]):
         "commands or touches files on the host for a session); use the container engine"
     )
 
+    def __init__(self, state_dir: Path | None = None) -> None:
+        """``state_dir``: the server's; its desktops are marked with it, so that the next
+        server on it ends those a server killed outright left running (remove_orphans)."""
+        self._owner = (hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
+                       if state_dir is not None else None)
+        self._held: set[LocalSandbox] = set()
+
     async def create(self, spec: SessionSpec, timeout_s: float) -> LocalSandbox:
-        return await made_in_thread(lambda: LocalSandbox(spec.desktop, timeout_s),
-                                    LocalSandbox.stop)
+        sandbox = await made_in_thread(
+            lambda: LocalSandbox(spec.desktop, timeout_s, owner=self._owner), LocalSandbox.stop)
+        self._held.add(sandbox)
+        return sandbox
+
+    async def remove_orphans(self, keep: Collection[str]) -> list[str]:
+        # Its desktops are not adopted (nothing to keep) and have no session ids of their
+        # own: the processes are counted, not named.
+        if self._owner is not None:
+            owner, held = self._owner, list(self._held)
+            if killed := await asyncio.to_thread(remove_owned, owner, held):
+                log.info("ended %d processes of local desktops a previous server left", killed)
+        return []
 
     async def started(self, sandbox: LocalSandbox, timeout_s: float) -> None:
         # The browser picks its DevTools port (the host's loopback is shared).
@@ -45,4 +69,5 @@ class LocalEngine(Engine[LocalSandbox]):
         await asyncio.to_thread(sandbox.processes.stop)
 
     async def destroy(self, sandbox: LocalSandbox) -> None:
+        self._held.discard(sandbox)
         await asyncio.to_thread(sandbox.stop)

@@ -16,7 +16,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from ...errors import DesktopFailed, Timeout
@@ -29,11 +29,12 @@ from ..desktop_commands import (
     xserver_argv,
 )
 from ..fd_wait import readable
-from ..processes import ProcessSet, become_subreaper
+from ..processes import ProcessSet, become_subreaper, kill_owned
 
-__all__ = ["AGENT_SOCKET", "LocalSandbox", "agent_package_dir"]
+__all__ = ["AGENT_SOCKET", "LocalSandbox", "agent_package_dir", "remove_owned"]
 
 AGENT_SOCKET = "agent.sock"  # in the desktop's private directory
+_WORKDIR_PREFIX = "deskbox-desktop-"
 _POLL_S = 0.01
 
 
@@ -55,7 +56,8 @@ def agent_package_dir() -> Path:
 class LocalSandbox(Sandbox):
     """Starts the desktop's processes; it does not wait for them to be ready (the agent's
     ``ready`` call does, by X events). With ``agent``, the agent listens on
-    :attr:`agent_socket` once the constructor returns."""
+    :attr:`agent_socket` once the constructor returns. ``owner``: whose desktop it is (a
+    server's), for :func:`remove_owned` once that owner is gone."""
 
     def __init__(
         self,
@@ -63,12 +65,13 @@ class LocalSandbox(Sandbox):
         start_timeout_s: float = 30.0,
         browser: bool = True,
         agent: bool = True,
+        owner: str | None = None,
     ) -> None:
         self.spec = spec or DesktopSpec()
         become_subreaper()
-        self.processes = ProcessSet()
+        self.processes = ProcessSet(owner=owner)
         # mkdtemp makes it 0700: no other user reaches the agent's socket or the profile.
-        self.workdir = Path(tempfile.mkdtemp(prefix="deskbox-desktop-"))
+        self.workdir = Path(tempfile.mkdtemp(prefix=_workdir_prefix(owner)))
         self.agent_socket = self.workdir / AGENT_SOCKET
         self.profile = self.workdir / "chromium-profile"
         self.timings: dict[str, float] = {}
@@ -204,3 +207,18 @@ class LocalSandbox(Sandbox):
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+def _workdir_prefix(owner: str | None) -> str:
+    return f"{_WORKDIR_PREFIX}{owner}-" if owner is not None else _WORKDIR_PREFIX
+
+
+def remove_owned(owner: str, spare: Collection[LocalSandbox] = ()) -> int:
+    """Kill the processes and remove the private directories of ``owner``'s desktops but
+    ``spare``: what a server killed outright left running, unowned. How many processes."""
+    killed = kill_owned(owner, [sandbox.processes.marker for sandbox in spare])
+    kept = {sandbox.workdir for sandbox in spare}
+    for workdir in Path(tempfile.gettempdir()).glob(_workdir_prefix(owner) + "*"):
+        if workdir not in kept and workdir.is_dir() and not workdir.is_symlink():
+            shutil.rmtree(workdir, ignore_errors=True)
+    return killed
