@@ -34,6 +34,7 @@ from ...errors import DeskboxError, Internal, SessionFailed, Timeout
 from ..base import AgentStream, Capability, Engine, SessionSpec
 from ..exit_note import exit_note
 from ..image import OCI_ARCHIVE, build_off_loop
+from ..in_thread import answered
 from ..runc.displays import mount_tmpfs, unmount
 from ..runc.seccomp import PODMAN_PROFILE, SeccompProfile, seccomp_profile
 from .agent_socket import agent_socket_ready, connect_agent
@@ -159,7 +160,9 @@ class DockerEngine(Engine[DockerSandbox]):
                 self.image, spec.desktop, sandbox.socket_dir, limits, self._seccomp,
                 {LABEL_SESSION: spec.id, LABEL_SERVER: self.tag},
                 bind_flags=self.daemon.is_podman, cgroups=self.daemon.has_cgroups)
-            sandbox.container_id = await self.daemon.create(sandbox.name, body)
+            # Cancelled midway (a delete of the starting session), the daemon made the
+            # container all the same, after destroy had found none of its name to remove.
+            sandbox.container_id = await answered(self.daemon.create(sandbox.name, body))
             self._sandboxes[spec.id] = sandbox
             await self.daemon.start(sandbox.container_id)
             sandbox.timings["container_started"] = time.monotonic() - started
