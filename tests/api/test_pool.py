@@ -471,3 +471,68 @@ def test_a_pool_whose_first_batches_fail_does_not_starve_the_other_pools(
             assert created.status_code == 201, created.text
             assert created.json()["state"] == "running" and pool.claimed == 1
             client.delete(f"/v1/sessions/{created.json()['id']}")
+
+
+@pytest.mark.skipif(Criu().missing() is not None,
+                    reason="CRIU 4.1 is not installed (scripts/criu.sh)")
+def test_a_snapshot_pool_refuses_what_its_engine_cannot_honour(server: Server) -> None:
+    """A create ``from_snapshot`` with a ``runtime_class`` (which the container engine
+    lacks) is the 422 a cold create gets, and the ready copy stays in the pool. Before,
+    the pool's copy was handed out, running, before the engine's check."""
+    pool = server.services.manager.pool
+    assert pool is not None
+    with server.client(KEY_A) as a, snapshot_of_a_plain_session(server, a) as snapshot:
+        sid = snapshot["id"]
+        try:
+            assert a.put(f"/v1/snapshots/{sid}/pool", json={"size": 1}).status_code == 200
+            deadline = time.monotonic() + 60
+            while a.get(f"/v1/snapshots/{sid}").json()["pool"]["ready"] != 1:
+                assert time.monotonic() < deadline, "the snapshot's pool did not fill"
+                time.sleep(0.1)
+            claimed = pool.claimed
+            cold = a.post("/v1/sessions", json={
+                "from_snapshot": sid, "runtime_class": "gvisor", "resources": {"cpus": 1}})
+            assert_error(cold, 422, "invalid_request")
+            pooled = a.post("/v1/sessions", json={"from_snapshot": sid,
+                                                  "runtime_class": "gvisor"})
+            if pooled.status_code == 201:
+                a.delete(f"/v1/sessions/{pooled.json()['id']}")
+            assert_error(pooled, 422, "invalid_request")
+            assert pooled.json()["error"]["message"] == cold.json()["error"]["message"]
+            assert "runtime_class" in pooled.json()["error"]["message"]
+            assert pool.claimed == claimed
+            assert a.get(f"/v1/snapshots/{sid}").json()["pool"] == {"size": 1, "ready": 1}
+            running = a.get("/v1/sessions", params={"state": "running"}).json()["sessions"]
+            assert [s["id"] for s in running] == [snapshot["session_id"]]
+        finally:
+            a.delete(f"/v1/snapshots/{sid}")
+
+
+def test_a_pool_of_an_engine_without_egress_none_refuses_it(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The local engine offers egress "all" only: a create asking for egress "none" is a
+    422 naming it, pool or not. Before, the warm pool handed out one of its desktops, on
+    the host's network, to the create that asked for none."""
+    settings = Settings(
+        state_dir=tmp_path_factory.mktemp("pool-local"), api_keys=[KEY_A],
+        backends=["local"], default_backend="local", pool_size=1,
+        pool_displays=["1280x800"],
+    )
+    with running_server(settings) as running, running.client() as client:
+        pool = running.services.manager.pool
+        assert pool is not None
+        deadline = time.monotonic() + 60
+        while pool.ready(KEY) < 1:
+            assert time.monotonic() < deadline, "the pool did not fill"
+            time.sleep(0.1)
+        created = client.post("/v1/sessions", json={"network": {"egress": "none"}})
+        if created.status_code == 201:
+            client.delete(f"/v1/sessions/{created.json()['id']}")
+        assert_error(created, 422, "invalid_request")
+        assert "network egress 'none' needs" in created.json()["error"]["message"]
+        assert pool.claimed == 0 and pool.ready(KEY) == 1
+        plain = client.post("/v1/sessions", json={})  # the pool still serves what it can
+        assert plain.status_code == 201, plain.text
+        assert pool.claimed == 1
+        client.delete(f"/v1/sessions/{plain.json()['id']}")

@@ -605,12 +605,6 @@ class SessionManager:
             key = PoolKey.of_body(body, self._settings.default_backend)
         elif body.from_snapshot is not None and body.resources is None and body.network is None:
             key = SnapshotKey(body.from_snapshot, owner, snapshot)  # not a fork's copy
-        if key is not None and self.pool is not None:
-            self.check_capacity(owner)
-            claimed = self.pool.claim(key)
-            if claimed is not None:
-                return await self._adopt_from_pool(owner, body, backend_name, timeout_s,
-                                                   *claimed, idempotency)
         session_id = new_session_id()
         spec = SessionSpec(
             id=session_id,
@@ -623,7 +617,15 @@ class SessionManager:
             # Disks unknown until attached below: enough for engine.check to refuse volumes.
             volumes=tuple(VolumeAttach(m.name, Path(), m.path, m.read_only) for m in mounts),
         )
+        # Before a ready desktop is handed out too: a pooled one honours no more of the body
+        # than a cold start would (an engine without egress "none" or runtime classes).
         engine.check(spec)
+        if key is not None and self.pool is not None:
+            self.check_capacity(owner)
+            claimed = self.pool.claim(key)
+            if claimed is not None:
+                return await self._adopt_from_pool(owner, body, backend_name, timeout_s,
+                                                   *claimed, idempotency)
         if mounts:  # before a profile volume is made for a create that cannot run
             self.check_capacity(owner)
             attached = await self.volumes.attach(
