@@ -227,6 +227,42 @@ def test_a_pause_that_fails_after_a_keepalive_lists_the_session_running(
     assert sid in [s["id"] for s in listed], listed
 
 
+def test_the_listing_says_what_get_says_while_a_pause_waits(
+    client: httpx.Client, session: dict[str, Any],
+) -> None:
+    """A pause changes the session's state first, then waits for the action in flight; the
+    registry hears of it once it is done. Meanwhile GET said paused, but the listing, read
+    from the registry, said running, and ``state=paused`` left the session out."""
+    sid = session["id"]
+
+    def listed(*states: str) -> dict[str, str]:
+        params = {"state": list(states)} if states else None
+        sessions = client.get("/v1/sessions", params=params).json()["sessions"]
+        return {s["id"]: s["state"] for s in sessions}
+
+    waiting = threading.Thread(target=act, args=(client, session, {"type": "wait", "ms": 2500}))
+    waiting.start()
+    time.sleep(0.3)
+    pausing: list[httpx.Response] = []
+    asking = threading.Thread(target=lambda: pausing.append(client.post(
+        f"/v1/sessions/{sid}/pause", json={"mode": "freeze"})))
+    asking.start()
+    try:
+        time.sleep(0.3)  # the pause waits for the action (2 s more)
+        assert client.get(f"/v1/sessions/{sid}").json()["state"] == "paused"
+        assert listed().get(sid) == "paused"
+        assert listed("paused").get(sid) == "paused"
+        assert sid not in listed("running")
+        assert listed("running", "paused").get(sid) == "paused"
+    finally:
+        asking.join(30)
+        waiting.join(30)
+    assert pausing[0].status_code == 200, pausing[0].text
+    assert listed("paused").get(sid) == "paused"
+    assert client.post(f"/v1/sessions/{sid}/resume").json()["state"] == "running"
+    assert listed().get(sid) == "running"
+
+
 def sh(client: httpx.Client, sid: str, script: str) -> str:
     done = run(client, sid, "sh", "-c", script)
     assert done["exit_code"] == 0, done

@@ -52,7 +52,7 @@ from .idempotency import IdempotentCreates, idempotency_of
 from .in_flight import ChangesInFlight
 from .lifecycle import LIVE_STATES, Idempotency, SessionRecord, utcnow
 from .links import SessionLinks
-from .listing import SessionQuery, encode_cursor, position
+from .listing import Position, SessionQuery, encode_cursor, position
 from .live import LiveSession, not_live, one_server_only
 from .pause import FrameStore
 from .pool import PoolKey, SnapshotKey, WarmPool, new_session_id
@@ -411,17 +411,39 @@ class SessionManager:
     async def list(self, query: SessionQuery) -> tuple[list[SessionRecord], str | None]:
         """One page of ``query``, newest first, and the cursor of the next (None: the last)."""
         records, more = await self._registry.page(query)
-        # A session this server serves: its record here has the newer idle clock. One whose
-        # end the registry could not take yet (a full disk): its record here is the truth
-        # (the registry still says running), left out if the query's states leave it out.
-        merged = [
-            self._live[r.id].record
-            if r.id in self._live and self._live[r.id].record.state is r.state
-            else self._unsaved.get(r.id, r)
-            for r in records
-        ]
-        shown = [r for r in merged if not query.states or r.state in query.states]
-        return shown, encode_cursor(position(records[-1])) if more else None
+        end = position(records[-1]) if more else None
+        page = [self._listed(r) for r in records]
+        if self._fleet is None:
+            page += self._left_out(query, {r.id for r in records}, end)
+        # Filtered by the state shown: the registry's page was chosen by its own.
+        shown = sorted((r for r in page if not query.states or r.state in query.states),
+                       key=position, reverse=True)
+        if len(shown) > query.limit:  # sessions of ours filled the page past its limit
+            shown = shown[:query.limit]
+            end = position(shown[-1])
+        return shown, encode_cursor(end) if end is not None else None
+
+    def _listed(self, record: SessionRecord) -> SessionRecord:
+        """What the listing shows of the registry's ``record``: what :meth:`get` says.
+        A session this server holds: its record here, whose state changes before the
+        registry hears of it (a pause under way, a save the disk refused) and whose idle
+        clock is newer; in a fleet, only while the states agree (the fleet's record is the
+        truth). One whose end the registry could not take yet (a full disk): its record
+        here (the registry still says running)."""
+        live = self._live.get(record.id)
+        if live is not None and (self._fleet is None or live.record.state is record.state):
+            return live.record
+        return self._unsaved.get(record.id, record)
+
+    def _left_out(self, query: SessionQuery, seen: set[str], end: Position | None
+                  ) -> builtins.list[SessionRecord]:
+        """Sessions of this server that ``query`` asks for by their state here, which the
+        registry's page (its ids ``seen``, down to ``end``) left out by the state the
+        registry has of them."""
+        ours = dict(self._unsaved)
+        ours.update((session_id, live.record) for session_id, live in self._live.items())
+        return [r for r in ours.values() if r.id not in seen and query.matches(r)
+                and (end is None or position(r) > end)]
 
     async def session(
         self, owner: str, session_id: str, missing: Literal["live", "running"] = "running"
