@@ -321,6 +321,18 @@ def test_download_over_the_cap(box_client: httpx.Client, box: str) -> None:
     run(box_client, box, "rm", "/tmp/huge")
 
 
+@pytest.mark.parametrize("path", ["/sys/devices/system/cpu/online", "/proc/1/cmdline"])
+def test_sysfs_and_proc_files_download_whole(
+    box_client: httpx.Client, box: str, path: str
+) -> None:
+    """sysfs files say 4096 bytes and /proc's 0, whatever they hold: both arrive as `cat`
+    reads them. A sysfs file's download was cut: its content-length was never filled."""
+    response = box_client.get(files_url(box), params={"path": path})
+    assert response.status_code == 200, response.text
+    assert response.text == run(box_client, box, "cat", path)["stdout"]
+    assert response.content
+
+
 @pytest.mark.parametrize(
     ("method", "path", "status", "kind"),
     [

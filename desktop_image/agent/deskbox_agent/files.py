@@ -21,7 +21,11 @@ from .limits import Limits
 __all__ = ["get_file", "put_file"]
 
 CHUNK = 256 * 1024
-UNSIZED_MAX = 16 * 1024 * 1024  # a file that says size 0 (/proc) is read whole first
+# A file that says it has at most CHUNK bytes is read whole first and sent with the length
+# read: /proc's files say 0 and sysfs's say 4096 (a page) whatever they hold, and a
+# content-length they do not fill would cut the download. Such a file that then turns out
+# to be larger is read up to UNSIZED_MAX.
+UNSIZED_MAX = 16 * 1024 * 1024
 
 
 def _errno_reply(e: OSError) -> tuple[int, str, str]:
@@ -64,8 +68,8 @@ async def get_file(stream: Stream, limits: Limits) -> None:
             await stream.error(413, "too_large", f"{path} has {st.st_size} bytes, over {cap}")
             return
         os.set_blocking(fd, True)
-        if st.st_size == 0:  # /proc and sysfs files say 0 and have content: read it first
-            await _send_unsized(stream, fd, path, min(cap, UNSIZED_MAX))
+        if st.st_size <= CHUNK:
+            await _send_whole(stream, fd, path, min(cap, UNSIZED_MAX))
             return
         await stream.respond(200, "application/octet-stream",
                              extra={"content-length": str(st.st_size)})
@@ -124,9 +128,9 @@ def _resolve(path: str) -> tuple[str, os.stat_result | None]:
         return target, None
 
 
-async def _send_unsized(stream: Stream, fd: int, path: str, cap: int) -> None:
-    """A file whose size says 0: read whole (at most ``cap`` bytes, else 413), then sent
-    with its real length."""
+async def _send_whole(stream: Stream, fd: int, path: str, cap: int) -> None:
+    """A small file, or one whose size may be wrong (/proc, sysfs): read whole (at most
+    ``cap`` bytes, else 413), then sent with the length read."""
     data = bytearray()
     while len(data) <= cap:
         try:
@@ -138,7 +142,7 @@ async def _send_unsized(stream: Stream, fd: int, path: str, cap: int) -> None:
             break
         data += chunk
     if len(data) > cap:
-        await stream.error(413, "too_large", f"{path} has no size and more than {cap} bytes")
+        await stream.error(413, "too_large", f"{path} has more than {cap} bytes")
         return
     await stream.respond(200, "application/octet-stream",
                          extra={"content-length": str(len(data))})
