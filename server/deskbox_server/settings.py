@@ -9,7 +9,22 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ["ROOT_IMAGE_CACHE", "Settings", "default_recipe_dir", "default_state_dir"]
+__all__ = [
+    "AGENT_MAX_EXEC_OUTPUT",
+    "AGENT_MAX_EXEC_TIMEOUT_S",
+    "AGENT_MAX_FILE_BYTES",
+    "ROOT_IMAGE_CACHE",
+    "Settings",
+    "default_recipe_dir",
+    "default_state_dir",
+]
+
+# The session agent's own ceilings (desktop_image/agent/PROTOCOL.md "Limits"). A server
+# cap above one was no cap: a file_max_bytes over 1 GiB had the agent refuse every file
+# transfer, a larger output or timeout was cut to the agent's without a word.
+AGENT_MAX_FILE_BYTES = 1024 * 1024 * 1024
+AGENT_MAX_EXEC_OUTPUT = 16 * 1024 * 1024
+AGENT_MAX_EXEC_TIMEOUT_S = 24 * 3600.0
 
 # Root's image cache when none is set. Not under root's state dir: a sandbox's runc init
 # mounts the image by its path as an unprivileged user of the host (its user namespace),
@@ -123,9 +138,10 @@ class Settings(BaseSettings):
     max_request_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
     retry_after_s: Annotated[int, Field(ge=1)] = 5
     # exec and files (api/exec.py): what a sandbox may send back or be sent.
-    exec_output_max_bytes: Annotated[int, Field(ge=1)] = 1024 * 1024  # stdout, stderr each
-    exec_max_timeout_s: Annotated[float, Field(gt=0)] = 3600.0
-    file_max_bytes: Annotated[int, Field(ge=1)] = 100 * 1024 * 1024
+    exec_output_max_bytes: Annotated[  # stdout, stderr each
+        int, Field(ge=1, le=AGENT_MAX_EXEC_OUTPUT)] = 1024 * 1024
+    exec_max_timeout_s: Annotated[float, Field(gt=0, le=AGENT_MAX_EXEC_TIMEOUT_S)] = 3600.0
+    file_max_bytes: Annotated[int, Field(ge=1, le=AGENT_MAX_FILE_BYTES)] = 100 * 1024 * 1024
     # Commands and file transfers one session may run at once (each a host-side runc
     # exec); more are answered 429 with Retry-After, at once.
     exec_max_concurrent: Annotated[int, Field(ge=1, le=1024)] = 8

@@ -21,15 +21,23 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
+from deskbox_agent.limits import Limits
 from deskbox_server.api.auth import key_id
 from deskbox_server.engines.runc.runtime import Runc
 from deskbox_server.engines.runc.sandbox import RuncSandbox
-from deskbox_server.settings import Settings
+from deskbox_server.settings import (
+    AGENT_MAX_EXEC_OUTPUT,
+    AGENT_MAX_EXEC_TIMEOUT_S,
+    AGENT_MAX_FILE_BYTES,
+    Settings,
+)
 
 from ..images import IMAGE_STATE_DIR, session_image
 from ..rfb_client import RfbViewer
-from .conftest import Server, running_server
+from .conftest import KEY_A, Server, running_server
+from .containers import container_server
 from .helpers import access_statuses, assert_error, server_log
 
 pytestmark = pytest.mark.slow
@@ -453,6 +461,41 @@ def test_metrics_count_exec_and_files(box_client: httpx.Client, box: str) -> Non
     after = box_client.get("/metrics").text
     assert _metric(after, exited) == _metric(before, exited) + 1
     assert _metric(after, uploaded) == _metric(before, uploaded) + 10
+
+
+# -- the server's caps and the agent's ceilings ---------------------------------------------
+
+
+def test_caps_above_the_agents_are_refused_and_the_agents_own_serve(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A DESKBOX_FILE_MAX_BYTES over 1 GiB had the session agent refuse every file transfer
+    (422 "need an absolute path= and max= within limits"), and larger output or timeout
+    caps were cut to the agent's without a word: the server now refuses such caps at
+    start. A server at the agent's ceilings transfers files and runs commands."""
+    agent = Limits()
+    assert (AGENT_MAX_FILE_BYTES, AGENT_MAX_EXEC_OUTPUT, AGENT_MAX_EXEC_TIMEOUT_S) == (
+        agent.max_file_size, agent.max_exec_output, agent.max_exec_timeout_s)
+    for name, ceiling in (("file_max_bytes", AGENT_MAX_FILE_BYTES),
+                          ("exec_output_max_bytes", AGENT_MAX_EXEC_OUTPUT),
+                          ("exec_max_timeout_s", AGENT_MAX_EXEC_TIMEOUT_S)):
+        with pytest.raises(ValidationError, match=name):
+            Settings(**{name: ceiling + 1})
+    with container_server(tmp_path_factory, "ceilings", backends=["container"],
+                          default_backend="container", file_max_bytes=AGENT_MAX_FILE_BYTES,
+                          exec_output_max_bytes=AGENT_MAX_EXEC_OUTPUT,
+                          exec_max_timeout_s=AGENT_MAX_EXEC_TIMEOUT_S) as server, \
+            server.client(KEY_A) as client:
+        session_id = new_session(client)
+        try:
+            put = client.put(files_url(session_id), params={"path": "/tmp/f"}, content=b"abc")
+            assert put.status_code == 200, put.text
+            got = client.get(files_url(session_id), params={"path": "/tmp/f"})
+            assert got.status_code == 200 and got.content == b"abc"
+            assert run(client, session_id, "cat", "/tmp/f",
+                       timeout_s=AGENT_MAX_EXEC_TIMEOUT_S)["stdout"] == "abc"
+        finally:
+            client.delete(f"/v1/sessions/{session_id}")
 
 
 # -- the unisolated local engine refuses ---------------------------------------------------

@@ -20,13 +20,12 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
 
 from ..errors import DeskboxError, InvalidRequest, NotFound, Timeout
 from ..sandbox_io import ExecCommand, ExecResult, FileDownload, FileTooLarge, check_sandbox_path
+from ..settings import AGENT_MAX_EXEC_OUTPUT, AGENT_MAX_EXEC_TIMEOUT_S
 from .client import AgentClient, ExecChunk, FileReader
 from .exec_slots import ExecSlots
 
 __all__ = ["DETACH", "AgentDownload", "AgentSandboxIO"]
 
-_MAX_TIMEOUT_S = 86400.0  # the protocol's bounds (PROTOCOL.md, exec)
-_MAX_OUTPUT = 16 << 20
 _START_TIMEOUT_S = 30.0
 # An upload's whole time: the caller's body may come slowly; an agent that stops reading
 # fails at once anyway (the client's write timeout).
@@ -103,13 +102,13 @@ class AgentSandboxIO:
 
     async def _run(self, command: ExecCommand) -> ExecResult:
         started = time.monotonic()
-        limit = min(command.output_limit, _MAX_OUTPUT)
+        limit = min(command.output_limit, AGENT_MAX_EXEC_OUTPUT)
         out, err = bytearray(), bytearray()
         env = {**self.env, **command.env}
         try:
             async for item in self.client.exec(
                 command.argv, env=env, cwd=self.cwd,
-                timeout_s=min(command.timeout_s, _MAX_TIMEOUT_S), max_output=limit,
+                timeout_s=min(command.timeout_s, AGENT_MAX_EXEC_TIMEOUT_S), max_output=limit,
             ):
                 if isinstance(item, ExecChunk):
                     (out if item.stream == "stdout" else err).extend(item.data)
