@@ -608,6 +608,41 @@ def test_devtools_clients_that_read_nothing_from_a_flooding_browser(
                 assert message["method"] == "flood" and len(message["params"]["pad"]) == FLOOD
 
 
+def page_socket(client: httpx.Client, session: dict[str, Any]) -> str:
+    """The DevTools websocket of the session's page."""
+    targets = client.get(f"/v1/sessions/{session['id']}/cdp/json/list").json()
+    return str(next(t for t in targets if t["type"] == "page")["webSocketDebuggerUrl"])
+
+
+def evaluate_repeat(request_id: int, size: int) -> str:
+    """A DevTools request whose answer carries a string of ``size`` bytes."""
+    return json.dumps({"id": request_id, "method": "Runtime.evaluate", "params": {
+        "expression": f"'x'.repeat({size})", "returnByValue": True}})
+
+
+@pytest.mark.slow
+def test_a_devtools_client_dropped_for_reading_nothing_is_aborted(
+    container: Server, container_client: httpx.Client, sandboxed: dict[str, Any]
+) -> None:
+    """A client that asks for large answers and reads none is dropped with the first one
+    still in its connection's write buffer; its connection is aborted, which frees it.
+    Under uvloop (what `deskbox serve` and these servers run) the abort did nothing: the
+    server kept the answer for as long as the client stayed, and handed it over whole
+    whenever the client read."""
+    metrics = container.services.metrics
+    dropped = metrics.slow_clients.value("cdp")
+    size = CDP_CLIENT_BUFFER * 3 // 4  # the second waiting and a third are over the buffer
+    with RawWebSocket(page_socket(container_client, sandboxed), headers=AUTH) as ws:
+        for request_id in range(3):
+            ws.send_text(evaluate_repeat(request_id, size))
+        wait_for(lambda: metrics.slow_clients.value("cdp") > dropped, 30,
+                 "the client that reads nothing dropped")
+        time.sleep(2)  # the close frame's second, then the abort
+        messages, closed = ws.drain(timeout_s=30)
+    assert closed is not None, "the server kept the connection"
+    assert messages == [], [len(m) for m in messages]
+
+
 @pytest.mark.slow
 def test_a_devtools_message_over_the_cap_from_the_browser(
     container: Server, container_client: httpx.Client
