@@ -644,6 +644,28 @@ def test_a_devtools_client_dropped_for_reading_nothing_is_aborted(
 
 
 @pytest.mark.slow
+def test_devtools_clients_that_read_every_answer_are_never_behind(
+    container: Server, container_client: httpx.Client, sandboxed: dict[str, Any]
+) -> None:
+    """Two clients of one session take turns asking for large answers (full-page
+    screenshots) and read each at once. The last answer each had taken stayed counted
+    until its next one, so the third put the session over its budget and a client that
+    had read everything was closed (1008) as the one furthest behind."""
+    metrics = container.services.metrics
+    dropped = metrics.slow_clients.value("cdp")
+    size = CDP_SESSION_BUFFER * 3 // 8  # three are over the session's budget
+    url = page_socket(container_client, sandboxed)
+    with connect(url, additional_headers=AUTH, max_size=None, open_timeout=10) as first, \
+            connect(url, additional_headers=AUTH, max_size=None, open_timeout=10) as second:
+        for request_id, ws in enumerate([first, second] * 3):
+            ws.send(evaluate_repeat(request_id, size))
+            answer = json.loads(ws.recv(timeout=30))
+            assert answer["id"] == request_id
+            assert len(answer["result"]["result"]["value"]) == size
+    assert metrics.slow_clients.value("cdp") == dropped
+
+
+@pytest.mark.slow
 def test_a_devtools_message_over_the_cap_from_the_browser(
     container: Server, container_client: httpx.Client
 ) -> None:

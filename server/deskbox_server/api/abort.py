@@ -1,46 +1,55 @@
-"""Aborting a websocket's connection, for clients that stopped reading.
+"""Aborting a websocket's connection, for clients that stopped reading, and how much its
+write buffer holds.
 
 Closing a connection does not free what waits in its write buffer: asyncio's transport
 closes the socket only once the buffer is written, which for a client that never reads
 is never. A relay that drops such a client (cdp_relay.py) aborts the connection instead.
+The relay also asks how much of what it wrote still waits there: what has left the
+buffer the client has taken (or the kernel holds), and it is the relay's no longer.
 
-ASGI has no message for that, so :class:`ConnectionAbort`, the outermost middleware, keeps
-a way to reach the server's transport in the scope's state: uvicorn's ``send`` is a method
-of its protocol, which has the transport. With another server the abort does nothing,
-and the buffer is freed when the client goes away.
+ASGI has no message for either, so :class:`ConnectionAbort`, the outermost middleware,
+keeps ways to reach the server's transport in the scope's state: uvicorn's ``send`` is a
+method of its protocol, which has the transport. With another server the abort does
+nothing, and the buffer is freed when the client goes away; and what was written counts
+as waiting until the next message is written.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["ConnectionAbort", "abort_connection"]
+__all__ = ["ConnectionAbort", "abort_connection", "unsent_bytes"]
 
 _STATE_KEY = "abort_connection"
+_UNSENT_KEY = "unsent_bytes"
 
 
-def _aborter(send: Send) -> Callable[[], None] | None:
+def _transport_method(send: Send, name: str) -> Callable[[], Any] | None:
     transport = getattr(getattr(send, "__self__", None), "transport", None)
     # Known by what it does: uvloop's transports (what `deskbox serve` runs) are not
     # asyncio.BaseTransport subclasses, and an isinstance check made every abort a no-op.
-    abort = getattr(transport, "abort", None)
-    return abort if callable(abort) else None
+    method = getattr(transport, name, None)
+    return method if callable(method) else None
 
 
 class ConnectionAbort:
-    """Pure ASGI middleware: websocket scopes get the abort of their connection."""
+    """Pure ASGI middleware: websocket scopes get the abort of their connection, and the
+    size of its write buffer."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
-            abort = _aborter(send)
-            if abort is not None:
-                scope.setdefault("state", {})[_STATE_KEY] = abort
+            state = scope.setdefault("state", {})
+            for key, method in ((_STATE_KEY, "abort"), (_UNSENT_KEY, "get_write_buffer_size")):
+                found = _transport_method(send, method)
+                if found is not None:
+                    state[key] = found
         await self.app(scope, receive, send)
 
 
@@ -51,3 +60,10 @@ def abort_connection(connection: HTTPConnection) -> bool:
         return False
     abort()
     return True
+
+
+def unsent_bytes(connection: HTTPConnection) -> Callable[[], int] | None:
+    """How many bytes ``connection``'s write buffer holds, asked when called; None if
+    unknown."""
+    unsent: Callable[[], int] | None = connection.scope.get("state", {}).get(_UNSENT_KEY)
+    return unsent

@@ -4,8 +4,8 @@ The browser is the sandbox's, so hostile: it may send as fast as it can, to clie
 read nothing. Its messages are read at once into the client's outbox (never left to pile
 up in a library's queue we cannot see), each at most ``cdp_max_message_bytes`` (the
 websocket closes with 1009 beyond). A message counts against its client until the client
-has taken it: until the next one could be written after it (it may still wait in the
-connection's write buffer before that), or the relay has ended. Then:
+has taken it: until it has left the connection's write buffer (abort.py), else until the
+next one could be written after it, or the relay has ended. Then:
 
 - a client more than ``cdp_client_buffer_bytes`` behind (one message may always wait),
   or that takes nothing for ``ws_send_timeout_s``, is dropped;
@@ -31,7 +31,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from .abort import abort_connection
+from .abort import abort_connection, unsent_bytes
 
 __all__ = [
     "CLOSE_GOING_AWAY",
@@ -84,6 +84,12 @@ class SessionBuffers:
     def charge(self, outbox: Outbox, size: int) -> None:
         """Count ``size`` more bytes for ``outbox``, dropping the client furthest behind
         while they do not fit; ClientTooSlow when that client is ``outbox``'s own."""
+        if self.used + size > self.limit:
+            # A client that has taken what it was written is behind in nothing: a client
+            # that read every answer was dropped as "behind" when its last one stayed
+            # counted (two clients' large screenshots put a third over the budget).
+            for box in self.outboxes:
+                box.settle()
         while self.used + size > self.limit:
             # A dropped client's bytes are counted until its relay has ended. A client
             # with messages not yet written is behind for sure; one whose last message may
@@ -103,9 +109,12 @@ class SessionBuffers:
 class Outbox:
     """Messages from the browser for one client; ``waiting``: bytes it has not taken."""
 
-    def __init__(self, session: SessionBuffers, limit: int) -> None:
+    def __init__(
+        self, session: SessionBuffers, limit: int, unsent: Callable[[], int] | None = None
+    ) -> None:
         self._session = session
         self._limit = limit
+        self._unsent = unsent  # the bytes in the connection's write buffer, if known
         self._messages: deque[Message] = deque()
         self._ready = asyncio.Event()
         self._empty = asyncio.Event()
@@ -148,6 +157,13 @@ class Outbox:
         if not self._messages:
             self._empty.set()
 
+    def settle(self) -> None:
+        """Give back what of the last message written has left the write buffer."""
+        if self._written and self._unsent is not None:
+            still = min(self._written, self._unsent())
+            self._credit(self._written - still)
+            self._written = still
+
     async def delivered(self) -> None:
         """Until every message put so far has been written."""
         await self._empty.wait()
@@ -184,7 +200,7 @@ async def relay(
     then closed with a code and a reason. ``touch`` notes use; ``dropped`` a slow client;
     ``ends`` returns the reason to close the client with (1008) when it may no longer use
     the browser (its token revoked)."""
-    outbox = Outbox(session, limits.client_buffer)
+    outbox = Outbox(session, limits.client_buffer, unsent_bytes(websocket))
     touched = 0.0
     # Started at once, as the others: a coroutine never awaited would warn.
     ending: asyncio.Task[Any] = asyncio.create_task(
