@@ -5,6 +5,8 @@
   the time a head takes once its first byte came (uvicorn issue #157): a client could hold
   any number of connections open for ever by sending a header line now and then
   (slowloris). The body has its own bound (api/errors.py, ``body_idle_timeout_s``).
+- **A way to abort the connection** in each request's scope state (api/abort.py): a
+  download that cannot go on once its head is sent ends with its connection cut.
 - **Our error body for a request that is not HTTP/1.1** (a garbled request line or header,
   two Content-Lengths, a broken chunk): uvicorn answers those with a text/plain "Invalid
   HTTP request received."; every other 4xx of ours is the JSON error body (API.md).
@@ -30,6 +32,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.datastructures import Headers
 from websockets.http11 import Response
 
+from .api.abort import ABORT_STATE_KEY
 from .api.errors import kind_of_status, new_request_id
 
 __all__ = ["DeskboxWebSocket", "deskbox_http_protocol"]
@@ -53,6 +56,10 @@ def deskbox_http_protocol(
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            # Each request's scope state is a copy of this: it carries the connection's
+            # abort, for an answer that must end cut (api/abort.py), which the app cannot
+            # reach through a send the middleware of an HTTP request wraps.
+            self.app_state = {**self.app_state, ABORT_STATE_KEY: transport.abort}
             self._await_head()
 
         def data_received(self, data: bytes) -> None:

@@ -111,7 +111,7 @@ class Metrics:
         self.slow_clients = Counter(
             "deskbox_slow_clients_dropped_total",
             "Clients dropped for not taking what was sent to them, by stream (actions, vnc, "
-            "cdp), or for not sending a whole request head in time (request_head).",
+            "cdp, download), or for not sending a whole request head in time (request_head).",
             ("stream",),
         )
 

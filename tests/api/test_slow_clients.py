@@ -9,6 +9,8 @@ while everyone else is served as usual.
   viewer of the same session keeps getting whole frames;
 - request bodies that stop arriving (a JSON body, a file upload): 408 ``timeout`` after
   ``body_idle_timeout_s``, the connection closed, the sandbox's writer gone;
+- a download that its client stops reading: cut after ``ws_send_timeout_s``, its transfer
+  slot given back;
 - connections that send no whole request head (nothing, half a head, a header line now
   and then): closed ``request_head_timeout_s`` after they opened or after their last
   answer.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import base64
 import ctypes
 import json
+import logging
 import socket
 import struct
 import threading
@@ -36,13 +39,14 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from deskbox_server.api.actions import CLOSE_STALLED, MAX_IN_FLIGHT
+from deskbox_server.api.auth import key_id
 from deskbox_server.settings import Settings
 
 from ..images import session_image
 from ..rfb_client import RfbViewer
 from .conftest import DISPLAY, KEY_A, Server, running_server
 from .containers import container_server, open_session
-from .helpers import assert_error, raw_exchange
+from .helpers import assert_error, raw_exchange, server_log
 from .raw_ws import RawWebSocket
 
 MIB = 1024 * 1024
@@ -425,6 +429,85 @@ def test_uploads_that_stop_arriving(
     assert response.status_code == 200, response.text
     assert_error(container_client.put(path, params={"path": "tmp"}, content=b""), 422,
                  "invalid_request")
+
+
+def start_download(server: Server, session: dict[str, Any], path: str) -> socket.socket:
+    """A GET of ``path`` on a socket that then reads nothing (a small receive buffer)."""
+    host, port = server.url.removeprefix("http://").split(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    sock.sendall(f"GET /v1/sessions/{session['id']}/files?path={path} HTTP/1.1\r\n"
+                 f"Host: {host}\r\nAuthorization: Bearer {KEY_A}\r\n\r\n".encode())
+    return sock
+
+
+def received(sock: socket.socket) -> bytes:
+    """Everything the server sends until it ends the connection."""
+    sock.settimeout(20)
+    data = bytearray()
+    try:
+        while chunk := sock.recv(1 << 20):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return bytes(data)
+
+
+def assert_cut(data: bytes, size: int) -> None:
+    """An answer whose head says ``size`` bytes, and fewer came."""
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    assert f"content-length: {size}".encode() in head.lower(), head
+    assert len(body) < size
+
+
+def errors_logged(records: list[logging.LogRecord]) -> list[str]:
+    return [f"{r.name}: {r.getMessage()}" for r in records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.slow
+def test_a_download_whose_client_reads_nothing_is_cut_and_frees_its_slot(
+    container: Server, container_client: httpx.Client, sandboxed: dict[str, Any]
+) -> None:
+    """A client that stops reading a download (a response left open, unread): it held
+    one of the session's transfer slots, and kept the session busy (never reaped when
+    idle, never hibernated), for as long as it stayed connected. After ``ws_send_timeout_s``
+    with nothing taken it is cut, and the slot and the session are free."""
+    size = 32 * MIB
+    run = container_client.post(f"/v1/sessions/{sandboxed['id']}/exec", json={
+        "cmd": ["sh", "-c", f"head -c {size} /dev/urandom > /tmp/unread"]})
+    assert run.status_code == 200 and run.json()["exit_code"] == 0, run.text
+    handle = container.services.manager.handle(key_id(KEY_A), sandboxed["id"])
+    live = container.services.manager.holding[sandboxed["id"]]
+    dropped = container.services.metrics.slow_clients.value("download")
+    with server_log() as records, start_download(container, sandboxed, "/tmp/unread") as sock:
+        wait_for(lambda: handle.exec_slots.in_use == 1, 10, "the download started")
+        wait_for(lambda: handle.exec_slots.in_use == 0 and live.busy == 0, STALL_S + 10,
+                 "the slot given back")
+        assert container.services.metrics.slow_clients.value("download") == dropped + 1
+        assert_cut(received(sock), size)
+    assert errors_logged(records) == []
+
+
+@pytest.mark.slow
+def test_a_download_cut_short_by_the_session_s_end_is_no_server_error(
+    container: Server, container_client: httpx.Client
+) -> None:
+    """The session is deleted while its file streams: the client sees the download cut
+    (its connection ends before the content-length), and the server logs it as what it
+    is, not as an unhandled error with its traceback."""
+    size = 32 * MIB
+    with open_session(container_client) as session:
+        run = container_client.post(f"/v1/sessions/{session['id']}/exec", json={
+            "cmd": ["sh", "-c", f"head -c {size} /dev/urandom > /tmp/cut"]})
+        assert run.status_code == 200 and run.json()["exit_code"] == 0, run.text
+        handle = container.services.manager.handle(key_id(KEY_A), session["id"])
+        with server_log() as records, start_download(container, session, "/tmp/cut") as sock:
+            wait_for(lambda: handle.exec_slots.in_use == 1, 10, "the download started")
+            assert container_client.delete(f"/v1/sessions/{session['id']}").status_code == 204
+            assert_cut(received(sock), size)
+    assert errors_logged(records) == []
 
 
 # -- DevTools clients that never read, and a browser that floods them -----------------------

@@ -1,17 +1,21 @@
-"""Aborting a websocket's connection, for clients that stopped reading, and how much its
-write buffer holds.
+"""Aborting a connection, for clients that stopped reading or answers that must end cut,
+and how much a websocket's write buffer holds.
 
 Closing a connection does not free what waits in its write buffer: asyncio's transport
 closes the socket only once the buffer is written, which for a client that never reads
 is never. A relay that drops such a client (cdp_relay.py) aborts the connection instead.
 The relay also asks how much of what it wrote still waits there: what has left the
-buffer the client has taken (or the kernel holds), and it is the relay's no longer.
+buffer the client has taken (or the kernel holds), and it is the relay's no longer. A
+download whose head is sent and that cannot go on (exec.py) is aborted too: the client
+then sees it cut, where an answer that ended would read as whole.
 
-ASGI has no message for either, so :class:`ConnectionAbort`, the outermost middleware,
-keeps ways to reach the server's transport in the scope's state: uvicorn's ``send`` is a
-method of its protocol, which has the transport. With another server the abort does
-nothing, and the buffer is freed when the client goes away; and what was written counts
-as waiting until the next message is written.
+ASGI has no message for either, so ways to reach the server's transport are kept in the
+scope's state: for a websocket by :class:`ConnectionAbort`, the outermost middleware
+(uvicorn's ``send`` is a method of its protocol, which has the transport), for an HTTP
+request by our HTTP protocol (http_protocol.py; Starlette wraps an HTTP request's send
+before any middleware of ours). With another server the abort does nothing, and the
+buffer is freed when the client goes away; and what was written counts as waiting until
+the next message is written.
 """
 
 from __future__ import annotations
@@ -22,9 +26,9 @@ from typing import Any
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["ConnectionAbort", "abort_connection", "unsent_bytes"]
+__all__ = ["ABORT_STATE_KEY", "ConnectionAbort", "abort_connection", "unsent_bytes"]
 
-_STATE_KEY = "abort_connection"
+ABORT_STATE_KEY = "abort_connection"
 _UNSENT_KEY = "unsent_bytes"
 
 
@@ -46,8 +50,9 @@ class ConnectionAbort:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
             state = scope.setdefault("state", {})
-            for key, method in ((_STATE_KEY, "abort"), (_UNSENT_KEY, "get_write_buffer_size")):
-                found = _transport_method(send, method)
+            for key, name in ((ABORT_STATE_KEY, "abort"),
+                              (_UNSENT_KEY, "get_write_buffer_size")):
+                found = _transport_method(send, name)
                 if found is not None:
                     state[key] = found
         await self.app(scope, receive, send)
@@ -55,7 +60,7 @@ class ConnectionAbort:
 
 def abort_connection(connection: HTTPConnection) -> bool:
     """Abort ``connection`` now, dropping what waits to be written; False if unable."""
-    abort = connection.scope.get("state", {}).get(_STATE_KEY)
+    abort = connection.scope.get("state", {}).get(ABORT_STATE_KEY)
     if abort is None:
         return False
     abort()

@@ -14,6 +14,9 @@ A command whose client disconnects before the answer is killed the same way at o
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
@@ -21,12 +24,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.requests import HTTPConnection
+from starlette.types import Message, Receive, Scope, Send
 
-from ..errors import InvalidRequest
+from ..errors import DeskboxError, InvalidRequest
 from ..sandbox_io import MAX_PATH_BYTES, ExecCommand, check_sandbox_path
 from ..schemas.exec import ExecRequest, ExecResponse, FileWritten
 from ..settings import Settings
+from .abort import abort_connection
 from .deps import Caller, get_services
 from .disconnect import ClientLeft, unless_client_leaves
 from .errors import PayloadTooLarge
@@ -34,6 +39,9 @@ from .errors import PayloadTooLarge
 __all__ = ["body_limit", "router"]
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["exec"])
+log = logging.getLogger("deskbox.files")
+
+_ABORTED_S = 1.0  # for the server to see an aborted connection go (a loop turn or two)
 
 _FILES_PATH = re.compile(r"^/v1/sessions/[^/]+/files/?$")
 
@@ -131,18 +139,50 @@ async def upload_file(
     return FileWritten(path=path, size=size)
 
 
+class _Stalled(Exception):
+    """The client took nothing of the download for the send timeout."""
+
+
 class _StreamThenClose(StreamingResponse):
-    """Streams, then closes what it read from, however the response ends."""
+    """Streams, then closes what it read from, however the response ends.
+
+    Once the head is sent, a download that cannot go on (the file shrank, the session
+    ended) or whose client takes nothing for ``send_timeout_s`` ends with its connection
+    aborted, so that the client sees it cut. Raised on, it was logged as a server bug;
+    and a client that stopped reading held one of the session's transfer slots, and kept
+    the session busy (never idle, never hibernated), for as long as it stayed connected.
+    """
 
     def __init__(
-        self, content: AsyncIterator[bytes], closer: AsyncExitStack, headers: dict[str, str]
+        self, content: AsyncIterator[bytes], closer: AsyncExitStack, headers: dict[str, str],
+        send_timeout_s: float, cut: Callable[[Exception], None],
     ) -> None:
         super().__init__(content, media_type="application/octet-stream", headers=headers)
         self._closer = closer
+        self._send_timeout_s = send_timeout_s
+        self._cut = cut
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def bounded_send(message: Message) -> None:
+            try:
+                async with asyncio.timeout(self._send_timeout_s):
+                    await send(message)
+            except TimeoutError:
+                raise _Stalled(
+                    f"the client took nothing for {self._send_timeout_s:g} s") from None
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, bounded_send)
+        except (DeskboxError, _Stalled) as error:
+            if not abort_connection(HTTPConnection(scope)):
+                raise
+            self._cut(error)
+            # Until the server has seen the connection go: an answer left unfinished on a
+            # connection it still holds is an error of the app's to it.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_ABORTED_S):
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
         finally:
             await self._closer.aclose()
 
@@ -158,7 +198,8 @@ async def download_file(
     """The bytes of the regular file ``path`` inside the sandbox.
 
     404 when it does not exist, 422 for a directory or another non-regular file, 413 when
-    larger than ``file_max_bytes``. Errors come before any byte is sent.
+    larger than ``file_max_bytes``. Errors come before any byte is sent; one after ends
+    the connection, the download cut (_StreamThenClose).
     """
     services = get_services(request)
     check_sandbox_path(path)
@@ -173,5 +214,10 @@ async def download_file(
             metrics.file_bytes.inc("download", amount=len(chunk))
             yield chunk
 
+    def cut(error: Exception) -> None:
+        log.info("session %s: the download of %s was cut short: %s", session_id, path, error)
+        if isinstance(error, _Stalled):
+            metrics.slow_clients.inc("download")
+
     headers = {"Content-Length": str(download.size)} if download.size > 0 else {}
-    return _StreamThenClose(chunks(), closer, headers)
+    return _StreamThenClose(chunks(), closer, headers, services.settings.ws_send_timeout_s, cut)
