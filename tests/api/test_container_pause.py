@@ -202,6 +202,21 @@ def test_pause_waits_for_actions_in_flight(
     assert client.post(f"/v1/sessions/{sid}/resume").json()["state"] == "running"
 
 
+def _pause_behind_a_wait(
+    client: httpx.Client, session: dict[str, Any],
+) -> tuple[threading.Thread, threading.Thread, list[httpx.Response]]:
+    """A 2.5 s wait in flight, then a freeze asked for, each in a thread of its own: the
+    pause waits for the wait. The threads and where the pause's answer lands."""
+    waiting = threading.Thread(target=act, args=(client, session, {"type": "wait", "ms": 2500}))
+    waiting.start()
+    time.sleep(0.3)
+    pausing: list[httpx.Response] = []
+    asking = threading.Thread(target=lambda: pausing.append(client.post(
+        f"/v1/sessions/{session['id']}/pause", json={"mode": "freeze"})))
+    asking.start()
+    return waiting, asking, pausing
+
+
 def test_a_pause_that_fails_after_a_keepalive_lists_the_session_running(
     client: httpx.Client, session: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -210,13 +225,7 @@ def test_a_pause_that_fails_after_a_keepalive_lists_the_session_running(
     but the listing, read from the registry, left it out of ``state=running``."""
     monkeypatch.setattr(state_changes, "DRAIN_TIMEOUT_S", 0.5)
     sid = session["id"]
-    waiting = threading.Thread(target=act, args=(client, session, {"type": "wait", "ms": 2500}))
-    waiting.start()
-    time.sleep(0.3)
-    pausing: list[httpx.Response] = []
-    asking = threading.Thread(target=lambda: pausing.append(client.post(
-        f"/v1/sessions/{sid}/pause", json={"mode": "freeze"})))
-    asking.start()
+    waiting, asking, pausing = _pause_behind_a_wait(client, session)
     time.sleep(0.2)
     assert client.post(f"/v1/sessions/{sid}/keepalive").status_code == 200
     asking.join(30)
@@ -240,13 +249,7 @@ def test_the_listing_says_what_get_says_while_a_pause_waits(
         sessions = client.get("/v1/sessions", params=params).json()["sessions"]
         return {s["id"]: s["state"] for s in sessions}
 
-    waiting = threading.Thread(target=act, args=(client, session, {"type": "wait", "ms": 2500}))
-    waiting.start()
-    time.sleep(0.3)
-    pausing: list[httpx.Response] = []
-    asking = threading.Thread(target=lambda: pausing.append(client.post(
-        f"/v1/sessions/{sid}/pause", json={"mode": "freeze"})))
-    asking.start()
+    waiting, asking, pausing = _pause_behind_a_wait(client, session)
     try:
         time.sleep(0.3)  # the pause waits for the action (2 s more)
         assert client.get(f"/v1/sessions/{sid}").json()["state"] == "paused"

@@ -105,6 +105,19 @@ def site_page(client: httpx.Client, session_id: str, name: str, html: str) -> No
                )["exit_code"] == 0
 
 
+def focusing_late(client: httpx.Client, name: str, delay_ms: int) -> str:
+    """A new session with the secret stored and the login page served as ``name``, its
+    field focused by the page itself ``delay_ms`` after the mousedown (which keeps the
+    browser from focusing it at once); the session's id."""
+    store_secret(client)
+    sid = str(client.post("/v1/sessions", json={"display": DISPLAY}).json()["id"])
+    serve_origins(client, sid)
+    site_page(client, sid, name, LOGIN.replace(
+        "<input ", "<input onmousedown='event.preventDefault(); "
+        f"setTimeout(() => this.focus(), {delay_ms})' "))
+    return sid
+
+
 def until_listed(client: httpx.Client, session_id: str, text: str, what: str,
                  listed: bool = True) -> None:
     """Until the browser's targets name ``text`` (or, ``listed`` False, no longer do)."""
@@ -254,12 +267,7 @@ def test_a_field_that_takes_the_focus_late_gets_the_secret(
 ) -> None:
     """The browser may take the focus a moment after the click (here the page focuses the
     field itself 400 ms later): the check asks again before it refuses."""
-    store_secret(client)
-    sid = client.post("/v1/sessions", json={"display": DISPLAY}).json()["id"]
-    serve_origins(client, sid)
-    late = LOGIN.replace("<input ", "<input onmousedown='event.preventDefault(); "
-                         "setTimeout(() => this.focus(), 400)' ")
-    site_page(client, sid, "late.html", late)
+    sid = focusing_late(client, "late.html", 400)
     with Deskbox(secret_server.url, KEY_A) as box:
         handle = box.sessions.get(sid)
         cdp.navigate(handle, f"{GOOD}/late.html")
@@ -267,7 +275,6 @@ def test_a_field_that_takes_the_focus_late_gets_the_secret(
             "actions": [CLICK_FIELD, {"type": "type", "secret": "PW"}]})
         assert typed.status_code == 200, typed.text
         assert cdp.evaluate(handle, "document.getElementById('pw').value") == VALUE
-
 
 
 def test_a_pause_waits_for_a_secrets_focus_check(
@@ -279,12 +286,7 @@ def test_a_pause_waits_for_a_secrets_focus_check(
     work in flight: the pause froze the browser under it, the batch was refused 403 as if
     no field had the focus, and a check that answered just before the freeze sent its
     keys to a frozen desktop, whose deadline failed the session."""
-    store_secret(client)
-    sid = client.post("/v1/sessions", json={"display": DISPLAY}).json()["id"]
-    serve_origins(client, sid)
-    late = LOGIN.replace("<input ", "<input onmousedown='event.preventDefault(); "
-                         "setTimeout(() => this.focus(), 800)' ")
-    site_page(client, sid, "later.html", late)
+    sid = focusing_late(client, "later.html", 800)
     with Deskbox(secret_server.url, KEY_A) as box:
         handle = box.sessions.get(sid)
         cdp.navigate(handle, f"{GOOD}/later.html")
