@@ -688,6 +688,36 @@ def test_clipboard_reaches_viewers_and_back(
         assert cut == "bäck ?".encode("latin-1")
 
 
+def test_a_viewers_lock_keys_change_nothing_in_the_session(
+    client: httpx.Client, session: dict[str, Any], page: EventPage, origin: tuple[int, int]
+) -> None:
+    """A viewer's Caps Lock and Num Lock, as noVNC sends them: the keysyms after them carry
+    the lock already ("A" with Caps Lock on, KP_Home with Num Lock off). x11vnc applied
+    the lock in the session too: the person's capitals came out small, the keypad's Home
+    typed 7, and the agent's typing came out inverted until someone pressed it again."""
+    ox, oy = origin
+    token = token_for(client, session["id"], "control")
+    page.cdp.evaluate("document.getElementById('field').value = ''")
+    caps_lock, num_lock, kp_home = 0xFFE5, 0xFF7F, 0xFF95
+    with RfbViewer(vnc_url(session, token)) as viewer:
+        viewer.full_frame()
+        viewer.click(ox + 900, oy + 175)
+        deadline = time.monotonic() + 5
+        while page.cdp.evaluate("document.activeElement && document.activeElement.id") != (
+                "field"):
+            assert time.monotonic() < deadline, "the click did not focus the field"
+            time.sleep(0.05)
+        for keysym in (0x62, caps_lock, 0x43, num_lock, kp_home, 0x41):  # b, Caps, C, Num, Home, A
+            viewer.key(keysym, True)
+            viewer.key(keysym, False)
+        viewer.full_frame()  # all of it reached the server
+        assert page.wait_value("AbC") == "AbC"
+    typed = client.post(f"/v1/sessions/{session['id']}/actions",
+                        json={"type": "type", "text": "Dd"})
+    assert typed.status_code == 200, typed.text
+    assert page.wait_value("ADdbC") == "ADdbC"  # after the A, where the caret is
+
+
 @pytest.mark.slow
 def test_a_viewer_types_characters_off_the_layout_whole_and_in_order(
     client: httpx.Client, session: dict[str, Any], page: EventPage, origin: tuple[int, int]

@@ -5,6 +5,7 @@ and returns the bytes to pass on to the VNC server. It frames every message by i
 and length, drops input (KeyEvent, PointerEvent, ClientCutText) from read-only viewers,
 re-encodes cut text for the VNC server (:func:`utf8_cut_text`),
 drops SetDesktopSize from everyone (viewers do not resize the session's screen) and
+the lock keys (:data:`LOCK_KEYSYMS`) from everyone, and
 raises :class:`RfbError` for anything it does not know, so that the proxy closes. With
 ``hold_off_layout_keys`` it stops before each press of a key that types a character off
 the layout (``held_key``) until the caller passes it on (:meth:`let_through`) or has had
@@ -23,6 +24,7 @@ from ..keys import off_layout_char
 
 __all__ = [
     "INPUT_TYPES",
+    "LOCK_KEYSYMS",
     "SECURITY_NONE",
     "ClientMessages",
     "RfbError",
@@ -41,6 +43,11 @@ ENABLE_CONTINUOUS_UPDATES = 150
 CLIENT_FENCE = 248
 SET_DESKTOP_SIZE = 251
 INPUT_TYPES = frozenset({KEY_EVENT, POINTER_EVENT, CLIENT_CUT_TEXT})
+# Caps_Lock, Shift_Lock, Num_Lock. A viewer's keysyms already carry what its locks mean
+# ("A" with Caps Lock on, KP_Home with Num Lock off); x11vnc applied the lock a second
+# time in the session's X server, where it stayed: capitals came out small (the agent's
+# typing too, until someone pressed it again) and the keypad's Home typed 7.
+LOCK_KEYSYMS = frozenset({0xFFE5, 0xFFE6, 0xFF7F})
 MAX_HELD_KEYS = 64  # released when a viewer leaves; a keyboard holds far fewer
 MAX_ENCODINGS = 1024
 MAX_FENCE_PAYLOAD = 64
@@ -76,6 +83,10 @@ def client_version(data: bytes) -> int:
     if minor == 7:
         return 7
     return 3  # 3.3, and what RFC 6143 says to treat as 3.3
+
+
+def _keysym(key_event: bytes) -> int:
+    return int.from_bytes(key_event[4:8], "big")
 
 
 def utf8_cut_text(message: bytes) -> bytes:
@@ -126,7 +137,8 @@ class ClientMessages:
                 break
             message = bytes(self._buffer[:size])
             del self._buffer[:size]
-            if kind == SET_DESKTOP_SIZE or (kind in INPUT_TYPES and not self.allow_input):
+            if kind == SET_DESKTOP_SIZE or (kind in INPUT_TYPES and not self.allow_input) or (
+                    kind == KEY_EVENT and _keysym(message) in LOCK_KEYSYMS):
                 self.dropped[kind] = self.dropped.get(kind, 0) + 1
                 continue
             if kind == KEY_EVENT and self._typed_there(message):
