@@ -13,11 +13,14 @@ from deskbox_agent.desktop.errors import InvalidAction as _AgentInvalidAction
 
 from .errors import InvalidAction
 
-__all__ = ["MODIFIER_KEYSYMS", "char_keysym", "off_layout_char", "parse_combo", "parse_key"]
+__all__ = [
+    "MODIFIER_KEYSYMS", "char_keysym", "key_name", "off_layout_char", "parse_combo", "parse_key",
+]
 
 MODIFIER_KEYSYMS = _agent_keys.MODIFIER_KEYSYMS
 char_keysym = _agent_keys.char_keysym
 off_layout_char = _agent_keys.off_layout_char
+key_name = _agent_keys.key_name
 
 
 def parse_key(name: str) -> int:

@@ -8,6 +8,7 @@ import asyncio
 import io
 import json
 import os
+import re
 import struct
 import threading
 import time
@@ -26,6 +27,7 @@ from PIL import Image
 
 from deskbox_server.errors import QuotaExceeded
 from deskbox_server.sessions.human_input import HumanAction, HumanInput
+from deskbox_server.sessions.keysym_chars import legacy_keysym_char
 from deskbox_server.sessions.recorder import Recorder
 from deskbox_server.sessions.recording_store import RecordingMeta, RecordingStore
 from deskbox_server.sessions.recordings import Recordings
@@ -173,6 +175,62 @@ def test_a_humans_input_through_the_live_view_is_recorded(
         {"type": "type", "text": "hi"}, {"type": "key", "keys": "Return"}]
     assert {a["source"]["id"] for a in actions} == {token["id"]}
     assert actions[0]["screen_point"] == {"x": 200, "y": 30}
+
+
+def test_a_non_us_keyboard_and_the_wheel_are_recorded_as_actions_the_api_takes(
+    client: httpx.Client, recorded: dict[str, Any]
+) -> None:
+    """What noVNC sends for a German or Russian keyboard: AltGr (ISO_Level3_Shift) with
+    "@", the legacy keysyms of "п", "р" and "€", the keypad's Home; and the horizontal and
+    shifted wheel. AltGr was a key "0xfe03" of its own, each Cyrillic letter and "€" a key
+    "0x6d0" (no key the API takes), the keypad's Home "0xff95", and the horizontal wheel
+    and the wheel's modifiers were left out."""
+    sid = recorded["id"]
+    token = client.post(f"/v1/sessions/{sid}/tokens", json={"scope": "control"}).json()
+
+    def tap(keysym: int) -> None:
+        viewer.key(keysym, True)
+        viewer.key(keysym, False)
+
+    with RfbViewer(f"{recorded['urls']['vnc_ws']}?token={token['token']}") as viewer:
+        viewer.key(0xFE03, True)
+        tap(ord("@"))
+        viewer.key(0xFE03, False)
+        for keysym in (0x6D0, 0x6D2, 0x20AC, 0xFF95):  # п, р, €, KP_Home
+            tap(keysym)
+        for _ in range(2):  # two notches left
+            viewer.pointer(300, 300, 1 << 5)
+            viewer.pointer(300, 300, 0)
+        viewer.key(0xFFE1, True)  # Shift_L
+        viewer.pointer(300, 300, 1 << 4)  # a notch down
+        viewer.pointer(300, 300, 0)
+        viewer.key(0xFFE1, False)
+        viewer.full_frame()  # all of it reached the server
+
+    def human() -> list[dict[str, Any]]:
+        return [e["action"] for e in trajectory(client, sid) if e["kind"] == "action"
+                and e["source"] == {"type": "token", "id": token["id"]}]
+
+    actions = wait_for(lambda: len(human()) >= 4 and human())
+    assert actions == [
+        {"type": "type", "text": "@пр€"}, {"type": "key", "keys": "KP_Home"},
+        {"type": "scroll", "x": 300, "y": 300, "dx": -2},
+        {"type": "scroll", "x": 300, "y": 300, "dy": 1, "modifiers": ["shift"]},
+    ]
+    for action in actions:  # each is one the API takes as it is
+        assert client.post(f"/v1/sessions/{sid}/actions", json=action).status_code == 200
+
+
+def test_the_characters_of_legacy_keysyms_are_novncs_table_turned_around() -> None:
+    """keysym_chars.py is noVNC's character → keysym table reversed: the keysyms a viewer
+    sends for characters read back as those characters."""
+    table = (Path(__file__).parents[2] / "vnc/novnc/core/input/keysymdef.js").read_text()
+    pairs = re.findall(r"0x([0-9a-f]+): 0x([0-9a-f]+),", table)
+    legacy = {int(keysym, 16): chr(int(code, 16)) for code, keysym in pairs
+              if int(keysym, 16) < 0x1000000}
+    assert len(legacy) > 600
+    assert {keysym: legacy_keysym_char(keysym) for keysym in legacy} == legacy
+    assert legacy_keysym_char(0xFF0D) is None and legacy_keysym_char(0x41) is None
 
 
 def test_a_secrets_name_is_kept_never_its_value(

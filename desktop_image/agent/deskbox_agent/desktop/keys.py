@@ -8,7 +8,9 @@ from Xlib import XK
 
 from .errors import InvalidAction
 
-__all__ = ["MODIFIER_KEYSYMS", "char_keysym", "off_layout_char", "parse_combo", "parse_key"]
+__all__ = [
+    "MODIFIER_KEYSYMS", "char_keysym", "key_name", "off_layout_char", "parse_combo", "parse_key",
+]
 
 # Names models and xdotool users emit that are not X keysym names, lower-cased.
 _ALIASES: dict[str, str] = {
@@ -115,6 +117,23 @@ def _keysyms_by_lower_name() -> dict[str, int]:
                 # python-xlib spells XF86Back as XF86_Back; accept the X spelling too.
                 table.setdefault("xf86" + keysym_name[5:].lower(), getattr(XK, name))
     return table
+
+
+@cache
+def _names_by_keysym() -> dict[int, str]:
+    """A name of each keysym python-xlib knows (the first in its order), as parse_key takes it."""
+    _keysyms_by_lower_name()  # loads the groups
+    names: dict[int, str] = {}
+    for name in dir(XK):
+        if name.startswith("XK_"):
+            names.setdefault(getattr(XK, name), name[3:])
+    return names
+
+
+def key_name(keysym: int) -> str | None:
+    """The X name of ``keysym`` (Num_Lock, KP_1, XF86_Back), which :func:`parse_key` turns
+    back into it; None for a keysym without one."""
+    return _names_by_keysym().get(keysym)
 
 
 def char_keysym(char: str) -> int:
