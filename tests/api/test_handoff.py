@@ -53,6 +53,30 @@ def test_only_a_control_link_or_the_owner_takes_control(
     assert client.post(f"/v1/sessions/{sid}/actions", json=CLICK).status_code == 200
 
 
+def test_a_second_person_cannot_take_control_from_the_first(
+    client: httpx.Client, desk: dict[str, Any], server: Server
+) -> None:
+    """Two people with control links press "Take control" (the second before its page's
+    status poll hid the button): both were answered 200, and both pages said "you are in
+    control" and offered "Hand back". The second is refused while the first holds it; the
+    holder renews its lease; after the hand-back the other may take it."""
+    sid = desk["id"]
+    control = f"{server.url}/v1/sessions/{sid}/control"
+    first, second = (token_for(client, sid, "control") for _ in range(2))
+    taken = httpx.post(control, params={"token": first}, json={"lease_s": 60})
+    assert taken.status_code == 200, taken.text
+    assert_error(httpx.post(control, params={"token": second}), 409, "human_in_control")
+    assert_error(client.post(control), 409, "human_in_control")  # the owner's key as well
+    renewed = httpx.post(control, params={"token": first}, json={"lease_s": 120})
+    assert renewed.status_code == 200, renewed.text
+    assert renewed.json()["since"] == taken.json()["since"]
+    assert renewed.json()["until"] > taken.json()["until"]
+    assert httpx.delete(control, params={"token": first}).status_code == 200
+    again = httpx.post(control, params={"token": second})
+    assert again.status_code == 200 and again.json()["human_in_control"] is True, again.text
+    assert client.delete(control).status_code == 200
+
+
 def test_the_lease_runs_out(client: httpx.Client, desk: dict[str, Any]) -> None:
     sid = desk["id"]
     taken = client.post(f"/v1/sessions/{sid}/control", json={"lease_s": 1})

@@ -25,11 +25,13 @@ async def take_control(
     request: Request, session_id: str, body: ControlRequest | None = None
 ) -> Handoff:
     """Take control (a control token, or the owner's key): the API's actions answer 409
-    ``human_in_control`` until the hand-back or the end of ``lease_s``."""
+    ``human_in_control`` until the hand-back or the end of ``lease_s``. Another token's
+    take meanwhile is a 409 too; the holder's renews its lease."""
     services = get_services(request)
     grant = await authorize(services, request, session_id, "control")
     session = await services.manager.session(grant.owner, session_id)
-    return session.take_control((body or ControlRequest()).lease_s)
+    holder = grant.token_id or f"key:{grant.owner}"
+    return session.take_control((body or ControlRequest()).lease_s, holder)
 
 
 @router.delete("/control", response_model=Handoff)

@@ -34,6 +34,7 @@ class HandoffState:
         self.reason: str | None = None
         self.requested_at: datetime | None = None
         self.handed_back_at: datetime | None = None
+        self._holder: str | None = None  # who took control (a token's id, or the key)
         self._expiry: asyncio.TimerHandle | None = None
         self._handed_back = asyncio.Event()
         self._waiting = 0
@@ -63,9 +64,16 @@ class HandoffState:
                 "(or until they hand it back): screenshots work, actions wait; POST "
                 "/handoff?wait=true waits for the hand-back")
 
-    def take(self, lease_s: int) -> None:
-        """A human takes control (again: the lease starts anew)."""
+    def take(self, lease_s: int, holder: str) -> None:
+        """``holder`` (a control token's id, or the owner's key) takes control, or renews
+        the lease it holds. HumanInControl (409) while another holds it: both their pages
+        would say "you are in control" and offer the hand-back."""
         now = utcnow()
+        if self.until is not None and holder != self._holder:
+            raise HumanInControl(
+                f"a human is in control of this session already, until "
+                f"{self.until.isoformat()} (or until they hand it back)")
+        self._holder = holder
         if self.until is None:
             self.since = now
             self._handed_back.clear()
@@ -83,7 +91,7 @@ class HandoffState:
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
-        self.since = self.until = None
+        self.since = self.until = self._holder = None
         self.handed_back_at = utcnow()
         self._handed_back.set()
         self._publish("human_handed_back", reason=why)

@@ -264,11 +264,12 @@ class Session:
                 lambda kind, **fields: events.publish(session_id, kind, **fields))
         return live.handoff
 
-    def take_control(self, lease_s: int) -> Handoff:
-        """A human drives the running session until they hand it back or ``lease_s``."""
+    def take_control(self, lease_s: int, holder: str) -> Handoff:
+        """A human (``holder``: their control token's id, or the owner's key) drives the
+        running session until they hand it back or ``lease_s``."""
         self._one_server("a human's control")
         self._running()
-        self.handoff.take(lease_s)
+        self.handoff.take(lease_s, holder)
         return self.handoff.resource()
 
     def hand_back(self) -> Handoff:
