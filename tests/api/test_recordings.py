@@ -254,6 +254,27 @@ def test_a_secrets_name_is_kept_never_its_value(
         client.delete("/v1/secrets/REC_PW")
 
 
+def test_a_vendor_call_refused_whole_is_recorded(
+    client: httpx.Client, recorded: dict[str, Any]
+) -> None:
+    """A dialect's call with a point off the screen is refused before any of it runs, as
+    a batch of ours is by the desktop; the trajectory left it out, so a model's refused
+    tool calls were missing from the episodes of the vendor endpoints."""
+    sid = recorded["id"]
+    assert_error(client.post(f"/v1/sessions/{sid}/actions/anthropic", json={
+        "action": "left_click", "coordinate": [5000, 3]}), 422, "invalid_request")
+    assert_error(client.post(f"/v1/sessions/{sid}/actions/openai", json={
+        "call_id": "c1", "actions": [{"type": "move", "x": 7, "y": 8},
+                                     {"type": "click", "button": "left", "x": 9000, "y": 3}]}),
+        422, "invalid_request")
+    actions = [e for e in trajectory(client, sid) if e["kind"] == "action"][-3:]
+    assert [(a["action"]["type"], a["action"].get("x")) for a in actions] == [
+        ("click", 5000), ("move", 7), ("click", 9000)]
+    assert "5000" in actions[0]["error"]["message"]
+    assert "9000" in actions[2]["error"]["message"]
+    assert all(a["source"]["type"] == "api_key" for a in actions)
+
+
 def test_a_recording_outlives_its_session(client: httpx.Client, server: Server) -> None:
     created = client.post("/v1/sessions", json={"display": DISPLAY})
     sid = created.json()["id"]

@@ -81,8 +81,8 @@ async def _answer(
     view: a.CoordinateSpace | None,
 ) -> EncodedImage | Point:
     """Run the plan through the session's worker, as ``POST /actions`` does."""
-    check_points(plan.actions, *_space(session, view))
-    batch = await session.act(plan.actions, view, plan.screenshot)
+    batch = await session.act(plan.actions, view, plan.screenshot, check=lambda: check_points(
+        plan.actions, *_space(session, view)))
     if plan.screenshot is not None and batch.screenshot is not None:
         response.headers[SETTLED_HEADER] = "true" if batch.settled else "false"
         return batch.screenshot

@@ -88,14 +88,23 @@ class Session:
         actions: Sequence[a.Action],
         view: a.CoordinateSpace | None = None,
         screenshot: a.Screenshot | None = None,
+        check: Callable[[], None] | None = None,
     ) -> BatchResult:
         """Run a batch of actions. Calls reach the desktop in the order they arrive (the
         websocket relies on it): everything up to the handle's call is synchronous, except
         behind a batch that types a secret, which checks the browser's focus first; later
-        batches then wait their turn (:meth:`_in_line`)."""
+        batches then wait their turn (:meth:`_in_line`).
+
+        ``check`` refuses the whole batch before any of it runs (a vendor call's points,
+        API.md "Vendor dialects"): a refusal the recording keeps, as the desktop's own."""
         source = {"type": "api_key", "id": self._live.record.owner}
-        return await self._recorded(source, actions, view,
-                                    lambda: self._act(actions, view, screenshot))
+
+        async def run() -> BatchResult:
+            if check is not None:
+                check()
+            return await self._act(actions, view, screenshot)
+
+        return await self._recorded(source, actions, view, run)
 
     async def _recorded(
         self, source: Source, actions: Sequence[a.Action], view: a.CoordinateSpace | None,
