@@ -275,6 +275,26 @@ def test_a_vendor_call_refused_whole_is_recorded(
     assert all(a["source"]["type"] == "api_key" for a in actions)
 
 
+def test_the_screen_point_is_where_the_desktop_acted(
+    client: httpx.Client, recorded: dict[str, Any]
+) -> None:
+    """A point of a coordinate space is mapped to the screen as the desktop maps it
+    (rounded to the nearest pixel): the trajectory's was rounded down, a pixel off."""
+    sid = recorded["id"]
+    space = {"width": 1024, "height": 640}  # 1.25 screen pixels each
+    points = []
+    for x, y in ((3, 3), (1023, 639)):
+        assert client.post(f"/v1/sessions/{sid}/actions", json={
+            "actions": [{"type": "move", "x": x, "y": y}], "coordinate_space": space,
+        }).status_code == 200
+        where = client.post(f"/v1/sessions/{sid}/actions", json={"type": "cursor_position"})
+        points.append(where.json()["results"][0])
+    assert points == [{"x": 4, "y": 4}, {"x": 1279, "y": 799}]
+    moves = [e for e in trajectory(client, sid)
+             if e["kind"] == "action" and e["action"]["type"] == "move"][-2:]
+    assert [m["screen_point"] for m in moves] == points
+
+
 def test_a_recording_outlives_its_session(client: httpx.Client, server: Server) -> None:
     created = client.post("/v1/sessions", json={"display": DISPLAY})
     sid = created.json()["id"]

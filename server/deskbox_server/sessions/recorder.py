@@ -157,7 +157,7 @@ class Recorder:
             return None
         if view is not None:
             width, height = self._screen
-            x, y = x * width // view.width, y * height // view.height
+            x, y = _to_screen(x, view.width, width), _to_screen(y, view.height, height)
         return {"x": x, "y": y}
 
     # -- the video's frames ---------------------------------------------------------------
@@ -284,6 +284,12 @@ class Recorder:
         with contextlib.suppress(asyncio.CancelledError):
             await self._writer
         await self.flush()
+
+
+def _to_screen(value: int, view: int, screen: int) -> int:
+    """A coordinate of the view in screen pixels, as the desktop maps it (the agent's
+    ``Space.to_screen``: to the nearest pixel, the last one at most)."""
+    return min(round(value * screen / view), screen - 1)
 
 
 def _wire(action: a.Action) -> dict[str, Any]:
