@@ -128,13 +128,17 @@ def test_a_recording_keeps_actions_frames_screenshots_and_events(
     assert (recording["width"], recording["height"]) == (1280, 800)
 
 
-def test_the_video_and_the_export(client: httpx.Client, recorded: dict[str, Any]) -> None:
+def test_the_video_and_the_export(
+    client: httpx.Client, server: Server, recorded: dict[str, Any]
+) -> None:
     sid = recorded["id"]
     assert client.post(f"/v1/sessions/{sid}/actions", json={
         "actions": [{"type": "type", "text": "more"}], "screenshot": {"format": "jpeg"}}
     ).status_code == 200
     video = client.get(f"/v1/sessions/{sid}/recording.mp4", timeout=60)
     assert video.status_code == 200 and video.headers["content-type"] == "video/mp4"
+    meta = server.services.manager.recordings.store.meta(sid)
+    assert meta is not None and meta.video_bytes == len(video.content)  # kept, and counted
     with av.open(io.BytesIO(video.content)) as container:
         stream = container.streams.video[0]
         assert stream.codec_context.name == "h264"
@@ -445,6 +449,34 @@ def test_frames_dropped_at_the_quota_are_not_counted(tmp_path: Any) -> None:
             assert_error(client.get(f"/v1/sessions/{sid}/recording/frames/0"), 404,
                          "not_found")
             assert_error(client.get(f"/v1/sessions/{sid}/recording.mp4"), 404, "not_found")
+        finally:
+            client.delete(f"/v1/sessions/{sid}")
+
+
+def test_a_video_is_kept_only_within_the_quota(tmp_path: Path) -> None:
+    """The video made on request was kept beside the frames and counted nowhere: a
+    recording stopped at its key's quota of 20 MiB took 36 MiB once its video was asked
+    for. A video that does not fit is sent and not kept; one that fits is kept and
+    counted, so the key's recordings stay within their quota on disk."""
+    quota = 20 << 20
+    with recording_the_noise(tmp_path, recording_quota_mb=20) as (server, client, sid):
+        try:
+            recording = wait_for(lambda: (r := client.get(
+                f"/v1/sessions/{sid}/recording").json())["state"] == "stopped" and r,
+                timeout_s=60)
+            assert recording, "the quota never stopped the recording"
+            directory = server.settings.state_dir / "recordings" / sid
+            for _ in range(2):  # not kept: made again, and sent whole again
+                video = client.get(f"/v1/sessions/{sid}/recording.mp4", timeout=300)
+                assert video.status_code == 200 and video.headers["content-type"] == "video/mp4"
+                assert int(video.headers["content-length"]) == len(video.content)
+                with av.open(io.BytesIO(video.content)) as container:
+                    decoded = list(container.decode(container.streams.video[0]))
+                assert len(decoded) == recording["frames"] + 1  # the last held to the end
+                kept = sum(f.stat().st_size for f in directory.rglob("*")
+                           if f.is_file() and f.name != "meta.json")
+                assert kept <= quota, f"{kept} bytes kept for a quota of {quota}"
+                assert not list(directory.glob("video*"))
         finally:
             client.delete(f"/v1/sessions/{sid}")
 

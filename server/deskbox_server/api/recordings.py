@@ -5,7 +5,9 @@ an API key's recordings. They outlive their sessions until they expire."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
@@ -122,11 +124,17 @@ async def get_frame(request: Request, caller: Caller, session_id: str, n: int) -
 @router.get(_SESSION + "/recording.mp4", response_class=FileResponse,
             responses={200: {"content": {"video/mp4": {}}}})
 async def get_video(request: Request, caller: Caller, session_id: str) -> Response:
-    """The frames as H.264 video (encoded on the first request, then kept)."""
+    """The frames as H.264 video (encoded on the first request, then kept if it fits in
+    the key's quota)."""
     services = get_services(request)
     meta = await _flushed(services, caller.key_id, session_id)
-    path = await services.manager.recordings.videos.video(meta)
-    return FileResponse(path, media_type="video/mp4", filename=f"{session_id}.mp4")
+    video = await services.manager.recordings.videos.video(meta)
+    if isinstance(video, Path):
+        return FileResponse(video, media_type="video/mp4", filename=f"{session_id}.mp4")
+    size = (await asyncio.to_thread(os.fstat, video.fileno())).st_size
+    return StreamingResponse(media.file_chunks(video), media_type="video/mp4", headers={
+        "Content-Length": str(size),
+        "Content-Disposition": f'attachment; filename="{session_id}.mp4"'})
 
 
 @router.get(_SESSION + "/trajectory.zip", response_class=StreamingResponse,

@@ -21,16 +21,16 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..errors import Capacity, NotFound, SessionFailed, Timeout
-from .recording_store import RecordingMeta, RecordingStore
+from .recording_store import VIDEOS, RecordingMeta, RecordingStore
 
-__all__ = ["Export", "Trajectory", "Videos", "export", "frame_path", "trajectory",
-           "trajectory_lines", "zip_chunks"]
+__all__ = ["Export", "Trajectory", "Videos", "export", "file_chunks", "frame_path",
+           "trajectory", "trajectory_lines", "zip_chunks"]
 
 _ENCODE_TIMEOUT_S = 600
-_CHUNK = 1 << 20  # of the zip, sent as it is made
+_CHUNK = 1 << 20  # of the zip, sent as it is made, and of a video not kept
 _LINES_CHUNK = 1 << 16  # of the trajectory's lines: each one a step of a worker thread
 
 
@@ -173,14 +173,30 @@ def _clear_for(video: _Video) -> bool:
     """False: the video is to be made, the older ones are gone; True: it was made."""
     if video.target.exists():
         return True
-    for old in video.target.parent.glob("video-*.mp4"):
+    for old in video.target.parent.glob(VIDEOS):
         old.unlink(missing_ok=True)
     return False
 
 
+def _unkept(partial: Path) -> BinaryIO:
+    """The video, open, its file gone: nothing is left on disk however its sending ends."""
+    file = partial.open("rb")
+    partial.unlink()
+    return file
+
+
+def file_chunks(file: BinaryIO) -> Iterator[bytes]:
+    """An open file's bytes, then it is closed (a StreamingResponse's body)."""
+    with file:
+        while chunk := file.read(_CHUNK):
+            yield chunk
+
+
 class Videos:
     """The videos of recordings, made on first request and kept (made again once more
-    frames came). One is encoded at a time (it takes a core), and each API key has one
+    frames came) if they fit in the key's recording quota, where they count; one that does
+    not fit is sent and not kept: the key's recordings stay within their quota on disk.
+    One is encoded at a time (it takes a core), and each API key has one
     encode at most waiting or running: another is refused (429) rather than queued.
 
     Nothing here holds a thread while it waits: the wait for the encoder's turn is the
@@ -188,12 +204,14 @@ class Videos:
     the loop's default executor (min(32, cores + 4) of them) held all of them for minutes,
     and every create, delete and snapshot listing of every key waited behind them."""
 
-    def __init__(self, store: RecordingStore) -> None:
+    def __init__(self, store: RecordingStore, quota_bytes: int) -> None:
         self._store = store
+        self._quota = quota_bytes
         self._turn = asyncio.Lock()
         self._keys: set[str] = set()  # whose encode waits or runs
 
-    async def video(self, meta: RecordingMeta) -> Path:
+    async def video(self, meta: RecordingMeta) -> Path | BinaryIO:
+        """The kept video's path, or the video open (not kept: past the key's quota)."""
         video = await asyncio.to_thread(_video_of, self._store, meta)
         if video.made:
             return video.target
@@ -203,17 +221,22 @@ class Videos:
         self._keys.add(meta.owner)
         try:
             async with self._turn:
-                await self._make(video)
+                return await self._make(meta, video)
         finally:
             self._keys.discard(meta.owner)
-        return video.target
 
-    async def _make(self, video: _Video) -> None:
+    async def _make(self, meta: RecordingMeta, video: _Video) -> Path | BinaryIO:
         if await asyncio.to_thread(_clear_for, video):
-            return
+            return video.target
+        meta.video_bytes = 0  # the older videos are gone
         try:
             await _encode(video.job)
+            size = (await asyncio.to_thread(video.partial.stat)).st_size
+            if self._store.used(meta.owner) + size > self._quota:
+                return await asyncio.to_thread(_unkept, video.partial)
             await asyncio.to_thread(os.replace, video.partial, video.target)
+            meta.video_bytes = size
+            return video.target
         finally:
             await asyncio.to_thread(video.partial.unlink, missing_ok=True)
 

@@ -6,7 +6,8 @@ it expires or is deleted, within a per-key quota.
         trajectory.jsonl   every entry as it happened (recorder.py writes them)
         frames/000000.jpg  the video's frames, each written when the screen changed
         shots/000007.jpeg  the settled screenshot a batch asked for, by the entry's seq
-        video-<n>.mp4      made on request from the first n frames (recording_media.py)
+        video-<n>.mp4      made on request from the first n frames, kept if it fits the
+                           key's quota (recording_media.py)
 
 Blocking: call from a worker thread, except :meth:`meta`, :meth:`owned`, :meth:`used`
 (in-memory). The live recorder only appends; the API reads.
@@ -22,24 +23,30 @@ import threading
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from pydantic import Field
+
 from ..errors import NotFound
 from ..schemas.recordings import Recording
 from .atomic_file import PARTIAL_SUFFIX, replace_file
 from .lifecycle import utcnow
 from .listing import Position
 
-__all__ = ["RecordingMeta", "RecordingStore", "recording_position"]
+__all__ = ["VIDEOS", "RecordingMeta", "RecordingStore", "recording_position"]
 
 log = logging.getLogger("deskbox.recordings")
 
 # A full disk, a quota or a file size limit: the save is tried again later, never an
 # error that stops what called it.
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+VIDEOS = "video-*.mp4"  # the kept videos of a recording's directory
 
 
 class RecordingMeta(Recording):
     owner: str
     entries: int = 0  # lines of trajectory.jsonl: the next entry's seq
+    # The kept video's size (recording_media.py): counted against the key's quota, read
+    # from the disk at open rather than saved.
+    video_bytes: int = Field(0, exclude=True)
 
 
 def recording_position(meta: RecordingMeta) -> Position:
@@ -72,6 +79,7 @@ class RecordingStore:
                 log.warning("recording %s: unreadable; removed", directory.name)
                 shutil.rmtree(directory, ignore_errors=True)
                 continue
+            meta.video_bytes = sum(video.stat().st_size for video in directory.glob(VIDEOS))
             self._metas[meta.session_id] = meta
             if meta.state == "recording":
                 # A full disk must not stop the server's start, nor keep the sweep below
@@ -101,9 +109,10 @@ class RecordingStore:
         return mine[:limit], len(mine) > limit
 
     def used(self, owner: str) -> int:
-        """Bytes of ``owner``'s recordings on disk (frames, shots, trajectories)."""
+        """Bytes of ``owner``'s recordings on disk (frames, shots, trajectories, videos)."""
         with self._lock:
-            return sum(m.bytes for m in self._metas.values() if m.owner == owner)
+            return sum(m.bytes + m.video_bytes for m in self._metas.values()
+                       if m.owner == owner)
 
     # -- one recording ---------------------------------------------------------------------
 

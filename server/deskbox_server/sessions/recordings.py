@@ -34,7 +34,7 @@ class Recordings:
         quota_bytes: int,
     ) -> None:
         self.store = store
-        self.videos = Videos(store)  # GET .../recording.mp4 (recording_media.py)
+        self.videos = Videos(store, quota_bytes)  # GET .../recording.mp4 (recording_media.py)
         self._events = events
         self._fps = fps
         self._quality = quality
