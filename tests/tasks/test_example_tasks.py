@@ -12,7 +12,7 @@ import pytest
 from deskbox import Deskbox
 from deskbox.gym import DeskboxEnv
 
-from .conftest import EXAMPLE_TASKS, live_sessions, solver
+from .conftest import EXAMPLE_TASKS, TASKS_DIR, live_sessions, solver
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -55,3 +55,18 @@ def test_doing_nothing_scores_0(box: Deskbox, path: Path) -> None:
                 noop(observation, env.task.instruction))
             assert (reward, terminated) == (0.0, False), info["evaluation"]
         assert info["evaluation"]  # the evaluator said what it found
+
+
+def test_trying_every_destination_in_turn_scores_0(box: Deskbox) -> None:
+    """select-option: a policy that saves one destination after another, a step each,
+    reached Mars at its third step and was rewarded; only the first save counts now, as
+    only the first choice does on the other pages of choices."""
+    solve = solver("select_option")
+    with DeskboxEnv(client=box, task=TASKS_DIR / "select-option.yaml") as env:
+        observation, _ = env.reset(seed=0)
+        for destination in ("Moon", "Venus", "Mars"):
+            actions = [{**action, "text": destination} if action["type"] == "type" else action
+                       for action in solve(observation)]
+            observation, reward, terminated, _, info = env.step(actions)
+            assert (reward, terminated) == (0.0, False), info["evaluation"]
+        assert info["evaluation"] == "the expression is 'moon'"
