@@ -74,6 +74,9 @@ def test_an_episode_through_gymnasium_make(local_server: Server) -> None:
         obs, info = env.reset(seed=1)
         assert obs.shape == (400, 640, 3) and obs.dtype == np.uint8
         assert tuple(obs[200, 320]) == (0xC0, 0, 0)  # red: the page, at the model's size
+        # The caller's to change in place (a normalization, a mask): it was read-only,
+        # PIL's buffer, and torch.from_numpy warned that it was not writable.
+        assert obs.flags.writeable
         assert info["session_id"] in my_sessions(local_server)
         first = info["session_id"]
         # A refused action changes nothing and ends nothing: the model gets the reason.
@@ -85,6 +88,8 @@ def test_an_episode_through_gymnasium_make(local_server: Server) -> None:
         assert tuple(obs[200, 320]) == (0, 0xC0, 0) and "error" not in info
         assert (reward, terminated, truncated) == (1.0, True, False)
         np.testing.assert_array_equal(env.render(), obs)
+        obs[200, 320] = 0
+        assert obs.flags.writeable and tuple(env.render()[200, 320]) == (0, 0xC0, 0)
         # A new episode is a new desktop; the old one is gone.
         obs, info = env.reset()
         assert info["session_id"] != first and tuple(obs[200, 320]) == (0xC0, 0, 0)

@@ -166,11 +166,12 @@ def as_batch(action: Action) -> list[Mapping[str, Any]]:
 
 
 def pixels(png: bytes, size: tuple[int, int]) -> Observation:
-    """A screenshot as an RGB array of ``size`` (width, height)."""
+    """A screenshot as an RGB array of ``size`` (width, height), the caller's to change
+    (``np.asarray`` of an image is a read-only view of its buffer)."""
     with Image.open(io.BytesIO(png)) as image:
-        array = np.asarray(image.convert("RGB"), dtype=np.uint8)
+        array = np.array(image.convert("RGB"), dtype=np.uint8)
     if array.shape[:2] != (size[1], size[0]):
-        array = np.asarray(Image.fromarray(array).resize(size), dtype=np.uint8)
+        array = np.array(Image.fromarray(array).resize(size), dtype=np.uint8)
     return array
 
 
@@ -329,7 +330,7 @@ class DeskboxEnv(gymnasium.Env[Observation, Any]):
             return None
         if self._last is None:
             raise RuntimeError("render() before reset()")
-        return self._last
+        return self._last.copy()
 
     def close(self) -> None:
         try:
@@ -351,7 +352,8 @@ class DeskboxEnv(gymnasium.Env[Observation, Any]):
         result = self.session.act(actions, screenshot={"format": "png"}, coordinate_space=size)
         assert result.screenshot is not None
         self._last = pixels(result.screenshot.data, size)
-        return self._last, result.settled
+        # The caller's copy: what it changes in place is not what render() shows.
+        return self._last.copy(), result.settled
 
     def _act_in_dialect(self, action: Mapping[str, Any]) -> None:
         assert self.session is not None
