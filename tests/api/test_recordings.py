@@ -481,6 +481,31 @@ def test_a_video_is_kept_only_within_the_quota(tmp_path: Path) -> None:
             client.delete(f"/v1/sessions/{sid}")
 
 
+def test_a_recording_deleted_while_its_video_is_made_is_gone(tmp_path: Path) -> None:
+    """A delete during the video's encode took the frames from under the encoder: the
+    request answered 502 session_failed, as if the sandbox had made unreadable frames,
+    with the server's own path to the frame in the message. Now 404, as the recording
+    is."""
+    with recording_the_noise(tmp_path, recording_fps=12) as (server, client, sid):
+        try:
+            assert wait_for(lambda: client.get(
+                f"/v1/sessions/{sid}/recording").json()["frames"] >= 24)
+            directory = server.settings.state_dir / "recordings" / sid
+            answers: list[httpx.Response] = []
+            asking = threading.Thread(target=lambda: answers.append(
+                client.get(f"/v1/sessions/{sid}/recording.mp4", timeout=120)))
+            asking.start()
+            try:
+                assert wait_for(lambda: (directory / "video.partial.mp4").exists())
+                assert client.delete(f"/v1/sessions/{sid}/recording").status_code == 204
+            finally:
+                asking.join()
+            error = assert_error(answers[0], 404, "not_found")
+            assert str(server.settings.state_dir) not in error["message"]
+        finally:
+            client.delete(f"/v1/sessions/{sid}")
+
+
 def test_videos_asked_at_once_hold_up_no_other_request(tmp_path: Path) -> None:
     """Encodes ran on the loop's default executor, each request holding one of its threads
     (one encoding, the others waiting for their turn): a few video requests of a long

@@ -222,6 +222,13 @@ class Videos:
         try:
             async with self._turn:
                 return await self._make(meta, video)
+        except (SessionFailed, OSError):
+            # A delete (or expiry) took the frames from under the encoder: not frames the
+            # sandbox made unreadable, and the server's paths are not the client's to see.
+            if self._store.meta(meta.session_id) is not meta:
+                raise NotFound(f"recording of session {meta.session_id} was deleted while "
+                               "its video was made") from None
+            raise
         finally:
             self._keys.discard(meta.owner)
 
