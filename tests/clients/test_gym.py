@@ -82,9 +82,11 @@ def test_an_episode_through_gymnasium_make(local_server: Server) -> None:
         # A refused action changes nothing and ends nothing: the model gets the reason.
         obs, reward, terminated, truncated, info = env.step({"type": "click", "x": -5, "y": 1})
         assert "x" in info["error"] and (reward, terminated, truncated) == (0.0, False, False)
-        # Coordinates are the model's: (320, 200) is the screen's middle.
-        obs, reward, terminated, truncated, info = env.step(
-            {"type": "click", "x": 320, "y": 200})
+        # Coordinates are the model's: (320, 200) is the screen's middle. A policy's NumPy
+        # numbers (an argmax) are numbers: they were a TypeError (not JSON serializable).
+        click = {"type": "click", "x": np.int64(320), "y": np.array([200])[0]}
+        assert env.action_space.contains(click)
+        obs, reward, terminated, truncated, info = env.step(click)
         assert tuple(obs[200, 320]) == (0, 0xC0, 0) and "error" not in info
         assert (reward, terminated, truncated) == (1.0, True, False)
         np.testing.assert_array_equal(env.render(), obs)
@@ -160,7 +162,7 @@ def test_a_vector_env_steps_its_desktops_together_and_autoresets(local_server: S
         assert sorted(my_sessions(local_server)) == sorted(first)
         # The first desktop's click ends its episode; the second only moves.
         obs, rewards, terminated, truncated, infos = envs.step([
-            {"type": "click", "x": 320, "y": 200}, {"type": "move", "x": 1, "y": 1}])
+            {"type": "click", "x": np.int64(320), "y": 200}, {"type": "move", "x": 1, "y": 1}])
         assert list(rewards) == [1.0, 0.0] and list(terminated) == [True, False]
         assert tuple(obs[0, 200, 320]) == (0, 0xC0, 0) and tuple(obs[1, 200, 320]) == (0xC0, 0, 0)
         # Next step: the first is reset (a new session, red again; its action not taken).

@@ -14,7 +14,8 @@
 
 An observation is the settled screen as an RGB array at the model's size (the session's
 coordinate space: the server maps coordinates and shrinks screenshots to it). An action is
-one API action (a dict, API.md "Actions") or a list of them (a batch); the server checks it,
+one API action (a dict, API.md "Actions") or a list of them (a batch; NumPy numbers in it
+are taken as numbers); the server checks it,
 and one it refuses leaves the desktop as it was, with the refusal in ``info["error"]``. The
 reward comes from ``evaluate(session)`` (run outside the model's view, after each step):
 1.0 or more terminates the episode; ``max_steps`` truncates it. Each ``reset`` starts a new
@@ -51,8 +52,8 @@ from .tasks.start import StartStates, task_desktop
 
 __all__ = ["ACTION_TYPES", "DIALECTS", "ENV_ID", "LOOK_AFTER_CHANGES", "NOTHING",
            "RESET_SETTLE_S", "ActionSpace", "DeskboxEnv", "Episodes", "Observation",
-           "anthropic_action", "as_batch", "is_tool_call", "openai_action", "pixels", "register",
-           "task_of"]
+           "anthropic_action", "as_batch", "is_tool_call", "openai_action", "pixels", "plain",
+           "register", "task_of"]
 
 ENV_ID = "deskbox/Desktop-v0"
 # API.md "Actions": the types a step may send.
@@ -165,6 +166,20 @@ def as_batch(action: Action) -> list[Mapping[str, Any]]:
     return [action] if isinstance(action, Mapping) else list(action)
 
 
+def plain(action: Any) -> Any:
+    """``action`` with NumPy numbers and arrays as Python's: a policy's coordinates are
+    often NumPy's (an argmax is an ``np.int64``), which JSON cannot carry."""
+    if isinstance(action, np.generic):
+        return action.item()
+    if isinstance(action, np.ndarray):
+        return action.tolist()
+    if isinstance(action, Mapping):
+        return {key: plain(value) for key, value in action.items()}
+    if isinstance(action, list | tuple):
+        return [plain(value) for value in action]
+    return action
+
+
 def pixels(png: bytes, size: tuple[int, int]) -> Observation:
     """A screenshot as an RGB array of ``size`` (width, height), the caller's to change
     (``np.asarray`` of an image is a read-only view of its buffer)."""
@@ -212,7 +227,8 @@ class ActionSpace(spaces.Space[Any]):
                 return False
             for key, bound in (("x", self.width), ("y", self.height)):
                 value = action.get(key)
-                if value is not None and not (isinstance(value, int) and 0 <= value < bound):
+                if value is not None and not (isinstance(value, int | np.integer)
+                                              and 0 <= value < bound):
                     return False
         return True
 
@@ -308,6 +324,7 @@ class DeskboxEnv(gymnasium.Env[Observation, Any]):
                                             dict[str, Any]]:
         if self.session is None:
             raise RuntimeError("step() before reset()")
+        action = plain(action)
         self.steps += 1
         # Nothing episode-specific (the session's id is reset()'s): the same action after the
         # same reset gives the same info (Gymnasium's determinism check).

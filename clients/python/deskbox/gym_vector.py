@@ -47,6 +47,7 @@ from .gym import (
     as_batch,
     is_tool_call,
     pixels,
+    plain,
     task_of,
 )
 from .tasks import Task, evaluate
@@ -218,6 +219,7 @@ class DeskboxVectorEnv(VectorEnv[NDArray[np.uint8], Any, NDArray[Any]]):
             return observation, 0.0, False, False, started
         session = self._sessions[i]
         assert session is not None
+        action = plain(action)
         self._steps[i] += 1
         info: dict[str, Any] = {"steps": int(self._steps[i])}
         try:
