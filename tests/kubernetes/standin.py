@@ -13,6 +13,11 @@ PersistentVolumeClaims as host directories (one per claim, made when the claim i
 removed with it: "Bound" at once, no size limit), and its container runs in Podman (the
 Engine API at ``--engine``) from the image of that name.
 
+A test may have it hold the next create of a kind (``POST /standin/hold``): the request
+waits that long before the object is made, and is made then whether its client still
+waits or not, as a busy API server goes on with a request its client gave up.
+``GET /standin/hold`` says which kinds are armed, and which creates are being held.
+
 What it does not do: authentication, admission, scheduling, quotas, image pulls (an image
 Podman lacks gives ErrImagePull), restarts (restartPolicy is Never), NetworkPolicy
 enforcement (its objects are kept and served; a pod here reaches only this host anyway).
@@ -368,6 +373,8 @@ class StandIn:
         self.store = Store()
         self.kubelet = Kubelet(self.store, engine_url)
         self.requests: list[tuple[str, str]] = []  # method, path: what the engine called
+        self.armed: dict[str, float] = {}  # plural: how long its next create is held
+        self.holding: list[str] = []  # the plurals whose create is being held now
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -375,7 +382,30 @@ class StandIn:
             app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}", self.collection)
             app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}/{name}", self.item)
         app.router.add_get("/standin/requests", self.recorded)
+        app.router.add_post("/standin/hold", self.arm)
+        app.router.add_get("/standin/hold", self.held)
         return app
+
+    async def arm(self, request: web.Request) -> web.Response:
+        """``{"plural": "pods", "seconds": 1.5}``: hold the next create of that kind."""
+        body = await request.json()
+        self.armed[str(body["plural"])] = float(body["seconds"])
+        return await self.held(request)
+
+    async def held(self, request: web.Request) -> web.Response:
+        return web.json_response({"armed": sorted(self.armed), "holding": self.holding})
+
+    async def _hold(self, plural: str) -> None:
+        seconds = self.armed.pop(plural, None)
+        if seconds is None:
+            return
+        self.holding.append(plural)
+        try:
+            # aiohttp leaves a handler running when its client goes (handler_cancellation
+            # is off), so the object is made after this all the same.
+            await asyncio.sleep(seconds)
+        finally:
+            self.holding.remove(plural)
 
     async def recorded(self, request: web.Request) -> web.Response:
         return web.json_response([list(r) for r in self.requests])
@@ -408,6 +438,7 @@ class StandIn:
                 name = obj["metadata"]["name"]
             except (ValueError, KeyError, TypeError):
                 return status_body(400, "BadRequest", "the body is not an object with a name")
+            await self._hold(plural)
             if (plural, ns, name) in self.store.objects:
                 return status_body(409, "AlreadyExists",
                                    f'{plural} "{name}" already exists')

@@ -45,7 +45,8 @@ def _stop(stop: Callable[[T], None], made: T) -> None:
 
 
 async def answered(call: Awaitable[T]) -> T:
-    """The answer to a request that makes something elsewhere (a container of a daemon).
+    """The answer to a request that makes something elsewhere (a container of a daemon,
+    an object of the Kubernetes API).
 
     Cancelling the request does not undo it: the daemon goes on and makes the thing after
     the caller has stopped waiting, and a clean-up that removed it by name before then

@@ -25,6 +25,7 @@ from typing import ClassVar
 
 from ...errors import DeskboxError, Internal, SessionFailed, Timeout
 from ..base import AgentStream, Capability, Engine, SessionSpec
+from ..in_thread import answered
 from ..network import resolve_egress
 from .agent_tcp import connect_agent
 from .cluster import Cluster, Obj
@@ -140,17 +141,20 @@ class KubernetesEngine(Engine[PodSandbox]):
         egress = await self._egress_rules(spec)
         try:
             async with asyncio.timeout(timeout_s):
-                await self.cluster.create_network_policy(
-                    network_policy_manifest(self.pods, spec.id, egress))
+                # Each create runs to its answer, also when cancelled (a delete of the
+                # starting session, the start's timeout): the API server makes the object
+                # all the same, and destroy must find it to delete it.
+                await answered(self.cluster.create_network_policy(
+                    network_policy_manifest(self.pods, spec.id, egress)))
                 for volume in spec.volumes:  # made on first use; kept after the pod
                     await self.cluster.create_claim(claim_manifest(self.pods, volume))
                 self._sandboxes[spec.id] = sandbox
-                pod = await self.cluster.create_pod(
+                pod = await answered(self.cluster.create_pod(
                     pod_manifest(self.pods, spec.id, spec.desktop, _limits(spec),
                                  spec.runtime_class, warm=spec.background,
-                                 volumes=spec.volumes))
-                await self.cluster.create_secret(
-                    secret_manifest(self.pods, pod, spec.id, sandbox.token))
+                                 volumes=spec.volumes)))
+                await answered(self.cluster.create_secret(
+                    secret_manifest(self.pods, pod, spec.id, sandbox.token)))
                 sandbox.timings["pod_created"] = time.monotonic() - started
                 await self._wait_running(sandbox)
                 sandbox.timings["pod_running"] = time.monotonic() - started
