@@ -152,6 +152,27 @@ def test_a_replica_that_stops_leaves_its_sessions_to_the_others(
     assert state(one, session) == "stopped"
 
 
+def test_a_session_failed_for_the_fleet_leaves_no_pod(
+    one: Server, two: Server, standin: StandIn
+) -> None:
+    """A replica that cannot take a session over (here: the agent's token is gone, as a
+    pod it cannot reach) fails it for the fleet at a delete; its pod ran on held by no
+    replica (the one that held it let go of a failed session), with its policy, for good."""
+    session = create(one.client)
+    name = pod_name(session)
+    gone = httpx.delete(f"{standin.url}/api/v1/namespaces/{NAMESPACE}/secrets/{name}")
+    assert gone.status_code == 200, gone.text
+    assert two.client.delete(f"/v1/sessions/{session['id']}").status_code == 204
+    assert state(two, session) == "failed"
+    until(lambda: state(one, session) == "failed")
+    time.sleep(2)  # a few reaper passes of both
+    left = [kind for kind in ("pods", "networkpolicies") if name in standin.names(kind)]
+    for kind in left:
+        prefix = "/apis/networking.k8s.io/v1" if kind == "networkpolicies" else "/api/v1"
+        httpx.delete(f"{standin.url}{prefix}/namespaces/{NAMESPACE}/{kind}/{name}")
+    assert not left, f"the failed session's objects stayed: {left}"
+
+
 def test_what_one_server_keeps_is_refused_in_a_fleet(one: Server, two: Server) -> None:
     refused = one.client.post("/v1/sessions", json={"record": True})
     assert_error(refused, 422, "invalid_request")

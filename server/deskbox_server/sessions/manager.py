@@ -500,6 +500,10 @@ class SessionManager:
         await self._registry.save(failed(record, reason))
         await asyncio.to_thread(self._frames.forget, record.id)
         self._publish_state(record)
+        # No server holds it from now on (one that did lets go of a failed session): what
+        # is left of its sandbox goes now, or it runs on for good (a pod this server could
+        # not reach, one whose token is gone, one that ended on its own).
+        await self._remove_sandbox(record)
 
     def stop_soon(self, live: LiveSession) -> None:
         if live.stop_task is None:
@@ -519,6 +523,9 @@ class SessionManager:
 
     async def remove_left(self, record: SessionRecord) -> None:
         self._publish_state(record)
+        await self._remove_sandbox(record)
+
+    async def _remove_sandbox(self, record: SessionRecord) -> None:
         engine = self._engines.get(record.backend)
         if engine is None:
             return
