@@ -186,6 +186,19 @@ def test_what_one_server_keeps_is_refused_in_a_fleet(one: Server, two: Server) -
         assert two.client.delete(f"/v1/sessions/{session['id']}").status_code == 204
 
 
+def test_a_stored_secret_is_refused_in_a_fleet(one: Server, two: Server) -> None:
+    """A secret is kept encrypted in one server's state dir, under that server's key: one
+    stored through one replica was 404 through the other (typing it there too)."""
+    stored = one.client.post("/v1/secrets", json={
+        "name": "FLEET_PASSWORD", "value": "hunter2-fleet",
+        "allowed_origins": ["https://example.com"]})
+    if stored.status_code == 201:
+        one.client.delete("/v1/secrets/FLEET_PASSWORD")
+    message = assert_error(stored, 422, "invalid_request")["message"]
+    assert "DESKBOX_REGISTRY=cluster" in message
+    assert two.client.get("/v1/secrets").json() == {"secrets": []}
+
+
 def test_a_cluster_registry_needs_the_kubernetes_engine(tmp_path: Path) -> None:
     output = serve_refused(tmp_path / "state", {
         "DESKBOX_REGISTRY": "cluster", "DESKBOX_BACKENDS": "local",

@@ -24,8 +24,7 @@ def _resource(record: SecretRecord) -> Secret:
 @router.post("", status_code=201, response_model=Secret)
 async def create_secret(request: Request, caller: Caller, body: SecretCreate) -> Secret:
     """Store a secret, encrypted (409 if the name is taken: delete it to replace it)."""
-    store = get_services(request).manager.secrets
-    return _resource(await asyncio.to_thread(store.create, caller.key_id, body))
+    return _resource(await get_services(request).manager.store_secret(caller.key_id, body))
 
 
 @router.get("", response_model=SecretList)

@@ -37,6 +37,7 @@ from ..errors import (
 )
 from ..metrics import Metrics
 from ..schemas.health import EngineSummary
+from ..schemas.secrets import SecretCreate
 from ..schemas.sessions import SessionCreate, SessionState
 from ..settings import Settings
 from . import start_stop
@@ -60,7 +61,7 @@ from .recording_store import RecordingStore
 from .recordings import Recordings
 from .recovery import desktop_spec, failed, lock_state_dir, readopt
 from .registry import Registry
-from .secrets import SecretStore
+from .secrets import SecretRecord, SecretStore
 from .session import Session
 from .shared_registry import SharedRegistry
 from .snapshots import SnapshotStore
@@ -353,6 +354,13 @@ class SessionManager:
                             engine.name, error.message)
 
     # -- queries --------------------------------------------------------------------------
+
+    async def store_secret(self, owner: str, body: SecretCreate) -> SecretRecord:
+        """POST /v1/secrets. Refused in a fleet: the secret would be kept in this server's
+        state dir under its own key, and the request that types it may reach another."""
+        if self._fleet is not None:
+            raise one_server_only("a stored secret (POST /v1/secrets)")
+        return await asyncio.to_thread(self.secrets.create, owner, body)
 
     def describe_engines(self) -> dict[str, EngineSummary]:
         """Each engine sessions may ask for (its name on the wire): what it can do, and
