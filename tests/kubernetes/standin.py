@@ -16,7 +16,9 @@ Engine API at ``--engine``) from the image of that name.
 A test may have it hold the next create of a kind (``POST /standin/hold``): the request
 waits that long before the object is made, and is made then whether its client still
 waits or not, as a busy API server goes on with a request its client gave up.
-``GET /standin/hold`` says which kinds are armed, and which creates are being held.
+``GET /standin/hold`` says which kinds are armed, and which creates are being held. Or
+answer the next requests of a method and kind with an error status and nothing done
+(``POST /standin/fail``), as a throttled or failing API server does.
 
 What it does not do: authentication, admission, scheduling, quotas, image pulls (an image
 Podman lacks gives ErrImagePull), restarts (restartPolicy is Never), NetworkPolicy
@@ -375,6 +377,7 @@ class StandIn:
         self.requests: list[tuple[str, str]] = []  # method, path: what the engine called
         self.armed: dict[str, float] = {}  # plural: how long its next create is held
         self.holding: list[str] = []  # the plurals whose create is being held now
+        self.failing: list[Obj] = []  # POST /standin/fail's, each until its count is used
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -384,7 +387,29 @@ class StandIn:
         app.router.add_get("/standin/requests", self.recorded)
         app.router.add_post("/standin/hold", self.arm)
         app.router.add_get("/standin/hold", self.held)
+        app.router.add_post("/standin/fail", self.fail)
         return app
+
+    async def fail(self, request: web.Request) -> web.Response:
+        """``{"method": "POST", "plural": "pods", "status": 429, "times": 1,
+        "retry_after": 1}``: the next ``times`` such requests answer ``status`` (with that
+        Retry-After, if given), and make, change or read nothing."""
+        self.failing.append(dict(await request.json()))
+        return web.json_response(self.failing)
+
+    def _failed(self, request: web.Request) -> web.Response | None:
+        for fault in self.failing:
+            if (fault["method"] == request.method
+                    and fault["plural"] == request.match_info["plural"]):
+                fault["times"] -= 1
+                if fault["times"] <= 0:
+                    self.failing.remove(fault)
+                response = status_body(int(fault["status"]), "StandInFault",
+                                       "the stand-in was told to refuse this")
+                if "retry_after" in fault:
+                    response.headers["Retry-After"] = str(fault["retry_after"])
+                return response
+        return None
 
     async def arm(self, request: web.Request) -> web.Response:
         """``{"plural": "pods", "seconds": 1.5}``: hold the next create of that kind."""
@@ -420,6 +445,8 @@ class StandIn:
 
     async def collection(self, request: web.Request) -> web.StreamResponse:
         self.requests.append((request.method, request.path_qs))
+        if (refused := self._failed(request)) is not None:
+            return refused
         plural, ns = self._plural(request), request.match_info["ns"]
         if plural is None:
             return status_body(404, "NotFound", f"the server could not find {request.path}")
@@ -462,6 +489,8 @@ class StandIn:
 
     async def item(self, request: web.Request) -> web.Response:
         self.requests.append((request.method, request.path_qs))
+        if (refused := self._failed(request)) is not None:
+            return refused
         plural, ns = self._plural(request), request.match_info["ns"]
         name = request.match_info["name"]
         if plural is None:

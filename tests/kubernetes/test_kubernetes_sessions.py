@@ -274,6 +274,22 @@ def test_a_pod_whose_image_cannot_be_pulled_fails_the_create(
         assert not [n for n in standin.names("pods") if n in str(refused.json())]
 
 
+def test_a_throttled_create_waits_and_runs(client: httpx.Client, standin: StandIn) -> None:
+    """An API server under load answers 429 with a Retry-After (API Priority and
+    Fairness), having done nothing: a Kubernetes client waits that long and asks again.
+    The create failed with 502, its session failed."""
+    for plural in ("networkpolicies", "pods"):
+        armed = httpx.post(f"{standin.url}/standin/fail", json={
+            "method": "POST", "plural": plural, "status": 429, "times": 1,
+            "retry_after": 1}, timeout=10)
+        assert armed.status_code == 200, armed.text
+    made = create(client)
+    try:
+        assert client.get(f"/v1/sessions/{made['id']}/screenshot").status_code == 200
+    finally:
+        client.delete(f"/v1/sessions/{made['id']}")
+
+
 def test_delete_leaves_nothing(client: httpx.Client, standin: StandIn) -> None:
     made = create(client)
     name = pod_name(made)

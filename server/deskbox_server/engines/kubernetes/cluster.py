@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,6 +32,8 @@ T = TypeVar("T")
 # a delete and the shutdown that wait for it, for ever: the client has no timeout of its
 # own. Every call is bounded (a watch by its own timeout_seconds, and the same again).
 _CALL_TIMEOUT_S = 30.0
+# The longest a throttled call (429) waits before it asks again, whatever Retry-After says.
+_THROTTLED_WAIT_S = 5.0
 _IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -70,7 +73,7 @@ class Cluster:
             self.namespace = await asyncio.to_thread(_in_cluster_namespace)
         self._client = client.ApiClient(configuration)
         try:
-            await self._json("list pods", self._core.list_namespaced_pod(
+            await self._json("list pods", lambda: self._core.list_namespaced_pod(
                 self.namespace, limit=1, _preload_content=False))
         except SessionFailed as error:
             await self.close()
@@ -109,10 +112,29 @@ class Cluster:
             raise SessionFailed(f"the Kubernetes API at {self.where} does not answer "
                                 f"({error or type(error).__name__})") from None
 
-    async def _json(self, what: str, call: Awaitable[Any]) -> Obj:
+    async def _json(self, what: str, call: Callable[[], Awaitable[Any]]) -> Obj:
         """The JSON object a call answered (called with ``_preload_content=False``, which
-        leaves the status to us)."""
-        response = await self._call(what, call)
+        leaves the status to us). A 429 is asked again after its Retry-After, as client-go
+        does: the API server did nothing (its priority and fairness turned the request
+        away under load), and the next try may pass; only within the call's bound."""
+        started = time.monotonic()
+        while True:
+            status, reason, retry_after, body = await self._answer(what, call)
+            wait_s = min(retry_after or 1.0, _THROTTLED_WAIT_S)
+            if (status == 429
+                    and time.monotonic() - started + wait_s < _CALL_TIMEOUT_S):
+                await asyncio.sleep(wait_s)
+                continue
+            if not 200 <= status <= 299:
+                raise ClusterRefused(what, status, _message(body, reason))
+            if not isinstance(body, dict):
+                raise SessionFailed(f"the Kubernetes API answered {what} with no object")
+            return body
+
+    async def _answer(self, what: str, call: Callable[[], Awaitable[Any]]
+                      ) -> tuple[int, str | None, float | None, Any]:
+        """One call's status, reason, Retry-After (seconds, if it says) and JSON body."""
+        response = await self._call(what, call())
         try:
             raw = await self._call(what, response.read())
         finally:
@@ -121,16 +143,13 @@ class Cluster:
             body = json.loads(raw)
         except ValueError:
             body = None
-        if not 200 <= response.status <= 299:
-            raise ClusterRefused(what, response.status, _message(body, response.reason))
-        if not isinstance(body, dict):
-            raise SessionFailed(f"the Kubernetes API answered {what} with no object")
-        return body
+        return response.status, response.reason, _seconds(
+            response.headers.get("Retry-After")), body
 
     # -- pods ------------------------------------------------------------------------------
 
     async def create_pod(self, manifest: Obj) -> Obj:
-        return await self._json("create a pod", self._core.create_namespaced_pod(
+        return await self._json("create a pod", lambda: self._core.create_namespaced_pod(
             self.namespace, _as_body(manifest), _preload_content=False))
 
     async def read_pod(self, name: str) -> Obj | None:
@@ -146,12 +165,12 @@ class Cluster:
         """A JSON merge patch (RFC 7386: null removes) of the pod's metadata."""
         # The client's signature leaves out _content_type, which its body reads.
         merge: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
-        return await self._json("patch a pod", self._core.patch_namespaced_pod(
+        return await self._json("patch a pod", lambda: self._core.patch_namespaced_pod(
             name, self.namespace, _as_body(patch), _preload_content=False, **merge))
 
     async def list_pods(self, selector: str) -> tuple[list[Obj], str]:
         """The pods a label selector picks, and the resourceVersion to watch from."""
-        body = await self._json("list pods", self._core.list_namespaced_pod(
+        body = await self._json("list pods", lambda: self._core.list_namespaced_pod(
             self.namespace, label_selector=selector, _preload_content=False))
         return list(body.get("items") or []), str(
             (body.get("metadata") or {}).get("resourceVersion", ""))
@@ -185,7 +204,7 @@ class Cluster:
     # -- secrets and network policies ------------------------------------------------------
 
     async def create_secret(self, manifest: Obj) -> Obj:
-        return await self._json("create a secret", self._core.create_namespaced_secret(
+        return await self._json("create a secret", lambda: self._core.create_namespaced_secret(
             self.namespace, _as_body(manifest), _preload_content=False))
 
     async def read_secret(self, name: str) -> Obj | None:
@@ -198,7 +217,7 @@ class Cluster:
         """A JSON merge patch of the secret (null removes a key); None if there is none."""
         merge: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
         try:
-            return await self._json("patch a secret", self._core.patch_namespaced_secret(
+            return await self._json("patch a secret", lambda: self._core.patch_namespaced_secret(
                 name, self.namespace, _as_body(patch), _preload_content=False, **merge))
         except ClusterRefused as error:
             if error.upstream_status == 404:
@@ -206,18 +225,18 @@ class Cluster:
             raise
 
     async def list_secrets(self, selector: str) -> list[Obj]:
-        body = await self._json("list secrets", self._core.list_namespaced_secret(
+        body = await self._json("list secrets", lambda: self._core.list_namespaced_secret(
             self.namespace, label_selector=selector, _preload_content=False))
         return list(body.get("items") or [])
 
     async def create_network_policy(self, manifest: Obj) -> Obj:
         return await self._json(
-            "create a network policy", self._networking.create_namespaced_network_policy(
+            "create a network policy", lambda: self._networking.create_namespaced_network_policy(
                 self.namespace, _as_body(manifest), _preload_content=False))
 
     async def list_network_policies(self, selector: str) -> list[Obj]:
         body = await self._json(
-            "list network policies", self._networking.list_namespaced_network_policy(
+            "list network policies", lambda: self._networking.list_namespaced_network_policy(
                 self.namespace, label_selector=selector, _preload_content=False))
         return list(body.get("items") or [])
 
@@ -232,7 +251,7 @@ class Cluster:
         try:
             return await self._json(
                 "create a persistent volume claim",
-                self._core.create_namespaced_persistent_volume_claim(
+                lambda: self._core.create_namespaced_persistent_volume_claim(
                     self.namespace, _as_body(manifest), _preload_content=False))
         except ClusterRefused as error:
             if error.upstream_status == 409:
@@ -248,7 +267,8 @@ class Cluster:
     async def _read(self, what: str, method: Callable[..., Awaitable[Any]], name: str
                     ) -> Obj | None:
         try:
-            return await self._json(what, method(name, self.namespace, _preload_content=False))
+            return await self._json(what, lambda: method(name, self.namespace,
+                                                         _preload_content=False))
         except ClusterRefused as error:
             if error.upstream_status == 404:
                 return None
@@ -257,7 +277,7 @@ class Cluster:
     async def _delete(self, what: str, method: Callable[..., Awaitable[Any]], name: str
                       ) -> bool:
         try:
-            await self._json(what, method(name, self.namespace, grace_period_seconds=0,
+            await self._json(what, lambda: method(name, self.namespace, grace_period_seconds=0,
                                           propagation_policy="Background",
                                           _preload_content=False))
         except ClusterRefused as error:
@@ -272,6 +292,14 @@ def _message(body: Any, reason: str | None) -> str:
     if isinstance(body, dict) and body.get("message"):
         return str(body["message"])[:500]
     return str(reason or "no reason given")
+
+
+def _seconds(header: str | None) -> float | None:
+    """A Retry-After of seconds (what the API server sends); None for anything else."""
+    try:
+        return max(0.0, float(header)) if header else None
+    except ValueError:
+        return None
 
 
 def _exception_message(error: ApiException) -> str:
