@@ -339,6 +339,27 @@ def test_a_killed_servers_pod_is_adopted_and_strangers_are_swept(
     assert pod_name(kept) not in standin.names("pods")
 
 
+def test_a_sweep_the_api_server_refuses_once_does_not_stop_the_start(
+    standin: StandIn, base: Path
+) -> None:
+    """A stranger's policy (no pod) whose delete the API server refuses (a 503) at the
+    next server's start: the server started all the same (the server refused to start
+    on that one error before), and the policy is left for a later sweep."""
+    meta = {"name": "deskbox-ses-strandedpolicy", "labels": {
+        "deskbox.io/fleet": "deskbox", "deskbox.io/session": "ses_strandedpolicy"}}
+    policies = f"{standin.url}/apis/networking.k8s.io/v1/namespaces/{NAMESPACE}/networkpolicies"
+    assert httpx.post(policies, json={"metadata": meta, "spec": {"podSelector": {}}}
+                      ).status_code == 201
+    try:
+        armed = httpx.post(f"{standin.url}/standin/fail", json={
+            "method": "DELETE", "plural": "networkpolicies", "status": 503, "times": 1})
+        assert armed.status_code == 200, armed.text
+        with kubernetes_server(standin, base / "sweep-state", base / "sweep.log") as server:
+            assert server.client.get("/healthz").status_code == 200
+    finally:
+        httpx.delete(f"{policies}/{meta['name']}")
+
+
 def test_the_warm_pool_is_labelled_pods_claimed_at_create(
     standin: StandIn, base: Path
 ) -> None:

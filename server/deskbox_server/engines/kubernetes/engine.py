@@ -223,16 +223,9 @@ class KubernetesEngine(Engine[PodSandbox]):
 
     async def destroy(self, sandbox: PodSandbox) -> None:
         self._sandboxes.pop(sandbox.session_id, None)
-        name = sandbox.name
-        for what, delete in (("pod", self.cluster.delete_pod),
-                             ("secret", self.cluster.delete_secret),
-                             ("network policy", self.cluster.delete_network_policy)):
-            try:
-                await delete(name)
-            except DeskboxError as error:
-                # Never raised for a dead sandbox: what is left goes at the next orphan sweep
-                # (the Secret also with its pod, which owns it).
-                log.warning("deleting the %s %s: %s", what, name, error)
+        # Never raised for a dead sandbox: what is left goes at the next orphan sweep (the
+        # Secret also with its pod, which owns it).
+        await self._delete_each(sandbox.name, ("pod", "secret", "network policy"))
 
     async def adopt(self, session_id: str) -> PodSandbox:
         sandbox = PodSandbox(self.options.max_execs, session_id)
@@ -287,9 +280,20 @@ class KubernetesEngine(Engine[PodSandbox]):
             meta = policy.get("metadata") or {}
             name = str(meta.get("name", ""))
             if name and name not in have and not self._peers(meta.get("labels") or {}):
-                await self.cluster.delete_network_policy(name)
-                await self.cluster.delete_secret(name)
+                # A pod never made: a refusal must not stop the server's start.
+                await self._delete_each(name, ("network policy", "secret"))
         return removed
+
+    async def _delete_each(self, name: str, kinds: tuple[str, ...]) -> None:
+        """Delete the objects of these kinds named ``name``, each whatever became of the
+        others; one the API server refuses is logged and left for a later sweep."""
+        deletes = {"pod": self.cluster.delete_pod, "secret": self.cluster.delete_secret,
+                   "network policy": self.cluster.delete_network_policy}
+        for what in kinds:
+            try:
+                await deletes[what](name)
+            except DeskboxError as error:
+                log.warning("deleting the %s %s: %s", what, name, error)
 
     def _peers(self, labels: Obj) -> bool:
         """Whether the object is labelled as another replica's."""
