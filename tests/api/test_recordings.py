@@ -676,6 +676,20 @@ def test_saves_at_once_each_write_the_whole_record(tmp_path: Path) -> None:
     assert sorted(p.name for p in directory.iterdir()) == ["frames", "meta.json", "shots"]
 
 
+def test_a_killed_servers_unfinished_video_is_removed_at_start(tmp_path: Path) -> None:
+    """An encode a killed server left (video.partial.mp4) counted nowhere, and took its
+    room on disk until the next encode of that recording."""
+    store = RecordingStore(tmp_path, timedelta(hours=1))
+    store.open()
+    meta = store.begin("key", "ses_0123456789")
+    store.save(meta)
+    (store.directory(meta.session_id) / "video.partial.mp4").write_bytes(b"\0" * 4096)
+    again = RecordingStore(tmp_path, timedelta(hours=1))
+    again.open()
+    assert sorted(p.name for p in again.directory(meta.session_id).iterdir()) == [
+        "frames", "meta.json", "shots"]
+
+
 def test_a_humans_rfb_input_reads_as_actions() -> None:
     """Drag, wheel, combos and the typing pause, from the raw messages a viewer sends."""
     done: list[HumanAction] = []

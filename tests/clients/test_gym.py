@@ -165,6 +165,9 @@ def test_a_vector_env_steps_its_desktops_together_and_autoresets(local_server: S
             {"type": "click", "x": np.int64(320), "y": 200}, {"type": "move", "x": 1, "y": 1}])
         assert list(rewards) == [1.0, 0.0] and list(terminated) == [True, False]
         assert tuple(obs[0, 200, 320]) == (0, 0xC0, 0) and tuple(obs[1, 200, 320]) == (0xC0, 0, 0)
+        # The caller's frames, as the single env's: the next step does not write over them.
+        rendered = envs.render()
+        assert rendered is not None and all(frame.flags.owndata for frame in rendered)
         # Next step: the first is reset (a new session, red again; its action not taken).
         obs, rewards, terminated, truncated, infos = envs.step([
             {"type": "click", "x": 320, "y": 200}, {"type": "move", "x": 2, "y": 2}])

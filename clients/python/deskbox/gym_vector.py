@@ -144,7 +144,8 @@ class DeskboxVectorEnv(VectorEnv[NDArray[np.uint8], Any, NDArray[Any]]):
         return self._last.copy(), rewards, terminated, truncated, infos
 
     def render(self) -> tuple[NDArray[np.uint8], ...] | None:
-        return None if self.render_mode is None else tuple(self._last)
+        # Copies, as the single env's: the next step writes over the views of _last.
+        return None if self.render_mode is None else tuple(frame.copy() for frame in self._last)
 
     def close_extras(self, **kwargs: Any) -> None:
         if self._closed:

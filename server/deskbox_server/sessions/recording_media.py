@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..errors import Capacity, NotFound, SessionFailed, Timeout
-from .recording_store import VIDEOS, RecordingMeta, RecordingStore
+from .recording_store import VIDEO_PARTIAL, VIDEOS, RecordingMeta, RecordingStore
 
 __all__ = ["Export", "Trajectory", "Videos", "export", "file_chunks", "frame_path",
            "trajectory", "trajectory_lines", "zip_chunks"]
@@ -162,7 +162,7 @@ def _video_of(store: RecordingStore, meta: RecordingMeta) -> _Video:
         raise NotFound(f"recording of session {meta.session_id} has no frame yet")
     # The last frame stays on screen until the last thing recorded.
     end = recorded.end
-    target, partial = directory / f"video-{len(frames)}.mp4", directory / "video.partial.mp4"
+    target, partial = directory / f"video-{len(frames)}.mp4", directory / VIDEO_PARTIAL
     job = {"out": str(partial), "width": meta.width, "height": meta.height, "frames": [
         [t, str(directory / "frames" / f"{number:06d}.jpg")]
         for t, number in [*frames, (end, frames[-1][1])]]}

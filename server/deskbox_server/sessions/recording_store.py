@@ -31,7 +31,7 @@ from .atomic_file import PARTIAL_SUFFIX, replace_file
 from .lifecycle import utcnow
 from .listing import Position
 
-__all__ = ["VIDEOS", "RecordingMeta", "RecordingStore", "recording_position"]
+__all__ = ["VIDEOS", "VIDEO_PARTIAL", "RecordingMeta", "RecordingStore", "recording_position"]
 
 log = logging.getLogger("deskbox.recordings")
 
@@ -39,6 +39,7 @@ log = logging.getLogger("deskbox.recordings")
 # error that stops what called it.
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 VIDEOS = "video-*.mp4"  # the kept videos of a recording's directory
+VIDEO_PARTIAL = "video.partial.mp4"  # the one being encoded
 
 
 class RecordingMeta(Recording):
@@ -73,6 +74,8 @@ class RecordingStore:
         for directory in sorted(self.root.iterdir()):
             for partial in directory.glob(f"meta.json.*{PARTIAL_SUFFIX}"):  # a killed save's
                 partial.unlink(missing_ok=True)
+            # A killed server's encode: counted nowhere, it held its disk until the next.
+            (directory / VIDEO_PARTIAL).unlink(missing_ok=True)
             try:
                 meta = RecordingMeta.model_validate_json((directory / "meta.json").read_text())
             except (OSError, ValueError):
