@@ -688,6 +688,16 @@ def test_clipboard_reaches_viewers_and_back(
         assert cut == "bäck ?".encode("latin-1")
 
 
+def _focus_field(viewer: RfbViewer, page: EventPage, origin: tuple[int, int]) -> None:
+    """The viewer clicks the page's text field, until the page says it has the focus."""
+    viewer.full_frame()
+    viewer.click(origin[0] + 900, origin[1] + 175)
+    deadline = time.monotonic() + 5
+    while page.cdp.evaluate("document.activeElement && document.activeElement.id") != "field":
+        assert time.monotonic() < deadline, "the click did not focus the field"
+        time.sleep(0.05)
+
+
 def test_a_viewers_lock_keys_change_nothing_in_the_session(
     client: httpx.Client, session: dict[str, Any], page: EventPage, origin: tuple[int, int]
 ) -> None:
@@ -695,18 +705,11 @@ def test_a_viewers_lock_keys_change_nothing_in_the_session(
     the lock already ("A" with Caps Lock on, KP_Home with Num Lock off). x11vnc applied
     the lock in the session too: the person's capitals came out small, the keypad's Home
     typed 7, and the agent's typing came out inverted until someone pressed it again."""
-    ox, oy = origin
     token = token_for(client, session["id"], "control")
     page.cdp.evaluate("document.getElementById('field').value = ''")
     caps_lock, num_lock, kp_home = 0xFFE5, 0xFF7F, 0xFF95
     with RfbViewer(vnc_url(session, token)) as viewer:
-        viewer.full_frame()
-        viewer.click(ox + 900, oy + 175)
-        deadline = time.monotonic() + 5
-        while page.cdp.evaluate("document.activeElement && document.activeElement.id") != (
-                "field"):
-            assert time.monotonic() < deadline, "the click did not focus the field"
-            time.sleep(0.05)
+        _focus_field(viewer, page, origin)
         for keysym in (0x62, caps_lock, 0x43, num_lock, kp_home, 0x41):  # b, Caps, C, Num, Home, A
             viewer.key(keysym, True)
             viewer.key(keysym, False)
@@ -726,18 +729,11 @@ def test_a_viewer_types_characters_off_the_layout_whole_and_in_order(
     Latin-1 keysyms, Unicode's 0x1000000 + U), between plain ones, 30 ms apart. x11vnc
     mapped each new one and pressed it at once, before Chromium had re-read the layout:
     0 to 6 of 15 such first presses were lost per run. The agent types them now."""
-    ox, oy = origin
     token = token_for(client, session["id"], "control")
     text = "aüböc中d中eßfñα日本語✓g"
     page.cdp.evaluate("document.getElementById('field').value = ''")
     with RfbViewer(vnc_url(session, token)) as viewer:
-        viewer.full_frame()
-        viewer.click(ox + 900, oy + 175)
-        deadline = time.monotonic() + 5
-        while page.cdp.evaluate("document.activeElement && document.activeElement.id") != (
-                "field"):
-            assert time.monotonic() < deadline, "the click did not focus the field"
-            time.sleep(0.05)
+        _focus_field(viewer, page, origin)
         for char in text:
             keysym = ord(char) if ord(char) < 0x100 else 0x01000000 + ord(char)
             viewer.key(keysym, True)
