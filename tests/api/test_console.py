@@ -11,15 +11,18 @@ One server, one recorded session (and one made from the UI) serve the whole modu
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import os
 import re
 import shutil
+import sqlite3
 import tempfile
 import time
 import zipfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -301,8 +304,7 @@ def test_the_live_view_opens_and_connects(quiet: Page, session: dict[str, Any]) 
             card(page, session["id"]).locator(f"button[data-act={scope}]").click()
         view = opened.value
         try:
-            view.wait_for_url(f"**/v1/sessions/{session['id']}/view?token=dbt_*",
-                              timeout=TIMEOUT_MS)
+            view.wait_for_url(f"**/v1/sessions/{session['id']}/view", timeout=TIMEOUT_MS)
             wait_for(view, "() => Boolean(window.__deskbox && window.__deskbox.connected)")
             expect(view.locator("#state")).to_have_text("connected")
             assert view.evaluate("window.__deskbox.scope") == scope
@@ -317,6 +319,50 @@ def test_the_live_view_opens_and_connects(quiet: Page, session: dict[str, Any]) 
             view.close()
 
 
+def test_the_live_view_leaves_no_token_in_the_browsers_history(
+    browser: Browser, server: Server, session: dict[str, Any], tmp_path: Path
+) -> None:
+    """The console once sent its tab to ``/view?token=dbt_…``: the page took the token out
+    of the address bar, but Chromium's history had recorded the visit (chrome://history
+    and the address bar's suggestions offered a link that opened the session for an hour).
+    A browser with a profile on disk, as a person's is, signs in and opens both views."""
+    profile = tmp_path / "profile"
+    context = browser.browser_type.launch_persistent_context(
+        str(profile), executable_path=CHROMIUM, headless=True,
+        args=["--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"],
+        env={**os.environ, "TMPDIR": str(tmp_path)}, viewport={"width": 1280, "height": 860})
+    tokens: list[str] = []
+    try:
+        page = context.new_page()
+        page.on("response", lambda response: tokens.append(response.json()["token"])
+                if response.url.endswith("/tokens") and response.ok else None)
+        page.goto(server.url + "/")
+        page.fill("#key", KEY_A)
+        page.click("#sign-in-form button[type=submit]")
+        for scope in ("view", "control"):
+            with context.expect_page(timeout=TIMEOUT_MS) as opened:
+                card(page, session["id"]).locator(f"button[data-act={scope}]").click()
+            view = opened.value
+            view.wait_for_url(f"**/v1/sessions/{session['id']}/view", timeout=TIMEOUT_MS)
+            for _ in range(2):  # and again after a reload, from the tab's storage
+                wait_for(view, "() => Boolean(window.__deskbox && window.__deskbox.connected)")
+                assert view.evaluate("window.__deskbox.scope") == scope
+                view.reload()
+            view.close()
+    finally:
+        context.close()
+    assert len(tokens) == 2
+    copy = tmp_path / "History"
+    shutil.copy(profile / "Default" / "History", copy)
+    with contextlib.closing(sqlite3.connect(copy)) as history:
+        visited = [url for (url,) in history.execute("SELECT url FROM urls")]
+    assert f"{server.url}/v1/sessions/{session['id']}/view" in visited  # history was kept
+    assert [url for url in visited if "token" in url] == []
+    saved = [path.read_bytes() for path in (profile / "Default" / "Sessions").iterdir()]
+    for token in tokens:  # nor in the tabs the browser saved to restore them
+        assert not [data for data in saved if token.encode() in data]
+
+
 def test_a_human_takes_over_in_the_view_and_hands_back(
     quiet: Page, client: httpx.Client, session: dict[str, Any]
 ) -> None:
@@ -328,7 +374,7 @@ def test_a_human_takes_over_in_the_view_and_hands_back(
         card(quiet, sid).locator("button[data-act=control]").click()
     view = opened.value
     try:
-        view.wait_for_url(f"**/v1/sessions/{sid}/view?token=dbt_*", timeout=TIMEOUT_MS)
+        view.wait_for_url(f"**/v1/sessions/{sid}/view", timeout=TIMEOUT_MS)
         wait_for(view, "() => Boolean(window.__deskbox && window.__deskbox.connected)")
         view.click("#take")
         eventually(lambda: client.get(f"/v1/sessions/{sid}/handoff").json()[

@@ -6,6 +6,7 @@ import {
   LIVE_STATES, actionsFor, age, arrange, bytes, recordingLength, thumbnailDue, thumbnailScale,
 } from './console-model.js';
 import { Page, saveAs } from './console-page.js';
+import { tokenItem } from './live.js';
 
 const POLL_MS = 2000;
 const ENDED_SHOWN = 30;
@@ -181,20 +182,24 @@ class Card {
 }
 
 // A tab opened within the click (so that popup blockers let it through), sent to the view
-// page once the token is there; the token is in its URL, which the page never refers on.
-// Browsers give a tab opened this way a copy of this one's session storage, the API key
-// with it: the view page needs none of it.
+// page once the token is there. Browsers give a tab opened this way a copy of this one's
+// session storage, the API key with it: the view page needs none of it, only the token,
+// which is handed over there (where the page looks for it on a reload) and never in a URL:
+// the browser's history keeps every URL a tab visited, also one the page then took out of
+// its address bar, and a history entry with a token opens the session while it lives.
 async function openView(id, scope) {
   const tab = window.open('', '_blank');
   if (tab) tab.sessionStorage.clear();
   try {
     const token = await api.json('POST', `${sessionPath(id)}/tokens`, { scope, ttl_s: 3600 });
-    const url = `${sessionPath(id)}/view?token=${encodeURIComponent(token.token)}`;
+    const view = `${sessionPath(id)}/view`;
     if (tab) {
+      tab.sessionStorage.setItem(tokenItem(view), token.token);
       tab.opener = null;
-      tab.location.href = url;
+      tab.location.href = view;
     } else {
-      window.open(url, '_blank', 'noopener');
+      // No tab of ours (a popup blocker): only a URL can carry the token to the one opened.
+      window.open(`${view}?token=${encodeURIComponent(token.token)}`, '_blank', 'noopener');
     }
   } catch (error) {
     if (tab) tab.close();

@@ -3,11 +3,17 @@
 // when it (re)connects, and the clipboard panel. view.js wires it to the page.
 
 // The session token comes from the page's own URL (?token=) and leaves the address bar at
-// once: a URL holding a live token, in the browser's history, a bookmark or a shared
-// screen, opens the session for as long as the token lives. The tab keeps it in its session
-// storage instead, so that a reload still works; where it cannot be kept, the URL keeps it.
+// once: a URL holding a live token, in a bookmark or on a shared screen, opens the session
+// for as long as the token lives (the browser's history has recorded it already: the
+// console hands its tabs the token in their storage, under tokenItem, and no URL). The
+// tab keeps it in its session storage instead, so that a reload still works; where it
+// cannot be kept, the URL keeps it.
+export function tokenItem(pathname) {
+  return `deskbox.token:${pathname}`;
+}
+
 export function takeToken(location, history, storage) {
-  const key = `deskbox.token:${location.pathname}`;
+  const key = tokenItem(location.pathname);
   const params = new URLSearchParams(location.search);
   const token = params.get('token');
   if (token === null) {
