@@ -74,6 +74,7 @@ class Peer:
     allowed: str
     other: str
     port: int
+    namespace: str  # the peer's network namespace, for programs a test runs there
 
 
 def _ip(*argv: str) -> None:
@@ -116,7 +117,7 @@ def peer_network(index: int = 0) -> Iterator[Peer]:
         )
         assert server.stdout is not None
         port = int(server.stdout.readline())
-        yield Peer(*peer_addresses(index), port)
+        yield Peer(*peer_addresses(index), port, name)
     finally:
         if server is not None:
             with server:

@@ -227,6 +227,73 @@ def test_allowlist_reaches_only_the_allowed_service(
     assert lookup.stdout.split() == [peer.allowed, "gaierror"], lookup
 
 
+# Run in the peer's namespace: a UDP service on ``allowed`` answers the sandbox's datagram;
+# then ``other``, which the sandbox never wrote to, writes to the same host port (pasta's).
+# Prints the service's port, then what ``other`` heard back.
+_PEER_UDP = r"""
+import json, socket, sys
+allowed, other = (socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2))
+allowed.bind((sys.argv[1], 0))
+other.bind((sys.argv[2], 0))
+print(allowed.getsockname()[1], flush=True)
+allowed.settimeout(20)
+data, knocker = allowed.recvfrom(2048)  # the sandbox's datagram, from pasta's host port
+allowed.sendto(b"echo", knocker)
+other.sendto(b"intruder", knocker)
+other.settimeout(3)
+heard = []
+try:
+    while True:
+        heard.append(other.recvfrom(2048)[0].decode())
+except TimeoutError:
+    pass
+print(json.dumps(heard), flush=True)
+"""
+
+# Run in a sandbox: one datagram to the service; answer whatever arrives; print what did.
+_SANDBOX_UDP = r"""
+import json, socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.sendto(b"knock", (sys.argv[1], int(sys.argv[2])))
+s.settimeout(2)
+heard = []
+try:
+    while True:
+        data, source = s.recvfrom(2048)
+        heard.append([source[0], data.decode()])
+        try:
+            s.sendto(b"answer", source)
+        except OSError:
+            pass  # refused by the rules
+except TimeoutError:
+    pass
+print(json.dumps(heard))
+"""
+
+
+@pytest.mark.parametrize("mode", ["all", "allowlist"])
+def test_datagrams_from_elsewhere_do_not_reach_the_sandbox(
+    sandboxes: dict[str, RuncSandbox], peer: Peer, mode: str
+) -> None:
+    """pasta relays to the sandbox every datagram sent to a UDP port it opened on the host
+    for the sandbox, from whoever sent it. An allowlisted sandbox then talked both ways
+    with an address outside its list (its answer counted as an established flow), and any
+    sandbox was reachable from outside at that port, though no port is forwarded in."""
+    service = subprocess.Popen(
+        ["ip", "netns", "exec", peer.namespace, "python3", "-c", _PEER_UDP, peer.allowed,
+         peer.other],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+    )
+    with service:
+        assert service.stdout is not None
+        port = service.stdout.readline().strip()
+        done = exec_in(sandboxes[mode], "python3", "-c", _SANDBOX_UDP, peer.allowed, port)
+        other_heard = json.loads(service.stdout.readline() or "null")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [[peer.allowed, "echo"]], (mode, done.stdout)
+    assert other_heard == [], (mode, other_heard)
+
+
 @pytest.mark.parametrize("mode", ["none", "all", "allowlist"])
 def test_the_host_and_its_loopback_are_unreachable(
     sandboxes: dict[str, RuncSandbox], peer: Peer, host_services: HostServices,

@@ -21,7 +21,8 @@ only, oci.py). For ``all`` and ``allowlist`` the host makes, per session:
   ICMP admin-prohibited) so clients fail at once: always the host's own addresses (those
   it gains later too: host_addresses.py adds them), its gateways, loopback, link-local
   (cloud metadata) and multicast ranges; for ``allowlist`` everything but the allowed
-  addresses.
+  addresses. The input chain drops what comes in unasked (pasta relays a datagram to the
+  sandbox from anyone who writes to a UDP port it opened for it).
 
 Host names of an allowlist are resolved on the host when the session is created; the
 sandbox gets an ``/etc/hosts`` with those addresses and no DNS server, so it cannot look up
@@ -270,6 +271,16 @@ def ruleset(egress: Egress, host: HostAddresses) -> str:
         "  chain output {",
         "    type filter hook output priority filter; policy drop;",
         *(f"    {rule}" for rule in output),
+        "  }",
+        # pasta relays to the sandbox every datagram sent to a UDP port it opened on the
+        # host for the sandbox, from whoever sent it: the input chain lets in only what
+        # answers the sandbox's own traffic (and neighbour discovery, which conntrack does
+        # not track). Else anyone could write to the sandbox, and its answer, an
+        # established flow to the output chain, would reach an address it may not.
+        "  chain input {",
+        "    type filter hook input priority filter; policy accept;",
+        "    iifname \"lo\" accept",
+        "    ct state new drop",
         "  }",
         "  chain refuse {",
         "    meta l4proto tcp reject with tcp reset",
