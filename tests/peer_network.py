@@ -38,7 +38,7 @@ def serve(s):
     while True:
         threading.Thread(target=answer, args=(s.accept()[0],), daemon=True).start()
 for address in sys.argv[1:]:
-    s = socket.socket()
+    s = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
     s.bind((address, port))
     s.listen()
     port = s.getsockname()[1]

@@ -294,6 +294,67 @@ def test_datagrams_from_elsewhere_do_not_reach_the_sandbox(
     assert other_heard == [], (mode, other_heard)
 
 
+# Metadata services of clouds at addresses that are not link-local: Alibaba Cloud's ECS
+# metadata, Azure's WireServer (extension settings and certificates; the Azure agent lets
+# only the host's root reach it, and pasta connects as root), and the IPv6 endpoints of
+# AWS's instance metadata and EKS Pod Identity.
+_CLOUD_SERVICES = ("100.100.100.200", "168.63.129.16", "fd00:ec2::254", "fd00:ec2::23")
+
+
+@pytest.fixture(scope="module")
+def cloud_services() -> Iterator[int]:
+    """HTTP services at ``_CLOUD_SERVICES``, in a namespace behind a veth of the host's
+    whose routes send those addresses there (never to the machine's real gateway); their
+    port."""
+    tag = os.getpid() % 100_000
+    name, host_if, far_if = f"dbxt-cloud-{tag}", f"dbxc{tag}", f"dbxd{tag}"
+    subnet4, subnet6 = f"10.217.{os.getpid() % 250}", f"fd17:{tag:x}::"
+
+    def ip(*argv: str) -> None:
+        subprocess.run(["ip", *argv], check=True, capture_output=True, timeout=10)
+
+    ip("netns", "add", name)
+    server: subprocess.Popen[str] | None = None
+    try:
+        ip("link", "add", host_if, "type", "veth", "peer", "name", far_if, "netns", name)
+        ip("address", "add", f"{subnet4}.1/24", "dev", host_if)
+        ip("address", "add", f"{subnet6}1/64", "dev", host_if, "nodad")
+        ip("link", "set", host_if, "up")
+        ip("-n", name, "address", "add", f"{subnet4}.2/24", "dev", far_if)
+        ip("-n", name, "address", "add", f"{subnet6}2/64", "dev", far_if, "nodad")
+        for address in _CLOUD_SERVICES:
+            prefix = "/128" if ":" in address else "/32"
+            ip("-n", name, "address", "add", address + prefix, "dev", far_if, "nodad")
+            ip("route", "add", address + prefix, "via",
+               f"{subnet6}2" if ":" in address else f"{subnet4}.2")
+        for link in (far_if, "lo"):
+            ip("-n", name, "link", "set", link, "up")
+        ip("-n", name, "route", "add", "default", "via", f"{subnet4}.1")
+        ip("-n", name, "-6", "route", "add", "default", "via", f"{subnet6}1")
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", name, "python3", "-c", SERVER, *_CLOUD_SERVICES],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        assert server.stdout is not None
+        yield int(server.stdout.readline())
+    finally:
+        if server is not None:
+            with server:
+                server.kill()
+        subprocess.run(["ip", "link", "delete", host_if], check=False)  # and its routes
+        ip("netns", "delete", name)
+
+
+@pytest.mark.parametrize("mode", ["all", "allowlist"])
+def test_cloud_metadata_services_beyond_link_local_are_unreachable(
+    sandboxes: dict[str, RuncSandbox], cloud_services: int, mode: str
+) -> None:
+    targets = [f"[{a}]:{cloud_services}" if ":" in a else f"{a}:{cloud_services}"
+               for a in _CLOUD_SERVICES]
+    for target, outcome in _probe(sandboxes[mode], *targets).items():
+        assert outcome[0] == "ConnectionRefusedError", (mode, target, outcome)
+
+
 @pytest.mark.parametrize("mode", ["none", "all", "allowlist"])
 def test_the_host_and_its_loopback_are_unreachable(
     sandboxes: dict[str, RuncSandbox], peer: Peer, host_services: HostServices,

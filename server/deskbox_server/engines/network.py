@@ -20,7 +20,8 @@ only, oci.py). For ``all`` and ``allowlist`` the host makes, per session:
   read nor change the rules. The output chain drops by default and rejects (TCP reset,
   ICMP admin-prohibited) so clients fail at once: always the host's own addresses (those
   it gains later too: host_addresses.py adds them), its gateways, loopback, link-local
-  (cloud metadata) and multicast ranges; for ``allowlist`` everything but the allowed
+  and multicast ranges, and the clouds' metadata services (also those outside
+  link-local); for ``allowlist`` everything but the allowed
   addresses. The input chain drops what comes in unasked (pasta relays a datagram to the
   sandbox from anyone who writes to a UDP port it opened for it).
 
@@ -92,10 +93,17 @@ MAX_ALLOW = 256
 PASTA_PRIVILEGES = ("setpriv", "--bounding-set", "-all,+net_admin,+sys_admin",
                     "--inh-caps", "-all")
 _RESOLVE_TIMEOUT_S = 10.0
+# Clouds' services for the machine itself that are not link-local: Alibaba Cloud's instance
+# metadata, Azure's WireServer (extension settings and certificates; the Azure agent lets
+# only the host's root reach it, and pasta connects as root), and AWS's instance metadata
+# and EKS Pod Identity over IPv6.
+_CLOUD_SERVICES = (
+    "100.100.100.200/32", "168.63.129.16/32", "fd00:ec2::254/128", "fd00:ec2::23/128",
+)
 # Never reachable from a sandbox, whatever the host's configuration.
 _ALWAYS_BLOCKED = (
     "0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/3",
-    "::/127", "::ffff:0:0/96", "fe80::/10", "ff00::/8",
+    "::/127", "::ffff:0:0/96", "fe80::/10", "ff00::/8", *_CLOUD_SERVICES,
 )
 
 
