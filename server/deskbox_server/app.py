@@ -34,6 +34,7 @@ from .engines.local.engine import LocalEngine
 from .engines.runc.engine import RuncEngine
 from .engines.runc.sandbox import RuncOptions
 from .engines.vm.engine import VmEngine
+from .errors import InvalidSetting
 from .metrics import Metrics
 from .scratch import Scratch
 from .sessions.manager import SessionManager
@@ -64,11 +65,12 @@ def default_engines(settings: Settings) -> dict[str, AnyEngine]:
     }
     unknown = sorted(set(settings.backends) - set(known))
     if unknown:
-        raise ValueError(f"unknown backends {unknown} (known: {sorted(known)})")
+        raise InvalidSetting(f"DESKBOX_BACKENDS: unknown backends {', '.join(unknown)} "
+                             f"(known: {', '.join(sorted(known))})")
     if settings.default_backend not in settings.backends:
-        raise ValueError(
-            f"the default backend {settings.default_backend!r} is not among the backends "
-            f"offered ({', '.join(settings.backends)})"
+        raise InvalidSetting(
+            f"DESKBOX_DEFAULT_BACKEND: the default backend {settings.default_backend!r} is "
+            f"not among the backends offered (DESKBOX_BACKENDS={','.join(settings.backends)})"
         )
     return {name: known[name](settings) for name in settings.backends}
 
@@ -138,7 +140,7 @@ def session_registry(settings: Settings, engines: Mapping[str, AnyEngine]) -> Re
         return Registry(settings.database_path)
     shared = [engine.shared_records for engine in engines.values()]
     if len(shared) != 1 or shared[0] is None:
-        raise ValueError(
+        raise InvalidSetting(
             "DESKBOX_REGISTRY=cluster needs the kubernetes backend as the server's only one "
             f"(backends: {', '.join(engines) or 'none'}): the cluster holds the records")
     return SharedRegistry(settings.database_path, shared[0])

@@ -39,12 +39,18 @@ def serve(
 ) -> None:
     """Run the Deskbox server; prints its URL, where the API key is and a curl to try."""
     from .serve import run
-    from .settings import Settings
+    from .settings import load_settings
 
     overrides: dict[str, object] = {"host": host, "port": port}
     if state_dir is not None:
         overrides["state_dir"] = state_dir
-    run(Settings(**overrides), log_level, log_format.value)  # type: ignore[arg-type]
+    with _errors_exit_2():
+        settings = load_settings(overrides, _SERVE_OPTIONS)
+    run(settings, log_level, log_format.value)
+
+
+# The settings serve's options give, by the option's name (in what load_settings says).
+_SERVE_OPTIONS = {"host": "--host", "port": "--port", "state_dir": "--state-dir"}
 
 
 image_app = typer.Typer(
@@ -61,10 +67,11 @@ StateDirOption = Annotated[
 
 def _image_settings(state_dir: Path | None) -> tuple[Path, Path]:
     """(image cache, recipe dir) as the server would use them."""
-    from .settings import Settings
+    from .settings import load_settings
 
     overrides: dict[str, object] = {} if state_dir is None else {"image_state_dir": state_dir}
-    settings = Settings(**overrides)  # type: ignore[arg-type]
+    with _errors_exit_2():
+        settings = load_settings(overrides, {"image_state_dir": "--state-dir"})
     return settings.image_cache_dir, settings.recipe_dir
 
 

@@ -26,7 +26,9 @@ each kind to the error body of API.md in one place. The tree::
     │   │                                                    protocol, went silent or away)
     │   └── UpstreamRefused           session_failed   502  (the container engine's or the
     │                                                        Kubernetes API refused)
-    └── Internal                      internal         500
+    ├── Internal                      internal         500
+    └── InvalidSetting                (never answered: a DESKBOX_* setting or a serve
+                                       option the server cannot start with)
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ __all__ = [
     "Internal",
     "InvalidAction",
     "InvalidRequest",
+    "InvalidSetting",
     "NotFound",
     "QuotaExceeded",
     "SecretOriginMismatch",
@@ -181,3 +184,9 @@ class UpstreamRefused(SessionFailed):
 class Internal(DeskboxError):
     kind = "internal"
     status = 500
+
+
+class InvalidSetting(DeskboxError):
+    """A setting (``DESKBOX_*``, or the ``deskbox serve`` option that stands for one) the
+    server cannot start with. Raised before anything is served; the message names the
+    setting, so an operator reads one line, not a traceback."""

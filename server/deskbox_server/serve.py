@@ -203,7 +203,11 @@ def run(
     """Serve until SIGINT/SIGTERM; exits 3 if the server could not start."""
     chosen: Literal["json", "text"] = configure_logging(log_level, log_format)
     log.debug("open files: at most %d", raise_open_files_limit())
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except DeskboxError as error:
+        log.error("cannot start: %s", error.message)
+        sys.exit(_STARTUP_FAILURE)
     # FastAPI builds its OpenAPI document on first use (~0.2 s here), which would stall
     # every session's actions at the first /openapi.json or 405 (whose Allow header comes
     # from it), a request anyone can make. Built now, it is also frozen with the rest.

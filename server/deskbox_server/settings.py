@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from .errors import InvalidSetting
 
 __all__ = [
     "AGENT_MAX_EXEC_OUTPUT",
@@ -17,6 +21,8 @@ __all__ = [
     "Settings",
     "default_recipe_dir",
     "default_state_dir",
+    "load_settings",
+    "unknown_names",
 ]
 
 # The session agent's own ceilings (desktop_image/agent/PROTOCOL.md "Limits"). A server
@@ -181,6 +187,15 @@ class Settings(BaseSettings):
                     raise ValueError(f"pool display {item!r} is not WIDTHxHEIGHT")
         return value
 
+    @model_validator(mode="after")
+    def _some_display(self) -> Self:
+        # An empty range was taken, and every container session then failed to start.
+        if self.display_first >= self.display_last:
+            raise ValueError(
+                f"DESKBOX_DISPLAY_FIRST ({self.display_first}) must be below "
+                f"DESKBOX_DISPLAY_LAST ({self.display_last}): no display number is left")
+        return self
+
     @field_validator("api_keys", "backends", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
@@ -206,3 +221,65 @@ class Settings(BaseSettings):
     @property
     def docker_url(self) -> str:
         return self.docker_host or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+_PREFIX = "DESKBOX_"
+# DESKBOX_* names that are not the server's settings but that other parts of Deskbox read,
+# and may be in the server's environment: the client's (SDK, CLI, MCP), scripts/'s (CRIU,
+# nginx), the tests', and those the desktops' processes carry (engines/desktop_commands.py,
+# engines/processes.py). tests/test_settings_names.py keeps it whole.
+OTHER_NAMES = frozenset({
+    "URL", "API_KEY", "MAX_RETRIES",
+    "CRIU_WRAPPER", "CRIU_ROOT", "CRIU_PATCH", "CRIU_SUITE", "CRIU_MIRROR", "NGINX_ROOT",
+    "FUZZ_EXAMPLES", "FUZZ_PHASES", "FUZZ_SESSION",
+    "AGENT", "BROWSER", "CLIPBOARD", "INIT_LOGS", "PROCESS_OWNER", "PROCESS_SET", "WM",
+    "XSERVER",
+})
+
+
+def unknown_names(environ: Mapping[str, str]) -> list[str]:
+    """Each ``DESKBOX_*`` variable of ``environ`` that nothing of Deskbox reads, said with
+    the setting it is closest to: a misspelt setting was ignored without a word, and the
+    server ran on the default."""
+    settings = [_PREFIX + name.upper() for name in Settings.model_fields]
+    known = {*settings, *(_PREFIX + name for name in OTHER_NAMES)}
+    found = []
+    for name in sorted(environ):
+        # pydantic-settings reads the names whatever their case.
+        if not name.upper().startswith(_PREFIX) or name.upper() in known:
+            continue
+        close = difflib.get_close_matches(name.upper(), settings, n=1, cutoff=0.8)
+        found.append(f"{name} is not a setting" + (f" (did you mean {close[0]}?)" if close
+                                                    else ""))
+    return found
+
+
+def load_settings(
+    given: Mapping[str, object] | None = None, options: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """The settings of ``given`` (a command's options) over the ``DESKBOX_*`` variables.
+
+    InvalidSetting, in one line naming each variable (or ``options[field]``, the option that
+    gave it) and what is wrong with it, for a value the server cannot take or a
+    ``DESKBOX_*`` name that is no setting (docs/GUIDE.md#settings lists them)."""
+    problems = unknown_names(os.environ if environ is None else environ)
+    try:
+        settings = Settings(**dict(given or {}))  # type: ignore[arg-type]
+    except ValidationError as error:
+        problems += [_said(detail, options or {}) for detail in error.errors()]
+    if problems:
+        raise InvalidSetting("; ".join(problems) + " (every setting: docs/GUIDE.md#settings)")
+    return settings
+
+
+def _said(detail: Mapping[str, object], options: Mapping[str, str]) -> str:
+    """One of pydantic's errors, for an operator: the variable or option, then why."""
+    loc = detail.get("loc")
+    message = str(detail.get("msg", "")).removeprefix("Value error, ")
+    field = str(loc[0]) if isinstance(loc, tuple) and loc else None
+    if field is None:  # the model's own check: its message names the settings
+        return message
+    name = options.get(field, _PREFIX + field.upper())
+    shown = "" if field == "api_keys" else f" (got {detail.get('input')!r})"  # never a key
+    return f"{name}: {message}{shown}"

@@ -22,7 +22,7 @@ import pytest
 from deskbox_server.app import create_app
 from deskbox_server.engines.image import build_image
 from deskbox_server.engines.runc.reach import closed_directory
-from deskbox_server.errors import Internal
+from deskbox_server.errors import Internal, InvalidSetting
 from deskbox_server.settings import ROOT_IMAGE_CACHE, Settings, default_recipe_dir
 
 from ..images import progress
@@ -183,7 +183,7 @@ def test_one_server_per_state_dir(tmp_path: Path) -> None:
 
 
 def test_unknown_backends_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="unknown backends"):
+    with pytest.raises(InvalidSetting, match="unknown backends firecracker"):
         create_app(Settings(state_dir=tmp_path, backends=["container", "firecracker"]))
-    with pytest.raises(ValueError, match="default backend"):
+    with pytest.raises(InvalidSetting, match="default backend"):
         create_app(Settings(state_dir=tmp_path, backends=["local"]))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from starlette.requests import HTTPConnection
 
-from ..errors import Unauthorized
+from ..errors import InvalidSetting, Unauthorized
 from ..settings import Settings
 
 __all__ = ["KeyRing", "Principal", "authenticate", "key_id", "load_keyring"]
@@ -57,12 +57,17 @@ def load_keyring(settings: Settings) -> KeyRing:
     if settings.api_keys:
         return KeyRing(settings.api_keys)
     path = settings.api_key_path
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Written whole under a name of its own, then linked into place if no file is
+        # there: a server killed (or out of disk) while writing once left an empty key
+        # file, and every later start refused to run.
+        fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.",
+                                       suffix=".partial")
+    except OSError as error:  # read-only, another user's, a file: one line, not a traceback
+        raise InvalidSetting(f"the state dir {path.parent} cannot be used: {error.strerror} "
+                             "(DESKBOX_STATE_DIR or --state-dir)") from None
     key = "dbx_" + secrets.token_urlsafe(32)
-    # Written whole under a name of its own, then linked into place if no file is there:
-    # a server killed (or out of disk) while writing once left an empty key file, and
-    # every later start refused to run.
-    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.", suffix=".partial")
     try:
         with os.fdopen(fd, "w") as file:
             file.write(key + "\n")

@@ -25,8 +25,11 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from ..engines import AnyEngine, SessionSpec
 from ..engines.desktop_commands import DesktopSpec
+from ..errors import InvalidSetting
 from ..schemas.sessions import Browser, Display, SessionCreate
 from .desktop import DEFAULT_CALL_TIMEOUT_S, AnyDesktop, Desktop
 
@@ -48,7 +51,15 @@ class PoolKey:
 
     @classmethod
     def parse(cls, text: str, dpi: int = 96) -> PoolKey:
+        """A size of DESKBOX_POOL_DISPLAYS; InvalidSetting for one no create may ask for
+        (the pool tried to start it every few seconds for ever: Xvfb died on 0x0)."""
         width, _, height = text.partition("x")
+        try:
+            Display(width=int(width), height=int(height), dpi=dpi)
+        except ValidationError as error:
+            why = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+            raise InvalidSetting(f"DESKBOX_POOL_DISPLAYS: {text} is no display a session may "
+                                 f"have ({why})") from None
         return cls(int(width), int(height), dpi)
 
     @classmethod

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..engines import AnyEngine
 from ..engines.base import Capability
 from ..engines.desktop_commands import DesktopSpec
-from ..errors import DeskboxError, Internal
+from ..errors import DeskboxError, Internal, InvalidSetting
 from ..schemas.sessions import Failure, SessionCreate
 from ..schemas.sessions import SessionState as S
 from .desktop import DEFAULT_CALL_TIMEOUT_S, AnyDesktop, Desktop
@@ -30,8 +30,12 @@ def lock_state_dir(state_dir: Path) -> int:
 
     A second server would re-adopt (and at its shutdown destroy) the first one's sessions.
     """
-    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(state_dir / "server.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(state_dir / "server.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as error:  # read-only, another user's, a file: one line, not a traceback
+        raise InvalidSetting(f"the state dir {state_dir} cannot be used: {error.strerror} "
+                             "(DESKBOX_STATE_DIR or --state-dir)") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
+import shutil
 import threading
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import ClassVar
 
-from ...errors import InvalidRequest
+from ...errors import Internal, InvalidRequest
 from ..base import AgentStream, Capability, Engine, SessionSpec, SnapshotInfo
 from ..host_addresses import HostAddressWatch, start_host_watch
 from ..image import ImageHold, build_off_loop
@@ -65,6 +67,16 @@ class RuncEngine(Engine[RuncSandbox]):
         self._image_hold = ImageHold()
 
     async def prepare(self) -> None:
+        # Before the image build, which takes minutes the first time: these would fail the
+        # start after it, with a traceback.
+        if os.geteuid() != 0:
+            raise Internal(
+                "the container engine needs root (runc sandboxes, their cgroups and "
+                "network namespaces): run deskbox serve as root, or offer other backends "
+                "(DESKBOX_BACKENDS=docker with rootless Podman, or local)")
+        if shutil.which(self.options.runc.binary) is None:
+            raise Internal("the container engine needs runc (Debian's runc; scripts/setup.sh "
+                           "installs it)")
         # runc exits once a sandbox runs: its init must reparent to us, to be reaped.
         become_subreaper()
         # Refuse to serve at all without the syscall allowlist (Internal, naming its

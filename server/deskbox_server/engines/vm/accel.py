@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from ...errors import Internal
+
 __all__ = ["Accelerator", "detect_accelerator"]
 
 _KVM_GET_API_VERSION = 0xAE00
@@ -44,7 +46,7 @@ def detect_accelerator(
 ) -> Accelerator:
     """KVM when it is asked for or ``auto`` finds it usable, else TCG, with the reason.
 
-    ValueError when ``kvm`` is asked for and the host cannot give it.
+    Internal when ``kvm`` is asked for and the host cannot give it.
     """
     if wanted == "tcg":
         return Accelerator("tcg", "software emulation (TCG), as configured",
@@ -53,7 +55,7 @@ def detect_accelerator(
     if problem is None:
         return Accelerator("kvm", f"hardware virtualization ({kvm_device})")
     if wanted == "kvm":
-        raise ValueError(f"the VM accelerator kvm was asked for, but {problem}")
+        raise Internal(f"DESKBOX_VM_ACCELERATOR=kvm, but {problem} (auto: TCG here)")
     return Accelerator("tcg", f"software emulation (TCG): {problem}", _tsc_khz(cpuinfo))
 
 

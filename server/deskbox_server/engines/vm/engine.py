@@ -137,6 +137,11 @@ class VmEngine(Engine[VmSandbox]):
         return {"accelerator": accelerator.name, "accelerator_reason": accelerator.reason}
 
     async def prepare(self) -> None:
+        # Before the guest's build, which takes minutes the first time.
+        if os.geteuid() != 0:
+            raise Internal("the vm engine needs root (QEMU runs jailed in namespaces and "
+                           "cgroups of its own): run deskbox serve as root, or leave vm out "
+                           "of DESKBOX_BACKENDS")
         if shutil.which("qemu-system-x86_64") is None:
             raise Internal("the vm engine needs qemu-system-x86_64 (Debian's "
                            "qemu-system-x86; scripts/setup.sh installs it)")
