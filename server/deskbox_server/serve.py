@@ -15,24 +15,24 @@ import ipaddress
 import logging
 import resource
 import shlex
+import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from socket import socket
 from typing import Any, Literal
 
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .app import create_app
-from .errors import DeskboxError
+from .errors import DeskboxError, InvalidSetting
 from .http_protocol import DeskboxWebSocket, deskbox_http_protocol
 from .logs import LogFormat, configure_logging
 from .metrics import Metrics
 from .settings import Settings
 
-__all__ = ["Banner", "banner", "protocol_options", "raise_open_files_limit", "run"]
+__all__ = ["Banner", "banner", "bind", "protocol_options", "raise_open_files_limit", "run"]
 
 log = logging.getLogger("deskbox.serve")
 
@@ -89,7 +89,7 @@ class _Server(uvicorn.Server):
         self.log_format = log_format
         self.stopping = stopping  # told first, while requests still run
 
-    async def startup(self, sockets: list[socket] | None = None) -> None:
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if not self.started or self.should_exit:
             return
@@ -99,7 +99,7 @@ class _Server(uvicorn.Server):
         # a client paged through sessions. Frozen, a full collection takes ~2 ms.
         gc.collect()
         gc.freeze()
-        listening: socket = self.servers[0].sockets[0]
+        listening: socket.socket = self.servers[0].sockets[0]
         port = int(listening.getsockname()[1])  # the real one when asked for port 0
         shown = banner(self.config.host, port, self.key_file)
         if self.log_format == "text":
@@ -110,7 +110,7 @@ class _Server(uvicorn.Server):
                     else {"api_keys": "DESKBOX_API_KEYS"})
             log.info("serving %s", shown.url, extra={"url": shown.url, **keys, "curl": shown.curl})
 
-    async def shutdown(self, sockets: list[socket] | None = None) -> None:
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.stopping()
         await super().shutdown(sockets)
         # A second Ctrl-C (uvicorn's force_exit) makes uvicorn skip the app's shutdown, and
@@ -179,6 +179,35 @@ class _PlainStartupFailure:
                 await send(message)
 
 
+def bind(host: str, port: int) -> list[socket.socket]:
+    """The server's address, bound before start-up (as asyncio's create_server binds it:
+    every address of ``host``, IPv6 ones v6-only); uvicorn listens on it once started.
+
+    uvicorn binds after the app's start-up: a server told a port in use first built its
+    image (minutes), re-adopted what a killed server left and, failing to bind, stopped
+    every session it had just re-adopted. Until uvicorn listens, a connection is refused."""
+    try:
+        found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        raise InvalidSetting(f"cannot listen on {host!r}: {error.strerror}") from None
+    bound: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(found):
+            sock = socket.socket(family, kind, proto)
+            bound.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+    except OSError as error:
+        for sock in bound:
+            sock.close()
+        raise InvalidSetting(f"cannot listen on {_client_host(host)}:{port}: "
+                             f"{error.strerror}") from None
+    return bound
+
+
 # Past this, some programs the sessions start (they inherit it) would walk every possible
 # descriptor on start-up for nothing.
 _OPEN_FILES = 65536
@@ -204,6 +233,7 @@ def run(
     chosen: Literal["json", "text"] = configure_logging(log_level, log_format)
     log.debug("open files: at most %d", raise_open_files_limit())
     try:
+        listening = bind(settings.host, settings.port)
         app = create_app(settings)
     except DeskboxError as error:
         log.error("cannot start: %s", error.message)
@@ -233,8 +263,11 @@ def run(
     # stop for the grace.
     server = _Server(config, key_file, chosen, app.state.services.manager.events.close)
     try:
-        server.run()
+        server.run(sockets=listening)
     except KeyboardInterrupt:
         pass
+    finally:
+        for sock in listening:
+            sock.close()
     if not server.started:
         sys.exit(_STARTUP_FAILURE)

@@ -1,12 +1,14 @@
 """``deskbox serve`` told something it cannot run with, as an operator meets it: a misspelt
-or bad ``DESKBOX_*`` setting, a state dir it cannot write, an engine this
+or bad ``DESKBOX_*`` setting, a state dir it cannot write, a port in use, an engine this
 host cannot run (not root, no runc, no KVM). Each is one line saying what to change, never
-a traceback."""
+a traceback, and a port in use leaves what a killed server left running as it was."""
 
 from __future__ import annotations
 
 import os
 import pwd
+import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -14,13 +16,17 @@ from pathlib import Path
 
 import pytest
 
+from deskbox_server.app import runc_engine
+from deskbox_server.engines.runc.runtime import Runc
+from deskbox_server.engines.runc.sandbox import remove_orphans
 from deskbox_server.engines.vm.accel import detect_accelerator
 from deskbox_server.errors import Internal
+from deskbox_server.settings import Settings
 
 from ..docker.podman import as_user, rootless_user
 from ..images import IMAGE_STATE_DIR
 from ..scratch import scratch_dir
-from .served import KEY, free_port
+from .served import KEY, free_port, reap, serve
 
 DESKBOX = str(Path(sys.executable).parent / "deskbox")
 LOCAL = {"DESKBOX_BACKENDS": "local", "DESKBOX_DEFAULT_BACKEND": "local"}
@@ -63,6 +69,7 @@ def one_line(said: str, pattern: str) -> None:
      "error: deskbox_idle_timeout is not a setting (did you mean DESKBOX_IDLE_TIMEOUT_S?)"),
     ({"DESKBOX_DISPLAY_FIRST": "500", "DESKBOX_DISPLAY_LAST": "300"}, (),
      "error: DESKBOX_DISPLAY_FIRST (500) must be below DESKBOX_DISPLAY_LAST (300)"),
+    ({}, ("--host", "nosuchhost.invalid"), "cannot start: cannot listen on 'nosuchhost.invalid'"),
 ])
 def test_a_bad_setting_is_one_line(
     tmp_path: Path, env: dict[str, str], options: tuple[str, ...], said: str,
@@ -139,3 +146,39 @@ def test_kvm_asked_for_where_there_is_none(tmp_path: Path) -> None:
     with pytest.raises(Internal, match=r"^DESKBOX_VM_ACCELERATOR=kvm, but .*nokvm cannot be "
                                        r"opened \(No such file or directory\)"):
         detect_accelerator("kvm", kvm_device=tmp_path / "nokvm")
+
+
+@pytest.mark.slow
+def test_a_port_in_use_leaves_what_a_killed_server_left_running(tmp_path: Path) -> None:
+    """uvicorn bound its port after the app's start-up: a server restarted on a port in
+    use re-adopted the killed server's sessions, failed to bind, and stopped every one of
+    them on its way out."""
+    state_dir, log = tmp_path / "state", tmp_path / "server.log"
+    inits: list[int] = []
+    try:
+        with serve(state_dir, log) as (first, http):
+            made = http.post("/v1/sessions", json={})
+            assert made.status_code == 201, made.text
+            session_id = made.json()["id"]
+            [container] = [c for c in Runc().list_ids() if c.endswith("-" + session_id)]
+            state = Runc().state(container)
+            assert state is not None
+            inits.append(state.pid)
+            first.send_signal(signal.SIGKILL)
+            first.wait()
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            status, output = start(state_dir, {}, port=port)
+        assert status == 3, output
+        assert Runc().state(container) is not None, output
+        one_line(output, f"cannot start: cannot listen on 127.0.0.1:{port}: Address already "
+                         "in use")
+        with serve(state_dir, log) as (_, http):
+            again = http.get(f"/v1/sessions/{session_id}").json()
+            assert again["state"] == "running", again
+            assert http.delete(f"/v1/sessions/{session_id}").status_code == 204
+    finally:
+        remove_orphans(runc_engine(Settings(state_dir=state_dir)).options, keep=())
+        reap(inits)
