@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-__all__ = ["LogFormat", "image_app", "main", "serve"]
+__all__ = ["LogFormat", "LogLevel", "image_app", "main", "serve"]
 
 
 class LogFormat(StrEnum):
@@ -26,13 +26,21 @@ class LogFormat(StrEnum):
     text = "text"
 
 
+class LogLevel(StrEnum):
+    # A choice, not any string: logging's "Unknown level: 'FOO'" was a traceback.
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8765,
     state_dir: Annotated[
         Path | None, typer.Option(help="Registry, API key and caches (default: XDG state dir).")
     ] = None,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    log_level: Annotated[LogLevel, typer.Option(case_sensitive=False)] = LogLevel.info,
     log_format: Annotated[LogFormat, typer.Option(
         help="text (readable lines), json (one object per line), or auto: text on a "
              "terminal, else json.")] = LogFormat.auto,
@@ -46,7 +54,7 @@ def serve(
         overrides["state_dir"] = state_dir
     with _errors_exit_2():
         settings = load_settings(overrides, _SERVE_OPTIONS)
-    run(settings, log_level, log_format.value)
+    run(settings, log_level.value, log_format.value)
 
 
 # The settings serve's options give, by the option's name (in what load_settings says).

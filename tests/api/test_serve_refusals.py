@@ -88,6 +88,13 @@ def test_a_port_out_of_range_names_the_option(tmp_path: Path) -> None:
     one_line(output, "error: --port: Input should be less than or equal to 65535 (got 70000)")
 
 
+def test_an_unknown_log_level_is_a_usage_error(tmp_path: Path) -> None:
+    """Any string was taken, and logging's "Unknown level: 'FOO'" was a traceback."""
+    status, output = start(tmp_path / "state", LOCAL, "--log-level", "foo")
+    assert status == 2, output
+    assert "Traceback" not in output and "Invalid value for '--log-level'" in output, output
+
+
 @pytest.mark.parametrize(("env", "said"), [
     ({"DESKBOX_BACKENDS": "contianer"}, "cannot start: DESKBOX_BACKENDS: unknown backends "
                                         "contianer (known: container, docker, kubernetes, "
