@@ -330,7 +330,7 @@ def test_the_live_view_leaves_no_token_in_the_browsers_history(
     context = browser.browser_type.launch_persistent_context(
         str(profile), executable_path=CHROMIUM, headless=True,
         args=["--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"],
-        env={**os.environ, "TMPDIR": str(tmp_path)}, viewport={"width": 1280, "height": 860})
+        viewport={"width": 1280, "height": 860})
     tokens: list[str] = []
     try:
         page = context.new_page()
