@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal, Self
@@ -237,6 +238,14 @@ OTHER_NAMES = frozenset({
 })
 
 
+# What Kubernetes gives every container for each Service of its namespace (its "service
+# links"): the server's own Service, deskbox-server (deploy/kubernetes/server.yaml), gives
+# DESKBOX_SERVER_SERVICE_HOST, DESKBOX_SERVER_PORT=tcp://..., DESKBOX_SERVER_PORT_8765_TCP...
+_SERVICE_LINK = re.compile(
+    r"^DESKBOX_[A-Z0-9_]+_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?"
+    r"|PORT(_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)?)$")
+
+
 def unknown_names(environ: Mapping[str, str]) -> list[str]:
     """Each ``DESKBOX_*`` variable of ``environ`` that nothing of Deskbox reads, said with
     the setting it is closest to: a misspelt setting was ignored without a word, and the
@@ -246,9 +255,10 @@ def unknown_names(environ: Mapping[str, str]) -> list[str]:
     found = []
     for name in sorted(environ):
         # pydantic-settings reads the names whatever their case.
-        if not name.upper().startswith(_PREFIX) or name.upper() in known:
+        upper = name.upper()
+        if not upper.startswith(_PREFIX) or upper in known or _SERVICE_LINK.match(upper):
             continue
-        close = difflib.get_close_matches(name.upper(), settings, n=1, cutoff=0.8)
+        close = difflib.get_close_matches(upper, settings, n=1, cutoff=0.8)
         found.append(f"{name} is not a setting" + (f" (did you mean {close[0]}?)" if close
                                                     else ""))
     return found
@@ -256,19 +266,19 @@ def unknown_names(environ: Mapping[str, str]) -> list[str]:
 
 def load_settings(
     given: Mapping[str, object] | None = None, options: Mapping[str, str] | None = None,
-    environ: Mapping[str, str] | None = None,
 ) -> Settings:
     """The settings of ``given`` (a command's options) over the ``DESKBOX_*`` variables.
 
     InvalidSetting, in one line naming each variable (or ``options[field]``, the option that
     gave it) and what is wrong with it, for a value the server cannot take or a
     ``DESKBOX_*`` name that is no setting (docs/GUIDE.md#settings lists them)."""
-    problems = unknown_names(os.environ if environ is None else environ)
+    problems = unknown_names(os.environ)
+    settings: Settings | None = None
     try:
         settings = Settings(**dict(given or {}))  # type: ignore[arg-type]
     except ValidationError as error:
         problems += [_said(detail, options or {}) for detail in error.errors()]
-    if problems:
+    if problems or settings is None:
         raise InvalidSetting("; ".join(problems) + " (every setting: docs/GUIDE.md#settings)")
     return settings
 

@@ -39,6 +39,13 @@ def start(state_dir: Path, env: Mapping[str, str], *options: str, port: int | No
                 **env}
     args = ["serve", "--port", str(free_port() if port is None else port),
             "--state-dir", str(state_dir), "--log-format", "text", *options]
+    return deskbox(args, settings, user)
+
+
+def deskbox(args: list[str], settings: Mapping[str, str],
+            user: pwd.struct_passwd | None = None) -> tuple[int, str]:
+    """``deskbox ARGS`` with only ``settings`` of DESKBOX_*, as root or ``user``, to its
+    end: its exit status and all it said."""
     if user is None:
         clean = {k: v for k, v in os.environ.items() if not k.upper().startswith("DESKBOX_")}
         argv, environ = [DESKBOX, *args], {**clean, **settings}
@@ -146,6 +153,35 @@ def test_the_container_engine_without_runc_says_so(tmp_path: Path) -> None:
     status, output = start(tmp_path / "state", {"PATH": str(tmp_path / "bin")})
     assert status == 3, output
     one_line(output, "cannot start: the container engine needs runc (Debian's runc")
+
+
+def test_an_image_cache_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
+    """The image build's traceback through pathlib's mkdir, twice (relayed line by line,
+    then as the reason)."""
+    (tmp_path / "a file").write_text("")
+    cache = tmp_path / "a file" / "cache"
+    status, output = start(tmp_path / "state", {"DESKBOX_IMAGE_STATE_DIR": str(cache)})
+    assert status == 3, output
+    assert "Traceback" not in output, output
+    assert (f"cannot start: the image cache {cache}/images cannot be made: Not a directory "
+            "(DESKBOX_IMAGE_STATE_DIR, or deskbox image --state-dir)") in output, output
+
+
+def test_an_image_cache_another_user_owns_is_said(request: pytest.FixtureRequest) -> None:
+    """``deskbox image build`` by a user who may read the cache but not write it ended on
+    the build's traceback (PermissionError on its lock file). The build script still
+    writes it (a change of the script would change every image's recipe hash), but the
+    last word says what is wrong."""
+    user = rootless_user()
+    base = scratch_dir(request, "deskbox-refusal-")
+    base.chmod(0o755)
+    (base / "cache" / "images").mkdir(parents=True)  # root's, 0755
+    status, output = deskbox(["image", "build", "--state-dir", str(base / "cache")], {},
+                             user=user)
+    assert status == 2, output
+    assert output.splitlines()[-1] == (
+        f"error: the image cache {base}/cache/images cannot be written, and this image is "
+        "not built there (DESKBOX_IMAGE_STATE_DIR, or deskbox image --state-dir)"), output
 
 
 def test_kvm_asked_for_where_there_is_none(tmp_path: Path) -> None:

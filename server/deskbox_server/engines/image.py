@@ -59,6 +59,7 @@ def build_image(
             f"the session image recipe {script} is missing: set DESKBOX_RECIPE_DIR to the "
             "desktop_image/ directory of a Deskbox source tree"
         )
+    images = _usable_cache(image_state_dir)
     tail: list[str] = []
     out: list[str] = []
     stopped: list[str] = []
@@ -115,6 +116,10 @@ def build_image(
             "the session image failed its integrity check; no session starts from it:\n"
             + "\n".join(tail)
         )
+    if process.returncode != 0 and not os.access(images, os.W_OK):
+        # Its last lines are a PermissionError's traceback (its lock file), said plainly.
+        raise Internal(f"the image cache {images} cannot be written, and this image is not "
+                       f"built there ({_CACHE_SETTING})")
     if process.returncode != 0 or not lines:
         detail = "\n".join(tail) or "no output"
         raise Internal(f"building the session image failed ({process.returncode}):\n{detail}")
@@ -122,6 +127,23 @@ def build_image(
     if not built.is_dir():
         raise Internal(f"the image build reported {built}, which is not a directory")
     return built
+
+
+_CACHE_SETTING = "DESKBOX_IMAGE_STATE_DIR, or deskbox image --state-dir"
+
+
+def _usable_cache(image_state_dir: Path) -> Path:
+    """The cache's images/ directory, made if missing; Internal in one line if it cannot be
+    (a path through a file, another user's directory): the build script's traceback
+    through pathlib's mkdir said it before, twice. Checked here, not in the script, whose
+    every byte is part of the recipe's hash (a change rebuilds every image)."""
+    images = image_state_dir / "images"
+    try:
+        images.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise Internal(f"the image cache {images} cannot be made: {error.strerror} "
+                       f"({_CACHE_SETTING})") from None
+    return images
 
 
 class ImageHold:
