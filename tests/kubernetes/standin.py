@@ -167,6 +167,9 @@ class Kubelet:
         self.files = Path(tempfile.mkdtemp(prefix="dbx-standin-"))
         self.tasks: dict[str, asyncio.Task[None]] = {}  # pod uid
         self.networks: dict[str, PodNetwork] = {}
+        # Each pod's network as it is made: a thread that runs on when the pod is deleted
+        # meanwhile (a cancelled to_thread does not stop it), which stop() waits for.
+        self.making: dict[str, asyncio.Future[PodNetwork]] = {}
         self.containers: dict[str, str] = {}
         self.slots = iter(range(1, 250))
 
@@ -198,6 +201,11 @@ class Kubelet:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        making = self.making.pop(uid, None)
+        if making is not None and uid not in self.networks:
+            # Deleted while its network was being made: the namespace came all the same.
+            with contextlib.suppress(Exception):
+                self.networks[uid] = await making
         container = self.containers.pop(uid, None)
         if container is not None:
             with contextlib.suppress(DeskboxError):
@@ -277,8 +285,9 @@ class Kubelet:
                 size = str(volume["emptyDir"].get("sizeLimit", "64Mi")).replace("Mi", "m")
                 tmpfs[mount["mountPath"]] = f"rw,nosuid,nodev,size={size}"
         slot = next(self.slots)
-        network = await asyncio.to_thread(_make_network, slot)
-        self.networks[uid] = network
+        making = self.making[uid] = asyncio.ensure_future(
+            asyncio.to_thread(_make_network, slot))
+        network = self.networks[uid] = await asyncio.shield(making)
         context = container.get("securityContext") or {}
         limits = (container.get("resources") or {}).get("limits") or {}
         memory = _bytes(limits.get("memory", "2Gi"))
