@@ -357,7 +357,12 @@ def test_a_refused_snapshot_delete_keeps_its_pool(server: Server) -> None:
 
         copying = threading.Thread(target=cold_copy)
         copying.start()
-        time.sleep(0.25)  # into the restore (about half a second)
+        # Into the restore: a fixed 0.25 s was not always enough on a busy host (the delete
+        # came first, and went through).
+        store, deadline = server.services.manager.snapshots, time.monotonic() + 60
+        while not store.restoring(sid):
+            assert time.monotonic() < deadline and copying.is_alive(), made
+            time.sleep(0.01)
         deleted = a.delete(f"/v1/snapshots/{sid}")
         pool_then = a.get(f"/v1/snapshots/{sid}").json()["pool"]
         copying.join(120)

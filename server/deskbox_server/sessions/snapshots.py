@@ -138,6 +138,11 @@ class SnapshotStore:
             self._in_use[snapshot.id] += 1
         return self.directory(snapshot.id)
 
+    def restoring(self, snapshot_id: str) -> bool:
+        """Whether a restore holds the snapshot now (a delete is refused meanwhile)."""
+        with self._lock:
+            return self._in_use[snapshot_id] > 0
+
     def release(self, snapshot_id: str) -> bool:
         """True: the last restore reading unpacked images no pool wants has ended; the
         caller removes them now (:meth:`drop_unwanted`, on a worker thread)."""
