@@ -17,7 +17,7 @@ import httpx
 from ..docker.podman import as_user
 from ..images import IMAGE_STATE_DIR
 
-__all__ = ["KEY", "free_port", "reap", "serve", "serve_refused"]
+__all__ = ["KEY", "deskbox_as", "free_port", "reap", "serve", "serve_refused"]
 
 KEY = "restart-test-key-0123456789"
 
@@ -50,13 +50,7 @@ def serve(
         argv, env = [str(Path(sys.executable).parent / "deskbox"), *args], {**os.environ,
                                                                             **settings}
     else:
-        launch = ("import site, sys; site.addsitedir(sys.argv.pop(1)); "
-                  "from deskbox.cli import main; sys.exit(main())")
-        site_packages = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
-        # PYTHONPATH: for the image build the server runs with its own interpreter.
-        argv = as_user(user, ["/usr/bin/python3", "-c", launch, str(site_packages), *args],
-                       {**settings, "PYTHONPATH": str(site_packages)})
-        env = dict(os.environ)
+        argv, env = deskbox_as(user, args, settings), dict(os.environ)
     if open_files is not None:
         argv = ["prlimit", f"--nofile={open_files}:", "--", *argv]
     with open(log, "ab") as output:
@@ -85,6 +79,18 @@ def serve(
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def deskbox_as(user: pwd.struct_passwd, args: list[str], settings: Mapping[str, str]
+               ) -> list[str]:
+    """The argv of ``deskbox ARGS`` run as ``user`` with ``settings`` in its environment:
+    this venv's packages through the system's python3, which the user may run."""
+    launch = ("import site, sys; site.addsitedir(sys.argv.pop(1)); "
+              "from deskbox.cli import main; sys.exit(main())")
+    site_packages = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
+    # PYTHONPATH: for the image build the server runs with its own interpreter.
+    return as_user(user, ["/usr/bin/python3", "-c", launch, str(site_packages), *args],
+                   {**settings, "PYTHONPATH": str(site_packages)})
 
 
 def reap(pids: list[int], timeout_s: float = 10.0) -> None:

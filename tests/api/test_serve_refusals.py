@@ -23,10 +23,10 @@ from deskbox_server.engines.vm.accel import detect_accelerator
 from deskbox_server.errors import Internal
 from deskbox_server.settings import Settings
 
-from ..docker.podman import as_user, rootless_user
+from ..docker.podman import rootless_user
 from ..images import IMAGE_STATE_DIR
 from ..scratch import scratch_dir
-from .served import KEY, free_port, reap, serve
+from .served import KEY, deskbox_as, free_port, reap, serve
 
 DESKBOX = str(Path(sys.executable).parent / "deskbox")
 LOCAL = {"DESKBOX_BACKENDS": "local", "DESKBOX_DEFAULT_BACKEND": "local"}
@@ -49,13 +49,8 @@ def deskbox(args: list[str], settings: Mapping[str, str],
     if user is None:
         clean = {k: v for k, v in os.environ.items() if not k.upper().startswith("DESKBOX_")}
         argv, environ = [DESKBOX, *args], {**clean, **settings}
-    else:  # as served.serve runs a server as another user
-        launch = ("import site, sys; site.addsitedir(sys.argv.pop(1)); "
-                  "from deskbox.cli import main; sys.exit(main())")
-        site_packages = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
-        argv = as_user(user, ["/usr/bin/python3", "-c", launch, str(site_packages), *args],
-                       {**settings, "PYTHONPATH": str(site_packages)})
-        environ = dict(os.environ)
+    else:
+        argv, environ = deskbox_as(user, args, settings), dict(os.environ)
     ended = subprocess.run(argv, env=environ, stdin=subprocess.DEVNULL, capture_output=True,
                            text=True, timeout=120, check=False)
     return ended.returncode, ended.stdout + ended.stderr
