@@ -67,6 +67,9 @@ class DeskboxError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+        # For a batch of actions: the index of the one that failed, the actions before it
+        # done and those after it not (API.md "Errors"); None when no one action did.
+        self.action_index: int | None = None
 
 
 class InvalidRequest(DeskboxError):

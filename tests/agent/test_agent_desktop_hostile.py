@@ -17,7 +17,7 @@ import pytest_asyncio
 
 from deskbox_server.agent import AgentClient
 from deskbox_server.agent.desktop import AgentDesktop
-from deskbox_server.errors import AgentFailed
+from deskbox_server.errors import AgentFailed, InvalidAction
 from deskbox_server.schemas import actions as a
 
 from .conftest import scripted_agent
@@ -25,7 +25,7 @@ from .conftest import scripted_agent
 HOSTILE_DESKTOP = """
 import json, os, struct, sys, zlib
 from deskbox_agent import __main__ as m
-from deskbox_agent.registry import Blob
+from deskbox_agent.registry import Blob, CallError
 
 MODE = os.environ["HOSTILE_MODE"]
 PARTS = "application/vnd.deskbox.parts"
@@ -70,6 +70,10 @@ async def act(args):
         return parts({"results": [], "settled": True, "screenshot": None})
     if MODE == "bad_json":
         return Blob(struct.pack(">I", 3) + b"{x}", PARTS)
+    if MODE.startswith("action_"):  # a refusal naming the action that failed
+        index = {"action_ok": 0, "action_past": 1, "action_negative": -1, "action_text": "0",
+                 "action_bool": True}[MODE]
+        raise CallError(422, "invalid_action", "no such key", index)
     raise AssertionError(MODE)
 
 
@@ -144,6 +148,23 @@ async def test_a_malformed_act_reply_fails_the_agent(hostile: AgentDesktop, reas
     # The connection is done for: every later call says so at once.
     with pytest.raises(AgentFailed):
         await hostile.info()
+
+
+@pytest.mark.parametrize(
+    ("hostile_socket", "index"),
+    [("action_ok", 0), ("action_past", None), ("action_negative", None), ("action_text", None),
+     ("action_bool", None)],
+    indirect=["hostile_socket"],
+)
+async def test_a_refusals_action_is_taken_only_if_it_is_one_of_the_batch(
+    hostile: AgentDesktop, index: int | None,
+) -> None:
+    """The agent's word on which action failed goes into the API's error (and the
+    recording): only an index of the batch the host sent is believed."""
+    with pytest.raises(InvalidAction, match="no such key") as refused:
+        await hostile.run([SHOT], VIEW)
+    assert refused.value.action_index == index
+    assert (await hostile.info()).width == 1280  # a refusal: the agent is fine
 
 
 @pytest.mark.parametrize("hostile_socket", ["wrong_size"], indirect=True)

@@ -24,7 +24,9 @@ def assert_error(response: httpx.Response, status: int, kind: str) -> dict[str, 
     body = response.json()
     assert set(body) == {"error"}, body
     error: dict[str, Any] = body["error"]
-    assert set(error) == {"type", "message", "request_id"}, error
+    # action_index: which action of a batch failed, when one did (API.md "Errors").
+    assert set(error) - {"action_index"} == {"type", "message", "request_id"}, error
+    assert type(error.get("action_index", 0)) is int and error.get("action_index", 0) >= 0
     assert error["type"] == kind, error
     assert error["message"] and isinstance(error["message"], str)
     assert error["request_id"].startswith("req_")

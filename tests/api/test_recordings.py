@@ -24,6 +24,7 @@ import av
 import httpx
 import pytest
 from PIL import Image
+from websockets.sync.client import connect
 
 from deskbox_server.errors import QuotaExceeded
 from deskbox_server.sessions.human_input import HumanAction, HumanInput
@@ -782,3 +783,29 @@ def test_a_pool_desktop_whose_recording_cannot_begin_is_not_left_running(
         assert client.get("/v1/sessions", params={"state": "running"}).json()[
             "sessions"] == []
         assert wait_for(lambda: not server.services.manager.holding, timeout_s=15)
+
+
+def test_a_batch_that_fails_midway_names_its_action_and_the_rest_are_skipped(
+    client: httpx.Client, recorded: dict[str, Any]
+) -> None:
+    """An action the desktop cannot do (an unknown key name, found only when its turn
+    comes) after one it did: the error names that action, in the answer and in the
+    trajectory, and the action after it, which never ran, is kept as skipped (the error was
+    put on the batch's last action, as if the bad key had been done)."""
+    sid = recorded["id"]
+    batch = [{"type": "move", "x": 30, "y": 30}, {"type": "key", "keys": "NoSuchKeyName"},
+             {"type": "type", "text": "never"}]
+    error = assert_error(client.post(f"/v1/sessions/{sid}/actions", json={"actions": batch}),
+                         422, "invalid_request")
+    assert error.get("action_index") == 1 and "NoSuchKeyName" in error["message"], error
+    entries = trajectory(client, sid)
+    moved, bad, never = [e for e in entries if e["kind"] == "action"][-3:]
+    assert moved["action"] == batch[0] and "error" not in moved and "skipped" not in moved
+    assert bad["error"]["type"] == "invalid_request" and "skipped" not in bad
+    assert never["action"] == batch[2] and never["skipped"] is True and "error" not in never
+    # The actions websocket: one action per message, so the failed one is its 0.
+    with connect(recorded["urls"]["actions_ws"], compression=None, open_timeout=10,
+                 additional_headers={"Authorization": f"Bearer {KEY_A}"}) as ws:
+        ws.send(json.dumps({"id": 1, "action": {"type": "key", "keys": "NoSuchKeyName"}}))
+        reply = json.loads(ws.recv(timeout=20))
+    assert reply["ok"] is False and reply["error"]["action_index"] == 0, reply

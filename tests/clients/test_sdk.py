@@ -323,6 +323,7 @@ def test_error_mapping(local_server: Server, box: Deskbox, session: Session) -> 
     with pytest.raises(UnprocessableEntity) as invalid:
         box.sessions.create(display={"width": -5, "height": 10})
     assert invalid.value.status == 422 and invalid.value.type == "invalid_request"
+    assert invalid.value.action_index is None  # no action failed: the create was refused
 
     with pytest.raises(UnprocessableEntity):
         session.act({"type": "no_such_action"})
@@ -373,6 +374,11 @@ def test_create_act_screenshot_delete(box: Deskbox, session: Session) -> None:
     session.drag([(10, 300), (50, 320)], modifiers=["ctrl"])
     with pytest.raises(UnprocessableEntity, match="Hyper_Banana"):
         session.drag([(10, 300), (50, 320)], modifiers=["Hyper_Banana"])
+    # In a batch, the error says which action failed (the move before it was done).
+    with pytest.raises(UnprocessableEntity, match="Hyper_Banana") as midway:
+        session.act([{"type": "move", "x": 50, "y": 320}, {"type": "key", "keys": "Hyper_Banana"},
+                     {"type": "wait", "ms": 1}])
+    assert midway.value.action_index == 1
     result = session.act(
         [{"type": "move", "x": 50, "y": 320}, {"type": "cursor_position"},
          {"type": "screen_size"}],

@@ -22,8 +22,10 @@
             └── GatewayTimeout        504  ``timeout``
 
 An :class:`APIError` carries ``status``, ``type`` (the error body's kind), ``message``,
-``request_id`` and the decoded ``body``. Errors reported over the actions websocket have
-no HTTP status of their own; they are mapped by kind to the status the HTTP API would use.
+``request_id``, ``action_index`` (in a batch of actions, the one that failed: those before it
+were done, those after it not; else None) and the decoded ``body``. Errors reported over
+the actions websocket have no HTTP status of their own; they are mapped by kind to the
+status the HTTP API would use.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class APIError(DeskboxError):
         self.request_id = request_id
         self.body = body
         self.retry_after = retry_after
+        self.action_index = _action_index(body)
 
 
 class BadRequest(APIError):
@@ -208,3 +211,9 @@ def error_for_status(
     if cls is None:
         cls = ServerError if status >= 500 else APIError
     return cls(status, type, message, request_id, body, retry_after)
+
+
+def _action_index(body: Any) -> int | None:
+    error = body.get("error") if isinstance(body, dict) else None
+    index = error.get("action_index") if isinstance(error, dict) else None
+    return index if type(index) is int else None

@@ -25,8 +25,11 @@ _LENGTH = struct.Struct(">I")
 _Reply = tuple[int, str, bytes]
 
 
-def _error(status: int, kind: str, message: str) -> _Reply:
-    body = {"error": {"kind": kind, "message": message[:1024]}}
+def _error(status: int, kind: str, message: str, action: int | None = None) -> _Reply:
+    error: dict[str, Json] = {"kind": kind, "message": message[:1024]}
+    if action is not None:
+        error["action"] = action
+    body = {"error": error}
     return status, "application/json", json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -40,7 +43,7 @@ async def invoke(registry: Registry, name: str, args: object) -> _Reply:
     try:
         result: Json | Blob = await handler(args)
     except CallError as e:
-        return _error(e.status, e.kind, e.message)
+        return _error(e.status, e.kind, e.message, e.action)
     except Exception as e:  # a handler's bug fails its call only
         answer = failure_answer(e, f"call {name}")
         return _error(answer.status, answer.kind, answer.message)

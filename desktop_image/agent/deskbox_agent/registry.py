@@ -30,13 +30,16 @@ class Blob:
 
 
 class CallError(Exception):
-    """A handler's refusal: ``status`` (4xx/5xx), a ``kind`` word and a message."""
+    """A handler's refusal: ``status`` (4xx/5xx), a ``kind`` word and a message; for a
+    batch of actions, ``action``: the index of the one that failed (PROTOCOL.md)."""
 
-    def __init__(self, status: int, kind: str, message: str) -> None:
+    def __init__(self, status: int, kind: str, message: str, action: int | None = None,
+                 ) -> None:
         super().__init__(message)
         self.status = status
         self.kind = kind
         self.message = message
+        self.action = action
 
 
 def failure_answer(error: Exception, what: str) -> CallError:

@@ -103,12 +103,18 @@ _BY_STATUS: dict[int, type[DeskboxError]] = {
 def _error_for(status: int, raw: bytes) -> DeskboxError:
     """The error of an answer other than 200, from the protocol's error shape."""
     kind, message = f"status {status}", raw.decode(errors="replace") or "(no body)"
+    action = None
     try:
         error = untrusted_json.loads(raw)["error"]
         kind, message = str(error["kind"]), str(error["message"])
+        action = error.get("action")
     except (ValueError, KeyError, TypeError):
         pass
-    return _BY_STATUS.get(status, SessionFailed)(f"agent: {_clean(kind, 32)}: {_clean(message)}")
+    failure = _BY_STATUS.get(status, SessionFailed)(
+        f"agent: {_clean(kind, 32)}: {_clean(message)}")
+    if type(action) is int and action >= 0:  # its batch's own bound is checked by the caller
+        failure.action_index = action
+    return failure
 
 
 class Channel:

@@ -22,7 +22,7 @@ import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from deskbox_agent.desktop.space import Space
 from .. import untrusted_json
 from ..errors import (
     Conflict,
+    DeskboxError,
     DesktopFailed,
     InvalidAction,
     InvalidRequest,
@@ -178,7 +179,12 @@ class AgentDesktop:
         }
         timeout_s = self.call_timeout_s + batch_allowance_s(
             actions, screenshot, self.settle_options)
-        result = await self._call("act", request, timeout_s, body_cap)
+        try:
+            result = await self._call("act", request, timeout_s, body_cap)
+        except DeskboxError as error:
+            if error.action_index is not None and error.action_index >= len(actions):
+                error.action_index = None  # an agent's word about an action not sent
+            raise
         header, parts = self._split(result.content_type, result.body)
         results, settled = header.get("results"), header.get("settled")
         shot = header.get("screenshot")
@@ -288,12 +294,12 @@ class AgentDesktop:
         except InvalidRequest as error:
             reason = _agent_reason(error.message, "invalid_action")
             if reason is not None:
-                raise InvalidAction(reason) from None
+                raise _at_same_action(InvalidAction(reason), error) from None
             raise
         except SessionFailed as error:
             reason = _agent_reason(error.message, "desktop_failed")
             if reason is not None:
-                raise DesktopFailed(reason) from None
+                raise _at_same_action(DesktopFailed(reason), error) from None
             raise
 
     def _settle_json(self) -> dict[str, Json]:
@@ -440,6 +446,15 @@ def _agent_reason(message: str, kind: str) -> str | None:
     return message[len(prefix):] if message.startswith(prefix) else None
 
 
+_E = TypeVar("_E", bound=DeskboxError)
+
+
+def _at_same_action(error: _E, agents: DeskboxError) -> _E:
+    """``error`` in place of the agent's, for the same action of the batch."""
+    error.action_index = agents.action_index
+    return error
+
+
 @dataclass(frozen=True)
 class PackedFrame:
     """A grab as the agent sent it. Unpacking it (inflating 4 MB takes a couple of
@@ -466,3 +481,4 @@ class PackedFrame:
         view = np.frombuffer(pixels, dtype=np.uint8).reshape(height, width, 4)
         view.flags.writeable = False  # a frame is never changed, whatever holds its bytes
         return Frame(view)
+

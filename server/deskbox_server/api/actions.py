@@ -30,7 +30,7 @@ from ..schemas.results import ActionResult, ClipboardText, Point, Size
 from ..sessions.pause import FROZEN_HEADER
 from .auth import authenticate
 from .deps import Caller, Services, get_services
-from .errors import deskbox_error_response, new_request_id, validation_message
+from .errors import deskbox_error_response, error_body, new_request_id, validation_message
 from .replies import encodes_on_loop, json_on_thread
 
 __all__ = [
@@ -129,7 +129,7 @@ Reply = tuple[str, list[bytes]]
 
 
 def _error_reply(message_id: object, error: DeskboxError) -> Reply:
-    body = {"type": error.kind, "message": error.message, "request_id": new_request_id()}
+    body = error_body(error.kind, error.message, new_request_id(), error.action_index)
     return json.dumps({"id": message_id, "ok": False, "error": body}), []
 
 

@@ -114,18 +114,28 @@ def current_request_id() -> str:
 ErrorCounter = Callable[[str], None]
 
 
+def error_body(kind: str, message: str, request_id: str, action_index: int | None = None,
+               ) -> dict[str, object]:
+    """The ``error`` object of API.md's error body (schemas/errors.py)."""
+    body: dict[str, object] = {"type": kind, "message": message, "request_id": request_id}
+    if action_index is not None:
+        body["action_index"] = action_index
+    return body
+
+
 def error_response(
     status: int,
     kind: str,
     message: str,
     headers: dict[str, str] | None = None,
     count: ErrorCounter | None = None,
+    action_index: int | None = None,
 ) -> JSONResponse:
     request_id = current_request_id()
     if count is not None:
         count(kind)
     return JSONResponse(
-        {"error": {"type": kind, "message": message, "request_id": request_id}},
+        {"error": error_body(kind, message, request_id, action_index)},
         status_code=status,
         headers={**(headers or {}), "X-Request-Id": request_id},
     )
@@ -143,7 +153,8 @@ def deskbox_error_response(error: DeskboxError, count: ErrorCounter | None = Non
         # (5 s later). A body too large may still be arriving: closing on it would reset the
         # connection, and the client could lose the 413.
         headers["Connection"] = "close"
-    return error_response(error.status, error.kind, error.message, headers, count)
+    return error_response(
+        error.status, error.kind, error.message, headers, count, error.action_index)
 
 
 def _location(loc: Sequence[int | str]) -> str:

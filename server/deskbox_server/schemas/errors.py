@@ -13,6 +13,9 @@ class ErrorDetail(BaseModel):
     type: str = Field(description="snake_case kind: invalid_request, not_found, conflict, ...")
     message: str = Field(description="a human sentence saying what went wrong")
     request_id: str = Field(description="also in the X-Request-Id header and the server log")
+    action_index: int | None = Field(
+        default=None, description="for a batch of actions: the index of the one that failed, "
+        "those before it done and those after it not; absent when no one action did")
 
 
 class ErrorBody(BaseModel):

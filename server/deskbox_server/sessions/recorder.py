@@ -89,19 +89,26 @@ class Recorder:
         self, source: Source, actions: Sequence[a.Action], view: a.CoordinateSpace | None,
         started: float, result: BatchResult | None, error: DeskboxError | None,
     ) -> None:
-        """A batch the API ran (or refused: ``error``), each action an entry."""
+        """A batch the API ran (or refused: ``error``), each action an entry. The error is
+        the action's that failed (``action_index``), else the batch's last; the actions after
+        the one that failed were not done (``skipped``)."""
         if self.closed:
             return
         ended = self.now()
         shot = result.screenshot if result is not None else None
+        failed = len(actions) - 1
+        if error is not None and error.action_index is not None:
+            failed = min(error.action_index, failed)
         for index, action in enumerate(actions):
             last = index == len(actions) - 1
             fields: dict[str, Any] = {
                 "end_t": round(ended, 3), "source": source, "action": _wire(action),
                 "screen_point": self._screen_point(action, view),
             }
-            if last and error is not None:
+            if error is not None and index == failed:
                 fields["error"] = {"type": error.kind, "message": error.message}
+            elif error is not None and index > failed:
+                fields["skipped"] = True
             if last and shot is not None:
                 name = f"shots/{self.meta.entries:06d}.{_EXTS[shot.media_type]}"
                 fields["screenshot"] = name

@@ -12,8 +12,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterator,
+    Sequence,
+)
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -168,9 +175,12 @@ class Session:
             await secret_typing.check_names(store, owner, actions)
             cut = secret_typing.parts(actions) if secret else [list(actions)]
             for part in cut[:-1]:
-                part = await secret_typing.typed(store, owner, part, handle.open_devtools)
-                done += (await self._run(handle, part, view, None)).results
-            last = await secret_typing.typed(store, owner, cut[-1], handle.open_devtools)
+                with _failing_at(len(done)):
+                    part = await secret_typing.typed(store, owner, part, handle.open_devtools)
+                with _counted_from(len(done)):
+                    done += (await self._run(handle, part, view, None)).results
+            with _failing_at(len(done)):
+                last = await secret_typing.typed(store, owner, cut[-1], handle.open_devtools)
             call = asyncio.ensure_future(self._run(handle, last, view, screenshot))
         except BaseException:
             if counted:
@@ -179,7 +189,8 @@ class Session:
         finally:
             loop.call_soon(_release, mine)
         try:
-            result = await call
+            with _counted_from(len(done)):
+                result = await call
         finally:
             live.busy -= 1
         return BatchResult(done + result.results, result.screenshot, result.settled)
@@ -439,6 +450,27 @@ class Session:
         """Checkpoint the running desktop into ``directory`` for copies made within the
         block (a fork); it keeps still until the block ends, then runs on."""
         return state_changes.copying(self._live, self._context, directory)
+
+
+@contextmanager
+def _counted_from(offset: int) -> Iterator[None]:
+    """A part of a batch runs: the index of a failed action in it counts in the batch."""
+    try:
+        yield
+    except DeskboxError as error:
+        if error.action_index is not None:
+            error.action_index += offset
+        raise
+
+
+@contextmanager
+def _failing_at(index: int) -> Iterator[None]:
+    """The focus check of the secret at ``index`` of a batch: its refusal is that action's."""
+    try:
+        yield
+    except DeskboxError as error:
+        error.action_index = index
+        raise
 
 
 def _release(turn: asyncio.Future[None]) -> None:

@@ -25,7 +25,7 @@ from .capture import Capturer
 from .clipboard import Clipboard
 from .cpu_waits import CpuWaits
 from .encode import EncodedImage, encode
-from .errors import DesktopFailed, InvalidAction
+from .errors import DesktopError, DesktopFailed, InvalidAction
 from .frame import Frame
 from .keyboard import Keyboard
 from .keymap_watch import KeymapWatch
@@ -218,13 +218,15 @@ class Desktop:
             results: list[ActionResult] = []
             held = 0  # bytes of the batch's images and texts, all sent in one reply
             for action in actions:
-                result = self._perform(action, space)
+                result = self._performed(action, space, len(results))
                 held += _reply_bytes(result)
                 if held > MAX_BATCH_REPLY_BYTES:
-                    raise InvalidAction(
+                    too_much = InvalidAction(
                         f"the batch's screenshots and texts add up to more than "
                         f"{MAX_BATCH_REPLY_BYTES >> 20} MiB at action {len(results)}: ask "
                         "for fewer, smaller or JPEG ones (its actions before it were done)")
+                    too_much.action = len(results)
+                    raise too_much
                 results.append(result)
             image = None
             settled = True
@@ -238,6 +240,18 @@ class Desktop:
             return BatchResult(results, image, settled)
         except X_ERRORS as error:
             raise self._failure(error) from None
+
+    def _performed(self, action: a.Action, space: Space, index: int) -> ActionResult:
+        """:meth:`_perform`, a failure marked with the action's ``index`` in its batch: the
+        host tells which action failed, the actions before it having been done."""
+        try:
+            return self._perform(action, space)
+        except X_ERRORS as error:
+            failure: DesktopError = self._failure(error)
+        except DesktopError as error:
+            failure = error
+        failure.action = index
+        raise failure from None
 
     def _perform(self, action: a.Action, space: Space) -> ActionResult:
         if isinstance(action, _KEYBOARD_ACTIONS):

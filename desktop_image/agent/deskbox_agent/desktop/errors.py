@@ -12,6 +12,8 @@ class DesktopError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+        # In a batch, the index of the action that failed; those before it were done.
+        self.action: int | None = None
 
 
 class InvalidAction(DesktopError):

@@ -96,7 +96,7 @@ class DesktopService:
             running.add_done_callback(lambda done: _release(lock, done))
             return await asyncio.shield(running)
         except DesktopError as error:
-            raise CallError(error.status, error.kind, error.message) from None
+            raise CallError(error.status, error.kind, error.message, error.action) from None
         finally:
             # Busy, the frame buffers are reused from the heap (no page faults); idle, they
             # go back. On the worker, so that a trim never runs beside a call's X work.
@@ -134,8 +134,8 @@ class DesktopService:
                         self._executor.submit(desktop.close)
                     raise
             return _NO_RESULTS
-        except DesktopError as error:
-            raise CallError(error.status, error.kind, error.message) from None
+        except DesktopError as error:  # the batch's one action failed
+            raise CallError(error.status, error.kind, error.message, 0) from None
         finally:
             if self._malloc is not None:
                 self._trim = loop.call_later(IDLE_TRIM_S, self._when_idle, self._malloc)
@@ -216,7 +216,7 @@ class DesktopService:
             screenshot = a.parse_screenshot(args.get("screenshot"))
             settle = a.parse_settle(args.get("settle"))
         except InvalidAction as error:
-            raise CallError(error.status, error.kind, error.message) from None
+            raise CallError(error.status, error.kind, error.message, error.action) from None
 
         if screenshot is None and len(actions) == 1 and self._desktop is not None:
             from .desktop import sends_without_waiting
@@ -343,7 +343,7 @@ class DesktopService:
             wake.wake()
             raise
         except DesktopError as error:
-            raise CallError(error.status, error.kind, error.message) from None
+            raise CallError(error.status, error.kind, error.message, error.action) from None
         finally:
             self._trim = loop.call_later(IDLE_TRIM_S, self._when_idle, malloc)
 
