@@ -11,13 +11,20 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
+
+from deskbox_server.app import runc_engine
+from deskbox_server.engines.runc.runtime import Runc
+from deskbox_server.engines.runc.sandbox import remove_orphans
+from deskbox_server.settings import Settings
 
 from ..docker.podman import as_user
 from ..images import IMAGE_STATE_DIR
 
-__all__ = ["KEY", "deskbox_as", "free_port", "reap", "serve", "serve_refused"]
+__all__ = ["KEY", "container_of", "deskbox_as", "free_port", "init_of", "reap",
+           "remove_sandboxes", "runc_session", "serve", "serve_refused"]
 
 KEY = "restart-test-key-0123456789"
 
@@ -105,6 +112,39 @@ def reap(pids: list[int], timeout_s: float = 10.0) -> None:
             if done:
                 break
             time.sleep(0.05)
+
+
+def container_of(session_id: str) -> str:
+    """The runc container of a served session: the server names it
+    ``deskbox-<hash of its state dir>-<session id>``."""
+    ids = [cid for cid in Runc().list_ids() if cid.endswith("-" + session_id)]
+    assert len(ids) == 1, ids
+    return ids[0]
+
+
+def init_of(session_id: str) -> int:
+    """The pid of a served session's sandbox init, which reparents to this process (a
+    subreaper, see tests/conftest.py) when its server is killed: for ``reap``."""
+    state = Runc().state(container_of(session_id))
+    assert state is not None
+    return state.pid
+
+
+def runc_session(http: httpx.Client, body: Mapping[str, Any] | None = None
+                 ) -> tuple[str, int]:
+    """A session made on a served runc engine (``body``: what is posted, {} unless told):
+    its id and its sandbox init's pid."""
+    made = http.post("/v1/sessions", json=dict(body or {}))
+    assert made.status_code == 201, made.text
+    session_id: str = made.json()["id"]
+    return session_id, init_of(session_id)
+
+
+def remove_sandboxes(state_dir: Path, inits: list[int]) -> None:
+    """Whatever a test of killed servers left: no sandbox of ``state_dir`` outlives it, and
+    the ``inits`` that reparented to this process are collected."""
+    remove_orphans(runc_engine(Settings(state_dir=state_dir)).options, keep=())
+    reap(inits)
 
 
 def serve_refused(state_dir: Path, extra_env: Mapping[str, str]) -> str:

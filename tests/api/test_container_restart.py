@@ -15,35 +15,25 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from deskbox_server.app import runc_engine
 from deskbox_server.engines.runc import freezer
 from deskbox_server.engines.runc.runtime import Runc
-from deskbox_server.engines.runc.sandbox import remove_orphans
 from deskbox_server.settings import Settings
 
 from .helpers import decode, events_until
 from .sandbox_page import SandboxPage, events_data_url, read_display_number
-from .served import KEY, reap, serve
+from .served import KEY, container_of, init_of, reap, remove_sandboxes, runc_session, serve
 from .test_container import RED, cgroup_dirs, mounts_mentioning, running
 
 pytestmark = pytest.mark.slow
 
-def container_of(session_id: str) -> str:
-    ids = [cid for cid in Runc().list_ids() if cid.endswith("-" + session_id)]
-    assert len(ids) == 1, ids
-    return ids[0]
 
-
-def create(http: httpx.Client) -> dict[str, Any]:
-    response = http.post("/v1/sessions", json={"browser": {"start_url": events_data_url()}})
-    assert response.status_code == 201, response.text
-    body: dict[str, Any] = response.json()
-    return body
+def create(http: httpx.Client) -> tuple[str, int]:
+    """A session on the events page: its id and its sandbox init's pid."""
+    return runc_session(http, {"browser": {"start_url": events_data_url()}})
 
 
 class Load(threading.Thread):
@@ -102,16 +92,12 @@ def test_restart_readopts_running_sessions(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
     log = tmp_path / "server.log"
     runc = Runc()
-    inits: list[int] = []
     with serve(state_dir, log) as (first, http):
-        kept, lost = create(http), create(http)
-        kept_container, lost_container = container_of(kept["id"]), container_of(lost["id"])
-        for container in (kept_container, lost_container):
-            state = runc.state(container)
-            assert state is not None
-            inits.append(state.pid)
+        (kept, kept_init), (lost, lost_init) = create(http), create(http)
+        inits = [kept_init, lost_init]
+        kept_container, lost_container = container_of(kept), container_of(lost)
         # Killed under load: actions in flight on one session, another one starting.
-        acted = under_load(http, kept["id"])
+        acted = under_load(http, kept)
         starting = http.post("/v1/sessions", params={"wait": "false"}, json={})
         assert starting.status_code == 201 and starting.json()["state"] == "starting"
         time.sleep(0.3)
@@ -124,14 +110,14 @@ def test_restart_readopts_running_sessions(tmp_path: Path) -> None:
         reap(inits[1:])
         stray = state_dir / "sessions" / "ses_stray"
         stray.mkdir()
-        kept_dir = state_dir / "sessions" / kept["id"]
+        kept_dir = state_dir / "sessions" / kept
         number = read_display_number(kept_dir)
         os.unlink(f"/tmp/.X11-unix/X{number}")  # as if /tmp had been cleaned meanwhile
 
         with serve(state_dir, log) as (second, http):
-            body = http.get(f"/v1/sessions/{kept['id']}").json()
+            body = http.get(f"/v1/sessions/{kept}").json()
             assert body["state"] == "running", body
-            failed = http.get(f"/v1/sessions/{lost['id']}").json()
+            failed = http.get(f"/v1/sessions/{lost}").json()
             assert failed["state"] == "failed", failed
             assert "not running" in failed["failure"]["reason"]
             assert not stray.exists()
@@ -141,13 +127,13 @@ def test_restart_readopts_running_sessions(tmp_path: Path) -> None:
             assert "while the session was starting" in half["failure"]["reason"]
             assert not [c for c in runc.list_ids() if c.endswith(starting.json()["id"])]
             listed = {s["id"]: s["state"] for s in http.get("/v1/sessions").json()["sessions"]}
-            assert listed == {kept["id"]: "running", lost["id"]: "failed",
+            assert listed == {kept: "running", lost: "failed",
                               starting.json()["id"]: "failed"}
 
             # The re-adopted session still works: input lands, screenshots show the page.
-            with SandboxPage(http, kept["id"]) as page:
+            with SandboxPage(http, kept) as page:
                 before = page.wait(lambda state: True)["clicks"]  # the load's, at the kill
-                response = http.post(f"/v1/sessions/{kept['id']}/actions",
+                response = http.post(f"/v1/sessions/{kept}/actions",
                                      json={"type": "click", "x": 640, "y": 700})
                 assert response.status_code == 200, response.text
                 landed = page.wait(lambda state: state["clicks"] == before + 1)
@@ -155,7 +141,7 @@ def test_restart_readopts_running_sessions(tmp_path: Path) -> None:
                 click = landed["click"]
                 assert (click[2], click[3]) == (640, 700)
                 ox, oy = click[2] - click[0], click[3] - click[1]
-            shot = http.get(f"/v1/sessions/{kept['id']}/screenshot", params={"format": "png"})
+            shot = http.get(f"/v1/sessions/{kept}/screenshot", params={"format": "png"})
             assert shot.status_code == 200
             assert decode(shot.content).getpixel((ox + 200, oy + 150)) == RED
 
@@ -163,10 +149,10 @@ def test_restart_readopts_running_sessions(tmp_path: Path) -> None:
                     for pid in (directory / "cgroup.procs").read_text().split()
                     if (directory / "cgroup.procs").exists()]
             assert pids
-            assert http.delete(f"/v1/sessions/{kept['id']}").status_code == 204
-            assert http.delete(f"/v1/sessions/{lost['id']}").status_code == 204
+            assert http.delete(f"/v1/sessions/{kept}").status_code == 204
+            assert http.delete(f"/v1/sessions/{lost}").status_code == 204
             assert http.delete(f"/v1/sessions/{starting.json()['id']}").status_code == 204
-            assert http.get(f"/v1/sessions/{kept['id']}").json()["state"] == "stopped"
+            assert http.get(f"/v1/sessions/{kept}").json()["state"] == "stopped"
             second.terminate()
             assert second.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises it
             assert "deskbox stopped every session" in log.read_text()
@@ -181,10 +167,7 @@ def test_restart_readopts_running_sessions(tmp_path: Path) -> None:
         # server may take at once: none of this session's is left under it.
         assert not display_of(number, state_dir, (first.pid, second.pid))
     finally:
-        # Whatever happened above: no sandbox of this state dir outlives the test.
-        options = runc_engine(Settings(state_dir=state_dir)).options
-        remove_orphans(options, keep=())
-        reap(inits)
+        remove_sandboxes(state_dir, inits)
 
 
 def test_a_pause_cut_short_by_a_killed_server_leaves_the_session_running(
@@ -195,25 +178,23 @@ def test_a_pause_cut_short_by_a_killed_server_leaves_the_session_running(
     frozen agent and failed the session with a reason that did not say why."""
     state_dir, log = tmp_path / "state", tmp_path / "server.log"
     with serve(state_dir, log) as (first, http):
-        session = create(http)
-        container = container_of(session["id"])
-        state = Runc().state(container)
-        assert state is not None
+        session, init = create(http)
+        container = container_of(session)
         freezer.freeze(container)  # as the pause's last step does
         first.send_signal(signal.SIGKILL)
         first.wait()
     try:
         with serve(state_dir, log) as (second, http):
-            again = http.get(f"/v1/sessions/{session['id']}").json()
+            again = http.get(f"/v1/sessions/{session}").json()
             assert again["state"] == "running", again
             assert not freezer.frozen(container)
-            click = http.post(f"/v1/sessions/{session['id']}/actions",
+            click = http.post(f"/v1/sessions/{session}/actions",
                               json={"type": "click", "x": 5, "y": 5})
             assert click.status_code == 200, click.text
             assert "thawing a sandbox frozen by a pause" in log.read_text()
-            assert http.delete(f"/v1/sessions/{session['id']}").status_code == 204
+            assert http.delete(f"/v1/sessions/{session}").status_code == 204
     finally:
-        reap([state.pid])
+        reap([init])
 
 
 def test_a_session_in_use_outlives_a_restart(tmp_path: Path) -> None:
@@ -224,12 +205,8 @@ def test_a_session_in_use_outlives_a_restart(tmp_path: Path) -> None:
     inits: list[int] = []
     try:
         with serve(state_dir, log, {"DESKBOX_REAPER_INTERVAL_S": "0.5"}) as (first, http):
-            made = http.post("/v1/sessions", json={"timeout_s": 6})
-            assert made.status_code == 201, made.text
-            sid = made.json()["id"]
-            state = Runc().state(container_of(sid))
-            assert state is not None
-            inits.append(state.pid)
+            sid, init = runc_session(http, {"timeout_s": 6})
+            inits.append(init)
             for _ in range(8):  # 8 s in use: past the clock saved at its start
                 moved = http.post(f"/v1/sessions/{sid}/actions", json={"type": "move",
                                                                        "x": 5, "y": 5})
@@ -243,9 +220,7 @@ def test_a_session_in_use_outlives_a_restart(tmp_path: Path) -> None:
             assert body["state"] == "running", body
             assert http.delete(f"/v1/sessions/{sid}").status_code == 204
     finally:
-        options = runc_engine(Settings(state_dir=state_dir)).options
-        remove_orphans(options, keep=())
-        reap(inits)
+        remove_sandboxes(state_dir, inits)
 
 
 def test_an_event_stream_resumed_on_the_next_server_gets_what_happens_after(
@@ -259,12 +234,8 @@ def test_an_event_stream_resumed_on_the_next_server_gets_what_happens_after(
     inits: list[int] = []
     try:
         with serve(state_dir, log) as (first, http):
-            made = http.post("/v1/sessions", json={})
-            assert made.status_code == 201, made.text
-            sid = made.json()["id"]
-            state = Runc().state(container_of(sid))
-            assert state is not None
-            inits.append(state.pid)
+            sid, init = runc_session(http)
+            inits.append(init)
             seen = events_until(http, sid, lambda event: event.get("state") == "running")
             first.send_signal(signal.SIGKILL)
             first.wait()
@@ -284,9 +255,7 @@ def test_an_event_stream_resumed_on_the_next_server_gets_what_happens_after(
         assert ids == [event["id"] for event in events]
         assert last < ids[0] and ids == sorted(set(ids)), (last, ids)
     finally:
-        options = runc_engine(Settings(state_dir=state_dir)).options
-        remove_orphans(options, keep=())
-        reap(inits)
+        remove_sandboxes(state_dir, inits)
 
 
 def test_a_hibernation_the_killed_server_did_not_record_is_kept(tmp_path: Path) -> None:
@@ -298,8 +267,7 @@ def test_a_hibernation_the_killed_server_did_not_record_is_kept(tmp_path: Path) 
     inits: list[int] = []
     try:
         with serve(state_dir, log) as (first, http):
-            made = create(http)
-            sid = made["id"]
+            sid, _ = create(http)
             paused = http.post(f"/v1/sessions/{sid}/pause", json={"mode": "hibernate"},
                                timeout=120)
             assert paused.status_code == 200, paused.text
@@ -313,13 +281,9 @@ def test_a_hibernation_the_killed_server_did_not_record_is_kept(tmp_path: Path) 
             assert body["state"] == "hibernated", body
             resumed = http.post(f"/v1/sessions/{sid}/resume", timeout=120)
             assert resumed.status_code == 200, resumed.text
-            state = Runc().state(container_of(sid))
-            assert state is not None
-            inits.append(state.pid)
+            inits.append(init_of(sid))
             shot = http.get(f"/v1/sessions/{sid}/screenshot")
             assert shot.status_code == 200, shot.text
             assert http.delete(f"/v1/sessions/{sid}").status_code == 204
     finally:
-        options = runc_engine(Settings(state_dir=state_dir)).options
-        remove_orphans(options, keep=())
-        reap(inits)
+        remove_sandboxes(state_dir, inits)

@@ -16,17 +16,22 @@ from pathlib import Path
 
 import pytest
 
-from deskbox_server.app import runc_engine
 from deskbox_server.engines.runc.runtime import Runc
-from deskbox_server.engines.runc.sandbox import remove_orphans
 from deskbox_server.engines.vm.accel import detect_accelerator
 from deskbox_server.errors import Internal
-from deskbox_server.settings import Settings
 
 from ..docker.podman import rootless_user
 from ..images import IMAGE_STATE_DIR
 from ..scratch import scratch_dir
-from .served import KEY, deskbox_as, free_port, reap, serve
+from .served import (
+    KEY,
+    container_of,
+    deskbox_as,
+    free_port,
+    remove_sandboxes,
+    runc_session,
+    serve,
+)
 
 DESKBOX = str(Path(sys.executable).parent / "deskbox")
 LOCAL = {"DESKBOX_BACKENDS": "local", "DESKBOX_DEFAULT_BACKEND": "local"}
@@ -195,13 +200,9 @@ def test_a_port_in_use_leaves_what_a_killed_server_left_running(tmp_path: Path) 
     inits: list[int] = []
     try:
         with serve(state_dir, log) as (first, http):
-            made = http.post("/v1/sessions", json={})
-            assert made.status_code == 201, made.text
-            session_id = made.json()["id"]
-            [container] = [c for c in Runc().list_ids() if c.endswith("-" + session_id)]
-            state = Runc().state(container)
-            assert state is not None
-            inits.append(state.pid)
+            session_id, init = runc_session(http)
+            inits.append(init)
+            container = container_of(session_id)
             first.send_signal(signal.SIGKILL)
             first.wait()
         with socket.socket() as taken:
@@ -218,5 +219,4 @@ def test_a_port_in_use_leaves_what_a_killed_server_left_running(tmp_path: Path) 
             assert again["state"] == "running", again
             assert http.delete(f"/v1/sessions/{session_id}").status_code == 204
     finally:
-        remove_orphans(runc_engine(Settings(state_dir=state_dir)).options, keep=())
-        reap(inits)
+        remove_sandboxes(state_dir, inits)

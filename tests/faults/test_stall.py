@@ -28,9 +28,9 @@ from deskbox_server.errors import SessionFailed
 from ..api.conftest import DISPLAY, Server
 from ..api.containers import container_server
 from ..api.helpers import assert_error
+from ..api.served import container_of, reap, serve
 from ..api.test_container import cgroup_dirs, cgroup_pids, mounts_mentioning, running
 from ..api.test_container_cdp import read_events
-from ..api.test_container_restart import container_of, reap, serve
 from .conftest import create
 from .test_faults import eventually, exec_in, sandbox_of, still_answers
 

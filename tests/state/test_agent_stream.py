@@ -23,16 +23,14 @@ import pytest
 
 from deskbox_server.agent import PROTOCOL
 from deskbox_server.api.auth import key_id
-from deskbox_server.app import runc_engine
 from deskbox_server.engines.runc.criu import Criu
-from deskbox_server.engines.runc.runtime import Runc
-from deskbox_server.engines.runc.sandbox import RuncSandbox, remove_orphans
+from deskbox_server.engines.runc.sandbox import RuncSandbox
 from deskbox_server.engines.runc.stream import AGENT_SOCKET, agent_link
 from deskbox_server.sessions.desktop import AnyDesktop
 from deskbox_server.settings import Settings
 
 from ..api.conftest import KEY_A, Server, running_server
-from ..api.test_container_restart import container_of, reap, serve
+from ..api.served import init_of, reap, remove_sandboxes, serve
 from ..api.test_exec import host_runc_execs
 from ..images import IMAGE_STATE_DIR
 from ..impostors import (
@@ -332,9 +330,7 @@ def test_a_restarted_server_reconnects_to_the_agents_it_adopts(tmp_path: Path) -
             http.timeout = httpx.Timeout(120)
             sid = new_page_session(http)
             answers(http, sid, "first server")
-            state = Runc().state(container_of(sid))
-            assert state is not None
-            inits.append(state.pid)
+            inits.append(init_of(sid))
             first.send_signal(signal.SIGKILL)
             first.wait()
         with serve(state_dir, log) as (second, http):
@@ -347,6 +343,4 @@ def test_a_restarted_server_reconnects_to_the_agents_it_adopts(tmp_path: Path) -
             second.wait(timeout=60)
         reap(inits)
     finally:
-        options = runc_engine(Settings(state_dir=state_dir)).options
-        remove_orphans(options, keep=())
-        reap(inits)
+        remove_sandboxes(state_dir, inits)
