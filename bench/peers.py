@@ -50,6 +50,7 @@ import httpx  # noqa: E402
 from websockets.sync.client import ClientConnection, connect  # noqa: E402
 
 from tests.cdp_page import CdpPage  # noqa: E402
+from tests.processes import descendants  # noqa: E402
 
 WIDTH, HEIGHT = 1280, 800
 # Inside the page, below Chromium's toolbar.
@@ -92,23 +93,6 @@ class Result:
 
 
 # -- the session's desktop, found from the server's process tree --------------------------
-
-
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with suppress(OSError):
-            found += [int(child) for child in (task / "children").read_text().split()]
-    return found
-
-
-def descendants(pid: int) -> list[int]:
-    pending, seen = [pid], []
-    while pending:
-        current = pending.pop()
-        seen.append(current)
-        pending += _children(current)
-    return seen[1:]
 
 
 def _argv(pid: int) -> list[str]:

@@ -37,6 +37,7 @@ from ..api.conftest import DISPLAY, KEY_A, Server, running_server
 from ..api.helpers import assert_error, server_log
 from ..api.served import serve
 from ..images import IMAGE_STATE_DIR
+from ..processes import descendants
 
 
 @pytest.fixture
@@ -186,22 +187,6 @@ def test_a_start_whose_running_state_cannot_be_saved_fails_the_session(
             filler.unlink()
 
 
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def test_a_registry_the_disk_refuses_otherwise_still_lets_a_delete_remove_the_desktop(
     tmp_path: Path,
 ) -> None:
@@ -219,7 +204,7 @@ def test_a_registry_the_disk_refuses_otherwise_still_lets_a_delete_remove_the_de
         created = http.post("/v1/sessions", json={"display": DISPLAY})
         assert created.status_code == 201, created.text
         sid = created.json()["id"]
-        desktop = _descendants(process.pid)
+        desktop = descendants(process.pid)
         assert desktop and all(_alive(pid) for pid in desktop)
         # Every write of the server past the first 512 bytes of a file fails (EFBIG;
         # CPython ignores SIGXFSZ): the registry's among them, and its log's.
