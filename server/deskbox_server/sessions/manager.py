@@ -218,11 +218,7 @@ class SessionManager:
                 continue
             log.warning("session %s failed: %s", record.id, reason)
             ended = failed(record, reason)
-            try:
-                await self._registry.save(ended)
-            except InsufficientStorage as error:  # a full disk does not stop the start
-                log.error("session %s: its failed state is not saved yet: %s", record.id,
-                          error.message)
+            if not await start_stop.save_end(self._registry, ended):
                 self._unsaved[record.id] = ended
             # A hibernated session's last frame (pause.py) is of no use any more.
             await asyncio.to_thread(self._frames.forget, record.id)

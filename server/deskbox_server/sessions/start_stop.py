@@ -17,8 +17,9 @@ from .context import SessionContext
 from .desktop import DEFAULT_CALL_TIMEOUT_S, AnyDesktop, Desktop
 from .lifecycle import LIVE_STATES, SessionRecord
 from .live import LiveSession
+from .registry import Registry
 
-__all__ = ["end", "start"]
+__all__ = ["end", "save_end", "start"]
 
 log = logging.getLogger("deskbox.sessions")
 
@@ -106,20 +107,28 @@ async def end(
     return saved
 
 
-async def _save(context: SessionContext, record: SessionRecord) -> bool:
-    """Save an ending session's record; a registry that cannot be written (a full disk)
-    must not keep its sandbox alive: the end goes on, the record kept in memory."""
+async def save_end(registry: Registry, record: SessionRecord) -> bool:
+    """Save an ended or ending session's record; False (said in the log) when the registry
+    has no room for it: the caller keeps the record in memory and saves it later (the
+    manager's ``_unsaved``), as a full disk must not stop an end, nor the server's start."""
     try:
-        await context.registry.save(record)
+        await registry.save(record)
     except InsufficientStorage as error:
         log.error("session %s: its %s state is not saved yet: %s", record.id,
                   record.state.value, error.message)
         return False
-    except Exception:  # a registry failing otherwise must not keep the sandbox alive either
+    return True
+
+
+async def _save(context: SessionContext, record: SessionRecord) -> bool:
+    """``save_end``, and a registry failing otherwise must not keep the sandbox alive
+    either: the end goes on, the record kept in memory."""
+    try:
+        return await save_end(context.registry, record)
+    except Exception:
         log.exception("session %s: its %s state is not saved yet", record.id,
                       record.state.value)
         return False
-    return True
 
 
 async def _remove(
