@@ -33,6 +33,9 @@ each kind to the error body of API.md in one place. The tree::
 
 from __future__ import annotations
 
+import errno
+import os
+
 __all__ = [
     "AgentFailed",
     "BrowserUnavailable",
@@ -48,6 +51,7 @@ __all__ = [
     "InvalidAction",
     "InvalidRequest",
     "InvalidSetting",
+    "NO_ROOM",
     "NotFound",
     "QuotaExceeded",
     "SecretOriginMismatch",
@@ -55,6 +59,7 @@ __all__ = [
     "Timeout",
     "Unauthorized",
     "UpstreamRefused",
+    "says_no_room",
 ]
 
 
@@ -151,6 +156,19 @@ class InsufficientStorage(DeskboxError):
 
     kind = "insufficient_storage"
     status = 507
+
+
+# A write the disk refuses for want of room, a full file system or a quota: where the
+# server meets one it answers InsufficientStorage. Not a file size limit's EFBIG: no room
+# made frees that one, and QEMU's save that meets it is a failed save
+# (CheckpointUnavailable, tests/vm/test_vm_saves.py). The registry (SQLite's I/O error)
+# and the recordings' saves, tried again later, count it too: see there.
+NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def says_no_room(said: str) -> bool:
+    """Whether a program's message (QEMU's, CRIU's, tar's) names one of ``NO_ROOM``."""
+    return any(os.strerror(code) in said for code in NO_ROOM)
 
 
 class SessionFailed(DeskboxError):

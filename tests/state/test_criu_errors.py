@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from deskbox_server.engines.runc.criu import Criu, _explain
+from deskbox_server.engines.runc.archive import _failure
+from deskbox_server.engines.runc.criu import Criu, _explain, _out_of_room
 from deskbox_server.engines.runc.sandbox import RuncSandbox
 from deskbox_server.engines.runc.snapshot import take_snapshot
 from deskbox_server.errors import InsufficientStorage
@@ -57,6 +58,18 @@ def test_other_failures_quote_the_first_specific_error(tmp_path: Path) -> None:
                    "(00.2) Error (criu/cr-dump.c:2111): Dumping FAILED.\n")
     assert _explain(log, b"").endswith("something specific")
     assert "runc said" in _explain(tmp_path / "missing.log", b"runc said")
+
+
+def test_a_quota_met_is_no_room_as_a_full_disk_is(tmp_path: Path) -> None:
+    """CRIU's or tar's EDQUOT where the file system itself has room: a 507, as QEMU's
+    save that meets a quota was already (a dump's was a 422, an archive's a 502)."""
+    log = tmp_path / "dump.log"
+    log.write_text("(00.5) Error (criu/image.c:1): Unable to write: Disk quota exceeded\n")
+    assert _out_of_room(tmp_path, log, b"")
+    assert not _out_of_room(tmp_path, tmp_path / "missing.log", b"something else")
+    said = b"tar: pages-1.img: Cannot write: Disk quota exceeded"
+    assert isinstance(_failure("the checkpoint is corrupted", said, tmp_path),
+                      InsufficientStorage)
 
 
 def test_a_dump_with_no_room_for_its_images_is_insufficient_storage(

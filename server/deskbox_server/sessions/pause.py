@@ -11,7 +11,6 @@ answered from the last frame (:func:`frozen_image`) with ``X-Deskbox-Frozen: tru
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import re
 import time
@@ -23,7 +22,7 @@ from typing import Literal
 
 import numpy as np
 
-from ..errors import Conflict, InsufficientStorage
+from ..errors import NO_ROOM, Conflict, InsufficientStorage
 from ..media import EncodedImage, Frame, encode
 from ..schemas import actions as a
 
@@ -104,7 +103,7 @@ class FrameStore:
             os.replace(partial, path)
         except OSError as error:
             partial.unlink(missing_ok=True)
-            if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            if error.errno in NO_ROOM:
                 raise InsufficientStorage(
                     "no room on the server's disk for the session's last frame: "
                     f"{error.strerror}") from None

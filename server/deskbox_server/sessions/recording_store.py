@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from ..errors import NotFound
+from ..errors import NO_ROOM, NotFound
 from ..schemas.recordings import Recording
 from .atomic_file import PARTIAL_SUFFIX, replace_file
 from .lifecycle import utcnow
@@ -35,9 +35,10 @@ __all__ = ["VIDEOS", "VIDEO_PARTIAL", "RecordingMeta", "RecordingStore", "record
 
 log = logging.getLogger("deskbox.recordings")
 
-# A full disk, a quota or a file size limit: the save is tried again later, never an
-# error that stops what called it.
-_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+# No room, and a file size limit too: the save is tried again later, never an error that
+# stops what called it (a server whose writes meet a limit still starts, and saves once it
+# is lifted).
+_NOT_NOW = NO_ROOM | {errno.EFBIG}
 VIDEOS = "video-*.mp4"  # the kept videos of a recording's directory
 VIDEO_PARTIAL = "video.partial.mp4"  # the one being encoded
 
@@ -174,7 +175,7 @@ class RecordingStore:
         try:
             self.save(meta)
         except OSError as error:
-            if error.errno not in _NO_ROOM:
+            if error.errno not in _NOT_NOW:
                 raise
             log.error("recording of session %s: its %s state is not saved yet: %s",
                       meta.session_id, meta.state, error)
@@ -215,7 +216,7 @@ class RecordingStore:
             try:
                 self.save(meta)
             except OSError as error:
-                if error.errno in _NO_ROOM:
+                if error.errno in _NOT_NOW:
                     return  # still full: the next sweep tries again
                 if not isinstance(error, FileNotFoundError):  # not deleted meanwhile
                     raise

@@ -13,7 +13,6 @@ The files hold the session's memory: only the server's user can read them.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import re
@@ -26,7 +25,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from ..errors import Conflict, InsufficientStorage, NotFound
+from ..errors import NO_ROOM, Conflict, InsufficientStorage, NotFound
 from ..schemas.sessions import SessionCreate
 from .atomic_file import replace_file
 
@@ -96,7 +95,7 @@ class SnapshotStore:
         try:
             replace_file(self.directory(record.id) / _RECORD, record.model_dump_json().encode())
         except OSError as error:
-            if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            if error.errno in NO_ROOM:
                 raise InsufficientStorage(
                     f"no room on the server's disk for snapshot {record.id}'s record: "
                     f"{error.strerror}") from None

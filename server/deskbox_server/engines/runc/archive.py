@@ -12,14 +12,13 @@ frame (packed before the parts) is unpacked whole, as before.
 
 from __future__ import annotations
 
-import errno
 import os
 import struct
 import subprocess
 import threading
 from pathlib import Path
 
-from ...errors import DeskboxError, InsufficientStorage, SessionFailed
+from ...errors import DeskboxError, InsufficientStorage, SessionFailed, says_no_room
 
 __all__ = ["PARTS", "pack", "unpack"]
 
@@ -51,7 +50,7 @@ def _parts(images: Path) -> list[list[str]]:
 
 def _failure(what: str, stderr: bytes, where: Path) -> DeskboxError:
     detail = stderr[-2000:].decode(errors="replace").strip()
-    if os.strerror(errno.ENOSPC) in detail:
+    if says_no_room(detail):
         return InsufficientStorage(
             f"no room on the server's disk for the checkpoint ({where}): {detail}")
     return SessionFailed(f"{what}: {detail}")

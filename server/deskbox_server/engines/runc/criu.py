@@ -21,7 +21,6 @@ from CRIU's own log; the sandbox then runs on.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -40,6 +39,7 @@ from ...errors import (
     DeskboxError,
     InsufficientStorage,
     SessionFailed,
+    says_no_room,
 )
 from ..base import StartTogether
 from ..network import bring_up_loopback
@@ -237,7 +237,7 @@ def _out_of_room(images: Path, log: Path, stderr: bytes) -> bool:
         said = log.read_bytes()[-_LOG_LIMIT:] + stderr[-2000:]
     except OSError:
         said = stderr[-2000:]
-    return os.strerror(errno.ENOSPC).encode() in said
+    return says_no_room(said.decode(errors="replace"))
 
 
 def _has_own_network(config: RuntimeConfig) -> bool:

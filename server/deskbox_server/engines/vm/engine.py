@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from ...errors import (
+    NO_ROOM,
     CheckpointUnavailable,
     Conflict,
     DeskboxError,
@@ -54,7 +55,6 @@ from ..network import (
 from ..own_desktop import OWN_DISPLAY, OWN_HOME
 from .accel import Accelerator, detect_accelerator
 from .guest import (
-    NO_ROOM,
     VmGuest,
     in_thread_to_the_end,
     kill_leftover,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import os
 import signal
 import subprocess
@@ -26,6 +25,7 @@ from ...errors import (
     InsufficientStorage,
     SessionFailed,
     Timeout,
+    says_no_room,
 )
 from ..untrusted_files import read_regular
 from .accel import Accelerator
@@ -34,7 +34,6 @@ from .qmp import QmpClient, QmpError, QmpRefused
 from .runtime_files import create_own
 
 __all__ = [
-    "NO_ROOM",
     "VmGuest",
     "in_thread_to_the_end",
     "kill_leftover",
@@ -49,8 +48,6 @@ _LOG_TAIL = 2000
 # Migration streams at disk speed: QEMU's default limit (32 MiB/s) would make a 1 GiB
 # guest take half a minute to hibernate.
 _MIGRATION_BANDWIDTH = 8 << 30
-# A full disk or a quota: a save that meets one is a 507, and the guest runs on.
-NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 
 
 @dataclass
@@ -113,7 +110,7 @@ class VmGuest:
                 break
             if state in ("failed", "cancelled"):
                 detail = str(answer.get("error-desc", state)) if isinstance(answer, dict) else state
-                if any(os.strerror(code) in detail for code in NO_ROOM):
+                if says_no_room(detail):  # a 507, and the guest runs on
                     raise InsufficientStorage(f"no room on the server's disk for the VM's "
                                               f"state ({path.parent}): {detail}")
                 raise CheckpointUnavailable(f"QEMU could not save the VM: {detail}")
