@@ -27,6 +27,7 @@ from .api.abort import ConnectionAbort
 from .api.auth import load_keyring
 from .api.deps import Services
 from .api.errors import RequestContext, install_error_handlers, install_websocket_fallback
+from .api.hosts import HostCheck, HostPolicy
 from .api.openapi import install_openapi
 from .engines import AnyEngine
 from .engines.image import build_image
@@ -196,6 +197,10 @@ def create_app(
     count = metrics.errors.inc
     install_error_handlers(app, count)
     install_openapi(app)
+    # Inside RequestContext: its refusals carry a request id and reach the access log. The
+    # name the server was told to listen on (--host) is the operator's own.
+    app.add_middleware(HostCheck, policy=HostPolicy(settings.allowed_hosts, settings.host),
+                       count=count)
     app.add_middleware(
         RequestContext, max_body_bytes=settings.max_request_bytes, count=count,
         body_limit=exec_api.body_limit(settings),

@@ -39,6 +39,11 @@ AGENT_MAX_EXEC_TIMEOUT_S = 24 * 3600.0
 ROOT_IMAGE_CACHE = Path("/var/cache/deskbox")
 
 
+# An entry of allowed_hosts: a DNS name, or one with a leading dot (its subdomains too).
+_LABEL = r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?"
+_HOST_NAME = re.compile(rf"\.?{_LABEL}(\.{_LABEL})*")
+
+
 def default_state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "deskbox"
@@ -62,6 +67,10 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8765
+    # The names (beyond IP addresses, `localhost` and `host`) a request's Host may give,
+    # and pages of which may open the websockets (api/hosts.py: DNS rebinding): "name",
+    # ".example.com" (it and its subdomains), or "*" (any Host; not any page).
+    allowed_hosts: Annotated[list[str], NoDecode] = []
     state_dir: Path = Field(default_factory=default_state_dir)
     # Comma-separated in DESKBOX_API_KEYS; empty: one key is generated into the state dir.
     api_keys: Annotated[list[str], NoDecode, Field(repr=False)] = []
@@ -203,6 +212,22 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [key.strip() for key in value.split(",") if key.strip()]
         return value
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = value.split(",")
+        if not isinstance(value, list):
+            return value
+        names = [str(item).strip().lower().removesuffix(".") for item in value
+                 if str(item).strip()]
+        for name in names:
+            if name != "*" and not _HOST_NAME.fullmatch(name):
+                raise ValueError(
+                    f"{name!r} is not a host name, .domain (it and its subdomains) or * "
+                    "(no scheme, port or path; IP addresses and localhost need no entry)")
+        return names
 
     @property
     def database_path(self) -> Path:

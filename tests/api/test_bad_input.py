@@ -89,10 +89,10 @@ def test_unknown_paths_and_methods(client: httpx.Client, session: dict[str, Any]
 
 @pytest.mark.parametrize("request_bytes", [
     b"HELLO THERE\r\n\r\n",
-    b"GET /healthz HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n",
-    b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+    b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nno colon here\r\n\r\n",
+    b"POST /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n"
     b"Content-Length: 3\r\n\r\n{}",
-    b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    b"POST /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
 ], ids=["request line", "header", "two lengths", "chunk"])
 def test_a_request_that_is_not_http_gets_the_error_body(
     server: Server, request_bytes: bytes
@@ -123,7 +123,7 @@ def test_a_websocket_handshake_that_fails_gets_the_error_body(
 ) -> None:
     """Refused by the websockets library before the app sees the request: it answered in
     text/plain."""
-    request = (f"GET /v1/sessions/{session['id']}/actions/ws HTTP/1.1\r\nHost: x\r\n"
+    request = (f"GET /v1/sessions/{session['id']}/actions/ws HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                f"{head}\r\n").encode()
     lines, body = raw_exchange(server.url, request)
     assert lines[0].startswith(f"HTTP/1.1 {status} "), lines
@@ -177,7 +177,7 @@ def test_a_body_refused_while_it_still_arrives_is_read_to_its_end(
     framed = body if framing == "length" else _chunked(body)
     length = (f"Content-Length: {len(body)}" if framing == "length"
               else "Transfer-Encoding: chunked")
-    head = (f"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}\r\n"
+    head = (f"POST /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY_A}\r\n"
             f"Content-Type: application/json\r\n{length}\r\nConnection: close\r\n\r\n")
     for _ in range(3):  # the reset is a race (it was lost in every try here)
         # Its sending raised (a reset or a broken pipe) before the whole body went.

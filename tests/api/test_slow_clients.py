@@ -218,7 +218,7 @@ def test_connections_that_send_no_whole_request_head_are_closed(local_server: Se
     host, port = local_server.url.removeprefix("http://").split(":")
     metrics = local_server.services.metrics
     dropped = metrics.slow_clients.value("request_head")
-    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+    head = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"
     started = time.monotonic()
     connections = {name: socket.create_connection((host, int(port)), timeout=30)
                    for name in ("trickle", "silent", "half a head", "kept alive")}
