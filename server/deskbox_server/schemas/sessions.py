@@ -18,6 +18,7 @@ from .volumes import MAX_VOLUMES, PROFILE_PATH, VolumeMount, VolumeName
 __all__ = [
     "MAX_LABELS",
     "MAX_START_URL",
+    "MIN_PIDS",
     "Browser",
     "Display",
     "Failure",
@@ -72,10 +73,16 @@ class Browser(_Body):
         return url
 
 
+# A desktop (init, Xvfb, openbox, Chromium, the agent) holds 66-83 processes and threads
+# once started, on about:blank or a page (measured on runc); below ~72 its start fails.
+# The floor leaves room for the agent's calls, a live view and a hibernation's restore.
+MIN_PIDS = 128
+
+
 class Resources(_Body):
     cpus: Annotated[float, Field(gt=0, le=64), NumberOnly] = 1.0
     memory_mb: Annotated[int, Field(ge=256, le=262_144), IntOnly] = 2048
-    pids: Annotated[int, Field(ge=64, le=65_536), IntOnly] = 1024
+    pids: Annotated[int, Field(ge=MIN_PIDS, le=65_536), IntOnly] = 1024
 
 
 def is_host_name_or_ip(entry: str) -> bool:
