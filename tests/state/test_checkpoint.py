@@ -64,8 +64,17 @@ def cgroups_inside(sandbox: RuncSandbox) -> set[str]:
     return {line.split(":", 2)[2] for line in done.stdout.splitlines()}
 
 
+def cpu_quota_us(container_id: str) -> int:
+    return int((Path("/sys/fs/cgroup/cpu") / container_id / "cpu.cfs_quota_us").read_text())
+
+
 def test_hibernate_and_restore_a_sandbox(sandbox: RuncSandbox) -> None:
     assert cgroups_inside(sandbox) == {"/"}
+    # Started at the host's full CPU; the session's own quota (1 CPU) once ready, as the
+    # engine does. A restore made the cgroup from config.json, which still held the
+    # start-up's quota: a resumed session ran at the host's full CPU.
+    sandbox.apply_limits()
+    assert cpu_quota_us(sandbox.container_id) == 100_000
     before, mark = screen_and_mark(sandbox, "set before the checkpoint")
     assert mark == "set before the checkpoint"
     container_id = sandbox.container_id
@@ -89,6 +98,7 @@ def test_hibernate_and_restore_a_sandbox(sandbox: RuncSandbox) -> None:
     # Restored into its own cgroup namespace again: no host cgroup path shows inside; and
     # into a user namespace: its root is still an unprivileged user of the host.
     assert cgroups_inside(sandbox) == {"/"}
+    assert cpu_quota_us(container_id) == 100_000
     assert sandbox.init_pid is not None
     status = Path(f"/proc/{sandbox.init_pid}/status").read_text()
     uids = next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:]

@@ -53,6 +53,7 @@ __all__ = [
     "config_json",
     "host_root_gid",
     "memory_limit",
+    "set_cpu_quota",
     "write_bundle",
     "write_config",
 ]
@@ -255,10 +256,7 @@ def runtime_config(config: SandboxConfig) -> RuntimeConfig:
             "resources": {
                 "devices": [{"allow": False, "access": "rwm"}],
                 "memory": _memory(memory),
-                "cpu": {
-                    "quota": max(1000, int(limits.cpus * CPU_PERIOD_US)),
-                    "period": CPU_PERIOD_US,
-                },
+                "cpu": _cpu(limits.cpus),
                 "pids": {"limit": limits.pids},
             },
             "seccomp": seccomp_profile(config.seccomp_source),
@@ -290,6 +288,18 @@ def memory_limit(bundle_dir: Path) -> int:
         return int(config["linux"]["resources"]["memory"]["limit"])
     except (OSError, ValueError, KeyError, TypeError):
         return Limits().memory_mb << 20
+
+
+def set_cpu_quota(bundle_dir: Path, cpus: float) -> None:
+    """The CPU quota in the sandbox's ``config.json`` from now on: a restore (a hibernated
+    session's resume, also by the next server) makes the sandbox's cgroup from that file,
+    which still held the start-up's quota (the host's full CPU)."""
+    path = bundle_dir / "config.json"
+    config: RuntimeConfig = json.loads(path.read_text())
+    config["linux"]["resources"]["cpu"] = _cpu(cpus)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(config, indent=2))
+    tmp.replace(path)  # a server killed midway leaves the old file, never half of one
 
 
 def config_json(config: SandboxConfig) -> str:
@@ -372,14 +382,18 @@ class SandboxTemplate:
         config["linux"]["cgroupsPath"] = cgroups_path
         resources = config["linux"]["resources"]
         resources["memory"] = _memory(limits.memory_mb * 1024 * 1024)
-        resources["cpu"] = {"quota": max(1000, int(limits.cpus * CPU_PERIOD_US)),
-                            "period": CPU_PERIOD_US}
+        resources["cpu"] = _cpu(limits.cpus)
         resources["pids"] = {"limit": limits.pids}
         config.pop("annotations", None)
         return config
 
 
 _SWAP_COUNTED = Path("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes")  # cgroup v1
+
+
+def _cpu(cpus: float) -> dict[str, int]:
+    """A CFS quota of ``cpus`` CPUs; 1 ms per period at least (the kernel's minimum)."""
+    return {"quota": max(1000, int(cpus * CPU_PERIOD_US)), "period": CPU_PERIOD_US}
 
 
 def _memory(limit: int) -> dict[str, int]:

@@ -78,6 +78,7 @@ from .layout import (
     Limits,
     SandboxConfig,
     SandboxTemplate,
+    set_cpu_quota,
     write_bundle,
     write_config,
 )
@@ -507,6 +508,7 @@ class RuncSandbox(Sandbox):
         cpus, self._pending_cpus = self._pending_cpus, None
         if cpus is not None:
             self.options.runc.set_cpus(self.container_id, cpus, CPU_PERIOD_US)
+            set_cpu_quota(self.bundle, cpus)
 
     def _check_first_xserver(self) -> None:
         assert self.display is not None and self.init_pid is not None
