@@ -192,16 +192,21 @@ def test_resources_below_their_floors_are_422_and_a_desktop_starts_at_them(
     server: Server, client: httpx.Client
 ) -> None:
     """The schema took pids from 64, but a desktop holds 66-83 processes and threads once
-    started: a create at 64 was a 502 (the agent's start failed on a fork). Below a floor
-    is a 422 naming the field; at the floors a desktop starts and answers."""
-    for field, below in (("pids", 127), ("memory_mb", 255)):
+    started: a create at 64 was a 502 (the agent's start failed on a fork); and cpus below
+    0.01, less than a CFS quota can be. Below a floor is a 422 naming the field; at the
+    floors a desktop starts and answers."""
+    for field, below in (("cpus", 0.009), ("pids", 127), ("memory_mb", 255)):
         refused = client.post("/v1/sessions", json={"resources": {field: below}})
         assert f"resources.{field}" in assert_error(refused, 422, "invalid_request")["message"]
-    with open_session(client, resources={"pids": 128, "memory_mb": 256}) as session:
+    floors = {"cpus": 0.01, "pids": 128, "memory_mb": 256}
+    with open_session(client, resources=floors) as session:
         sid = session["id"]
         assert session["state"] == "running"
         container_id = sandbox_handle(server, session).sandbox.container_id
         assert (Path("/sys/fs/cgroup/pids") / container_id / "pids.max").read_text() == "128\n"
+        # Started at the host's full CPU; its own quota once ready.
+        quota = Path("/sys/fs/cgroup/cpu") / container_id / "cpu.cfs_quota_us"
+        assert quota.read_text() == "1000\n"
         shot = client.get(f"/v1/sessions/{sid}/screenshot")
         assert shot.status_code == 200, shot.text
         done = client.post(f"/v1/sessions/{sid}/exec", json={"cmd": ["true"]})

@@ -80,7 +80,9 @@ MIN_PIDS = 128
 
 
 class Resources(_Body):
-    cpus: Annotated[float, Field(gt=0, le=64), NumberOnly] = 1.0
+    # A CFS quota is 1 ms per 100 ms period at least: runc rounded less up to 0.01, and
+    # Docker refused it (a 502).
+    cpus: Annotated[float, Field(ge=0.01, le=64), NumberOnly] = 1.0
     memory_mb: Annotated[int, Field(ge=256, le=262_144), IntOnly] = 2048
     pids: Annotated[int, Field(ge=MIN_PIDS, le=65_536), IntOnly] = 1024
 

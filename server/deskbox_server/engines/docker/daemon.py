@@ -103,6 +103,18 @@ class Daemon:
         await self._call("tell its version", self._api.version())
 
     @property
+    def updates_limits(self) -> bool:
+        """Whether a running container's limits can be changed: Docker's update; Podman's
+        own (libpod) update came with Podman 4.3, and its compatible API has none."""
+        if not self.is_podman:
+            return True
+        try:
+            major, minor = (int(part) for part in self.version.split(".")[:2])
+        except ValueError:
+            return False
+        return (major, minor) >= (4, 3)
+
+    @property
     def has_cgroups(self) -> bool:
         """Whether containers get cgroups of their own: limits and the freezer (pause)."""
         return not (self.rootless and self.cgroup_version == "1")
@@ -183,6 +195,15 @@ class Daemon:
 
     async def start(self, container: str) -> None:
         await self._call("start a container", self._container(container).start())
+
+    async def update(self, container: str, body: dict[str, Any]) -> None:
+        """Change a running container's limits (spec.py's ``cpu_update`` says the body)."""
+        path = f"{'libpod/' * self.is_podman}containers/{container}/update"
+        await self._call("change a container's limits", self._post(path, body))
+
+    async def _post(self, path: str, body: dict[str, Any]) -> None:
+        async with self._api._query(path, method="POST", data=json.dumps(body)):
+            pass
 
     async def pause(self, container: str) -> None:
         await self._call("pause a container", self._container(container).pause())

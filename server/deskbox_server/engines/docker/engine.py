@@ -40,7 +40,14 @@ from ..runc.seccomp import PODMAN_PROFILE, SeccompProfile, seccomp_profile
 from .agent_socket import agent_socket_ready, connect_agent
 from .daemon import Daemon, DaemonRefused
 from .sandbox import DockerSandbox, server_tag
-from .spec import AGENT_SOCKET, LABEL_SERVER, LABEL_SESSION, ContainerLimits, container_body
+from .spec import (
+    AGENT_SOCKET,
+    LABEL_SERVER,
+    LABEL_SESSION,
+    ContainerLimits,
+    container_body,
+    cpu_update,
+)
 
 __all__ = ["DockerEngine", "DockerOptions"]
 
@@ -153,13 +160,19 @@ class DockerEngine(Engine[DockerSandbox]):
     async def create(self, spec: SessionSpec, timeout_s: float) -> DockerSandbox:
         sandbox = DockerSandbox(self.options.state_dir, self.options.max_execs, spec.id)
         limits = _limits(spec)
+        # As on the runc engine: the start-up runs at the host's full CPU, and the session's
+        # quota applies once its desktop is ready (started). Under a small quota from the
+        # start, Chromium did not paint within the start's timeout (cpus 0.01: a 504).
+        # Desktops of the warm pool (background) start at their quota: they must not slow
+        # the sessions that run.
+        boost = self.daemon.has_cgroups and self.daemon.updates_limits and not spec.background
         started = time.monotonic()
         try:
             await asyncio.to_thread(_make_socket_dir, sandbox.socket_dir)
             body = container_body(
                 self.image, spec.desktop, sandbox.socket_dir, limits, self._seccomp,
                 {LABEL_SESSION: spec.id, LABEL_SERVER: self.tag},
-                bind_flags=self.daemon.is_podman, cgroups=self.daemon.has_cgroups)
+                bind_flags=self.daemon.is_podman, cgroups=self.daemon.has_cgroups, boost=boost)
             # Cancelled midway (a delete of the starting session), the daemon made the
             # container all the same, after destroy had found none of its name to remove.
             sandbox.container_id = await answered(self.daemon.create(sandbox.name, body))
@@ -171,7 +184,14 @@ class DockerEngine(Engine[DockerSandbox]):
             await asyncio.shield(self.destroy(sandbox))
             raise
         sandbox.timings["agent_ready"] = time.monotonic() - started
+        sandbox.pending_quota = limits if boost else None
         return sandbox
+
+    async def started(self, sandbox: DockerSandbox, timeout_s: float) -> None:
+        limits, sandbox.pending_quota = sandbox.pending_quota, None
+        if limits is not None and sandbox.container_id is not None:
+            await self.daemon.update(sandbox.container_id,
+                                     cpu_update(limits, self.daemon.is_podman))
 
     async def _wait_for_agent(self, sandbox: DockerSandbox, deadline: float) -> None:
         assert sandbox.container_id is not None

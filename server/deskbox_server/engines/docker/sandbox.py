@@ -11,6 +11,7 @@ import hashlib
 from pathlib import Path
 
 from ..own_desktop import OwnDesktopSandbox
+from .spec import ContainerLimits
 
 __all__ = ["DockerSandbox", "server_tag"]
 
@@ -38,6 +39,8 @@ class DockerSandbox(OwnDesktopSandbox):
         # nothing of the container's state after it.
         self.pause_changes = 0
         self.timings: dict[str, float] = {}
+        # Made without its CPU quota (the start-up boost): the engine's started() applies it.
+        self.pending_quota: ContainerLimits | None = None
 
     @property
     def label(self) -> str:

@@ -25,6 +25,7 @@ __all__ = [
     "LABEL_SESSION",
     "ContainerLimits",
     "container_body",
+    "cpu_update",
 ]
 
 LABEL_SESSION = "io.deskbox.session"
@@ -33,6 +34,7 @@ AGENT_SOCKET = "deskbox-agent"
 AGENT_ARGV = ("/usr/local/bin/deskbox-agent", "--listen",
               f"unix:{OWN_SOCKET_DIR}/{AGENT_SOCKET}")
 _MIB = 1024 * 1024
+CPU_PERIOD_US = 100_000
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class ContainerLimits:
 def container_body(
     image: str, desktop: DesktopSpec, socket_dir: Path, limits: ContainerLimits,
     seccomp: SeccompProfile | str, labels: dict[str, str], bind_flags: bool = False,
-    cgroups: bool = True,
+    cgroups: bool = True, boost: bool = False,
 ) -> dict[str, Any]:
     """The body of ``POST /containers/create``.
 
@@ -62,7 +64,9 @@ def container_body(
     ``bind_flags``: mount the socket directory nosuid, nodev, noexec (Podman takes these
     in a bind's options; Docker refuses them there). ``cgroups``: whether the daemon can
     limit memory, CPU and pids (not rootless on cgroup v1); without, the ``nproc`` ulimit is
-    the only cap on the session's processes.
+    the only cap on the session's processes. ``boost``: no CPU quota yet (the start-up runs
+    at the host's full CPU, as on the runc engine); the engine applies ``limits.cpus`` once
+    the desktop is ready (:func:`cpu_update`).
     """
     profile = seccomp if isinstance(seccomp, str) else json.dumps(seccomp, sort_keys=True)
     memory = limits.memory_mb * _MIB
@@ -74,7 +78,7 @@ def container_body(
         "PidsLimit": limits.pids,
         "Memory": memory,
         "MemorySwap": memory,  # no swap: the limit is the limit
-        "NanoCpus": int(limits.cpus * 1e9),
+        **({} if boost else {"NanoCpus": int(limits.cpus * 1e9)}),
     } if cgroups else {}
     return {
         "Image": image,
@@ -118,3 +122,20 @@ def container_body(
             "Init": False,  # deskbox-session is the init: it reaps everything
         },
     }
+
+
+def cpu_update(limits: ContainerLimits, podman: bool) -> dict[str, Any]:
+    """The body of the update that gives a started container its CPU quota.
+
+    Docker's ``POST /containers/{id}/update`` takes the quota in its Resources (not NanoCpus,
+    which it refuses to set over a container made with a period or quota, and vice versa).
+    Podman 4.3's compatible API has no such call: its own ``/libpod/containers/{id}/update``
+    takes the OCI resources, and keeps what it is given as the container's; so memory and
+    pids go along, unchanged.
+    """
+    quota = max(1000, int(limits.cpus * CPU_PERIOD_US))  # 1 ms: the kernel's least
+    if not podman:
+        return {"CpuPeriod": CPU_PERIOD_US, "CpuQuota": quota}
+    memory = limits.memory_mb * _MIB
+    return {"cpu": {"quota": quota, "period": CPU_PERIOD_US},
+            "memory": {"limit": memory, "swap": memory}, "pids": {"limit": limits.pids}}
