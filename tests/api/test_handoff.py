@@ -131,6 +131,38 @@ def test_a_wait_ends_when_its_client_leaves(
     assert client.get(path).json()["needs_help"] is True
 
 
+def test_the_hand_back_that_answers_a_request_for_help_clears_it(
+    client: httpx.Client, desk: dict[str, Any], server: Server
+) -> None:
+    """An agent that asks for help while a human already drives the session (it waited
+    on a 409) is answered by the hand-back: its wait ended, yet GET /handoff and the live
+    view's status still said ``needs_help`` with its reason, a request nobody would
+    answer again."""
+    sid = desk["id"]
+    control = token_for(client, sid, "control")
+    assert httpx.post(f"{server.url}/v1/sessions/{sid}/control",
+                      params={"token": control}).status_code == 200
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(client.post, f"/v1/sessions/{sid}/handoff",
+                              params={"wait": "true", "timeout_s": "30"},
+                              json={"reason": "a captcha"})
+        deadline = time.monotonic() + 5
+        while not client.get(f"/v1/sessions/{sid}/handoff").json()["needs_help"]:
+            assert time.monotonic() < deadline, "the request for help did not arrive"
+            time.sleep(0.05)
+        back = httpx.delete(f"{server.url}/v1/sessions/{sid}/control",
+                            params={"token": control})
+        assert back.status_code == 200, back.text
+        answered = waiting.result(timeout=10)
+    assert answered.status_code == 200, answered.text
+    for state in (answered.json(), back.json(),
+                  client.get(f"/v1/sessions/{sid}/handoff").json(),
+                  httpx.get(f"{server.url}/v1/sessions/{sid}/view/status",
+                            params={"token": control}).json()):
+        assert (state["needs_help"], state["reason"], state["human_in_control"]) == (
+            False, None, False), state
+
+
 def test_bad_handoff_input_is_a_clear_4xx(client: httpx.Client, desk: dict[str, Any]) -> None:
     sid = desk["id"]
     for bad in ({}, {"reason": ""}, {"reason": "x" * 1001}, {"reason": "x", "extra": 1}):

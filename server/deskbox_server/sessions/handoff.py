@@ -92,6 +92,9 @@ class HandoffState:
             self._expiry.cancel()
             self._expiry = None
         self.since = self.until = self._holder = None
+        # A request asked while the human drove is answered by this hand-back, as its
+        # wait is: it no longer needs help (the take cleared those asked before it).
+        self.requested_at = self.reason = None
         self.handed_back_at = utcnow()
         self._handed_back.set()
         self._publish("human_handed_back", reason=why)
