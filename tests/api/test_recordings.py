@@ -182,6 +182,60 @@ def test_a_humans_input_through_the_live_view_is_recorded(
     assert actions[0]["screen_point"] == {"x": 200, "y": 30}
 
 
+def test_a_humans_input_is_recorded_in_the_sessions_coordinate_space(
+    client: httpx.Client,
+) -> None:
+    """A session whose agent works in a 640x400 space on a 1280x800 screen: the API's
+    actions are recorded in that space, the human's were in screen pixels, so a replay or
+    a training set read a human's click at (200, 30) as the agent's at (200, 30), twice
+    as far, and a click near the screen's far corner was one the API refuses (off the
+    space). Both are in the space now; ``screen_point`` stays in screen pixels."""
+    created = client.post("/v1/sessions", json={
+        "display": DISPLAY, "record": True, "browser": {"start_url": PAGE},
+        "coordinate_space": {"width": 640, "height": 400}})
+    assert created.status_code == 201, created.text
+    sid = created.json()["id"]
+    try:
+        token = client.post(f"/v1/sessions/{sid}/tokens", json={"scope": "control"}).json()
+        with RfbViewer(f"{created.json()['urls']['vnc_ws']}?token={token['token']}") \
+                as viewer:
+            viewer.click(200, 30)
+            viewer.pointer(400, 400, 1)  # a drag
+            viewer.pointer(600, 500, 1)
+            viewer.pointer(600, 500, 0)
+            viewer.pointer(300, 300, 1 << 4)  # a notch down
+            viewer.pointer(300, 300, 0)
+            viewer.click(1278, 798)
+            viewer.full_frame()  # all of it reached the server
+
+        def human() -> list[dict[str, Any]]:
+            return [e for e in trajectory(client, sid)
+                    if e["kind"] == "action" and e["source"]["type"] == "token"]
+
+        actions = wait_for(lambda: len(human()) >= 4 and human())
+        assert [a["action"] for a in actions] == [
+            {"type": "click", "x": 100, "y": 15, "button": "left"},
+            {"type": "drag", "path": [[200, 200], [300, 250]], "button": "left"},
+            {"type": "scroll", "x": 150, "y": 150, "dy": 1},
+            {"type": "click", "x": 639, "y": 399, "button": "left"}]
+        assert [a["screen_point"] for a in actions] == [
+            {"x": 200, "y": 30}, {"x": 400, "y": 400}, {"x": 300, "y": 300},
+            {"x": 1278, "y": 798}]
+        for entry in actions:  # each is one the API takes as it is, in the session's space
+            replayed = client.post(f"/v1/sessions/{sid}/actions", json=entry["action"])
+            assert replayed.status_code == 200, replayed.text
+        agent = [e for e in trajectory(client, sid)
+                 if e["kind"] == "action" and e["source"]["type"] == "api_key"]
+        def where(action: dict[str, Any]) -> Any:
+            return action.get("path") or (action["x"], action["y"])
+
+        assert [where(e["action"]) for e in agent] == [where(e["action"]) for e in actions]
+        assert [e["screen_point"] for e in agent] == [e["screen_point"] for e in actions]
+    finally:
+        client.delete(f"/v1/sessions/{sid}")
+        client.delete(f"/v1/sessions/{sid}/recording")
+
+
 def test_a_non_us_keyboard_and_the_wheel_are_recorded_as_actions_the_api_takes(
     client: httpx.Client, recorded: dict[str, Any]
 ) -> None:

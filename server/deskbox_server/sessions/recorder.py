@@ -48,13 +48,15 @@ class Recorder:
     def __init__(
         self, meta: RecordingMeta, store: RecordingStore, screen: tuple[int, int],
         fps: float, quality: int, within_quota: Callable[[int], bool],
-        stop: Callable[[str], None],
+        stop: Callable[[str], None], space: a.CoordinateSpace | None = None,
     ) -> None:
         """``within_quota(n)``: may n more bytes be written; ``stop(reason)``: end this
-        recording (the table does: recordings.py)."""
+        recording (the table does: recordings.py); ``space``: the session's
+        ``coordinate_space``, the one its API actions use by default."""
         self.meta = meta
         self._store = store
         self._screen = screen
+        self._space = space
         self._fps = fps
         self._quality = quality
         self._within_quota = within_quota
@@ -140,9 +142,29 @@ class Recorder:
             path = action["path"]
             assert isinstance(path, list)
             point = {"x": path[0][0], "y": path[0][1]}
+        if self._space is not None:
+            action = self._in_space(action, self._space)
         self._entry("action", done.started, end_t=round(done.ended, 3), source=source,
                     action=action, screen_point=point)
         self.meta.actions += 1
+
+    def _in_space(self, action: dict[str, object], space: a.CoordinateSpace
+                  ) -> dict[str, object]:
+        """A human's action (screen pixels, as the viewer sends them) in the session's
+        coordinate space, as its agent's actions are recorded: a replay sends both alike,
+        and a dataset reads them alike."""
+        width, height = self._screen
+
+        def point(x: object, y: object) -> list[int]:
+            assert isinstance(x, int) and isinstance(y, int)
+            return [_from_screen(x, width, space.width), _from_screen(y, height, space.height)]
+
+        mapped = dict(action)
+        if "x" in action:
+            mapped["x"], mapped["y"] = point(action["x"], action["y"])
+        if isinstance(path := action.get("path"), list):
+            mapped["path"] = [point(x, y) for x, y in path]
+        return mapped
 
     def event(self, event: SessionEvent) -> None:
         if not self.closed:
@@ -297,6 +319,12 @@ def _to_screen(value: int, view: int, screen: int) -> int:
     """A coordinate of the view in screen pixels, as the desktop maps it (the agent's
     ``Space.to_screen``: to the nearest pixel, the last one at most)."""
     return min(round(value * screen / view), screen - 1)
+
+
+def _from_screen(value: int, screen: int, view: int) -> int:
+    """A screen pixel in the view's coordinates, as the desktop maps it back (the agent's
+    ``Space.from_screen``: to the nearest, the last one at most)."""
+    return min(round(value * view / screen), view - 1)
 
 
 def _wire(action: a.Action) -> dict[str, Any]:

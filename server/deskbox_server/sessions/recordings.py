@@ -82,7 +82,7 @@ class Recordings:
         recorder = Recorder(
             meta, self.store, (display.width, display.height), self._fps, self._quality,
             lambda size: self.store.used(owner) + size <= self._quota,
-            lambda reason: self._end_soon(record.id, reason),
+            lambda reason: self._end_soon(record.id, reason), record.body.coordinate_space,
         )
         self._live[record.id] = recorder
         history = self._events.history(record.id)
