@@ -334,6 +334,65 @@ def test_a_vendor_call_refused_whole_is_recorded(
     assert all(a["source"]["type"] == "api_key" for a in actions)
 
 
+def test_calls_refused_for_their_input_are_recorded_as_sent(
+    client: httpx.Client, server: Server, recorded: dict[str, Any]
+) -> None:
+    """A point off the screen was kept with its error, but an action the schema refuses
+    (a negative point, a fourth click, a scroll past 1,000 notches) was missing, and so
+    was a vendor call with an unknown key or input the vendor's tool does not take: a
+    model's refused calls were gaps in its episode. Each is kept as sent, with its error;
+    a vendor call refused before it became actions of the API names its dialect."""
+    sid = recorded["id"]
+    assert_error(client.post(f"/v1/sessions/{sid}/actions", json={"actions": [
+        {"type": "move", "x": 3, "y": 3}, {"type": "click", "x": -1, "y": 5}]}),
+        422, "invalid_request")
+    assert_error(client.post(f"/v1/sessions/{sid}/actions", json={
+        "type": "click", "x": 5, "y": 5, "count": 4}), 422, "invalid_request")
+    with connect(server.ws_url(sid), additional_headers={"Authorization": f"Bearer {KEY_A}"},
+                 open_timeout=10) as ws:
+        ws.send(json.dumps({"id": 1, "action": {"type": "scroll", "dy": 5000}}))
+        assert json.loads(ws.recv(timeout=10))["ok"] is False
+    assert_error(client.post(f"/v1/sessions/{sid}/actions/anthropic", json={
+        "action": "key", "text": "ctrl+nosuchkey"}), 422, "invalid_request")
+    assert_error(client.post(f"/v1/sessions/{sid}/actions/openai", json={
+        "call_id": "c2", "actions": [{"type": "type", "text": "hi"},
+                                     {"type": "keypress", "keys": ["CTRL", "NOPE"]}]}),
+        422, "invalid_request")
+    assert_error(client.post(f"/v1/sessions/{sid}/actions/anthropic", json={
+        "action": "teleport", "coordinate": [1, 2]}), 422, "invalid_request")
+    assert_error(client.post(f"/v1/sessions/{sid}/actions/openai",
+                             params={"coordinate_space": "wide"},
+                             json={"type": "click", "button": "left", "x": 1, "y": 2}),
+                 422, "invalid_request")
+
+    def refused() -> list[dict[str, Any]]:
+        entries = [e for e in trajectory(client, sid) if e["kind"] in ("action", "refused")]
+        return entries[-9:] if len(entries) >= 9 else []
+
+    entries = wait_for(refused)
+    assert [e.get("action", e.get("sent")) for e in entries] == [
+        {"type": "move", "x": 3, "y": 3}, {"type": "click", "x": -1, "y": 5},
+        {"type": "click", "x": 5, "y": 5, "count": 4}, {"type": "scroll", "dy": 5000},
+        {"type": "key", "keys": "ctrl+nosuchkey"},
+        {"type": "type", "text": "hi"}, {"type": "key", "keys": "CTRL+NOPE"},
+        {"action": "teleport", "coordinate": [1, 2]},
+        {"type": "click", "button": "left", "x": 1, "y": 2}]
+    # The calls that never became actions are kept whole, named by their dialect: a
+    # trajectory's actions stay actions of the API.
+    assert [(e["kind"], e.get("dialect")) for e in entries[-2:]] == [
+        ("refused", "anthropic"), ("refused", "openai")]
+    assert {e["kind"] for e in entries[:-2]} == {"action"}
+    with_error = [i for i, e in enumerate(entries) if "error" in e]
+    assert with_error == [1, 2, 3, 4, 6, 7, 8]  # the last of each call, as the desktop's
+    assert all(entries[i]["error"]["type"] == "invalid_request" for i in with_error)
+    assert "nosuchkey" in entries[4]["error"]["message"]
+    assert "NOPE" in entries[6]["error"]["message"]
+    assert "wide" in entries[8]["error"]["message"]
+    assert all(e["source"]["type"] == "api_key" for e in entries)
+    # Input the schema refused was not read: no point the desktop would have acted at.
+    assert [e["screen_point"] for e in entries[:4]] == [None] * 4
+
+
 def test_the_screen_point_is_where_the_desktop_acted(
     client: httpx.Client, recorded: dict[str, Any]
 ) -> None:

@@ -4,8 +4,10 @@
 //
 // Entries (docs/API.md): {"kind": "frame", "frame": n, "t"}; {"kind": "action", "t",
 // "end_t", "source", "action", "screen_point", "frame_before", "frame_after", "screenshot",
-// "error"}; {"kind": "event", "t", "event"}; each with "seq". Kinds this page does not know
-// are left out, so that a newer server's trajectory still plays.
+// "error"}; {"kind": "refused", "t", "end_t", "source", "sent", "dialect", "error"} (a call
+// refused before it became actions); {"kind": "event", "t", "event"}; each with "seq".
+// Kinds this page does not know are left out, so that a newer server's trajectory still
+// plays.
 
 export function parseTrajectory(text) {
   const entries = [];
@@ -32,7 +34,7 @@ export function timeline(entries) {
     .filter((e) => e.kind === 'frame' && Number.isInteger(e.frame))
     .map((e) => ({ frame: e.frame, t: number(e.t), seq: number(e.seq) }))
     .sort(bySeq);
-  const steps = entries.filter((e) => e.kind === 'action' || e.kind === 'event').sort(bySeq);
+  const steps = entries.filter((e) => ['action', 'refused', 'event'].includes(e.kind)).sort(bySeq);
   return { frames, steps };
 }
 
@@ -120,7 +122,20 @@ function describeAction(a) {
   }
 }
 
+// A call refused before it became actions: a vendor's tool input as sent (Anthropic's
+// {action: "left_click"}, OpenAI's {type: "click"}, {call_id, action} or {call_id,
+// actions}), or a body whose actions were unreadable.
+function describeRefused(step) {
+  const body = step.sent && typeof step.sent === 'object' ? step.sent : {};
+  const inner = body.action && typeof body.action === 'object' ? body.action : body;
+  let what = typeof body.action === 'string' ? body.action : inner.type;
+  if (typeof what !== 'string' && Array.isArray(body.actions)) what = `${body.actions.length} actions`;
+  const call = typeof what === 'string' ? what.replace(/_/g, ' ') : 'call';
+  return `${step.dialect ? `${step.dialect} ` : ''}${call} (refused)`;
+}
+
 export function describe(step) {
+  if (step.kind === 'refused') return describeRefused(step);
   if (step.kind === 'action') return describeAction(step.action || {});
   const event = step.event || {};
   const what = String(event.type || 'event').replace(/_/g, ' ');

@@ -139,7 +139,7 @@ async function openRecording(id) {
   ui.steps.replaceChildren(...steps.map((step, i) => {
     const item = element('li', `step ${step.kind}`);
     item.dataset.index = String(i);
-    const who = step.kind === 'action' ? sourceLabel(step.source) : 'event';
+    const who = step.kind === 'event' ? 'event' : sourceLabel(step.source);
     item.classList.toggle('human', who === 'human');
     item.classList.toggle('failed', Boolean(step.error));
     const button = element('button', '');
@@ -176,7 +176,7 @@ async function select(i) {
   if (current) current.scrollIntoView({ block: 'nearest' });
   ui.slider.value = String(i);
   ui.position.textContent = `step ${i + 1} of ${replay.steps.length} · ${clock(step.t)}`;
-  const body = step.kind === 'action' ? step.action : step.event;
+  const body = { action: step.action, refused: step.sent, event: step.event }[step.kind];
   const error = step.error ? `\nerror: ${step.error.type}: ${step.error.message}` : '';
   ui.detail.textContent = JSON.stringify(body, null, 1) + error;
   await showFrame(frameFor(step, replay.frames), step);

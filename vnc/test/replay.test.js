@@ -67,6 +67,16 @@ test('steps read as a person says them', () => {
   assert.equal(action({ type: 'scroll', x: 5, y: 6, dx: 0, dy: 3 }), 'scroll down 3 (5, 6)');
   assert.equal(action({ type: 'drag', path: [[1, 2], [3, 4], [5, 6]] }), 'drag (1, 2) → (5, 6)');
   assert.equal(action({ type: 'zoom' }), 'zoom');
+  assert.equal(action('not an action'), 'action');
+  const refused = (dialect, sent) => describe({ kind: 'refused', dialect, sent });
+  assert.equal(refused('anthropic', { action: 'left_click', coordinate: [1, 2] }),
+    'anthropic left click (refused)');
+  assert.equal(refused('openai', { call_id: 'c', action: { type: 'double_click' } }),
+    'openai double click (refused)');
+  assert.equal(refused('openai', { call_id: 'c', actions: [{}, {}] }), 'openai 2 actions (refused)');
+  assert.equal(refused(undefined, [1]), 'call (refused)');
+  assert.deepEqual(timeline([{ kind: 'refused', t: 1, seq: 0 }, { kind: 'later', t: 0 }]).steps,
+    [{ kind: 'refused', t: 1, seq: 0 }]);
   assert.equal(describe({ kind: 'event', event: { type: 'help_requested', reason: 'a captcha' } }),
     'help requested: a captcha');
   assert.equal(describe({ kind: 'event', event: { type: 'state', state: 'paused' } }), 'state paused');

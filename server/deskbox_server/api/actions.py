@@ -31,13 +31,15 @@ from ..sessions.pause import FROZEN_HEADER
 from .auth import authenticate
 from .deps import Caller, Services, get_services
 from .errors import deskbox_error_response, error_body, new_request_id, validation_message
+from .refusals import RecordsRefusals, record_owners_refused
 from .replies import encodes_on_loop, json_on_thread
 
 __all__ = [
     "CLOSE_STALLED", "MAX_IN_FLIGHT", "SIZE_PATTERN", "ClientStalled", "parse_size", "router",
 ]
 
-router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["actions"])
+router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["actions"],
+                   route_class=RecordsRefusals)
 
 MAX_IN_FLIGHT = 64
 CLOSE_STALLED = 1008  # policy violation: the client must read its replies
@@ -139,11 +141,14 @@ def _image_announcement(image: EncodedImage) -> dict[str, object]:
     ).model_dump()
 
 
-def _raw_id(text: str) -> object:
+def _raw_json(text: str) -> object:
     try:
-        data = untrusted_json.loads(text)
+        return untrusted_json.loads(text)
     except ValueError:
         return None
+
+
+def _raw_id(data: object) -> object:
     message_id = data.get("id") if isinstance(data, dict) else None
     return message_id if isinstance(message_id, int | str) else None
 
@@ -153,7 +158,13 @@ async def _handle_message(services: Services, owner: str, session_id: str, text:
     try:
         message = WsRequest.model_validate_json(text)
     except ValidationError as error:
-        return _error_reply(_raw_id(text), InvalidRequest(validation_message(error.errors())))
+        refusal = InvalidRequest(validation_message(error.errors()))
+        data = _raw_json(text)
+        # Kept as sent, as POST /actions's are (refusals.py): its action, if it reads as one.
+        sent = data.get("action") if isinstance(data, dict) else None
+        actions = [sent] if isinstance(sent, dict) and isinstance(sent.get("type"), str) else None
+        record_owners_refused(services, owner, session_id, data, actions, refusal)
+        return _error_reply(_raw_id(data), refusal)
     try:
         session = await services.manager.session(owner, session_id)
         batch = await session.act([message.action], message.coordinate_space, message.screenshot)

@@ -13,13 +13,14 @@ the screen was still changing when the wait for it to settle timed out).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Callable
+from typing import Annotated, Literal, TypeVar
 
 from fastapi import APIRouter, Body, Query, Request, Response
 from pydantic import ValidationError
 
 from ..dialects import anthropic, openai
-from ..dialects.plan import Plan, check_points
+from ..dialects.plan import Plan, check_call
 from ..errors import Internal, InvalidRequest
 from ..media import EncodedImage
 from ..schemas import actions as a
@@ -28,11 +29,13 @@ from ..sessions.session import Session
 from .actions import SIZE_PATTERN, parse_size
 from .deps import Caller, get_services
 from .errors import validation_message
+from .refusals import RecordsDialectRefusals, record_refused
 from .replies import encodes_on_loop, json_on_thread
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/sessions/{session_id}/actions", tags=["actions"])
+router = APIRouter(prefix="/v1/sessions/{session_id}/actions", tags=["actions"],
+                   route_class=RecordsDialectRefusals)
 
 SpaceQuery = Annotated[
     str | None,
@@ -74,6 +77,21 @@ def _space(session: Session, view: a.CoordinateSpace | None) -> tuple[int, int]:
     return space.width, space.height
 
 
+T = TypeVar("T")
+
+
+async def _translated(
+    request: Request, session_id: str, dialect: str, translate: Callable[[], T]
+) -> T:
+    """``translate()``; a call it refuses (a value past our actions' bounds, a bad
+    ``coordinate_space``) is kept in the session's recording as sent (refusals.py)."""
+    try:
+        return translate()
+    except InvalidRequest as error:
+        record_refused(request, session_id, await request.json(), None, error, dialect)
+        raise
+
+
 async def _answer(
     response: Response,
     session: Session,
@@ -81,7 +99,7 @@ async def _answer(
     view: a.CoordinateSpace | None,
 ) -> EncodedImage | Point:
     """Run the plan through the session's worker, as ``POST /actions`` does."""
-    batch = await session.act(plan.actions, view, plan.screenshot, check=lambda: check_points(
+    batch = await session.act(plan.actions, view, plan.screenshot, check=lambda: check_call(
         plan.actions, *_space(session, view)))
     if plan.screenshot is not None and batch.screenshot is not None:
         response.headers[SETTLED_HEADER] = "true" if batch.settled else "false"
@@ -108,8 +126,9 @@ async def run_anthropic(
     quality: QualityQuery = 75,
 ) -> list[anthropic.TextBlock | anthropic.ImageBlock] | Response:
     """The ``input`` of a ``computer`` tool_use block (computer_20250124 / 20251124)."""
-    view = _view(coordinate_space)
-    plan = anthropic.to_plan(tool_input, a.Screenshot(format=format, quality=quality))
+    view, plan = await _translated(request, session_id, "anthropic", lambda: (
+        _view(coordinate_space),
+        anthropic.to_plan(tool_input, a.Screenshot(format=format, quality=quality))))
     answer = await _answer(response, await _session(request, caller, session_id), plan, view)
     if isinstance(answer, Point) or encodes_on_loop([answer]):
         return anthropic.render(answer)
@@ -134,12 +153,13 @@ async def run_openai(
     quality: QualityQuery = 75,
 ) -> openai.ComputerCallOutput | Response:
     """The ``action`` of a ``computer_call``, or ``{"call_id", "action" | "actions"}``."""
-    view = _view(coordinate_space)
+    view = await _translated(request, session_id, "openai", lambda: _view(coordinate_space))
     session = await _session(request, caller, session_id)
     width, height = _space(session, view)
     screen = session.record.body.display
-    plan = openai.to_plan(call, a.Screenshot(format=format, quality=quality),
-                          (screen.width / width, screen.height / height))
+    plan = await _translated(request, session_id, "openai", lambda: openai.to_plan(
+        call, a.Screenshot(format=format, quality=quality),
+        (screen.width / width, screen.height / height)))
     answer = await _answer(response, session, plan, view)
     if not isinstance(answer, EncodedImage):
         raise Internal("the desktop answered without a screenshot")

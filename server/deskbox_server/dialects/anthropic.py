@@ -184,10 +184,9 @@ ContentBlock = Annotated[TextBlock | ImageBlock, Field(discriminator="type")]
 
 
 def _modifiers(text: str | None) -> list[str]:
-    """ "ctrl+shift" (or "ctrl shift") → ["ctrl", "shift"]; checked before anything runs."""
-    names = [name for name in _SEPARATORS.split(text or "") if name]
-    check_keys(names)
-    return names
+    """ "ctrl+shift" (or "ctrl shift") → ["ctrl", "shift"]; checked before anything runs
+    (plan.check_call)."""
+    return [name for name in _SEPARATORS.split(text or "") if name]
 
 
 def _xy(coordinate: Coordinate | None) -> dict[str, int]:
@@ -232,11 +231,15 @@ def to_plan(tool_input: ComputerInput, shot: a.Screenshot) -> Plan:
             settled = type_actions(tool_input.text)
         case KeyInput():
             # xdotool's "key" takes several combos separated by spaces, pressed in turn.
+            # Names are checked with the call's points (plan.check_call); no key at all
+            # is no action to check.
             combos = tool_input.text.split()
-            check_keys(combos or [""])
+            if not combos:
+                check_keys([""])
             settled = tuple(build(a.Key, keys=combo) for combo in combos)
         case HoldKeyInput():
-            check_keys([tool_input.text.strip()])
+            if not tool_input.text.strip():
+                check_keys([""])
             settled = (build(a.HoldKey, keys=tool_input.text.strip(),
                              duration_s=tool_input.duration),)
         case WaitInput():

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..media import EncodedImage
 from ..schemas import actions as a
 from ..schemas.scalars import IntOnly
-from .plan import Plan, build, check_keys, type_actions
+from .plan import Plan, build, type_actions
 
 __all__ = [
     "PIXELS_PER_NOTCH",
@@ -209,9 +209,8 @@ def notches(pixels: int) -> int:
 
 
 def _held(keys: list[str] | None) -> list[str]:
-    names = [key_name(key) for key in keys or []]
-    check_keys(names)
-    return names
+    """The names of ``keys``, checked before anything runs (plan.check_call)."""
+    return [key_name(key) for key in keys or []]
 
 
 def _translate(action: ComputerAction, scale: tuple[float, float]) -> tuple[a.Action, ...]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -13,7 +13,7 @@ from ..errors import InvalidAction, InvalidRequest
 from ..keys import parse_combo
 from ..schemas import actions as a
 
-__all__ = ["Plan", "build", "check_keys", "check_points", "type_actions"]
+__all__ = ["Plan", "build", "check_call", "check_keys", "type_actions"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -66,6 +66,24 @@ def check_keys(combos: Iterable[str]) -> None:
     """Reject unknown key names before anything runs, so a bad key never half-acts."""
     for combo in combos:
         parse_combo(combo)
+
+
+def _keys(action: a.Action) -> Iterable[str]:
+    match action:
+        case a.Key() | a.HoldKey():
+            yield action.keys
+        case a.Click() | a.Move() | a.Drag() | a.Scroll():
+            yield from action.modifiers
+        case _:
+            return
+
+
+def check_call(actions: Sequence[a.Action], width: int, height: int) -> None:
+    """A vendor's call checked whole before any of it runs (API.md "Vendor dialects"): its
+    key names, then its points (:func:`check_points`). Run inside the session's recorded
+    batch, so that the refused call is kept as the actions it translated to."""
+    check_keys(key for action in actions for key in _keys(action))
+    check_points(actions, width, height)
 
 
 def _points(action: a.Action) -> Iterable[tuple[int | None, int | None]]:

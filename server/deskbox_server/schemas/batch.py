@@ -12,6 +12,7 @@ from .scalars import IntOnly
 
 __all__ = [
     "MAX_BATCH",
+    "REQUEST_KEYS",
     "ActionResultOut",
     "ActionsRequest",
     "ActionsResponse",
@@ -22,7 +23,7 @@ __all__ = [
 ]
 
 MAX_BATCH = 1000
-_REQUEST_KEYS = ("screenshot", "coordinate_space")
+REQUEST_KEYS = ("screenshot", "coordinate_space")  # a request's, not its action's
 
 
 class ActionsRequest(BaseModel):
@@ -56,8 +57,8 @@ class ActionsRequest(BaseModel):
     @classmethod
     def _single_action(cls, data: Any) -> Any:
         if isinstance(data, dict) and "actions" not in data and "type" in data:
-            action = {k: v for k, v in data.items() if k not in _REQUEST_KEYS}
-            return {"actions": [action], **{k: data[k] for k in _REQUEST_KEYS if k in data}}
+            action = {k: v for k, v in data.items() if k not in REQUEST_KEYS}
+            return {"actions": [action], **{k: data[k] for k in REQUEST_KEYS if k in data}}
         return data
 
 

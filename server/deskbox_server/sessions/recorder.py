@@ -82,10 +82,9 @@ class Recorder:
     # -- entries --------------------------------------------------------------------------
 
     def _entry(self, kind: str, t: float, **fields: Any) -> None:
-        seq = self.meta.entries
-        self.meta.entries += 1
-        entry = {"seq": seq, "kind": kind, "t": round(t, 3), **fields}
+        entry = {"seq": self.meta.entries, "kind": kind, "t": round(t, 3), **fields}
         self._lines.append(json.dumps(entry, separators=(",", ":")).encode() + b"\n")
+        self.meta.entries += 1
 
     def batch(
         self, source: Source, actions: Sequence[a.Action], view: a.CoordinateSpace | None,
@@ -117,6 +116,32 @@ class Recorder:
                 self._files.append((name, shot.data))
             self._entry("action", started, **fields)
             self.meta.actions += 1
+
+    def refused(
+        self, source: Source, sent: object, actions: Sequence[dict[str, object]] | None,
+        error: DeskboxError, dialect: str | None = None,
+    ) -> None:
+        """A call refused for its input before it became actions (the schema's bounds, a
+        vendor's input that translates to none). ``actions``: what it sent read as the
+        API's actions (objects with a ``type``), each an action entry as :meth:`batch`
+        makes (no screen point: none was read); None: one ``refused`` entry of ``sent``,
+        ``dialect`` naming whose tool input it is."""
+        if self.closed:
+            return
+        now = self.now()
+        failure = {"type": error.kind, "message": error.message}
+        common: dict[str, Any] = {"end_t": round(now, 3), "source": source}
+        try:
+            if actions is None:
+                named = {"dialect": dialect} if dialect is not None else {}
+                self._entry("refused", now, **common, sent=sent, **named, error=failure)
+                return
+            for index, action in enumerate(actions):
+                last = {"error": failure} if index == len(actions) - 1 else {}
+                self._entry("action", now, **common, action=action, screen_point=None, **last)
+                self.meta.actions += 1
+        except RecursionError:  # nested past what json.dumps takes here: the refusal only
+            self._entry("refused", now, **common, sent=None, error=failure)
 
     def human(self, viewer_id: str, source: Source, message: bytes) -> None:
         """One RFB input message of a control viewer (``viewer_id``: its connection)."""

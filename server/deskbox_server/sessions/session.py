@@ -113,6 +113,19 @@ class Session:
 
         return await self._recorded(source, actions, view, run)
 
+    def refused(
+        self, sent: object, actions: Sequence[dict[str, object]] | None, error: DeskboxError,
+        dialect: str | None = None,
+    ) -> None:
+        """A call of the agent's refused for its input before it became actions, kept if
+        the session records (recorder.py ``refused``): a recording has every call, refused
+        ones included (API.md "Recordings and trajectories"), not only those the desktop
+        refused."""
+        recorder = self._context.recordings.recorder(self._live.record.id)
+        if recorder is not None:
+            recorder.refused({"type": "api_key", "id": self._live.record.owner}, sent, actions,
+                             error, dialect)
+
     async def _recorded(
         self, source: Source, actions: Sequence[a.Action], view: a.CoordinateSpace | None,
         run: Callable[[], Awaitable[BatchResult]],
