@@ -498,3 +498,32 @@ def test_a_recording_goes_on_through_freeze_hibernate_and_a_snapshot(
         client.delete(f"/v1/sessions/{sid}")
         if snapshot is not None:
             client.delete(f"/v1/snapshots/{snapshot}")
+
+
+def test_a_screenshot_of_a_paused_session_is_recorded(client: httpx.Client) -> None:
+    """``GET /screenshot`` is recorded as a screenshot action, and so are the refused
+    actions of a paused session; but the frozen frame served while it was paused was
+    left out, a look of the agent's missing from its episode."""
+    session = new_session(client, record=True)
+    sid = session["id"]
+    try:
+        assert client.get(f"/v1/sessions/{sid}/screenshot").status_code == 200
+        paused = client.post(f"/v1/sessions/{sid}/pause", json={"mode": "freeze"}, timeout=120)
+        assert paused.status_code == 200, paused.text
+        frozen = client.get(f"/v1/sessions/{sid}/screenshot", params={"format": "png"})
+        assert frozen.status_code == 200 and frozen.headers["X-Deskbox-Frozen"] == "true"
+        assert_error(client.post(f"/v1/sessions/{sid}/actions", json={
+            "type": "click", "x": 5, "y": 5}), 409, "conflict")
+        assert client.post(f"/v1/sessions/{sid}/resume", timeout=120).status_code == 200
+        deadline = time.monotonic() + 5
+        while True:
+            lines = client.get(f"/v1/sessions/{sid}/trajectory").text.splitlines()
+            actions = [e for e in map(json.loads, lines) if e["kind"] == "action"]
+            if len(actions) >= 3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert [(e["action"], "error" in e) for e in actions] == [
+            ({"type": "screenshot"}, False), ({"type": "screenshot", "format": "png"}, False),
+            ({"type": "click", "x": 5, "y": 5}, True)]
+    finally:
+        client.delete(f"/v1/sessions/{sid}")

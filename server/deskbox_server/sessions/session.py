@@ -249,18 +249,29 @@ class Session:
         """The screen, and whether it is frozen: a paused or hibernated session's X server
         answers nothing, so its last frame (taken when it was paused) stands in for it."""
         live = self._live
-        if live.record.state in (S.paused, S.hibernated):
-            last = live.last_frame
-            if last is None:  # still pausing: the screen is not frozen yet
-                raise Conflict(f"session {live.record.id} is being paused; try again in a moment")
-            view = live.record.body.coordinate_space
-            image = await asyncio.to_thread(frozen_image, last, fmt, quality, view, scale)
-            return image, True
         shot = a.Screenshot(format=fmt, quality=quality, scale=scale)
-        result = (await self.act([shot])).results[0]
+        frozen = live.record.state in (S.paused, S.hibernated)
+        if frozen:
+            # Recorded as any look of the agent's is (API.md "Recordings and trajectories").
+            source = {"type": "api_key", "id": live.record.owner}
+            batch = await self._recorded(source, [shot], None, lambda: self._frozen(shot))
+        else:
+            batch = await self.act([shot])
+        result = batch.results[0]
         if not isinstance(result, EncodedImage):
             raise TypeError(f"a screenshot answered {type(result).__name__}")
-        return result, False
+        return result, frozen
+
+    async def _frozen(self, shot: a.Screenshot) -> BatchResult:
+        """``shot`` of a paused session: its last frame, taken when it was paused."""
+        live = self._live
+        last = live.last_frame
+        if last is None:  # still pausing: the screen is not frozen yet
+            raise Conflict(f"session {live.record.id} is being paused; try again in a moment")
+        view = live.record.body.coordinate_space
+        image = await asyncio.to_thread(
+            frozen_image, last, shot.format, shot.quality, view, shot.scale)
+        return BatchResult([image], None, True)
 
     # -- exec and files (the sandbox's) ---------------------------------------------------
 
