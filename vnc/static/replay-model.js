@@ -4,7 +4,7 @@
 //
 // Entries (docs/API.md): {"kind": "frame", "frame": n, "t"}; {"kind": "action", "t",
 // "end_t", "source", "action", "screen_point", "frame_before", "frame_after", "screenshot",
-// "error"}; {"kind": "refused", "t", "end_t", "source", "sent", "dialect", "error"} (a call
+// "error", "skipped"}; {"kind": "refused", "t", "end_t", "source", "sent", "dialect", "error"} (a call
 // refused before it became actions); {"kind": "event", "t", "event"}; each with "seq".
 // Kinds this page does not know are left out, so that a newer server's trajectory still
 // plays.
@@ -136,7 +136,10 @@ function describeRefused(step) {
 
 export function describe(step) {
   if (step.kind === 'refused') return describeRefused(step);
-  if (step.kind === 'action') return describeAction(step.action || {});
+  // An action after the one that failed in its batch: recorded as asked, never done.
+  if (step.kind === 'action') {
+    return describeAction(step.action || {}) + (step.skipped ? ' (not done)' : '');
+  }
   const event = step.event || {};
   const what = String(event.type || 'event').replace(/_/g, ' ');
   const state = event.state && event.state !== event.type ? ` ${event.state}` : '';

@@ -68,6 +68,8 @@ test('steps read as a person says them', () => {
   assert.equal(action({ type: 'drag', path: [[1, 2], [3, 4], [5, 6]] }), 'drag (1, 2) → (5, 6)');
   assert.equal(action({ type: 'zoom' }), 'zoom');
   assert.equal(action('not an action'), 'action');
+  assert.equal(describe({ kind: 'action', action: { type: 'key', keys: 'a' }, skipped: true }),
+    'key a (not done)');
   const refused = (dialect, sent) => describe({ kind: 'refused', dialect, sent });
   assert.equal(refused('anthropic', { action: 'left_click', coordinate: [1, 2] }),
     'anthropic left click (refused)');
