@@ -17,8 +17,9 @@ A test may have it hold the next create of a kind (``POST /standin/hold``): the 
 waits that long before the object is made, and is made then whether its client still
 waits or not, as a busy API server goes on with a request its client gave up.
 ``GET /standin/hold`` says which kinds are armed, and which creates are being held. Or
-answer the next requests of a method and kind with an error status and nothing done
-(``POST /standin/fail``), as a throttled or failing API server does.
+answer the next requests of a method and kind (or of one object) with an error status and
+nothing done (``POST /standin/fail``), as a throttled or failing API server does;
+``GET /standin/fail`` says which of those are still to come, ``DELETE`` drops them.
 
 What it does not do: authentication, admission, scheduling, quotas, image pulls (an image
 Podman lacks gives ErrImagePull), restarts (restartPolicy is Never), NetworkPolicy
@@ -397,19 +398,31 @@ class StandIn:
         app.router.add_post("/standin/hold", self.arm)
         app.router.add_get("/standin/hold", self.held)
         app.router.add_post("/standin/fail", self.fail)
+        app.router.add_get("/standin/fail", self.faults)
+        app.router.add_delete("/standin/fail", self.faults)
         return app
 
     async def fail(self, request: web.Request) -> web.Response:
         """``{"method": "POST", "plural": "pods", "status": 429, "times": 1,
         "retry_after": 1}``: the next ``times`` such requests answer ``status`` (with that
-        Retry-After, if given), and make, change or read nothing."""
+        Retry-After, if given), and make, change or read nothing. With ``"name"``: only the
+        requests of that one object."""
         self.failing.append(dict(await request.json()))
         return web.json_response(self.failing)
+
+    async def faults(self, request: web.Request) -> web.Response:
+        """The faults still to come; a DELETE drops them (and answers them)."""
+        answer = web.json_response(self.failing)
+        if request.method == "DELETE":
+            self.failing = []
+        return answer
 
     def _failed(self, request: web.Request) -> web.Response | None:
         for fault in self.failing:
             if (fault["method"] == request.method
-                    and fault["plural"] == request.match_info["plural"]):
+                    and fault["plural"] == request.match_info["plural"]
+                    and fault.get("name", request.match_info.get("name"))
+                    == request.match_info.get("name")):
                 fault["times"] -= 1
                 if fault["times"] <= 0:
                     self.failing.remove(fault)

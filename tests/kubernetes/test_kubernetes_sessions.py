@@ -10,6 +10,7 @@ next and strangers' pods are swept; and a delete leaves no object behind.
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import socket
 import time
@@ -20,6 +21,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from deskbox_server.engines.kubernetes.cluster import Cluster, ClusterRefused
 
 from ..api.containers import act, page_origin
 from ..api.containers import create_running as create
@@ -337,6 +340,60 @@ def test_a_killed_servers_pod_is_adopted_and_strangers_are_swept(
         assert stranger not in standin.names("networkpolicies")
     # A server's shutdown ends its sessions, and their pods.
     assert pod_name(kept) not in standin.names("pods")
+
+
+def fail_next(standin: StandIn, **fault: Any) -> None:
+    armed = httpx.post(f"{standin.url}/standin/fail", json=fault, timeout=10)
+    assert armed.status_code == 200, armed.text
+
+
+def test_reads_the_api_server_fails_at_a_restart_fail_no_session(
+    standin: StandIn, base: Path
+) -> None:
+    """The next server re-adopts a killed one's session while the API server fails the
+    reads of its pod and Secret (a 503, then a 504 timeout: an API server restarting
+    behind its load balancer, etcd electing a leader): each is asked again, backing off,
+    and the session runs on. It was failed at once, its pod deleted."""
+    state_dir, log = base / "flaky-state", base / "flaky.log"
+    with kubernetes_server(standin, state_dir, log) as first:
+        kept = create(first.client)
+        first.process.send_signal(signal.SIGKILL)
+        first.process.wait()
+    name = pod_name(kept)
+    for plural in ("pods", "secrets"):
+        fail_next(standin, method="GET", plural=plural, name=name, status=503, times=1)
+        fail_next(standin, method="GET", plural=plural, name=name, status=504, times=1)
+    with kubernetes_server(standin, state_dir, log) as second:
+        again = second.client.get(f"/v1/sessions/{kept['id']}").json()
+        assert again["state"] == "running", again
+        assert standin.get("/standin/fail") == []  # every fault was answered
+        shot = second.client.get(f"/v1/sessions/{kept['id']}/screenshot")
+        assert shot.status_code == 200, shot.text
+        assert second.client.delete(f"/v1/sessions/{kept['id']}").status_code == 204
+
+
+async def test_a_read_the_api_server_keeps_failing_fails_in_bounded_time(
+    standin: StandIn,
+) -> None:
+    """Asked again for the cluster's bound (here 2 s), not for ever: then the API server's
+    last answer, with how long it was asked (the reason a session that could not be
+    re-adopted fails with)."""
+    cluster = Cluster(standin.url, NAMESPACE, read_retry_s=2.0)
+    await cluster.open()
+    try:
+        fail_next(standin, method="GET", plural="pods", name="deskbox-ses-flaky", status=503,
+                  times=1000)
+        started = time.monotonic()
+        with pytest.raises(ClusterRefused) as refused:
+            await cluster.read_pod("deskbox-ses-flaky")
+        assert 1.0 < time.monotonic() - started < 5.0
+        assert refused.value.upstream_status == 503
+        assert re.search(r"\(503: .*\) \(asked [3-9] times in [12] s\)$",
+                         refused.value.message), refused.value.message
+    finally:
+        async with httpx.AsyncClient() as client:
+            await client.delete(f"{standin.url}/standin/fail")
+        await cluster.close()
 
 
 def test_a_sweep_the_api_server_refuses_once_does_not_stop_the_start(

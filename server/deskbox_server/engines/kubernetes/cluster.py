@@ -32,16 +32,27 @@ T = TypeVar("T")
 # a delete and the shutdown that wait for it, for ever: the client has no timeout of its
 # own. Every call is bounded (a watch by its own timeout_seconds, and the same again).
 _CALL_TIMEOUT_S = 30.0
-# The longest a throttled call (429) waits before it asks again, whatever Retry-After says.
+# The longest a call waits before it asks again, whatever Retry-After says.
 _THROTTLED_WAIT_S = 5.0
+# A read is asked again, for this long in all, when the API server failed it (5xx) or did
+# not answer it: it changes nothing, and an API server restarting behind its load balancer
+# (a refused or reset connection, a 503) or etcd electing a leader (a 504 timeout) answers
+# a later try. Not a write: one the API server may have done before it failed is not sent
+# twice.
+_READ_RETRY_S = 60.0
+_FIRST_BACKOFF_S = 0.25
+_FAILING = frozenset({500, 502, 503, 504})
 _IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 class ClusterRefused(UpstreamRefused):
     """The API server answered with an error status."""
 
-    def __init__(self, what: str, status: int, message: str) -> None:
+    def __init__(self, what: str, status: int, message: str, note: str = "") -> None:
         super().__init__("the Kubernetes API", what, status, message)
+        if note:  # how it was asked
+            self.message += note
+            self.args = (self.message,)
 
 
 class Cluster:
@@ -49,9 +60,10 @@ class Cluster:
     empty: in-cluster (the pod's service account) when run in a pod, else the kubeconfig
     (``$KUBECONFIG``, ~/.kube/config) and its current context."""
 
-    def __init__(self, api: str, namespace: str) -> None:
+    def __init__(self, api: str, namespace: str, read_retry_s: float = _READ_RETRY_S) -> None:
         self.api = api
         self.namespace = namespace
+        self.read_retry_s = read_retry_s
         self._client: client.ApiClient | None = None
         self.where = api
 
@@ -74,7 +86,7 @@ class Cluster:
         self._client = client.ApiClient(configuration)
         try:
             await self._json("list pods", lambda: self._core.list_namespaced_pod(
-                self.namespace, limit=1, _preload_content=False))
+                self.namespace, limit=1, _preload_content=False), read=True)
         except SessionFailed as error:
             await self.close()
             raise Internal(f"the kubernetes engine cannot start: {error}") from None
@@ -98,45 +110,75 @@ class Cluster:
     def _networking(self) -> client.NetworkingV1Api:
         return client.NetworkingV1Api(self._api)
 
-    async def _call(self, what: str, call: Awaitable[T]) -> T:
+    async def _call(self, what: str, call: Awaitable[T], timeout_s: float = _CALL_TIMEOUT_S
+                    ) -> T:
         try:
-            async with asyncio.timeout(_CALL_TIMEOUT_S):
+            async with asyncio.timeout(timeout_s):
                 return await call
         except ApiException as error:
             raise ClusterRefused(what, int(error.status or 0), _exception_message(error)
                                  ) from None
         except TimeoutError:
             raise SessionFailed(f"the Kubernetes API at {self.where} did not answer '{what}' "
-                                f"within {_CALL_TIMEOUT_S:g} s") from None
+                                f"within {timeout_s:.3g} s") from None
         except (aiohttp.ClientError, OSError) as error:
             raise SessionFailed(f"the Kubernetes API at {self.where} does not answer "
                                 f"({error or type(error).__name__})") from None
 
-    async def _json(self, what: str, call: Callable[[], Awaitable[Any]]) -> Obj:
+    async def _json(self, what: str, call: Callable[[], Awaitable[Any]], read: bool = False
+                    ) -> Obj:
         """The JSON object a call answered (called with ``_preload_content=False``, which
         leaves the status to us). A 429 is asked again after its Retry-After, as client-go
         does: the API server did nothing (its priority and fairness turned the request
-        away under load), and the next try may pass; only within the call's bound."""
+        away under load), and the next try may pass; only within the call's bound. A
+        ``read`` is also asked again, backing off, when it failed or got no answer
+        (_READ_RETRY_S); then the last error says for how long it was asked."""
         started = time.monotonic()
+        bound_s = self.read_retry_s if read else _CALL_TIMEOUT_S
+        backoff_s, tries = _FIRST_BACKOFF_S, 0
         while True:
-            status, reason, retry_after, body = await self._answer(what, call)
-            wait_s = min(retry_after or 1.0, _THROTTLED_WAIT_S)
-            if (status == 429
-                    and time.monotonic() - started + wait_s < _CALL_TIMEOUT_S):
-                await asyncio.sleep(wait_s)
+            tries += 1
+            left_s = bound_s - (time.monotonic() - started)
+            try:
+                status, reason, retry_after, body = await self._answer(
+                    what, call, min(_CALL_TIMEOUT_S, left_s) if read else _CALL_TIMEOUT_S)
+            except ClusterRefused:
+                raise
+            except SessionFailed as error:  # no answer at all
+                if not read:
+                    raise
+                if not await self._again(started, bound_s, backoff_s):
+                    raise SessionFailed(error.message + _asked_for(started, tries)) from None
+                backoff_s = min(2 * backoff_s, _THROTTLED_WAIT_S)
                 continue
+            if status == 429 or (read and status in _FAILING):
+                wait_s = retry_after or (1.0 if status == 429 else backoff_s)
+                if await self._again(started, bound_s, wait_s):
+                    backoff_s = min(2 * backoff_s, _THROTTLED_WAIT_S)
+                    continue
             if not 200 <= status <= 299:
-                raise ClusterRefused(what, status, _message(body, reason))
+                raise ClusterRefused(what, status, _message(body, reason),
+                                     _asked_for(started, tries))
             if not isinstance(body, dict):
                 raise SessionFailed(f"the Kubernetes API answered {what} with no object")
             return body
 
-    async def _answer(self, what: str, call: Callable[[], Awaitable[Any]]
+    @staticmethod
+    async def _again(started: float, bound_s: float, wait_s: float) -> bool:
+        """Wait ``wait_s`` (at most _THROTTLED_WAIT_S) and say so, if the next try still
+        starts within ``bound_s`` of ``started``; else say no at once."""
+        wait_s = min(wait_s, _THROTTLED_WAIT_S)
+        if time.monotonic() - started + wait_s >= bound_s:
+            return False
+        await asyncio.sleep(wait_s)
+        return True
+
+    async def _answer(self, what: str, call: Callable[[], Awaitable[Any]], timeout_s: float
                       ) -> tuple[int, str | None, float | None, Any]:
         """One call's status, reason, Retry-After (seconds, if it says) and JSON body."""
-        response = await self._call(what, call())
+        response = await self._call(what, call(), timeout_s)
         try:
-            raw = await self._call(what, response.read())
+            raw = await self._call(what, response.read(), timeout_s)
         finally:
             response.release()
         try:
@@ -171,7 +213,7 @@ class Cluster:
     async def list_pods(self, selector: str) -> tuple[list[Obj], str]:
         """The pods a label selector picks, and the resourceVersion to watch from."""
         body = await self._json("list pods", lambda: self._core.list_namespaced_pod(
-            self.namespace, label_selector=selector, _preload_content=False))
+            self.namespace, label_selector=selector, _preload_content=False), read=True)
         return list(body.get("items") or []), str(
             (body.get("metadata") or {}).get("resourceVersion", ""))
 
@@ -226,7 +268,7 @@ class Cluster:
 
     async def list_secrets(self, selector: str) -> list[Obj]:
         body = await self._json("list secrets", lambda: self._core.list_namespaced_secret(
-            self.namespace, label_selector=selector, _preload_content=False))
+            self.namespace, label_selector=selector, _preload_content=False), read=True)
         return list(body.get("items") or [])
 
     async def create_network_policy(self, manifest: Obj) -> Obj:
@@ -237,7 +279,7 @@ class Cluster:
     async def list_network_policies(self, selector: str) -> list[Obj]:
         body = await self._json(
             "list network policies", lambda: self._networking.list_namespaced_network_policy(
-                self.namespace, label_selector=selector, _preload_content=False))
+                self.namespace, label_selector=selector, _preload_content=False), read=True)
         return list(body.get("items") or [])
 
     async def delete_network_policy(self, name: str) -> bool:
@@ -268,7 +310,7 @@ class Cluster:
                     ) -> Obj | None:
         try:
             return await self._json(what, lambda: method(name, self.namespace,
-                                                         _preload_content=False))
+                                                         _preload_content=False), read=True)
         except ClusterRefused as error:
             if error.upstream_status == 404:
                 return None
@@ -292,6 +334,13 @@ def _message(body: Any, reason: str | None) -> str:
     if isinstance(body, dict) and body.get("message"):
         return str(body["message"])[:500]
     return str(reason or "no reason given")
+
+
+def _asked_for(started: float, tries: int) -> str:
+    """How long a call that failed was asked, if more than once."""
+    if tries < 2:
+        return ""
+    return f" (asked {tries} times in {time.monotonic() - started:.0f} s)"
 
 
 def _seconds(header: str | None) -> float | None:
