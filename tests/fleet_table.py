@@ -5,7 +5,7 @@ tests/kubernetes)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from pathlib import Path
 
 from deskbox_server.engines.base import SharedEntry
@@ -39,9 +39,12 @@ class FleetTable:
     async def read(self, session_id: str) -> SharedEntry | None:
         return self.entries.get(session_id)
 
-    async def add_token(self, session_id: str, digest: str, token: str) -> bool:
+    async def add_token(self, session_id: str, digest: str, token: str,
+                        expired: Collection[str] = ()) -> bool:
         if session_id not in self.entries:
             return False
+        for old in expired:
+            self.entries[session_id].tokens.pop(old, None)
         self.entries[session_id].tokens[digest] = token
         return True
 

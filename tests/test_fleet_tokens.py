@@ -18,7 +18,8 @@ from starlette.requests import HTTPConnection
 from deskbox_server.api import tokens as tokens_api
 from deskbox_server.api.tokens import TOKEN_ENDED, until_token_ends
 from deskbox_server.engines.base import SharedEntry
-from deskbox_server.errors import SessionFailed
+from deskbox_server.errors import Capacity, SessionFailed
+from deskbox_server.sessions import tokens as tokens_store
 from deskbox_server.sessions.tokens import TokenStore
 
 from .fleet_table import FleetTable
@@ -88,3 +89,65 @@ def test_an_outage_past_the_tokens_expiry_ends_it() -> None:
     ended, failed_reads = asyncio.run(watch(ttl_s=0.5, outage=True, revoke=False))
     assert failed_reads > 3
     assert ended == TOKEN_ENDED
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def replicas(clock: Clock) -> tuple[FleetTable, TokenStore, TokenStore]:
+    """The fleet's records, and two replicas' token stores over them."""
+    table = FleetTable()
+    await table.put(SESSION, "key_a", True, "{}")
+    return (table, TokenStore(clock, shared=table), TokenStore(clock, shared=table))
+
+
+def test_a_sessions_token_cap_counts_the_tokens_of_every_replica() -> None:
+    """A session's 256 live tokens, issued through one replica: the other issued 256 more
+    (each counted only its own), all kept in the session's one record."""
+
+    async def scenario() -> None:
+        _, one, two = await replicas(Clock())
+        for _ in range(tokens_store._MAX_PER_SESSION):
+            await one.issue("key_a", SESSION, "view", 600)
+        with pytest.raises(Capacity, match="256 live tokens"):
+            await two.issue("key_a", SESSION, "view", 600)
+
+    asyncio.run(scenario())
+
+
+def test_a_token_revoked_through_another_replica_frees_its_place() -> None:
+    """At the cap, a token revoked through the other replica: the one that issued them
+    still counted it, and refused every new token (429 "revoke some first") until they
+    expired, up to 7 days later."""
+
+    async def scenario() -> None:
+        _, one, two = await replicas(Clock())
+        issued = [await one.issue("key_a", SESSION, "view", 600)
+                  for _ in range(tokens_store._MAX_PER_SESSION)]
+        await two.revoke("key_a", SESSION, issued[0][1].id)
+        token, _ = await one.issue("key_a", SESSION, "view", 600)
+        assert await two.verify(token, SESSION, "view")
+
+    asyncio.run(scenario())
+
+
+def test_expired_tokens_leave_the_sessions_record() -> None:
+    """Each token a key of the session's record (a Secret, at most 1 MiB), never removed
+    when it expired: a session given a short token per connection filled it within days,
+    and then its record could not be written."""
+
+    async def scenario() -> None:
+        clock = Clock()
+        table, one, two = await replicas(clock)
+        for store in (one, two, one):
+            await store.issue("key_a", SESSION, "cdp", 60)
+            clock.now += 61
+        await two.issue("key_a", SESSION, "cdp", 60)
+        assert len(table.entries[SESSION].tokens) == 1
+
+    asyncio.run(scenario())

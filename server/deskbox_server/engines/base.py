@@ -89,8 +89,10 @@ class SharedRecords(Protocol):
 
     async def delete(self, session_id: str) -> None: ...
 
-    async def add_token(self, session_id: str, digest: str, token: str) -> bool:
-        """Keep a token's JSON under its digest; False if the session has no record."""
+    async def add_token(self, session_id: str, digest: str, token: str,
+                        expired: Collection[str] = ()) -> bool:
+        """Keep a token's JSON under its digest, and forget the ``expired`` digests (in
+        one write); False if the session has no record."""
         ...
 
     async def drop_token(self, session_id: str, digest: str) -> None: ...

@@ -114,9 +114,12 @@ class TokenStore:
         if scope not in SCOPES:
             raise ValueError(f"unknown scope {scope!r}")
         self._prune()
-        if sum(1 for t in self._by_digest.values() if t.session_id == session_id) >= (
-            _MAX_PER_SESSION
-        ):
+        expired: list[str] = []
+        if self._shared is None:
+            live = sum(1 for t in self._by_digest.values() if t.session_id == session_id)
+        else:
+            live, expired = await self._shared_count(session_id)
+        if live >= _MAX_PER_SESSION:
             raise Capacity(
                 f"session {session_id} has {_MAX_PER_SESSION} live tokens; revoke some first"
             )
@@ -132,11 +135,29 @@ class TokenStore:
         )
         digest = _digest(token)
         if self._shared is not None and not await self._shared.add_token(
-                session_id, digest, json.dumps(dataclasses.asdict(record))):
+                session_id, digest, json.dumps(dataclasses.asdict(record)), expired):
             raise NotFound(f"no session {session_id!r}")
         self._by_digest[digest] = record
         self._digest_by_id[record.id] = digest
         return token, record
+
+    async def _shared_count(self, session_id: str) -> tuple[int, list[str]]:
+        """The session's live tokens in the fleet's record, and the digests of its expired
+        ones. The fleet's, not this server's: another replica issues and revokes them
+        too, and the record (one Secret, at most 1 MiB) keeps them all until they are
+        dropped, which the next issue does with the expired ones."""
+        assert self._shared is not None
+        entry = await self._shared.read(session_id)
+        if entry is None:
+            raise NotFound(f"no session {session_id!r}")
+        now, live, expired = self._clock(), 0, []
+        for digest, text in entry.tokens.items():
+            token = _shared_token(text)
+            if token is not None and token.expires_at <= now:
+                expired.append(digest)
+            elif token is not None:
+                live += 1
+        return live, expired
 
     async def revoke(self, owner: str, session_id: str, token_id: str) -> None:
         """Forget the token at once; NotFound unless ``owner`` issued it for ``session_id``."""

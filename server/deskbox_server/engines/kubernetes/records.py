@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from collections.abc import Collection
 
 from ..base import SharedEntry
 from .cluster import Cluster, ClusterRefused, Obj
@@ -117,8 +118,10 @@ class ClusterRecords:
     async def delete(self, session_id: str) -> None:
         await self._cluster.delete_secret(record_name(session_id))
 
-    async def add_token(self, session_id: str, digest: str, token: str) -> bool:
-        patch = {"data": {_TOKEN + digest: _encode(token)}}
+    async def add_token(self, session_id: str, digest: str, token: str,
+                        expired: Collection[str] = ()) -> bool:
+        data: dict[str, str | None] = {_TOKEN + old: None for old in expired}
+        patch = {"data": {**data, _TOKEN + digest: _encode(token)}}
         return await self._cluster.patch_secret(record_name(session_id), patch) is not None
 
     async def drop_token(self, session_id: str, digest: str) -> None:
