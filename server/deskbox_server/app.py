@@ -131,7 +131,7 @@ def kubernetes_engine(settings: Settings) -> KubernetesEngine:
         max_execs=settings.exec_max_concurrent,
         replica=settings.kubernetes_replica or (
             "deskbox-" + secrets.token_hex(4) if settings.registry == "cluster" else ""),
-        replica_uid=settings.kubernetes_replica_uid))
+        replica_uid=settings.kubernetes_replica_uid, lease_s=settings.kubernetes_lease_s))
 
 
 def session_registry(settings: Settings, engines: Mapping[str, AnyEngine]) -> Registry:

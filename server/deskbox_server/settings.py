@@ -133,6 +133,9 @@ class Settings(BaseSettings):
     kubernetes_replica: Annotated[
         str, Field(pattern=r"^([a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?)?$")] = ""
     kubernetes_replica_uid: str = ""
+    # The replica's Lease's duration in seconds (renewed every third of it): a replica whose
+    # Lease stayed unchanged for three is dead, and another removes what it left.
+    kubernetes_lease_s: Annotated[int, Field(ge=1, le=3600)] = 30
     # X display numbers [display_first, display_last) for container sessions.
     display_first: Annotated[int, Field(ge=1, le=65535)] = 200
     display_last: Annotated[int, Field(ge=2, le=65536)] = 1000

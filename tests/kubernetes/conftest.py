@@ -45,7 +45,8 @@ class StandIn:
         return response.json()
 
     def objects(self, plural: str) -> list[dict[str, Any]]:
-        prefix = "/apis/networking.k8s.io/v1" if plural == "networkpolicies" else "/api/v1"
+        prefix = {"networkpolicies": "/apis/networking.k8s.io/v1",
+                  "leases": "/apis/coordination.k8s.io/v1"}.get(plural, "/api/v1")
         items: list[dict[str, Any]] = self.get(
             f"{prefix}/namespaces/{NAMESPACE}/{plural}")["items"]
         return items

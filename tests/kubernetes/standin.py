@@ -2,16 +2,17 @@
 Kubernetes' JSON shapes, with each Pod backed by a real container.
 
 No Kubernetes API server can run on these machines, so the engine's tests run against
-this. It keeps Pods, Secrets and NetworkPolicies of any namespace in memory (names,
-uids, resourceVersions, labels, owner references and their garbage collection, label
-selectors, JSON merge patches of labels, annotations, owner references and a Secret's data,
-watches with resourceVersion and timeoutSeconds, Status bodies for errors), and
-acts as the kubelet and the network: a Pod gets a network namespace of its own with one
-veth to this host (its "pod IP", 10.251.N.2; no route beyond this host, so no egress at
-all), its Secret volumes as read-only files, its emptyDir volumes as tmpfs, its
-PersistentVolumeClaims as host directories (one per claim, made when the claim is and
-removed with it: "Bound" at once, no size limit), and its container runs in Podman (the
-Engine API at ``--engine``) from the image of that name.
+this. It keeps Pods, Secrets, NetworkPolicies, PersistentVolumeClaims and Leases of any
+namespace in memory (names, uids, resourceVersions, labels, owner references and their
+garbage collection, label selectors, JSON merge patches of labels, annotations, owner
+references, a Secret's data and a Lease's spec, watches with resourceVersion and
+timeoutSeconds, Status bodies for errors), and acts as the kubelet and the network: a
+Pod gets a network namespace of its own with one veth to this host (its "pod IP",
+10.251.N.2; no route beyond this host, so no egress at all), its Secret volumes as
+read-only files, its emptyDir volumes as tmpfs, its PersistentVolumeClaims as host
+directories (one per claim, made when the claim is and removed with it: "Bound" at once,
+no size limit), and its container runs in Podman (the Engine API at ``--engine``) from
+the image of that name. Leases are kept and served, nothing more (no leader election).
 
 A test may have it hold the next create of a kind (``POST /standin/hold``): the request
 waits that long before the object is made, and is made then whether its client still
@@ -68,6 +69,7 @@ KINDS = {
     "secrets": ("Secret", "v1"),
     "networkpolicies": ("NetworkPolicy", "networking.k8s.io/v1"),
     "persistentvolumeclaims": ("PersistentVolumeClaim", "v1"),
+    "leases": ("Lease", "coordination.k8s.io/v1"),
 }
 _STANDIN_LABEL = "io.deskbox.standin"
 _POLL_S = 0.5
@@ -81,6 +83,19 @@ def status_body(code: int, reason: str, message: str) -> web.Response:
     return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {},
                               "status": "Failure", "message": message, "reason": reason,
                               "code": code}, status=code)
+
+
+def merged(target: Obj, patch: Obj) -> Obj:
+    """A JSON merge patch (RFC 7386) of an object: null removes a key, an object merges."""
+    out = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def selects(selector: str, labels: dict[str, str]) -> bool:
@@ -391,7 +406,7 @@ class StandIn:
 
     def app(self) -> web.Application:
         app = web.Application()
-        for prefix in ("/api/v1", "/apis/networking.k8s.io/v1"):
+        for prefix in ("/api/v1", "/apis/networking.k8s.io/v1", "/apis/coordination.k8s.io/v1"):
             app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}", self.collection)
             app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}/{name}", self.item)
         app.router.add_get("/standin/requests", self.recorded)
@@ -461,9 +476,9 @@ class StandIn:
         plural = request.match_info["plural"]
         if plural not in KINDS:
             return None
-        api = KINDS[plural][1]
-        ok = request.path.startswith("/apis/") == ("/" in api)
-        return plural if ok else None
+        api = KINDS[plural][1]  # served under its own group only
+        prefix = f"/apis/{api}/" if "/" in api else f"/api/{api}/"
+        return plural if request.path.startswith(prefix) else None
 
     async def collection(self, request: web.Request) -> web.StreamResponse:
         self.requests.append((request.method, request.path_qs))
@@ -543,6 +558,8 @@ class StandIn:
                     obj["metadata"].pop("ownerReferences", None)
                 else:
                     obj["metadata"]["ownerReferences"] = meta["ownerReferences"]
+            if plural == "leases" and isinstance(patch.get("spec"), dict):
+                obj["spec"] = merged(obj.get("spec") or {}, patch["spec"])
             if plural == "secrets":
                 for key, value in (patch.get("data") or {}).items():
                     if value is None:

@@ -7,6 +7,7 @@ agent both reach over TCP.
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,9 +45,9 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("fleet")
 
 
-def replica(standin: StandIn, base: Path, name: str) -> Any:
+def replica(standin: StandIn, base: Path, name: str, **extra: str) -> Any:
     return kubernetes_server(standin, base / f"{name}-state", base / f"{name}.log",
-                             DESKBOX_KUBERNETES_REPLICA=name, **FLEET)
+                             DESKBOX_KUBERNETES_REPLICA=name, **FLEET, **extra)
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +172,88 @@ def test_a_session_failed_for_the_fleet_leaves_no_pod(
         prefix = "/apis/networking.k8s.io/v1" if kind == "networkpolicies" else "/api/v1"
         httpx.delete(f"{standin.url}{prefix}/namespaces/{NAMESPACE}/{kind}/{name}")
     assert not left, f"the failed session's objects stayed: {left}"
+
+
+def labelled(standin: StandIn, plural: str, replica: str, warm: bool = False) -> list[str]:
+    """The names of ``replica``'s objects of a kind (only its warm pods: ``warm``)."""
+    return [o["metadata"]["name"] for o in standin.objects(plural)
+            if o["metadata"].get("labels", {}).get("deskbox.io/replica") == replica
+            and (not warm or o["metadata"]["labels"].get("deskbox.io/pool") == "warm")]
+
+
+def test_what_a_killed_replica_left_is_removed_by_another(
+    standin: StandIn, base: Path
+) -> None:
+    """A replica killed outright leaves its warm pod (with its policy), and a policy whose
+    delete the API server refused (made here by hand, of no pod): no replica removed
+    another's, as it cannot tell a dead replica's from a live one's, so they stayed for
+    good. Each replica now renews a Lease (here every third of 1 s): another removes
+    what a replica whose Lease stopped moving left, then its Lease; never while it lives,
+    nor a session's pod (one claimed whose warm label stayed: the fleet has its record)."""
+    lease = {"DESKBOX_KUBERNETES_LEASE_S": "1"}
+    stray = {"name": "deskbox-ses-strayed", "labels": {
+        "deskbox.io/fleet": "fleet-test", "deskbox.io/session": "ses_strayed",
+        "deskbox.io/replica": "doomed"}}
+    claimed = {"name": "deskbox-ses-claimedwarm", "labels": {
+        "deskbox.io/fleet": "fleet-test", "deskbox.io/session": "ses_claimedwarm",
+        "deskbox.io/replica": "doomed", "deskbox.io/pool": "warm"}}
+    core = f"{standin.url}/api/v1/namespaces/{NAMESPACE}"
+    policies = f"{standin.url}/apis/networking.k8s.io/v1/namespaces/{NAMESPACE}/networkpolicies"
+    leases = f"{standin.url}/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases"
+    try:
+        with replica(standin, base, "doomed", DESKBOX_POOL_SIZE="1", **lease) as doomed:
+            until(lambda: bool(labelled(standin, "pods", "doomed", warm=True)), 120)
+            assert httpx.post(policies, json={"metadata": stray, "spec": {"podSelector": {}}}
+                              ).status_code == 201
+            assert httpx.post(f"{core}/pods", json={"metadata": claimed, "spec": {
+                "containers": [{"name": "desktop", "image": "registry.invalid/nothing:1"}]}}
+                              ).status_code == 201
+            assert httpx.post(f"{core}/secrets", json={"metadata": {
+                "name": "deskbox-ses-claimedwarm-record", "labels": {
+                    "app.kubernetes.io/name": "deskbox-record",
+                    "deskbox.io/fleet": "fleet-test",
+                    "deskbox.io/session": "ses_claimedwarm"}},
+                "data": {"record": "e30="}}).status_code == 201
+            with replica(standin, base, "judge", **lease):
+                time.sleep(4)  # past three of the doomed replica's lease durations
+                assert labelled(standin, "pods", "doomed", warm=True), "a live one's swept"
+                assert stray["name"] in labelled(standin, "networkpolicies", "doomed")
+                doomed.process.send_signal(signal.SIGKILL)
+                doomed.process.wait()
+                until(lambda: labelled(standin, "pods", "doomed") == [claimed["name"]]
+                      and not labelled(standin, "networkpolicies", "doomed"))
+                # Its Lease went last; the judge's own is renewed.
+                until(lambda: "deskbox-fleet-test.doomed" not in standin.names("leases"))
+                assert "deskbox-fleet-test.judge" in standin.names("leases")
+    finally:
+        httpx.delete(f"{policies}/{stray['name']}")
+        httpx.delete(f"{core}/pods/{claimed['name']}")
+        httpx.delete(f"{core}/secrets/deskbox-ses-claimedwarm-record")
+        for name in ("doomed", "judge"):
+            httpx.delete(f"{leases}/deskbox-fleet-test.{name}")
+
+
+def test_a_replica_that_cannot_renew_its_lease_makes_no_pod(
+    standin: StandIn, base: Path
+) -> None:
+    """Its Lease stale, the others may soon take it for dead and remove what it makes: a
+    pod's policy among them, and with it the pod's confinement."""
+    leases = f"{standin.url}/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases"
+    try:
+        with replica(standin, base, "fenced", DESKBOX_KUBERNETES_LEASE_S="1") as fenced:
+            armed = httpx.post(f"{standin.url}/standin/fail", json={
+                "method": "PATCH", "plural": "leases", "name": "deskbox-fleet-test.fenced",
+                "status": 503, "times": 1000})
+            assert armed.status_code == 200, armed.text
+            time.sleep(1.5)
+            refused = fenced.client.post("/v1/sessions", json={})
+            message = assert_error(refused, 502, "session_failed")["message"]
+            assert "could not renew its lease" in message
+            assert not labelled(standin, "pods", "fenced")
+            assert not labelled(standin, "networkpolicies", "fenced")
+    finally:
+        httpx.delete(f"{standin.url}/standin/fail")
+        httpx.delete(f"{leases}/deskbox-fleet-test.fenced")
 
 
 def test_what_one_server_keeps_is_refused_in_a_fleet(one: Server, two: Server) -> None:

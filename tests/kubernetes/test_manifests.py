@@ -15,6 +15,7 @@ import yaml
 
 from deskbox_server.engines.base import VolumeAttach
 from deskbox_server.engines.desktop_commands import DesktopSpec
+from deskbox_server.engines.kubernetes.replicas import lease_manifest
 from deskbox_server.engines.kubernetes.spec import (
     LABEL_REPLICA,
     PodLimits,
@@ -86,6 +87,10 @@ def test_the_engines_objects_are_valid(version: str) -> None:
     kubernetes_validate.validate(warm, version, strict=True)
     assert warm["metadata"]["labels"][LABEL_REPLICA] == "deskbox-server-7c9d"
     assert warm["metadata"]["ownerReferences"][0]["name"] == "deskbox-server-7c9d"
+    # A replica's heartbeat.
+    kubernetes_validate.validate(lease_manifest(
+        "deskbox", "deskbox-server-7c9d", 30, "2026-12-07T22:00:00.123456Z"), version,
+        strict=True)
 
 
 def test_nothing_is_granted_cluster_wide_and_only_what_the_engine_calls() -> None:
@@ -101,6 +106,8 @@ def test_nothing_is_granted_cluster_wide_and_only_what_the_engine_calls() -> Non
         ("", "secrets"): {"create", "get", "list", "patch", "delete"},
         ("networking.k8s.io", "networkpolicies"): {"create", "list", "delete"},
         ("", "persistentvolumeclaims"): {"create", "delete"},
+        # The replicas' heartbeats (engines/kubernetes/replicas.py).
+        ("coordination.k8s.io", "leases"): {"create", "list", "patch", "delete"},
     }
 
 

@@ -110,6 +110,10 @@ class Cluster:
     def _networking(self) -> client.NetworkingV1Api:
         return client.NetworkingV1Api(self._api)
 
+    @property
+    def _coordination(self) -> client.CoordinationV1Api:
+        return client.CoordinationV1Api(self._api)
+
     async def _call(self, what: str, call: Awaitable[T], timeout_s: float = _CALL_TIMEOUT_S
                     ) -> T:
         try:
@@ -303,6 +307,34 @@ class Cluster:
     async def delete_claim(self, name: str) -> bool:
         return await self._delete("delete a persistent volume claim",
                                   self._core.delete_namespaced_persistent_volume_claim, name)
+
+    # -- leases (the replicas' heartbeats, replicas.py) -------------------------------------
+
+    async def create_lease(self, manifest: Obj) -> Obj:
+        return await self._json(
+            "create a lease", lambda: self._coordination.create_namespaced_lease(
+                self.namespace, _as_body(manifest), _preload_content=False))
+
+    async def patch_lease(self, name: str, patch: Obj) -> Obj | None:
+        """A JSON merge patch of the lease; None if there is none."""
+        merge: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
+        try:
+            return await self._json(
+                "patch a lease", lambda: self._coordination.patch_namespaced_lease(
+                    name, self.namespace, _as_body(patch), _preload_content=False, **merge))
+        except ClusterRefused as error:
+            if error.upstream_status == 404:
+                return None
+            raise
+
+    async def list_leases(self, selector: str) -> list[Obj]:
+        body = await self._json("list leases", lambda: self._coordination.list_namespaced_lease(
+            self.namespace, label_selector=selector, _preload_content=False), read=True)
+        return list(body.get("items") or [])
+
+    async def delete_lease(self, name: str) -> bool:
+        return await self._delete("delete a lease", self._coordination.delete_namespaced_lease,
+                                  name)
 
     # -- shared ----------------------------------------------------------------------------
 

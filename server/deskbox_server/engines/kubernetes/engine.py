@@ -30,6 +30,7 @@ from ..network import resolve_egress
 from .agent_tcp import connect_agent
 from .cluster import Cluster, Obj
 from .records import ClusterRecords
+from .replicas import Heartbeat
 from .sandbox import PodSandbox
 from .spec import (
     AGENT_PORT,
@@ -76,6 +77,9 @@ class KubernetesOptions:
     # (owns them: the garbage collector removes a replica's warm pods with it).
     replica: str = ""
     replica_uid: str = ""
+    # The replica's Lease's duration (replicas.py): renewed every third of it; a replica's
+    # Lease unchanged for three is of a dead one, whose leftovers the others remove.
+    lease_s: int = 30
 
 
 class KubernetesEngine(Engine[PodSandbox]):
@@ -102,9 +106,15 @@ class KubernetesEngine(Engine[PodSandbox]):
                                storage_class=options.storage_class,
                                replica=options.replica, replica_uid=options.replica_uid)
         self.cluster = Cluster(options.api, options.namespace)
-        self.shared_records = ClusterRecords(self.cluster, options.fleet)
+        self.records = ClusterRecords(self.cluster, options.fleet)
+        self.shared_records = self.records
         self._sandboxes: dict[str, PodSandbox] = {}
         self._watcher: asyncio.Task[None] | None = None
+        # A replica's heartbeat (only a fleet's replicas label what they make with a name).
+        self._heartbeat = Heartbeat(self.cluster, options.fleet, options.replica,
+                                    options.lease_s, self._remove_replica
+                                    ) if options.replica else None
+        self._heartbeating: asyncio.Task[None] | None = None
 
     @property
     def _selector(self) -> str:
@@ -124,13 +134,21 @@ class KubernetesEngine(Engine[PodSandbox]):
         log.info("kubernetes: pods in namespace %s through %s", self.cluster.namespace,
                  self.cluster.where)
         self._watcher = asyncio.create_task(self._watch(), name="deskbox-kubernetes-watch")
+        if self._heartbeat is not None:
+            # Renewed before this replica makes anything: a replica of its name that was
+            # killed may have left its Lease to expire, and its judges to remove what is new.
+            await self._heartbeat.renew()
+            self._heartbeating = asyncio.create_task(self._heartbeat.run(),
+                                                     name="deskbox-kubernetes-lease")
 
     async def close(self) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
-            self._watcher = None
+        # Its Lease is left to expire: what this replica failed to delete goes with it.
+        for task in (self._watcher, self._heartbeating):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._watcher = self._heartbeating = None
         await self.cluster.close()
 
     # -- start and stop --------------------------------------------------------------------
@@ -149,6 +167,7 @@ class KubernetesEngine(Engine[PodSandbox]):
                 for volume in spec.volumes:  # made on first use; kept after the pod
                     await self.cluster.create_claim(claim_manifest(self.pods, volume))
                 self._sandboxes[spec.id] = sandbox
+                self._check_fresh()
                 pod = await answered(self.cluster.create_pod(
                     pod_manifest(self.pods, spec.id, spec.desktop, _limits(spec),
                                  spec.runtime_class, warm=spec.background,
@@ -204,6 +223,13 @@ class KubernetesEngine(Engine[PodSandbox]):
                 continue
             writer.close()
             return
+
+    def _check_fresh(self) -> None:
+        """Refuse to make a pod while this replica's Lease is stale: another replica may
+        take it for dead, and remove the pod's policy (and with it its confinement)."""
+        if self._heartbeat is not None and not self._heartbeat.fresh:
+            raise SessionFailed(f"this server could not renew its lease in the cluster "
+                                f"({self._heartbeat.stale_for}); try again")
 
     async def claimed(self, sandbox: PodSandbox) -> None:
         # A session's pod outlives the replica that made it (another one serves it then).
@@ -284,16 +310,45 @@ class KubernetesEngine(Engine[PodSandbox]):
                 await self._delete_each(name, ("network policy", "secret"))
         return removed
 
-    async def _delete_each(self, name: str, kinds: tuple[str, ...]) -> None:
+    async def _remove_replica(self, replica: str) -> bool:
+        """Remove what a dead replica of the fleet left (replicas.py): its warm pods, with
+        their Secrets and policies, and its policies of no pod (a create it did not end,
+        a delete the API server refused); whether all of it went. Never its sessions'
+        pods: the other replicas serve them."""
+        selector = f"{self._selector},{LABEL_REPLICA}={replica}"
+        pods, _ = await self.cluster.list_pods(selector)
+        serving, removed = set(), True
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            labels = meta.get("labels") or {}
+            # A warm pod has no record in the fleet; one with a record was claimed, and
+            # only its label stayed (claimed() is not retried).
+            if (LABEL_POOL not in labels or await self.records.read(
+                    str(labels.get(LABEL_SESSION, ""))) is not None):
+                serving.add(str(meta.get("name", "")))
+                continue
+            removed &= await self._delete_each(str(meta.get("name", "")),
+                                               ("pod", "secret", "network policy"))
+        for policy in await self.cluster.list_network_policies(selector):
+            name = str((policy.get("metadata") or {}).get("name", ""))
+            if name and name not in serving:
+                removed &= await self._delete_each(name, ("network policy", "secret"))
+        return removed
+
+    async def _delete_each(self, name: str, kinds: tuple[str, ...]) -> bool:
         """Delete the objects of these kinds named ``name``, each whatever became of the
-        others; one the API server refuses is logged and left for a later sweep."""
+        others; one the API server refuses is logged and left for a later sweep. Whether
+        none was refused."""
         deletes = {"pod": self.cluster.delete_pod, "secret": self.cluster.delete_secret,
                    "network policy": self.cluster.delete_network_policy}
+        deleted = True
         for what in kinds:
             try:
                 await deletes[what](name)
             except DeskboxError as error:
                 log.warning("deleting the %s %s: %s", what, name, error)
+                deleted = False
+        return deleted
 
     def _peers(self, labels: Obj) -> bool:
         """Whether the object is labelled as another replica's."""
