@@ -8,12 +8,18 @@ talks X11 to a sandbox).
 from __future__ import annotations
 
 import numpy as np
-from mss.linux.xshmgetimage import MSSImplXShmGetImage
 from Xlib.display import Display
 from Xlib.error import XError
 
 from .errors import DesktopFailed
 from .frame import Frame
+from .xlibs import sonames_known
+
+with sonames_known():  # mss names its libraries on import and when its xcb bindings load
+    from mss.linux import xcb
+    from mss.linux.xshmgetimage import MSSImplXShmGetImage
+
+    xcb.initialize()
 
 __all__ = ["Capturer"]
 
@@ -25,9 +31,8 @@ class Capturer:
         self._mss = MSSImplXShmGetImage(display=display_name)
         self._xlib = xlib_display
         self._root = xlib_display.screen().root
-        # mss connects, finds libxcb (ctypes.util.find_library runs a program) and sets up
-        # the shared segment on its first grab: done now, while the desktop connects, so
-        # that a sandbox at its pids limit (a fork bomb) can still be captured later.
+        # mss sets up the shared segment on its first grab: done now, while the desktop
+        # connects, so that a failure shows at the start, not at a later screenshot.
         self.grab(0, 0, 1, 1)
 
     @property
