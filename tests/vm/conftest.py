@@ -72,6 +72,15 @@ def qemu_pids(parent: int | None = None) -> list[int]:
     return pids
 
 
+def quota_us(cgroup: VmCgroup) -> int | None:
+    """The CPU quota of a VM's cgroup (us per 100 ms), None when it has none."""
+    if cgroup.v1:
+        quota = int((cgroup.directories[0] / "cpu.cfs_quota_us").read_text())
+        return None if quota < 0 else quota
+    limit = (cgroup.directories[0] / "cpu.max").read_text().split()[0]
+    return None if limit == "max" else int(limit)
+
+
 def status_field(pid: int, name: str) -> str:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")

@@ -33,7 +33,7 @@ from ..api.served import KEY
 from ..api.test_container import running as alive
 from ..api.test_dialects import block_image, claude, gpt, output_image
 from ..rfb_client import RfbViewer
-from .conftest import Vm, qemu_pids, status_field
+from .conftest import Vm, qemu_pids, quota_us, status_field
 
 # A VM boots in a minute of TCG on 2 busy cores; a module fixture's start counts toward
 # the first test that uses it.
@@ -42,6 +42,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)
 PAGE_WAIT_S = 120.0  # a read of the page runs a Python program inside the guest, under TCG
 TEXT = "VM ✓ö wörld"  # Unicode, two characters without a key in a row
+SESSION_QUOTA_US = 100_000  # resources.cpus 1.0 (the default), once the desktop is ready
 
 
 @pytest.fixture
@@ -143,6 +144,7 @@ def test_qemu_runs_jailed(vm: Vm) -> None:
     limit = int((Path("/sys/fs/cgroup/memory") / vm.cgroup().name /
                  "memory.limit_in_bytes").read_text())
     assert limit == (2048 + 384) << 20  # the guest's RAM and QEMU's own headroom
+    assert quota_us(vm.cgroup()) == SESSION_QUOTA_US  # booted without it, then given it
 
 
 def test_clicks_and_typing_land_in_the_page(
@@ -233,6 +235,7 @@ def test_a_killed_server_s_vm_is_adopted_by_the_next(
     body = vm.client.get(f"/v1/sessions/{vm.id}").json()
     assert body["state"] == "running", body
     assert vm.leader() == leader and qemu_pids(leader) == [qemu]
+    assert quota_us(vm.cgroup()) == SESSION_QUOTA_US
     ox, oy = origin
     before = read_page(vm.client, vm.id, lambda s: True)
     act(vm.client, vm.session, {"type": "click", "x": ox + 250, "y": oy + 120})
@@ -285,6 +288,7 @@ def test_hibernate_ends_qemu_and_resume_brings_the_page_back(
     assert response.status_code == 200, response.text
     assert response.json()["state"] == "running"
     assert not hibernation.exists()
+    assert quota_us(vm.cgroup()) == SESSION_QUOTA_US  # restored at the host's full CPU
     ox, oy = origin
     before = read_page(client, sid, lambda s: s["value"] == TEXT)
     act(client, session, {"type": "click", "x": ox + 150, "y": oy + 150})
@@ -311,6 +315,9 @@ def test_fork_makes_two_independent_vms(
             assert state["value"] == f"{TEXT}{number}"
         # The original goes on untouched by its copies' typing.
         assert read_page(client, session["id"], lambda s: True)["value"] == TEXT
+        # Each at the session's quota again (the save and the copies' restores had none).
+        for sid in [session["id"], *copies]:
+            assert quota_us(vm.cgroup(sid)) == SESSION_QUOTA_US
         # What a restarted server needs to take a copy over (a copy had none).
         for sid in copies:
             assert VmConfig.from_json((vm.state_dir / "vm" / sid / CONFIG_FILE).read_text())

@@ -341,7 +341,9 @@ class Engine(ABC, Generic[S]):
         return None
 
     async def started(self, sandbox: S, timeout_s: float) -> None:
-        """The desktop is ready: end what only its start-up needed (a CPU boost)."""
+        """The desktop is ready (a new one; a restored or saved one, or a snapshot's copy,
+        once its agent answers again): end what only its start-up, restore or save needed
+        (a CPU boost)."""
         return None
 
     @abstractmethod

@@ -86,8 +86,9 @@ class Desktop(Generic[S]):
                 stages = await desktop.desktop.ready(True, remaining)
                 sandbox.timings.update({f"ready_{k}": v for k, v in stages.items()})
                 sandbox.timings["ready"] = time.monotonic() - ready_started
-                remaining = max(0.1, timeout_s - (time.monotonic() - started))
-                await engine.started(sandbox, remaining)
+            # A copy's start-up is its restore and its agent's answer: it ends here too.
+            remaining = max(0.1, timeout_s - (time.monotonic() - started))
+            await engine.started(sandbox, remaining)
         except BaseException:
             await desktop.destroy()
             raise
@@ -315,7 +316,7 @@ class Desktop(Generic[S]):
     async def restore(self) -> None:
         """Bring a hibernated sandbox back, with its agent connected again."""
         await self.engine.restore(self.sandbox)
-        await self.connect()
+        await self._connect_again()
 
     async def snapshot(self, directory: Path, packed: bool = True) -> SnapshotInfo:
         """Checkpoint the running sandbox into the new ``directory``; it runs on, with a
@@ -326,7 +327,16 @@ class Desktop(Generic[S]):
         try:
             return await self.engine.snapshot(self.sandbox, directory, packed)
         finally:
+            await self._connect_again()
+
+    async def _connect_again(self) -> None:
+        """A new stream to the agent of a sandbox just restored or saved; then what only
+        that needed (the vm engine's CPU boost) ends, connected or not: a sandbox left
+        running must not keep it."""
+        try:
             await self.connect()
+        finally:
+            await self.engine.started(self.sandbox, self.call_timeout_s)
 
     async def _mark(self) -> None:
         """Have the agent note the screen before a checkpoint: Chromium repaints every

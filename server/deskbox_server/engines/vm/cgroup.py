@@ -1,7 +1,8 @@
 """The cgroup of one VM's QEMU: its CPU quota and a memory limit with headroom.
 
 QEMU's threads are the whole VM, so the limits of ``resources`` land on them: ``cpus`` as
-a CFS quota (the guest also gets that many vCPUs, rounded up), ``memory_mb`` as the guest's
+a CFS quota (the guest also gets that many vCPUs, rounded up; none while the guest boots or
+is restored, engine.py), ``memory_mb`` as the guest's
 RAM plus what QEMU needs for itself (qemu.QEMU_OVERHEAD_MB), so the guest's own OOM killer
 acts first and a runaway QEMU is stopped by the host's. The group is named
 ``deskbox-vm-<id>`` under each controller (the test suite's leak check looks for
@@ -46,23 +47,39 @@ class VmCgroup:
         """Where QEMU's jail writes its own pid (before it becomes QEMU)."""
         return [directory / "cgroup.procs" for directory in self.directories]
 
-    def create(self, cpus: float, memory_bytes: int) -> None:
-        quota = max(1000, int(cpus * _PERIOD_US))
+    def create(self, cpus: float | None, memory_bytes: int) -> None:
+        """The group with its memory limit and ``cpus`` as its CPU quota (None: none, the
+        host's full CPU, until set_cpus)."""
         try:
             for directory in self.directories:
                 directory.mkdir(exist_ok=True)
+            self._write_cpus(cpus)
             if self.v1:
-                cpu, memory = self.directories
-                (cpu / "cpu.cfs_period_us").write_text(str(_PERIOD_US))
-                (cpu / "cpu.cfs_quota_us").write_text(str(quota))
-                (memory / "memory.limit_in_bytes").write_text(str(memory_bytes))
+                (self.directories[1] / "memory.limit_in_bytes").write_text(str(memory_bytes))
             else:
-                (group,) = self.directories
-                (group / "cpu.max").write_text(f"{quota} {_PERIOD_US}")
-                (group / "memory.max").write_text(str(memory_bytes))
+                (self.directories[0] / "memory.max").write_text(str(memory_bytes))
         except OSError as error:
             self.remove()
             raise SessionFailed(f"could not make the VM's cgroup {self.name}: {error}") from None
+
+    def set_cpus(self, cpus: float | None) -> None:
+        """The CPU quota of QEMU's threads from now on (None: none)."""
+        try:
+            self._write_cpus(cpus)
+        except OSError as error:
+            raise SessionFailed(f"could not set the CPU quota of the VM's cgroup {self.name}: "
+                                f"{error}") from None
+
+    def _write_cpus(self, cpus: float | None) -> None:
+        # 1 ms per period at least: the kernel refuses less.
+        quota = None if cpus is None else max(1000, int(cpus * _PERIOD_US))
+        if self.v1:
+            cpu = self.directories[0]
+            (cpu / "cpu.cfs_period_us").write_text(str(_PERIOD_US))
+            (cpu / "cpu.cfs_quota_us").write_text("-1" if quota is None else str(quota))
+        else:
+            (self.directories[0] / "cpu.max").write_text(
+                f"{'max' if quota is None else quota} {_PERIOD_US}")
 
     def pids(self) -> set[int]:
         found: set[int] = set()

@@ -170,7 +170,8 @@ class VmEngine(Engine[VmSandbox]):
 
     async def create(self, spec: SessionSpec, timeout_s: float) -> VmSandbox:
         if spec.from_snapshot is not None:
-            return await self._restore_copy(spec.id, spec.from_snapshot, timeout_s)
+            return await self._restore_copy(spec.id, spec.from_snapshot, timeout_s,
+                                            not spec.background)
         config = VmConfig()
         if spec.resources is not None:
             cpus = spec.resources.cpus
@@ -186,6 +187,11 @@ class VmEngine(Engine[VmSandbox]):
             config = dataclasses.replace(config, volumes=tuple(
                 VmVolume(str(v.disk), v.path, v.read_only) for v in spec.volumes))
         sandbox = VmSandbox(self.state_dir, self._max_execs, spec.id, config)
+        # As on the container engines: under its own quota from QEMU's start, a guest at
+        # cpus 0.1 did not paint within its start's timeout (a TCG boot takes a minute or
+        # two of CPU). A warm pool's guests boot at their quota: they must not slow the
+        # sessions that run.
+        sandbox.boosted = not spec.background
         sandbox.egress = egress
         sandbox.env = {
             "HOME": OWN_HOME,
@@ -193,6 +199,13 @@ class VmEngine(Engine[VmSandbox]):
         }
         await self._boot_new(sandbox, timeout_s, None)
         return sandbox
+
+    async def started(self, sandbox: VmSandbox, timeout_s: float) -> None:
+        """A new guest's desktop is ready, or a restored one's agent answers again: QEMU
+        gets the session's CPU quota (it booted or restored at the host's full CPU)."""
+        if sandbox.boosted:
+            await asyncio.to_thread(sandbox.cgroup.set_cpus, sandbox.config.cpu_quota)
+            sandbox.boosted = False
 
     def _agent_argv(self) -> list[str]:
         if self.accelerator.name == "tcg":
@@ -406,6 +419,9 @@ class VmEngine(Engine[VmSandbox]):
 
     async def restore(self, sandbox: VmSandbox) -> None:
         await _hibernation_file_kept(sandbox)
+        # Read back at its quota, a guest at cpus 0.1 took 17 s, and its agent 26 s more to
+        # answer the host (of the handshake's 30 s): with less CPU the resume failed.
+        sandbox.boosted = True
         await self._boot(sandbox, self.start_timeout(0), sandbox.hibernation_file)
         # The guest's whole memory (GiBs): freeing its blocks takes the kernel a while.
         await asyncio.to_thread(sandbox.hibernation_file.unlink, True)
@@ -417,6 +433,11 @@ class VmEngine(Engine[VmSandbox]):
             raise InvalidRequest(
                 "snapshots and forks are available for sessions with network egress \"none\" "
                 "only: a copy cannot take over the host-side network of this one")
+        # As a restore: the save, and the guest's agent answering the host after it, under
+        # the session's quota failed the snapshot at cpus 0.02 (no handshake in 30 s).
+        # The session layer's started() ends it once the agent answers again.
+        await asyncio.to_thread(sandbox.cgroup.set_cpus, None)
+        sandbox.boosted = True
         await self._agent_let_go(sandbox)
         with _save_files(sandbox, directory):
             await asyncio.to_thread(directory.mkdir, 0o700)
@@ -452,14 +473,15 @@ class VmEngine(Engine[VmSandbox]):
                                             f"{error.message}") from None
             raise
 
-    async def _restore_copy(self, session_id: str, directory: Path, timeout_s: float
-                            ) -> VmSandbox:
+    async def _restore_copy(self, session_id: str, directory: Path, timeout_s: float,
+                            boost: bool) -> VmSandbox:
         state = directory / HIBERNATION_FILE
         if not await asyncio.to_thread(state.is_file):
             raise SessionFailed(f"the snapshot in {directory} holds no VM state (it was "
                                 "taken by another engine)")
         config = await asyncio.to_thread(_read_config, directory)
         sandbox = VmSandbox(self.state_dir, self._max_execs, session_id, config)
+        sandbox.boosted = boost  # as a resume's (restore)
         await self._boot_new(sandbox, timeout_s, state)
         return sandbox
 
@@ -524,4 +546,7 @@ def _prepare_host_side(sandbox: VmSandbox, uid: int) -> None:
     # console's file among them), and the restore failed the session.
     empty(sandbox.paths.runtime)
     os.chown(sandbox.paths.runtime, uid, uid)
-    sandbox.cgroup.create(sandbox.config.cpu_quota, sandbox.config.cgroup_memory_bytes)
+    # Boosted: no quota until VmEngine.started. config.cpu_quota stays the session's own:
+    # what every later restore and copy (vm.json) is given.
+    cpus = None if sandbox.boosted else sandbox.config.cpu_quota
+    sandbox.cgroup.create(cpus, sandbox.config.cgroup_memory_bytes)

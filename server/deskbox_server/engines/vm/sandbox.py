@@ -52,6 +52,9 @@ class VmSandbox(OwnDesktopSandbox):
         self.stream_mark: int | None = None
         self.timings: dict[str, float] = {}
         self.ending = False  # its destroy began: what a checkpoint meanwhile meets is no fault
+        # QEMU's cgroup has no CPU quota yet: a guest boots (or is restored) at the host's
+        # full CPU and gets config.cpu_quota once its desktop is ready (VmEngine.started).
+        self.boosted = False
 
     @property
     def hibernation_file(self) -> Path:
