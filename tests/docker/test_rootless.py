@@ -5,7 +5,8 @@ This host has cgroup v1, where a rootless Podman has no cgroup to put a containe
 engine says so in ``/healthz``, drops the capabilities that need one (freeze, resources:
 a pause or limits are a 422 naming the engine) and still confines each container as far as
 an ordinary user can (no capabilities, no-new-privileges, seccomp, read-only root, no
-network, the ``nproc`` ulimit as the process cap).
+network). Nothing caps one session's processes there: the daemon's own process limit caps
+all its containers' together.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from typing import Any
 
 import httpx
 import pytest
+
+from deskbox_server.engines.desktop_commands import DesktopSpec
+from deskbox_server.engines.docker.spec import ContainerLimits, container_body
 
 from ..api.containers import create_running
 from ..api.helpers import assert_error, decode
@@ -101,3 +105,24 @@ def test_a_session_runs_with_no_root_in_its_path(
     finally:
         assert client.delete(f"/v1/sessions/{session['id']}").status_code == 204
     assert name not in rootless_podman.cli("ps", "--all", "--format", "{{.Names}}").stdout
+
+
+def test_a_rootless_container_asks_for_no_nproc_ulimit() -> None:
+    """What the engine asks a daemon for (uid 0 of every rootless container is the daemon's
+    user in one user namespace, where the kernel counts RLIMIT_NPROC: a session's pids as
+    each container's nproc would be one budget for all the sessions and the daemon; with
+    the podman CLI, which applies it, a second container with nproc 300 could not fork
+    once the first ran 200 processes. Podman 4.3's compatible API drops a rootless
+    container's Ulimits, so no session here can show it): a rootful container gets nproc
+    (Podman 4.3's default is above what its runtime may set; the host's root is not counted
+    anyway), a rootless one only nofile, and keeps its daemon's own process limit."""
+    limits = ContainerLimits(pids=128, nofile=4096)
+
+    def ulimits(rootless: bool) -> dict[str, tuple[int, int]]:
+        body = container_body("deskbox-session:test", DesktopSpec(), Path("/run/x"), limits,
+                              "/seccomp.json", {}, bind_flags=True, cgroups=False,
+                              rootless=rootless)
+        return {u["Name"]: (u["Soft"], u["Hard"]) for u in body["HostConfig"]["Ulimits"]}
+
+    assert ulimits(rootless=False) == {"nofile": (4096, 4096), "nproc": (128, 128)}
+    assert ulimits(rootless=True) == {"nofile": (4096, 4096)}

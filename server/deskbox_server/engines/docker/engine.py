@@ -172,7 +172,8 @@ class DockerEngine(Engine[DockerSandbox]):
             body = container_body(
                 self.image, spec.desktop, sandbox.socket_dir, limits, self._seccomp,
                 {LABEL_SESSION: spec.id, LABEL_SERVER: self.tag},
-                bind_flags=self.daemon.is_podman, cgroups=self.daemon.has_cgroups, boost=boost)
+                bind_flags=self.daemon.is_podman, cgroups=self.daemon.has_cgroups, boost=boost,
+                rootless=self.daemon.rootless)
             # Cancelled midway (a delete of the starting session), the daemon made the
             # container all the same, after destroy had found none of its name to remove.
             sandbox.container_id = await answered(self.daemon.create(sandbox.name, body))

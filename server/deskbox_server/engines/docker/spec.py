@@ -55,7 +55,7 @@ class ContainerLimits:
 def container_body(
     image: str, desktop: DesktopSpec, socket_dir: Path, limits: ContainerLimits,
     seccomp: SeccompProfile | str, labels: dict[str, str], bind_flags: bool = False,
-    cgroups: bool = True, boost: bool = False,
+    cgroups: bool = True, boost: bool = False, rootless: bool = False,
 ) -> dict[str, Any]:
     """The body of ``POST /containers/create``.
 
@@ -63,10 +63,11 @@ def container_body(
     a file holding it on the daemon's host (Podman's compatible API reads a path there).
     ``bind_flags``: mount the socket directory nosuid, nodev, noexec (Podman takes these
     in a bind's options; Docker refuses them there). ``cgroups``: whether the daemon can
-    limit memory, CPU and pids (not rootless on cgroup v1); without, the ``nproc`` ulimit is
-    the only cap on the session's processes. ``boost``: no CPU quota yet (the start-up runs
-    at the host's full CPU, as on the runc engine); the engine applies ``limits.cpus`` once
-    the desktop is ready (:func:`cpu_update`).
+    limit memory, CPU and pids (not rootless on cgroup v1); without, nothing caps one
+    session's processes (see the ``nproc`` ulimit below). ``boost``: no CPU quota yet (the
+    start-up runs at the host's full CPU, as on the runc engine); the engine applies
+    ``limits.cpus`` once the desktop is ready (:func:`cpu_update`). ``rootless``: the
+    daemon runs as an ordinary user (no ``nproc`` ulimit, below).
     """
     profile = seccomp if isinstance(seccomp, str) else json.dumps(seccomp, sort_keys=True)
     memory = limits.memory_mb * _MIB
@@ -104,15 +105,7 @@ def container_body(
             # The only host path: the X server's and the agent's sockets are made here.
             "Binds": [f"{socket_dir}:{OWN_SOCKET_DIR}:rw" + (",nosuid,nodev,noexec" * bind_flags)],
             **cgroup_limits,
-            # Podman 4.3's defaults for both are above what its runtime may set here ("error
-            # setting rlimit type 7", "type 6"). nproc is the pids limit: the kernel does not
-            # apply it to the host's root (a rootful container), and a rootless container's
-            # user has only the session's processes. Above the daemon's own hard limits the
-            # start fails with its message (a 502).
-            "Ulimits": [
-                {"Name": "nofile", "Soft": limits.nofile, "Hard": limits.nofile},
-                {"Name": "nproc", "Soft": limits.pids, "Hard": limits.pids},
-            ],
+            "Ulimits": _ulimits(limits, rootless),
             "IpcMode": "private",
             # deskbox-session writes its logs into the sandbox (/run/deskbox), never to the
             # host; nothing comes out on stdout.
@@ -122,6 +115,26 @@ def container_body(
             "Init": False,  # deskbox-session is the init: it reaps everything
         },
     }
+
+
+def _ulimits(limits: ContainerLimits, rootless: bool) -> list[dict[str, Any]]:
+    """Rootful Podman 4.3's defaults for both are above what its runtime may set here ("error
+    setting rlimit type 7", "type 6"), so a rootful container gets both; above the daemon's
+    own hard limits the start fails with its message (a 502).
+
+    ``nproc`` is never one session's cap: the kernel counts RLIMIT_NPROC per user in a user
+    namespace. A rootful container's processes are the host's root, which it does not
+    apply to. Every rootless container's are the daemon's user in one user namespace (the
+    rootless pause process's), the daemon's own processes with them: the session's pids as
+    nproc there would be one budget for all the sessions together (a second container could
+    not fork once the first ran its pids' worth). So a rootless container gets none and
+    keeps the daemon's own limit, as Podman before 5.5 does anyway (its compatible API drops
+    a rootless container's Ulimits); its pids limit is the cgroup's, where it has one.
+    """
+    ulimits = [{"Name": "nofile", "Soft": limits.nofile, "Hard": limits.nofile}]
+    if not rootless:
+        ulimits.append({"Name": "nproc", "Soft": limits.pids, "Hard": limits.pids})
+    return ulimits
 
 
 def cpu_update(limits: ContainerLimits, podman: bool) -> dict[str, Any]:
