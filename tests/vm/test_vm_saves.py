@@ -65,11 +65,13 @@ def fill_inodes(directory: Path) -> None:
 
 def made_by_hand(engine: VmEngine, session_id: str) -> VmSandbox:
     """A sandbox's files as a boot leaves them: its state directory with its vm.json, its
-    runtime directory."""
+    runtime directory, its cgroup at its CPU quota (a save lifts it meanwhile; the engine's
+    destroy removes it)."""
     sandbox = VmSandbox(engine.state_dir, 8, session_id, VmConfig())
     sandbox.state_dir.mkdir(parents=True)
     (sandbox.state_dir / "vm.json").write_text(sandbox.config.to_json())
     sandbox.paths.runtime.mkdir(parents=True)
+    sandbox.cgroup.create(sandbox.config.cpu_quota, sandbox.config.cgroup_memory_bytes)
     return sandbox
 
 

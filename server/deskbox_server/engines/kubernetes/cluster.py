@@ -85,8 +85,11 @@ class Cluster:
             self.namespace = await asyncio.to_thread(_in_cluster_namespace)
         self._client = client.ApiClient(configuration)
         try:
+            # The first contact is not asked again: a wrong address or an API server that
+            # is down is said at once (a pod's restarts back off on their own), where a
+            # started server's reads ride out an API server's restart.
             await self._json("list pods", lambda: self._core.list_namespaced_pod(
-                self.namespace, limit=1, _preload_content=False), read=True)
+                self.namespace, limit=1, _preload_content=False))
         except SessionFailed as error:
             await self.close()
             raise Internal(f"the kubernetes engine cannot start: {error}") from None
