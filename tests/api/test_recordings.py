@@ -393,6 +393,47 @@ def test_calls_refused_for_their_input_are_recorded_as_sent(
     assert [e["screen_point"] for e in entries[:4]] == [None] * 4
 
 
+def test_a_screenshot_refused_for_its_query_is_recorded_as_sent(
+    client: httpx.Client, recorded: dict[str, Any]
+) -> None:
+    """``GET /screenshot`` with a query it refuses (a format it does not make, a quality
+    past 1-100, a scale that is no size or too large) answered its 422 and left no trace
+    in the recording, where every other refused call of the agent's is kept. Each is now
+    a ``screenshot`` action of the query's own parameters as sent, with its error; a
+    screenshot taken is recorded as before."""
+    sid = recorded["id"]
+    taken = client.get(f"/v1/sessions/{sid}/screenshot", params={"format": "png"})
+    assert taken.status_code == 200 and taken.headers["content-type"] == "image/png"
+    for params, named in (({"format": "gif"}, "format"),
+                          ({"quality": "0", "format": "webp"}, "quality"),
+                          ({"scale": "wide"}, "wide"),
+                          ({"scale": "99999x10", "other": "left out"}, "16384")):
+        error = assert_error(client.get(f"/v1/sessions/{sid}/screenshot", params=params),
+                             422, "invalid_request")
+        assert named in error["message"], error
+
+    def shots() -> list[dict[str, Any]]:
+        entries = [e for e in trajectory(client, sid)
+                   if e["kind"] == "action" and e["action"]["type"] == "screenshot"]
+        return entries[-5:] if len(entries) >= 5 else []
+
+    entries = wait_for(shots)
+    assert [e["action"] for e in entries] == [
+        {"type": "screenshot", "format": "png"},
+        {"type": "screenshot", "format": "gif"},
+        {"type": "screenshot", "format": "webp", "quality": "0"},
+        {"type": "screenshot", "scale": "wide"},
+        {"type": "screenshot", "scale": "99999x10"}]
+    assert "error" not in entries[0]
+    assert [e["error"]["type"] for e in entries[1:]] == ["invalid_request"] * 4
+    assert "format" in entries[1]["error"]["message"]
+    assert "quality" in entries[2]["error"]["message"]
+    assert "wide" in entries[3]["error"]["message"]
+    assert "16384" in entries[4]["error"]["message"]
+    assert all(e["source"]["type"] == "api_key" and e["screen_point"] is None
+               for e in entries)
+
+
 def test_the_screen_point_is_where_the_desktop_acted(
     client: httpx.Client, recorded: dict[str, Any]
 ) -> None:

@@ -31,7 +31,12 @@ from ..sessions.pause import FROZEN_HEADER
 from .auth import authenticate
 from .deps import Caller, Services, get_services
 from .errors import deskbox_error_response, error_body, new_request_id, validation_message
-from .refusals import RecordsRefusals, record_owners_refused
+from .refusals import (
+    RecordsQueryRefusals,
+    RecordsRefusals,
+    record_owners_refused,
+    record_refused_query,
+)
 from .replies import encodes_on_loop, json_on_thread
 
 __all__ = [
@@ -103,11 +108,6 @@ def _scale(value: str | None) -> a.ScaleTo | None:
         raise InvalidRequest(validation_message(error.errors())) from None
 
 
-@router.get(
-    "/screenshot",
-    response_class=Response,
-    responses={200: {"content": {"image/jpeg": {}, "image/png": {}, "image/webp": {}}}},
-)
 async def screenshot(
     request: Request,
     caller: Caller,
@@ -118,11 +118,24 @@ async def screenshot(
                                        json_schema_extra={"pattern": SIZE_PATTERN})] = None,
 ) -> Response:
     session = await get_services(request).manager.session(caller.key_id, session_id)
+    try:
+        scaled = _scale(scale)
+    except InvalidRequest as error:  # kept, as a query FastAPI refuses is (refusals.py)
+        record_refused_query(request, error)
+        raise
     # A paused session's screen is its last frame, captured when it was paused.
-    image, frozen = await session.screenshot(format, quality, _scale(scale))
+    image, frozen = await session.screenshot(format, quality, scaled)
     headers = {FROZEN_HEADER: "true"} if frozen else {}
     headers |= {"X-Image-Width": str(image.width), "X-Image-Height": str(image.height)}
     return Response(content=image.data, media_type=image.media_type, headers=headers)
+
+
+# A GET of no body: the route's class keeps a refused query as the screenshot it asked for.
+router.add_api_route(
+    "/screenshot", screenshot, methods=["GET"], response_class=Response,
+    responses={200: {"content": {"image/jpeg": {}, "image/png": {}, "image/webp": {}}}},
+    route_class_override=RecordsQueryRefusals,
+)
 
 
 # -- websocket ----------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 A recording has every call of the agent's, refused ones included (API.md "Recordings and
 trajectories"). The desktop's refusals (a point off the screen) are recorded with the
 batch; these are the ones that come before there is a batch: FastAPI's validation of a
-body (a negative point, a fourth click), a websocket message the schema refuses, a vendor
-call that translates to no actions of the API. The call is answered as it would be.
+body (a negative point, a fourth click) or of ``GET /screenshot``'s query (a format it
+does not make), a websocket message the schema refuses, a vendor call that translates to
+no actions of the API. The call is answered as it would be.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from .deps import Services, get_services
 from .errors import validation_message
 
 __all__ = [
-    "RecordsDialectRefusals", "RecordsRefusals", "record_owners_refused", "record_refused",
-    "sent_actions",
+    "RecordsDialectRefusals", "RecordsQueryRefusals", "RecordsRefusals",
+    "record_owners_refused", "record_refused", "record_refused_query", "sent_actions",
 ]
 
 
@@ -91,14 +92,18 @@ class RecordsRefusals(APIRoute):
             try:
                 return await handler(request)
             except RequestValidationError as error:
-                session_id = request.path_params.get("session_id")
-                if isinstance(session_id, str) and error.body is not None:
-                    refusal = InvalidRequest(validation_message(error.errors()))
-                    record_refused(request, session_id, error.body, self.sent(error.body),
-                                   refusal, self.dialect)
+                self.record(request, error)
                 raise
 
         return recorded
+
+    def record(self, request: Request, error: RequestValidationError) -> None:
+        """Keep the refused body (a GET has none: RecordsQueryRefusals keeps its query)."""
+        session_id = request.path_params.get("session_id")
+        if isinstance(session_id, str) and error.body is not None:
+            refusal = InvalidRequest(validation_message(error.errors()))
+            record_refused(request, session_id, error.body, self.sent(error.body), refusal,
+                           self.dialect)
 
 
 class RecordsDialectRefusals(RecordsRefusals):
@@ -111,3 +116,37 @@ class RecordsDialectRefusals(RecordsRefusals):
 
     def sent(self, body: object) -> list[dict[str, object]] | None:
         return None
+
+
+class RecordsQueryRefusals(RecordsRefusals):
+    """A ``GET`` route that runs an action (``GET /screenshot``, named by the route's last
+    path segment): a query FastAPI refuses is kept as that action, as sent (a GET has no
+    body to keep)."""
+
+    def __init__(self, path: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(path, *args, **kwargs)
+        self.action = path.rsplit("/", 1)[-1]
+
+    def record(self, request: Request, error: RequestValidationError) -> None:
+        record_refused_query(request, InvalidRequest(validation_message(error.errors())))
+
+    def sent_query(self, request: Request) -> dict[str, object]:
+        """The action with the query's parameters of this route the request set, as their
+        strings (a query has no types); any other parameter is left out, as the call
+        leaves it unread."""
+        sent: dict[str, object] = {"type": self.action}
+        for param in self.dependant.query_params:
+            value = request.query_params.get(param.alias)
+            if value is not None:  # the last of a repeated one, as FastAPI reads it
+                sent[param.alias] = value
+        return sent
+
+
+def record_refused_query(request: Request, error: DeskboxError) -> None:
+    """Keep a call of a :class:`RecordsQueryRefusals` route refused for its query, by FastAPI
+    or by the route itself (a ``scale`` of no size), as the action it asked for."""
+    route = request.scope.get("route")
+    session_id = request.path_params.get("session_id")
+    if isinstance(route, RecordsQueryRefusals) and isinstance(session_id, str):
+        sent = route.sent_query(request)
+        record_refused(request, session_id, sent, [sent], error)
