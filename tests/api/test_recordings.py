@@ -175,8 +175,9 @@ def test_a_humans_input_through_the_live_view_is_recorded(
                 if e["kind"] == "action" and e["source"]["type"] == "token"]
 
     actions = wait_for(lambda: len(human()) >= 3 and human())
+    # Its defaults left out, as the agent's actions are: a left click has no button.
     assert [a["action"] for a in actions] == [
-        {"type": "click", "x": 200, "y": 30, "button": "left"},
+        {"type": "click", "x": 200, "y": 30},
         {"type": "type", "text": "hi"}, {"type": "key", "keys": "Return"}]
     assert {a["source"]["id"] for a in actions} == {token["id"]}
     assert actions[0]["screen_point"] == {"x": 200, "y": 30}
@@ -206,21 +207,26 @@ def test_a_humans_input_is_recorded_in_the_sessions_coordinate_space(
             viewer.pointer(300, 300, 1 << 4)  # a notch down
             viewer.pointer(300, 300, 0)
             viewer.click(1278, 798)
+            viewer.pointer(600, 300, 0)  # a right click
+            viewer.pointer(600, 300, 1 << 2)
+            viewer.pointer(600, 300, 0)
             viewer.full_frame()  # all of it reached the server
 
         def human() -> list[dict[str, Any]]:
             return [e for e in trajectory(client, sid)
                     if e["kind"] == "action" and e["source"]["type"] == "token"]
 
-        actions = wait_for(lambda: len(human()) >= 4 and human())
+        actions = wait_for(lambda: len(human()) >= 5 and human())
+        # Defaults left out, as the agent's actions are kept: a left button is no button.
         assert [a["action"] for a in actions] == [
-            {"type": "click", "x": 100, "y": 15, "button": "left"},
-            {"type": "drag", "path": [[200, 200], [300, 250]], "button": "left"},
+            {"type": "click", "x": 100, "y": 15},
+            {"type": "drag", "path": [[200, 200], [300, 250]]},
             {"type": "scroll", "x": 150, "y": 150, "dy": 1},
-            {"type": "click", "x": 639, "y": 399, "button": "left"}]
+            {"type": "click", "x": 639, "y": 399},
+            {"type": "click", "x": 300, "y": 150, "button": "right"}]
         assert [a["screen_point"] for a in actions] == [
             {"x": 200, "y": 30}, {"x": 400, "y": 400}, {"x": 300, "y": 300},
-            {"x": 1278, "y": 798}]
+            {"x": 1278, "y": 798}, {"x": 600, "y": 300}]
         for entry in actions:  # each is one the API takes as it is, in the session's space
             replayed = client.post(f"/v1/sessions/{sid}/actions", json=entry["action"])
             assert replayed.status_code == 200, replayed.text

@@ -61,6 +61,10 @@ test('steps read as a person says them', () => {
   assert.equal(action({ type: 'click', x: 1, y: 2, button: 'right', count: 2, modifiers: ['ctrl'] }),
     'ctrl+double right click (1, 2)');
   assert.equal(action({ type: 'click' }), 'click');
+  // A left click is kept without its button (a default, human or agent); older
+  // recordings named it: both read alike, and another button is said.
+  assert.equal(action({ type: 'click', x: 1, y: 2, button: 'left' }), 'click (1, 2)');
+  assert.equal(action({ type: 'click', x: 1, y: 2, button: 'right' }), 'right click (1, 2)');
   assert.equal(action({ type: 'type', text: 'hello' }), 'type “hello”');
   assert.equal(action({ type: 'type', text: 'x'.repeat(60) }).length, 47);
   assert.equal(action({ type: 'key', keys: 'ctrl+t' }), 'key ctrl+t');

@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pydantic import ValidationError
+
 from ..errors import DeskboxError
 from ..media import EncodedImage
 from ..schemas import actions as a
@@ -170,7 +172,7 @@ class Recorder:
         if self._space is not None:
             action = self._in_space(action, self._space)
         self._entry("action", done.started, end_t=round(done.ended, 3), source=source,
-                    action=action, screen_point=point)
+                    action=_as_recorded(action), screen_point=point)
         self.meta.actions += 1
 
     def _in_space(self, action: dict[str, object], space: a.CoordinateSpace
@@ -350,6 +352,16 @@ def _from_screen(value: int, screen: int, view: int) -> int:
     """A screen pixel in the view's coordinates, as the desktop maps it back (the agent's
     ``Space.from_screen``: to the nearest, the last one at most)."""
     return min(round(value * view / screen), view - 1)
+
+
+def _as_recorded(action: dict[str, object]) -> dict[str, Any]:
+    """A human's action kept as the API's are (:func:`_wire`: its defaults left out, a left
+    click with no ``button``), so a dataset reads both alike. One the API would refuse
+    (an RFB viewer may send a point past any screen) is kept as the viewer sent it."""
+    try:
+        return _wire(a.ActionAdapter.validate_python(action))
+    except ValidationError:
+        return action
 
 
 def _wire(action: a.Action) -> dict[str, Any]:
