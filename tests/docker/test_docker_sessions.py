@@ -111,6 +111,8 @@ def test_healthz_describes_the_engine(client: httpx.Client, podman: Podman) -> N
     assert engine["details"]["engine_api"] == podman.url
     assert engine["details"]["daemon"].startswith("Podman Engine 4.")
     assert engine["details"]["image"].startswith("localhost/deskbox-session:")
+    # Read from Podman's own info (its cgroup controllers; cgroup v1 on this host).
+    assert engine["details"]["limits"] == "cpu, memory, pids"
 
 
 def test_the_desktop_answers_as_on_runc(

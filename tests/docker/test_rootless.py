@@ -75,6 +75,9 @@ def test_healthz_says_what_a_rootless_engine_lacks(client: httpx.Client) -> None
     engine = client.get("/healthz").json()["engines"]["docker"]
     assert engine["capabilities"] == ["adopt", "exec"]
     assert engine["details"]["rootless"] == "yes, on cgroup v1: no limits and no pause"
+    assert engine["details"]["limits"] == (
+        "none (no cpu, memory, pids limits, no pause: rootless on cgroup v1, no cgroup to put "
+        "a container in)")
 
 
 def test_a_session_runs_with_no_root_in_its_path(
@@ -120,7 +123,7 @@ def test_a_rootless_container_asks_for_no_nproc_ulimit() -> None:
 
     def ulimits(rootless: bool) -> dict[str, tuple[int, int]]:
         body = container_body("deskbox-session:test", DesktopSpec(), Path("/run/x"), limits,
-                              "/seccomp.json", {}, bind_flags=True, cgroups=False,
+                              "/seccomp.json", {}, bind_flags=True, held=frozenset(),
                               rootless=rootless)
         return {u["Name"]: (u["Soft"], u["Hard"]) for u in body["HostConfig"]["Ulimits"]}
 

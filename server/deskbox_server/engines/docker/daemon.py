@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,9 +22,11 @@ import aiohttp
 from aiodocker.exceptions import DockerError
 
 from ...errors import DeskboxError, Internal, SessionFailed, UpstreamRefused
+from .cgroups import Cgroups, read_cgroups
 
 __all__ = ["Daemon", "DaemonRefused"]
 
+log = logging.getLogger("deskbox.docker")
 T = TypeVar("T")
 _LOAD_CHUNK = 4 * 1024 * 1024
 _UNREACHABLE = 900  # aiodocker's status for a connection that failed
@@ -65,10 +68,11 @@ class Daemon:
         self._docker: aiodocker.Docker | None = None
         self.product = ""  # "Docker Engine", "Podman Engine"
         self.version = ""
-        # Whether the daemon runs as an ordinary user (rootless Podman or Docker), and its
-        # cgroup version ("1", "2"): rootless on cgroup v1 has no cgroups to limit or freeze.
-        self.rootless = False
-        self.cgroup_version = ""
+        self.rootless = False  # the daemon runs as an ordinary user (rootless Podman, Docker)
+        self.cgroup_version = ""  # "1", "2"
+        # What its containers' cgroups enforce (limits) and whether it can pause one: read
+        # from its info at open(); until then, everything.
+        self.cgroups = Cgroups()
 
     @property
     def is_podman(self) -> bool:
@@ -85,18 +89,32 @@ class Daemon:
         try:
             version = await self._call("tell its version", self._api.version())
             info = await self._call("tell what it runs on", self._api.system.info())
+            product = str((version.get("Components") or [{}])[0].get("Name", "Docker Engine"))
+            podman_info = (await self._podman_info() if product.startswith("Podman")
+                           else None)
         except BaseException:
             await self.close()
             raise
-        components = version.get("Components") or [{}]
-        self.product = str(components[0].get("Name", "Docker Engine"))
+        self.product = product
         self.version = str(version.get("Version", ""))
         options = [str(option) for option in info.get("SecurityOptions") or []]
-        # Docker says so in its info; Podman 4's compatible info does not, but its socket's
-        # other end is then an ordinary user's process.
-        self.rootless = any(option.split(",")[0] == "name=rootless" for option in options) or (
-            await asyncio.to_thread(_socket_owner, self.url) not in (None, 0))
+        # Docker says so in its SecurityOptions, Podman 4.3's compatible info in a field of
+        # its own; either way the socket's other end is then an ordinary user's process.
+        self.rootless = (any(option.split(",")[0] == "name=rootless" for option in options)
+                         or info.get("Rootless") is True
+                         or await asyncio.to_thread(_socket_owner, self.url) not in (None, 0))
         self.cgroup_version = str(info.get("CgroupVersion", ""))
+        self.cgroups = read_cgroups(info, self.rootless, podman_info, self.is_podman)
+
+    async def _podman_info(self) -> dict[str, Any] | None:
+        """Podman's own info (its cgroup controllers), or None where it has none to give."""
+        try:
+            answer = await self._call("tell its cgroup controllers",
+                                      self._api._query_json("libpod/info"))
+        except DaemonRefused as refused:
+            log.warning("the container engine at %s: %s", self.url, refused.message)
+            return None
+        return answer if isinstance(answer, dict) else None
 
     async def answers(self) -> None:
         """Nothing if the daemon answers a cheap question; else why not (DeskboxError)."""
@@ -115,9 +133,9 @@ class Daemon:
         return (major, minor) >= (4, 3)
 
     @property
-    def has_cgroups(self) -> bool:
-        """Whether containers get cgroups of their own: limits and the freezer (pause)."""
-        return not (self.rootless and self.cgroup_version == "1")
+    def rootless_on_cgroup_v1(self) -> bool:
+        """No cgroup for a container at all: its user has none to give one."""
+        return self.rootless and self.cgroup_version == "1"
 
     async def close(self) -> None:
         if self._docker is not None:

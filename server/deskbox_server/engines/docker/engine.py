@@ -38,6 +38,7 @@ from ..in_thread import answered
 from ..runc.displays import mount_tmpfs, unmount
 from ..runc.seccomp import PODMAN_PROFILE, SeccompProfile, seccomp_profile
 from .agent_socket import agent_socket_ready, connect_agent
+from .cgroups import Limit
 from .daemon import Daemon, DaemonRefused
 from .sandbox import DockerSandbox, server_tag
 from .spec import (
@@ -96,9 +97,11 @@ class DockerEngine(Engine[DockerSandbox]):
     def describe(self) -> dict[str, str]:
         details = {"engine_api": self.options.url, "daemon": f"{self.daemon.product} "
                    f"{self.daemon.version}".strip(), "image": self.image}
+        cgroups = self.daemon.cgroups
+        details["limits"] = cgroups.describe()
         if self.daemon.rootless:
-            details["rootless"] = ("yes" if self.daemon.has_cgroups else
-                                   "yes, on cgroup v1: no limits and no pause")
+            details["rootless"] = ("yes, on cgroup v1: no limits and no pause"
+                                   if self.daemon.rootless_on_cgroup_v1 else "yes")
         return details
 
     async def problem(self) -> str | None:
@@ -115,11 +118,7 @@ class DockerEngine(Engine[DockerSandbox]):
     async def prepare(self) -> None:
         profile = await asyncio.to_thread(seccomp_profile, self.options.seccomp_source)
         await self.daemon.open()
-        if not self.daemon.has_cgroups:
-            # Rootless on cgroup v1: the daemon's user has no cgroup to put a container in.
-            self.capabilities = self.capabilities - {Capability.FREEZE, Capability.RESOURCES}
-            log.warning("the container engine at %s runs rootless on cgroup v1: sessions get "
-                        "no CPU, memory or pids limits, and pause is refused", self.options.url)
+        self._fit_to_cgroups()
         if self.daemon.is_podman:
             # Podman's compatible API takes a path on its host where Docker takes the JSON.
             path = self.options.state_dir / "docker" / "seccomp.json"
@@ -132,6 +131,20 @@ class DockerEngine(Engine[DockerSandbox]):
         if not self.image:
             raise Internal("the docker engine has no image to run")
         self._watcher = asyncio.create_task(self._watch(), name="deskbox-docker-watch")
+
+    def _fit_to_cgroups(self) -> None:
+        """Declare only what the daemon's cgroups hold: a session asking for ``resources``
+        or a pause it cannot enforce is refused (422), and the others run without what is
+        missing (the daemon would drop it, at most with a warning)."""
+        cgroups = self.daemon.cgroups
+        lacking = {Capability.RESOURCES} if cgroups.missing else set()
+        lacking |= set() if cgroups.freezer else {Capability.FREEZE}
+        if lacking:
+            self.capabilities = self.capabilities - lacking
+            refused = " and ".join(sorted(("pause" if c is Capability.FREEZE else c.value)
+                                          for c in lacking))
+            log.warning("the container engine at %s: sessions get %s; %s refused",
+                        self.options.url, cgroups.describe(), refused)
 
     async def _load_image(self, builder: Callable[[threading.Event], Path]) -> None:
         built = await build_off_loop(builder)
@@ -165,14 +178,15 @@ class DockerEngine(Engine[DockerSandbox]):
         # start, Chromium did not paint within the start's timeout (cpus 0.01: a 504).
         # Desktops of the warm pool (background) start at their quota: they must not slow
         # the sessions that run.
-        boost = self.daemon.has_cgroups and self.daemon.updates_limits and not spec.background
+        held = self.daemon.cgroups.limits
+        boost = Limit.CPU in held and self.daemon.updates_limits and not spec.background
         started = time.monotonic()
         try:
             await asyncio.to_thread(_make_socket_dir, sandbox.socket_dir)
             body = container_body(
                 self.image, spec.desktop, sandbox.socket_dir, limits, self._seccomp,
                 {LABEL_SESSION: spec.id, LABEL_SERVER: self.tag},
-                bind_flags=self.daemon.is_podman, cgroups=self.daemon.has_cgroups, boost=boost,
+                bind_flags=self.daemon.is_podman, held=held, boost=boost,
                 rootless=self.daemon.rootless)
             # Cancelled midway (a delete of the starting session), the daemon made the
             # container all the same, after destroy had found none of its name to remove.
@@ -192,7 +206,8 @@ class DockerEngine(Engine[DockerSandbox]):
         limits, sandbox.pending_quota = sandbox.pending_quota, None
         if limits is not None and sandbox.container_id is not None:
             await self.daemon.update(sandbox.container_id,
-                                     cpu_update(limits, self.daemon.is_podman))
+                                     cpu_update(limits, self.daemon.is_podman,
+                                                self.daemon.cgroups.limits))
 
     async def _wait_for_agent(self, sandbox: DockerSandbox, deadline: float) -> None:
         assert sandbox.container_id is not None

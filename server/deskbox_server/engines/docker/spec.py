@@ -17,6 +17,7 @@ from typing import Any
 from ..desktop_commands import DesktopSpec, session_env
 from ..own_desktop import OWN_DISPLAY, OWN_HOME, OWN_SOCKET_DIR
 from ..runc.seccomp import SeccompProfile
+from .cgroups import EVERY_LIMIT, Limit
 
 __all__ = [
     "AGENT_ARGV",
@@ -55,16 +56,17 @@ class ContainerLimits:
 def container_body(
     image: str, desktop: DesktopSpec, socket_dir: Path, limits: ContainerLimits,
     seccomp: SeccompProfile | str, labels: dict[str, str], bind_flags: bool = False,
-    cgroups: bool = True, boost: bool = False, rootless: bool = False,
+    held: frozenset[Limit] = EVERY_LIMIT, boost: bool = False, rootless: bool = False,
 ) -> dict[str, Any]:
     """The body of ``POST /containers/create``.
 
     ``seccomp``: the profile itself (Docker takes its JSON in SecurityOpt), or the path of
     a file holding it on the daemon's host (Podman's compatible API reads a path there).
     ``bind_flags``: mount the socket directory nosuid, nodev, noexec (Podman takes these
-    in a bind's options; Docker refuses them there). ``cgroups``: whether the daemon can
-    limit memory, CPU and pids (not rootless on cgroup v1); without, nothing caps one
-    session's processes (see the ``nproc`` ulimit below). ``boost``: no CPU quota yet (the
+    in a bind's options; Docker refuses them there). ``held``: the limits the daemon's
+    cgroups enforce (cgroups.py), the only ones asked for (Docker refuses a CPU quota it
+    cannot enforce); without ``pids`` nothing caps one session's processes (see the
+    ``nproc`` ulimit below). ``boost``: no CPU quota yet (the
     start-up runs at the host's full CPU, as on the runc engine); the engine applies
     ``limits.cpus`` once the desktop is ready (:func:`cpu_update`). ``rootless``: the
     daemon runs as an ordinary user (no ``nproc`` ulimit, below).
@@ -76,11 +78,11 @@ def container_body(
         return ",".join(("rw", "nosuid", "nodev", *extra, f"mode={mode}", f"size={size_mb}m"))
 
     cgroup_limits = {
-        "PidsLimit": limits.pids,
-        "Memory": memory,
-        "MemorySwap": memory,  # no swap: the limit is the limit
-        **({} if boost else {"NanoCpus": int(limits.cpus * 1e9)}),
-    } if cgroups else {}
+        **({"PidsLimit": limits.pids} if Limit.PIDS in held else {}),
+        # No swap: the limit is the limit.
+        **({"Memory": memory, "MemorySwap": memory} if Limit.MEMORY in held else {}),
+        **({"NanoCpus": int(limits.cpus * 1e9)} if Limit.CPU in held and not boost else {}),
+    }
     return {
         "Image": image,
         "Hostname": "deskbox",
@@ -137,18 +139,21 @@ def _ulimits(limits: ContainerLimits, rootless: bool) -> list[dict[str, Any]]:
     return ulimits
 
 
-def cpu_update(limits: ContainerLimits, podman: bool) -> dict[str, Any]:
+def cpu_update(
+    limits: ContainerLimits, podman: bool, held: frozenset[Limit] = EVERY_LIMIT
+) -> dict[str, Any]:
     """The body of the update that gives a started container its CPU quota.
 
     Docker's ``POST /containers/{id}/update`` takes the quota in its Resources (not NanoCpus,
     which it refuses to set over a container made with a period or quota, and vice versa).
     Podman 4.3's compatible API has no such call: its own ``/libpod/containers/{id}/update``
     takes the OCI resources, and keeps what it is given as the container's; so memory and
-    pids go along, unchanged.
+    pids go along, unchanged (those of ``held``, the limits the container was made with).
     """
     quota = max(1000, int(limits.cpus * CPU_PERIOD_US))  # 1 ms: the kernel's least
     if not podman:
         return {"CpuPeriod": CPU_PERIOD_US, "CpuQuota": quota}
     memory = limits.memory_mb * _MIB
     return {"cpu": {"quota": quota, "period": CPU_PERIOD_US},
-            "memory": {"limit": memory, "swap": memory}, "pids": {"limit": limits.pids}}
+            **({"memory": {"limit": memory, "swap": memory}} if Limit.MEMORY in held else {}),
+            **({"pids": {"limit": limits.pids}} if Limit.PIDS in held else {})}
