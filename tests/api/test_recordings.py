@@ -677,8 +677,10 @@ def test_videos_asked_at_once_hold_up_no_other_request(tmp_path: Path) -> None:
     state dir before it was sent, is now made as it is sent."""
     with recording_the_noise(tmp_path, recording_fps=12) as (server, client, sid):
         try:
+            # Noise encodes at ~0.1-0.2 s a frame on 2 cores: 60 frames outlast the listing
+            # and the create below several times over (150 took 45 s of the suite).
             assert wait_for(lambda: client.get(f"/v1/sessions/{sid}/recording").json()[
-                "frames"] >= 150, timeout_s=120), "the recording did not get its frames"
+                "frames"] >= 60, timeout_s=120), "the recording did not get its frames"
         finally:
             client.delete(f"/v1/sessions/{sid}")  # its CPU back for what follows
         frames = client.get(f"/v1/sessions/{sid}/recording").json()["frames"]
