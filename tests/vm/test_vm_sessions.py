@@ -1,7 +1,8 @@
 """The vm engine end to end: a server whose sessions are QEMU microVMs (TCG here).
 
 A VM costs a minute of CPU to boot under software emulation, so one VM (conftest.py's
-``vm.session``) serves the module, in order: its page, input, screenshot and exec; live
+``vm.session``) serves the module, in order: a create below the engine's ``cpus`` floor
+refused before anything boots; its page, input, screenshot and exec; live
 view, CDP, files and clipboard; its server killed outright and a new one adopting the VM
 that ran on; pause and resume; hibernate and resume; a fork into two independent copies;
 and last, delete, which must leave no QEMU, file or cgroup.
@@ -23,8 +24,9 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from deskbox import Deskbox
+from deskbox_server.engines.vm.cgroup import CGROUP_ROOT, VmCgroup
 from deskbox_server.engines.vm.qemu import VmConfig
-from deskbox_server.engines.vm.sandbox import CONFIG_FILE, HIBERNATION_FILE
+from deskbox_server.engines.vm.sandbox import CONFIG_FILE, HIBERNATION_FILE, runtime_root
 
 from ..api.containers import act
 from ..api.helpers import assert_error, decode, token_for
@@ -33,7 +35,7 @@ from ..api.served import KEY
 from ..api.test_container import running as alive
 from ..api.test_dialects import block_image, claude, gpt, output_image
 from ..rfb_client import RfbViewer
-from .conftest import Vm, qemu_pids, quota_us, status_field
+from .conftest import Vm, VmServers, qemu_pids, quota_us, status_field
 
 # A VM boots in a minute of TCG on 2 busy cores; a module fixture's start counts toward
 # the first test that uses it.
@@ -97,6 +99,36 @@ def test_healthz_names_the_accelerator(client: httpx.Client) -> None:
                                   "volumes"]
     assert vm["egress"] == ["all", "allowlist", "none"]
     assert "adopt" in engines["container"]["capabilities"]
+
+
+def test_a_create_below_the_tcg_cpus_floor_is_refused_before_anything_boots(
+    servers: VmServers,
+) -> None:
+    """Under TCG a screenshot took about 1 s at cpus 0.1 (its first 2.8 s) and 9-19 s at
+    0.03, near a call's timeout, which fails the session: the vm engine takes 0.25 at
+    least here. The refusal comes before QEMU starts (a boot takes minutes; 10 s is
+    plenty for the answer), and leaves no session, directory or cgroup behind."""
+    vm = servers.vm  # the package's VMs need not be running: nothing here touches them
+    before = _session_ids(vm.client)
+    refused = vm.client.post("/v1/sessions", json={"resources": {"cpus": 0.1}}, timeout=10)
+    message = assert_error(refused, 422, "invalid_request")["message"]
+    assert message.startswith(
+        "resources.cpus 0.1 is below 0.25, the least the vm engine takes on this host: "
+        "its VMs run under software emulation (TCG)"), message
+    assert _session_ids(vm.client) == before
+    for parent in (vm.state_dir / "vm", runtime_root(vm.state_dir)):
+        made = {e.name for e in parent.iterdir() if e.is_dir()} if parent.is_dir() else set()
+        assert made <= before, parent
+    cgroups = CGROUP_ROOT / "cpu" if VmCgroup("").v1 else CGROUP_ROOT
+    prefix = f"deskbox-vm-{runtime_root(vm.state_dir).name}-"
+    assert {p.name.removeprefix(prefix) for p in cgroups.glob(f"{prefix}*")} <= before
+
+
+def _session_ids(client: httpx.Client) -> set[str]:
+    """Every session of the key, in any state (the package's are fewer than a page)."""
+    listed = client.get("/v1/sessions", params={"limit": 1000})
+    assert listed.status_code == 200, listed.text
+    return {s["id"] for s in listed.json()["sessions"]}
 
 
 def test_a_vm_session_runs_its_own_kernel(

@@ -21,12 +21,14 @@ from pathlib import Path
 from typing import ClassVar, Generic, Protocol, TypeVar
 
 from ..errors import InvalidRequest, SessionFailed
-from ..schemas.sessions import Network, Resources
+from ..schemas.sessions import MIN_CPUS, Network, Resources
 from .desktop_commands import DesktopSpec
 
 __all__ = [
     "AgentStream",
     "Capability",
+    "CpusBelowFloor",
+    "CpusFloor",
     "Engine",
     "EngineLacks",
     "Sandbox",
@@ -106,6 +108,26 @@ class EngineLacks(InvalidRequest):
         super().__init__(f"{message}; {hint}" if hint else message)
         self.engine = engine
         self.lacking = lacking
+
+
+@dataclass(frozen=True)
+class CpusFloor:
+    """The least ``resources.cpus`` an engine's sessions may have on this host, and why
+    (a few words, for the refusal; empty for the schema's own floor)."""
+
+    cpus: float
+    why: str = ""
+
+
+class CpusBelowFloor(InvalidRequest):
+    """A ``resources.cpus`` below the least the session's engine takes on this host."""
+
+    def __init__(self, engine: str, asked: float, floor: CpusFloor) -> None:
+        message = (f"resources.cpus {asked:g} is below {floor.cpus:g}, the least the {engine} "
+                   "engine takes on this host")
+        super().__init__(f"{message}: {floor.why}" if floor.why else message)
+        self.engine = engine
+        self.floor = floor.cpus
 
 
 class StartTogether:
@@ -271,6 +293,12 @@ class Engine(ABC, Generic[S]):
         """The deadline of one start of this engine's sandboxes (desktop painted)."""
         return max(configured_s, self.start_timeout_floor_s)
 
+    def least_cpus(self) -> CpusFloor:
+        """The least ``resources.cpus`` a session may ask for (:meth:`check` refuses less,
+        before anything starts): the schema's own floor unless an engine's desktops are
+        unusable above it."""
+        return CpusFloor(MIN_CPUS)
+
     def describe(self) -> dict[str, str]:
         """What an operator should know of this engine on this host (``GET /healthz``),
         e.g. which accelerator a VM runs on."""
@@ -304,6 +332,9 @@ class Engine(ABC, Generic[S]):
                               "the kubernetes backend has them")
         if spec.resources is not None:
             self.require(Capability.RESOURCES, "resources")
+            floor = self.least_cpus()
+            if spec.resources.cpus < floor.cpus:
+                raise CpusBelowFloor(self.name, spec.resources.cpus, floor)
         if spec.volumes:
             self.require(Capability.VOLUMES, "volumes (and browser profiles)",
                          "the container, vm and kubernetes backends have it")

@@ -18,6 +18,7 @@ from .volumes import MAX_VOLUMES, PROFILE_PATH, VolumeMount, VolumeName
 __all__ = [
     "MAX_LABELS",
     "MAX_START_URL",
+    "MIN_CPUS",
     "MIN_PIDS",
     "Browser",
     "Display",
@@ -77,12 +78,13 @@ class Browser(_Body):
 # once started, on about:blank or a page (measured on runc); below ~72 its start fails.
 # The floor leaves room for the agent's calls, a live view and a hibernation's restore.
 MIN_PIDS = 128
+# A CFS quota is 1 ms per 100 ms period at least: runc rounded less up to 0.01, and Docker
+# refused it (a 502). An engine may need more (Engine.least_cpus).
+MIN_CPUS = 0.01
 
 
 class Resources(_Body):
-    # A CFS quota is 1 ms per 100 ms period at least: runc rounded less up to 0.01, and
-    # Docker refused it (a 502).
-    cpus: Annotated[float, Field(ge=0.01, le=64), NumberOnly] = 1.0
+    cpus: Annotated[float, Field(ge=MIN_CPUS, le=64), NumberOnly] = 1.0
     memory_mb: Annotated[int, Field(ge=256, le=262_144), IntOnly] = 2048
     pids: Annotated[int, Field(ge=MIN_PIDS, le=65_536), IntOnly] = 1024
 

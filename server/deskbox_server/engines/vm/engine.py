@@ -40,7 +40,7 @@ from ...errors import (
     SessionFailed,
     Timeout,
 )
-from ..base import AgentStream, Capability, Engine, SessionSpec, SnapshotInfo
+from ..base import AgentStream, Capability, CpusFloor, Engine, SessionSpec, SnapshotInfo
 from ..desktop_commands import session_env
 from ..host_addresses import HostAddressWatch, start_host_watch
 from ..image import ImageHold, build_off_loop
@@ -82,6 +82,17 @@ AGENT_ARGV = ("/usr/local/bin/deskbox-agent", "--listen",
 # slower than on a host: the agent waits that much longer for it before moving on.
 _TCG_AGENT_PATIENCE = 10
 _SAVE_TIMEOUT_S = 300.0
+# The least resources.cpus of a guest once ready. Under TCG, measured through the API on
+# 2 cores (docs/API.md): a lone screenshot took 0.2-1.1 s at 0.25, about 1 s at 0.1 (its
+# first 2.8 s) and 9-19 s at 0.03, near a call's 30 s timeout, which fails the session. A
+# click with its settled screenshot, or a busier host, multiplies 0.1's seconds; 0.25
+# keeps a look near a second.
+TCG_FLOOR = CpusFloor(0.25, "its VMs run under software emulation (TCG), where less CPU "
+                            "makes a screenshot take seconds, near a call's timeout")
+# Under KVM the guest runs at the host's speed: its own kernel and QEMU's devices ask a
+# little more than a container's desktop (not measured: no usable KVM on this project's
+# hosts).
+KVM_FLOOR = CpusFloor(0.05, "a VM's own kernel and QEMU's devices need a share of their own")
 
 
 class VmEngine(Engine[VmSandbox]):
@@ -131,6 +142,9 @@ class VmEngine(Engine[VmSandbox]):
         if self._accelerator is None:
             self._accelerator = detect_accelerator(self._wanted_accelerator)
         return self._accelerator
+
+    def least_cpus(self) -> CpusFloor:
+        return KVM_FLOOR if self.accelerator.name == "kvm" else TCG_FLOOR
 
     def describe(self) -> dict[str, str]:
         accelerator = self.accelerator
