@@ -19,8 +19,10 @@ waits that long before the object is made, and is made then whether its client s
 waits or not, as a busy API server goes on with a request its client gave up.
 ``GET /standin/hold`` says which kinds are armed, and which creates are being held. Or
 answer the next requests of a method and kind (or of one object) with an error status and
-nothing done (``POST /standin/fail``), as a throttled or failing API server does;
-``GET /standin/fail`` says which of those are still to come, ``DELETE`` drops them.
+nothing done (``POST /standin/fail``), as a throttled or failing API server does, or only
+later (``"delay"``), as a slow one does; ``GET /standin/fail`` says which of those are
+still to come, ``DELETE`` drops them; ``GET /standin/faulted`` says when each request so
+answered came and was answered.
 
 What it does not do: authentication, admission, scheduling, quotas, image pulls (an image
 Podman lacks gives ErrImagePull), restarts (restartPolicy is Never), NetworkPolicy
@@ -46,6 +48,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 import uuid
 from collections.abc import Iterator
@@ -403,6 +406,9 @@ class StandIn:
         self.armed: dict[str, float] = {}  # plural: how long its next create is held
         self.holding: list[str] = []  # the plurals whose create is being held now
         self.failing: list[Obj] = []  # POST /standin/fail's, each until its count is used
+        # The requests a fault answered: method, path, and when (time.monotonic()) each
+        # came and was answered.
+        self.faulted: list[tuple[str, str, float, float]] = []
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -415,13 +421,15 @@ class StandIn:
         app.router.add_post("/standin/fail", self.fail)
         app.router.add_get("/standin/fail", self.faults)
         app.router.add_delete("/standin/fail", self.faults)
+        app.router.add_get("/standin/faulted", self.answered_faults)
         return app
 
     async def fail(self, request: web.Request) -> web.Response:
         """``{"method": "POST", "plural": "pods", "status": 429, "times": 1,
         "retry_after": 1}``: the next ``times`` such requests answer ``status`` (with that
         Retry-After, if given), and make, change or read nothing. With ``"name"``: only the
-        requests of that one object."""
+        requests of that one object. With ``"delay": 1.5`` instead of a status: each is
+        answered as it would be, that many seconds after it came."""
         self.failing.append(dict(await request.json()))
         return web.json_response(self.failing)
 
@@ -432,7 +440,12 @@ class StandIn:
             self.failing = []
         return answer
 
-    def _failed(self, request: web.Request) -> web.Response | None:
+    async def answered_faults(self, request: web.Request) -> web.Response:
+        return web.json_response([list(f) for f in self.faulted])
+
+    async def _failed(self, request: web.Request) -> web.Response | None:
+        """The answer of the first fault that matches the request, if any; None to go on
+        (no fault, or one that only delayed it)."""
         for fault in self.failing:
             if (fault["method"] == request.method
                     and fault["plural"] == request.match_info["plural"]
@@ -441,6 +454,12 @@ class StandIn:
                 fault["times"] -= 1
                 if fault["times"] <= 0:
                     self.failing.remove(fault)
+                came = time.monotonic()
+                if "delay" in fault:
+                    await asyncio.sleep(float(fault["delay"]))
+                    self.faulted.append((request.method, request.path, came, time.monotonic()))
+                    return None
+                self.faulted.append((request.method, request.path, came, came))
                 response = status_body(int(fault["status"]), "StandInFault",
                                        "the stand-in was told to refuse this")
                 if "retry_after" in fault:
@@ -482,7 +501,7 @@ class StandIn:
 
     async def collection(self, request: web.Request) -> web.StreamResponse:
         self.requests.append((request.method, request.path_qs))
-        if (refused := self._failed(request)) is not None:
+        if (refused := await self._failed(request)) is not None:
             return refused
         plural, ns = self._plural(request), request.match_info["ns"]
         if plural is None:
@@ -526,7 +545,7 @@ class StandIn:
 
     async def item(self, request: web.Request) -> web.Response:
         self.requests.append((request.method, request.path_qs))
-        if (refused := self._failed(request)) is not None:
+        if (refused := await self._failed(request)) is not None:
             return refused
         plural, ns = self._plural(request), request.match_info["ns"]
         name = request.match_info["name"]

@@ -15,6 +15,7 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -347,29 +348,54 @@ def fail_next(standin: StandIn, **fault: Any) -> None:
     assert armed.status_code == 200, armed.text
 
 
+READ_DELAY_S = 1.5
+
+
 def test_reads_the_api_server_fails_at_a_restart_fail_no_session(
     standin: StandIn, base: Path
 ) -> None:
-    """The next server re-adopts a killed one's session while the API server fails the
-    reads of its pod and Secret (a 503, then a 504 timeout: an API server restarting
-    behind its load balancer, etcd electing a leader): each is asked again, backing off,
-    and the session runs on. It was failed at once, its pod deleted."""
+    """The next server re-adopts a killed one's sessions while the API server fails the
+    reads of one's pod and Secret (a 503, then a 504 timeout: an API server restarting
+    behind its load balancer, etcd electing a leader), and answers the others' pod reads
+    only after 1.5 s: each failed read is asked again, backing off, and the session runs
+    on (it was failed at once, its pod deleted). They are re-adopted together: all those
+    reads are over within two of the delays (one session after another, they took four s
+    or more, and N sessions whose reads the API server fails added N times up to 60 s to a
+    start). One whose Secret is gone fails alone, with that reason."""
     state_dir, log = base / "flaky-state", base / "flaky.log"
     with kubernetes_server(standin, state_dir, log) as first:
-        kept = create(first.client)
+        with ThreadPoolExecutor(3) as creates:  # together: a pod's start mostly waits
+            kept = list(creates.map(lambda _: create(first.client), range(3)))
         first.process.send_signal(signal.SIGKILL)
         first.process.wait()
-    name = pod_name(kept)
+    names = [pod_name(session) for session in kept]
     for plural in ("pods", "secrets"):
-        fail_next(standin, method="GET", plural=plural, name=name, status=503, times=1)
-        fail_next(standin, method="GET", plural=plural, name=name, status=504, times=1)
+        fail_next(standin, method="GET", plural=plural, name=names[0], status=503, times=1)
+        fail_next(standin, method="GET", plural=plural, name=names[0], status=504, times=1)
+    for name in names[1:]:
+        fail_next(standin, method="GET", plural="pods", name=name, delay=READ_DELAY_S,
+                  times=1)
+    assert httpx.delete(f"{standin.url}/api/v1/namespaces/{NAMESPACE}/secrets/{names[2]}"
+                        ).status_code == 200
     with kubernetes_server(standin, state_dir, log) as second:
-        again = second.client.get(f"/v1/sessions/{kept['id']}").json()
-        assert again["state"] == "running", again
+        for session in kept[:2]:
+            again = second.client.get(f"/v1/sessions/{session['id']}").json()
+            assert again["state"] == "running", again
+        lost = second.client.get(f"/v1/sessions/{kept[2]['id']}").json()
+        assert lost["state"] == "failed", lost
+        assert lost["failure"]["reason"] == (
+            f"the server restarted and could not re-adopt it: the pod {names[2]}'s agent "
+            "token (its Secret) is gone"), lost
         assert standin.get("/standin/fail") == []  # every fault was answered
-        shot = second.client.get(f"/v1/sessions/{kept['id']}/screenshot")
+        faulted = [(came, answered) for _, path, came, answered
+                   in standin.get("/standin/faulted") if path.rsplit("/", 1)[-1] in names]
+        assert len(faulted) == 6, faulted  # four failed, two delayed
+        took_s = max(a for _, a in faulted) - min(c for c, _ in faulted)
+        assert took_s < 2 * READ_DELAY_S, f"re-adopted in {took_s:.1f} s"
+        shot = second.client.get(f"/v1/sessions/{kept[0]['id']}/screenshot")
         assert shot.status_code == 200, shot.text
-        assert second.client.delete(f"/v1/sessions/{kept['id']}").status_code == 204
+        for session in kept:
+            assert second.client.delete(f"/v1/sessions/{session['id']}").status_code == 204
 
 
 async def test_a_read_the_api_server_keeps_failing_fails_in_bounded_time(

@@ -59,7 +59,7 @@ from .pause import FrameStore
 from .pool import PoolKey, SnapshotKey, WarmPool, new_session_id
 from .recording_store import RecordingStore
 from .recordings import Recordings
-from .recovery import desktop_spec, failed, lock_state_dir, readopt
+from .recovery import desktop_spec, failed, lock_state_dir, readopt, readopt_each
 from .registry import Registry
 from .secrets import SecretRecord, SecretStore
 from .session import Session
@@ -208,20 +208,15 @@ class SessionManager:
         # previous server. In a fleet, by any server: each is taken over on its first
         # request here, and none of them is an orphan.
         adopted: dict[str, set[str]] = {name: set() for name in self._engines}
-        for record in await self._registry.live():
-            if self._fleet is not None:
+        left = await self._registry.live()
+        if self._fleet is not None:
+            for record in left:
                 adopted.setdefault(record.backend, set()).add(record.id)
-                continue
-            reason = await self._adopt(record)
-            if reason is None:
-                adopted[record.backend].add(record.id)
-                continue
-            log.warning("session %s failed: %s", record.id, reason)
-            ended = failed(record, reason)
-            if not await start_stop.save_end(self._registry, ended):
-                self._unsaved[record.id] = ended
-            # A hibernated session's last frame (pause.py) is of no use any more.
-            await asyncio.to_thread(self._frames.forget, record.id)
+        else:
+            for record, kept in zip(left, await readopt_each(left, self._adopt_or_fail),
+                                    strict=True):
+                if kept:
+                    adopted[record.backend].add(record.id)
         for name, engine in self._engines.items():
             removed = await engine.remove_orphans(adopted[name])
             if removed:
@@ -235,6 +230,20 @@ class SessionManager:
         for ended in self._unsaved.values():  # the registry still calls them live
             if ended.state not in LIVE_STATES:
                 self._ended[ended.state] = self._ended.get(ended.state, 0) + 1
+
+    async def _adopt_or_fail(self, record: SessionRecord) -> bool:
+        """Re-adopt a session a previous server left running, else fail it with why;
+        whether it was."""
+        reason = await self._adopt(record)
+        if reason is None:
+            return True
+        log.warning("session %s failed: %s", record.id, reason)
+        ended = failed(record, reason)
+        if not await start_stop.save_end(self._registry, ended):
+            self._unsaved[record.id] = ended
+        # A hibernated session's last frame (pause.py) is of no use any more.
+        await asyncio.to_thread(self._frames.forget, record.id)
+        return False
 
     async def _adopt(self, record: SessionRecord) -> str | None:
         """Re-adopt a session a previous server left running; None, or why it failed."""

@@ -7,6 +7,7 @@ import asyncio
 import fcntl
 import logging
 import os
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from ..engines import AnyEngine
@@ -20,9 +21,15 @@ from .lifecycle import SessionRecord, utcnow
 from .live import LiveSession
 from .pause import FrameStore
 
-__all__ = ["desktop_spec", "failed", "lock_state_dir", "readopt"]
+__all__ = ["desktop_spec", "failed", "lock_state_dir", "readopt", "readopt_each"]
 
 log = logging.getLogger("deskbox.sessions")
+# Sessions re-adopted at once at a start. Each waits on its engine (a Kubernetes read the
+# API server fails is asked again for up to 60 s; a VM's QMP and agent handshakes): one
+# after another, N such sessions added N of those waits to the start. Not all at once: a
+# start with hundreds would open as many connections to the API server (or the engine's
+# daemon) and to the agents together.
+ADOPT_AT_ONCE = 8
 
 
 def lock_state_dir(state_dir: Path) -> int:
@@ -42,6 +49,33 @@ def lock_state_dir(state_dir: Path) -> int:
         os.close(fd)
         raise Internal(f"another Deskbox server is using the state dir {state_dir}") from None
     return fd
+
+
+async def readopt_each(
+    records: Sequence[SessionRecord],
+    adopt: Callable[[SessionRecord], Awaitable[bool]],
+    at_once: int = ADOPT_AT_ONCE,
+) -> list[bool]:
+    """``adopt`` each record, ``at_once`` at a time; what each answered, in order. Each
+    session's adoption is its own: one that fails fails that session alone (``adopt``
+    says so). An error ``adopt`` raises (its registry failed) ends the others', and is
+    raised as it was when they ran one after another."""
+    gate = asyncio.Semaphore(at_once)
+
+    async def one(record: SessionRecord) -> bool:
+        async with gate:
+            return await adopt(record)
+
+    failure: BaseException | None = None
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(record), name=f"deskbox-readopt-{record.id}")
+                     for record in records]
+    except BaseExceptionGroup as errors:
+        failure = errors.exceptions[0]
+    if failure is not None:  # raised out of the handler: not chained to its group
+        raise failure
+    return [task.result() for task in tasks]
 
 
 async def readopt(
