@@ -443,6 +443,31 @@ def test_a_sweep_the_api_server_refuses_once_does_not_stop_the_start(
         httpx.delete(f"{policies}/{meta['name']}")
 
 
+def test_a_delete_the_api_server_fails_is_asked_again(
+    client: httpx.Client, standin: StandIn
+) -> None:
+    """The API server fails the deletes of a session's pod (three times: the kill, the
+    removal, the first retry) and of its policy (once): the session is stopped at once, and
+    the server asks again in the background, backing off, until both are gone. They
+    stayed (the pod running its desktop) until a later server's start swept them."""
+    made = create(client)
+    name = pod_name(made)
+    uid = standin.pod(name)["metadata"]["uid"]
+    fail_next(standin, method="DELETE", plural="pods", name=name, status=503, times=3)
+    fail_next(standin, method="DELETE", plural="networkpolicies", name=name, status=500,
+              times=1)
+    assert client.delete(f"/v1/sessions/{made['id']}").status_code == 204
+    assert client.get(f"/v1/sessions/{made['id']}").json()["state"] == "stopped"
+    deadline = time.monotonic() + 10
+    while left := [p for p in ("pods", "secrets", "networkpolicies")
+                   if name in standin.names(p)]:
+        assert time.monotonic() < deadline, f"still there: {left}"
+        time.sleep(0.2)
+    assert standin.get("/standin/fail") == []  # each failed delete was asked again
+    listed = standin.podman.cli("ps", "--all", "--format", "{{.Names}}").stdout.split()
+    assert f"standin-{uid}" not in listed
+
+
 def test_the_warm_pool_is_labelled_pods_claimed_at_create(
     standin: StandIn, base: Path
 ) -> None:

@@ -29,6 +29,7 @@ from ..in_thread import answered
 from ..network import resolve_egress
 from .agent_tcp import connect_agent
 from .cluster import Cluster, Obj
+from .deletes import DeleteRetries
 from .records import ClusterRecords
 from .replicas import Heartbeat
 from .sandbox import PodSandbox
@@ -108,6 +109,9 @@ class KubernetesEngine(Engine[PodSandbox]):
         self.cluster = Cluster(options.api, options.namespace)
         self.records = ClusterRecords(self.cluster, options.fleet)
         self.shared_records = self.records
+        self._deletes = {"pod": self.cluster.delete_pod, "secret": self.cluster.delete_secret,
+                         "network policy": self.cluster.delete_network_policy}
+        self.retries = DeleteRetries(self._deletes, lambda: self.cluster.namespace)
         self._sandboxes: dict[str, PodSandbox] = {}
         self._watcher: asyncio.Task[None] | None = None
         # A replica's heartbeat (only a fleet's replicas label what they make with a name).
@@ -149,6 +153,7 @@ class KubernetesEngine(Engine[PodSandbox]):
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._watcher = self._heartbeating = None
+        await self.retries.close()
         await self.cluster.close()
 
     # -- start and stop --------------------------------------------------------------------
@@ -249,8 +254,9 @@ class KubernetesEngine(Engine[PodSandbox]):
 
     async def destroy(self, sandbox: PodSandbox) -> None:
         self._sandboxes.pop(sandbox.session_id, None)
-        # Never raised for a dead sandbox: what is left goes at the next orphan sweep (the
-        # Secret also with its pod, which owns it).
+        # Never raised for a dead sandbox: what the API server fails to delete is asked
+        # again in the background (deletes.py; the Secret also goes with its pod, which
+        # owns it).
         await self._delete_each(sandbox.name, ("pod", "secret", "network policy"))
 
     async def adopt(self, session_id: str) -> PodSandbox:
@@ -328,26 +334,30 @@ class KubernetesEngine(Engine[PodSandbox]):
                 serving.add(str(meta.get("name", "")))
                 continue
             removed &= await self._delete_each(str(meta.get("name", "")),
-                                               ("pod", "secret", "network policy"))
+                                               ("pod", "secret", "network policy"),
+                                               retry=False)
         for policy in await self.cluster.list_network_policies(selector):
             name = str((policy.get("metadata") or {}).get("name", ""))
             if name and name not in serving:
-                removed &= await self._delete_each(name, ("network policy", "secret"))
+                removed &= await self._delete_each(name, ("network policy", "secret"),
+                                                   retry=False)
         return removed
 
-    async def _delete_each(self, name: str, kinds: tuple[str, ...]) -> bool:
+    async def _delete_each(self, name: str, kinds: tuple[str, ...], retry: bool = True
+                           ) -> bool:
         """Delete the objects of these kinds named ``name``, each whatever became of the
-        others; one the API server refuses is logged and left for a later sweep. Whether
-        none was refused."""
-        deletes = {"pod": self.cluster.delete_pod, "secret": self.cluster.delete_secret,
-                   "network policy": self.cluster.delete_network_policy}
+        others; one the API server refuses is logged and, with ``retry``, asked again in
+        the background (else left to the caller's next pass: the judge of dead replicas
+        keeps their Lease until all went). Whether none was refused."""
         deleted = True
         for what in kinds:
             try:
-                await deletes[what](name)
+                await self._deletes[what](name)
             except DeskboxError as error:
                 log.warning("deleting the %s %s: %s", what, name, error)
                 deleted = False
+                if retry:
+                    self.retries.add(what, name, error)
         return deleted
 
     def _peers(self, labels: Obj) -> bool:
