@@ -324,7 +324,8 @@ class Engine(ABC, Generic[S]):
             raise self.lacks(capability, needed_for, hint)
 
     def check(self, spec: SessionSpec) -> None:
-        """Refuse what this engine cannot honour, before anything starts."""
+        """Refuse what this engine cannot honour, before anything starts. Called off the
+        event loop: it may read the files of ``spec.from_snapshot``."""
         if spec.from_snapshot is not None:
             self.require(Capability.CHECKPOINT, "from_snapshot")
         if spec.runtime_class is not None and not self.runtime_classes:

@@ -73,7 +73,7 @@ class Desktop(Generic[S]):
     ) -> Desktop[S]:
         """A new sandbox, returned once its agent says the window manager runs and the
         browser has painted its window (a copy of a snapshot: once its agent answers)."""
-        engine.check(spec)
+        await asyncio.to_thread(engine.check, spec)  # it may read a snapshot's files
         started = time.monotonic()
         sandbox = await engine.create(spec, timeout_s)
         sandbox.timings["agent_listening"] = time.monotonic() - started

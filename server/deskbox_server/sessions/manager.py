@@ -661,7 +661,8 @@ class SessionManager:
         )
         # Before a ready desktop is handed out too: a pooled one honours no more of the body
         # than a cold start would (an engine without egress "none" or runtime classes).
-        engine.check(spec)
+        # Off the event loop: a check may read the snapshot's files (the vm engine's).
+        await asyncio.to_thread(engine.check, spec)
         if key is not None and self.pool is not None:
             self.check_capacity(owner)
             claimed = self.pool.claim(key)
