@@ -4,7 +4,8 @@ A VM costs a minute of CPU to boot under software emulation, so one VM (conftest
 ``vm.session``) serves the module, in order: a create below the engine's ``cpus`` floor
 refused before anything boots; its page, input, screenshot and exec; live
 view, CDP, files and clipboard; its server killed outright and a new one adopting the VM
-that ran on; pause and resume; hibernate and resume; a fork into two independent copies;
+that ran on; pause and resume; hibernate and resume; a fork into two independent copies; a
+snapshot's copy at its own ``cpus`` (and a 422 for resources a restored VM cannot change);
 and last, delete, which must leave no QEMU, file or cgroup.
 """
 
@@ -115,6 +116,11 @@ def test_a_create_below_the_tcg_cpus_floor_is_refused_before_anything_boots(
     assert message.startswith(
         "resources.cpus 0.1 is below 0.25, the least the vm engine takes on this host: "
         "its VMs run under software emulation (TCG)"), message
+    _assert_nothing_made(vm, before)
+
+
+def _assert_nothing_made(vm: Vm, before: set[str]) -> None:
+    """No session, VM directory or cgroup beside those of the sessions ``before``."""
     assert _session_ids(vm.client) == before
     for parent in (vm.state_dir / "vm", runtime_root(vm.state_dir)):
         made = {e.name for e in parent.iterdir() if e.is_dir()} if parent.is_dir() else set()
@@ -356,6 +362,53 @@ def test_fork_makes_two_independent_vms(
     finally:
         for sid in copies:
             assert client.delete(f"/v1/sessions/{sid}").status_code == 204
+
+
+def test_a_snapshot_s_copy_has_its_own_cpus_on_the_snapshot_s_machine(
+    client: httpx.Client, session: dict[str, Any], vm: Vm
+) -> None:
+    """A copy is the snapshot's QEMU migration stream read into a new QEMU, which takes it
+    only into the machine it was saved from (vCPUs, guest RAM; the guest's pids limit is in
+    its memory): a create ``from_snapshot`` whose resources would change them is a 422
+    naming each such field, before anything starts; its ``cpus`` is the copy's own CPU
+    quota once it runs (the snapshot's VM has the default 1.0; the copy's restore had
+    none)."""
+    sid = session["id"]
+    page = read_page(client, sid, lambda s: True)
+    taken = client.post(f"/v1/sessions/{sid}/snapshots")
+    assert taken.status_code == 201, taken.text
+    snapshot = taken.json()["id"]
+    try:
+        before = _session_ids(client)
+        refused = client.post("/v1/sessions", json={
+            "from_snapshot": snapshot,
+            "resources": {"cpus": 2, "memory_mb": 1024, "pids": 512}},
+            timeout=10)  # before QEMU starts: a restore takes longer
+        assert assert_error(refused, 422, "invalid_request")["message"] == (
+            "resources.cpus 2 needs 2 vCPUs, and the snapshot's VM has 1 (give cpus up to 1, "
+            "or leave it out); resources.memory_mb 1024 is not the snapshot's 2048 MB of "
+            "guest RAM (give 2048, or leave it out); resources.pids 512 is not the "
+            "snapshot's limit (none), which its guest set when it booted (leave it out): a "
+            "VM restored from memory keeps the machine it was saved with")
+        _assert_nothing_made(vm, before)
+
+        made = client.post("/v1/sessions", json={
+            "from_snapshot": snapshot, "resources": {"cpus": 0.5}})
+        assert made.status_code == 201, made.text
+        assert made.json()["state"] == "running"
+        copy = made.json()["id"]
+        try:
+            assert quota_us(vm.cgroup(copy)) == 50_000
+            assert quota_us(vm.cgroup()) == SESSION_QUOTA_US  # the original keeps its own
+            assert read_page(client, copy, lambda s: True)["value"] == page["value"]
+            # Its own hibernations, snapshots and forks, and a restarted server, keep it.
+            config = VmConfig.from_json((vm.state_dir / "vm" / copy / CONFIG_FILE).read_text())
+            assert (config.cpu_quota, config.cpus, config.memory_mb) == (0.5, 1, 2048)
+        finally:
+            assert client.delete(f"/v1/sessions/{copy}").status_code == 204
+    finally:
+        # 204, not 409: the refused create let go of the snapshot too.
+        assert client.delete(f"/v1/snapshots/{snapshot}").status_code == 204
 
 
 def test_delete_leaves_no_qemu_and_no_file(

@@ -54,6 +54,7 @@ from ..network import (
 )
 from ..own_desktop import OWN_DISPLAY, OWN_HOME
 from .accel import Accelerator, detect_accelerator
+from .copies import copy_config
 from .guest import (
     VmGuest,
     in_thread_to_the_end,
@@ -179,13 +180,15 @@ class VmEngine(Engine[VmSandbox]):
         if spec.network is not None and spec.from_snapshot is not None:
             raise InvalidRequest("a session made from a snapshot has the snapshot's network "
                                  "(egress \"none\"); leave network out")
+        if spec.from_snapshot is not None and spec.resources is not None:
+            # Blocking (a small file): the session layer calls check off the event loop.
+            copy_config(_read_config(spec.from_snapshot), spec.resources)
 
     # -- start and stop --------------------------------------------------------------------
 
     async def create(self, spec: SessionSpec, timeout_s: float) -> VmSandbox:
         if spec.from_snapshot is not None:
-            return await self._restore_copy(spec.id, spec.from_snapshot, timeout_s,
-                                            not spec.background)
+            return await self._restore_copy(spec, spec.from_snapshot, timeout_s)
         config = VmConfig()
         if spec.resources is not None:
             cpus = spec.resources.cpus
@@ -487,15 +490,18 @@ class VmEngine(Engine[VmSandbox]):
                                             f"{error.message}") from None
             raise
 
-    async def _restore_copy(self, session_id: str, directory: Path, timeout_s: float,
-                            boost: bool) -> VmSandbox:
+    async def _restore_copy(self, spec: SessionSpec, directory: Path, timeout_s: float
+                            ) -> VmSandbox:
         state = directory / HIBERNATION_FILE
         if not await asyncio.to_thread(state.is_file):
             raise SessionFailed(f"the snapshot in {directory} holds no VM state (it was "
                                 "taken by another engine)")
-        config = await asyncio.to_thread(_read_config, directory)
-        sandbox = VmSandbox(self.state_dir, self._max_execs, session_id, config)
-        sandbox.boosted = boost  # as a resume's (restore)
+        saved = await asyncio.to_thread(_read_config, directory)
+        # The copy's own CPU quota, from started() on (and in its vm.json, for its own
+        # hibernations, snapshots and forks); its machine is the snapshot's (copies.py).
+        config = copy_config(saved, spec.resources)
+        sandbox = VmSandbox(self.state_dir, self._max_execs, spec.id, config)
+        sandbox.boosted = not spec.background  # as a resume's (restore)
         await self._boot_new(sandbox, timeout_s, state)
         return sandbox
 
