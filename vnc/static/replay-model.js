@@ -86,21 +86,22 @@ const cut = (text, n) => (text.length > n ? `${text.slice(0, n - 1)}…` : text)
 
 function describeAction(a) {
   const modifiers = Array.isArray(a.modifiers) && a.modifiers.length ? `${a.modifiers.join('+')}+` : '';
+  // Left is the default, kept unsaid (a recording leaves it out); another button is said.
+  const button = a.button && a.button !== 'left' ? `${a.button} ` : '';
   switch (a.type) {
     case 'click': {
       const times = { 2: 'double ', 3: 'triple ' }[a.count] || '';
-      const button = a.button && a.button !== 'left' ? `${a.button} ` : '';
       return `${modifiers}${times}${button}click${at(a)}`;
     }
-    case 'move': return `move${at(a)}`;
-    case 'mouse_down': return `mouse down${at(a)}`;
-    case 'mouse_up': return `mouse up${at(a)}`;
+    case 'move': return `${modifiers}move${at(a)}`;
+    case 'mouse_down': return `${button}mouse down${at(a)}`;
+    case 'mouse_up': return `${button}mouse up${at(a)}`;
     case 'drag': {
       const path = Array.isArray(a.path) ? a.path : [];
-      if (path.length < 2) return 'drag';
+      if (path.length < 2) return `${modifiers}${button}drag`;
       const [x0, y0] = path[0];
       const [x1, y1] = path[path.length - 1];
-      return `drag (${x0}, ${y0}) → (${x1}, ${y1})`;
+      return `${modifiers}${button}drag (${x0}, ${y0}) → (${x1}, ${y1})`;
     }
     case 'scroll': {
       const parts = [];

@@ -70,6 +70,14 @@ test('steps read as a person says them', () => {
   assert.equal(action({ type: 'key', keys: 'ctrl+t' }), 'key ctrl+t');
   assert.equal(action({ type: 'scroll', x: 5, y: 6, dx: 0, dy: 3 }), 'scroll down 3 (5, 6)');
   assert.equal(action({ type: 'drag', path: [[1, 2], [3, 4], [5, 6]] }), 'drag (1, 2) → (5, 6)');
+  // A drag, a press or a release of another button said it as left's; modifiers held
+  // through a drag or a move were not said.
+  assert.equal(action({ type: 'drag', path: [[1, 2], [5, 6]], button: 'right', modifiers: ['shift'] }),
+    'shift+right drag (1, 2) → (5, 6)');
+  assert.equal(action({ type: 'mouse_down', x: 1, y: 2, button: 'middle' }), 'middle mouse down (1, 2)');
+  assert.equal(action({ type: 'mouse_up', button: 'right' }), 'right mouse up');
+  assert.equal(action({ type: 'mouse_down', x: 1, y: 2 }), 'mouse down (1, 2)');
+  assert.equal(action({ type: 'move', x: 1, y: 2, modifiers: ['alt'] }), 'alt+move (1, 2)');
   assert.equal(action({ type: 'zoom' }), 'zoom');
   assert.equal(action('not an action'), 'action');
   assert.equal(describe({ kind: 'action', action: { type: 'key', keys: 'a' }, skipped: true }),
