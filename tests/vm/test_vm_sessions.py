@@ -96,6 +96,7 @@ def test_healthz_names_the_accelerator(client: httpx.Client) -> None:
     vm = engines["vm"]
     assert vm["details"]["accelerator"] == "tcg"  # this host's /dev/kvm is kvm-pvm
     assert "kvm-pvm" in vm["details"]["accelerator_reason"]
+    assert vm["details"]["least_cpus"] == "0.25"  # the TCG floor a create below gets a 422 for
     assert vm["capabilities"] == ["adopt", "checkpoint", "exec", "freeze", "resources",
                                   "volumes"]
     assert vm["egress"] == ["all", "allowlist", "none"]

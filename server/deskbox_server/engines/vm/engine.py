@@ -149,7 +149,9 @@ class VmEngine(Engine[VmSandbox]):
 
     def describe(self) -> dict[str, str]:
         accelerator = self.accelerator
-        return {"accelerator": accelerator.name, "accelerator_reason": accelerator.reason}
+        # Said before a create is refused for it: the floor depends on the accelerator.
+        return {"accelerator": accelerator.name, "accelerator_reason": accelerator.reason,
+                "least_cpus": f"{self.least_cpus().cpus:g}"}
 
     async def prepare(self) -> None:
         # Before the guest's build, which takes minutes the first time.
