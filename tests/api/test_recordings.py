@@ -599,8 +599,11 @@ def test_frames_dropped_at_the_quota_are_not_counted(tmp_path: Any) -> None:
     recording says it has no frame, and asking for one (or the video) is a 404. It counted
     the dropped frames, and both answered 500."""
     # Recording starts once the noise is on screen: a frame taken before the page drew is
-    # small enough to fit the quota, and is rightly counted.
-    with recording_the_noise(tmp_path, recording_quota_mb=1) as (_, client, sid):
+    # small enough to fit the quota, and is rightly counted. At the default quality 60 a
+    # frame of noise is about 1 MB, at the quota's edge (one fitted in a full run, and was
+    # rightly counted); at 95 it is twice that.
+    with recording_the_noise(tmp_path, recording_quota_mb=1, recording_quality=95) as (
+            _, client, sid):
         try:
             recording = wait_for(lambda: (r := client.get(
                 f"/v1/sessions/{sid}/recording").json())["state"] == "stopped" and r)
