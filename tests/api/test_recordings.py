@@ -600,8 +600,8 @@ def test_frames_dropped_at_the_quota_are_not_counted(tmp_path: Any) -> None:
     the dropped frames, and both answered 500."""
     # Recording starts once the noise is on screen: a frame taken before the page drew is
     # small enough to fit the quota, and is rightly counted. At the default quality 60 a
-    # frame of noise is about 1 MB, at the quota's edge (one fitted in a full run, and was
-    # rightly counted); at 95 it is twice that.
+    # frame of noise is near the quota (one fitted in a full run, and was rightly
+    # counted); at 95 it is about 2.5 times that size.
     with recording_the_noise(tmp_path, recording_quota_mb=1, recording_quality=95) as (
             _, client, sid):
         try:
