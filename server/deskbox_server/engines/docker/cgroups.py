@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["EVERY_LIMIT", "Cgroups", "Limit", "read_cgroups"]
+__all__ = ["EVERY_LIMIT", "Cgroups", "Limit", "read_cgroups", "rootless_on_cgroup_v1"]
 
 
 class Limit(StrEnum):
@@ -73,6 +73,11 @@ class Cgroups:
         return f"{held} ({', '.join(lacks)}: {self.why})" if lacks else held
 
 
+def rootless_on_cgroup_v1(rootless: bool, cgroup_version: str) -> bool:
+    """No cgroup for a container at all: the daemon's user has none to give one."""
+    return rootless and cgroup_version == "1"
+
+
 def read_cgroups(
     info: Mapping[str, Any], rootless: bool, podman_info: Mapping[str, Any] | None = None,
     podman: bool = False,
@@ -81,7 +86,7 @@ def read_cgroups(
     ordinary user; ``podman``: whether it is Podman, and ``podman_info`` its answer to
     ``GET /libpod/info`` (None: none came)."""
     version = str(info.get("CgroupVersion", ""))
-    if rootless and version == "1":
+    if rootless_on_cgroup_v1(rootless, version):
         return Cgroups(frozenset(), False, "rootless on cgroup v1, no cgroup to put a "
                        "container in")
     if info.get("CgroupDriver") == "none":

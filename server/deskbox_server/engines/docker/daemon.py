@@ -22,7 +22,7 @@ import aiohttp
 from aiodocker.exceptions import DockerError
 
 from ...errors import DeskboxError, Internal, SessionFailed, UpstreamRefused
-from .cgroups import Cgroups, read_cgroups
+from .cgroups import Cgroups, read_cgroups, rootless_on_cgroup_v1
 
 __all__ = ["Daemon", "DaemonRefused"]
 
@@ -134,8 +134,8 @@ class Daemon:
 
     @property
     def rootless_on_cgroup_v1(self) -> bool:
-        """No cgroup for a container at all: its user has none to give one."""
-        return self.rootless and self.cgroup_version == "1"
+        """No cgroup for a container at all (cgroups.py's first rule)."""
+        return rootless_on_cgroup_v1(self.rootless, self.cgroup_version)
 
     async def close(self) -> None:
         if self._docker is not None:
